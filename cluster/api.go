@@ -1,0 +1,366 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// Status is what `mesh status` shows.
+type Status struct {
+	Node         string       `json:"node"`
+	MeshID       string       `json:"mesh_id"`
+	Domain       string       `json:"domain"`
+	RaftState    string       `json:"raft_state"`
+	Leader       string       `json:"leader"`
+	AppliedIndex uint64       `json:"applied_index"`
+	Nodes        []NodeStatus `json:"nodes"`
+}
+
+// NodeStatus is one node's line in `mesh status`.
+type NodeStatus struct {
+	state.NodeInfo
+	PlanVersion    uint64        `json:"plan_version"`
+	PlanDigest     string        `json:"plan_digest,omitempty"`
+	Resources      int           `json:"resources"`
+	AppliedVersion uint64        `json:"applied_version"`
+	AppliedAt      *time.Time    `json:"applied_at,omitempty"`
+	ApplyError     string        `json:"apply_error,omitempty"`
+	Report         *state.Report `json:"report,omitempty"`
+}
+
+// API serves the local API on a unix socket.
+type API struct {
+	node  *Node
+	store *state.Store
+	id    Identity
+	log   *slog.Logger
+	now   func() time.Time
+	srv   *http.Server
+}
+
+// NewAPI makes the local API of a running node.
+func NewAPI(n *Node, store *state.Store, id Identity, log *slog.Logger) *API {
+	a := &API{node: n, store: store, id: id, log: log.With("component", "api"), now: time.Now}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", a.status)
+	mux.HandleFunc("GET /v1/nodes", a.nodes)
+	mux.HandleFunc("PUT /v1/nodes/{name}/public-domain", a.publicDomain)
+	mux.HandleFunc("DELETE /v1/nodes/{name}", a.removeNode)
+	mux.HandleFunc("GET /v1/modules", a.modules)
+	mux.HandleFunc("POST /v1/modules", a.addModules)
+	mux.HandleFunc("GET /v1/modules/{name}", a.module)
+	mux.HandleFunc("DELETE /v1/modules/{name}", a.removeModule)
+	mux.HandleFunc("POST /v1/assign", a.assign(state.OpAssign))
+	mux.HandleFunc("POST /v1/unassign", a.assign(state.OpUnassign))
+	mux.HandleFunc("GET /v1/roster", a.roster)
+	mux.HandleFunc("GET /v1/plans/{node}", a.plans)
+	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return a
+}
+
+// Serve listens on the unix socket at path (mode 0600) until Shutdown.
+func (a *API) Serve(path string) error {
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("an agent already serves %s; stop it first", path)
+	}
+	os.Remove(path)
+	old := umask(0o177)
+	l, err := net.Listen("unix", path)
+	umask(old)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return err
+	}
+	a.log.Info("local API listening", "socket", path)
+	if err := a.srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Shutdown stops the API, waiting for requests in flight.
+func (a *API) Shutdown(ctx context.Context) error { return a.srv.Shutdown(ctx) }
+
+type apiError struct {
+	Error string `json:"error"`
+}
+
+func reply(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+func fail(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, state.ErrNotFound):
+		code = http.StatusNotFound
+	case errors.Is(err, state.ErrConflict):
+		code = http.StatusConflict
+	case errors.Is(err, state.ErrInvalid):
+		code = http.StatusBadRequest
+	case errors.Is(err, ErrNoLeader):
+		code = http.StatusServiceUnavailable
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(apiError{Error: err.Error()})
+}
+
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 8<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &state.RuleError{Kind: state.ErrInvalid, Msg: "bad request body: " + err.Error()}
+	}
+	return nil
+}
+
+// propose applies a command through Raft, stamping the proposer's time.
+func (a *API) propose(ctx context.Context, c *state.Command) (uint64, error) {
+	c.Time = a.now().UTC()
+	ctx, cancel := context.WithTimeout(ctx, ApplyTimeout)
+	defer cancel()
+	return a.node.Apply(ctx, c)
+}
+
+func (a *API) status(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	st, err := a.store.Settings(ctx)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	applied, _ := a.store.AppliedIndex()
+	out := Status{Node: a.id.Name, MeshID: st.MeshID, Domain: st.Domain, RaftState: a.node.State(), Leader: a.node.Leader(), AppliedIndex: applied}
+	nodes, err := a.store.Nodes(ctx)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reports, err := a.store.Reports(ctx)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	for _, n := range nodes {
+		ns := NodeStatus{NodeInfo: n}
+		if p, err := a.store.Plan(ctx, n.Name); err == nil {
+			ns.PlanVersion, ns.PlanDigest, ns.Resources = p.Version, p.Digest, len(p.Plan.Resources)
+		}
+		if rep, ok := reports[n.Name]; ok {
+			rep := rep
+			ns.AppliedVersion, ns.ApplyError, ns.Report = rep.Version, rep.Error, &rep
+			at := rep.AppliedAt
+			ns.AppliedAt = &at
+		}
+		out.Nodes = append(out.Nodes, ns)
+	}
+	reply(w, out)
+}
+
+func (a *API) nodes(w http.ResponseWriter, r *http.Request) {
+	nodes, err := a.store.Nodes(r.Context())
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, nodes)
+}
+
+// DomainRequest sets or clears a node's public domain.
+type DomainRequest struct {
+	Domain string `json:"domain"`
+}
+
+func (a *API) publicDomain(w http.ResponseWriter, r *http.Request) {
+	var req DomainRequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	idx, err := a.propose(r.Context(), &state.Command{Op: state.OpPublicDomain, Name: r.PathValue("name"), Domain: req.Domain})
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, WriteResult{Index: idx})
+}
+
+func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if name == a.id.Name {
+		fail(w, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("node %q is the one serving this request; remove it from another node", name)})
+		return
+	}
+	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
+	idx, err := a.propose(r.Context(), &state.Command{Op: state.OpNodeRemove, Name: name, Force: force})
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, WriteResult{Index: idx})
+}
+
+func (a *API) modules(w http.ResponseWriter, r *http.Request) {
+	mods, err := a.store.Modules(r.Context())
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, mods)
+}
+
+func (a *API) module(w http.ResponseWriter, r *http.Request) {
+	m, err := a.store.Module(r.Context(), r.PathValue("name"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, m)
+}
+
+// AddRequest carries manifests to add or replace.
+type AddRequest struct {
+	Modules []state.ModuleText `json:"modules"`
+}
+
+// WriteResult says at which log index a write was applied.
+type WriteResult struct {
+	Index   uint64   `json:"index"`
+	Modules []string `json:"modules,omitempty"`
+}
+
+func (a *API) addModules(w http.ResponseWriter, r *http.Request) {
+	var req AddRequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	c := &state.Command{Op: state.OpModuleAdd, Modules: req.Modules}
+	var names []string
+	for _, mt := range req.Modules {
+		m, err := manifest.Parse(mt.File, []byte(mt.Text))
+		if err != nil {
+			fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: err.Error()})
+			return
+		}
+		names = append(names, m.Module)
+		secrets, err := newSecrets(state.NeededCredentials(m))
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		c.Secrets = append(c.Secrets, secrets...)
+	}
+	idx, err := a.propose(r.Context(), c)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, WriteResult{Index: idx, Modules: names})
+}
+
+func (a *API) removeModule(w http.ResponseWriter, r *http.Request) {
+	idx, err := a.propose(r.Context(), &state.Command{Op: state.OpModuleRemove, Name: r.PathValue("name")})
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, WriteResult{Index: idx})
+}
+
+func (a *API) assign(op string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req state.Assignment
+		if err := decode(r, &req); err != nil {
+			fail(w, err)
+			return
+		}
+		c := &state.Command{Op: op, Assign: &req}
+		if op == state.OpAssign {
+			// The proposer generates any secret the module consumes; the FSM
+			// keeps the first one it sees for each pair.
+			if m, err := a.store.Module(r.Context(), req.Module); err == nil {
+				if pm, err := manifest.Parse(m.File, []byte(m.Manifest)); err == nil {
+					s, err := newSecrets(state.NeededCredentials(pm))
+					if err != nil {
+						fail(w, err)
+						return
+					}
+					c.Secrets = s
+				}
+			}
+		}
+		idx, err := a.propose(r.Context(), c)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		reply(w, WriteResult{Index: idx})
+	}
+}
+
+func newSecrets(pairs []state.Pair) ([]state.Secret, error) {
+	var out []state.Secret
+	for _, p := range pairs {
+		b := make([]byte, 24)
+		if _, err := rand.Read(b); err != nil {
+			return nil, fmt.Errorf("generate a secret: %w", err)
+		}
+		out = append(out, state.Secret{Pair: p, Value: base64.RawURLEncoding.EncodeToString(b)})
+	}
+	return out, nil
+}
+
+func (a *API) roster(w http.ResponseWriter, r *http.Request) {
+	ro, err := a.store.Roster(r.Context())
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, ro)
+}
+
+// PlansReply is a node's plan history, newest first.
+type PlansReply struct {
+	Node     string              `json:"node"`
+	Error    string              `json:"compose_error,omitempty"`
+	Versions []state.PlanVersion `json:"versions"`
+}
+
+func (a *API) plans(w http.ResponseWriter, r *http.Request) {
+	node := r.PathValue("node")
+	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+	n, err := a.store.Node(r.Context(), node)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	h, err := a.store.PlanHistory(r.Context(), node, limit)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	if h == nil {
+		h = []state.PlanVersion{}
+	}
+	reply(w, PlansReply{Node: node, Error: n.ComposeError, Versions: h})
+}

@@ -1,0 +1,130 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// ErrNoAgent: nothing serves the data dir's socket.
+var ErrNoAgent = errors.New("no agent is running")
+
+// Client talks to the local agent over its unix socket.
+type Client struct {
+	dir  string
+	http *http.Client
+}
+
+// NewClient makes a client for the agent of the data dir.
+func NewClient(dataDir string) *Client {
+	sock := filepath.Join(dataDir, SocketFile)
+	return &Client{dir: dataDir, http: &http.Client{
+		Timeout: 30 * time.Second,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}},
+	}}
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://mesh"+path, rd)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w for data dir %s (no socket at %s); start it with `mesh agent --data-dir %s`", ErrNoAgent, c.dir, filepath.Join(c.dir, SocketFile), c.dir)
+		}
+		if errors.Is(err, syscall.EACCES) {
+			return fmt.Errorf("cannot reach the agent's socket in %s: permission denied (run as the agent's user)", c.dir)
+		}
+		return fmt.Errorf("talk to the agent: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("read the agent's answer: %w", err)
+	}
+	if resp.StatusCode >= 300 {
+		var e apiError
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return errors.New(e.Error)
+		}
+		return fmt.Errorf("agent answered %s", resp.Status)
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// Status reads the mesh's status as this node sees it.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var s Status
+	return s, c.do(ctx, "GET", "/v1/status", nil, &s)
+}
+
+// Get reads any GET endpoint into out (the CLI's reads).
+func (c *Client) Get(ctx context.Context, path string, out any) error {
+	return c.do(ctx, "GET", path, nil, out)
+}
+
+// AddModules adds or replaces manifests.
+func (c *Client) AddModules(ctx context.Context, req AddRequest) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "POST", "/v1/modules", req, &r)
+}
+
+// RemoveModule removes a module from the catalogue.
+func (c *Client) RemoveModule(ctx context.Context, name string) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "DELETE", "/v1/modules/"+url.PathEscape(name), nil, &r)
+}
+
+// Assign assigns (op "assign") or unassigns (op "unassign") a module.
+func (c *Client) Assign(ctx context.Context, op, node, module string) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "POST", "/v1/"+op, map[string]string{"node": node, "module": module}, &r)
+}
+
+// PublicDomain sets a node's public domain ("" clears it).
+func (c *Client) PublicDomain(ctx context.Context, node, domain string) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "PUT", "/v1/nodes/"+url.PathEscape(node)+"/public-domain", DomainRequest{Domain: domain}, &r)
+}
+
+// RemoveNode removes a node from the mesh.
+func (c *Client) RemoveNode(ctx context.Context, node string, force bool) (WriteResult, error) {
+	var r WriteResult
+	q := ""
+	if force {
+		q = "?force=true"
+	}
+	return r, c.do(ctx, "DELETE", "/v1/nodes/"+url.PathEscape(node)+q, nil, &r)
+}
+
+// Plans reads a node's plan history (limit 0: all).
+func (c *Client) Plans(ctx context.Context, node string, limit int) (PlansReply, error) {
+	var r PlansReply
+	return r, c.do(ctx, "GET", fmt.Sprintf("/v1/plans/%s?limit=%d", url.PathEscape(node), limit), nil, &r)
+}

@@ -1,0 +1,159 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+
+	"mesh/state"
+)
+
+// Files in a node's data dir.
+const (
+	IdentityFile = "node.json"
+	StateFile    = "state.db"
+	RaftDir      = "raft"
+	SocketFile   = "mesh.sock"
+)
+
+// Identity is what a data dir says about its node. It is node-local.
+type Identity struct {
+	Name     string `json:"name"`
+	Address  string `json:"address"`
+	Port     int    `json:"port"`
+	MeshID   string `json:"mesh_id"`
+	LogStore string `json:"log_store"`
+}
+
+var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// ReadIdentity reads a data dir's identity, saying what to do when there is none.
+func ReadIdentity(dir string) (Identity, error) {
+	var id Identity
+	b, err := os.ReadFile(filepath.Join(dir, IdentityFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return id, fmt.Errorf("data dir %s holds no node; create one with `mesh init --name NODE --address IP --data-dir %s`", dir, dir)
+	}
+	if err != nil {
+		return id, fmt.Errorf("read node identity: %w", err)
+	}
+	if err := json.Unmarshal(b, &id); err != nil {
+		return id, fmt.Errorf("node identity %s is damaged: %w", filepath.Join(dir, IdentityFile), err)
+	}
+	return id, nil
+}
+
+func writeIdentity(dir string, id Identity) error {
+	b, _ := json.MarshalIndent(id, "", "  ")
+	tmp := filepath.Join(dir, "."+IdentityFile+".tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, IdentityFile))
+}
+
+// InitConfig is what `mesh init` is given.
+type InitConfig struct {
+	DataDir  string
+	Name     string
+	Address  string
+	Port     int
+	Domain   string
+	LogStore string
+	Now      func() time.Time
+}
+
+// Init creates a new mesh whose first node is this data dir: it bootstraps
+// Raft, commits the init command and stops. Nothing is left half-made: on
+// failure the data dir is removed if Init created it.
+func Init(ctx context.Context, cfg InitConfig) (err error) {
+	if !nodeNameRE.MatchString(cfg.Name) {
+		return fmt.Errorf("node name %q is not a DNS label; use lower-case letters, digits and '-'", cfg.Name)
+	}
+	addr, perr := netip.ParseAddr(cfg.Address)
+	if perr != nil {
+		return fmt.Errorf("--address %q is not an IP address (the address other nodes reach this one at)", cfg.Address)
+	}
+	if cfg.Port <= 0 || cfg.Port > 65535 {
+		return fmt.Errorf("--port %d is not a port", cfg.Port)
+	}
+	if cfg.Domain == "" {
+		cfg.Domain = state.DefaultDomain
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if id, rerr := ReadIdentity(cfg.DataDir); rerr == nil {
+		return fmt.Errorf("data dir %s already holds node %q of mesh %s; use another --data-dir, or remove it to start over", cfg.DataDir, id.Name, id.MeshID)
+	}
+	created := false
+	if _, serr := os.Stat(cfg.DataDir); errors.Is(serr, os.ErrNotExist) {
+		created = true
+	} else if entries, _ := os.ReadDir(cfg.DataDir); len(entries) > 0 {
+		return fmt.Errorf("data dir %s is not empty and holds no mesh node; give an empty or new --data-dir", cfg.DataDir)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	defer func() {
+		if err != nil && created {
+			os.RemoveAll(cfg.DataDir)
+		}
+	}()
+	meshID := make([]byte, 8)
+	rand.Read(meshID)
+	id := Identity{Name: cfg.Name, Address: addr.String(), Port: cfg.Port, MeshID: hex.EncodeToString(meshID), LogStore: cfg.LogStore}
+	if id.LogStore == "" {
+		id.LogStore = DefaultLogStore
+	}
+	store, err := state.Open(filepath.Join(cfg.DataDir, StateFile))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	n, err := New(Config{
+		Dir: filepath.Join(cfg.DataDir, RaftDir), ID: cfg.Name,
+		Bind:      net.JoinHostPort(bindHost(addr), strconv.Itoa(cfg.Port)),
+		Advertise: net.JoinHostPort(addr.String(), strconv.Itoa(cfg.Port)),
+		LogStore:  id.LogStore,
+	}, store)
+	if err != nil {
+		return err
+	}
+	defer n.Shutdown()
+	if err := n.Bootstrap(); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := n.WaitLeader(wctx); err != nil {
+		return err
+	}
+	for n.State() != "Leader" {
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("this node did not become leader of its new mesh: %w", wctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	c := &state.Command{Op: state.OpInit, Time: cfg.Now().UTC(), MeshID: id.MeshID, Domain: cfg.Domain,
+		Node: &state.Node{Name: cfg.Name, Address: addr.String(), Voter: true}}
+	if _, err := n.Apply(wctx, c); err != nil {
+		return err
+	}
+	return writeIdentity(cfg.DataDir, id)
+}
+
+// bindHost is the host the transport binds: the node's address, since that is
+// the one peers dial.
+func bindHost(a netip.Addr) string { return a.String() }

@@ -1,0 +1,308 @@
+// Package cluster owns the Raft side of a node: the log and stable stores,
+// snapshots, the transport, bootstrapping, and applying commands. It adapts a
+// state.Store to raft.FSM and serves the local API on a unix socket.
+//
+// It must not decide anything the state decides (placement, plans, names): it
+// carries commands to the log and answers reads from the local replica.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	raftwal "github.com/hashicorp/raft-wal"
+
+	"mesh/state"
+)
+
+// Defaults.
+const (
+	DefaultPort     = 7430
+	DefaultLogStore = LogStoreWAL
+	// ApplyTimeout bounds how long a write waits for the log.
+	ApplyTimeout = 10 * time.Second
+)
+
+// Log stores that can back the Raft log (see DESIGN.md for the choice).
+const (
+	LogStoreBolt = "boltdb"
+	LogStoreWAL  = "wal"
+)
+
+// Sentinel errors.
+var (
+	// ErrNoLeader: no leader is reachable, so no write can commit.
+	ErrNoLeader = errors.New("no leader is reachable")
+)
+
+// Config says where a node keeps its Raft data and how it is reached.
+type Config struct {
+	// Dir holds the raft log, stable store and snapshots.
+	Dir string
+	// ID is the node's name.
+	ID string
+	// Bind is the host:port the transport listens on (":0" picks a port).
+	Bind string
+	// Advertise is the host:port peers dial; empty: the bound address.
+	Advertise string
+	// LogStore is LogStoreWAL or LogStoreBolt.
+	LogStore string
+	Logger   *slog.Logger
+}
+
+// Node is one Raft member holding a replica in a state.Store.
+type Node struct {
+	cfg       Config
+	raft      *raft.Raft
+	store     *state.Store
+	transport *raft.NetworkTransport
+	logs      io.Closer
+	log       *slog.Logger
+}
+
+// New opens (or creates) the Raft data in cfg.Dir and starts the node. It does
+// not bootstrap: Bootstrap does that once, at `mesh init`.
+func New(cfg Config, store *state.Store) (*Node, error) {
+	if cfg.LogStore == "" {
+		cfg.LogStore = DefaultLogStore
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	log := cfg.Logger.With("component", "cluster")
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create raft dir: %w", err)
+	}
+	logStore, stable, closer, err := openLogStore(cfg.LogStore, cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	hl := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: slogWriter{log}})
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.Dir, "snapshots"), 3, hl)
+	if err != nil {
+		closer.Close()
+		return nil, fmt.Errorf("open snapshot store: %w", err)
+	}
+	// The replica is durable and skips entries it already holds, so it is
+	// restored from a snapshot only when it is behind the newest one.
+	if err := catchUpFromSnapshot(snaps, store, log); err != nil {
+		closer.Close()
+		return nil, err
+	}
+	var adv net.Addr
+	if cfg.Advertise != "" {
+		if adv, err = net.ResolveTCPAddr("tcp", cfg.Advertise); err != nil {
+			closer.Close()
+			return nil, fmt.Errorf("advertise address %q: %w", cfg.Advertise, err)
+		}
+	}
+	trans, err := raft.NewTCPTransportWithLogger(cfg.Bind, adv, 3, 10*time.Second, hl)
+	if err != nil {
+		closer.Close()
+		return nil, fmt.Errorf("listen for raft on %s: %w", cfg.Bind, err)
+	}
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.ID)
+	rc.Logger = hl
+	rc.HeartbeatTimeout = 500 * time.Millisecond
+	rc.ElectionTimeout = 500 * time.Millisecond
+	rc.LeaderLeaseTimeout = 250 * time.Millisecond
+	rc.CommitTimeout = 20 * time.Millisecond
+	rc.SnapshotThreshold = 2048
+	rc.TrailingLogs = 4096
+	rc.NoSnapshotRestoreOnStart = true
+	r, err := raft.NewRaft(rc, &fsm{store: store, log: log}, logStore, stable, snaps, trans)
+	if err != nil {
+		trans.Close()
+		closer.Close()
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, logs: closer, log: log}
+	log.Info("raft started", "id", cfg.ID, "addr", trans.LocalAddr(), "log_store", cfg.LogStore)
+	return n, nil
+}
+
+func openLogStore(kind, dir string) (raft.LogStore, raft.StableStore, io.Closer, error) {
+	switch kind {
+	case LogStoreBolt:
+		b, err := raftboltdb.NewBoltStore(filepath.Join(dir, "raft.db"))
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("open raft bolt store: %w", err)
+		}
+		return b, b, b, nil
+	case LogStoreWAL:
+		d := filepath.Join(dir, "wal")
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, nil, nil, err
+		}
+		w, err := raftwal.Open(d)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("open raft wal: %w", err)
+		}
+		return w, w, w, nil
+	}
+	return nil, nil, nil, fmt.Errorf("unknown raft log store %q (use %s or %s)", kind, LogStoreWAL, LogStoreBolt)
+}
+
+func catchUpFromSnapshot(snaps *raft.FileSnapshotStore, store *state.Store, log *slog.Logger) error {
+	list, err := snaps.List()
+	if err != nil || len(list) == 0 {
+		return err
+	}
+	applied, err := store.AppliedIndex()
+	if err != nil {
+		return err
+	}
+	if list[0].Index <= applied {
+		return nil
+	}
+	_, rc, err := snaps.Open(list[0].ID)
+	if err != nil {
+		return fmt.Errorf("open snapshot %s: %w", list[0].ID, err)
+	}
+	defer rc.Close()
+	log.Info("replica is behind the newest snapshot; restoring it", "applied", applied, "snapshot", list[0].Index)
+	return store.Restore(context.Background(), rc)
+}
+
+// Bootstrap makes this node the sole voter of a new cluster.
+func (n *Node) Bootstrap() error {
+	cfg := raft.Configuration{Servers: []raft.Server{{
+		ID: raft.ServerID(n.cfg.ID), Address: n.transport.LocalAddr(), Suffrage: raft.Voter,
+	}}}
+	if err := n.raft.BootstrapCluster(cfg).Error(); err != nil {
+		return fmt.Errorf("bootstrap raft: %w", err)
+	}
+	return nil
+}
+
+// Addr is the transport's bound address.
+func (n *Node) Addr() string { return string(n.transport.LocalAddr()) }
+
+// WaitLeader waits until some node leads, or ctx ends.
+func (n *Node) WaitLeader(ctx context.Context) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if addr, _ := n.raft.LeaderWithID(); addr != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for a raft leader: %w", ErrNoLeader)
+		case <-t.C:
+		}
+	}
+}
+
+// Apply proposes a command and waits until it is applied on this node. The
+// error is the rule the command broke (from the FSM), or why it did not commit.
+func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
+	timeout := ApplyTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	if n.raft.State() != raft.Leader {
+		// Forwarding to the leader arrives with the multi-node issue.
+		return 0, fmt.Errorf("%w: this node is not the leader", ErrNoLeader)
+	}
+	f := n.raft.Apply(c.Encode(), timeout)
+	if err := f.Error(); err != nil {
+		return 0, fmt.Errorf("commit %s: %w", c.Op, err)
+	}
+	if err, ok := f.Response().(error); ok && err != nil {
+		return f.Index(), err
+	}
+	return f.Index(), nil
+}
+
+// State says whether this node leads, follows or is a candidate.
+func (n *Node) State() string { return n.raft.State().String() }
+
+// Leader is the leader's ID, or "".
+func (n *Node) Leader() string {
+	_, id := n.raft.LeaderWithID()
+	return string(id)
+}
+
+// Snapshot takes a snapshot now (tests and `mesh` maintenance).
+func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
+
+// Shutdown stops Raft and closes the stores.
+func (n *Node) Shutdown() error {
+	err := n.raft.Shutdown().Error()
+	n.transport.Close()
+	if cerr := n.logs.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// fsm adapts state.Store to raft.FSM.
+type fsm struct {
+	store *state.Store
+	log   *slog.Logger
+}
+
+func (f *fsm) Apply(l *raft.Log) any {
+	if l.Type != raft.LogCommand {
+		return nil
+	}
+	if err := f.store.Apply(l.Index, l.Data); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	var b bytesBuffer
+	if err := f.store.WriteSnapshot(context.Background(), &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	return f.store.Restore(context.Background(), rc)
+}
+
+// bytesBuffer is a snapshot already taken in memory; Persist only writes it.
+type bytesBuffer struct{ b []byte }
+
+func (b *bytesBuffer) Write(p []byte) (int, error) { b.b = append(b.b, p...); return len(p), nil }
+
+func (b *bytesBuffer) Persist(sink raft.SnapshotSink) error {
+	if _, err := sink.Write(b.b); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (b *bytesBuffer) Release() {}
+
+// slogWriter sends hclog's lines to slog.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.log.Info(string(trimNL(p)))
+	return len(p), nil
+}
+
+func trimNL(p []byte) []byte {
+	for len(p) > 0 && (p[len(p)-1] == '\n' || p[len(p)-1] == '\r') {
+		p = p[:len(p)-1]
+	}
+	return p
+}

@@ -1,0 +1,166 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"mesh/state"
+)
+
+const webManifest = `module: web
+resources:
+  - directory: /srv/web
+  - container: web.server
+    image: localhost/busybox:1
+    mounts: ["/srv/web:/www"]
+`
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type tlogWriter struct{ t testing.TB }
+
+func (w tlogWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+
+func initDir(t testing.TB, store string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "node")
+	err := Init(context.Background(), InitConfig{DataDir: dir, Name: "ace", Address: "127.0.0.1", Port: freePort(t), LogStore: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func startAgent(t testing.TB, dir string) *Agent {
+	t.Helper()
+	a, err := StartAgent(context.Background(), AgentConfig{DataDir: dir, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func waitLeader(t testing.TB, a *Agent) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Node.State() != "Leader" {
+		if time.Now().After(deadline) {
+			t.Fatal("node did not become leader within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestAgentKeepsStateAcrossRestartAndSnapshot(t *testing.T) {
+	for _, store := range []string{LogStoreWAL, LogStoreBolt} {
+		t.Run(store, func(t *testing.T) {
+			dir := initDir(t, store)
+			a := startAgent(t, dir)
+			waitLeader(t, a)
+			c := NewClient(dir)
+			ctx := context.Background()
+			if _, err := c.AddModules(ctx, AddRequest{Modules: []state.ModuleText{{File: "web.yaml", Text: webManifest}}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Assign(ctx, state.OpAssign, "ace", "web"); err != nil {
+				t.Fatal(err)
+			}
+			_, err := c.Assign(ctx, state.OpAssign, "nobody", "web")
+			if err == nil || !strings.Contains(err.Error(), `node "nobody" is not in the mesh (known: ace)`) {
+				t.Fatalf("assign to unknown node: %v", err)
+			}
+			before, _ := a.Store.Dump(ctx)
+			if err := a.Node.Snapshot(); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Stop(); err != nil {
+				t.Fatal(err)
+			}
+
+			// Restart: the replica is the same, and nothing was applied twice.
+			a = startAgent(t, dir)
+			waitLeader(t, a)
+			after, _ := a.Store.Dump(ctx)
+			if fmt.Sprint(after.Plans) != fmt.Sprint(before.Plans) || fmt.Sprint(after.Roster) != fmt.Sprint(before.Roster) {
+				t.Fatalf("state changed across restart:\n%v\n%v", before.Plans, after.Plans)
+			}
+			a.Stop()
+
+			// Lose the replica: it is rebuilt from the snapshot and the log.
+			for _, f := range []string{StateFile, StateFile + "-wal", StateFile + "-shm"} {
+				os.Remove(filepath.Join(dir, f))
+			}
+			a = startAgent(t, dir)
+			defer a.Stop()
+			waitLeader(t, a)
+			ro, err := a.Store.Roster(ctx)
+			if err != nil || len(ro) != 2 || ro[1].Name != "web.internal" {
+				t.Fatalf("roster after rebuild: %v %v", ro, err)
+			}
+		})
+	}
+}
+
+func TestInitRefusesAnExistingNode(t *testing.T) {
+	dir := initDir(t, LogStoreWAL)
+	err := Init(context.Background(), InitConfig{DataDir: dir, Name: "other", Address: "127.0.0.1", Port: freePort(t)})
+	if err == nil || !strings.Contains(err.Error(), `already holds node "ace"`) {
+		t.Fatalf("second init: %v", err)
+	}
+	id, _ := ReadIdentity(dir)
+	if id.Name != "ace" {
+		t.Fatalf("identity changed to %+v", id)
+	}
+}
+
+func TestClientSaysWhenNoAgentRuns(t *testing.T) {
+	dir := t.TempDir()
+	_, err := NewClient(dir).Status(context.Background())
+	if !errors.Is(err, ErrNoAgent) || !strings.Contains(err.Error(), "mesh agent --data-dir "+dir) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// BenchmarkApply measures commands applied per second through Raft on one
+// node (alternating assign and unassign), with each log store.
+func BenchmarkApply(b *testing.B) {
+	for _, store := range []string{LogStoreWAL, LogStoreBolt} {
+		b.Run(store, func(b *testing.B) {
+			dir := initDir(b, store)
+			a, err := StartAgent(context.Background(), AgentConfig{DataDir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer a.Stop()
+			waitLeader(b, a)
+			ctx := context.Background()
+			add := &state.Command{Op: state.OpModuleAdd, Modules: []state.ModuleText{{File: "web.yaml", Text: webManifest}}}
+			if _, err := a.Node.Apply(ctx, add); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				op := state.OpAssign
+				if i%2 == 1 {
+					op = state.OpUnassign
+				}
+				c := &state.Command{Op: op, Time: time.Now(), Assign: &state.Assignment{Node: "ace", Module: "web"}}
+				if _, err := a.Node.Apply(ctx, c); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "cmds/s")
+		})
+	}
+}

@@ -1,0 +1,612 @@
+// Command mesh runs a small self-hosted fleet: every machine runs this binary.
+//
+// main.go holds the command-line grammar; each command's Run wires packages
+// together and prints, nothing more.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"mesh/cluster"
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// Exit codes (DESIGN section 6).
+const (
+	exitFailed = 1
+	exitUsage  = 2
+)
+
+// Globals are flags every command takes.
+type Globals struct {
+	DataDir string `name:"data-dir" env:"MESH_DATA_DIR" placeholder:"DIR" help:"Node data directory (default /var/lib/mesh for root, $XDG_DATA_HOME/mesh otherwise)."`
+
+	out io.Writer
+}
+
+func (g *Globals) dir() string {
+	if g.DataDir != "" {
+		return g.DataDir
+	}
+	return defaultDataDir()
+}
+
+func defaultDataDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/mesh"
+	}
+	if x := os.Getenv("XDG_DATA_HOME"); x != "" {
+		return filepath.Join(x, "mesh")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".local", "share", "mesh")
+}
+
+func (g *Globals) client() *cluster.Client { return cluster.NewClient(g.dir()) }
+
+// CLI is the whole grammar.
+type CLI struct {
+	Globals
+
+	Init     InitCmd     `cmd:"" help:"Create a new mesh with this machine as its first node, then exit."`
+	Agent    AgentCmd    `cmd:"" help:"Run this node: raft and the local API, until stopped."`
+	Node     NodeCmd     `cmd:"" help:"List, configure and remove nodes."`
+	Module   ModuleCmd   `cmd:"" help:"Manage the catalogue of modules."`
+	Assign   AssignCmd   `cmd:"" help:"Run MODULE on NODE."`
+	Unassign UnassignCmd `cmd:"" help:"Stop running MODULE on NODE."`
+	Plan     PlanCmd     `cmd:"" help:"Show what a node must hold, its history and what changed."`
+	Status   StatusCmd   `cmd:"" help:"Show the mesh: nodes, plan versions, what each applied, errors."`
+	Roster   RosterCmd   `cmd:"" help:"Show every name the mesh answers and its addresses."`
+	Check    CheckCmd    `cmd:"" help:"Check manifests offline; exit 1 on any error."`
+	Version  VersionCmd  `cmd:"" help:"Print the version."`
+}
+
+func main() {
+	var cli CLI
+	cli.out = os.Stdout
+	parser, err := kong.New(&cli,
+		kong.Name("mesh"),
+		kong.Description("mesh: one binary per machine; the fleet keeps a replicated roster and each node runs its share of modules on Podman."),
+		kong.UsageOnError(),
+		kong.Exit(func(code int) {
+			if code == 80 { // kong's usage-error code; ours is 2
+				code = exitUsage
+			}
+			os.Exit(code)
+		}),
+	)
+	if err != nil {
+		panic(err)
+	}
+	ctx, err := parser.Parse(os.Args[1:])
+	if err != nil {
+		var pe *kong.ParseError
+		if errors.As(err, &pe) {
+			fmt.Fprintf(os.Stderr, "mesh: %v (see mesh --help)\n", err)
+			os.Exit(exitUsage)
+		}
+		fmt.Fprintf(os.Stderr, "mesh: %v\n", err)
+		os.Exit(exitUsage)
+	}
+	if err := ctx.Run(&cli.Globals); err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(os.Stderr, "mesh: %v\n", err)
+			os.Exit(exitUsage)
+		}
+		fmt.Fprintf(os.Stderr, "mesh: %v\n", err)
+		os.Exit(exitFailed)
+	}
+}
+
+// usageError marks a mistake in how a command was called (exit 2).
+type usageError struct{ error }
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func timeout() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 30*time.Second)
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// InitCmd creates a mesh.
+type InitCmd struct {
+	Name     string `required:"" help:"This node's name (a DNS label)."`
+	Address  string `required:"" placeholder:"IP" help:"The IP other nodes reach this one at."`
+	Domain   string `default:"internal" help:"The mesh's DNS domain: NODE.DOMAIN and MODULE.DOMAIN."`
+	Port     int    `default:"7430" help:"TCP port for node-to-node (raft) traffic."`
+	LogStore string `name:"log-store" default:"wal" enum:"wal,boltdb" help:"Raft log store: wal or boltdb (see cluster/DESIGN.md)."`
+}
+
+// Run creates the data dir and exits.
+func (c *InitCmd) Run(g *Globals) error {
+	ctx, cancel := signalContext()
+	defer cancel()
+	err := cluster.Init(ctx, cluster.InitConfig{DataDir: g.dir(), Name: c.Name, Address: c.Address, Port: c.Port, Domain: c.Domain, LogStore: c.LogStore})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.out, "initialised mesh with node %s (%s) in %s\nstart it with: mesh agent --data-dir %s\n", c.Name, c.Address, g.dir(), g.dir())
+	return nil
+}
+
+// AgentCmd runs the node.
+type AgentCmd struct {
+	LogLevel string `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+}
+
+// Run serves until SIGINT or SIGTERM.
+func (c *AgentCmd) Run(g *Globals) error {
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(c.LogLevel))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	ctx, cancel := signalContext()
+	defer cancel()
+	a, err := cluster.StartAgent(ctx, cluster.AgentConfig{DataDir: g.dir(), Logger: log})
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	log.Info("stopping")
+	return a.Stop()
+}
+
+// NodeCmd groups node commands.
+type NodeCmd struct {
+	List         NodeListCmd         `cmd:"" help:"List the nodes."`
+	PublicDomain NodePublicDomainCmd `cmd:"" name:"public-domain" help:"Set (or with --clear, remove) NODE's public domain; routes become NAME.DOMAIN."`
+	Remove       NodeRemoveCmd       `cmd:"" help:"Remove NODE from the mesh."`
+}
+
+// NodeListCmd lists nodes.
+type NodeListCmd struct {
+	JSON bool `name:"json" help:"Print JSON."`
+}
+
+// Run prints the nodes.
+func (c *NodeListCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	var nodes []state.NodeInfo
+	if err := g.client().Get(ctx, "/v1/nodes", &nodes); err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(g.out, nodes)
+	}
+	tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tADDRESS\tPUBLIC DOMAIN\tVOTER")
+	for _, n := range nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\n", n.Name, n.Address, dash(n.PublicDomain), n.Voter)
+	}
+	return tw.Flush()
+}
+
+// NodePublicDomainCmd sets a public domain.
+type NodePublicDomainCmd struct {
+	Node   string `arg:"" help:"The node."`
+	Domain string `arg:"" optional:"" help:"The public domain, e.g. zurag.be."`
+	Clear  bool   `help:"Remove the node's public domain."`
+}
+
+// Run sets or clears it.
+func (c *NodePublicDomainCmd) Run(g *Globals) error {
+	if c.Clear == (c.Domain != "") {
+		return usageError{errors.New("give either DOMAIN or --clear")}
+	}
+	ctx, cancel := timeout()
+	defer cancel()
+	r, err := g.client().PublicDomain(ctx, c.Node, strings.ToLower(c.Domain))
+	if err != nil {
+		return err
+	}
+	if c.Clear {
+		fmt.Fprintf(g.out, "cleared the public domain of %s (log index %d)\n", c.Node, r.Index)
+	} else {
+		fmt.Fprintf(g.out, "%s now serves routes under %s (log index %d)\n", c.Node, strings.ToLower(c.Domain), r.Index)
+	}
+	return nil
+}
+
+// NodeRemoveCmd removes a node.
+type NodeRemoveCmd struct {
+	Node  string `arg:"" help:"The node."`
+	Force bool   `help:"Remove it even though modules are still assigned to it (they are unassigned)."`
+}
+
+// Run removes it.
+func (c *NodeRemoveCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	r, err := g.client().RemoveNode(ctx, c.Node, c.Force)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.out, "removed node %s (log index %d)\n", c.Node, r.Index)
+	return nil
+}
+
+// ModuleCmd groups catalogue commands.
+type ModuleCmd struct {
+	Add    ModuleAddCmd    `cmd:"" help:"Add or replace modules from manifest files (all or none)."`
+	List   ModuleListCmd   `cmd:"" help:"List the catalogue."`
+	Show   ModuleShowCmd   `cmd:"" help:"Print a module's manifest."`
+	Remove ModuleRemoveCmd `cmd:"" help:"Remove a module that is assigned nowhere."`
+}
+
+// ModuleAddCmd adds manifests.
+type ModuleAddCmd struct {
+	Files []string `arg:"" type:"existingfile" help:"Manifest files." name:"FILE"`
+}
+
+// Run checks every file first, then adds them in one command.
+func (c *ModuleAddCmd) Run(g *Globals) error {
+	req, err := readManifests(c.Files)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := timeout()
+	defer cancel()
+	r, err := g.client().AddModules(ctx, req)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.out, "added %s (log index %d)\n", strings.Join(r.Modules, ", "), r.Index)
+	return nil
+}
+
+func readManifests(files []string) (cluster.AddRequest, error) {
+	var req cluster.AddRequest
+	var errs []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return req, err
+		}
+		if _, err := manifest.Parse(f, b); err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		req.Modules = append(req.Modules, state.ModuleText{File: filepath.Base(f), Text: string(b)})
+	}
+	if len(errs) > 0 {
+		return req, fmt.Errorf("nothing was added:\n%s", strings.Join(errs, "\n"))
+	}
+	return req, nil
+}
+
+// ModuleListCmd lists the catalogue.
+type ModuleListCmd struct {
+	JSON bool `name:"json" help:"Print JSON."`
+}
+
+// Run prints it.
+func (c *ModuleListCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	var mods []state.ModuleInfo
+	if err := g.client().Get(ctx, "/v1/modules", &mods); err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(g.out, mods)
+	}
+	tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODULE\tDIGEST\tNODES\tFILE")
+	for _, m := range mods {
+		fmt.Fprintf(tw, "%s\t%.12s\t%s\t%s\n", m.Name, m.Digest, dash(strings.Join(m.Nodes, ",")), m.File)
+	}
+	return tw.Flush()
+}
+
+// ModuleShowCmd prints a manifest.
+type ModuleShowCmd struct {
+	Name string `arg:"" help:"The module."`
+}
+
+// Run prints it.
+func (c *ModuleShowCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	var m state.ModuleInfo
+	if err := g.client().Get(ctx, "/v1/modules/"+c.Name, &m); err != nil {
+		return err
+	}
+	fmt.Fprintf(g.out, "# module %s, digest %s, from %s, assigned to: %s\n%s", m.Name, m.Digest, m.File, dash(strings.Join(m.Nodes, ", ")), m.Manifest)
+	return nil
+}
+
+// ModuleRemoveCmd removes a module.
+type ModuleRemoveCmd struct {
+	Name string `arg:"" help:"The module."`
+}
+
+// Run removes it.
+func (c *ModuleRemoveCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	r, err := g.client().RemoveModule(ctx, c.Name)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.out, "removed module %s (log index %d)\n", c.Name, r.Index)
+	return nil
+}
+
+// AssignCmd assigns a module to a node.
+type AssignCmd struct {
+	Node   string `arg:"" help:"The node."`
+	Module string `arg:"" help:"The module."`
+}
+
+// Run assigns it.
+func (c *AssignCmd) Run(g *Globals) error { return assign(g, state.OpAssign, c.Node, c.Module) }
+
+// UnassignCmd unassigns a module from a node.
+type UnassignCmd struct {
+	Node   string `arg:"" help:"The node."`
+	Module string `arg:"" help:"The module."`
+}
+
+// Run unassigns it.
+func (c *UnassignCmd) Run(g *Globals) error { return assign(g, state.OpUnassign, c.Node, c.Module) }
+
+func assign(g *Globals, op, node, module string) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	r, err := g.client().Assign(ctx, op, node, module)
+	if err != nil {
+		return err
+	}
+	verb := "assigned %s to %s"
+	if op == state.OpUnassign {
+		verb = "unassigned %s from %s"
+	}
+	fmt.Fprintf(g.out, verb+" (log index %d)\n", module, node, r.Index)
+	var p cluster.PlansReply
+	if err := g.client().Get(ctx, "/v1/plans/"+node+"?limit=1", &p); err == nil && p.Error != "" {
+		fmt.Fprintf(g.out, "warning: the plan of %s does not compose; it keeps its last good plan:\n  %s\n", node, p.Error)
+	}
+	return nil
+}
+
+// PlanCmd shows a node's plan.
+type PlanCmd struct {
+	Node    string `arg:"" help:"The node."`
+	Diff    bool   `help:"Show what changed between the last two plan versions."`
+	History bool   `help:"List every plan version, newest first."`
+	JSON    bool   `name:"json" help:"Print JSON."`
+}
+
+// Run prints the plan, its diff or its history.
+func (c *PlanCmd) Run(g *Globals) error {
+	if c.Diff && c.History {
+		return usageError{errors.New("give --diff or --history, not both")}
+	}
+	ctx, cancel := timeout()
+	defer cancel()
+	limit := 1
+	if c.Diff {
+		limit = 2
+	}
+	if c.History {
+		limit = 0
+	}
+	p, err := g.client().Plans(ctx, c.Node, limit)
+	if err != nil {
+		return err
+	}
+	w := g.out
+	if c.Diff {
+		var older, newer *state.Plan
+		if len(p.Versions) > 0 {
+			newer = p.Versions[0].Plan
+		}
+		if len(p.Versions) > 1 {
+			older = p.Versions[1].Plan
+		}
+		changes := state.Diff(older, newer)
+		if c.JSON {
+			return printJSON(w, changes)
+		}
+		switch len(p.Versions) {
+		case 0:
+			fmt.Fprintf(w, "%s has no plan yet\n", c.Node)
+		case 1:
+			fmt.Fprintf(w, "%s: v%d is its first plan (%s)\n", c.Node, p.Versions[0].Version, p.Versions[0].Cause)
+		default:
+			fmt.Fprintf(w, "%s: v%d -> v%d (%s)\n", c.Node, p.Versions[1].Version, p.Versions[0].Version, p.Versions[0].Cause)
+		}
+		for _, ch := range changes {
+			fmt.Fprintln(w, ch.String())
+		}
+		printComposeError(w, p)
+		return nil
+	}
+	if c.JSON {
+		return printJSON(w, p)
+	}
+	if c.History {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "VERSION\tWHEN\tDIGEST\tRESOURCES\tCAUSE")
+		for _, v := range p.Versions {
+			fmt.Fprintf(tw, "v%d\t%s\t%.12s\t%d\t%s\n", v.Version, v.CreatedAt.Format(time.RFC3339), v.Digest, len(v.Plan.Resources), v.Cause)
+		}
+		tw.Flush()
+		printComposeError(w, p)
+		return nil
+	}
+	if len(p.Versions) == 0 {
+		fmt.Fprintf(w, "%s has no plan yet\n", c.Node)
+		printComposeError(w, p)
+		return nil
+	}
+	v := p.Versions[0]
+	fmt.Fprintf(w, "%s: plan v%d, digest %.12s, %s (%s)\n", c.Node, v.Version, v.Digest, v.CreatedAt.Format(time.RFC3339), v.Cause)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, r := range v.Plan.Resources {
+		fmt.Fprintf(tw, "  %s\t%s\t(%s)\n", r.Kind, r.Name, r.Module)
+	}
+	tw.Flush()
+	if len(v.Plan.Routes) > 0 {
+		fmt.Fprintln(w, "routes:")
+		for _, r := range v.Plan.Routes {
+			fmt.Fprintf(w, "  %s -> %s:%d\n", r.Name, r.Module, r.Port)
+		}
+	}
+	printComposeError(w, p)
+	return nil
+}
+
+func printComposeError(w io.Writer, p cluster.PlansReply) {
+	if p.Error != "" {
+		fmt.Fprintf(w, "error: the plan does not compose; the node keeps the plan above:\n  %s\n", p.Error)
+	}
+}
+
+// StatusCmd shows the mesh.
+type StatusCmd struct {
+	JSON bool `name:"json" help:"Print JSON."`
+}
+
+// Run prints the status.
+func (c *StatusCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	st, err := g.client().Status(ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(g.out, st)
+	}
+	w := g.out
+	fmt.Fprintf(w, "mesh %s, domain %s; this node: %s (%s), leader: %s, applied index %d\n\n", st.MeshID, st.Domain, st.Node, strings.ToLower(st.RaftState), dash(st.Leader), st.AppliedIndex)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tADDRESS\tPUBLIC DOMAIN\tPLAN\tAPPLIED\tSTATE")
+	for _, n := range st.Nodes {
+		plan, applied := "-", "-"
+		if n.PlanVersion > 0 {
+			plan = fmt.Sprintf("v%d (%d resources)", n.PlanVersion, n.Resources)
+		}
+		if n.AppliedVersion > 0 {
+			applied = fmt.Sprintf("v%d", n.AppliedVersion)
+		}
+		stateText := "ok"
+		switch {
+		case n.ComposeError != "":
+			stateText = "plan does not compose: " + n.ComposeError
+		case n.ApplyError != "":
+			stateText = "apply failed: " + n.ApplyError
+		case n.PlanVersion > n.AppliedVersion:
+			stateText = "not applied yet"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), plan, applied, stateText)
+	}
+	return tw.Flush()
+}
+
+// RosterCmd shows the names.
+type RosterCmd struct {
+	JSON bool `name:"json" help:"Print JSON."`
+}
+
+// Run prints the roster.
+func (c *RosterCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	var ro []state.Name
+	if err := g.client().Get(ctx, "/v1/roster", &ro); err != nil {
+		return err
+	}
+	if c.JSON {
+		if ro == nil {
+			ro = []state.Name{}
+		}
+		return printJSON(g.out, ro)
+	}
+	tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tADDRESS\tNODE")
+	for _, n := range ro {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", n.Name, n.Address, n.Node)
+	}
+	return tw.Flush()
+}
+
+// CheckCmd checks manifests offline.
+type CheckCmd struct {
+	Files []string `arg:"" type:"existingfile" name:"FILE" help:"Manifest files."`
+}
+
+// Run checks each file and the bindings between them.
+func (c *CheckCmd) Run(g *Globals) error {
+	var errs []string
+	parsed := map[string]*manifest.Manifest{}
+	var order []*manifest.Manifest
+	for _, f := range c.Files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		m, err := manifest.Parse(f, b)
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		parsed[m.Module] = m
+		order = append(order, m)
+	}
+	// Providers are checked against the files given together, so a set of
+	// modules can be checked before any of it is added.
+	for _, m := range order {
+		if err := manifest.CheckProviders(m, func(n string) (*manifest.Manifest, bool) { p, ok := parsed[n]; return p, ok }); err != nil {
+			fmt.Fprintf(g.out, "note: %v\n", strings.ReplaceAll(err.Error(), "\n", "\nnote: "))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "\n"))
+	}
+	fmt.Fprintf(g.out, "%d manifest(s) ok\n", len(order))
+	return nil
+}
+
+// VersionCmd prints the version.
+type VersionCmd struct{}
+
+// Run prints it.
+func (c *VersionCmd) Run(g *Globals) error {
+	fmt.Fprintf(g.out, "mesh %s\n", version)
+	return nil
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,585 @@
+// Package manifest parses and checks module manifests (DESIGN.md section 5).
+//
+// It is pure: bytes in, a Manifest or positioned errors out. It never reads the
+// catalogue itself; checks that need other modules (a binding's provider) take
+// a lookup function. Every error carries the file and line it is about and a
+// sentence that says what to do.
+package manifest
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+)
+
+// Kinds of resource, as they are spelled in a manifest.
+const (
+	KindDirectory  = "directory"
+	KindFile       = "file"
+	KindRoutesFile = "routes-file"
+	KindBinding    = "binding"
+	KindCredential = "credential"
+	KindStep       = "step"
+	KindContainer  = "container"
+)
+
+// MaxSize is the largest manifest accepted, so that a stray binary file given to
+// `mesh module add` is refused before it is parsed.
+const MaxSize = 1 << 20
+
+// Manifest is one module's declaration.
+type Manifest struct {
+	Module             string     `yaml:"module" json:"module"`
+	Routes             []Route    `yaml:"routes,omitempty" json:"routes,omitempty"`
+	AcceptsCredentials string     `yaml:"accepts-credentials,omitempty" json:"accepts-credentials,omitempty"`
+	Resources          []Resource `yaml:"resources,omitempty" json:"resources,omitempty"`
+
+	// Digest is the sha256 of the manifest text, hex.
+	Digest string `yaml:"-" json:"-"`
+	// File is the name the manifest was read from, used in error messages.
+	File string `yaml:"-" json:"-"`
+	// Line of each resource, by index, and of the module key.
+	lines []int
+}
+
+// Route makes NAME.<node's public domain> point at the node the module runs on.
+type Route struct {
+	Name string `yaml:"name" json:"name"`
+	Port int    `yaml:"port" json:"port"`
+}
+
+// Resource is one entry of `resources:`. Exactly one of the kind keys is set.
+type Resource struct {
+	Directory  string `yaml:"directory,omitempty" json:"directory,omitempty"`
+	File       string `yaml:"file,omitempty" json:"file,omitempty"`
+	RoutesFile string `yaml:"routes-file,omitempty" json:"routes-file,omitempty"`
+	Binding    string `yaml:"binding,omitempty" json:"binding,omitempty"`
+	Credential string `yaml:"credential,omitempty" json:"credential,omitempty"`
+	Step       string `yaml:"step,omitempty" json:"step,omitempty"`
+	Container  string `yaml:"container,omitempty" json:"container,omitempty"`
+
+	Owner    string `yaml:"owner,omitempty" json:"owner,omitempty"`
+	Mode     string `yaml:"mode,omitempty" json:"mode,omitempty"`
+	Content  string `yaml:"content,omitempty" json:"content,omitempty"`
+	Provider string `yaml:"provider,omitempty" json:"provider,omitempty"`
+
+	Image     string            `yaml:"image,omitempty" json:"image,omitempty"`
+	Command   []string          `yaml:"command,omitempty" json:"command,omitempty"`
+	Env       map[string]string `yaml:"env,omitempty" json:"env,omitempty"`
+	Mounts    []string          `yaml:"mounts,omitempty" json:"mounts,omitempty"`
+	Ports     []string          `yaml:"ports,omitempty" json:"ports,omitempty"`
+	Restart   string            `yaml:"restart,omitempty" json:"restart,omitempty"`
+	RestartOn []string          `yaml:"restart-on,omitempty" json:"restart-on,omitempty"`
+}
+
+// Kind is the resource's kind key, or "" when none is set.
+func (r *Resource) Kind() string {
+	k, _ := r.kindName()
+	return k
+}
+
+// Name is what the resource is called: its path, or its step or container name.
+func (r *Resource) Name() string {
+	_, n := r.kindName()
+	return n
+}
+
+func (r *Resource) kindName() (string, string) {
+	for _, kv := range r.kinds() {
+		if kv[1] != "" {
+			return kv[0], kv[1]
+		}
+	}
+	return "", ""
+}
+
+func (r *Resource) kinds() [][2]string {
+	return [][2]string{
+		{KindDirectory, r.Directory}, {KindFile, r.File}, {KindRoutesFile, r.RoutesFile},
+		{KindBinding, r.Binding}, {KindCredential, r.Credential},
+		{KindStep, r.Step}, {KindContainer, r.Container},
+	}
+}
+
+// IsPath reports whether the resource is a path on the host.
+func (r *Resource) IsPath() bool {
+	switch r.Kind() {
+	case KindStep, KindContainer, "":
+		return false
+	}
+	return true
+}
+
+// Error is one problem in a manifest, at a line.
+type Error struct {
+	File string
+	Line int
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", e.File, e.Msg)
+}
+
+// Errors is every problem found in one manifest, in line order.
+type Errors []*Error
+
+func (es Errors) Error() string {
+	s := make([]string, len(es))
+	for i, e := range es {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "\n")
+}
+
+// Line is the line of resource i, 0 if unknown.
+func (m *Manifest) Line(i int) int {
+	if i >= 0 && i < len(m.lines) {
+		return m.lines[i]
+	}
+	return 0
+}
+
+// Digest returns the hex sha256 of b.
+func Digest(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// Parse decodes and checks one manifest. file names it in errors. The error is
+// an Errors listing every problem, or a single *Error for text that is not a
+// manifest at all.
+func Parse(file string, src []byte) (*Manifest, error) {
+	if len(src) > MaxSize {
+		return nil, Errors{{File: file, Msg: fmt.Sprintf("manifest is %d bytes, more than the %d allowed; is this the right file?", len(src), MaxSize)}}
+	}
+	if !isText(src) {
+		return nil, Errors{{File: file, Msg: "manifest is not UTF-8 text; give the module's YAML file"}}
+	}
+	f, err := parser.ParseBytes(src, 0)
+	if err != nil {
+		return nil, Errors{yamlError(file, err)}
+	}
+	if len(f.Docs) != 1 || f.Docs[0].Body == nil {
+		if len(f.Docs) > 1 {
+			return nil, Errors{{File: file, Line: docLine(f.Docs[1]), Msg: "more than one YAML document; put each module in its own file"}}
+		}
+		return nil, Errors{{File: file, Msg: "manifest is empty; it needs at least `module: NAME`"}}
+	}
+	body := f.Docs[0].Body
+	if _, ok := body.(*ast.MappingNode); !ok {
+		if _, ok := body.(*ast.MappingValueNode); !ok {
+			return nil, Errors{{File: file, Line: line(body), Msg: "a manifest is a mapping with `module:` and `resources:`; see `mesh schema`"}}
+		}
+	}
+	m := &Manifest{File: file, Digest: Digest(src)}
+	dec := yaml.NewDecoder(bytes.NewReader(src), yaml.Strict(), yaml.DisallowUnknownField())
+	if err := dec.DecodeFromNode(body, m); err != nil {
+		return nil, Errors{yamlError(file, err)}
+	}
+	m.Digest = Digest(src)
+	m.File = file
+	if res := mapValue(body, "resources"); res != nil {
+		if seq, ok := res.(*ast.SequenceNode); ok {
+			for _, v := range seq.Values {
+				m.lines = append(m.lines, line(v))
+			}
+		}
+	}
+	pos := positions{file: file, body: body}
+	if errs := m.check(&pos); len(errs) > 0 {
+		return nil, errs
+	}
+	return m, nil
+}
+
+func isText(b []byte) bool {
+	return !bytes.ContainsRune(b, 0) && strings.ToValidUTF8(string(b), "\uFFFD") == string(b)
+}
+
+func docLine(d *ast.DocumentNode) int {
+	if d.Start != nil {
+		return d.Start.Position.Line
+	}
+	if d.Body != nil {
+		return line(d.Body)
+	}
+	return 0
+}
+
+func line(n ast.Node) int {
+	if n == nil || n.GetToken() == nil {
+		return 0
+	}
+	return n.GetToken().Position.Line
+}
+
+// yamlError turns a go-yaml error into ours, keeping its line and making the
+// usual ones say what to do.
+func yamlError(file string, err error) *Error {
+	var ye yaml.Error
+	e := &Error{File: file, Msg: err.Error()}
+	if errors.As(err, &ye) {
+		if tk := ye.GetToken(); tk != nil {
+			e.Line = tk.Position.Line
+		}
+		e.Msg = ye.GetMessage()
+	}
+	var uf *yaml.UnknownFieldError
+	var te *yaml.TypeError
+	var dk *yaml.DuplicateKeyError
+	switch {
+	case errors.As(err, &uf):
+		e.Msg = strings.Replace(e.Msg, "unknown field", "unknown key", 1) + "; `mesh schema` lists the keys a manifest may hold"
+	case errors.As(err, &te):
+		e.Msg = "wrong type: " + e.Msg + "; `mesh schema` gives each key's type"
+	case errors.As(err, &dk) || strings.Contains(e.Msg, "already defined"):
+		e.Msg += "; keep one of them"
+	}
+	return e
+}
+
+// mapValue finds key's value in a mapping node.
+func mapValue(n ast.Node, key string) ast.Node {
+	var values []*ast.MappingValueNode
+	switch m := n.(type) {
+	case *ast.MappingNode:
+		values = m.Values
+	case *ast.MappingValueNode:
+		values = []*ast.MappingValueNode{m}
+	default:
+		return nil
+	}
+	for _, v := range values {
+		if v.Key != nil && v.Key.GetToken() != nil && v.Key.GetToken().Value == key {
+			return v.Value
+		}
+	}
+	return nil
+}
+
+// positions finds the line of a value inside the document, for messages.
+type positions struct {
+	file string
+	body ast.Node
+}
+
+// at returns the line of resources[i].key[j] (j < 0: the key itself).
+func (p *positions) at(i int, key string, j int) int {
+	res, ok := mapValue(p.body, "resources").(*ast.SequenceNode)
+	if !ok || i >= len(res.Values) {
+		return 0
+	}
+	item := res.Values[i]
+	if key == "" {
+		return line(item)
+	}
+	v := mapValue(item, key)
+	if v == nil {
+		return line(item)
+	}
+	if seq, ok := v.(*ast.SequenceNode); ok && j >= 0 && j < len(seq.Values) {
+		return line(seq.Values[j])
+	}
+	return line(v)
+}
+
+func (p *positions) top(key string) int {
+	if v := mapValue(p.body, key); v != nil {
+		return line(v)
+	}
+	return line(p.body)
+}
+
+var (
+	labelRE   = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,127}$`)
+	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	ownerRE   = regexp.MustCompile(`^[0-9]{1,10}:[0-9]{1,10}$`)
+	restartOK = map[string]bool{"": true, "no": true, "always": true, "on-failure": true, "unless-stopped": true}
+)
+
+// fields lists which optional keys each kind may carry.
+var fields = map[string][]string{
+	KindDirectory:  {"owner", "mode"},
+	KindFile:       {"owner", "mode", "content"},
+	KindRoutesFile: {"owner", "mode"},
+	KindBinding:    {"owner", "mode", "provider"},
+	KindCredential: {"owner", "mode", "provider"},
+	KindStep:       {"image", "command", "env", "mounts", "restart-on"},
+	KindContainer:  {"image", "command", "env", "mounts", "ports", "restart", "restart-on"},
+}
+
+func (r *Resource) setFields() []string {
+	var s []string
+	add := func(k string, set bool) {
+		if set {
+			s = append(s, k)
+		}
+	}
+	add("owner", r.Owner != "")
+	add("mode", r.Mode != "")
+	add("content", r.Content != "")
+	add("provider", r.Provider != "")
+	add("image", r.Image != "")
+	add("command", r.Command != nil)
+	add("env", r.Env != nil)
+	add("mounts", r.Mounts != nil)
+	add("ports", r.Ports != nil)
+	add("restart", r.Restart != "")
+	add("restart-on", r.RestartOn != nil)
+	return s
+}
+
+func (m *Manifest) check(p *positions) Errors {
+	var errs Errors
+	add := func(line int, format string, a ...any) {
+		errs = append(errs, &Error{File: p.file, Line: line, Msg: fmt.Sprintf(format, a...)})
+	}
+	if m.Module == "" {
+		add(line(p.body), "`module:` is missing; name the module, e.g. `module: gitea`")
+	} else if !labelRE.MatchString(m.Module) {
+		add(p.top("module"), "module name %q is not a DNS label; use lower-case letters, digits and '-' (it becomes %s.<domain>)", m.Module, "NAME")
+	}
+	routes := map[string]bool{}
+	for i, r := range m.Routes {
+		ln := p.top("routes")
+		if seq, ok := mapValue(p.body, "routes").(*ast.SequenceNode); ok && i < len(seq.Values) {
+			ln = line(seq.Values[i])
+		}
+		if !labelRE.MatchString(r.Name) {
+			add(ln, "route name %q is not a DNS label; use lower-case letters, digits and '-'", r.Name)
+		}
+		if r.Port < 1 || r.Port > 65535 {
+			add(ln, "route %q: port %d is not between 1 and 65535", r.Name, r.Port)
+		}
+		if routes[r.Name] {
+			add(ln, "route %q is listed twice; keep one", r.Name)
+		}
+		routes[r.Name] = true
+	}
+
+	// declared: name -> index, for paths, steps and containers alike.
+	declared := map[string]int{}
+	kindOf := map[string]string{}
+	for i := range m.Resources {
+		r := &m.Resources[i]
+		ln := p.at(i, "", -1)
+		var set []string
+		for _, kv := range r.kinds() {
+			if kv[1] != "" {
+				set = append(set, kv[0])
+			}
+		}
+		if len(set) == 0 {
+			add(ln, "resource has no kind; start it with one of directory, file, routes-file, binding, credential, step, container")
+			continue
+		}
+		if len(set) > 1 {
+			add(ln, "resource has %d kinds (%s); give each its own `- ` entry", len(set), strings.Join(set, ", "))
+			continue
+		}
+		kind, name := set[0], r.Name()
+		allowed := map[string]bool{}
+		for _, f := range fields[kind] {
+			allowed[f] = true
+		}
+		for _, f := range r.setFields() {
+			if !allowed[f] {
+				add(p.at(i, f, -1), "a %s does not take `%s`; it takes %s", kind, f, strings.Join(fields[kind], ", "))
+			}
+		}
+		if r.IsPath() {
+			if msg := checkPath(name); msg != "" {
+				add(ln, "%s %q: %s", kind, name, msg)
+				continue
+			}
+		} else if !nameRE.MatchString(name) {
+			add(ln, "%s name %q: use lower-case letters, digits, '.', '_' and '-' (Podman's DNS folds case)", kind, name)
+			continue
+		}
+		if j, dup := declared[name]; dup {
+			add(ln, "%q is declared twice (first at line %d); keep one", name, m.Line(j))
+			continue
+		}
+		if r.IsPath() {
+			// The parent must come first; a parent declared later is an ordering error,
+			// a parent that is a file is a type error.
+			parent := path.Dir(name)
+			if j, ok := declared[parent]; ok && kindOf[parent] != KindDirectory {
+				add(ln, "%q is inside %q, which is a %s (line %d), not a directory", name, parent, kindOf[parent], m.Line(j))
+			}
+			for j := i + 1; j < len(m.Resources); j++ {
+				if m.Resources[j].IsPath() && m.Resources[j].Name() == parent {
+					add(ln, "%q is declared before its parent %q (line %d); move the parent above it, the host applies resources in the order written", name, parent, m.Line(j))
+				}
+			}
+		}
+		declared[name] = i
+		kindOf[name] = kind
+
+		if r.Mode != "" {
+			if v, err := strconv.ParseUint(r.Mode, 8, 32); err != nil || v > 0o7777 || !strings.HasPrefix(r.Mode, "0") {
+				add(p.at(i, "mode", -1), "mode %q is not an octal mode; write it quoted with a leading 0, e.g. \"0750\"", r.Mode)
+			}
+		}
+		if r.Owner != "" && !ownerRE.MatchString(r.Owner) {
+			add(p.at(i, "owner", -1), "owner %q is not UID:GID; write numeric ids as the container sees them, e.g. \"1000:1000\"", r.Owner)
+		}
+		switch kind {
+		case KindBinding, KindCredential:
+			if r.Provider == "" {
+				add(ln, "%s %q has no `provider:`; name the module it connects to", kind, name)
+			} else if !labelRE.MatchString(r.Provider) {
+				add(p.at(i, "provider", -1), "provider %q is not a module name", r.Provider)
+			} else if kind == KindCredential && r.Provider == m.Module {
+				add(p.at(i, "provider", -1), "credential %q names its own module as provider; a credential is between two modules", name)
+			}
+		case KindStep, KindContainer:
+			if r.Image == "" {
+				add(ln, "%s %q has no `image:`; name the image it runs, e.g. docker.io/library/busybox:1.36", kind, name)
+			}
+			for k := range r.Env {
+				if !envKeyRE.MatchString(k) {
+					add(p.at(i, "env", -1), "env key %q is not a variable name; use letters, digits and '_'", k)
+				}
+			}
+			if !restartOK[r.Restart] {
+				add(p.at(i, "restart", -1), "restart %q is not one of no, always, on-failure, unless-stopped", r.Restart)
+			}
+			for j, mt := range r.Mounts {
+				if msg := checkMount(mt, declared, kindOf); msg != "" {
+					add(p.at(i, "mounts", j), "mount %q: %s", mt, msg)
+				}
+			}
+			for j, pt := range r.Ports {
+				if msg := checkPort(pt); msg != "" {
+					add(p.at(i, "ports", j), "port %q: %s", pt, msg)
+				}
+			}
+			for j, on := range r.RestartOn {
+				if _, ok := declared[on]; !ok || on == name {
+					add(p.at(i, "restart-on", j), "restart-on %q names nothing declared above it in this manifest; name a path or a step listed before %q", on, name)
+				} else if kindOf[on] == KindContainer {
+					add(p.at(i, "restart-on", j), "restart-on %q names a container; name a path or a step", on)
+				}
+			}
+		}
+	}
+	if m.AcceptsCredentials != "" {
+		if _, ok := declared[m.AcceptsCredentials]; !ok || kindOf[m.AcceptsCredentials] != KindDirectory {
+			add(p.top("accepts-credentials"), "accepts-credentials %q is not a directory declared in this manifest; declare it under resources", m.AcceptsCredentials)
+		}
+	}
+	sort.SliceStable(errs, func(a, b int) bool { return errs[a].Line < errs[b].Line })
+	return errs
+}
+
+func checkPath(p string) string {
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return "path must be absolute"
+	case p == "/":
+		return "the root directory cannot be a resource"
+	case path.Clean(p) != p:
+		return fmt.Sprintf("path is not clean (no '..', '.', '//' or trailing '/'); write %q", path.Clean(p))
+	case strings.ContainsAny(p, ":,\n"):
+		return "path may not contain ':', ',' or a newline"
+	}
+	return ""
+}
+
+func checkMount(mt string, declared map[string]int, kindOf map[string]string) string {
+	parts := strings.Split(mt, ":")
+	if len(parts) < 2 || len(parts) > 3 {
+		return "write HOST:CONTAINER or HOST:CONTAINER:OPTIONS"
+	}
+	src, dst := parts[0], parts[1]
+	if msg := checkPath(src); msg != "" {
+		return "host side: " + msg
+	}
+	if !strings.HasPrefix(dst, "/") {
+		return "container side must be an absolute path"
+	}
+	if len(parts) == 3 {
+		for _, o := range strings.Split(parts[2], ",") {
+			switch o {
+			case "ro", "rw", "z", "Z":
+			default:
+				return fmt.Sprintf("option %q is not one of ro, rw, z, Z", o)
+			}
+		}
+	}
+	k, ok := kindOf[src]
+	if _, dec := declared[src]; !dec || !ok || k == KindStep || k == KindContainer {
+		return fmt.Sprintf("host path %q is not declared above it; declare it as a directory or file (with owner and mode) before the container, or the runtime creates it as root", src)
+	}
+	return ""
+}
+
+func checkPort(pt string) string {
+	spec, proto, hasProto := strings.Cut(pt, "/")
+	if hasProto && proto != "tcp" && proto != "udp" {
+		return "protocol must be tcp or udp"
+	}
+	parts := strings.Split(spec, ":")
+	var nums []string
+	switch len(parts) {
+	case 2:
+		nums = parts
+	case 3:
+		nums = parts[1:]
+		if parts[0] == "" {
+			return "write HOST:CONTAINER or IP:HOST:CONTAINER"
+		}
+	default:
+		return "write HOST:CONTAINER or IP:HOST:CONTAINER, optionally /tcp or /udp"
+	}
+	for _, n := range nums {
+		v, err := strconv.Atoi(n)
+		if err != nil || v < 1 || v > 65535 {
+			return fmt.Sprintf("%q is not a port between 1 and 65535", n)
+		}
+	}
+	return ""
+}
+
+// CheckProviders checks what needs the catalogue: every binding and credential
+// names a module that exists, and a credential's provider accepts credentials.
+// lookup returns the catalogue's manifest for a module name.
+func CheckProviders(m *Manifest, lookup func(string) (*Manifest, bool)) error {
+	var errs Errors
+	for i := range m.Resources {
+		r := &m.Resources[i]
+		k := r.Kind()
+		if k != KindBinding && k != KindCredential {
+			continue
+		}
+		pm, ok := lookup(r.Provider)
+		if !ok {
+			errs = append(errs, &Error{File: m.File, Line: m.Line(i), Msg: fmt.Sprintf("%s %q: provider %q is not in the catalogue; add it first with `mesh module add`", k, r.Name(), r.Provider)})
+			continue
+		}
+		if k == KindCredential && pm.AcceptsCredentials == "" {
+			errs = append(errs, &Error{File: m.File, Line: m.Line(i), Msg: fmt.Sprintf("credential %q: provider %q does not declare `accepts-credentials:`, so it has nowhere to receive the secret", r.Name(), r.Provider)})
+		}
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	return nil
+}

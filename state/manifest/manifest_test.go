@@ -1,0 +1,202 @@
+package manifest
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const gitea = `module: gitea
+routes:
+  - {name: git, port: 3000}
+resources:
+  - directory: /srv/gitea
+    owner: "1000:1000"
+    mode: "0750"
+  - directory: /srv/gitea/data
+    owner: "1000:1000"
+    mode: "0750"
+  - file: /srv/gitea/app.ini
+    mode: "0640"
+    content: |
+      [server]
+      DOMAIN = git.example.org
+  - binding: /srv/gitea/db.binding
+    provider: postgres
+  - credential: /srv/gitea/db.password
+    provider: postgres
+  - step: migrate
+    image: docker.io/gitea/gitea:1.22
+    command: ["gitea", "migrate"]
+    mounts: ["/srv/gitea/data:/data"]
+    restart-on: [/srv/gitea/db.binding]
+  - container: gitea.server
+    image: docker.io/gitea/gitea:1.22
+    ports: ["3000:3000"]
+    env: {USER_UID: "1000"}
+    mounts: ["/srv/gitea/data:/data", "/srv/gitea/app.ini:/etc/gitea/app.ini:ro"]
+    restart-on: [/srv/gitea/app.ini, migrate]
+`
+
+func TestParseDesignExample(t *testing.T) {
+	m, err := Parse("gitea.yaml", []byte(gitea))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Module != "gitea" || len(m.Resources) != 7 || len(m.Routes) != 1 {
+		t.Fatalf("parsed %+v", m)
+	}
+	c := m.Resources[6]
+	if c.Kind() != KindContainer || c.Name() != "gitea.server" || c.Env["USER_UID"] != "1000" || len(c.RestartOn) != 2 {
+		t.Fatalf("container parsed as %+v", c)
+	}
+	if m.Line(6) != 25 || m.Line(0) != 5 {
+		t.Fatalf("lines: resource 0 at %d, resource 6 at %d", m.Line(0), m.Line(6))
+	}
+	if m.Resources[2].Content != "[server]\nDOMAIN = git.example.org\n" {
+		t.Fatalf("content %q", m.Resources[2].Content)
+	}
+	if m.Digest != Digest([]byte(gitea)) || len(m.Digest) != 64 {
+		t.Fatalf("digest %q", m.Digest)
+	}
+}
+
+// Each row is one mistake; the message must name the line and say what to do.
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		src  string
+		line int
+		want string // a substring of the message
+	}{
+		{"unknown key", "module: a\nresources:\n  - directory: /srv/a\n    owner: \"0:0\"\n    colour: blue\n", 5, `unknown key "colour"`},
+		{"unknown top key", "module: a\nrezources: []\n", 2, `unknown key "rezources"`},
+		{"wrong type", "module: a\nroutes:\n  - {name: web, port: eighty}\n", 3, "wrong type"},
+		{"syntax", "module: a\nresources:\n  - directory: [\n", 3, ""},
+		{"undeclared mount", "module: a\nresources:\n  - directory: /srv/a\n  - container: a.web\n    image: x\n    mounts:\n      - /srv/a:/a\n      - /srv/a/data:/data\n", 8, `host path "/srv/a/data" is not declared above it; declare it as a directory or file`},
+		{"mount declared after", "module: a\nresources:\n  - container: a.web\n    image: x\n    mounts: [\"/srv/a:/a\"]\n  - directory: /srv/a\n", 5, `host path "/srv/a" is not declared above it`},
+		{"child before parent", "module: a\nresources:\n  - directory: /srv/a/data\n  - directory: /srv/a\n", 3, `"/srv/a/data" is declared before its parent "/srv/a" (line 4); move the parent above it`},
+		{"parent is a file", "module: a\nresources:\n  - file: /srv/a\n  - file: /srv/a/b\n", 4, `which is a file (line 3), not a directory`},
+		{"restart-on nothing", "module: a\nresources:\n  - container: a.web\n    image: x\n    restart-on: [/srv/a/app.ini]\n", 5, `restart-on "/srv/a/app.ini" names nothing declared above it in this manifest`},
+		{"restart-on itself", "module: a\nresources:\n  - step: init\n    image: x\n    restart-on: [init]\n", 5, `restart-on "init" names nothing`},
+		{"restart-on container", "module: a\nresources:\n  - container: a.one\n    image: x\n  - container: a.two\n    image: x\n    restart-on: [a.one]\n", 7, `names a container`},
+		{"duplicate path", "module: a\nresources:\n  - directory: /srv/a\n  - file: /srv/a\n", 4, `"/srv/a" is declared twice (first at line 3); keep one`},
+		{"duplicate container", "module: a\nresources:\n  - container: a.web\n    image: x\n  - container: a.web\n    image: y\n", 5, `"a.web" is declared twice`},
+		{"relative path", "module: a\nresources:\n  - directory: srv/a\n", 3, `path must be absolute`},
+		{"dotdot path", "module: a\nresources:\n  - directory: /srv/a/../etc\n", 3, `path is not clean`},
+		{"trailing slash", "module: a\nresources:\n  - directory: /srv/a/\n", 3, `write "/srv/a"`},
+		{"dotdot mount", "module: a\nresources:\n  - directory: /srv/a\n  - container: a.web\n    image: x\n    mounts: [\"/srv/a/../../etc:/etc\"]\n", 6, `host side: path is not clean`},
+		{"no kind", "module: a\nresources:\n  - owner: \"0:0\"\n", 3, "resource has no kind"},
+		{"two kinds", "module: a\nresources:\n  - directory: /srv/a\n    file: /srv/b\n", 3, "give each its own"},
+		{"field of another kind", "module: a\nresources:\n  - directory: /srv/a\n    content: hi\n", 4, "a directory does not take `content`"},
+		{"bad mode", "module: a\nresources:\n  - directory: /srv/a\n    mode: 750\n", 4, `mode "750" is not an octal mode`},
+		{"bad owner", "module: a\nresources:\n  - directory: /srv/a\n    owner: git\n", 4, `owner "git" is not UID:GID`},
+		{"missing module", "resources: []\n", 1, "`module:` is missing"},
+		{"bad module name", "module: Git_Tea\n", 1, "not a DNS label"},
+		{"no image", "module: a\nresources:\n  - container: a.web\n", 3, "has no `image:`"},
+		{"no provider", "module: a\nresources:\n  - binding: /srv/a.binding\n", 3, "has no `provider:`"},
+		{"bad port", "module: a\nresources:\n  - container: a.web\n    image: x\n    ports: [\"80:99999\"]\n", 5, `"99999" is not a port`},
+		{"bad route port", "module: a\nroutes:\n  - {name: web, port: 0}\n", 3, "port 0 is not between 1 and 65535"},
+		{"duplicate route", "module: a\nroutes:\n  - {name: web, port: 80}\n  - {name: web, port: 81}\n", 4, `route "web" is listed twice`},
+		{"upper-case container", "module: a\nresources:\n  - container: A.Web\n    image: x\n", 3, "Podman's DNS folds case"},
+		{"accepts undeclared", "module: a\naccepts-credentials: /srv/a/creds\n", 2, `accepts-credentials "/srv/a/creds" is not a directory declared`},
+		{"two documents", "module: a\n---\nmodule: b\n", 2, "more than one YAML document"},
+		{"empty", "", 0, "manifest is empty"},
+		{"not a mapping", "- a\n- b\n", 1, "a manifest is a mapping"},
+		{"duplicate key", "module: a\nmodule: b\n", 2, "keep one"},
+		{"bad restart", "module: a\nresources:\n  - container: a.web\n    image: x\n    restart: sometimes\n", 5, `restart "sometimes" is not one of`},
+		{"bad env key", "module: a\nresources:\n  - container: a.web\n    image: x\n    env: {\"A-B\": x}\n", 5, `env key "A-B"`},
+		{"self credential", "module: a\nresources:\n  - credential: /srv/a.pw\n    provider: a\n", 4, "names its own module"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("m.yaml", []byte(tc.src))
+			if err == nil {
+				t.Fatalf("accepted:\n%s", tc.src)
+			}
+			var errs Errors
+			if !errors.As(err, &errs) || len(errs) == 0 {
+				t.Fatalf("error %T %v is not Errors", err, err)
+			}
+			e := errs[0]
+			if e.Line != tc.line {
+				t.Errorf("line %d, want %d (%v)", e.Line, tc.line, err)
+			}
+			if !strings.Contains(e.Msg, tc.want) {
+				t.Errorf("message %q lacks %q", e.Msg, tc.want)
+			}
+			prefix := "m.yaml:"
+			if !strings.HasPrefix(e.Error(), prefix) {
+				t.Errorf("error %q does not start with %q", e.Error(), prefix)
+			}
+		})
+	}
+}
+
+func TestAllErrorsReported(t *testing.T) {
+	src := "module: a\nresources:\n  - directory: srv\n  - container: a.web\n    image: x\n    mounts: [\"/x:/x\"]\n"
+	_, err := Parse("m.yaml", []byte(src))
+	var errs Errors
+	if !errors.As(err, &errs) || len(errs) != 2 || errs[0].Line != 3 || errs[1].Line != 6 {
+		t.Fatalf("want two errors at lines 3 and 6, got %v", err)
+	}
+}
+
+func TestCheckProviders(t *testing.T) {
+	m, err := Parse("gitea.yaml", []byte(gitea))
+	if err != nil {
+		t.Fatal(err)
+	}
+	none := func(string) (*Manifest, bool) { return nil, false }
+	err = CheckProviders(m, none)
+	if err == nil || !strings.Contains(err.Error(), `gitea.yaml:16: binding "/srv/gitea/db.binding": provider "postgres" is not in the catalogue; add it first with `+"`mesh module add`") {
+		t.Fatalf("got %v", err)
+	}
+	pgNoAccept := &Manifest{Module: "postgres"}
+	err = CheckProviders(m, func(string) (*Manifest, bool) { return pgNoAccept, true })
+	if err == nil || !strings.Contains(err.Error(), `gitea.yaml:18: credential "/srv/gitea/db.password": provider "postgres" does not declare`) {
+		t.Fatalf("got %v", err)
+	}
+	pg := &Manifest{Module: "postgres", AcceptsCredentials: "/srv/postgres/credentials"}
+	if err := CheckProviders(m, func(string) (*Manifest, bool) { return pg, true }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The manifests shipped in examples/ must pass the checks.
+func TestExamplesParse(t *testing.T) {
+	files, _ := filepath.Glob("../../examples/*.yaml")
+	if len(files) == 0 {
+		t.Fatal("no examples found in ../../examples")
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Parse(f, b); err != nil {
+			t.Errorf("%v", err)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(gitea))
+	f.Add([]byte("module: a\nresources:\n  - directory: /srv/a\n"))
+	f.Add([]byte("module: a\n---\n"))
+	f.Add([]byte("- [\n"))
+	f.Add([]byte("module: &x a\nroutes: *x\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Parse("fuzz.yaml", b)
+		if err == nil && m == nil {
+			t.Fatal("nil manifest without error")
+		}
+		if err != nil {
+			var errs Errors
+			if !errors.As(err, &errs) || len(errs) == 0 {
+				t.Fatalf("error %T is not Errors: %v", err, err)
+			}
+		}
+	})
+}

@@ -1,0 +1,451 @@
+package state
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"regexp"
+	"time"
+)
+
+var columnRE = regexp.MustCompile(`^[a-z_]{1,32}$`)
+
+// NodeInfo is a node as `mesh node list` and `mesh status` show it.
+type NodeInfo struct {
+	Node
+	AddedAt      time.Time `json:"added_at"`
+	ComposeError string    `json:"compose_error,omitempty"`
+}
+
+// ModuleInfo is a catalogue entry.
+type ModuleInfo struct {
+	Name     string    `json:"name"`
+	File     string    `json:"file"`
+	Digest   string    `json:"digest"`
+	Version  uint64    `json:"version"`
+	AddedAt  time.Time `json:"added_at"`
+	Manifest string    `json:"manifest,omitempty"`
+	Nodes    []string  `json:"nodes"`
+}
+
+// PlanVersion is one recorded version of a node's plan.
+type PlanVersion struct {
+	Node      string    `json:"node"`
+	Version   uint64    `json:"version"`
+	Digest    string    `json:"digest"`
+	Cause     string    `json:"cause"`
+	CreatedAt time.Time `json:"created_at"`
+	Plan      *Plan     `json:"plan,omitempty"`
+}
+
+// Settings are the mesh-wide values set at init.
+type Settings struct {
+	MeshID    string `json:"mesh_id"`
+	Domain    string `json:"domain"`
+	CreatedAt string `json:"created_at"`
+}
+
+// Settings reads the mesh id and domain; ErrNotFound before init.
+func (s *Store) Settings(ctx context.Context) (Settings, error) {
+	var st Settings
+	rows, err := s.db.QueryContext(ctx, `SELECT key, value FROM settings`)
+	if err != nil {
+		return st, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k, v string
+		rows.Scan(&k, &v)
+		switch k {
+		case "mesh_id":
+			st.MeshID = v
+		case "domain":
+			st.Domain = v
+		case "created_at":
+			st.CreatedAt = v
+		}
+	}
+	if st.MeshID == "" {
+		return st, ruleErr(ErrNotFound, "the mesh is not initialised")
+	}
+	return st, rows.Err()
+}
+
+func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
+	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error FROM nodes ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []NodeInfo
+	for rows.Next() {
+		var n NodeInfo
+		var at string
+		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError); err != nil {
+			return nil, err
+		}
+		n.AddedAt, _ = time.Parse(timeLayout, at)
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
+// Nodes lists the nodes by name.
+func (s *Store) Nodes(ctx context.Context) ([]NodeInfo, error) { return readNodes(ctx, s.db) }
+
+// Node reads one node, or ErrNotFound with the names that exist.
+func (s *Store) Node(ctx context.Context, name string) (NodeInfo, error) {
+	nodes, err := s.Nodes(ctx)
+	if err != nil {
+		return NodeInfo{}, err
+	}
+	var names []string
+	for _, n := range nodes {
+		if n.Name == name {
+			return n, nil
+		}
+		names = append(names, n.Name)
+	}
+	return NodeInfo{}, ruleErr(ErrNotFound, "node %q is not in the mesh (known: %s)", name, joinOr(names, "none"))
+}
+
+// Modules lists the catalogue, with where each module is assigned.
+func (s *Store) Modules(ctx context.Context) ([]ModuleInfo, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT m.name, m.file, m.digest, m.version, m.added_at, COALESCE(GROUP_CONCAT(a.node, ','), '')
+		FROM modules m LEFT JOIN (SELECT * FROM assignments ORDER BY node) a ON a.module = m.name GROUP BY m.name ORDER BY m.name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []ModuleInfo
+	for rows.Next() {
+		var m ModuleInfo
+		var at, nodes string
+		if err := rows.Scan(&m.Name, &m.File, &m.Digest, &m.Version, &at, &nodes); err != nil {
+			return nil, err
+		}
+		m.AddedAt, _ = time.Parse(timeLayout, at)
+		m.Nodes = splitNonEmpty(nodes)
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// Module reads one catalogue entry with its manifest text.
+func (s *Store) Module(ctx context.Context, name string) (ModuleInfo, error) {
+	mods, err := s.Modules(ctx)
+	if err != nil {
+		return ModuleInfo{}, err
+	}
+	var names []string
+	for _, m := range mods {
+		if m.Name == name {
+			err := s.db.QueryRowContext(ctx, `SELECT manifest FROM modules WHERE name = ?`, name).Scan(&m.Manifest)
+			return m, err
+		}
+		names = append(names, m.Name)
+	}
+	return ModuleInfo{}, ruleErr(ErrNotFound, "module %q is not in the catalogue (known: %s)", name, joinOr(names, "none; mesh module add FILE"))
+}
+
+// Roster reads the derived names.
+func (s *Store) Roster(ctx context.Context) ([]Name, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, address, node FROM roster ORDER BY name, address, node`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Name
+	for rows.Next() {
+		var n Name
+		rows.Scan(&n.Name, &n.Address, &n.Node)
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
+// PlanHistory returns a node's plan versions, newest first, at most limit
+// (0: all), each with its plan.
+func (s *Store) PlanHistory(ctx context.Context, node string, limit int) ([]PlanVersion, error) {
+	if _, err := s.Node(ctx, node); err != nil {
+		return nil, err
+	}
+	q := `SELECT node, version, digest, body, cause, created_at FROM plans WHERE node = ? ORDER BY version DESC`
+	args := []any{node}
+	if limit > 0 {
+		q += ` LIMIT ?`
+		args = append(args, limit)
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []PlanVersion
+	for rows.Next() {
+		var v PlanVersion
+		var body, at string
+		if err := rows.Scan(&v.Node, &v.Version, &v.Digest, &body, &v.Cause, &at); err != nil {
+			return nil, err
+		}
+		v.CreatedAt, _ = time.Parse(timeLayout, at)
+		v.Plan = &Plan{}
+		if err := json.Unmarshal([]byte(body), v.Plan); err != nil {
+			return nil, fmt.Errorf("decode plan %s v%d: %w", node, v.Version, err)
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// Plan returns a node's current plan version; ErrNotFound when it has none yet.
+func (s *Store) Plan(ctx context.Context, node string) (PlanVersion, error) {
+	h, err := s.PlanHistory(ctx, node, 1)
+	if err != nil {
+		return PlanVersion{}, err
+	}
+	if len(h) == 0 {
+		return PlanVersion{}, ruleErr(ErrNotFound, "node %q has no plan yet", node)
+	}
+	return h[0], nil
+}
+
+// Reports reads the last report of every node that sent one.
+func (s *Store) Reports(ctx context.Context) (map[string]Report, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT node, body FROM reports`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]Report{}
+	for rows.Next() {
+		var n, body string
+		rows.Scan(&n, &body)
+		var r Report
+		if err := json.Unmarshal([]byte(body), &r); err != nil {
+			return nil, fmt.Errorf("decode report of %s: %w", n, err)
+		}
+		out[n] = r
+	}
+	return out, rows.Err()
+}
+
+// CredentialDigests says which credentials exist (never their secrets).
+func (s *Store) CredentialDigests(ctx context.Context) (map[Pair]string, error) {
+	in := map[Pair]string{}
+	rows, err := s.db.QueryContext(ctx, `SELECT consumer, provider, digest FROM credentials`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p Pair
+		var d string
+		rows.Scan(&p.Consumer, &p.Provider, &d)
+		in[p] = d
+	}
+	return in, rows.Err()
+}
+
+// Snapshot is the whole replicated state, table by table, in key order.
+type Snapshot struct {
+	Format      int              `json:"format"`
+	Index       uint64           `json:"index"`
+	Settings    [][2]string      `json:"settings"`
+	Nodes       []map[string]any `json:"nodes"`
+	Modules     []map[string]any `json:"modules"`
+	Assignments []map[string]any `json:"assignments"`
+	Credentials []map[string]any `json:"credentials"`
+	Plans       []map[string]any `json:"plans"`
+	Roster      []map[string]any `json:"roster"`
+	Reports     []map[string]any `json:"reports"`
+}
+
+// snapshotTables lists each replicated table and its key order.
+var snapshotTables = []struct{ name, order string }{
+	{"nodes", "name"},
+	{"modules", "name"},
+	{"assignments", "node, module"},
+	{"credentials", "consumer, provider"},
+	{"plans", "node, version"},
+	{"roster", "name, address, node"},
+	{"reports", "node"},
+}
+
+func (sn *Snapshot) table(name string) *[]map[string]any {
+	switch name {
+	case "nodes":
+		return &sn.Nodes
+	case "modules":
+		return &sn.Modules
+	case "assignments":
+		return &sn.Assignments
+	case "credentials":
+		return &sn.Credentials
+	case "plans":
+		return &sn.Plans
+	case "roster":
+		return &sn.Roster
+	case "reports":
+		return &sn.Reports
+	}
+	panic("state: unknown table " + name)
+}
+
+// Dump reads all replicated state in one read transaction.
+func (s *Store) Dump(ctx context.Context) (*Snapshot, error) {
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	sn := &Snapshot{Format: 1}
+	if err := tx.QueryRow(`SELECT idx FROM applied WHERE id = 1`).Scan(&sn.Index); err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(`SELECT key, value FROM settings ORDER BY key`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var kv [2]string
+		rows.Scan(&kv[0], &kv[1])
+		sn.Settings = append(sn.Settings, kv)
+	}
+	rows.Close()
+	for _, t := range snapshotTables {
+		rows, err := tx.Query(`SELECT * FROM ` + t.name + ` ORDER BY ` + t.order)
+		if err != nil {
+			return nil, err
+		}
+		cols, _ := rows.Columns()
+		dst := sn.table(t.name)
+		*dst = []map[string]any{}
+		for rows.Next() {
+			vals := make([]any, len(cols))
+			ptrs := make([]any, len(cols))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rows.Scan(ptrs...); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			row := map[string]any{}
+			for i, c := range cols {
+				if b, ok := vals[i].([]byte); ok {
+					vals[i] = string(b)
+				}
+				row[c] = vals[i]
+			}
+			*dst = append(*dst, row)
+		}
+		rows.Close()
+	}
+	return sn, nil
+}
+
+// WriteSnapshot writes the replicated state as JSON.
+func (s *Store) WriteSnapshot(ctx context.Context, w io.Writer) error {
+	sn, err := s.Dump(ctx)
+	if err != nil {
+		return fmt.Errorf("dump state: %w", err)
+	}
+	return json.NewEncoder(w).Encode(sn)
+}
+
+// Restore replaces all replicated state with a snapshot's.
+func (s *Store) Restore(ctx context.Context, r io.Reader) error {
+	var sn Snapshot
+	dec := json.NewDecoder(r)
+	dec.UseNumber()
+	if err := dec.Decode(&sn); err != nil {
+		return fmt.Errorf("decode snapshot: %w", err)
+	}
+	if sn.Format != 1 {
+		return fmt.Errorf("snapshot format %d is not known to this mesh binary", sn.Format)
+	}
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec(`DELETE FROM settings`); err != nil {
+		return err
+	}
+	for _, kv := range sn.Settings {
+		if _, err := tx.Exec(`INSERT INTO settings VALUES (?, ?)`, kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	for _, t := range snapshotTables {
+		if _, err := tx.Exec(`DELETE FROM ` + t.name); err != nil {
+			return err
+		}
+		for _, row := range *sn.table(t.name) {
+			cols, vals, marks := "", []any{}, ""
+			for c, v := range row {
+				if !columnRE.MatchString(c) {
+					return fmt.Errorf("snapshot %s has a column named %q", t.name, c)
+				}
+				if cols != "" {
+					cols += ", "
+					marks += ", "
+				}
+				cols += c
+				marks += "?"
+				if n, ok := v.(json.Number); ok {
+					i, err := n.Int64()
+					if err != nil {
+						return fmt.Errorf("snapshot %s.%s: %w", t.name, c, err)
+					}
+					v = i
+				}
+				vals = append(vals, v)
+			}
+			if _, err := tx.Exec(`INSERT INTO `+t.name+` (`+cols+`) VALUES (`+marks+`)`, vals...); err != nil {
+				return fmt.Errorf("restore %s: %w", t.name, err)
+			}
+		}
+	}
+	if _, err := tx.Exec(`UPDATE applied SET idx = ? WHERE id = 1`, sn.Index); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	s.notify()
+	return nil
+}
+
+func joinOr(names []string, none string) string {
+	if len(names) == 0 {
+		return none
+	}
+	out := ""
+	for i, n := range names {
+		if i > 0 {
+			out += ", "
+		}
+		out += n
+	}
+	return out
+}
+
+func splitNonEmpty(s string) []string {
+	out := []string{}
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == ',' {
+			if i > start {
+				out = append(out, s[start:i])
+			}
+			start = i + 1
+		}
+	}
+	return out
+}

@@ -1,0 +1,212 @@
+// Package state owns the mesh's replicated model: the SQLite schema, the
+// commands that change it, the pure composition of roster and plans, and the
+// read-only queries everything else uses.
+//
+// Store.Apply is the FSM body: it decodes a command chosen by the proposer and
+// applies it deterministically (no clock, no randomness, no environment: times
+// and secrets travel inside the command). It never imports cluster; cluster
+// adapts it to raft.FSM. Node-local facts do not live here.
+package state
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"mesh/state/manifest"
+
+	_ "modernc.org/sqlite" // the pure-Go SQLite driver, registered as "sqlite"
+)
+
+// DefaultDomain is the mesh domain when `mesh init` is given none.
+const DefaultDomain = "internal"
+
+// Sentinel errors. A command that breaks a rule returns one of these wrapped in
+// a sentence for the operator; every replica returns the same one.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrConflict = errors.New("conflict")
+	ErrInvalid  = errors.New("invalid")
+)
+
+// Store is one replica of the replicated state, in one SQLite file.
+type Store struct {
+	db   *sql.DB
+	path string
+
+	mu       sync.Mutex // guards the cache and the subscribers
+	parsed   map[string]*manifest.Manifest
+	changed  chan struct{}
+	applyMu  sync.Mutex // one Apply or Restore at a time
+	lastPlan map[string]string
+}
+
+// Open opens (creating if needed) the replica at path and brings its schema up
+// to date.
+func Open(path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open state db %q: %w", path, err)
+	}
+	db.SetMaxOpenConns(4)
+	s := &Store{db: db, path: path, parsed: map[string]*manifest.Manifest{}, changed: make(chan struct{})}
+	if err := s.migrate(); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate state db %q: %w", path, err)
+	}
+	return s, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// migrations are applied in order; each runs once, recorded in schema_version.
+// Never edit one that has shipped: append a new one.
+var migrations = []string{
+	`CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+	 CREATE TABLE nodes (
+		name TEXT PRIMARY KEY,
+		address TEXT NOT NULL,
+		public_domain TEXT NOT NULL DEFAULT '',
+		voter INTEGER NOT NULL DEFAULT 0,
+		added_at TEXT NOT NULL,
+		compose_error TEXT NOT NULL DEFAULT ''
+	 );
+	 CREATE TABLE modules (
+		name TEXT PRIMARY KEY,
+		file TEXT NOT NULL,
+		manifest TEXT NOT NULL,
+		digest TEXT NOT NULL,
+		version INTEGER NOT NULL,
+		added_at TEXT NOT NULL
+	 );
+	 CREATE TABLE assignments (
+		node TEXT NOT NULL,
+		module TEXT NOT NULL,
+		PRIMARY KEY (node, module)
+	 );
+	 CREATE TABLE credentials (
+		consumer TEXT NOT NULL,
+		provider TEXT NOT NULL,
+		secret TEXT NOT NULL,
+		digest TEXT NOT NULL,
+		PRIMARY KEY (consumer, provider)
+	 );
+	 CREATE TABLE plans (
+		node TEXT NOT NULL,
+		version INTEGER NOT NULL,
+		digest TEXT NOT NULL,
+		body TEXT NOT NULL,
+		cause TEXT NOT NULL,
+		created_at TEXT NOT NULL,
+		PRIMARY KEY (node, version)
+	 );
+	 CREATE TABLE roster (
+		name TEXT NOT NULL,
+		address TEXT NOT NULL,
+		node TEXT NOT NULL,
+		PRIMARY KEY (name, address, node)
+	 );
+	 CREATE TABLE reports (
+		node TEXT PRIMARY KEY,
+		version INTEGER NOT NULL,
+		applied_at TEXT NOT NULL,
+		body TEXT NOT NULL
+	 );
+	 CREATE TABLE applied (id INTEGER PRIMARY KEY CHECK (id = 1), idx INTEGER NOT NULL);
+	 INSERT INTO applied VALUES (1, 0);`,
+}
+
+func (s *Store) migrate() error {
+	if _, err := s.db.Exec(`CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
+		return err
+	}
+	var v int
+	if err := s.db.QueryRow(`SELECT COALESCE(MAX(version), 0) FROM schema_version`).Scan(&v); err != nil {
+		return err
+	}
+	if v > len(migrations) {
+		return fmt.Errorf("state db has schema version %d, newer than this mesh binary knows (%d); run the newer mesh", v, len(migrations))
+	}
+	for i := v; i < len(migrations); i++ {
+		tx, err := s.db.Begin()
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(migrations[i]); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migration %d: %w", i+1, err)
+		}
+		if _, err := tx.Exec(`INSERT INTO schema_version VALUES (?)`, i+1); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AppliedIndex is the Raft index of the last command applied to this replica.
+func (s *Store) AppliedIndex() (uint64, error) {
+	var i uint64
+	err := s.db.QueryRow(`SELECT idx FROM applied WHERE id = 1`).Scan(&i)
+	return i, err
+}
+
+// Changed returns a channel that is closed at the next change of the replica.
+// Take a new one after each wake-up.
+func (s *Store) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
+func (s *Store) notify() {
+	s.mu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// manifestOf parses a catalogue entry, caching by digest. Parsing is pure, so
+// the cache cannot make replicas disagree.
+func (s *Store) manifestOf(file, text, digest string) (*manifest.Manifest, error) {
+	s.mu.Lock()
+	m, ok := s.parsed[digest]
+	s.mu.Unlock()
+	if ok {
+		return m, nil
+	}
+	m, err := manifest.Parse(file, []byte(text))
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.parsed[digest] = m
+	s.mu.Unlock()
+	return m, nil
+}
+
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func jsonString(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
