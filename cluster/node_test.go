@@ -29,7 +29,10 @@ func testLogger(t testing.TB) *slog.Logger {
 
 type tlogWriter struct{ t testing.TB }
 
-func (w tlogWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w tlogWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 func initDir(t testing.TB, store string) string {
 	t.Helper()

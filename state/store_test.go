@@ -38,7 +38,7 @@ func commandLog() [][]byte {
 		{Op: OpAssign, Assign: &Assignment{"ace", "app"}, Secrets: []Secret{{Pair{"app", "postgres"}, "other"}}},
 		{Op: OpPublicDomain, Name: "novox", Domain: "zurag.be"},
 		{Op: OpAssign, Assign: &Assignment{"novox", "web"}},
-		{Op: OpAssign, Assign: &Assignment{"ace", "nosuch"}}, // rule violation
+		{Op: OpAssign, Assign: &Assignment{"ace", "nosuch"}},       // rule violation
 		{Op: OpUnassign, Assign: &Assignment{"novox", "postgres"}}, // app on ace no longer composes
 		{Op: OpAssign, Assign: &Assignment{"ace", "postgres"}},     // repaired, provider moved
 		{Op: OpReport, Report: &Report{Node: "ace", Version: 12, AppliedAt: at(99)}},
