@@ -76,6 +76,7 @@ type CLI struct {
 	Status   StatusCmd   `cmd:"" help:"Show the mesh: nodes, plan versions, what each applied, errors."`
 	Roster   RosterCmd   `cmd:"" help:"Show every name the mesh answers and its addresses."`
 	Check    CheckCmd    `cmd:"" help:"Check manifests offline; exit 1 on any error."`
+	Schema   SchemaCmd   `cmd:"" help:"Print the JSON Schema of a manifest."`
 	Version  VersionCmd  `cmd:"" help:"Print the version."`
 }
 
@@ -593,6 +594,19 @@ func (c *CheckCmd) Run(g *Globals) error {
 	}
 	fmt.Fprintf(g.out, "%d manifest(s) ok\n", len(order))
 	return nil
+}
+
+// SchemaCmd prints the manifest's JSON Schema.
+type SchemaCmd struct{}
+
+// Run prints it.
+func (c *SchemaCmd) Run(g *Globals) error {
+	b, err := manifest.Schema()
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(g.out, "%s\n", b)
+	return err
 }
 
 // VersionCmd prints the version.

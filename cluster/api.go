@@ -141,6 +141,16 @@ func (a *API) propose(ctx context.Context, c *state.Command) (uint64, error) {
 	return a.node.Apply(ctx, c)
 }
 
+// write proposes c and answers with the index it was applied at, or the error.
+func (a *API) write(w http.ResponseWriter, r *http.Request, c *state.Command) {
+	idx, err := a.propose(r.Context(), c)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, WriteResult{Index: idx})
+}
+
 func (a *API) status(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	st, err := a.store.Settings(ctx)
@@ -196,12 +206,7 @@ func (a *API) publicDomain(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	idx, err := a.propose(r.Context(), &state.Command{Op: state.OpPublicDomain, Name: r.PathValue("name"), Domain: req.Domain})
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	reply(w, WriteResult{Index: idx})
+	a.write(w, r, &state.Command{Op: state.OpPublicDomain, Name: r.PathValue("name"), Domain: req.Domain})
 }
 
 func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
@@ -211,12 +216,7 @@ func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
-	idx, err := a.propose(r.Context(), &state.Command{Op: state.OpNodeRemove, Name: name, Force: force})
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	reply(w, WriteResult{Index: idx})
+	a.write(w, r, &state.Command{Op: state.OpNodeRemove, Name: name, Force: force})
 }
 
 func (a *API) modules(w http.ResponseWriter, r *http.Request) {
@@ -279,12 +279,7 @@ func (a *API) addModules(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) removeModule(w http.ResponseWriter, r *http.Request) {
-	idx, err := a.propose(r.Context(), &state.Command{Op: state.OpModuleRemove, Name: r.PathValue("name")})
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	reply(w, WriteResult{Index: idx})
+	a.write(w, r, &state.Command{Op: state.OpModuleRemove, Name: r.PathValue("name")})
 }
 
 func (a *API) assign(op string) http.HandlerFunc {
@@ -309,12 +304,7 @@ func (a *API) assign(op string) http.HandlerFunc {
 				}
 			}
 		}
-		idx, err := a.propose(r.Context(), c)
-		if err != nil {
-			fail(w, err)
-			return
-		}
-		reply(w, WriteResult{Index: idx})
+		a.write(w, r, c)
 	}
 }
 

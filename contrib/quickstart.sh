@@ -53,8 +53,9 @@ else
 	say "starting mesh agent (log: /var/log/mesh-agent.log)"
 	nohup /usr/local/bin/mesh agent >>/var/log/mesh-agent.log 2>&1 &
 fi
+# Wait (30 s at most) until the agent answers and its node leads.
 for _ in $(seq 1 150); do
-	mesh status >/dev/null 2>&1 && break
+	mesh status 2>/dev/null | grep -q 'leader: [a-z0-9]' && break
 	sleep 0.2
 done
 mesh status || die "the agent did not come up; see /var/log/mesh-agent.log (or journalctl -u mesh)"

@@ -313,3 +313,20 @@ resources:
 	}
 	return in
 }
+
+// Setting a public domain changes only routes; --diff must show them.
+func TestDiffShowsRoutes(t *testing.T) {
+	in := baseInput(t)
+	in.Assignments = []Assignment{{"ace", "web"}}
+	a := Compose(in).Plans["ace"]
+	in.Nodes[0].PublicDomain = "example.org"
+	b := Compose(in).Plans["ace"]
+	var got []string
+	for _, c := range Diff(a, b) {
+		got = append(got, c.String())
+	}
+	want := []string{"+ route www.example.org -> port 8080 (web)", "- route www -> port 8080 (web)"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("diff\n got %q\nwant %q", got, want)
+	}
+}

@@ -40,7 +40,7 @@ const MaxSize = 1 << 20
 
 // Manifest is one module's declaration.
 type Manifest struct {
-	Module             string     `yaml:"module" json:"module"`
+	Module             string     `yaml:"module" json:"module" jsonschema:"required"`
 	Routes             []Route    `yaml:"routes,omitempty" json:"routes,omitempty"`
 	AcceptsCredentials string     `yaml:"accepts-credentials,omitempty" json:"accepts-credentials,omitempty"`
 	Resources          []Resource `yaml:"resources,omitempty" json:"resources,omitempty"`
@@ -55,8 +55,8 @@ type Manifest struct {
 
 // Route makes NAME.<node's public domain> point at the node the module runs on.
 type Route struct {
-	Name string `yaml:"name" json:"name"`
-	Port int    `yaml:"port" json:"port"`
+	Name string `yaml:"name" json:"name" jsonschema:"required"`
+	Port int    `yaml:"port" json:"port" jsonschema:"required,minimum=1,maximum=65535"`
 }
 
 // Resource is one entry of `resources:`. Exactly one of the kind keys is set.

@@ -200,3 +200,20 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// The schema lists exactly the keys Parse accepts, and refuses others.
+func TestSchemaMatchesParser(t *testing.T) {
+	b, err := Schema()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	for _, k := range []string{`"accepts-credentials"`, `"restart-on"`, `"routes-file"`, `"additionalProperties": false`, `"module"`} {
+		if !strings.Contains(s, k) {
+			t.Errorf("schema lacks %s", k)
+		}
+	}
+	if strings.Contains(s, `"Digest"`) || strings.Contains(s, `"File"`) {
+		t.Error("schema exposes internal fields")
+	}
+}
