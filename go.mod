@@ -10,6 +10,7 @@ require (
 	github.com/hashicorp/raft-boltdb/v2 v2.3.1
 	github.com/hashicorp/raft-wal v0.4.2
 	github.com/invopop/jsonschema v0.14.0
+	github.com/miekg/dns v1.1.73
 	modernc.org/sqlite v1.62.0
 )
 
@@ -39,6 +40,7 @@ require (
 	go.etcd.io/bbolt v1.4.2 // indirect
 	go.yaml.in/yaml/v4 v4.0.0-rc.2 // indirect
 	golang.org/x/exp v0.0.0-20241108190413-2d47ceb2692f // indirect
+	golang.org/x/net v0.57.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect

@@ -19,5 +19,7 @@ go test -count=1 -timeout 20m ./...
 
 say "fuzz: manifest parser"
 go test -run '^$' -fuzz '^FuzzParse$' -fuzztime "${MESH_FUZZTIME:-30s}" ./state/manifest
+say "fuzz: resolver query handler"
+go test -run '^$' -fuzz '^FuzzAnswer$' -fuzztime "${MESH_FUZZTIME:-30s}" ./dnsd
 
 say "all checks passed"

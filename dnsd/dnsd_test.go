@@ -1,0 +1,257 @@
+package dnsd
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/miekg/dns"
+)
+
+func testIndex() *Index {
+	a := netip.MustParseAddr
+	return NewIndex("internal", map[string][]netip.Addr{
+		"ace.internal":    {a("10.0.0.1")},
+		"novox.internal":  {a("10.0.0.2"), a("fd00::2")},
+		"gitea.internal.": {a("10.0.0.2"), a("10.0.0.1")},
+		"git.zurag.be":    {a("10.0.0.2")},
+	}, 42)
+}
+
+func rrs(t *testing.T, lines ...string) []string {
+	var out []string
+	for _, l := range lines {
+		rr, err := dns.NewRR(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, rr.String())
+	}
+	return out
+}
+
+func strs(r []dns.RR) []string {
+	var out []string
+	for _, rr := range r {
+		out = append(out, rr.String())
+	}
+	return out
+}
+
+const soa = "internal. 5 IN SOA ns.internal. hostmaster.internal. 42 60 30 600 5"
+
+func TestLookup(t *testing.T) {
+	ix := testIndex()
+	for _, tc := range []struct {
+		name    string
+		qtype   uint16
+		forward bool
+		rcode   int
+		answer  []string
+		ns      []string
+	}{
+		{"ace.internal.", dns.TypeA, false, dns.RcodeSuccess, []string{"ace.internal. 5 IN A 10.0.0.1"}, nil},
+		{"ACE.Internal.", dns.TypeA, false, dns.RcodeSuccess, []string{"ACE.Internal. 5 IN A 10.0.0.1"}, nil},
+		{"gitea.internal.", dns.TypeA, false, dns.RcodeSuccess, []string{"gitea.internal. 5 IN A 10.0.0.1", "gitea.internal. 5 IN A 10.0.0.2"}, nil},
+		{"novox.internal.", dns.TypeAAAA, false, dns.RcodeSuccess, []string{"novox.internal. 5 IN AAAA fd00::2"}, nil},
+		{"ace.internal.", dns.TypeAAAA, false, dns.RcodeSuccess, nil, []string{soa}},
+		{"ace.internal.", dns.TypeMX, false, dns.RcodeSuccess, nil, []string{soa}},
+		{"nope.internal.", dns.TypeA, false, dns.RcodeNameError, nil, []string{soa}},
+		{"internal.", dns.TypeSOA, false, dns.RcodeSuccess, []string{soa}, nil},
+		{"internal.", dns.TypeNS, false, dns.RcodeSuccess, []string{"internal. 5 IN NS ns.internal."}, nil},
+		{"internal.", dns.TypeA, false, dns.RcodeSuccess, nil, []string{soa}},
+		{"git.zurag.be.", dns.TypeA, false, dns.RcodeSuccess, []string{"git.zurag.be. 5 IN A 10.0.0.2"}, nil},
+		{"git.zurag.be.", dns.TypeAAAA, false, dns.RcodeSuccess, nil, []string{"zurag.be. 5 IN SOA ns.zurag.be. hostmaster.zurag.be. 42 60 30 600 5"}},
+		// Other names of a public domain are the world's, not ours.
+		{"www.zurag.be.", dns.TypeA, true, 0, nil, nil},
+		{"zurag.be.", dns.TypeMX, true, 0, nil, nil},
+		{"example.org.", dns.TypeA, true, 0, nil, nil},
+	} {
+		t.Run(tc.name+"/"+dns.TypeToString[tc.qtype], func(t *testing.T) {
+			r := ix.Lookup(dns.Question{Name: tc.name, Qtype: tc.qtype, Qclass: dns.ClassINET}, 5)
+			if r.Forward != tc.forward {
+				t.Fatalf("forward %v, want %v", r.Forward, tc.forward)
+			}
+			if tc.forward {
+				return
+			}
+			if r.Rcode != tc.rcode {
+				t.Errorf("rcode %s, want %s", dns.RcodeToString[r.Rcode], dns.RcodeToString[tc.rcode])
+			}
+			if got, want := strings.Join(strs(r.Answer), "\n"), strings.Join(rrs(t, tc.answer...), "\n"); got != want {
+				t.Errorf("answer\n got %s\nwant %s", got, want)
+			}
+			if got, want := strings.Join(strs(r.Ns), "\n"), strings.Join(rrs(t, tc.ns...), "\n"); got != want {
+				t.Errorf("authority\n got %s\nwant %s", got, want)
+			}
+		})
+	}
+}
+
+// startServer runs a resolver on loopback with the test index and an upstream.
+func startServer(t *testing.T, upstreams ...string) (*Server, string) {
+	t.Helper()
+	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: upstreams}, "internal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetIndex(testIndex())
+	addr, err := s.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, addr
+}
+
+func query(t *testing.T, addr, network, name string, qtype uint16) *dns.Msg {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion(name, qtype)
+	c := &dns.Client{Net: network}
+	r, _, err := c.Exchange(m, addr)
+	if err != nil {
+		t.Fatalf("%s query %s: %v", network, name, err)
+	}
+	return r
+}
+
+func TestServerUDPAndTCPAndForward(t *testing.T) {
+	// An upstream of our own on loopback answers example.org.
+	up := dns.NewServeMux()
+	up.HandleFunc("example.org.", func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		rr, _ := dns.NewRR("example.org. 60 IN A 192.0.2.80")
+		m.Answer = []dns.RR{rr}
+		w.WriteMsg(m)
+	})
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	upSrv := &dns.Server{PacketConn: pc, Handler: up}
+	go upSrv.ActivateAndServe()
+	defer upSrv.Shutdown()
+
+	s, addr := startServer(t, pc.LocalAddr().String())
+	for _, network := range []string{"udp", "tcp"} {
+		r := query(t, addr, network, "gitea.internal.", dns.TypeA)
+		if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 2 || !r.Authoritative {
+			t.Fatalf("%s: %v", network, r)
+		}
+	}
+	if r := query(t, addr, "udp", "nope.internal.", dns.TypeA); r.Rcode != dns.RcodeNameError || len(r.Ns) != 1 {
+		t.Fatalf("nxdomain: %v", r)
+	}
+	if r := query(t, addr, "udp", "example.org.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != "192.0.2.80" {
+		t.Fatalf("forwarded: %v", r)
+	}
+	// A new index answers at once: no restart, no cache.
+	s.SetIndex(NewIndex("internal", map[string][]netip.Addr{"gitea.internal": {netip.MustParseAddr("10.0.0.9")}}, 43))
+	if r := query(t, addr, "udp", "gitea.internal.", dns.TypeA); len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != "10.0.0.9" {
+		t.Fatalf("after swap: %v", r)
+	}
+}
+
+func TestServFailWhenNoUpstreamAnswers(t *testing.T) {
+	s, _ := startServer(t, "127.0.0.1:9")
+	s.exchange = func(context.Context, *dns.Msg, string, string) (*dns.Msg, error) {
+		return nil, errors.New("timeout")
+	}
+	m := new(dns.Msg)
+	m.SetQuestion("example.org.", dns.TypeA)
+	r := s.answer(context.Background(), m, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if r.Rcode != dns.RcodeServerFailure {
+		t.Fatalf("rcode %s", dns.RcodeToString[r.Rcode])
+	}
+}
+
+func TestRefusesOutsiders(t *testing.T) {
+	s, err := New(Config{Addr: "169.254.53.53:53", Allow: []netip.Prefix{netip.MustParsePrefix("10.88.0.0/16")}}, "internal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetIndex(testIndex())
+	m := new(dns.Msg)
+	m.SetQuestion("ace.internal.", dns.TypeA)
+	for src, want := range map[string]int{
+		"127.0.0.1":     dns.RcodeSuccess,
+		"169.254.53.53": dns.RcodeSuccess, // rootless containers arrive from the resolver's own address
+		"10.88.0.7":     dns.RcodeSuccess,
+		"192.0.2.9":     dns.RcodeRefused,
+		"10.89.0.2":     dns.RcodeRefused,
+	} {
+		r := s.answer(context.Background(), m, &net.UDPAddr{IP: net.ParseIP(src)})
+		if r.Rcode != want {
+			t.Errorf("from %s: %s, want %s", src, dns.RcodeToString[r.Rcode], dns.RcodeToString[want])
+		}
+		if want == dns.RcodeRefused && len(r.Answer) != 0 {
+			t.Errorf("refused reply from %s carries answers", src)
+		}
+	}
+}
+
+func TestRefusesWildcardBind(t *testing.T) {
+	if _, err := New(Config{Addr: "0.0.0.0:53"}, "internal"); err == nil || !strings.Contains(err.Error(), "wildcard") {
+		t.Fatalf("wildcard accepted: %v", err)
+	}
+}
+
+func TestTruncatesLargeUDPAnswers(t *testing.T) {
+	names := map[string][]netip.Addr{}
+	var many []netip.Addr
+	for i := 1; i <= 60; i++ {
+		many = append(many, netip.AddrFrom4([4]byte{10, 0, 1, byte(i)}))
+	}
+	names["big.internal"] = many
+	s, addr := startServer(t)
+	s.SetIndex(NewIndex("internal", names, 1))
+	if r := query(t, addr, "udp", "big.internal.", dns.TypeA); !r.Truncated {
+		t.Fatalf("60 A records over plain UDP not truncated (%d answers)", len(r.Answer))
+	}
+	if r := query(t, addr, "tcp", "big.internal.", dns.TypeA); r.Truncated || len(r.Answer) != 60 {
+		t.Fatalf("tcp: truncated=%v, %d answers", r.Truncated, len(r.Answer))
+	}
+}
+
+// FuzzAnswer feeds arbitrary packets to the handler: no panic, and every reply
+// packs into a well-formed message.
+func FuzzAnswer(f *testing.F) {
+	m := new(dns.Msg)
+	m.SetQuestion("ace.internal.", dns.TypeA)
+	b, _ := m.Pack()
+	f.Add(b)
+	m.SetEdns0(1232, true)
+	b, _ = m.Pack()
+	f.Add(b)
+	m.SetQuestion("example.org.", dns.TypeAAAA)
+	b, _ = m.Pack()
+	f.Add(b)
+	s, err := New(Config{Addr: "127.0.0.1:0"}, "internal")
+	if err != nil {
+		f.Fatal(err)
+	}
+	s.SetIndex(testIndex())
+	s.exchange = func(context.Context, *dns.Msg, string, string) (*dns.Msg, error) { return nil, errors.New("no network in fuzzing") }
+	f.Fuzz(func(t *testing.T, pkt []byte) {
+		req := new(dns.Msg)
+		if err := req.Unpack(pkt); err != nil {
+			return // miekg/dns answers FORMERR itself before the handler
+		}
+		r := s.answer(context.Background(), req, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if r == nil {
+			if !req.Response {
+				t.Fatal("no reply to a query")
+			}
+			return
+		}
+		r.Truncate(dns.MinMsgSize)
+		if _, err := r.Pack(); err != nil {
+			t.Fatalf("reply does not pack: %v", err)
+		}
+	})
+}

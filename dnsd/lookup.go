@@ -1,0 +1,120 @@
+// Package dnsd is the node's resolver: it answers the mesh's names from the
+// node's own replica at lookup time, and forwards everything else upstream.
+//
+// The lookup is pure: an immutable Index, built from the roster after each
+// change and swapped in atomically, answers a question with a typed Result.
+// The Server only adapts miekg/dns to it. dnsd never imports cluster or state;
+// it takes names and addresses in stdlib types.
+package dnsd
+
+import (
+	"net/netip"
+	"sort"
+	"strings"
+
+	"github.com/miekg/dns"
+)
+
+// DefaultTTL bounds how stale an answer can be (plus replication lag).
+const DefaultTTL = 5
+
+// Index is an immutable snapshot of the names the mesh answers. Build a new
+// one for every change; never modify one that is being served.
+type Index struct {
+	// domain is the mesh zone, fully qualified and lower-case ("internal.").
+	domain string
+	// routed holds the public domains with routed names ("zurag.be.").
+	routed map[string]bool
+	names  map[string][]netip.Addr
+	serial uint32
+}
+
+// NewIndex builds an index. names maps a name (any case, with or without the
+// final dot) to its addresses; domain is the mesh domain; serial is the
+// replica's version, used as the SOA serial.
+func NewIndex(domain string, names map[string][]netip.Addr, serial uint32) *Index {
+	ix := &Index{domain: fqdn(domain), routed: map[string]bool{}, names: map[string][]netip.Addr{}, serial: serial}
+	for n, addrs := range names {
+		k := fqdn(n)
+		a := append([]netip.Addr(nil), addrs...)
+		sort.Slice(a, func(i, j int) bool { return a[i].Less(a[j]) })
+		ix.names[k] = append(ix.names[k], a...)
+		if !dns.IsSubDomain(ix.domain, k) {
+			// A routed name: NAME.PUBLICDOMAIN; its parent is a public domain.
+			if i := strings.IndexByte(k, '.'); i > 0 && i < len(k)-1 {
+				ix.routed[k[i+1:]] = true
+			}
+		}
+	}
+	return ix
+}
+
+func fqdn(n string) string { return dns.Fqdn(strings.ToLower(n)) }
+
+// Result is what the index says about a question.
+type Result struct {
+	// Forward: the name is not the mesh's to answer; ask upstream.
+	Forward bool
+	Rcode   int
+	Answer  []dns.RR
+	Ns      []dns.RR
+	// Authoritative is set for answers from the mesh zone.
+	Authoritative bool
+}
+
+// Lookup answers one question. Names in the mesh domain are answered with
+// authority (NXDOMAIN for unknown names, NODATA for a type a name lacks, SOA
+// and NS at the apex). In a public domain only routed names are answered;
+// everything else there, and every other name, is forwarded: the public
+// domain's own records live elsewhere.
+func (ix *Index) Lookup(q dns.Question, ttl uint32) Result {
+	name := strings.ToLower(q.Name)
+	if q.Qclass != dns.ClassINET && q.Qclass != dns.ClassANY {
+		return Result{Forward: true}
+	}
+	addrs, known := ix.names[name]
+	inZone := dns.IsSubDomain(ix.domain, name)
+	if !inZone && !known {
+		return Result{Forward: true}
+	}
+	zone := ix.domain
+	if !inZone {
+		zone = name[strings.IndexByte(name, '.')+1:]
+	}
+	r := Result{Rcode: dns.RcodeSuccess, Authoritative: true}
+	switch {
+	case name == ix.domain && q.Qtype == dns.TypeSOA:
+		r.Answer = []dns.RR{ix.soa(zone, ttl)}
+		return r
+	case name == ix.domain && q.Qtype == dns.TypeNS:
+		r.Answer = []dns.RR{&dns.NS{Hdr: hdr(zone, dns.TypeNS, ttl), Ns: "ns." + zone}}
+		return r
+	case !known && name != ix.domain:
+		r.Rcode = dns.RcodeNameError
+		r.Ns = []dns.RR{ix.soa(zone, ttl)}
+		return r
+	}
+	for _, a := range addrs {
+		switch {
+		case a.Is4() && (q.Qtype == dns.TypeA || q.Qtype == dns.TypeANY):
+			r.Answer = append(r.Answer, &dns.A{Hdr: hdr(q.Name, dns.TypeA, ttl), A: a.AsSlice()})
+		case a.Is6() && (q.Qtype == dns.TypeAAAA || q.Qtype == dns.TypeANY):
+			r.Answer = append(r.Answer, &dns.AAAA{Hdr: hdr(q.Name, dns.TypeAAAA, ttl), AAAA: a.AsSlice()})
+		}
+	}
+	if len(r.Answer) == 0 {
+		r.Ns = []dns.RR{ix.soa(zone, ttl)} // NODATA
+	}
+	return r
+}
+
+func hdr(name string, t uint16, ttl uint32) dns.RR_Header {
+	return dns.RR_Header{Name: name, Rrtype: t, Class: dns.ClassINET, Ttl: ttl}
+}
+
+func (ix *Index) soa(zone string, ttl uint32) dns.RR {
+	return &dns.SOA{
+		Hdr: hdr(zone, dns.TypeSOA, ttl), Ns: "ns." + zone, Mbox: "hostmaster." + zone,
+		Serial: ix.serial, Refresh: 60, Retry: 30, Expire: 600, Minttl: ttl,
+	}
+}
