@@ -236,7 +236,9 @@ func FuzzAnswer(f *testing.F) {
 		f.Fatal(err)
 	}
 	s.SetIndex(testIndex())
-	s.exchange = func(context.Context, *dns.Msg, string, string) (*dns.Msg, error) { return nil, errors.New("no network in fuzzing") }
+	s.exchange = func(context.Context, *dns.Msg, string, string) (*dns.Msg, error) {
+		return nil, errors.New("no network in fuzzing")
+	}
 	f.Fuzz(func(t *testing.T, pkt []byte) {
 		req := new(dns.Msg)
 		if err := req.Unpack(pkt); err != nil {
