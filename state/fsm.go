@@ -66,6 +66,9 @@ type Report struct {
 	AppliedAt time.Time        `json:"applied_at"`
 	Error     string           `json:"error,omitempty"`
 	Resources []ResourceReport `json:"resources,omitempty"`
+	// Mutations counts the changes the apply made: mutating Podman calls and
+	// files or directories written or removed. Zero when nothing changed.
+	Mutations int `json:"mutations"`
 }
 
 // ResourceReport is one resource's outcome in an apply.

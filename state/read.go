@@ -249,6 +249,17 @@ func (s *Store) CredentialDigests(ctx context.Context) (map[Pair]string, error) 
 	return in, rows.Err()
 }
 
+// Secret returns one credential's secret, for the reconciler to deliver. It
+// is the only read that returns a secret; nothing prints it.
+func (s *Store) Secret(ctx context.Context, p Pair) (string, error) {
+	var v string
+	err := s.db.QueryRowContext(ctx, `SELECT secret FROM credentials WHERE consumer = ? AND provider = ?`, p.Consumer, p.Provider).Scan(&v)
+	if err == sql.ErrNoRows {
+		return "", ruleErr(ErrNotFound, "no secret for %s -> %s yet", p.Consumer, p.Provider)
+	}
+	return v, err
+}
+
 // Snapshot is the whole replicated state, table by table, in key order.
 type Snapshot struct {
 	Format      int              `json:"format"`

@@ -1,0 +1,122 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"mesh/state"
+)
+
+// Loop defaults.
+const (
+	DefaultResync     = 30 * time.Second
+	DefaultDebounce   = 200 * time.Millisecond
+	DefaultMaxBackoff = 2 * time.Minute
+)
+
+// Source is where the loop reads its plan and sends its reports.
+type Source struct {
+	// Plan returns the node's current plan; an error wrapping state.ErrNotFound
+	// means it has none yet.
+	Plan func(ctx context.Context) (uint64, *state.Plan, error)
+	// Changed is closed at the next change of the replica.
+	Changed func() <-chan struct{}
+	// Report records an apply's report in the replicated state.
+	Report func(ctx context.Context, r state.Report) error
+}
+
+// LoopConfig tunes Run.
+type LoopConfig struct {
+	Resync     time.Duration // periodic pass that catches drift
+	Debounce   time.Duration // a burst of changes makes one apply
+	MaxBackoff time.Duration // retry after a failure, doubling up to this
+}
+
+// Run applies the plan on every change of the replica (debounced), on a
+// periodic pass, and after a failure with backoff, until ctx ends.
+func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
+	if cfg.Resync == 0 {
+		cfg.Resync = DefaultResync
+	}
+	if cfg.Debounce == 0 {
+		cfg.Debounce = DefaultDebounce
+	}
+	if cfg.MaxBackoff == 0 {
+		cfg.MaxBackoff = DefaultMaxBackoff
+	}
+	var sent *state.Report
+	backoff := time.Duration(0)
+	next := time.NewTimer(0)
+	defer next.Stop()
+	for {
+		changed := src.Changed()
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+			// Let a burst settle: more changes within Debounce join this apply.
+			settle := time.NewTimer(cfg.Debounce)
+			for settled := false; !settled; {
+				select {
+				case <-ctx.Done():
+					settle.Stop()
+					return
+				case <-src.Changed():
+					settle.Reset(cfg.Debounce)
+				case <-settle.C:
+					settled = true
+				}
+			}
+		case <-next.C:
+		}
+		version, plan, err := src.Plan(ctx)
+		if err != nil {
+			if !errors.Is(err, state.ErrNotFound) {
+				r.log.Warn("read plan", "err", err)
+			}
+			next.Reset(cfg.Resync)
+			continue
+		}
+		rep := r.Apply(ctx, version, plan)
+		if ctx.Err() != nil {
+			return
+		}
+		if rep.Error != "" {
+			backoff = min(max(2*time.Second, backoff*2), cfg.MaxBackoff)
+			r.log.Warn(fmt.Sprintf("apply of plan v%d failed; retrying in %s", version, backoff), "err", rep.Error)
+			next.Reset(backoff)
+		} else {
+			backoff = 0
+			next.Reset(cfg.Resync)
+		}
+		if worthSending(sent, &rep) {
+			if err := src.Report(ctx, rep); err != nil {
+				r.log.Warn("send report", "err", err)
+			} else {
+				sent = &rep
+			}
+		}
+	}
+}
+
+// worthSending: a report is replicated when it says something new, so a
+// quiet periodic pass writes nothing.
+func worthSending(last, rep *state.Report) bool {
+	if last == nil || last.Version != rep.Version || last.Error != rep.Error {
+		return true
+	}
+	c := changes(rep)
+	return c != "" && c != changes(last)
+}
+
+func changes(r *state.Report) string {
+	s := ""
+	for _, rr := range r.Resources {
+		if rr.Outcome != Unchanged {
+			s += rr.Kind + " " + rr.Name + " " + rr.Outcome + " " + rr.Reason + "\n"
+		}
+	}
+	return s
+}

@@ -1,0 +1,396 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// fake is a recording Runtime: containers in a map, every call logged.
+type fake struct {
+	ctrs   map[string]*Container
+	specs  map[string]Spec
+	calls  []string
+	images map[string]bool
+	seq    int
+	// exit decides a step's exit code from its command.
+	exit func(s Spec) int
+}
+
+var _ Runtime = (*fake)(nil)
+
+func newFake() *fake {
+	return &fake{ctrs: map[string]*Container{}, specs: map[string]Spec{}, images: map[string]bool{"localhost/busybox:1": true}}
+}
+
+func (f *fake) Managed(ctx context.Context) ([]Container, error) {
+	var out []Container
+	for _, c := range f.ctrs {
+		if c.Labels[LabelManaged] == "1" {
+			out = append(out, *c)
+		}
+	}
+	return out, nil
+}
+func (f *fake) Lookup(ctx context.Context, name string) (Container, bool, error) {
+	for _, c := range f.ctrs {
+		if c.Name == name {
+			return *c, true, nil
+		}
+	}
+	return Container{}, false, nil
+}
+func (f *fake) ImageExists(ctx context.Context, ref string) (bool, error) { return f.images[ref], nil }
+func (f *fake) Pull(ctx context.Context, ref string) error {
+	f.calls = append(f.calls, "pull "+ref)
+	return fmt.Errorf("pull %s: no registry here", ref)
+}
+func (f *fake) Create(ctx context.Context, s Spec) (string, error) {
+	f.seq++
+	id := fmt.Sprintf("id%d", f.seq)
+	f.calls = append(f.calls, "create "+s.Name)
+	f.ctrs[id] = &Container{ID: id, Name: s.Name, Labels: s.Labels, State: "created"}
+	f.specs[id] = s
+	return id, nil
+}
+func (f *fake) Start(ctx context.Context, id string) error {
+	f.calls = append(f.calls, "start "+f.ctrs[id].Name)
+	f.ctrs[id].Running, f.ctrs[id].State = true, "running"
+	return nil
+}
+func (f *fake) Remove(ctx context.Context, id string) error {
+	if c, ok := f.ctrs[id]; ok {
+		f.calls = append(f.calls, "remove "+c.Name)
+	}
+	delete(f.ctrs, id)
+	return nil
+}
+func (f *fake) Wait(ctx context.Context, id string) (int, error) {
+	if f.exit != nil {
+		return f.exit(f.specs[id]), nil
+	}
+	return 0, nil
+}
+func (f *fake) Logs(ctx context.Context, id string, n int) (string, error) {
+	return "migrate: cannot reach db", nil
+}
+
+func (f *fake) byName(name string) *Container {
+	for _, c := range f.ctrs {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+const appTmpl = `module: app
+resources:
+  - directory: {{d}}/app
+    owner: "1000:1000"
+    mode: "0750"
+  - directory: {{d}}/app/data
+    owner: "1000:1000"
+    mode: "0750"
+  - file: {{d}}/app/app.ini
+    mode: "0640"
+    content: "{{content}}"
+  - binding: {{d}}/app/db.binding
+    provider: db
+  - credential: {{d}}/app/db.password
+    provider: db
+  - step: migrate
+    image: localhost/busybox:1
+    command: ["{{stepcmd}}"]
+    mounts: ["{{d}}/app/data:/data"]
+    restart-on: [{{d}}/app/db.binding]
+  - container: app.server
+    image: localhost/busybox:1
+    mounts: ["{{d}}/app/data:/data", "{{d}}/app/app.ini:/etc/app.ini:ro"]
+    restart-on: [{{d}}/app/app.ini, migrate]
+  - container: app.sidecar
+    image: localhost/busybox:1
+`
+
+const dbTmpl = `module: db
+accepts-credentials: {{d}}/db/creds
+resources:
+  - directory: {{d}}/db
+  - directory: {{d}}/db/creds
+    mode: "0700"
+`
+
+type bed struct {
+	t      *testing.T
+	dir    string
+	rt     *fake
+	r      *Reconciler
+	in     state.Input
+	vars   map[string]string
+	secret string
+}
+
+func newBed(t *testing.T) *bed {
+	b := &bed{t: t, dir: t.TempDir(), rt: newFake(), secret: "s3cret",
+		vars: map[string]string{"content": "x = 1", "stepcmd": "true"}}
+	r, err := New(Config{
+		Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(b.dir, "ledger.json"),
+		Secret: func(ctx context.Context, p state.Pair) (string, error) { return b.secret, nil },
+	}, b.rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.r = r
+	b.in = state.Input{Domain: "internal",
+		Nodes:       []state.Node{{Name: "ace", Address: "10.0.0.1"}, {Name: "novox", Address: "10.0.0.2"}},
+		Assignments: []state.Assignment{{Node: "ace", Module: "app"}, {Node: "ace", Module: "db"}},
+		Credentials: map[state.Pair]string{{Consumer: "app", Provider: "db"}: state.SecretDigest("s3cret")},
+	}
+	return b
+}
+
+func (b *bed) plan() *state.Plan {
+	b.t.Helper()
+	b.in.Modules = map[string]*manifest.Manifest{}
+	for _, src := range []string{appTmpl, dbTmpl} {
+		s := strings.ReplaceAll(src, "{{d}}", b.dir)
+		for k, v := range b.vars {
+			s = strings.ReplaceAll(s, "{{"+k+"}}", v)
+		}
+		m, err := manifest.Parse("t.yaml", []byte(s))
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		b.in.Modules[m.Module] = m
+	}
+	out := state.Compose(b.in)
+	if out.Errors["ace"] != "" {
+		b.t.Fatal(out.Errors["ace"])
+	}
+	return out.Plans["ace"]
+}
+
+func (b *bed) apply() state.Report {
+	b.t.Helper()
+	b.rt.calls = nil
+	return b.r.Apply(context.Background(), 1, b.plan())
+}
+
+func outcome(rep state.Report, name string) state.ResourceReport {
+	for _, r := range rep.Resources {
+		if r.Name == name || strings.HasSuffix(r.Name, name) {
+			return r
+		}
+	}
+	return state.ResourceReport{}
+}
+
+func TestApplyThenNothingChanges(t *testing.T) {
+	b := newBed(t)
+	rep := b.apply()
+	if rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	for _, n := range []string{"/app", "/app/data", "/app/app.ini", "app.server", "app.sidecar"} {
+		if o := outcome(rep, n).Outcome; o != Created {
+			t.Errorf("%s: %s, want created", n, o)
+		}
+	}
+	if o := outcome(rep, "app.migrate").Outcome; o != Ran {
+		t.Errorf("step: %s", o)
+	}
+	fi, _ := os.Stat(filepath.Join(b.dir, "app/data"))
+	if fi.Mode().Perm() != 0o750 || fi.Sys() == nil {
+		t.Errorf("data dir mode %v", fi.Mode())
+	}
+	pw, _ := os.ReadFile(filepath.Join(b.dir, "app/db.password"))
+	fi, _ = os.Stat(filepath.Join(b.dir, "app/db.password"))
+	if string(pw) != "s3cret\n" || fi.Mode().Perm() != 0o600 {
+		t.Errorf("credential %q mode %v", pw, fi.Mode())
+	}
+	delivered, _ := os.ReadFile(filepath.Join(b.dir, "db/creds/app.credential"))
+	if string(delivered) != "name=app\nsecret=s3cret\n" {
+		t.Errorf("delivered credential %q", delivered)
+	}
+	binding, _ := os.ReadFile(filepath.Join(b.dir, "app/db.binding"))
+	if string(binding) != "provider=db\nname=db.internal\nnode=ace\naddress=10.0.0.1\n" {
+		t.Errorf("binding %q", binding)
+	}
+	srv := b.rt.byName("app.server")
+	spec := b.rt.specs[srv.ID]
+	if spec.DNS.String() != "169.254.53.53" || len(spec.Mounts) != 2 || spec.Mounts[1].Options[0] != "ro" {
+		t.Errorf("spec %+v", spec)
+	}
+	if strings.Contains(fmt.Sprint(spec), "10.0.0.") {
+		t.Errorf("roster copied into the container: %+v", spec)
+	}
+	id := srv.ID
+
+	rep = b.apply()
+	if rep.Mutations != 0 || len(b.rt.calls) != 0 || rep.Error != "" {
+		t.Fatalf("second apply: %d mutations, calls %v, error %q", rep.Mutations, b.rt.calls, rep.Error)
+	}
+	if b.rt.byName("app.server").ID != id {
+		t.Fatal("container replaced on a no-op apply")
+	}
+}
+
+func TestFileChangeReplacesOnlyItsReader(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	side := b.rt.byName("app.sidecar").ID
+	b.vars["content"] = "x = 2"
+	rep := b.apply()
+	o := outcome(rep, "app.server")
+	if o.Outcome != Replaced || o.Reason != "restart-on: "+filepath.Join(b.dir, "app/app.ini")+" changed" {
+		t.Fatalf("server: %+v", o)
+	}
+	if b.rt.byName("app.sidecar").ID != side {
+		t.Fatal("sidecar replaced")
+	}
+	if o := outcome(rep, "app.migrate"); o.Outcome != Unchanged {
+		t.Fatalf("step reran: %+v", o)
+	}
+}
+
+func TestBindingChangeRerunsStepThenRecreatesServer(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	// The provider moves: the binding's content changes.
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "app"}, {Node: "ace", Module: "db"}, {Node: "novox", Module: "db"}}
+	b.in.Nodes[0].Address = "10.0.0.9"
+	rep := b.apply()
+	step := outcome(rep, "app.migrate")
+	if step.Outcome != Ran || step.Reason != "restart-on: "+filepath.Join(b.dir, "app/db.binding")+" changed" {
+		t.Fatalf("step: %+v", step)
+	}
+	srv := outcome(rep, "app.server")
+	if srv.Outcome != Replaced || !strings.HasPrefix(srv.Reason, "step migrate ran") {
+		t.Fatalf("server: %+v", srv)
+	}
+	// The step ran before the server was recreated, in this one apply.
+	var order []string
+	for _, c := range b.rt.calls {
+		if strings.HasPrefix(c, "create") {
+			order = append(order, c)
+		}
+	}
+	if strings.Join(order, ",") != "create app.migrate,create app.server" {
+		t.Fatalf("order %v", order)
+	}
+	if rep := b.apply(); rep.Mutations != 0 {
+		t.Fatalf("third apply made %d mutations: %v", rep.Mutations, b.rt.calls)
+	}
+}
+
+func TestFailedStepStopsTheApply(t *testing.T) {
+	b := newBed(t)
+	b.vars["stepcmd"] = "fail"
+	b.rt.exit = func(s Spec) int {
+		if len(s.Command) > 0 && s.Command[0] == "fail" {
+			return 1
+		}
+		return 0
+	}
+	rep := b.apply()
+	if !strings.Contains(rep.Error, "exited with code 1; last lines:\nmigrate: cannot reach db") {
+		t.Fatalf("error %q", rep.Error)
+	}
+	if b.rt.byName("app.server") != nil || b.rt.byName("app.migrate") != nil {
+		t.Fatal("something after the failed step was created, or the step container was left")
+	}
+	b.vars["stepcmd"] = "true"
+	rep = b.apply()
+	if rep.Error != "" || b.rt.byName("app.server") == nil {
+		t.Fatalf("fixed manifest did not converge: %q", rep.Error)
+	}
+}
+
+func TestUnassignKeepsForeignData(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	os.WriteFile(filepath.Join(b.dir, "app/data/user.db"), []byte("precious"), 0o600)
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	rep := b.apply()
+	kept := outcome(rep, b.dir+"/app/data")
+	if kept.Outcome != Kept || !strings.Contains(kept.Reason, "holds 1 entry the mesh did not put there (user.db)") {
+		t.Fatalf("data dir: %+v", kept)
+	}
+	if o := outcome(rep, b.dir+"/app/app.ini"); o.Outcome != Removed {
+		t.Fatalf("app.ini: %+v", o)
+	}
+	if _, err := os.Stat(filepath.Join(b.dir, "app/data/user.db")); err != nil {
+		t.Fatal("foreign data lost")
+	}
+	if b.rt.byName("app.server") != nil {
+		t.Fatal("container of the unassigned module kept")
+	}
+	// Without foreign data it all goes.
+	os.Remove(filepath.Join(b.dir, "app/data/user.db"))
+	b.apply()
+	if _, err := os.Stat(filepath.Join(b.dir, "app")); !os.IsNotExist(err) {
+		t.Fatalf("app dir still there: %v", err)
+	}
+}
+
+func TestSymlinksAreNeverFollowed(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	outside := t.TempDir()
+	os.WriteFile(filepath.Join(outside, "passwd"), []byte("root"), 0o644)
+	os.Chmod(outside, 0o755)
+	// A link planted inside a declared directory, and a declared path replaced by a link.
+	os.Symlink(outside, filepath.Join(b.dir, "app/data/etc"))
+	os.Remove(filepath.Join(b.dir, "app/app.ini"))
+	os.Symlink(filepath.Join(outside, "passwd"), filepath.Join(b.dir, "app/app.ini"))
+	rep := b.apply()
+	if o := outcome(rep, b.dir+"/app/app.ini"); o.Outcome != Failed || !strings.Contains(o.Reason, "symbolic link") {
+		t.Fatalf("app.ini: %+v", o)
+	}
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.apply()
+	fi, _ := os.Stat(outside)
+	if b, _ := os.ReadFile(filepath.Join(outside, "passwd")); string(b) != "root" || fi.Mode().Perm() != 0o755 {
+		t.Fatal("something outside was changed")
+	}
+}
+
+func TestDecideContainer(t *testing.T) {
+	want := desired{Name: "a.web", Decl: `{"image":"b:2"}`, Digest: "new", Inputs: map[string]string{"/f": "2"}, RestartOn: []string{"/f", "init"}}
+	mk := func(digest, decl, inputs string, running bool) *Container {
+		return &Container{Name: "a.web", Running: running, State: map[bool]string{true: "running", false: "exited"}[running],
+			Labels: map[string]string{LabelManaged: "1", LabelDigest: digest, LabelDecl: decl, LabelInputs: inputs}}
+	}
+	for _, tc := range []struct {
+		name   string
+		have   *Container
+		ran    map[string]bool
+		action string
+		reason string
+	}{
+		{"none", nil, nil, actCreate, ""},
+		{"same", mk("new", `{"image":"b:2"}`, `{"/f":"2"}`, true), nil, actKeep, ""},
+		{"stopped", mk("new", `{"image":"b:2"}`, `{"/f":"2"}`, false), nil, actStart, "it was exited"},
+		{"image", mk("old", `{"image":"b:1"}`, `{"/f":"2"}`, true), nil, actReplace, "image changed"},
+		{"input", mk("old", `{"image":"b:2"}`, `{"/f":"1"}`, true), nil, actReplace, "restart-on: /f changed"},
+		{"step ran", mk("new", `{"image":"b:2"}`, `{"/f":"2"}`, true), map[string]bool{"init": true}, actReplace, "step init ran"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, r, err := decideContainer(want, tc.have, tc.ran)
+			if err != nil || a != tc.action || r != tc.reason {
+				t.Fatalf("got %s %q %v, want %s %q", a, r, err, tc.action, tc.reason)
+			}
+		})
+	}
+	_, _, err := decideContainer(want, &Container{Name: "a.web"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "is not the mesh's") {
+		t.Fatalf("unmanaged: %v", err)
+	}
+}

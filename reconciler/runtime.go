@@ -1,0 +1,79 @@
+package reconciler
+
+import (
+	"context"
+	"net/netip"
+)
+
+// Labels the mesh puts on every container it creates. A container without
+// LabelManaged is never touched.
+const (
+	LabelManaged = "mesh.managed"
+	LabelModule  = "mesh.module"
+	LabelKind    = "mesh.kind" // "container" or "step"
+	LabelDigest  = "mesh.digest"
+	// LabelDecl holds the declaration as JSON, so a replacement can say which
+	// field changed; LabelInputs the digest of each restart-on input.
+	LabelDecl   = "mesh.decl"
+	LabelInputs = "mesh.inputs"
+)
+
+// Runtime is what the reconciler needs of a container engine. podman.Client
+// implements it; tests use a recording fake.
+type Runtime interface {
+	// Managed lists every container with LabelManaged.
+	Managed(ctx context.Context) ([]Container, error)
+	// Lookup finds a container by name, managed or not.
+	Lookup(ctx context.Context, name string) (Container, bool, error)
+	// ImageExists reports whether ref is in local storage.
+	ImageExists(ctx context.Context, ref string) (bool, error)
+	// Pull fetches ref (mutating).
+	Pull(ctx context.Context, ref string) error
+	// Create creates a container (mutating) and returns its ID.
+	Create(ctx context.Context, spec Spec) (string, error)
+	// Start starts a container (mutating); an error means it did not start.
+	Start(ctx context.Context, id string) error
+	// Remove removes a container, stopping it first (mutating).
+	Remove(ctx context.Context, id string) error
+	// Wait waits until the container exits and returns its exit code.
+	Wait(ctx context.Context, id string) (int, error)
+	// Logs returns the last lines of a container's output.
+	Logs(ctx context.Context, id string, lines int) (string, error)
+}
+
+// Container is a container as the runtime reports it.
+type Container struct {
+	ID      string
+	Name    string
+	Labels  map[string]string
+	Running bool
+	State   string
+}
+
+// Spec is a container to create.
+type Spec struct {
+	Name    string
+	Image   string
+	Command []string
+	Env     map[string]string
+	Mounts  []Mount
+	Ports   []Port
+	Labels  map[string]string
+	// DNS is the node's resolver: the container's only DNS server.
+	DNS     netip.Addr
+	Restart string
+}
+
+// Mount is a bind mount of a declared host path.
+type Mount struct {
+	Source, Destination string
+	Options             []string
+}
+
+// Port publishes a container port on the host.
+type Port struct {
+	HostIP        string
+	HostPort      uint16
+	ContainerPort uint16
+	Protocol      string
+}
