@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -67,7 +66,7 @@ type CLI struct {
 	Globals
 
 	Init     InitCmd     `cmd:"" help:"Create a new mesh with this machine as its first node, then exit."`
-	Agent    AgentCmd    `cmd:"" help:"Run this node: raft and the local API, until stopped."`
+	Agent    AgentCmd    `cmd:"" help:"Run this node until stopped: raft, the resolver, the reconciler and the local API."`
 	Node     NodeCmd     `cmd:"" help:"List, configure and remove nodes."`
 	Module   ModuleCmd   `cmd:"" help:"Manage the catalogue of modules."`
 	Assign   AssignCmd   `cmd:"" help:"Run MODULE on NODE."`
@@ -154,27 +153,6 @@ func (c *InitCmd) Run(g *Globals) error {
 	}
 	fmt.Fprintf(g.out, "initialised mesh with node %s (%s) in %s\nstart it with: mesh agent --data-dir %s\n", c.Name, c.Address, g.dir(), g.dir())
 	return nil
-}
-
-// AgentCmd runs the node.
-type AgentCmd struct {
-	LogLevel string `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
-}
-
-// Run serves until SIGINT or SIGTERM.
-func (c *AgentCmd) Run(g *Globals) error {
-	var lvl slog.Level
-	lvl.UnmarshalText([]byte(c.LogLevel))
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	ctx, cancel := signalContext()
-	defer cancel()
-	a, err := cluster.StartAgent(ctx, cluster.AgentConfig{DataDir: g.dir(), Logger: log})
-	if err != nil {
-		return err
-	}
-	<-ctx.Done()
-	log.Info("stopping")
-	return a.Stop()
 }
 
 // NodeCmd groups node commands.
@@ -361,23 +339,31 @@ func (c *ModuleRemoveCmd) Run(g *Globals) error {
 
 // AssignCmd assigns a module to a node.
 type AssignCmd struct {
-	Node   string `arg:"" help:"The node."`
-	Module string `arg:"" help:"The module."`
+	Node    string        `arg:"" help:"The node."`
+	Module  string        `arg:"" help:"The module."`
+	Wait    bool          `help:"Return when the node has applied the new plan; exit 1 if that fails."`
+	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 }
 
 // Run assigns it.
-func (c *AssignCmd) Run(g *Globals) error { return assign(g, state.OpAssign, c.Node, c.Module) }
+func (c *AssignCmd) Run(g *Globals) error {
+	return assign(g, state.OpAssign, c.Node, c.Module, c.Wait, c.Timeout)
+}
 
 // UnassignCmd unassigns a module from a node.
 type UnassignCmd struct {
-	Node   string `arg:"" help:"The node."`
-	Module string `arg:"" help:"The module."`
+	Node    string        `arg:"" help:"The node."`
+	Module  string        `arg:"" help:"The module."`
+	Wait    bool          `help:"Return when the node has applied the new plan; exit 1 if that fails."`
+	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 }
 
 // Run unassigns it.
-func (c *UnassignCmd) Run(g *Globals) error { return assign(g, state.OpUnassign, c.Node, c.Module) }
+func (c *UnassignCmd) Run(g *Globals) error {
+	return assign(g, state.OpUnassign, c.Node, c.Module, c.Wait, c.Timeout)
+}
 
-func assign(g *Globals, op, node, module string) error {
+func assign(g *Globals, op, node, module string, wait bool, limit time.Duration) error {
 	ctx, cancel := timeout()
 	defer cancel()
 	r, err := g.client().Assign(ctx, op, node, module)
@@ -390,10 +376,66 @@ func assign(g *Globals, op, node, module string) error {
 	}
 	fmt.Fprintf(g.out, verb+" (log index %d)\n", module, node, r.Index)
 	var p cluster.PlansReply
-	if err := g.client().Get(ctx, "/v1/plans/"+node+"?limit=1", &p); err == nil && p.Error != "" {
+	if err := g.client().Get(ctx, "/v1/plans/"+node+"?limit=1", &p); err != nil {
+		return err
+	}
+	if p.Error != "" {
+		if wait {
+			return fmt.Errorf("the plan of %s does not compose, so there is nothing new to apply: %s", node, p.Error)
+		}
 		fmt.Fprintf(g.out, "warning: the plan of %s does not compose; it keeps its last good plan:\n  %s\n", node, p.Error)
 	}
-	return nil
+	if !wait || len(p.Versions) == 0 {
+		return nil
+	}
+	return waitApplied(g, node, p.Versions[0].Version, limit)
+}
+
+// waitApplied polls the node's reports until it applied version, or failed.
+func waitApplied(g *Globals, node string, version uint64, limit time.Duration) error {
+	fmt.Fprintf(g.out, "waiting for %s to apply plan v%d ...\n", node, version)
+	start := time.Now().Add(-time.Second) // a little slack for clocks
+	deadline := time.Now().Add(limit)
+	for {
+		ctx, cancel := timeout()
+		st, err := g.client().Status(ctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, n := range st.Nodes {
+			if n.Name != node || n.Report == nil || n.Report.Version < version {
+				continue
+			}
+			if n.Report.Error != "" {
+				if n.Report.AppliedAt.Before(start) {
+					continue // a failure from before this command; wait for the retry
+				}
+				return fmt.Errorf("%s failed to apply plan v%d: %s", node, n.Report.Version, n.Report.Error)
+			}
+			printOutcomes(g.out, n.Report)
+			fmt.Fprintf(g.out, "%s applied plan v%d\n", node, n.Report.Version)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not apply plan v%d within %s; `mesh status` shows its last report (is its agent running?)", node, version, limit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// printOutcomes prints a report's changes, one line each.
+func printOutcomes(w io.Writer, r *state.Report) {
+	for _, rr := range r.Resources {
+		if rr.Outcome == "unchanged" {
+			continue
+		}
+		line := fmt.Sprintf("  %s %s (%s): %s", rr.Kind, rr.Name, rr.Module, rr.Outcome)
+		if rr.Reason != "" {
+			line += "; " + rr.Reason
+		}
+		fmt.Fprintln(w, line)
+	}
 }
 
 // PlanCmd shows a node's plan.
@@ -474,6 +516,18 @@ func (c *PlanCmd) Run(g *Globals) error {
 		fmt.Fprintf(tw, "  %s\t%s\t(%s)\n", r.Kind, r.Name, r.Module)
 	}
 	tw.Flush()
+	var st cluster.Status
+	if err := g.client().Get(ctx, "/v1/status", &st); err == nil {
+		for _, n := range st.Nodes {
+			if n.Name == c.Node && n.Report != nil {
+				fmt.Fprintf(w, "last apply: plan v%d at %s, %d changes\n", n.Report.Version, n.Report.AppliedAt.Format(time.RFC3339), n.Report.Mutations)
+				printOutcomes(w, n.Report)
+				if n.Report.Error != "" {
+					fmt.Fprintf(w, "  failed: %s\n", n.Report.Error)
+				}
+			}
+		}
+	}
 	if len(v.Plan.Routes) > 0 {
 		fmt.Fprintln(w, "routes:")
 		for _, r := range v.Plan.Routes {
@@ -523,7 +577,7 @@ func (c *StatusCmd) Run(g *Globals) error {
 		case n.ComposeError != "":
 			stateText = "plan does not compose: " + n.ComposeError
 		case n.ApplyError != "":
-			stateText = "apply failed: " + n.ApplyError
+			stateText = "apply failed: " + strings.ReplaceAll(n.ApplyError, "\n", " | ")
 		case n.PlanVersion > n.AppliedVersion:
 			stateText = "not applied yet"
 		}

@@ -10,22 +10,13 @@ cd "$(dirname "$0")/.."
 need_root
 
 apt_install podman runc uidmap slirp4netns iproute2 ca-certificates git
-# Podman 4.3 on hosts without systemd or with hybrid cgroups needs runc and
-# limits it may set (see ../shared/ENVIRONMENT.md); a drop-in, never the main file.
+# Podman 4.3 on hosts with hybrid cgroups needs runc (crun refuses them; see
+# ../shared/ENVIRONMENT.md). A drop-in, never the main file. The agent sets
+# each container's rlimits itself, to what the Podman service may grant.
 conf=/etc/containers/containers.conf.d/50-mesh.conf
 if [ ! -e "$conf" ]; then
 	mkdir -p "$(dirname "$conf")"
-	nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
-	[ "$nofile" = unlimited ] && nofile=1048576
-	[ "$nproc" = unlimited ] && nproc=32768
-	cat > "$conf" <<CONF
-# Written by mesh's contrib/quickstart.sh.
-[containers]
-default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
-
-[engine]
-runtime = "runc"
-CONF
+	printf '# Written by mesh contrib/quickstart.sh.\n[engine]\nruntime = "runc"\n' > "$conf"
 	say "wrote $conf"
 fi
 

@@ -36,6 +36,7 @@ type Config struct {
 type Server struct {
 	cfg   Config
 	index atomic.Pointer[Index]
+	allow atomic.Pointer[[]netip.Prefix]
 	self  netip.Addr
 	log   *slog.Logger
 	udp   *dns.Server
@@ -61,6 +62,7 @@ func New(cfg Config, domain string) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, self: ap.Addr(), log: cfg.Logger.With("component", "dnsd")}
 	s.index.Store(NewIndex(domain, nil, 0))
+	s.SetAllow(cfg.Allow)
 	s.exchange = func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error) {
 		c := &dns.Client{Net: network, Timeout: ForwardTimeout}
 		r, _, err := c.ExchangeContext(ctx, m, upstream)
@@ -119,7 +121,7 @@ func (s *Server) allowed(src net.Addr) bool {
 	if ip.IsLoopback() || ip == s.self {
 		return true
 	}
-	for _, p := range s.cfg.Allow {
+	for _, p := range *s.allow.Load() {
 		if p.Contains(ip) {
 			return true
 		}
@@ -219,4 +221,21 @@ func withoutOPT(rrs []dns.RR) []dns.RR {
 		}
 	}
 	return out
+}
+
+// UpstreamsFromResolvConf reads the host's resolvers, leaving out the mesh's
+// own address (a host may point its resolv.conf at the mesh resolver).
+func UpstreamsFromResolvConf(path string, self netip.Addr) ([]string, error) {
+	cc, err := dns.ClientConfigFromFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read upstream resolvers from %s: %w", path, err)
+	}
+	var out []string
+	for _, s := range cc.Servers {
+		if a, err := netip.ParseAddr(s); err == nil && a == self {
+			continue
+		}
+		out = append(out, net.JoinHostPort(s, cc.Port))
+	}
+	return out, nil
 }

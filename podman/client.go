@@ -10,11 +10,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,10 +27,12 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings"
 	"github.com/containers/podman/v5/pkg/bindings/containers"
 	"github.com/containers/podman/v5/pkg/bindings/images"
+	"github.com/containers/podman/v5/pkg/bindings/network"
 	"github.com/containers/podman/v5/pkg/bindings/system"
 	"github.com/containers/podman/v5/pkg/domain/entities/types"
 	"github.com/containers/podman/v5/pkg/specgen"
 	spec "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"mesh/reconciler"
 )
@@ -49,10 +55,13 @@ type Config struct {
 
 // Client talks to one Podman service.
 type Client struct {
+	socket string
+	start  bool
+	log    *slog.Logger
+
+	mu      sync.Mutex
 	conn    context.Context
-	socket  string
 	service *exec.Cmd
-	log     *slog.Logger
 }
 
 // DefaultSocket is root's /run/podman/podman.sock, or the user's
@@ -68,30 +77,41 @@ func DefaultSocket(rootless bool) string {
 	return filepath.Join(dir, "podman", "podman.sock")
 }
 
-// New connects, starting the service if asked and needed.
-func New(ctx context.Context, cfg Config) (*Client, error) {
-	sock := strings.TrimPrefix(cfg.Socket, "unix://")
-	log := cfg.Logger.With("component", "podman")
-	c := &Client{socket: sock, log: log}
-	if !listening(sock) {
-		if !cfg.Start {
-			return nil, fmt.Errorf("nothing listens on the Podman socket %s; start it (podman system service --time 0 unix://%s) or let the agent start it", sock, sock)
+// New makes a client. It connects lazily, on the first call and again after
+// the service went away, so a Podman that is down is an error of that call
+// (reported, retried), never a dead agent.
+func New(cfg Config) *Client {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Client{socket: strings.TrimPrefix(cfg.Socket, "unix://"), start: cfg.Start, log: cfg.Logger.With("component", "podman")}
+}
+
+// connect returns a live connection, starting the service if allowed.
+func (c *Client) connect(ctx context.Context) (context.Context, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil && listening(c.socket) {
+		return c.conn, nil
+	}
+	c.conn = nil
+	if !listening(c.socket) {
+		if !c.start {
+			return nil, fmt.Errorf("nothing listens on the Podman socket %s; start it (podman system service --time 0 unix://%s)", c.socket, c.socket)
 		}
 		if err := c.startService(ctx); err != nil {
 			return nil, err
 		}
 	}
-	conn, err := bindings.NewConnection(ctx, "unix://"+sock)
+	conn, err := bindings.NewConnection(context.Background(), "unix://"+c.socket)
 	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("connect to Podman at %s: %w", sock, err)
+		return nil, fmt.Errorf("connect to Podman at %s: %w", c.socket, err)
+	}
+	if v, err := system.Version(conn, nil); err == nil && v.Server != nil {
+		c.log.Info("connected to podman", "socket", c.socket, "version", v.Server.Version)
 	}
 	c.conn = conn
-	v, err := system.Version(conn, nil)
-	if err == nil && v.Server != nil {
-		log.Info("connected to podman", "socket", sock, "version", v.Server.Version)
-	}
-	return c, nil
+	return conn, nil
 }
 
 func listening(sock string) bool {
@@ -104,12 +124,20 @@ func listening(sock string) bool {
 }
 
 func (c *Client) startService(ctx context.Context) error {
+	if c.service != nil {
+		// The service we started died; reap it before starting another.
+		c.service.Process.Kill()
+		c.service.Wait()
+		c.service = nil
+	}
 	if err := os.MkdirAll(filepath.Dir(c.socket), 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", filepath.Dir(c.socket), err)
 	}
 	os.Remove(c.socket)
 	cmd := exec.Command("podman", "system", "service", "--time", "0", "unix://"+c.socket)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	// Its own process group: a Ctrl-C meant for the agent reaches it only
+	// through Close, after the agent stopped using it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	logPath := filepath.Join(filepath.Dir(c.socket), "mesh-podman-service.log")
 	if f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
 		cmd.Stdout, cmd.Stderr = f, f
@@ -123,12 +151,12 @@ func (c *Client) startService(ctx context.Context) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for !listening(c.socket) {
 		if time.Now().After(deadline) {
-			c.Close()
+			c.stopService()
 			return fmt.Errorf("podman system service did not listen on %s within 30s; see %s", c.socket, logPath)
 		}
 		select {
 		case <-ctx.Done():
-			c.Close()
+			c.stopService()
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -138,6 +166,13 @@ func (c *Client) startService(ctx context.Context) error {
 
 // Close stops the service the client started, if any.
 func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopService()
+	return nil
+}
+
+func (c *Client) stopService() {
 	if c.service != nil && c.service.Process != nil {
 		c.service.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
@@ -149,15 +184,24 @@ func (c *Client) Close() error {
 		}
 		c.service = nil
 	}
-	return nil
 }
 
-func (c *Client) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
-	// The bindings keep their connection in the context; carry the caller's
-	// deadline and cancellation over to it.
-	conn, cancel := context.WithTimeout(c.conn, CallTimeout)
+// ctx gives a call its connection: the bindings keep it in a context, which
+// takes over the caller's cancellation and a timeout (0: none).
+func (c *Client) ctx(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc, error) {
+	conn, err := c.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var cx context.Context
+	var cancel context.CancelFunc
+	if timeout > 0 {
+		cx, cancel = context.WithTimeout(conn, timeout)
+	} else {
+		cx, cancel = context.WithCancel(conn)
+	}
 	stop := context.AfterFunc(ctx, cancel)
-	return conn, func() { stop(); cancel() }
+	return cx, func() { stop(); cancel() }, nil
 }
 
 func toContainer(l types.ListContainer) reconciler.Container {
@@ -170,7 +214,10 @@ func toContainer(l types.ListContainer) reconciler.Container {
 
 // Managed lists the mesh's containers.
 func (c *Client) Managed(ctx context.Context) ([]reconciler.Container, error) {
-	cx, cancel := c.ctx(ctx)
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return nil, err
+	}
 	defer cancel()
 	list, err := containers.List(cx, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{"label": {reconciler.LabelManaged + "=1"}}))
 	if err != nil {
@@ -185,7 +232,10 @@ func (c *Client) Managed(ctx context.Context) ([]reconciler.Container, error) {
 
 // Lookup finds a container by exact name.
 func (c *Client) Lookup(ctx context.Context, name string) (reconciler.Container, bool, error) {
-	cx, cancel := c.ctx(ctx)
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return reconciler.Container{}, false, err
+	}
 	defer cancel()
 	list, err := containers.List(cx, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{"name": {"^" + regexpQuote(name) + "$"}}))
 	if err != nil {
@@ -214,7 +264,10 @@ func regexpQuote(s string) string {
 
 // ImageExists reports whether ref is in local storage.
 func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
-	cx, cancel := c.ctx(ctx)
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return false, err
+	}
 	defer cancel()
 	ok, err := images.Exists(cx, ref, nil)
 	if err != nil {
@@ -225,7 +278,10 @@ func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
 
 // Pull fetches an image.
 func (c *Client) Pull(ctx context.Context, ref string) error {
-	cx, cancel := c.ctx(ctx)
+	cx, cancel, err := c.ctx(ctx, 30*time.Minute)
+	if err != nil {
+		return err
+	}
 	defer cancel()
 	if _, err := images.Pull(cx, ref, new(images.PullOptions).WithQuiet(true)); err != nil {
 		return fmt.Errorf("pull %s: %w", ref, err)
@@ -252,8 +308,11 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 	}
 	// Podman 4.3 asks for rlimits above what this host lets root set
 	// (ENVIRONMENT.md §1); ask for the host's own hard limits instead.
-	g.Rlimits = hostRlimits()
-	cx, cancel := c.ctx(ctx)
+	g.Rlimits = c.rlimits()
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return "", err
+	}
 	defer cancel()
 	r, err := containers.CreateWithSpec(cx, g, nil)
 	if err != nil {
@@ -262,24 +321,67 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 	return r.ID, nil
 }
 
-func hostRlimits() []spec.POSIXRlimit {
-	var out []spec.POSIXRlimit
-	for name, res := range map[string]int{"nofile": syscall.RLIMIT_NOFILE, "nproc": 6 /* RLIMIT_NPROC */} {
-		var l syscall.Rlimit
-		if err := syscall.Getrlimit(res, &l); err == nil {
-			out = append(out, spec.POSIXRlimit{Type: name, Soft: l.Max, Hard: l.Max})
+// rlimits are the limits to ask for: the hard limits of the Podman service
+// (found through the socket's peer credentials) and of this process,
+// whichever is lower. Podman 4.3 otherwise asks for more than this host lets
+// root set, and runc fails (ENVIRONMENT.md section 1).
+func (c *Client) rlimits() []spec.POSIXRlimit {
+	want := map[string]uint64{"nofile": math.MaxUint64, "nproc": math.MaxUint64}
+	for name, res := range map[string]int{"nofile": unix.RLIMIT_NOFILE, "nproc": unix.RLIMIT_NPROC} {
+		var l unix.Rlimit
+		if unix.Getrlimit(res, &l) == nil {
+			want[name] = l.Max
 		}
 	}
-	if len(out) == 2 && out[0].Type > out[1].Type {
-		out[0], out[1] = out[1], out[0]
+	if pid, err := peerPID(c.socket); err == nil {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid)); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				for prefix, name := range map[string]string{"Max open files": "nofile", "Max processes": "nproc"} {
+					if f := strings.Fields(strings.TrimPrefix(line, prefix)); strings.HasPrefix(line, prefix) && len(f) >= 2 {
+						if v, err := strconv.ParseUint(f[1], 10, 64); err == nil && v < want[name] {
+							want[name] = v
+						}
+					}
+				}
+			}
+		}
+	}
+	var out []spec.POSIXRlimit
+	for _, name := range []string{"nofile", "nproc"} {
+		if want[name] != math.MaxUint64 {
+			out = append(out, spec.POSIXRlimit{Type: name, Soft: want[name], Hard: want[name]})
+		}
 	}
 	return out
+}
+
+// peerPID is the pid of the process listening on a unix socket.
+func peerPID(sock string) (int, error) {
+	conn, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cerr != nil {
+		return 0, cerr
+	}
+	return int(cred.Pid), nil
 }
 
 // Start starts a container; Podman's Wait does not catch a failed start, so
 // this error is the one to trust.
 func (c *Client) Start(ctx context.Context, id string) error {
-	cx, cancel := c.ctx(ctx)
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return err
+	}
 	defer cancel()
 	if err := containers.Start(cx, id, nil); err != nil {
 		return fmt.Errorf("start container %s: %w", short(id), err)
@@ -289,9 +391,12 @@ func (c *Client) Start(ctx context.Context, id string) error {
 
 // Remove force-removes a container.
 func (c *Client) Remove(ctx context.Context, id string) error {
-	cx, cancel := c.ctx(ctx)
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return err
+	}
 	defer cancel()
-	_, err := containers.Remove(cx, id, new(containers.RemoveOptions).WithForce(true).WithTimeout(10))
+	_, err = containers.Remove(cx, id, new(containers.RemoveOptions).WithForce(true).WithTimeout(10))
 	if err != nil && !errors.Is(err, define.ErrNoSuchCtr) && !strings.Contains(err.Error(), "no such container") {
 		return fmt.Errorf("remove container %s: %w", short(id), err)
 	}
@@ -300,9 +405,11 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 
 // Wait waits for the container to exit.
 func (c *Client) Wait(ctx context.Context, id string) (int, error) {
-	cx, cancel := context.WithCancel(c.conn)
-	stop := context.AfterFunc(ctx, cancel)
-	defer func() { stop(); cancel() }()
+	cx, cancel, err := c.ctx(ctx, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer cancel()
 	code, err := containers.Wait(cx, id, new(containers.WaitOptions).WithCondition([]define.ContainerStatus{define.ContainerStateExited, define.ContainerStateStopped}))
 	if err != nil {
 		return -1, fmt.Errorf("wait for container %s: %w", short(id), err)
@@ -312,7 +419,10 @@ func (c *Client) Wait(ctx context.Context, id string) (int, error) {
 
 // Logs returns the last lines of stdout and stderr, interleaved per stream.
 func (c *Client) Logs(ctx context.Context, id string, lines int) (string, error) {
-	cx, cancel := c.ctx(ctx)
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return "", err
+	}
 	defer cancel()
 	out, errc := make(chan string, 64), make(chan string, 64)
 	var got []string
@@ -336,7 +446,7 @@ func (c *Client) Logs(ctx context.Context, id string, lines int) (string, error)
 		}
 		close(done)
 	}()
-	err := containers.Logs(cx, id, new(containers.LogOptions).WithStdout(true).WithStderr(true).WithTail(fmt.Sprint(lines)), out, errc)
+	err = containers.Logs(cx, id, new(containers.LogOptions).WithStdout(true).WithStderr(true).WithTail(fmt.Sprint(lines)), out, errc)
 	close(out)
 	close(errc)
 	<-done
@@ -354,4 +464,27 @@ func short(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// Subnets lists the subnets of the node's Podman networks (the resolver
+// answers queries from them).
+func (c *Client) Subnets(ctx context.Context) ([]netip.Prefix, error) {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	nets, err := network.List(cx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("list networks: %w", err)
+	}
+	var out []netip.Prefix
+	for _, n := range nets {
+		for _, s := range n.Subnets {
+			if p, err := netip.ParsePrefix(s.Subnet.String()); err == nil {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	return out, nil
 }

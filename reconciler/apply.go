@@ -77,10 +77,32 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 	return &Reconciler{cfg: cfg, rt: rt, ledger: l, log: cfg.Logger.With("component", "reconciler")}, nil
 }
 
-// counting counts the mutating calls made through a Runtime.
+// counting counts the calls made through a Runtime: n the mutating ones,
+// calls all of them.
 type counting struct {
 	Runtime
-	n int
+	n, calls int
+}
+
+func (c *counting) Managed(ctx context.Context) ([]Container, error) {
+	c.calls++
+	return c.Runtime.Managed(ctx)
+}
+func (c *counting) Lookup(ctx context.Context, name string) (Container, bool, error) {
+	c.calls++
+	return c.Runtime.Lookup(ctx, name)
+}
+func (c *counting) ImageExists(ctx context.Context, ref string) (bool, error) {
+	c.calls++
+	return c.Runtime.ImageExists(ctx, ref)
+}
+func (c *counting) Wait(ctx context.Context, id string) (int, error) {
+	c.calls++
+	return c.Runtime.Wait(ctx, id)
+}
+func (c *counting) Logs(ctx context.Context, id string, n int) (string, error) {
+	c.calls++
+	return c.Runtime.Logs(ctx, id, n)
 }
 
 func (c *counting) Pull(ctx context.Context, ref string) error {
@@ -114,9 +136,10 @@ type run struct {
 // each resource's outcome. It stops at the first failure: nothing after a
 // failed resource is applied, and nothing is removed.
 func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan) state.Report {
+	start := time.Now()
 	rep := state.Report{Node: r.cfg.Node, Version: version, AppliedAt: r.cfg.Now().UTC()}
 	x := &run{r: r, rt: &counting{Runtime: r.rt}, inputs: map[string]string{}, ran: map[string]bool{}, managed: map[string]Container{}}
-	list, err := r.rt.Managed(ctx)
+	list, err := x.rt.Managed(ctx)
 	if err != nil {
 		rep.Error = "podman: " + err.Error()
 		r.log.Warn("apply failed", "version", version, "err", err)
@@ -153,6 +176,11 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 		}
 	}
 	rep.Mutations = x.rt.n + x.writes
+	lvl := slog.LevelInfo
+	if rep.Mutations == 0 && rep.Error == "" {
+		lvl = slog.LevelDebug // a quiet periodic pass
+	}
+	r.log.Log(ctx, lvl, "applied plan", "version", version, "mutations", rep.Mutations, "podman_calls", x.rt.calls, "took", time.Since(start).Round(time.Millisecond), "error", rep.Error)
 	return rep
 }
 

@@ -47,15 +47,18 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 		cfg.MaxBackoff = DefaultMaxBackoff
 	}
 	var sent *state.Report
+	var applied uint64 // plan version of the last apply that succeeded
 	backoff := time.Duration(0)
 	next := time.NewTimer(0)
 	defer next.Stop()
 	for {
 		changed := src.Changed()
+		onChange := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-changed:
+			onChange = true
 			// Let a burst settle: more changes within Debounce join this apply.
 			settle := time.NewTimer(cfg.Debounce)
 			for settled := false; !settled; {
@@ -79,6 +82,11 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			next.Reset(cfg.Resync)
 			continue
 		}
+		if onChange && (version == applied || backoff > 0 && version == sentVersion(sent)) {
+			// Not this node's plan that changed (another node's report, say),
+			// or a failing plan whose retry the backoff already schedules.
+			continue
+		}
 		rep := r.Apply(ctx, version, plan)
 		if ctx.Err() != nil {
 			return
@@ -89,6 +97,7 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			next.Reset(backoff)
 		} else {
 			backoff = 0
+			applied = version
 			next.Reset(cfg.Resync)
 		}
 		if worthSending(sent, &rep) {
@@ -101,10 +110,18 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 	}
 }
 
+func sentVersion(r *state.Report) uint64 {
+	if r == nil {
+		return 0
+	}
+	return r.Version
+}
+
 // worthSending: a report is replicated when it says something new, so a
-// quiet periodic pass writes nothing.
+// quiet periodic pass writes nothing. Every failed attempt is sent (they are
+// spaced by the backoff), so a waiting `mesh assign --wait` sees a fresh one.
 func worthSending(last, rep *state.Report) bool {
-	if last == nil || last.Version != rep.Version || last.Error != rep.Error {
+	if last == nil || last.Version != rep.Version || last.Error != rep.Error || rep.Error != "" {
 		return true
 	}
 	c := changes(rep)

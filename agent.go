@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"mesh/cluster"
+	"mesh/dnsd"
+	"mesh/podman"
+	"mesh/reconciler"
+	"mesh/state"
+)
+
+// AgentCmd runs the node.
+type AgentCmd struct {
+	PodmanSocket string        `name:"podman-socket" env:"MESH_PODMAN_SOCKET" placeholder:"URL" help:"Podman service socket. Default: /run/podman/podman.sock for root, $XDG_RUNTIME_DIR/podman/podman.sock otherwise, where the agent starts Podman's service when none listens. A socket given here is the operator's to run."`
+	DNSAddress   string        `name:"dns-address" default:"169.254.53.53" placeholder:"IP" help:"The node's resolver address: every container's only DNS server. As root the agent puts it on a port-less bridge; on a rootless host run mesh setup once."`
+	Upstream     []string      `name:"upstream" placeholder:"HOST:PORT" help:"Resolvers for names that are not the mesh's (default: those of /etc/resolv.conf)."`
+	Resync       time.Duration `default:"30s" help:"Periodic apply that catches drift."`
+	LogLevel     string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+}
+
+// rootless reports whether this process runs in a user namespace or as a
+// user: then Podman is rootless and container ids map through subuids.
+func rootless() bool {
+	if os.Geteuid() != 0 {
+		return true
+	}
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b))
+	return !(len(f) == 3 && f[0] == "0" && f[1] == "0" && f[2] == "4294967295")
+}
+
+// Run serves until SIGINT or SIGTERM.
+func (c *AgentCmd) Run(g *Globals) error {
+	if os.Geteuid() != 0 {
+		// A rootless agent runs inside Podman's user namespace, where a
+		// container's uid n is uid n: owners are set as the container sees
+		// them, and the mesh can manage directories owned by subuids.
+		return c.reexecUnshared(g)
+	}
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(c.LogLevel))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	ctx, cancel := signalContext()
+	defer cancel()
+
+	dnsAddr, err := netip.ParseAddr(c.DNSAddress)
+	if err != nil {
+		return usageError{fmt.Errorf("--dns-address %q is not an IP address", c.DNSAddress)}
+	}
+	if rootless() {
+		if !dnsd.HasAddress(dnsAddr) {
+			return fmt.Errorf("the resolver address %s is on no interface; run `mesh setup` once as root on this host", dnsAddr)
+		}
+	} else if err := dnsd.EnsureAddress(dnsAddr, dnsd.DefaultLink); err != nil {
+		return fmt.Errorf("put the resolver address %s on %s: %w", dnsAddr, dnsd.DefaultLink, err)
+	}
+
+	a, err := cluster.StartAgent(ctx, cluster.AgentConfig{DataDir: g.dir(), Logger: log})
+	if err != nil {
+		return err
+	}
+	defer a.Stop()
+
+	resolver, err := startResolver(ctx, a, dnsAddr, c.Upstream, log)
+	if err != nil {
+		return err
+	}
+	defer resolver.Close()
+
+	// The agent starts Podman's service only on the default socket; a socket
+	// named with --podman-socket is the operator's to run.
+	sock, start := c.PodmanSocket, false
+	if sock == "" {
+		sock, start = podman.DefaultSocket(rootless()), true
+	}
+	pm := podman.New(podman.Config{Socket: sock, Start: start, Logger: log})
+	defer pm.Close()
+	go followSubnets(ctx, pm, resolver, c.Resync)
+
+	rec, err := reconciler.New(reconciler.Config{
+		Node: a.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(g.dir(), "ledger.json"),
+		Secret: a.Store.Secret, Logger: log.With("node", a.ID.Name),
+	}, pm)
+	if err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rec.Run(ctx, reconciler.Source{
+			Plan: func(ctx context.Context) (uint64, *state.Plan, error) {
+				v, err := a.Store.Plan(ctx, a.ID.Name)
+				if err != nil {
+					return 0, nil, err
+				}
+				return v.Version, v.Plan, nil
+			},
+			Changed: a.Store.Changed,
+			Report: func(ctx context.Context, r state.Report) error {
+				_, err := a.Node.Apply(ctx, &state.Command{Op: state.OpReport, Time: time.Now().UTC(), Report: &r})
+				return err
+			},
+		}, reconciler.LoopConfig{Resync: c.Resync})
+	}()
+	<-ctx.Done()
+	log.Info("stopping")
+	<-done
+	return nil
+}
+
+func (c *AgentCmd) reexecUnshared(g *Globals) error {
+	podmanPath, err := exec.LookPath("podman")
+	if err != nil {
+		return errors.New("a rootless agent needs podman on PATH (apt-get install podman)")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	env := append(os.Environ(), "MESH_DATA_DIR="+g.dir())
+	args := append([]string{"podman", "unshare", self}, os.Args[1:]...)
+	return syscall.Exec(podmanPath, args, env)
+}
+
+func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstreams []string, log *slog.Logger) (*dnsd.Server, error) {
+	if len(upstreams) == 0 {
+		var err error
+		if upstreams, err = dnsd.UpstreamsFromResolvConf("/etc/resolv.conf", addr); err != nil {
+			log.Warn("no upstream resolvers; names outside the mesh get SERVFAIL", "err", err)
+		}
+	}
+	st, err := a.Store.Settings(ctx)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, Logger: log}, st.Domain)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := srv.Start(); err != nil {
+		return nil, fmt.Errorf("%w (another resolver on %s:53? on a rootless host, has `mesh setup` run?)", err, addr)
+	}
+	go srv.Follow(ctx, func(ctx context.Context) (dnsd.Roster, error) {
+		st, err := a.Store.Settings(ctx)
+		if err != nil {
+			return dnsd.Roster{}, err
+		}
+		ro, err := a.Store.Roster(ctx)
+		if err != nil {
+			return dnsd.Roster{}, err
+		}
+		idx, _ := a.Store.AppliedIndex()
+		r := dnsd.Roster{Domain: st.Domain, Names: map[string][]netip.Addr{}, Serial: uint32(idx)}
+		for _, n := range ro {
+			if ip, err := netip.ParseAddr(n.Address); err == nil {
+				r.Names[n.Name] = append(r.Names[n.Name], ip)
+			}
+		}
+		return r, nil
+	}, a.Store.Changed)
+	return srv, nil
+}
+
+// followSubnets keeps the resolver's allow list at the node's Podman subnets.
+func followSubnets(ctx context.Context, pm *podman.Client, srv *dnsd.Server, every time.Duration) {
+	for {
+		if p, err := pm.Subnets(ctx); err == nil {
+			srv.SetAllow(p)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
+}
