@@ -26,6 +26,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// The rootless bed's user runs this binary too.
+	os.Chmod(dir, 0o755)
 	meshBin = filepath.Join(dir, "mesh")
 	build := exec.Command("go", "build", "-tags", "containers_image_openpgp", "-o", meshBin, "..")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -81,9 +83,9 @@ func (n *node) must(args ...string) string {
 }
 
 // start runs `mesh agent` and waits for its ready line.
-func (n *node) start() {
+func (n *node) start(extra ...string) {
 	n.t.Helper()
-	cmd := exec.Command(meshBin, "agent", "--data-dir", n.dir)
+	cmd := exec.Command(meshBin, append([]string{"agent", "--data-dir", n.dir}, extra...)...)
 	pr, pw, _ := os.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {
@@ -151,7 +153,9 @@ func examples(name string) string { return filepath.Join("..", "examples", name)
 
 // The README's tour, through the real binary: init, agent, add, assign, read.
 func TestOneNodeMesh(t *testing.T) {
+	h := newHost(t, false)
 	n := newNode(t)
+	agentFlags := []string{"--dns-address", h.dnsAddr, "--podman-socket", h.sock}
 
 	// Before init: commands say there is no agent and how to start one.
 	_, errOut, code := n.run("status")
@@ -163,7 +167,7 @@ func TestOneNodeMesh(t *testing.T) {
 	if _, errOut, code := n.run("init", "--name", "ace", "--address", "127.0.0.1"); code != 1 || !strings.Contains(errOut, "already holds node") {
 		t.Fatalf("second init: exit %d %q", code, errOut)
 	}
-	n.start()
+	n.start(agentFlags...)
 	fi, err := os.Stat(filepath.Join(n.dir, "mesh.sock"))
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket: %v %v", fi.Mode(), err)
@@ -278,7 +282,7 @@ func TestOneNodeMesh(t *testing.T) {
 	// Restart the agent: the replica and plan history are intact.
 	before := n.must("plan", "ace", "--history")
 	n.stop()
-	n.start()
+	n.start(agentFlags...)
 	if after := n.must("plan", "ace", "--history"); after != before {
 		t.Fatalf("history changed across restart:\n%s\n%s", before, after)
 	}

@@ -1,0 +1,434 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Beds share these names; each bed cleans up what a crashed run of it left.
+const (
+	bedImage    = "localhost/mesh-bed-busybox:1"
+	bedUser     = "meshbed" // contrib/test.sh creates it, with subuids
+	bedLink     = "mbeddns0"
+	bedRootful  = "/var/tmp/mesh-bed"
+	bedDNSRoot  = "169.254.53.61"
+	bedDNSUser  = "169.254.53.62"
+	bedDNSOne   = "169.254.53.63"
+	containersC = `[containers]
+default_ulimits = []
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+`
+)
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	last := ""
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s; last seen: %s", what, within, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func sh(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// host is where a bed's node runs: as root with its own Podman storage, or as
+// the rootless bed user.
+type host struct {
+	t        *testing.T
+	rootless bool
+	usr      *user.User
+	dir      string // the bed's own directory; manifests' paths live under it
+	sock     string
+	conf     string
+	runtime  string // XDG_RUNTIME_DIR for the rootless user
+	svc      *exec.Cmd
+	dnsAddr  string
+}
+
+func newHost(t *testing.T, rootless bool) *host {
+	if os.Geteuid() != 0 {
+		t.Fatal("the host beds run as root (they create users' runtime dirs, bridges and Podman services); run contrib/test.sh as root")
+	}
+	for _, bin := range []string{"podman", "runc", "ip", "busybox"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Fatalf("%s is missing; contrib/test.sh installs what the beds need", bin)
+		}
+	}
+	h := &host{t: t, rootless: rootless, dnsAddr: bedDNSRoot}
+	if rootless {
+		u, err := user.Lookup(bedUser)
+		if err != nil {
+			t.Fatalf("user %s is missing; contrib/test.sh creates it (useradd -m %s)", bedUser, bedUser)
+		}
+		h.usr = u
+		h.dir = filepath.Join(u.HomeDir, "mesh-bed")
+		h.runtime = "/run/user/" + u.Uid
+		h.dnsAddr = bedDNSUser
+	} else {
+		h.dir = bedRootful
+	}
+	h.cleanup()
+	t.Cleanup(h.cleanup)
+	if err := os.MkdirAll(filepath.Join(h.dir, "srv"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.conf = filepath.Join(h.dir, "containers.conf")
+	os.WriteFile(h.conf, []byte(containersC), 0o644)
+	if rootless {
+		uid, _ := strconv.Atoi(h.usr.Uid)
+		gid, _ := strconv.Atoi(h.usr.Gid)
+		for _, d := range []string{h.dir, h.runtime} {
+			os.MkdirAll(d, 0o700)
+			os.Chown(d, uid, gid)
+		}
+		os.Chown(h.conf, uid, gid)
+		h.sock = filepath.Join(h.runtime, "mesh-bed-podman.sock")
+		// What `mesh setup` does for a rootless host, on the bed's own address.
+		sh(t, "chmod", "666", "/dev/net/tun")
+		sh(t, "sysctl", "-qw", "net.ipv4.ip_unprivileged_port_start=53")
+	} else {
+		h.sock = filepath.Join(h.dir, "podman.sock")
+	}
+	// The resolver address on the bed's own port-less bridge.
+	sh(t, "ip", "link", "add", bedLink, "type", "bridge")
+	sh(t, "ip", "addr", "add", h.dnsAddr+"/32", "dev", bedLink)
+	sh(t, "ip", "link", "set", bedLink, "up")
+	h.importImage()
+	h.startService()
+	return h
+}
+
+// cleanup removes what this bed (or a crashed run of it) left: processes,
+// containers, storage mounts, the bridge.
+func (h *host) cleanup() {
+	exec.Command("pkill", "-f", h.dir).Run()
+	if h.rootless {
+		h.podmanCmd("rm", "-af", "-t", "0").Run()
+		h.podmanCmd("system", "migrate").Run()
+		exec.Command("pkill", "-u", bedUser).Run()
+	} else if _, err := os.Stat(filepath.Join(h.dir, "root")); err == nil {
+		h.podmanCmd("rm", "-af", "-t", "0").Run()
+		exec.Command("umount", "-l", filepath.Join(h.dir, "root", "overlay")).Run()
+	}
+	exec.Command("ip", "link", "del", bedLink).Run()
+	// Directories the bed's modules made may be owned by subuids; root removes them.
+	os.RemoveAll(h.dir)
+	if h.rootless {
+		exec.Command("sysctl", "-qw", "net.ipv4.ip_unprivileged_port_start=1024").Run()
+	}
+}
+
+// asUser wraps a command to run as the bed user with its runtime dir.
+func (h *host) asUser(name string, args ...string) *exec.Cmd {
+	full := append([]string{"-u", bedUser, "--", "env", "XDG_RUNTIME_DIR=" + h.runtime, "HOME=" + h.usr.HomeDir,
+		"CONTAINERS_CONF=" + h.conf, name}, args...)
+	cmd := exec.Command("runuser", full...)
+	cmd.Dir = "/"
+	return cmd
+}
+
+// podmanCmd runs the podman CLI against the bed's storage.
+func (h *host) podmanCmd(args ...string) *exec.Cmd {
+	if h.rootless {
+		return h.asUser("podman", args...)
+	}
+	full := append([]string{"--root", filepath.Join(h.dir, "root"), "--runroot", filepath.Join(h.dir, "runroot")}, args...)
+	cmd := exec.Command("podman", full...)
+	cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+h.conf)
+	return cmd
+}
+
+func (h *host) podman(args ...string) string {
+	h.t.Helper()
+	out, err := h.podmanCmd(args...).CombinedOutput()
+	if err != nil {
+		h.t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func (h *host) importImage() {
+	h.t.Helper()
+	root := filepath.Join(h.t.TempDir(), "rootfs")
+	for _, d := range []string{"bin", "etc", "tmp", "www", "data"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	bb, _ := exec.LookPath("busybox")
+	sh(h.t, "cp", bb, filepath.Join(root, "bin", "busybox"))
+	for _, a := range strings.Fields(sh(h.t, bb, "--list")) {
+		if a != "busybox" {
+			os.Symlink("busybox", filepath.Join(root, "bin", a))
+		}
+	}
+	os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "etc", "group"), []byte("root:x:0:\n"), 0o644)
+	tar := filepath.Join(h.dir, "rootfs.tar")
+	sh(h.t, "tar", "-C", root, "-cf", tar, ".")
+	os.Chmod(tar, 0o644)
+	h.podman("import", "--change", `CMD ["/bin/sh"]`, tar, bedImage)
+}
+
+func (h *host) startService() {
+	h.t.Helper()
+	var cmd *exec.Cmd
+	if h.rootless {
+		cmd = h.asUser("podman", "system", "service", "--time", "0", "unix://"+h.sock)
+	} else {
+		cmd = h.podmanCmd("system", "service", "--time", "0", "unix://"+h.sock)
+	}
+	logf, _ := os.OpenFile(filepath.Join(h.t.TempDir(), "podman.log"), os.O_CREATE|os.O_WRONLY, 0o644)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	h.svc = cmd
+	eventually(h.t, 30*time.Second, "podman service listens on "+h.sock, func() (bool, string) {
+		c, err := net.Dial("unix", h.sock)
+		if err != nil {
+			return false, err.Error()
+		}
+		c.Close()
+		return true, ""
+	})
+}
+
+// stopService kills the Podman service (the agent must cope).
+func (h *host) stopService() {
+	if h.svc == nil {
+		return
+	}
+	h.svc.Process.Kill()
+	h.svc.Wait()
+	h.svc = nil
+	os.Remove(h.sock)
+}
+
+// containerID is the ID of a running or stopped container, "" if none.
+func (h *host) containerID(name string) string {
+	out, err := h.podmanCmd("ps", "-a", "--filter", "name=^"+regexp.QuoteMeta(name)+"$", "--format", "{{.ID}} {{.State}}").Output()
+	if err != nil {
+		return ""
+	}
+	if f := strings.Fields(string(out)); len(f) > 0 {
+		return f[0]
+	}
+	return ""
+}
+
+// hostID maps a container-side uid to the host's, as the bed sees files.
+func (h *host) hostID(id int) int {
+	if !h.rootless || id == 0 {
+		if h.rootless {
+			uid, _ := strconv.Atoi(h.usr.Uid)
+			return uid
+		}
+		return id
+	}
+	b, _ := os.ReadFile("/etc/subuid")
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Split(l, ":")
+		if len(f) == 3 && f[0] == bedUser {
+			start, _ := strconv.Atoi(f[1])
+			return start + id - 1
+		}
+	}
+	h.t.Fatalf("no subuid range for %s", bedUser)
+	return -1
+}
+
+// agent is a mesh node on a host.
+type agent struct {
+	h     *host
+	n     *node
+	cmd   *exec.Cmd
+	mu    sync.Mutex
+	lines []string
+}
+
+func (h *host) newAgent(t *testing.T) *agent {
+	n := &node{t: t, dir: filepath.Join(h.dir, "data")}
+	a := &agent{h: h, n: n}
+	args := []string{"init", "--name", "ace", "--address", "127.0.0.1", "--port", freePort(t), "--data-dir", n.dir}
+	a.run(args...)
+	a.start()
+	return a
+}
+
+func (a *agent) command(args ...string) *exec.Cmd {
+	if a.h.rootless {
+		return a.h.asUser(meshBin, args...)
+	}
+	return exec.Command(meshBin, args...)
+}
+
+// run runs a mesh command (as the bed's user) and fails the test on error.
+func (a *agent) run(args ...string) string {
+	a.h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := a.command(args...)
+	cmd = exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		a.h.t.Fatalf("mesh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func (a *agent) mesh(args ...string) string { return a.run(append(args, "--data-dir", a.n.dir)...) }
+
+// meshFails runs a command that must fail and returns its output.
+func (a *agent) meshFails(args ...string) string {
+	a.h.t.Helper()
+	out, err := a.command(append(args, "--data-dir", a.n.dir)...).CombinedOutput()
+	if err == nil {
+		a.h.t.Fatalf("mesh %s succeeded:\n%s", strings.Join(args, " "), out)
+	}
+	return string(out)
+}
+
+func (a *agent) start() {
+	t := a.h.t
+	t.Helper()
+	cmd := a.command("agent", "--data-dir", a.n.dir, "--dns-address", a.h.dnsAddr, "--podman-socket", a.h.sock, "--resync", "1s", "--log-level", "debug")
+	pr, pw, _ := os.Pipe()
+	cmd.Stderr, cmd.Stdout = pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	a.cmd = cmd
+	t.Cleanup(a.stop)
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		once := sync.Once{}
+		for sc.Scan() {
+			a.mu.Lock()
+			a.lines = append(a.lines, sc.Text())
+			a.mu.Unlock()
+			if strings.Contains(sc.Text(), `msg="agent ready"`) {
+				once.Do(func() { close(ready) })
+			}
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("agent not ready within 60s:\n%s", a.log())
+	}
+}
+
+func (a *agent) stop() {
+	if a.cmd == nil || a.cmd.Process == nil {
+		return
+	}
+	// The rootless agent runs under runuser and podman unshare: signal the group.
+	a.cmd.Process.Signal(os.Interrupt)
+	exec.Command("pkill", "-INT", "-f", "mesh agent --data-dir "+a.n.dir).Run()
+	done := make(chan struct{})
+	go func() { a.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		a.cmd.Process.Kill()
+		exec.Command("pkill", "-KILL", "-f", "mesh agent --data-dir "+a.n.dir).Run()
+		<-done
+	}
+	a.cmd = nil
+}
+
+func (a *agent) log() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return strings.Join(a.lines, "\n")
+}
+
+func (a *agent) logLen() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.lines)
+}
+
+var appliedRE = regexp.MustCompile(`msg="applied plan".* version=(\d+) mutations=(\d+) podman_calls=(\d+)`)
+
+// nextApply waits for an apply logged after line `after` and returns its
+// plan version, mutations and Podman calls.
+func (a *agent) nextApply(after int) (version, mutations, calls int) {
+	t := a.h.t
+	t.Helper()
+	eventually(t, 30*time.Second, "an apply after log line "+strconv.Itoa(after), func() (bool, string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for _, l := range a.lines[min(after, len(a.lines)):] {
+			if m := appliedRE.FindStringSubmatch(l); m != nil {
+				version, _ = strconv.Atoi(m[1])
+				mutations, _ = strconv.Atoi(m[2])
+				calls, _ = strconv.Atoi(m[3])
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d lines", len(a.lines))
+	})
+	return
+}
+
+// manifest writes a module's manifest with the bed's paths and values.
+func (a *agent) manifest(name, tmpl string, vars map[string]string) string {
+	s := strings.ReplaceAll(tmpl, "{{root}}", filepath.Join(a.h.dir, "srv"))
+	for k, v := range vars {
+		s = strings.ReplaceAll(s, "{{"+k+"}}", v)
+	}
+	p := filepath.Join(a.h.dir, name+".yaml")
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		a.h.t.Fatal(err)
+	}
+	return p
+}
+
+func httpGet(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	fmt.Fprintf(c, "GET / HTTP/1.0\r\n\r\n")
+	var b bytes.Buffer
+	b.ReadFrom(c)
+	return b.String(), nil
+}
