@@ -31,6 +31,8 @@ const (
 	DefaultLogStore = LogStoreWAL
 	// ApplyTimeout bounds how long a write waits for the log.
 	ApplyTimeout = 10 * time.Second
+	// LeaderWait bounds how long a write waits for an election to finish.
+	LeaderWait = 5 * time.Second
 )
 
 // Log stores that can back the Raft log (see DESIGN.md for the choice).
@@ -212,9 +214,21 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
+	// Just after start the election may still run: wait for it, briefly.
+	wait := time.NewTimer(LeaderWait)
+	defer wait.Stop()
+	for n.raft.State() != raft.Leader && n.Leader() == "" {
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("%w: %v", ErrNoLeader, ctx.Err())
+		case <-wait.C:
+			return 0, fmt.Errorf("%w within %s", ErrNoLeader, LeaderWait)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	if n.raft.State() != raft.Leader {
 		// Forwarding to the leader arrives with the multi-node issue.
-		return 0, fmt.Errorf("%w: this node is not the leader", ErrNoLeader)
+		return 0, fmt.Errorf("%w: this node is not the leader (%s is)", ErrNoLeader, n.Leader())
 	}
 	f := n.raft.Apply(c.Encode(), timeout)
 	if err := f.Error(); err != nil {

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Host benchmarks (issue: the host), against real Podman, as root:
+#  1. first apply of 20 containers by mesh vs a shell loop of the same 20
+#     `podman run -d`, on the same Podman service: wall time and ratio;
+#  2. a no-op apply with 50 containers on the node: wall time and Podman calls.
+# Usage: sudo bash bench/host.sh      (prints figures; cleans up after itself)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. contrib/lib.sh
+need_root
+ensure_go
+apt_install podman runc iproute2 busybox-static
+
+B=/var/tmp/mesh-bench
+DNS=169.254.53.64
+LINK=mbenchdns0
+cleanup() {
+	pkill -f "$B" 2>/dev/null || true
+	sleep 0.5
+	[ -d "$B/root" ] && podman --root "$B/root" --runroot "$B/runroot" rm -af -t 0 >/dev/null 2>&1 || true
+	umount -l "$B/root/overlay" 2>/dev/null || true
+	ip link del "$LINK" 2>/dev/null || true
+	rm -rf "$B"
+}
+cleanup
+trap cleanup EXIT
+mkdir -p "$B/srv"
+export CONTAINERS_CONF=$B/containers.conf
+printf '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n' > "$CONTAINERS_CONF"
+pm() { podman --root "$B/root" --runroot "$B/runroot" "$@"; }
+
+go build -o "$B/mesh" .
+ip link add "$LINK" type bridge && ip addr add "$DNS/32" dev "$LINK" && ip link set "$LINK" up
+
+# The test image, from busybox.
+R=$B/rootfs; mkdir -p "$R/bin" "$R/etc" "$R/tmp"
+cp "$(command -v busybox)" "$R/bin/busybox"
+for a in $("$R/bin/busybox" --list); do [ "$a" = busybox ] || ln -sf busybox "$R/bin/$a"; done
+echo 'root:x:0:0:root:/root:/bin/sh' > "$R/etc/passwd"; echo 'root:x:0:' > "$R/etc/group"
+tar -C "$R" -cf "$B/rootfs.tar" . && pm import --change 'CMD ["/bin/sh"]' "$B/rootfs.tar" localhost/mesh-bench:1 >/dev/null
+
+pm system service --time 0 "unix://$B/podman.sock" >"$B/podman.log" 2>&1 &
+for _ in $(seq 1 100); do [ -S "$B/podman.sock" ] && break; sleep 0.1; done
+
+export MESH_DATA_DIR=$B/data
+"$B/mesh" init --name bench --address 127.0.0.1 --port 17499 >/dev/null
+"$B/mesh" agent --dns-address "$DNS" --podman-socket "$B/podman.sock" --resync 2s --log-level debug >"$B/agent.log" 2>&1 &
+for _ in $(seq 1 100); do "$B/mesh" status >/dev/null 2>&1 && break; sleep 0.1; done
+
+module() { # NAME COUNT
+	echo "module: $1"; echo "resources:"
+	for i in $(seq 1 "$2"); do
+		printf '  - container: %s.c%02d\n    image: localhost/mesh-bench:1\n    command: ["sleep", "100000"]\n' "$1" "$i"
+	done
+}
+ms() { date +%s%N | cut -c1-13; }
+
+module bench20 20 > "$B/bench20.yaml"; module bench50 50 > "$B/bench50.yaml"
+"$B/mesh" module add "$B/bench20.yaml" "$B/bench50.yaml" >/dev/null
+
+t0=$(ms); "$B/mesh" assign bench bench20 --wait --timeout 5m >/dev/null; t1=$(ms)
+mesh_ms=$((t1 - t0))
+t0=$(ms)
+for i in $(seq 1 20); do
+	podman --remote --url "unix://$B/podman.sock" run -d --name "$(printf 'peer.c%02d' "$i")" --dns "$DNS" \
+		--ulimit nofile=1024:1024 --ulimit nproc=1024:1024 localhost/mesh-bench:1 sleep 100000 >/dev/null
+done
+t1=$(ms)
+loop_ms=$((t1 - t0))
+pm rm -af -t 0 --filter name=peer >/dev/null
+"$B/mesh" unassign bench bench20 --wait >/dev/null
+
+echo "first apply of 20 containers:"
+echo "  mesh assign --wait:        ${mesh_ms} ms"
+echo "  shell loop of podman run:  ${loop_ms} ms"
+awk -v a="$mesh_ms" -v b="$loop_ms" 'BEGIN { printf "  ratio mesh / loop:         %.2f\n", a / b }'
+
+"$B/mesh" assign bench bench50 --wait --timeout 5m >/dev/null
+mark=$(wc -l < "$B/agent.log")
+for _ in $(seq 1 100); do
+	[ "$(tail -n +"$mark" "$B/agent.log" | grep -c 'msg="applied plan".*mutations=0')" -ge 5 ] && break
+	sleep 0.5
+done
+echo "no-op apply with 50 containers (5 periodic passes):"
+tail -n +"$mark" "$B/agent.log" | grep 'msg="applied plan".*mutations=0' | head -5 |
+	sed -n 's/.*mutations=\([0-9]*\) podman_calls=\([0-9]*\) took=\([^ ]*\).*/  mutations=\1 podman_calls=\2 took=\3/p'
