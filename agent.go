@@ -76,11 +76,12 @@ func (c *AgentCmd) Run(g *Globals) error {
 	}
 	defer a.Stop()
 
-	resolver, err := startResolver(ctx, a, dnsAddr, c.Upstream, log)
+	resolver, resolverAddr, err := startResolver(ctx, a, dnsAddr, c.Upstream, log)
 	if err != nil {
 		return err
 	}
 	defer resolver.Close()
+	a.API.Resolver = resolverAddr
 
 	// The agent starts Podman's service only on the default socket; a socket
 	// named with --podman-socket is the operator's to run.
@@ -137,7 +138,7 @@ func (c *AgentCmd) reexecUnshared(g *Globals) error {
 	return syscall.Exec(podmanPath, args, env)
 }
 
-func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstreams []string, log *slog.Logger) (*dnsd.Server, error) {
+func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstreams []string, log *slog.Logger) (*dnsd.Server, string, error) {
 	if len(upstreams) == 0 {
 		var err error
 		if upstreams, err = dnsd.UpstreamsFromResolvConf("/etc/resolv.conf", addr); err != nil {
@@ -146,14 +147,15 @@ func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstr
 	}
 	st, err := a.Store.Settings(ctx)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, Logger: log}, st.Domain)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	if _, err := srv.Start(); err != nil {
-		return nil, fmt.Errorf("%w (another resolver on %s:53? on a rootless host, has `mesh setup` run?)", err, addr)
+	bound, err := srv.Start()
+	if err != nil {
+		return nil, "", fmt.Errorf("%w (another resolver on %s:53? on a rootless host, has `mesh setup` run?)", err, addr)
 	}
 	go srv.Follow(ctx, func(ctx context.Context) (dnsd.Roster, error) {
 		st, err := a.Store.Settings(ctx)
@@ -173,7 +175,7 @@ func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstr
 		}
 		return r, nil
 	}, a.Store.Changed)
-	return srv, nil
+	return srv, bound, nil
 }
 
 // followSubnets keeps the resolver's allow list at the node's Podman subnets.
@@ -188,4 +190,39 @@ func followSubnets(ctx context.Context, pm *podman.Client, srv *dnsd.Server, eve
 		case <-time.After(every):
 		}
 	}
+}
+
+// SetupCmd prepares a host for a rootless agent.
+type SetupCmd struct {
+	DNSAddress string `name:"dns-address" default:"169.254.53.53" placeholder:"IP" help:"The resolver address the agents on this host will use."`
+}
+
+// Run does, as root, what a rootless agent cannot: the resolver address on a
+// port-less bridge, port 53 for users, and /dev/net/tun for slirp4netns.
+func (c *SetupCmd) Run(g *Globals) error {
+	if os.Geteuid() != 0 {
+		return errors.New("mesh setup needs root: it creates a network link and sets a sysctl (sudo mesh setup)")
+	}
+	addr, err := netip.ParseAddr(c.DNSAddress)
+	if err != nil {
+		return usageError{fmt.Errorf("--dns-address %q is not an IP address", c.DNSAddress)}
+	}
+	if err := dnsd.EnsureAddress(addr, dnsd.DefaultLink); err != nil {
+		return err
+	}
+	fmt.Fprintf(g.out, "resolver address %s is on %s\n", addr, dnsd.DefaultLink)
+	// Persisted for the next boot; applied now.
+	if err := os.WriteFile("/etc/sysctl.d/50-mesh.conf", []byte("# mesh: a rootless agent's resolver binds port 53\nnet.ipv4.ip_unprivileged_port_start=53\n"), 0o644); err != nil {
+		return err
+	}
+	if out, err := exec.Command("sysctl", "-qw", "net.ipv4.ip_unprivileged_port_start=53").CombinedOutput(); err != nil {
+		return fmt.Errorf("sysctl: %v: %s", err, out)
+	}
+	fmt.Fprintln(g.out, "users may bind port 53 (net.ipv4.ip_unprivileged_port_start=53, also in /etc/sysctl.d/50-mesh.conf)")
+	if err := os.Chmod("/dev/net/tun", 0o666); err != nil {
+		return fmt.Errorf("open /dev/net/tun to users (rootless networking needs it): %w", err)
+	}
+	fmt.Fprintln(g.out, "/dev/net/tun is open to users (slirp4netns)")
+	fmt.Fprintln(g.out, "the bridge and /dev/net/tun do not survive a reboot: run mesh setup at boot (contrib/mesh-setup.service)")
+	return nil
 }

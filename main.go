@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/miekg/dns"
 
 	"mesh/cluster"
 	"mesh/state"
@@ -74,7 +75,9 @@ type CLI struct {
 	Plan     PlanCmd     `cmd:"" help:"Show what a node must hold, its history and what changed."`
 	Status   StatusCmd   `cmd:"" help:"Show the mesh: nodes, plan versions, what each applied, errors."`
 	Roster   RosterCmd   `cmd:"" help:"Show every name the mesh answers and its addresses."`
+	Resolve  ResolveCmd  `cmd:"" help:"Ask this node's resolver for NAME (A and AAAA)."`
 	Check    CheckCmd    `cmd:"" help:"Check manifests offline; exit 1 on any error."`
+	Setup    SetupCmd    `cmd:"" help:"Once, as root: prepare this host for a rootless agent (resolver address, port 53, /dev/net/tun)."`
 	Schema   SchemaCmd   `cmd:"" help:"Print the JSON Schema of a manifest."`
 	Version  VersionCmd  `cmd:"" help:"Print the version."`
 }
@@ -647,6 +650,50 @@ func (c *CheckCmd) Run(g *Globals) error {
 		return errors.New(strings.Join(errs, "\n"))
 	}
 	fmt.Fprintf(g.out, "%d manifest(s) ok\n", len(order))
+	return nil
+}
+
+// ResolveCmd asks the local resolver.
+type ResolveCmd struct {
+	Name string `arg:"" help:"The name, e.g. gitea.internal."`
+	TCP  bool   `name:"tcp" help:"Ask over TCP instead of UDP."`
+}
+
+// Run asks for A and AAAA and prints the answers; exit 1 when the name does
+// not exist or the resolver fails.
+func (c *ResolveCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	st, err := g.client().Status(ctx)
+	if err != nil {
+		return err
+	}
+	if st.Resolver == "" {
+		return errors.New("this node's agent runs no resolver")
+	}
+	network := "udp"
+	if c.TCP {
+		network = "tcp"
+	}
+	found := 0
+	for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(c.Name), qt)
+		r, _, err := (&dns.Client{Net: network, Timeout: 5 * time.Second}).ExchangeContext(ctx, m, st.Resolver)
+		if err != nil {
+			return fmt.Errorf("ask the resolver at %s: %w", st.Resolver, err)
+		}
+		if r.Rcode != dns.RcodeSuccess {
+			return fmt.Errorf("%s: %s (from %s)", c.Name, dns.RcodeToString[r.Rcode], st.Resolver)
+		}
+		for _, rr := range r.Answer {
+			fmt.Fprintln(g.out, rr.String())
+			found++
+		}
+	}
+	if found == 0 {
+		fmt.Fprintf(g.out, "%s exists but has no address\n", c.Name)
+	}
 	return nil
 }
 

@@ -20,13 +20,15 @@ import (
 
 // Status is what `mesh status` shows.
 type Status struct {
-	Node         string       `json:"node"`
-	MeshID       string       `json:"mesh_id"`
-	Domain       string       `json:"domain"`
-	RaftState    string       `json:"raft_state"`
-	Leader       string       `json:"leader"`
-	AppliedIndex uint64       `json:"applied_index"`
-	Nodes        []NodeStatus `json:"nodes"`
+	Node         string `json:"node"`
+	MeshID       string `json:"mesh_id"`
+	Domain       string `json:"domain"`
+	RaftState    string `json:"raft_state"`
+	Leader       string `json:"leader"`
+	AppliedIndex uint64 `json:"applied_index"`
+	// Resolver is this node's resolver address (IP:PORT), when it runs one.
+	Resolver string       `json:"resolver,omitempty"`
+	Nodes    []NodeStatus `json:"nodes"`
 }
 
 // NodeStatus is one node's line in `mesh status`.
@@ -43,6 +45,9 @@ type NodeStatus struct {
 
 // API serves the local API on a unix socket.
 type API struct {
+	// Resolver is reported by status; set it before serving.
+	Resolver string
+
 	node  *Node
 	store *state.Store
 	id    Identity
@@ -159,7 +164,7 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	applied, _ := a.store.AppliedIndex()
-	out := Status{Node: a.id.Name, MeshID: st.MeshID, Domain: st.Domain, RaftState: a.node.State(), Leader: a.node.Leader(), AppliedIndex: applied}
+	out := Status{Node: a.id.Name, MeshID: st.MeshID, Domain: st.Domain, RaftState: a.node.State(), Leader: a.node.Leader(), AppliedIndex: applied, Resolver: a.Resolver}
 	nodes, err := a.store.Nodes(ctx)
 	if err != nil {
 		fail(w, err)

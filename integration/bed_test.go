@@ -23,6 +23,8 @@ const (
 	bedImage    = "localhost/mesh-bed-busybox:1"
 	bedUser     = "meshbed" // contrib/test.sh creates it, with subuids
 	bedLink     = "mbeddns0"
+	bedNet      = "mbednet"
+	bedNetns    = "mbedq"
 	bedRootful  = "/var/tmp/mesh-bed"
 	bedDNSRoot  = "169.254.53.61"
 	bedDNSUser  = "169.254.53.62"
@@ -110,7 +112,7 @@ func newHost(t *testing.T, rootless bool) *host {
 	if rootless {
 		uid, _ := strconv.Atoi(h.usr.Uid)
 		gid, _ := strconv.Atoi(h.usr.Gid)
-		for _, d := range []string{h.dir, h.runtime} {
+		for _, d := range []string{h.dir, filepath.Join(h.dir, "srv"), h.runtime} {
 			os.MkdirAll(d, 0o700)
 			os.Chown(d, uid, gid)
 		}
@@ -144,6 +146,9 @@ func (h *host) cleanup() {
 		exec.Command("umount", "-l", filepath.Join(h.dir, "root", "overlay")).Run()
 	}
 	exec.Command("ip", "link", "del", bedLink).Run()
+	h.podmanCmd("network", "rm", "-f", bedNet).Run()
+	exec.Command("ip", "netns", "del", bedNetns).Run()
+	exec.Command("ip", "link", "del", bedNetns+"-h").Run()
 	// Directories the bed's modules made may be owned by subuids; root removes them.
 	os.RemoveAll(h.dir)
 	if h.rootless {

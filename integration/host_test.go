@@ -93,11 +93,6 @@ func TestHostRootless(t *testing.T) { testHost(t, true) }
 func testHost(t *testing.T, rootless bool) {
 	h := newHost(t, rootless)
 	srv := filepath.Join(h.dir, "srv")
-	if rootless {
-		uid, _ := strconv.Atoi(h.usr.Uid)
-		gid, _ := strconv.Atoi(h.usr.Gid)
-		os.Chown(srv, uid, gid)
-	}
 	a := h.newAgent(t)
 	port := freePort(t)
 	vars := map[string]string{"page": "v1", "provider": "bedpga", "stepcmd": stepOK, "port": port}

@@ -18,7 +18,7 @@ import (
 	"time"
 )
 
-var meshBin string
+var meshBin, dnsqBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "mesh-integration-")
@@ -34,6 +34,14 @@ func TestMain(m *testing.M) {
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build mesh:", err)
+		os.Exit(1)
+	}
+	dnsqBin = filepath.Join(dir, "dnsq")
+	build = exec.Command("go", "build", "-o", dnsqBin, "./testdata/dnsq")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build dnsq:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
