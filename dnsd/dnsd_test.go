@@ -3,6 +3,7 @@ package dnsd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -164,7 +165,7 @@ func TestServFailWhenNoUpstreamAnswers(t *testing.T) {
 	}
 	m := new(dns.Msg)
 	m.SetQuestion("example.org.", dns.TypeA)
-	r := s.answer(context.Background(), m, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	r := s.answer(context.Background(), m, netip.MustParseAddr("127.0.0.1"))
 	if r.Rcode != dns.RcodeServerFailure {
 		t.Fatalf("rcode %s", dns.RcodeToString[r.Rcode])
 	}
@@ -185,7 +186,7 @@ func TestRefusesOutsiders(t *testing.T) {
 		"192.0.2.9":     dns.RcodeRefused,
 		"10.89.0.2":     dns.RcodeRefused,
 	} {
-		r := s.answer(context.Background(), m, &net.UDPAddr{IP: net.ParseIP(src)})
+		r := s.answer(context.Background(), m, netip.MustParseAddr(src))
 		if r.Rcode != want {
 			t.Errorf("from %s: %s, want %s", src, dns.RcodeToString[r.Rcode], dns.RcodeToString[want])
 		}
@@ -244,7 +245,7 @@ func FuzzAnswer(f *testing.F) {
 		if err := req.Unpack(pkt); err != nil {
 			return // miekg/dns answers FORMERR itself before the handler
 		}
-		r := s.answer(context.Background(), req, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		r := s.answer(context.Background(), req, netip.MustParseAddr("127.0.0.1"))
 		if r == nil {
 			if !req.Response {
 				t.Fatal("no reply to a query")
@@ -256,4 +257,35 @@ func FuzzAnswer(f *testing.F) {
 			t.Fatalf("reply does not pack: %v", err)
 		}
 	})
+}
+
+// BenchmarkLookup measures the index alone at 100 and 10,000 names, with the
+// bench/dns.sh query mix (A, unknown name, AAAA).
+func BenchmarkLookup(b *testing.B) {
+	for _, n := range []int{100, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			names := map[string][]netip.Addr{}
+			for i := 0; i < n; i++ {
+				names[fmt.Sprintf("n%06d.internal", i)] = []netip.Addr{netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})}
+			}
+			ix := NewIndex("internal", names, 1)
+			qs := make([]dns.Question, 3000)
+			for i := range qs {
+				k := (i * 7919) % n
+				switch i % 3 {
+				case 0:
+					qs[i] = dns.Question{Name: fmt.Sprintf("n%06d.internal.", k), Qtype: dns.TypeA, Qclass: dns.ClassINET}
+				case 1:
+					qs[i] = dns.Question{Name: fmt.Sprintf("nope%06d.internal.", k), Qtype: dns.TypeA, Qclass: dns.ClassINET}
+				default:
+					qs[i] = dns.Question{Name: fmt.Sprintf("n%06d.internal.", k), Qtype: dns.TypeAAAA, Qclass: dns.ClassINET}
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				ix.Lookup(qs[i%len(qs)], 5)
+			}
+		})
+	}
 }

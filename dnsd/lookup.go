@@ -68,7 +68,7 @@ type Result struct {
 // everything else there, and every other name, is forwarded: the public
 // domain's own records live elsewhere.
 func (ix *Index) Lookup(q dns.Question, ttl uint32) Result {
-	name := strings.ToLower(q.Name)
+	name := lower(q.Name)
 	if q.Qclass != dns.ClassINET && q.Qclass != dns.ClassANY {
 		return Result{Forward: true}
 	}
@@ -106,6 +106,16 @@ func (ix *Index) Lookup(q dns.Question, ttl uint32) Result {
 		r.Ns = []dns.RR{ix.soa(zone, ttl)} // NODATA
 	}
 	return r
+}
+
+// lower folds ASCII case without allocating when there is nothing to fold.
+func lower(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 'A' && c <= 'Z' {
+			return strings.ToLower(s)
+		}
+	}
+	return s
 }
 
 func hdr(name string, t uint16, ttl uint32) dns.RR_Header {

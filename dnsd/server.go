@@ -8,10 +8,15 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
 )
 
 // ForwardTimeout bounds one upstream exchange.
@@ -39,8 +44,9 @@ type Server struct {
 	allow atomic.Pointer[[]netip.Prefix]
 	self  netip.Addr
 	log   *slog.Logger
-	udp   *dns.Server
+	udp   []*net.UDPConn
 	tcp   *dns.Server
+	done  chan struct{}
 	// exchange asks one upstream; tests replace it.
 	exchange func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error)
 }
@@ -75,31 +81,55 @@ func New(cfg Config, domain string) (*Server, error) {
 func (s *Server) SetIndex(ix *Index) { s.index.Store(ix) }
 
 // Start binds UDP and TCP on the configured address and serves in the
-// background. It returns once both sockets are bound.
+// background. It returns once the sockets are bound. UDP gets one socket per
+// CPU (SO_REUSEPORT), so reads do not queue behind one reader.
 func (s *Server) Start() (string, error) {
-	pc, err := net.ListenPacket("udp", s.cfg.Addr)
+	lc := net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
+		var serr error
+		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, unix.SO_REUSEPORT, 1) })
+		return serr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), "udp", s.cfg.Addr)
 	if err != nil {
 		return "", fmt.Errorf("resolver: listen udp %s: %w", s.cfg.Addr, err)
 	}
-	// The TCP socket takes the port UDP got, so ":0" works in tests.
-	l, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		pc.Close()
-		return "", fmt.Errorf("resolver: listen tcp %s: %w", pc.LocalAddr(), err)
+	bound := pc.LocalAddr().String()
+	conns := []net.PacketConn{pc}
+	for i := 1; i < runtime.GOMAXPROCS(0); i++ {
+		more, err := lc.ListenPacket(context.Background(), "udp", bound)
+		if err != nil {
+			break // one socket still serves
+		}
+		conns = append(conns, more)
 	}
-	s.udp = &dns.Server{PacketConn: pc, Handler: s}
+	// The TCP socket takes the port UDP got, so ":0" works in tests.
+	l, err := net.Listen("tcp", bound)
+	if err != nil {
+		for _, c := range conns {
+			c.Close()
+		}
+		return "", fmt.Errorf("resolver: listen tcp %s: %w", bound, err)
+	}
+	s.done = make(chan struct{})
+	for _, c := range conns {
+		u := c.(*net.UDPConn)
+		s.udp = append(s.udp, u)
+		go s.serveUDP(u)
+	}
 	s.tcp = &dns.Server{Listener: l, Handler: s, ReadTimeout: 5 * time.Second}
-	go s.udp.ActivateAndServe()
 	go s.tcp.ActivateAndServe()
-	s.log.Info("resolver listening", "addr", pc.LocalAddr().String(), "upstreams", s.cfg.Upstreams)
-	return pc.LocalAddr().String(), nil
+	s.log.Info("resolver listening", "addr", bound, "udp_sockets", len(conns), "upstreams", s.cfg.Upstreams)
+	return bound, nil
 }
 
 // Close stops serving.
 func (s *Server) Close() error {
 	var errs []error
-	if s.udp != nil {
-		errs = append(errs, s.udp.Shutdown())
+	if s.done != nil {
+		close(s.done)
+	}
+	for _, u := range s.udp {
+		errs = append(errs, u.Close())
 	}
 	if s.tcp != nil {
 		errs = append(errs, s.tcp.Shutdown())
@@ -107,17 +137,96 @@ func (s *Server) Close() error {
 	return errors.Join(errs...)
 }
 
-func (s *Server) allowed(src net.Addr) bool {
-	var ip netip.Addr
-	switch a := src.(type) {
-	case *net.UDPAddr:
-		ip, _ = netip.AddrFromSlice(a.IP)
-	case *net.TCPAddr:
-		ip, _ = netip.AddrFromSlice(a.IP)
-	default:
-		return false
+// batch is how many datagrams one recvmmsg/sendmmsg moves.
+const batch = 32
+
+// batchConn is what ipv4.PacketConn and ipv6.PacketConn share.
+type batchConn interface {
+	ReadBatch(ms []ipv4.Message, flags int) (int, error)
+	WriteBatch(ms []ipv4.Message, flags int) (int, error)
+}
+
+// serveUDP answers one socket's queries, a batch of datagrams per system call
+// each way. Local answers are made inline; a query to forward gets its own
+// goroutine, so a slow upstream never holds up the mesh's names.
+func (s *Server) serveUDP(conn *net.UDPConn) {
+	var bc batchConn = ipv4.NewPacketConn(conn)
+	if s.self.Is6() {
+		bc = ipv6.NewPacketConn(conn)
 	}
-	ip = ip.Unmap()
+	in := make([]ipv4.Message, batch)
+	out := make([]ipv4.Message, batch)
+	bufs := make([][]byte, batch)
+	for i := range in {
+		in[i].Buffers = [][]byte{make([]byte, 65535)}
+		bufs[i] = make([]byte, 0, 4096)
+		out[i].Buffers = [][]byte{nil}
+	}
+	for {
+		n, err := bc.ReadBatch(in, 0)
+		if err != nil {
+			select {
+			case <-s.done:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		k := 0
+		for i := 0; i < n; i++ {
+			src, ok := in[i].Addr.(*net.UDPAddr)
+			if !ok {
+				continue
+			}
+			req := new(dns.Msg)
+			if req.Unpack(in[i].Buffers[0][:in[i].N]) != nil {
+				continue // not a DNS message: no answer
+			}
+			resp, forward := s.local(req, src.AddrPort().Addr().Unmap())
+			if forward {
+				go func() {
+					if r := s.forwarded(context.Background(), req); r != nil {
+						if b, err := udpReply(r, req, nil); err == nil {
+							conn.WriteToUDP(b, src)
+						}
+					}
+				}()
+				continue
+			}
+			if resp == nil {
+				continue
+			}
+			b, err := udpReply(resp, req, bufs[k])
+			if err != nil {
+				continue
+			}
+			out[k].Buffers[0], out[k].Addr = b, src
+			k++
+		}
+		for sent := 0; sent < k; {
+			m, err := bc.WriteBatch(out[sent:k], 0)
+			if err != nil {
+				break
+			}
+			sent += m
+		}
+	}
+}
+
+// udpReply truncates resp to what the client can take over UDP and packs it.
+func udpReply(resp, req *dns.Msg, buf []byte) ([]byte, error) {
+	size := dns.MinMsgSize
+	if o := req.IsEdns0(); o != nil && int(o.UDPSize()) > size {
+		size = int(o.UDPSize())
+	}
+	resp.Truncate(size)
+	return resp.PackBuffer(buf)
+}
+
+func (s *Server) allowed(ip netip.Addr) bool {
 	if ip.IsLoopback() || ip == s.self {
 		return true
 	}
@@ -129,60 +238,79 @@ func (s *Server) allowed(src net.Addr) bool {
 	return false
 }
 
-// ServeDNS adapts miekg/dns to Lookup and the forwarder; it decides nothing.
-func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
-	resp := s.answer(context.Background(), req, w.RemoteAddr())
-	if resp == nil {
-		return
+func addrOf(a net.Addr) netip.Addr {
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		return a.AddrPort().Addr().Unmap()
+	case *net.TCPAddr:
+		return a.AddrPort().Addr().Unmap()
 	}
-	if _, udp := w.RemoteAddr().(*net.UDPAddr); udp {
-		size := dns.MinMsgSize
-		if o := req.IsEdns0(); o != nil && int(o.UDPSize()) > size {
-			size = int(o.UDPSize())
-		}
-		resp.Truncate(size)
-	}
-	w.WriteMsg(resp)
+	return netip.Addr{}
 }
 
-// answer builds the reply to req from src; nil means drop it.
-func (s *Server) answer(ctx context.Context, req *dns.Msg, src net.Addr) *dns.Msg {
-	if req.Response {
-		return nil // never answer an answer
+// ServeDNS serves TCP (miekg/dns) through the same decisions as UDP.
+func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	if resp := s.answer(context.Background(), req, addrOf(w.RemoteAddr())); resp != nil {
+		w.WriteMsg(resp)
 	}
-	resp := new(dns.Msg)
+}
+
+// answer builds the reply to req from src, forwarding if need be; nil means
+// drop it.
+func (s *Server) answer(ctx context.Context, req *dns.Msg, src netip.Addr) *dns.Msg {
+	resp, forward := s.local(req, src)
+	if forward {
+		return s.forwarded(ctx, req)
+	}
+	return resp
+}
+
+// local answers what the node can answer itself; forward says the question
+// is for upstream.
+func (s *Server) local(req *dns.Msg, src netip.Addr) (resp *dns.Msg, forward bool) {
+	if req.Response {
+		return nil, false // never answer an answer
+	}
+	resp = new(dns.Msg)
 	resp.SetReply(req)
 	resp.RecursionAvailable = true
 	if o := req.IsEdns0(); o != nil {
 		resp.SetEdns0(4096, false)
 		if o.Version() != 0 {
 			resp.Rcode = dns.RcodeBadVers
-			return resp
+			return resp, false
 		}
 	}
 	if !s.allowed(src) {
 		resp.Rcode = dns.RcodeRefused
-		return resp
+		return resp, false
 	}
 	if req.Opcode != dns.OpcodeQuery {
 		resp.Rcode = dns.RcodeNotImplemented
-		return resp
+		return resp, false
 	}
 	if len(req.Question) != 1 {
 		resp.Rcode = dns.RcodeFormatError
-		return resp
+		return resp, false
 	}
 	r := s.index.Load().Lookup(req.Question[0], s.cfg.TTL)
-	if !r.Forward {
-		resp.Authoritative = r.Authoritative
-		resp.Rcode = r.Rcode
-		resp.Answer = r.Answer
-		resp.Ns = r.Ns
-		return resp
+	if r.Forward {
+		return nil, true
 	}
+	resp.Authoritative = r.Authoritative
+	resp.Rcode = r.Rcode
+	resp.Answer = r.Answer
+	resp.Ns = r.Ns
+	return resp, false
+}
+
+// forwarded is the upstream's answer to req, or SERVFAIL.
+func (s *Server) forwarded(ctx context.Context, req *dns.Msg) *dns.Msg {
 	up := s.forward(ctx, req)
 	if up == nil {
-		resp.Rcode = dns.RcodeServerFailure
+		resp := new(dns.Msg)
+		resp.SetRcode(req, dns.RcodeServerFailure)
+		resp.RecursionAvailable = true
 		return resp
 	}
 	up.Id = req.Id
