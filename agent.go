@@ -26,6 +26,7 @@ type AgentCmd struct {
 	PodmanSocket string        `name:"podman-socket" env:"MESH_PODMAN_SOCKET" placeholder:"URL" help:"Podman service socket. Default: /run/podman/podman.sock for root, $XDG_RUNTIME_DIR/podman/podman.sock otherwise, where the agent starts Podman's service when none listens. A socket given here is the operator's to run."`
 	DNSAddress   string        `name:"dns-address" default:"169.254.53.53" placeholder:"IP" help:"The node's resolver address: every container's only DNS server. As root the agent puts it on a port-less bridge; on a rootless host run mesh setup once."`
 	Upstream     []string      `name:"upstream" placeholder:"HOST:PORT" help:"Resolvers for names that are not the mesh's (default: those of /etc/resolv.conf)."`
+	DNSTTL       time.Duration `name:"dns-ttl" default:"5s" help:"TTL of the mesh's answers: how stale a cached answer may be, plus replication lag."`
 	Resync       time.Duration `default:"30s" help:"Periodic apply that catches drift."`
 	LogLevel     string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
 }
@@ -76,7 +77,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 	}
 	defer a.Stop()
 
-	resolver, resolverAddr, err := startResolver(ctx, a, dnsAddr, c.Upstream, log)
+	resolver, resolverAddr, err := startResolver(ctx, a, dnsAddr, c.Upstream, uint32(c.DNSTTL.Seconds()), log)
 	if err != nil {
 		return err
 	}
@@ -138,7 +139,7 @@ func (c *AgentCmd) reexecUnshared(g *Globals) error {
 	return syscall.Exec(podmanPath, args, env)
 }
 
-func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstreams []string, log *slog.Logger) (*dnsd.Server, string, error) {
+func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstreams []string, ttl uint32, log *slog.Logger) (*dnsd.Server, string, error) {
 	if len(upstreams) == 0 {
 		var err error
 		if upstreams, err = dnsd.UpstreamsFromResolvConf("/etc/resolv.conf", addr); err != nil {
@@ -149,7 +150,7 @@ func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstr
 	if err != nil {
 		return nil, "", err
 	}
-	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, Logger: log}, st.Domain)
+	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, TTL: ttl, Logger: log}, st.Domain)
 	if err != nil {
 		return nil, "", err
 	}

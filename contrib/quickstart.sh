@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 . contrib/lib.sh
 need_root
 
-apt_install podman runc uidmap slirp4netns iproute2 ca-certificates git
+apt_install podman runc uidmap slirp4netns iproute2 ca-certificates git busybox-static
 # Podman 4.3 on hosts with hybrid cgroups needs runc (crun refuses them; see
 # ../shared/ENVIRONMENT.md). A drop-in, never the main file. The agent sets
 # each container's rlimits itself, to what the Podman service may grant.
@@ -18,6 +18,18 @@ if [ ! -e "$conf" ]; then
 	mkdir -p "$(dirname "$conf")"
 	printf '# Written by mesh contrib/quickstart.sh.\n[engine]\nruntime = "runc"\n' > "$conf"
 	say "wrote $conf"
+fi
+
+# The examples run localhost/mesh-busybox:1, made here from busybox-static, so
+# the tour works without a registry.
+if ! podman image exists localhost/mesh-busybox:1; then
+	say "making the examples' image localhost/mesh-busybox:1"
+	r=$(mktemp -d); mkdir -p "$r/bin" "$r/etc" "$r/tmp" "$r/www"
+	cp /bin/busybox "$r/bin/busybox"
+	for a in $("$r/bin/busybox" --list); do [ "$a" = busybox ] || ln -sf busybox "$r/bin/$a"; done
+	echo 'root:x:0:0:root:/root:/bin/sh' > "$r/etc/passwd"; echo 'root:x:0:' > "$r/etc/group"
+	tar -C "$r" -cf "$r.tar" . && podman import --change 'CMD ["/bin/sh"]' "$r.tar" localhost/mesh-busybox:1 >/dev/null
+	rm -rf "$r" "$r.tar"
 fi
 
 ensure_go
@@ -54,7 +66,7 @@ cat <<TXT
 
 A one-node mesh is running. Next:
   mesh module add examples/whoami.yaml
-  mesh assign $(mesh node list | awk 'NR==2{print $1}') whoami
-  mesh roster
+  mesh assign $(mesh node list | awk 'NR==2{print $1}') whoami --wait
+  mesh resolve whoami.internal
   mesh plan $(mesh node list | awk 'NR==2{print $1}') --diff
 TXT

@@ -336,6 +336,9 @@ func (a *agent) start() {
 	}
 	pw.Close()
 	a.cmd = cmd
+	a.mu.Lock()
+	a.lines = nil // a restart's log starts afresh
+	a.mu.Unlock()
 	t.Cleanup(a.stop)
 	ready := make(chan struct{})
 	go func() {

@@ -188,6 +188,21 @@ func testHost(t *testing.T, rootless bool) {
 		t.Fatalf("after the fix the worker is %q", o)
 	}
 
+	// An agent restart changes nothing: same containers, no step rerun.
+	web, worker = h.containerID("bedapp.web"), h.containerID("bedapp.worker")
+	steps, _ := os.ReadFile(srv + "/bedapp/data/step.log")
+	a.stop()
+	a.start()
+	if _, mutations, _ := a.nextApply(0); mutations != 0 {
+		t.Fatalf("the first apply after a restart made %d mutations", mutations)
+	}
+	if h.containerID("bedapp.web") != web || h.containerID("bedapp.worker") != worker {
+		t.Fatal("a restart replaced a container")
+	}
+	if b, _ := os.ReadFile(srv + "/bedapp/data/step.log"); string(b) != string(steps) {
+		t.Fatal("a restart reran the step")
+	}
+
 	// 5. Podman goes away: the agent reports, retries, converges when it is back.
 	h.stopService()
 	vars["page"] = "v3"

@@ -394,3 +394,26 @@ func TestDecideContainer(t *testing.T) {
 		t.Fatalf("unmanaged: %v", err)
 	}
 }
+
+func TestDriftIsCorrectedAndEditedFilesKept(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	os.Chmod(filepath.Join(b.dir, "app/data"), 0o777)
+	os.Chown(filepath.Join(b.dir, "app/data"), 0, 0)
+	rep := b.apply()
+	o := outcome(rep, b.dir+"/app/data")
+	if o.Outcome != Updated || o.Reason != "owner 0:0 -> 1000:1000, mode 0777 -> 0750" {
+		t.Fatalf("drift: %+v", o)
+	}
+	// A file someone edited is no longer what the mesh wrote: when the module
+	// goes away it is kept, and so is the directory holding it.
+	os.WriteFile(filepath.Join(b.dir, "app/app.ini"), []byte("edited by hand"), 0o640)
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	rep = b.apply()
+	if o := outcome(rep, b.dir+"/app/app.ini"); o.Outcome != Kept || !strings.Contains(o.Reason, "content changed since the mesh wrote it") {
+		t.Fatalf("edited file: %+v", o)
+	}
+	if got, _ := os.ReadFile(filepath.Join(b.dir, "app/app.ini")); string(got) != "edited by hand" {
+		t.Fatal("edited file lost")
+	}
+}
