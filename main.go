@@ -523,7 +523,7 @@ func (c *PlanCmd) Run(g *Globals) error {
 	if err := g.client().Get(ctx, "/v1/status", &st); err == nil {
 		for _, n := range st.Nodes {
 			if n.Name == c.Node && n.Report != nil {
-				fmt.Fprintf(w, "last apply: plan v%d at %s, %d changes\n", n.Report.Version, n.Report.AppliedAt.Format(time.RFC3339), n.Report.Mutations)
+				fmt.Fprintf(w, "last apply: plan v%d at %s, %d mutations (Podman calls and file writes)\n", n.Report.Version, n.Report.AppliedAt.Format(time.RFC3339), n.Report.Mutations)
 				printOutcomes(w, n.Report)
 				if n.Report.Error != "" {
 					fmt.Fprintf(w, "  failed: %s\n", n.Report.Error)
