@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -49,13 +47,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// node is one mesh data dir and, once started, its agent.
+// node is one mesh data dir, driven through the CLI; an agent (bed_test.go)
+// runs it.
 type node struct {
-	t      *testing.T
-	dir    string
-	agent  *exec.Cmd
-	mu     sync.Mutex
-	stderr bytes.Buffer
+	t   *testing.T
+	dir string
 }
 
 func newNode(t *testing.T) *node {
@@ -90,56 +86,6 @@ func (n *node) must(args ...string) string {
 	return out
 }
 
-// start runs `mesh agent` and waits for its ready line.
-func (n *node) start(extra ...string) {
-	n.t.Helper()
-	cmd := exec.Command(meshBin, append([]string{"agent", "--data-dir", n.dir}, extra...)...)
-	pr, pw, _ := os.Pipe()
-	cmd.Stderr = pw
-	if err := cmd.Start(); err != nil {
-		n.t.Fatal(err)
-	}
-	pw.Close()
-	n.agent = cmd
-	n.t.Cleanup(n.stop)
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(pr)
-		once := sync.Once{}
-		for sc.Scan() {
-			n.mu.Lock()
-			n.stderr.WriteString(sc.Text() + "\n")
-			n.mu.Unlock()
-			if strings.Contains(sc.Text(), `msg="agent ready"`) {
-				once.Do(func() { close(ready) })
-			}
-		}
-	}()
-	select {
-	case <-ready:
-	case <-time.After(30 * time.Second):
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		n.t.Fatalf("agent not ready within 30s; its log:\n%s", n.stderr.String())
-	}
-}
-
-func (n *node) stop() {
-	if n.agent == nil || n.agent.Process == nil {
-		return
-	}
-	n.agent.Process.Signal(os.Interrupt)
-	done := make(chan struct{})
-	go func() { n.agent.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		n.agent.Process.Kill()
-		<-done
-	}
-	n.agent = nil
-}
-
 func freePort(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -163,7 +109,7 @@ func examples(name string) string { return filepath.Join("..", "examples", name)
 func TestOneNodeMesh(t *testing.T) {
 	h := newHost(t, false)
 	n := newNode(t)
-	agentFlags := []string{"--dns-address", h.dnsAddr, "--podman-socket", h.sock}
+	a := &agent{h: h, n: n}
 
 	// Before init: commands say there is no agent and how to start one.
 	_, errOut, code := n.run("status")
@@ -175,7 +121,7 @@ func TestOneNodeMesh(t *testing.T) {
 	if _, errOut, code := n.run("init", "--name", "ace", "--address", "127.0.0.1"); code != 1 || !strings.Contains(errOut, "already holds node") {
 		t.Fatalf("second init: exit %d %q", code, errOut)
 	}
-	n.start(agentFlags...)
+	a.start()
 	fi, err := os.Stat(filepath.Join(n.dir, "mesh.sock"))
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket: %v %v", fi.Mode(), err)
@@ -289,8 +235,8 @@ func TestOneNodeMesh(t *testing.T) {
 
 	// Restart the agent: the replica and plan history are intact.
 	before := n.must("plan", "ace", "--history")
-	n.stop()
-	n.start(agentFlags...)
+	a.stop()
+	a.start()
 	if after := n.must("plan", "ace", "--history"); after != before {
 		t.Fatalf("history changed across restart:\n%s\n%s", before, after)
 	}
