@@ -146,11 +146,13 @@ func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstr
 			log.Warn("no upstream resolvers; names outside the mesh get SERVFAIL", "err", err)
 		}
 	}
-	st, err := a.Store.Settings(ctx)
-	if err != nil {
-		return nil, "", err
+	// A node that just joined has no replica yet; Follow sets the domain once
+	// the state arrives.
+	domain := "internal"
+	if st, err := a.Store.Settings(ctx); err == nil {
+		domain = st.Domain
 	}
-	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, TTL: ttl, Logger: log}, st.Domain)
+	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, TTL: ttl, Logger: log}, domain)
 	if err != nil {
 		return nil, "", err
 	}

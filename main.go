@@ -67,7 +67,9 @@ type CLI struct {
 	Globals
 
 	Init     InitCmd     `cmd:"" help:"Create a new mesh with this machine as its first node, then exit."`
+	Join     JoinCmd     `cmd:"" help:"Join this machine to a mesh through any of its nodes, then exit."`
 	Agent    AgentCmd    `cmd:"" help:"Run this node until stopped: raft, the resolver, the reconciler and the local API."`
+	Token    TokenCmd    `cmd:"" help:"Print the token that lets a machine join (mesh join ADDRESS --token TOKEN ...)."`
 	Node     NodeCmd     `cmd:"" help:"List, configure and remove nodes."`
 	Module   ModuleCmd   `cmd:"" help:"Manage the catalogue of modules."`
 	Assign   AssignCmd   `cmd:"" help:"Run MODULE on NODE."`
@@ -144,17 +146,60 @@ type InitCmd struct {
 	Domain   string `default:"internal" help:"The mesh's DNS domain: NODE.DOMAIN and MODULE.DOMAIN."`
 	Port     int    `default:"7430" help:"TCP port for node-to-node (raft) traffic."`
 	LogStore string `name:"log-store" default:"wal" enum:"wal,boltdb" help:"Raft log store: wal or boltdb (see cluster/DESIGN.md)."`
+	Voters   int    `default:"3" help:"How many nodes vote in raft: the first ones to join; the rest are non-voting replicas."`
 }
 
 // Run creates the data dir and exits.
 func (c *InitCmd) Run(g *Globals) error {
 	ctx, cancel := signalContext()
 	defer cancel()
-	err := cluster.Init(ctx, cluster.InitConfig{DataDir: g.dir(), Name: c.Name, Address: c.Address, Port: c.Port, Domain: c.Domain, LogStore: c.LogStore})
+	if c.Voters < 1 {
+		return usageError{errors.New("--voters must be at least 1")}
+	}
+	err := cluster.Init(ctx, cluster.InitConfig{DataDir: g.dir(), Name: c.Name, Address: c.Address, Port: c.Port, Domain: c.Domain, LogStore: c.LogStore, Voters: c.Voters})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(g.out, "initialised mesh with node %s (%s) in %s\nstart it with: mesh agent --data-dir %s\n", c.Name, c.Address, g.dir(), g.dir())
+	return nil
+}
+
+// JoinCmd joins a mesh.
+type JoinCmd struct {
+	Peer     string `arg:"" name:"ADDRESS" help:"Any node of the mesh, IP[:PORT]."`
+	Token    string `required:"" env:"MESH_TOKEN" help:"The join token from mesh token on a node of the mesh."`
+	Name     string `required:"" help:"This node's name (a DNS label)."`
+	Address  string `required:"" placeholder:"IP" help:"The IP other nodes reach this one at."`
+	Port     int    `default:"7430" help:"TCP port for node-to-node traffic."`
+	LogStore string `name:"log-store" default:"wal" enum:"wal,boltdb" help:"Raft log store."`
+}
+
+// Run joins and exits.
+func (c *JoinCmd) Run(g *Globals) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := cluster.Join(ctx, cluster.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: c.Token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.out, "joined the mesh as %s (%s) in %s\nstart it with: mesh agent --data-dir %s\n", c.Name, c.Address, g.dir(), g.dir())
+	return nil
+}
+
+// TokenCmd prints the join token.
+type TokenCmd struct {
+	Rotate bool `help:"Replace the token; the old one stops working."`
+}
+
+// Run prints it.
+func (c *TokenCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	t, err := g.client().Token(ctx, c.Rotate)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(g.out, t)
 	return nil
 }
 

@@ -25,6 +25,8 @@ type Agent struct {
 	Node  *Node
 	API   *API
 	log   *slog.Logger
+
+	stopVoter context.CancelFunc
 }
 
 // StartAgent opens the data dir and starts Raft and the local API. It returns
@@ -43,7 +45,7 @@ func StartAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 		Dir: filepath.Join(cfg.DataDir, RaftDir), ID: id.Name,
 		Bind:      net.JoinHostPort(id.Address, strconv.Itoa(id.Port)),
 		Advertise: net.JoinHostPort(id.Address, strconv.Itoa(id.Port)),
-		LogStore:  id.LogStore, Logger: log,
+		LogStore:  id.LogStore, TLSDir: cfg.DataDir, Logger: log,
 	}, store)
 	if err != nil {
 		store.Close()
@@ -80,6 +82,9 @@ func StartAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 	if err := n.WaitLeader(wctx); err != nil {
 		log.Warn("no raft leader yet; writes fail until one is elected", "err", err)
 	}
+	vctx, vcancel := context.WithCancel(context.Background())
+	a.stopVoter = vcancel
+	go n.EnsureVoter(vctx)
 	log.Info("agent ready", "data_dir", cfg.DataDir, "raft", n.Addr(), "state", n.State())
 	return a, nil
 }
@@ -88,6 +93,7 @@ func StartAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 func (a *Agent) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	a.stopVoter()
 	a.API.Shutdown(ctx)
 	err := a.Node.Shutdown()
 	a.Store.Close()

@@ -72,6 +72,8 @@ func NewAPI(n *Node, store *state.Store, id Identity, log *slog.Logger) *API {
 	mux.HandleFunc("POST /v1/unassign", a.assign(state.OpUnassign))
 	mux.HandleFunc("GET /v1/roster", a.roster)
 	mux.HandleFunc("GET /v1/plans/{node}", a.plans)
+	mux.HandleFunc("GET /v1/token", a.token)
+	mux.HandleFunc("POST /v1/token/rotate", a.rotateToken)
 	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return a
 }
@@ -221,7 +223,44 @@ func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
-	a.write(w, r, &state.Command{Op: state.OpNodeRemove, Name: name, Force: force})
+	if err := a.node.CheckRemovable(name); err != nil {
+		fail(w, err)
+		return
+	}
+	idx, err := a.propose(r.Context(), &state.Command{Op: state.OpNodeRemove, Name: name, Force: force})
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	// Out of the state first (its certificate stops being accepted), then out
+	// of Raft.
+	if err := a.node.RemoveMember(r.Context(), name); err != nil {
+		fail(w, fmt.Errorf("node %s left the state but not raft: %w", name, err))
+		return
+	}
+	reply(w, WriteResult{Index: idx})
+}
+
+// TokenReply is a join token.
+type TokenReply struct {
+	Token string `json:"token"`
+}
+
+func (a *API) token(w http.ResponseWriter, r *http.Request) {
+	id, err := a.store.Identity(r.Context())
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, TokenReply{Token: Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: id.JoinSecret}.String()})
+}
+
+func (a *API) rotateToken(w http.ResponseWriter, r *http.Request) {
+	if _, err := a.propose(r.Context(), &state.Command{Op: state.OpTokenRotate, JoinSecret: newSecret()}); err != nil {
+		fail(w, err)
+		return
+	}
+	a.token(w, r)
 }
 
 func (a *API) modules(w http.ResponseWriter, r *http.Request) {

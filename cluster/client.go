@@ -128,3 +128,12 @@ func (c *Client) Plans(ctx context.Context, node string, limit int) (PlansReply,
 	var r PlansReply
 	return r, c.do(ctx, "GET", fmt.Sprintf("/v1/plans/%s?limit=%d", url.PathEscape(node), limit), nil, &r)
 }
+
+// Token reads (rotate: first replaces) the join token.
+func (c *Client) Token(ctx context.Context, rotate bool) (string, error) {
+	var r TokenReply
+	if rotate {
+		return r.Token, c.do(ctx, "POST", "/v1/token/rotate", struct{}{}, &r)
+	}
+	return r.Token, c.do(ctx, "GET", "/v1/token", nil, &r)
+}

@@ -70,7 +70,9 @@ type InitConfig struct {
 	Port     int
 	Domain   string
 	LogStore string
-	Now      func() time.Time
+	// Voters is how many nodes vote in Raft (the first ones to join); 3 by default.
+	Voters int
+	Now    func() time.Time
 }
 
 // Init creates a new mesh whose first node is this data dir: it bootstraps
@@ -116,6 +118,24 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 	if id.LogStore == "" {
 		id.LogStore = DefaultLogStore
 	}
+	ca, err := NewCA(id.MeshID)
+	if err != nil {
+		return fmt.Errorf("create the mesh CA: %w", err)
+	}
+	keyPEM, csrPEM, err := NewKey(cfg.Name, addr.String())
+	if err != nil {
+		return err
+	}
+	certPEM, err := ca.Sign(csrPEM, cfg.Name, addr.String())
+	if err != nil {
+		return err
+	}
+	if err := writeIdentityFiles(cfg.DataDir, ca.CertPEM, certPEM, keyPEM); err != nil {
+		return err
+	}
+	if cfg.Voters <= 0 {
+		cfg.Voters = 3
+	}
 	store, err := state.Open(filepath.Join(cfg.DataDir, StateFile))
 	if err != nil {
 		return err
@@ -125,7 +145,7 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 		Dir: filepath.Join(cfg.DataDir, RaftDir), ID: cfg.Name,
 		Bind:      net.JoinHostPort(bindHost(addr), strconv.Itoa(cfg.Port)),
 		Advertise: net.JoinHostPort(addr.String(), strconv.Itoa(cfg.Port)),
-		LogStore:  id.LogStore,
+		LogStore:  id.LogStore, TLSDir: cfg.DataDir,
 	}, store)
 	if err != nil {
 		return err
@@ -147,7 +167,8 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 		}
 	}
 	c := &state.Command{Op: state.OpInit, Time: cfg.Now().UTC(), MeshID: id.MeshID, Domain: cfg.Domain,
-		Node: &state.Node{Name: cfg.Name, Address: addr.String(), Voter: true}}
+		Node:   &state.Node{Name: cfg.Name, Address: addr.String(), Voter: true},
+		CACert: string(ca.CertPEM), CAKey: string(ca.KeyPEM), JoinSecret: newSecret(), Voters: cfg.Voters}
 	if _, err := n.Apply(wctx, c); err != nil {
 		return err
 	}
@@ -157,3 +178,72 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 // bindHost is the host the transport binds: the node's address, since that is
 // the one peers dial.
 func bindHost(a netip.Addr) string { return a.String() }
+
+// JoinConfig is what `mesh join` is given.
+type JoinConfig struct {
+	DataDir string
+	// Peer is ADDRESS[:PORT] of any node of the mesh.
+	Peer     string
+	Token    string
+	Name     string
+	Address  string
+	Port     int
+	LogStore string
+}
+
+// Join admits this data dir into an existing mesh: it proves the token to a
+// node of the mesh (whose CA the token pins), gets a certificate for a CSR,
+// and prepares the data dir. `mesh agent` then runs it as a replica.
+func Join(ctx context.Context, cfg JoinConfig) (err error) {
+	tok, err := ParseToken(cfg.Token)
+	if err != nil {
+		return err
+	}
+	if !nodeNameRE.MatchString(cfg.Name) {
+		return fmt.Errorf("node name %q is not a DNS label; use lower-case letters, digits and '-'", cfg.Name)
+	}
+	addr, perr := netip.ParseAddr(cfg.Address)
+	if perr != nil {
+		return fmt.Errorf("--address %q is not an IP address (the address other nodes reach this one at)", cfg.Address)
+	}
+	if id, rerr := ReadIdentity(cfg.DataDir); rerr == nil {
+		if id.MeshID != tok.MeshID {
+			return fmt.Errorf("data dir %s belongs to mesh %s (node %q), not to mesh %s of this token; meshes are never merged: use another --data-dir", cfg.DataDir, id.MeshID, id.Name, tok.MeshID)
+		}
+		return fmt.Errorf("data dir %s already holds node %q of this mesh; start it with `mesh agent`", cfg.DataDir, id.Name)
+	}
+	created := false
+	if _, serr := os.Stat(cfg.DataDir); errors.Is(serr, os.ErrNotExist) {
+		created = true
+	} else if entries, _ := os.ReadDir(cfg.DataDir); len(entries) > 0 {
+		return fmt.Errorf("data dir %s is not empty and holds no mesh node; give an empty or new --data-dir", cfg.DataDir)
+	}
+	peer := cfg.Peer
+	if _, _, serr := net.SplitHostPort(peer); serr != nil {
+		peer = net.JoinHostPort(peer, strconv.Itoa(DefaultPort))
+	}
+	keyPEM, csrPEM, err := NewKey(cfg.Name, addr.String())
+	if err != nil {
+		return err
+	}
+	rep, err := joinClient(ctx, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM)})
+	if err != nil {
+		return fmt.Errorf("join through %s: %w", peer, err)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, RaftDir), 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	defer func() {
+		if err != nil && created {
+			os.RemoveAll(cfg.DataDir)
+		}
+	}()
+	if err := writeIdentityFiles(cfg.DataDir, []byte(rep.CA), []byte(rep.Cert), keyPEM); err != nil {
+		return err
+	}
+	logStore := cfg.LogStore
+	if logStore == "" {
+		logStore = DefaultLogStore
+	}
+	return writeIdentity(cfg.DataDir, Identity{Name: cfg.Name, Address: addr.String(), Port: cfg.Port, MeshID: rep.MeshID, LogStore: logStore})
+}

@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -32,7 +33,7 @@ const (
 	// ApplyTimeout bounds how long a write waits for the log.
 	ApplyTimeout = 10 * time.Second
 	// LeaderWait bounds how long a write waits for an election to finish.
-	LeaderWait = 5 * time.Second
+	LeaderWait = 4 * time.Second
 )
 
 // Log stores that can back the Raft log (see DESIGN.md for the choice).
@@ -59,7 +60,9 @@ type Config struct {
 	Advertise string
 	// LogStore is LogStoreWAL or LogStoreBolt.
 	LogStore string
-	Logger   *slog.Logger
+	// TLSDir holds the mesh CA and this node's certificate and key.
+	TLSDir string
+	Logger *slog.Logger
 }
 
 // Node is one Raft member holding a replica in a state.Store.
@@ -68,6 +71,10 @@ type Node struct {
 	raft      *raft.Raft
 	store     *state.Store
 	transport *raft.NetworkTransport
+	mux       *mux
+	tls       *nodeTLS
+	peers     *http.Client
+	peerAPI   *http.Server
 	logs      io.Closer
 	log       *slog.Logger
 }
@@ -108,15 +115,32 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 			return nil, fmt.Errorf("advertise address %q: %w", cfg.Advertise, err)
 		}
 	}
-	trans, err := raft.NewTCPTransportWithLogger(cfg.Bind, adv, 3, 10*time.Second, hl)
+	nt, err := loadNodeTLS(cfg.TLSDir)
 	if err != nil {
 		closer.Close()
-		return nil, fmt.Errorf("listen for raft on %s: %w", cfg.Bind, err)
+		return nil, err
 	}
+	ln, err := net.Listen("tcp", cfg.Bind)
+	if err != nil {
+		closer.Close()
+		return nil, fmt.Errorf("listen for peers on %s: %w", cfg.Bind, err)
+	}
+	// A peer must be a node of the replica. A node that just joined has an
+	// empty replica; until it knows any node, the mesh CA (whose digest its
+	// token pinned) vouches for the leader that brings it the state.
+	member := func(name string) bool {
+		if _, err := store.Node(context.Background(), name); err == nil {
+			return true
+		}
+		nodes, err := store.Nodes(context.Background())
+		return err == nil && len(nodes) == 0
+	}
+	m := newMux(ln, nt, member, log)
+	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv}, 3, 10*time.Second, hl)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.Logger = hl
-	rc.HeartbeatTimeout = 500 * time.Millisecond
+	rc.HeartbeatTimeout = heartbeatTimeout
 	rc.ElectionTimeout = 500 * time.Millisecond
 	rc.LeaderLeaseTimeout = 250 * time.Millisecond
 	rc.CommitTimeout = 20 * time.Millisecond
@@ -126,10 +150,16 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	r, err := raft.NewRaft(rc, &fsm{store: store, log: log}, logStore, stable, snaps, trans)
 	if err != nil {
 		trans.Close()
+		m.Close()
 		closer.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
-	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, logs: closer, log: log}
+	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, logs: closer, log: log}
+	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: nt.clientConfig(alpnAPI), DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, TLSHandshakeTimeout: 2 * time.Second,
+	}}
+	n.peerAPI = &http.Server{Handler: n.peerHandler(), ReadHeaderTimeout: 10 * time.Second}
+	go n.peerAPI.Serve(m.api)
 	log.Info("raft started", "id", cfg.ID, "addr", trans.LocalAddr(), "log_store", cfg.LogStore)
 	return n, nil
 }
@@ -214,21 +244,30 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
-	// Just after start the election may still run: wait for it, briefly.
-	wait := time.NewTimer(LeaderWait)
-	defer wait.Stop()
-	for n.raft.State() != raft.Leader && n.Leader() == "" {
+	// Just after start, or cut off from the majority, there may be no leader,
+	// or one this node can no longer reach: try for LeaderWait, then say so.
+	deadline := time.Now().Add(LeaderWait)
+	for n.raft.State() != raft.Leader {
+		// A leader not heard from for a few heartbeats is not one to wait on.
+		if n.Leader() != "" && time.Since(n.raft.LastContact()) < 4*n.heartbeat() {
+			fctx, cancel := context.WithTimeout(ctx, LeaderWait)
+			idx, err := n.forward(fctx, c)
+			cancel()
+			if fctx.Err() != nil && err != nil {
+				return 0, fmt.Errorf("%w: the leader %s did not answer within %s; the write may or may not have been applied (mesh status shows)", ErrNoLeader, n.Leader(), LeaderWait)
+			}
+			if err == nil || !errors.Is(err, errNotSent) {
+				return idx, err
+			}
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%w within %s; this node may be cut off from the majority of voters (reads, mesh roster and the resolver still answer from its replica)", ErrNoLeader, LeaderWait)
+		}
 		select {
 		case <-ctx.Done():
 			return 0, fmt.Errorf("%w: %v", ErrNoLeader, ctx.Err())
-		case <-wait.C:
-			return 0, fmt.Errorf("%w within %s", ErrNoLeader, LeaderWait)
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(50 * time.Millisecond):
 		}
-	}
-	if n.raft.State() != raft.Leader {
-		// Forwarding to the leader arrives with the multi-node issue.
-		return 0, fmt.Errorf("%w: this node is not the leader (%s is)", ErrNoLeader, n.Leader())
 	}
 	f := n.raft.Apply(c.Encode(), timeout)
 	if err := f.Error(); err != nil {
@@ -239,6 +278,12 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 	}
 	return f.Index(), nil
 }
+
+// heartbeatTimeout is Raft's; a follower hears from a healthy leader well
+// within it.
+const heartbeatTimeout = 500 * time.Millisecond
+
+func (n *Node) heartbeat() time.Duration { return heartbeatTimeout }
 
 // State says whether this node leads, follows or is a candidate.
 func (n *Node) State() string { return n.raft.State().String() }
@@ -255,7 +300,9 @@ func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
 // Shutdown stops Raft and closes the stores.
 func (n *Node) Shutdown() error {
 	err := n.raft.Shutdown().Error()
+	n.peerAPI.Close()
 	n.transport.Close()
+	n.mux.Close()
 	if cerr := n.logs.Close(); err == nil {
 		err = cerr
 	}

@@ -78,6 +78,9 @@ type host struct {
 	runtime  string // XDG_RUNTIME_DIR for the rootless user
 	svc      *exec.Cmd
 	dnsAddr  string
+	// netns, when set, is the network namespace the node's agent and Podman
+	// service run in (the multi-node beds).
+	netns string
 }
 
 func newHost(t *testing.T, rootless bool) *host {
@@ -214,6 +217,9 @@ func (h *host) startService() {
 	} else {
 		cmd = h.podmanCmd("system", "service", "--time", "0", "unix://"+h.sock)
 	}
+	if h.netns != "" {
+		cmd = inNetns(h.netns, cmd)
+	}
 	logf, _ := os.OpenFile(filepath.Join(h.t.TempDir(), "podman.log"), os.O_CREATE|os.O_WRONLY, 0o644)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
@@ -276,6 +282,7 @@ func (h *host) hostID(id int) int {
 
 // agent is a mesh node on a host.
 type agent struct {
+	name  string // the mesh node's name
 	h     *host
 	n     *node
 	cmd   *exec.Cmd
@@ -285,7 +292,7 @@ type agent struct {
 
 func (h *host) newAgent(t *testing.T) *agent {
 	n := &node{t: t, dir: filepath.Join(h.dir, "data")}
-	a := &agent{h: h, n: n}
+	a := &agent{name: "ace", h: h, n: n}
 	args := []string{"init", "--name", "ace", "--address", "127.0.0.1", "--port", freePort(t), "--data-dir", n.dir}
 	a.run(args...)
 	a.start()
@@ -296,7 +303,18 @@ func (a *agent) command(args ...string) *exec.Cmd {
 	if a.h.rootless {
 		return a.h.asUser(meshBin, args...)
 	}
+	if a.h.netns != "" {
+		return inNetns(a.h.netns, exec.Command(meshBin, args...))
+	}
 	return exec.Command(meshBin, args...)
+}
+
+// inNetns runs cmd inside a network namespace. nsenter, not ip netns exec:
+// that one remounts /sys and hides the cgroup mounts runc needs.
+func inNetns(ns string, cmd *exec.Cmd) *exec.Cmd {
+	c := exec.Command("nsenter", append([]string{"--net=/run/netns/" + ns}, cmd.Args...)...)
+	c.Env = cmd.Env
+	return c
 }
 
 // run runs a mesh command (as the bed's user) and fails the test on error.
@@ -305,8 +323,9 @@ func (a *agent) run(args ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := a.command(args...)
-	cmd = exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
-	out, err := cmd.CombinedOutput()
+	ctxCmd := exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
+	ctxCmd.Env, ctxCmd.Dir = cmd.Env, cmd.Dir
+	out, err := ctxCmd.CombinedOutput()
 	if err != nil {
 		a.h.t.Fatalf("mesh %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
@@ -318,7 +337,13 @@ func (a *agent) mesh(args ...string) string { return a.run(append(args, "--data-
 // meshFails runs a command that must fail and returns its output.
 func (a *agent) meshFails(args ...string) string {
 	a.h.t.Helper()
-	out, err := a.command(append(args, "--data-dir", a.n.dir)...).CombinedOutput()
+	return a.runFails(append(args, "--data-dir", a.n.dir)...)
+}
+
+// runFails runs a mesh command (as given) that must fail.
+func (a *agent) runFails(args ...string) string {
+	a.h.t.Helper()
+	out, err := a.command(args...).CombinedOutput()
 	if err == nil {
 		a.h.t.Fatalf("mesh %s succeeded:\n%s", strings.Join(args, " "), out)
 	}
@@ -329,6 +354,9 @@ func (a *agent) start() {
 	t := a.h.t
 	t.Helper()
 	cmd := a.command("agent", "--data-dir", a.n.dir, "--dns-address", a.h.dnsAddr, "--podman-socket", a.h.sock, "--resync", "1s", "--log-level", "debug")
+	if a.h.netns != "" {
+		cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+a.h.conf)
+	}
 	pr, pw, _ := os.Pipe()
 	cmd.Stderr, cmd.Stdout = pw, pw
 	if err := cmd.Start(); err != nil {

@@ -74,14 +74,16 @@ func (a *agent) status() status {
 	return st
 }
 
+// outcome is what this node's last report says of a resource.
 func (a *agent) outcome(name string) (outcome, reason string) {
-	st := a.status()
-	if st.Nodes[0].Report == nil {
-		return "", ""
-	}
-	for _, r := range st.Nodes[0].Report.Resources {
-		if r.Name == name {
-			return r.Outcome, r.Reason
+	for _, n := range a.status().Nodes {
+		if n.Name != a.name || n.Report == nil {
+			continue
+		}
+		for _, r := range n.Report.Resources {
+			if r.Name == name {
+				return r.Outcome, r.Reason
+			}
 		}
 	}
 	return "", ""

@@ -109,7 +109,7 @@ func examples(name string) string { return filepath.Join("..", "examples", name)
 func TestOneNodeMesh(t *testing.T) {
 	h := newHost(t, false)
 	n := newNode(t)
-	a := &agent{h: h, n: n}
+	a := &agent{name: "ace", h: h, n: n}
 
 	// Before init: commands say there is no agent and how to start one.
 	_, errOut, code := n.run("status")

@@ -25,6 +25,7 @@ const (
 	OpAssign       = "assign"
 	OpUnassign     = "unassign"
 	OpReport       = "report"
+	OpTokenRotate  = "token.rotate"
 
 	timeLayout = time.RFC3339Nano
 )
@@ -44,6 +45,13 @@ type Command struct {
 	Secrets []Secret     `json:"secrets,omitempty"`
 	Report  *Report      `json:"report,omitempty"`
 	Force   bool         `json:"force,omitempty"`
+
+	// Identity of the mesh, chosen by the proposer of init (and of a token
+	// rotation): replicated so that any node can admit a joining one.
+	CACert     string `json:"ca_cert,omitempty"`
+	CAKey      string `json:"ca_key,omitempty"`
+	JoinSecret string `json:"join_secret,omitempty"`
+	Voters     int    `json:"voters,omitempty"`
 }
 
 // ModuleText is a manifest as the operator gave it.
@@ -175,7 +183,12 @@ func (s *Store) applyOp(ctx context.Context, tx *sql.Tx, index uint64, c *Comman
 		if domain == "" {
 			domain = DefaultDomain
 		}
-		mustExec(tx, `INSERT INTO settings VALUES ('mesh_id', ?), ('domain', ?), ('created_at', ?)`, c.MeshID, domain, at)
+		voters := c.Voters
+		if voters <= 0 {
+			voters = 3
+		}
+		mustExec(tx, `INSERT INTO settings VALUES ('mesh_id', ?), ('domain', ?), ('created_at', ?), ('ca_cert', ?), ('ca_key', ?), ('join_secret', ?), ('voters', ?)`,
+			c.MeshID, domain, at, c.CACert, c.CAKey, c.JoinSecret, fmt.Sprint(voters))
 		mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at) VALUES (?, ?, 1, ?)`, c.Node.Name, c.Node.Address, at)
 		return true, nil
 
@@ -282,6 +295,13 @@ func (s *Store) applyOp(ctx context.Context, tx *sql.Tx, index uint64, c *Comman
 		mustExec(tx, `INSERT INTO assignments VALUES (?, ?)`, a.Node, a.Module)
 		s.insertSecrets(tx, c.Secrets)
 		return true, nil
+
+	case OpTokenRotate:
+		if c.JoinSecret == "" {
+			return false, ruleErr(ErrInvalid, "token rotation without a new secret")
+		}
+		mustExec(tx, `UPDATE settings SET value = ? WHERE key = 'join_secret'`, c.JoinSecret)
+		return false, nil
 
 	case OpReport:
 		if c.Report == nil {
@@ -509,6 +529,8 @@ func (c *Command) Describe() string {
 		return "mesh init --name " + nodeName(c.Node)
 	case OpNodeAdd:
 		return "node " + nodeName(c.Node) + " joined"
+	case OpTokenRotate:
+		return "mesh token --rotate"
 	case OpNodeRemove:
 		return "mesh node remove " + c.Name
 	case OpPublicDomain:

@@ -249,6 +249,45 @@ func (s *Store) CredentialDigests(ctx context.Context) (map[Pair]string, error) 
 	return in, rows.Err()
 }
 
+// Identity is the mesh's CA and join secret, for admitting nodes. Never printed.
+type Identity struct {
+	MeshID     string
+	CACert     string
+	CAKey      string
+	JoinSecret string
+	Voters     int
+}
+
+// Identity reads the mesh's identity from the replica.
+func (s *Store) Identity(ctx context.Context) (Identity, error) {
+	var id Identity
+	rows, err := s.db.QueryContext(ctx, `SELECT key, value FROM settings WHERE key IN ('mesh_id', 'ca_cert', 'ca_key', 'join_secret', 'voters')`)
+	if err != nil {
+		return id, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k, v string
+		rows.Scan(&k, &v)
+		switch k {
+		case "mesh_id":
+			id.MeshID = v
+		case "ca_cert":
+			id.CACert = v
+		case "ca_key":
+			id.CAKey = v
+		case "join_secret":
+			id.JoinSecret = v
+		case "voters":
+			fmt.Sscan(v, &id.Voters)
+		}
+	}
+	if id.MeshID == "" {
+		return id, ruleErr(ErrNotFound, "the mesh is not initialised")
+	}
+	return id, rows.Err()
+}
+
 // Secret returns one credential's secret, for the reconciler to deliver. It
 // is the only read that returns a secret; nothing prints it.
 func (s *Store) Secret(ctx context.Context, p Pair) (string, error) {

@@ -1,0 +1,482 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"mesh/state"
+)
+
+// The node-to-node API, on the mux's API side. Every endpoint but /v1/join
+// needs a client certificate of a current node.
+
+// applyReply is a forwarded write's outcome. Kind keeps a rule error's kind
+// across the wire, so the operator gets the same exit code on every node.
+type applyReply struct {
+	Index uint64 `json:"index"`
+	Error string `json:"error,omitempty"`
+	Kind  string `json:"kind,omitempty"`
+}
+
+// JoinRequest is what a joining node sends.
+type JoinRequest struct {
+	MeshID  string `json:"mesh_id"`
+	Secret  string `json:"secret"`
+	Name    string `json:"name"`
+	Address string `json:"address"`
+	Port    int    `json:"port"`
+	CSR     string `json:"csr"`
+}
+
+// JoinReply admits it.
+type JoinReply struct {
+	MeshID string `json:"mesh_id"`
+	CA     string `json:"ca"`
+	Cert   string `json:"cert"`
+	Voter  bool   `json:"voter"`
+}
+
+func kindOf(err error) string {
+	switch {
+	case errors.Is(err, state.ErrNotFound):
+		return "not-found"
+	case errors.Is(err, state.ErrConflict):
+		return "conflict"
+	case errors.Is(err, state.ErrInvalid):
+		return "invalid"
+	case errors.Is(err, ErrNoLeader):
+		return "no-leader"
+	}
+	return ""
+}
+
+func errOfKind(kind, msg string) error {
+	switch kind {
+	case "not-found":
+		return &state.RuleError{Kind: state.ErrNotFound, Msg: msg}
+	case "conflict":
+		return &state.RuleError{Kind: state.ErrConflict, Msg: msg}
+	case "invalid":
+		return &state.RuleError{Kind: state.ErrInvalid, Msg: msg}
+	case "no-leader":
+		return fmt.Errorf("%w: %s", ErrNoLeader, msg)
+	}
+	return errors.New(msg)
+}
+
+// peerName is the verified name of the node calling, "" if none.
+func (n *Node) peerName(r *http.Request) string {
+	if r.TLS == nil {
+		return ""
+	}
+	name, err := n.tls.verifyPeer(r.TLS.PeerCertificates)
+	if err != nil {
+		return ""
+	}
+	if _, err := n.store.Node(r.Context(), name); err != nil {
+		return ""
+	}
+	return name
+}
+
+func (n *Node) peerHandler() http.Handler {
+	mux := http.NewServeMux()
+	member := func(h http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if n.peerName(r) == "" {
+				http.Error(w, "a certificate of a current node of this mesh is required", http.StatusForbidden)
+				return
+			}
+			h(w, r)
+		}
+	}
+	mux.HandleFunc("POST /v1/apply", member(n.serveApply))
+	mux.HandleFunc("POST /v1/join", n.serveJoin)
+	mux.HandleFunc("POST /v1/promote", member(n.servePromote))
+	mux.HandleFunc("POST /v1/members/remove", member(n.serveRemoveMember))
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
+	var c state.Command
+	if err := json.NewDecoder(io.LimitReader(r.Body, 16<<20)).Decode(&c); err != nil {
+		writeJSON(w, http.StatusBadRequest, applyReply{Error: "bad command: " + err.Error(), Kind: "invalid"})
+		return
+	}
+	if n.raft.State() != raft.Leader {
+		// Never forward twice: the caller retries against the leader it sees.
+		writeJSON(w, http.StatusServiceUnavailable, applyReply{Error: "this node is no longer the leader", Kind: "no-leader"})
+		return
+	}
+	idx, err := n.Apply(r.Context(), &c)
+	rep := applyReply{Index: idx}
+	if err != nil {
+		rep.Error, rep.Kind = err.Error(), kindOf(err)
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// leaderAddr is the leader's address, or an error saying there is none.
+func (n *Node) leaderAddr() (string, error) {
+	addr, _ := n.raft.LeaderWithID()
+	if addr == "" {
+		return "", fmt.Errorf("%w: no leader is known", ErrNoLeader)
+	}
+	return string(addr), nil
+}
+
+// errNotSent: a call failed before its request left (dial, TLS handshake),
+// so it is safe to try again; after that a retry could apply a write twice.
+var errNotSent = errors.New("request not sent")
+
+// call POSTs to a peer's API and decodes the answer.
+func (n *Node) call(ctx context.Context, addr, path string, in, out any) error {
+	b, _ := json.Marshal(in)
+	req, err := http.NewRequestWithContext(ctx, "POST", "https://"+addr+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	resp, err := n.peers.Do(req)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" || strings.Contains(err.Error(), "TLS handshake") {
+			return fmt.Errorf("%w: reach the leader at %s: %w", ErrNoLeader, addr, errors.Join(errNotSent, err))
+		}
+		return fmt.Errorf("%w: reach the leader at %s: %v", ErrNoLeader, addr, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err := json.Unmarshal(body, out); err != nil {
+		return fmt.Errorf("leader at %s answered %s: %s", addr, resp.Status, bytes.TrimSpace(body))
+	}
+	return nil
+}
+
+// forward sends a write to the leader.
+func (n *Node) forward(ctx context.Context, c *state.Command) (uint64, error) {
+	addr, err := n.leaderAddr()
+	if err != nil {
+		return 0, err
+	}
+	var rep applyReply
+	if err := n.call(ctx, addr, "/v1/apply", c, &rep); err != nil {
+		return 0, err
+	}
+	// Read your writes: return once this replica holds the entry too, so the
+	// next read on this node sees it (bounded: replication is usually ms).
+	deadline := time.Now().Add(LeaderWait)
+	for {
+		if idx, err := n.store.AppliedIndex(); err == nil && idx >= rep.Index {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			n.log.Warn("forwarded write not yet replicated here", "index", rep.Index)
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if rep.Error != "" {
+		return rep.Index, errOfKind(rep.Kind, rep.Error)
+	}
+	return rep.Index, nil
+}
+
+func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
+	var req JoinRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, applyReply{Error: "bad join request: " + err.Error(), Kind: "invalid"})
+		return
+	}
+	var rep JoinReply
+	var err error
+	if n.raft.State() == raft.Leader {
+		rep, err = n.admit(r.Context(), req)
+	} else {
+		// Any node admits: it hands the request to the leader, as a member.
+		var addr string
+		if addr, err = n.leaderAddr(); err == nil {
+			var out struct {
+				JoinReply
+				applyReply
+			}
+			if err = n.call(r.Context(), addr, "/v1/join", req, &out); err == nil && out.Error != "" {
+				err = errOfKind(out.Kind, out.Error)
+			}
+			rep = out.JoinReply
+		}
+	}
+	if err != nil {
+		writeJSON(w, http.StatusOK, applyReply{Error: err.Error(), Kind: kindOf(err)})
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// admit runs on the leader: it checks the token, records the node, signs its
+// certificate and adds it to Raft as a non-voter (promoted once it runs).
+func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
+	id, err := n.store.Identity(ctx)
+	if err != nil {
+		return JoinReply{}, err
+	}
+	if req.MeshID != id.MeshID {
+		return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this is mesh %s; the token is for mesh %s", id.MeshID, req.MeshID)}
+	}
+	if !secretEqual(req.Secret, id.JoinSecret) {
+		return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "the join token's secret is not valid (was it rotated? get a new one with `mesh token`)"}
+	}
+	if !nodeNameRE.MatchString(req.Name) || net.ParseIP(req.Address) == nil || req.Port <= 0 || req.Port > 65535 {
+		return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "join needs a node name (a DNS label), an IP address and a port"}
+	}
+	ca, err := ParseCA([]byte(id.CACert), []byte(id.CAKey))
+	if err != nil {
+		return JoinReply{}, fmt.Errorf("read the mesh CA: %w", err)
+	}
+	cert, err := ca.Sign([]byte(req.CSR), req.Name, req.Address)
+	if err != nil {
+		return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: err.Error()}
+	}
+	nodes, err := n.store.Nodes(ctx)
+	if err != nil {
+		return JoinReply{}, err
+	}
+	voters := 0
+	for _, x := range nodes {
+		if x.Voter {
+			voters++
+		}
+	}
+	voter := voters < id.Voters
+	if _, err := n.Apply(ctx, &state.Command{Op: state.OpNodeAdd, Time: time.Now().UTC(), Node: &state.Node{Name: req.Name, Address: req.Address, Voter: voter}}); err != nil {
+		return JoinReply{}, err
+	}
+	addr := net.JoinHostPort(req.Address, strconv.Itoa(req.Port))
+	if err := n.raft.AddNonvoter(raft.ServerID(req.Name), raft.ServerAddress(addr), 0, ApplyTimeout).Error(); err != nil {
+		return JoinReply{}, fmt.Errorf("add %s to raft: %w", req.Name, err)
+	}
+	n.log.Info("node joined", "name", req.Name, "address", addr, "voter", voter)
+	return JoinReply{MeshID: id.MeshID, CA: id.CACert, Cert: string(cert), Voter: voter}, nil
+}
+
+func (n *Node) servePromote(w http.ResponseWriter, r *http.Request) {
+	name := n.peerName(r)
+	err := n.promote(r.Context(), name)
+	rep := applyReply{}
+	if err != nil {
+		rep.Error, rep.Kind = err.Error(), kindOf(err)
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// promote makes a node that the state says is a voter a Raft voter (leader only).
+func (n *Node) promote(ctx context.Context, name string) error {
+	if n.raft.State() != raft.Leader {
+		return fmt.Errorf("%w: not the leader", ErrNoLeader)
+	}
+	node, err := n.store.Node(ctx, name)
+	if err != nil {
+		return err
+	}
+	if !node.Voter {
+		return nil
+	}
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return err
+	}
+	for _, s := range f.Configuration().Servers {
+		if s.ID == raft.ServerID(name) {
+			if s.Suffrage == raft.Voter {
+				return nil
+			}
+			n.log.Info("promoting to voter", "name", name)
+			return n.raft.AddVoter(s.ID, s.Address, 0, ApplyTimeout).Error()
+		}
+	}
+	return fmt.Errorf("%s is not in the raft configuration", name)
+}
+
+// EnsureVoter asks the leader, once this node has caught up, to make it the
+// voter the state says it is. It returns when done, or when ctx ends.
+func (n *Node) EnsureVoter(ctx context.Context) {
+	for {
+		if n.isVoterOrNeedNot(ctx) {
+			return
+		}
+		if addr, err := n.leaderAddr(); err == nil && n.raft.State() != raft.Leader {
+			var rep applyReply
+			if err := n.call(ctx, addr, "/v1/promote", struct{}{}, &rep); err == nil && rep.Error == "" {
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func (n *Node) isVoterOrNeedNot(ctx context.Context) bool {
+	node, err := n.store.Node(ctx, n.cfg.ID)
+	if err != nil {
+		return false // not replicated here yet
+	}
+	if !node.Voter {
+		return true
+	}
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if s.ID == raft.ServerID(n.cfg.ID) {
+			return s.Suffrage == raft.Voter
+		}
+	}
+	return false
+}
+
+type removeRequest struct {
+	Name string `json:"name"`
+}
+
+func (n *Node) serveRemoveMember(w http.ResponseWriter, r *http.Request) {
+	var req removeRequest
+	json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req)
+	rep := applyReply{}
+	if err := n.RemoveMember(r.Context(), req.Name); err != nil {
+		rep.Error, rep.Kind = err.Error(), kindOf(err)
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// CheckRemovable refuses to remove a node when the voters left could not
+// form a majority of the current voters (quorum would be lost), or when it is
+// the node leading.
+func (n *Node) CheckRemovable(name string) error {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return err
+	}
+	voters, isVoter := 0, false
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+			if s.ID == raft.ServerID(name) {
+				isVoter = true
+			}
+		}
+	}
+	if isVoter && voters-1 < voters/2+1 && voters > 1 {
+		return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("removing voter %s would leave %d of %d voters, less than a majority; add a node first", name, voters-1, voters)}
+	}
+	if isVoter && voters == 1 {
+		return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s is the only voter", name)}
+	}
+	return nil
+}
+
+// RemoveMember takes a node out of the Raft configuration (via the leader).
+func (n *Node) RemoveMember(ctx context.Context, name string) error {
+	if n.raft.State() == raft.Leader {
+		return n.raft.RemoveServer(raft.ServerID(name), 0, ApplyTimeout).Error()
+	}
+	addr, err := n.leaderAddr()
+	if err != nil {
+		return err
+	}
+	var rep applyReply
+	if err := n.call(ctx, addr, "/v1/members/remove", removeRequest{Name: name}, &rep); err != nil {
+		return err
+	}
+	if rep.Error != "" {
+		return errOfKind(rep.Kind, rep.Error)
+	}
+	return nil
+}
+
+// joinClient asks a node of the mesh to admit this one, pinning the CA digest
+// from the token: no trust on first use.
+func joinClient(ctx context.Context, address string, tok Token, req JoinRequest) (JoinReply, error) {
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		NextProtos:         []string{alpnAPI},
+		InsecureSkipVerify: true, // checked against the pinned CA below
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			return verifyPinned(raw, tok.CADigest)
+		},
+	}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+	b, _ := json.Marshal(req)
+	hreq, err := http.NewRequestWithContext(ctx, "POST", "https://"+address+"/v1/join", bytes.NewReader(b))
+	if err != nil {
+		return JoinReply{}, err
+	}
+	resp, err := client.Do(hreq)
+	if err != nil {
+		return JoinReply{}, fmt.Errorf("reach %s: %w", address, err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		JoinReply
+		applyReply
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out); err != nil {
+		return JoinReply{}, fmt.Errorf("%s answered %s", address, resp.Status)
+	}
+	if out.Error != "" {
+		return JoinReply{}, errOfKind(out.Kind, out.Error)
+	}
+	if CADigest([]byte(out.CA)) != tok.CADigest {
+		return JoinReply{}, errors.New("the CA the node sent is not the one the token pins")
+	}
+	return out.JoinReply, nil
+}
+
+// verifyPinned accepts a server whose chain holds the pinned CA and whose
+// certificate that CA signed.
+func verifyPinned(raw [][]byte, digest string) error {
+	certs, err := parseCerts(raw)
+	if err != nil || len(certs) == 0 {
+		return errors.New("the node sent no certificate")
+	}
+	for i, r := range raw {
+		if sha256Hex(r) != digest || !certs[i].IsCA {
+			continue
+		}
+		pool := x509.NewCertPool()
+		pool.AddCert(certs[i])
+		if _, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+			return fmt.Errorf("the node's certificate is not signed by the pinned CA: %w", err)
+		}
+		return nil
+	}
+	return errors.New("the node does not present the CA the token pins: it is not of that mesh")
+}
+
+func sha256Hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}

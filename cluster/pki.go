@@ -1,0 +1,253 @@
+package cluster
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Files of a node's identity in its data dir.
+const (
+	CAFile   = "ca.crt"
+	CertFile = "node.crt"
+	KeyFile  = "node.key"
+)
+
+// certLife is how long CA and node certificates are valid.
+const certLife = 20 * 365 * 24 * time.Hour
+
+// CA is the mesh's certificate authority.
+type CA struct {
+	Cert    *x509.Certificate
+	Key     *ecdsa.PrivateKey
+	CertPEM []byte
+	KeyPEM  []byte
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
+	return n
+}
+
+// NewCA makes a CA for the mesh meshID.
+func NewCA(meshID string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: "mesh " + meshID, Organization: []string{meshID}},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(certLife),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	kd, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCA(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd}))
+}
+
+// ParseCA reads a CA from PEM.
+func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, errors.New("CA is not PEM")
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	return &CA{Cert: cert, Key: key, CertPEM: certPEM, KeyPEM: keyPEM}, nil
+}
+
+// CADigest is the sha256 of the CA certificate (DER), hex: what a token pins.
+func CADigest(certPEM []byte) string {
+	b, _ := pem.Decode(certPEM)
+	if b == nil {
+		return ""
+	}
+	s := sha256.Sum256(b.Bytes)
+	return hex.EncodeToString(s[:])
+}
+
+// NewKey makes a node key and a CSR for name at address.
+func NewKey(name, address string) (keyPEM, csrPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	csr := &x509.CertificateRequest{Subject: pkix.Name{CommonName: name}}
+	if ip := net.ParseIP(address); ip != nil {
+		csr.IPAddresses = []net.IP{ip}
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, csr, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	kd, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd}), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
+}
+
+// Sign issues a node certificate for a CSR whose name must be name.
+func (ca *CA) Sign(csrPEM []byte, name, address string) ([]byte, error) {
+	b, _ := pem.Decode(csrPEM)
+	if b == nil {
+		return nil, errors.New("certificate request is not PEM")
+	}
+	csr, err := x509.ParseCertificateRequest(b.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("certificate request signature: %w", err)
+	}
+	if csr.Subject.CommonName != name {
+		return nil, fmt.Errorf("certificate request is for %q, not %q", csr.Subject.CommonName, name)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: name, Organization: ca.Cert.Subject.Organization},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(certLife),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	if ip := net.ParseIP(address); ip != nil {
+		tmpl.IPAddresses = []net.IP{ip}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, csr.PublicKey, ca.Key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}
+
+// writeIdentityFiles stores a node's CA, certificate and key (0600).
+func writeIdentityFiles(dir string, caPEM, certPEM, keyPEM []byte) error {
+	for name, b := range map[string][]byte{CAFile: caPEM, CertFile: certPEM, KeyFile: keyPEM} {
+		if err := writeFileAtomic(filepath.Join(dir, name), b, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// nodeTLS is a node's TLS material: its certificate and the mesh CA.
+type nodeTLS struct {
+	cert   tls.Certificate
+	pool   *x509.CertPool
+	caPEM  []byte
+	meshID string
+}
+
+func loadNodeTLS(dir string) (*nodeTLS, error) {
+	caPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
+	if err != nil {
+		return nil, fmt.Errorf("read the mesh CA: %w", err)
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("read this node's certificate: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, errors.New("the mesh CA file holds no certificate")
+	}
+	cert.Certificate = append(cert.Certificate, pemDER(caPEM))
+	return &nodeTLS{cert: cert, pool: pool, caPEM: caPEM}, nil
+}
+
+func pemDER(p []byte) []byte {
+	b, _ := pem.Decode(p)
+	if b == nil {
+		return nil
+	}
+	return b.Bytes
+}
+
+// verifyPeer checks a peer's chain against the mesh CA and returns its name.
+func (n *nodeTLS) verifyPeer(certs []*x509.Certificate) (string, error) {
+	if len(certs) == 0 {
+		return "", errors.New("no certificate")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: n.pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return "", fmt.Errorf("certificate is not from this mesh's CA: %w", err)
+	}
+	return certs[0].Subject.CommonName, nil
+}
+
+// Token is what `mesh join` needs: the mesh, the CA it pins, and the secret.
+type Token struct {
+	MeshID   string `json:"m"`
+	CADigest string `json:"c"`
+	Secret   string `json:"s"`
+}
+
+const tokenPrefix = "mesh1."
+
+// String encodes a token.
+func (t Token) String() string {
+	b, _ := json.Marshal(t)
+	return tokenPrefix + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// ParseToken decodes a token.
+func ParseToken(s string) (Token, error) {
+	var t Token
+	if !strings.HasPrefix(s, tokenPrefix) {
+		return t, errors.New("not a mesh join token (it starts with mesh1.); get one with `mesh token` on a node of the mesh")
+	}
+	b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(s, tokenPrefix))
+	if err != nil || json.Unmarshal(b, &t) != nil || t.MeshID == "" || t.CADigest == "" || t.Secret == "" {
+		return t, errors.New("the join token is damaged; copy it again from `mesh token`")
+	}
+	return t, nil
+}
+
+// secretEqual compares secrets in constant time.
+func secretEqual(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+func newSecret() string {
+	b := make([]byte, 24)
+	rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}

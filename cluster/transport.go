@@ -1,0 +1,189 @@
+package cluster
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// One TCP port per node carries both Raft and the node-to-node API, told
+// apart by the TLS ALPN protocol. Both are mutual TLS with certificates from
+// the mesh CA, and a peer must be a current node of the mesh, so a removed
+// node's certificate is refused. The one exception is the join endpoint of
+// the API, which a joining node reaches before it has a certificate: it
+// proves the token's secret instead, and pinned the CA itself.
+const (
+	alpnRaft = "mesh-raft"
+	alpnAPI  = "http/1.1" // net/http serves only ALPN protocols it knows
+)
+
+// mux accepts TLS connections and hands each to Raft or the API.
+type mux struct {
+	ln      net.Listener
+	tls     *nodeTLS
+	member  func(name string) bool
+	raftCh  chan net.Conn
+	api     *chanListener
+	log     *slog.Logger
+	once    sync.Once
+	closing chan struct{}
+}
+
+func newMux(ln net.Listener, t *nodeTLS, member func(string) bool, log *slog.Logger) *mux {
+	m := &mux{tls: t, member: member, raftCh: make(chan net.Conn, 16), log: log, closing: make(chan struct{})}
+	m.api = &chanListener{ch: make(chan net.Conn, 16), addr: ln.Addr(), closing: m.closing}
+	m.ln = tls.NewListener(ln, m.serverConfig())
+	go m.serve()
+	return m
+}
+
+func (m *mux) serverConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{m.tls.cert},
+		ClientAuth:   tls.RequestClientCert,
+		NextProtos:   []string{alpnRaft, alpnAPI},
+	}
+}
+
+func (m *mux) serve() {
+	for {
+		c, err := m.ln.Accept()
+		if err != nil {
+			select {
+			case <-m.closing:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		go m.route(c.(*tls.Conn))
+	}
+}
+
+func (m *mux) route(c *tls.Conn) {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := c.Handshake(); err != nil {
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	st := c.ConnectionState()
+	switch st.NegotiatedProtocol {
+	case alpnRaft:
+		name, err := m.tls.verifyPeer(st.PeerCertificates)
+		if err != nil || !m.member(name) {
+			m.log.Warn("refused a raft connection", "from", c.RemoteAddr(), "peer", name, "err", err)
+			c.Close()
+			return
+		}
+		select {
+		case m.raftCh <- c:
+		case <-m.closing:
+			c.Close()
+		}
+	default:
+		select {
+		case m.api.ch <- c:
+		case <-m.closing:
+			c.Close()
+		}
+	}
+}
+
+func (m *mux) Close() error {
+	m.once.Do(func() { close(m.closing) })
+	return m.ln.Close()
+}
+
+// clientConfig dials a peer of the mesh with this node's certificate.
+func (t *nodeTLS) clientConfig(proto string) *tls.Config {
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		Certificates:       []tls.Certificate{t.cert},
+		NextProtos:         []string{proto},
+		InsecureSkipVerify: true, // the chain is checked against the mesh CA below, not a host name
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			certs, err := parseCerts(raw)
+			if err != nil {
+				return err
+			}
+			_, err = t.verifyPeer(certs)
+			return err
+		},
+	}
+}
+
+func parseCerts(raw [][]byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for _, r := range raw {
+		c, err := x509.ParseCertificate(r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// streamLayer is Raft's view of the mux.
+type streamLayer struct {
+	m         *mux
+	advertise net.Addr
+}
+
+var _ raft.StreamLayer = (*streamLayer)(nil)
+
+func (s *streamLayer) Accept() (net.Conn, error) {
+	select {
+	case c := <-s.m.raftCh:
+		return c, nil
+	case <-s.m.closing:
+		return nil, net.ErrClosed
+	}
+}
+
+func (s *streamLayer) Close() error { return s.m.Close() }
+func (s *streamLayer) Addr() net.Addr {
+	if s.advertise != nil {
+		return s.advertise
+	}
+	return s.m.ln.Addr()
+}
+
+func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	d := &net.Dialer{Timeout: timeout}
+	c, err := tls.DialWithDialer(d, "tcp", string(address), s.m.tls.clientConfig(alpnRaft))
+	if err != nil {
+		return nil, fmt.Errorf("dial raft peer %s: %w", address, err)
+	}
+	return c, nil
+}
+
+// chanListener is a net.Listener fed by the mux, for the API's http.Server.
+type chanListener struct {
+	ch      chan net.Conn
+	addr    net.Addr
+	closing chan struct{}
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.closing:
+		return nil, net.ErrClosed
+	}
+}
+func (l *chanListener) Close() error   { return nil }
+func (l *chanListener) Addr() net.Addr { return l.addr }

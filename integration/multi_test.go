@@ -1,0 +1,242 @@
+package integration
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The multi-node bed: three nodes, each in a network namespace of the bed's
+// own on one bridge (addresses that exist only there), each with its own
+// Podman service and storage, and its own resolver on 169.254.53.53 inside its
+// namespace.
+const (
+	multiDir    = "/var/tmp/mesh-mbed"
+	multiBridge = "mbnbr0"
+	multiNet    = "10.231.5."
+)
+
+func multiCleanup() {
+	exec.Command("pkill", "-f", multiDir).Run()
+	for i := 1; i <= 4; i++ {
+		dir := fmt.Sprintf("%s/n%d", multiDir, i)
+		if _, err := os.Stat(dir + "/root"); err == nil {
+			c := exec.Command("podman", "--root", dir+"/root", "--runroot", dir+"/runroot", "rm", "-af", "-t", "0")
+			c.Env = append(os.Environ(), "CONTAINERS_CONF="+dir+"/containers.conf")
+			c.Run()
+			exec.Command("umount", "-l", dir+"/root/overlay").Run()
+		}
+		exec.Command("ip", "netns", "del", fmt.Sprintf("mbn%d", i)).Run()
+		exec.Command("ip", "link", "del", fmt.Sprintf("mbn%d-h", i)).Run()
+	}
+	exec.Command("ip", "link", "del", multiBridge).Run()
+	os.RemoveAll(multiDir)
+}
+
+// newNetnsNode makes node i: its namespace, link, Podman, data dir.
+func newNetnsNode(t *testing.T, i int) *agent {
+	ns := fmt.Sprintf("mbn%d", i)
+	sh(t, "ip", "netns", "add", ns)
+	sh(t, "ip", "link", "add", ns+"-h", "type", "veth", "peer", "name", ns+"-n")
+	sh(t, "ip", "link", "set", ns+"-h", "master", multiBridge, "up")
+	sh(t, "ip", "link", "set", ns+"-n", "netns", ns)
+	sh(t, "ip", "netns", "exec", ns, "sh", "-c", fmt.Sprintf("ip link set lo up && ip link set %s-n name eth0 && ip addr add %s%d/24 dev eth0 && ip link set eth0 up", ns, multiNet, i))
+	h := &host{t: t, dir: fmt.Sprintf("%s/n%d", multiDir, i), dnsAddr: "169.254.53.53", netns: ns}
+	os.MkdirAll(h.dir+"/srv", 0o755)
+	h.conf = h.dir + "/containers.conf"
+	os.WriteFile(h.conf, []byte(containersC), 0o644)
+	h.sock = h.dir + "/podman.sock"
+	h.importImage()
+	h.startService()
+	return &agent{name: fmt.Sprintf("n%d", i), h: h, n: &node{t: t, dir: h.dir + "/data"}}
+}
+
+func (a *agent) addr() string { return multiNet + strings.TrimPrefix(a.h.netns, "mbn") }
+
+// resolve asks the node's own resolver, inside its namespace.
+func (a *agent) resolve(name string) string {
+	out, _ := exec.Command("ip", "netns", "exec", a.h.netns, dnsqBin, "-server", "169.254.53.53:53", name).CombinedOutput()
+	return string(out)
+}
+
+func TestMultiNode(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("the multi-node bed runs as root (network namespaces); run contrib/test.sh as root")
+	}
+	multiCleanup()
+	t.Cleanup(multiCleanup)
+	os.MkdirAll(multiDir, 0o755)
+	sh(t, "ip", "link", "add", multiBridge, "type", "bridge")
+	sh(t, "ip", "link", "set", multiBridge, "up")
+	n := []*agent{nil, newNetnsNode(t, 1), newNetnsNode(t, 2), newNetnsNode(t, 3)}
+
+	n[1].run("init", "--name", "n1", "--address", n[1].addr(), "--data-dir", n[1].n.dir)
+	n[1].start()
+	token := strings.TrimSpace(n[1].mesh("token"))
+	n[2].run("join", n[1].addr(), "--token", token, "--name", "n2", "--address", n[2].addr(), "--data-dir", n[2].n.dir)
+	n[2].start()
+	// n3 joins through n2, which hands the request to the leader.
+	n[3].run("join", n[2].addr(), "--token", token, "--name", "n3", "--address", n[3].addr(), "--data-dir", n[3].n.dir)
+	n[3].start()
+	eventually(t, 30*time.Second, "n3 sees three nodes and a leader", func() (bool, string) {
+		var st struct {
+			Leader string
+			Nodes  []struct{ Name string }
+		}
+		json.Unmarshal([]byte(n[3].mesh("status", "--json")), &st)
+		return len(st.Nodes) == 3 && st.Leader != "", fmt.Sprintf("%+v", st)
+	})
+
+	// A wrong token, and a data dir of another mesh, are refused.
+	bad := withSecret(t, token, "not-the-secret")
+	if out := n[3].runFails("join", n[1].addr(), "--token", bad, "--name", "n4", "--address", multiNet+"4", "--data-dir", multiDir+"/n4"); !strings.Contains(out, "secret is not valid") {
+		t.Fatalf("wrong token: %s", out)
+	}
+	other := multiDir + "/other"
+	n[3].run("init", "--name", "o1", "--address", "127.0.0.1", "--port", freePort(t), "--data-dir", other)
+	if out := n[3].runFails("join", n[1].addr(), "--token", token, "--name", "n4", "--address", multiNet+"4", "--data-dir", other); !strings.Contains(out, "belongs to mesh") {
+		t.Fatalf("data dir of another mesh: %s", out)
+	}
+
+	// On n3, assign a module to n2: it runs there and every resolver answers
+	// its name with n2's address.
+	web := n[3].manifest("bedweb", bedWeb, nil)
+	n[3].mesh("module", "add", web)
+	n[3].mesh("assign", "n2", "bedweb", "--wait")
+	box := n[2].h.containerID("bedweb.box")
+	if box == "" {
+		t.Fatal("bedweb.box is not on n2")
+	}
+	for i := 1; i <= 3; i++ {
+		i := i
+		eventually(t, 10*time.Second, fmt.Sprintf("n%d's resolver answers bedweb.internal", i), func() (bool, string) {
+			out := n[i].resolve("bedweb.internal")
+			return strings.Contains(out, "\tA\t"+n[2].addr()), out
+		})
+	}
+
+	// ADR 0099 whole: the authority moves; on n2 the binding is rewritten, the
+	// gate runs again and the server is recreated after it, in one apply.
+	auth := n[1].manifest("bedauth", bedProvider, map[string]string{"name": "bedauth"})
+	proxy := n[1].manifest("bedproxy", bedProxy, nil)
+	n[1].mesh("module", "add", auth, proxy)
+	n[1].mesh("assign", "n1", "bedauth", "--wait")
+	n[1].mesh("assign", "n2", "bedproxy", "--wait")
+	server := n[2].h.containerID("bedproxy.server")
+	n[1].mesh("unassign", "n1", "bedauth")
+	n[1].mesh("assign", "n3", "bedauth", "--wait")
+	eventually(t, 30*time.Second, "n2 applies the move", func() (bool, string) {
+		o, r := n[2].outcome("bedproxy.server")
+		return o == "replaced", o + " " + r
+	})
+	if o, r := n[2].outcome("bedproxy.gate"); o != "ran" || !strings.Contains(r, "db.binding changed") {
+		t.Fatalf("gate: %s; %s", o, r)
+	}
+	if o, r := n[2].outcome("bedproxy.server"); !strings.HasPrefix(r, "step gate ran") {
+		t.Fatalf("server: %s; %s", o, r)
+	}
+	if b, _ := os.ReadFile(n[1].h.dir + "/srv/bedproxy/seen.binding"); !strings.Contains(string(b), "node=n3") {
+		t.Fatalf("the gate saw %q", b)
+	}
+	if n[2].h.containerID("bedproxy.server") == server || n[2].h.containerID("bedweb.box") != box {
+		t.Fatal("wrong containers replaced on n2")
+	}
+
+	// Issue 151 whole: with containers on n1, 25 modules assigned one by one
+	// to n2 and public domains set and cleared replace nothing on n1.
+	n[1].mesh("assign", "n1", "bedweb", "--wait")
+	n1box := n[1].h.containerID("bedweb.box")
+	var files []string
+	for i := 0; i < 25; i++ {
+		name := fmt.Sprintf("bedm%02d", i)
+		files = append(files, n[1].manifest(name, bedProvider, map[string]string{"name": name}))
+	}
+	n[1].mesh(append([]string{"module", "add"}, files...)...)
+	for i := 0; i < 25; i++ {
+		n[1].mesh("assign", "n2", fmt.Sprintf("bedm%02d", i))
+	}
+	n[1].mesh("node", "public-domain", "n2", "zurag.test")
+	n[1].mesh("node", "public-domain", "n1", "other.test")
+	n[1].mesh("node", "public-domain", "n2", "--clear")
+	n[1].mesh("node", "public-domain", "n1", "--clear")
+	n[1].mesh("assign", "n2", "bedm24", "--wait")
+	if n[1].h.containerID("bedweb.box") != n1box || n[2].h.containerID("bedweb.box") != box {
+		t.Fatal("names moving replaced a container")
+	}
+
+	// Cut n3 off: its resolver keeps answering, a write there fails fast and
+	// says why; healed, it catches up.
+	sh(t, "ip", "link", "set", "mbn3-h", "down")
+	if out := n[3].resolve("bedweb.internal"); !strings.Contains(out, n[2].addr()) {
+		t.Fatalf("cut-off resolver: %s", out)
+	}
+	start := time.Now()
+	out := n[3].meshFails("assign", "n3", "bedm00")
+	if took := time.Since(start); took > 5*time.Second || !strings.Contains(out, "no leader is reachable") {
+		t.Fatalf("write on a cut-off node took %s: %s", took, out)
+	}
+	t.Logf("a write on the cut-off node failed after %s", time.Since(start).Round(time.Millisecond))
+	n[1].mesh("assign", "n1", "bedm00")
+	sh(t, "ip", "link", "set", "mbn3-h", "up")
+	eventually(t, 30*time.Second, "n3 catches up", func() (bool, string) {
+		out := n[3].resolve("bedm00.internal")
+		return strings.Contains(out, n[1].addr()), out
+	})
+
+	// Restart all three agents: no container replaced, no step rerun.
+	ids := []string{n[1].h.containerID("bedweb.box"), n[2].h.containerID("bedweb.box"), n[2].h.containerID("bedproxy.server")}
+	gate, _ := os.ReadFile(n[1].h.dir + "/srv/bedproxy/gate.log")
+	for i := 1; i <= 3; i++ {
+		n[i].stop()
+	}
+	for i := 1; i <= 3; i++ {
+		n[i].start()
+	}
+	for i := 1; i <= 3; i++ {
+		if _, mutations, _ := n[i].nextApply(0); mutations != 0 {
+			t.Fatalf("n%d's first apply after a restart made %d mutations", i, mutations)
+		}
+	}
+	after := []string{n[1].h.containerID("bedweb.box"), n[2].h.containerID("bedweb.box"), n[2].h.containerID("bedproxy.server")}
+	if strings.Join(ids, ",") != strings.Join(after, ",") {
+		t.Fatalf("containers replaced by a restart: %v -> %v", ids, after)
+	}
+	if g, _ := os.ReadFile(n[1].h.dir + "/srv/bedproxy/gate.log"); string(g) != string(gate) {
+		t.Fatal("a restart reran the gate")
+	}
+}
+
+// withSecret returns token with another secret: well formed, not valid.
+func withSecret(t *testing.T, token, secret string) string {
+	b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(token, "mesh1."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]string
+	json.Unmarshal(b, &m)
+	m["s"] = secret
+	b, _ = json.Marshal(m)
+	return "mesh1." + base64.RawURLEncoding.EncodeToString(b)
+}
+
+const bedProxy = `module: bedproxy
+resources:
+  - directory: {{root}}/bedproxy
+  - binding: {{root}}/bedproxy/db.binding
+    provider: bedauth
+  - step: gate
+    image: localhost/mesh-bed-busybox:1
+    command: ["sh", "-c", "echo ran >> /p/gate.log; cp /p/db.binding /p/seen.binding"]
+    mounts: ["{{root}}/bedproxy:/p"]
+    restart-on: [{{root}}/bedproxy/db.binding]
+  - container: bedproxy.server
+    image: localhost/mesh-bed-busybox:1
+    command: ["sh", "-c", "while true; do sleep 1; done"]
+    mounts: ["{{root}}/bedproxy/db.binding:/db.binding:ro"]
+    restart-on: [gate, {{root}}/bedproxy/db.binding]
+`
