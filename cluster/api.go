@@ -223,19 +223,9 @@ func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
-	if err := a.node.CheckRemovable(name); err != nil {
-		fail(w, err)
-		return
-	}
-	idx, err := a.propose(r.Context(), &state.Command{Op: state.OpNodeRemove, Name: name, Force: force})
+	idx, err := a.node.RemoveNode(r.Context(), name, force)
 	if err != nil {
 		fail(w, err)
-		return
-	}
-	// Out of the state first (its certificate stops being accepted), then out
-	// of Raft.
-	if err := a.node.RemoveMember(r.Context(), name); err != nil {
-		fail(w, fmt.Errorf("node %s left the state but not raft: %w", name, err))
 		return
 	}
 	reply(w, WriteResult{Index: idx})

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -77,6 +78,9 @@ type Node struct {
 	peerAPI   *http.Server
 	logs      io.Closer
 	log       *slog.Logger
+
+	failMu  sync.Mutex
+	failing map[raft.ServerID]bool // followers whose heartbeats fail (leader's view)
 }
 
 // New opens (or creates) the Raft data in cfg.Dir and starts the node. It does
@@ -154,7 +158,8 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		closer.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
-	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, logs: closer, log: log}
+	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, logs: closer, log: log, failing: map[raft.ServerID]bool{}}
+	go n.watchHeartbeats()
 	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: nt.clientConfig(alpnAPI), DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, TLSHandshakeTimeout: 2 * time.Second,
 	}}
@@ -252,8 +257,9 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 		if n.Leader() != "" && time.Since(n.raft.LastContact()) < 4*n.heartbeat() {
 			fctx, cancel := context.WithTimeout(ctx, LeaderWait)
 			idx, err := n.forward(fctx, c)
+			timedOut := errors.Is(fctx.Err(), context.DeadlineExceeded)
 			cancel()
-			if fctx.Err() != nil && err != nil {
+			if timedOut && err != nil {
 				return 0, fmt.Errorf("%w: the leader %s did not answer within %s; the write may or may not have been applied (mesh status shows)", ErrNoLeader, n.Leader(), LeaderWait)
 			}
 			if err == nil || !errors.Is(err, errNotSent) {

@@ -157,7 +157,9 @@ func (n *Node) call(ctx context.Context, addr, path string, in, out any) error {
 	if err != nil {
 		return err
 	}
+	start := time.Now()
 	resp, err := n.peers.Do(req)
+	n.log.Debug("peer call", "addr", addr, "path", path, "took", time.Since(start), "err", err)
 	if err != nil {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" || strings.Contains(err.Error(), "TLS handshake") {
@@ -359,62 +361,114 @@ func (n *Node) isVoterOrNeedNot(ctx context.Context) bool {
 }
 
 type removeRequest struct {
-	Name string `json:"name"`
+	Name  string `json:"name"`
+	Force bool   `json:"force"`
 }
 
 func (n *Node) serveRemoveMember(w http.ResponseWriter, r *http.Request) {
 	var req removeRequest
 	json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req)
 	rep := applyReply{}
-	if err := n.RemoveMember(r.Context(), req.Name); err != nil {
+	idx, err := n.RemoveNode(r.Context(), req.Name, req.Force)
+	rep.Index = idx
+	if err != nil {
 		rep.Error, rep.Kind = err.Error(), kindOf(err)
 	}
 	writeJSON(w, http.StatusOK, rep)
 }
 
-// CheckRemovable refuses to remove a node when the voters left could not
-// form a majority of the current voters (quorum would be lost), or when it is
-// the node leading.
-func (n *Node) CheckRemovable(name string) error {
+// watchHeartbeats keeps, on the leader, the set of followers whose
+// heartbeats fail: what a removal must not leave quorum to.
+func (n *Node) watchHeartbeats() {
+	ch := make(chan raft.Observation, 64)
+	n.raft.RegisterObserver(raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation:
+			return true
+		}
+		return false
+	}))
+	for o := range ch {
+		n.failMu.Lock()
+		switch d := o.Data.(type) {
+		case raft.FailedHeartbeatObservation:
+			n.failing[d.PeerID] = true
+		case raft.ResumedHeartbeatObservation:
+			delete(n.failing, d.PeerID)
+		case raft.LeaderObservation:
+			n.failing = map[raft.ServerID]bool{}
+		}
+		n.failMu.Unlock()
+	}
+}
+
+// checkRemovable (leader) refuses a removal after which the voters still
+// reachable could not form a majority of the voters left.
+func (n *Node) checkRemovable(name string) error {
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return err
 	}
-	voters, isVoter := 0, false
+	n.failMu.Lock()
+	defer n.failMu.Unlock()
+	left, reachable, isVoter := 0, 0, false
 	for _, s := range f.Configuration().Servers {
-		if s.Suffrage == raft.Voter {
-			voters++
-			if s.ID == raft.ServerID(name) {
-				isVoter = true
-			}
+		if s.Suffrage != raft.Voter {
+			continue
+		}
+		if s.ID == raft.ServerID(name) {
+			isVoter = true
+			continue
+		}
+		left++
+		if !n.failing[s.ID] {
+			reachable++
 		}
 	}
-	if isVoter && voters-1 < voters/2+1 && voters > 1 {
-		return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("removing voter %s would leave %d of %d voters, less than a majority; add a node first", name, voters-1, voters)}
+	if !isVoter {
+		return nil
 	}
-	if isVoter && voters == 1 {
+	if left == 0 {
 		return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s is the only voter", name)}
+	}
+	if need := left/2 + 1; reachable < need {
+		return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("removing voter %s would leave %d voters of which %d are reachable, less than the %d a majority needs; bring the others back first, or remove an unreachable one", name, left, reachable, need)}
 	}
 	return nil
 }
 
-// RemoveMember takes a node out of the Raft configuration (via the leader).
-func (n *Node) RemoveMember(ctx context.Context, name string) error {
-	if n.raft.State() == raft.Leader {
-		return n.raft.RemoveServer(raft.ServerID(name), 0, ApplyTimeout).Error()
+// RemoveNode takes a node out of the mesh: out of the state (so its
+// certificate stops being accepted), then out of Raft. It runs on the leader,
+// which knows which voters are reachable; other nodes hand it over.
+func (n *Node) RemoveNode(ctx context.Context, name string, force bool) (uint64, error) {
+	if n.raft.State() != raft.Leader {
+		addr, err := n.leaderAddr()
+		if err != nil {
+			return 0, err
+		}
+		var rep applyReply
+		if err := n.call(ctx, addr, "/v1/members/remove", removeRequest{Name: name, Force: force}, &rep); err != nil {
+			return 0, err
+		}
+		if rep.Error != "" {
+			return rep.Index, errOfKind(rep.Kind, rep.Error)
+		}
+		return rep.Index, nil
 	}
-	addr, err := n.leaderAddr()
+	if name == n.cfg.ID {
+		return 0, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s leads the mesh; remove it from another node after it hands over (stop its agent)", name)}
+	}
+	if err := n.checkRemovable(name); err != nil {
+		return 0, err
+	}
+	idx, err := n.Apply(ctx, &state.Command{Op: state.OpNodeRemove, Time: time.Now().UTC(), Name: name, Force: force})
 	if err != nil {
-		return err
+		return idx, err
 	}
-	var rep applyReply
-	if err := n.call(ctx, addr, "/v1/members/remove", removeRequest{Name: name}, &rep); err != nil {
-		return err
+	if err := n.raft.RemoveServer(raft.ServerID(name), 0, ApplyTimeout).Error(); err != nil {
+		return idx, fmt.Errorf("node %s left the state but not raft: %w", name, err)
 	}
-	if rep.Error != "" {
-		return errOfKind(rep.Kind, rep.Error)
-	}
-	return nil
+	return idx, nil
 }
 
 // joinClient asks a node of the mesh to admit this one, pinning the CA digest

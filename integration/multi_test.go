@@ -103,6 +103,43 @@ func TestMultiNode(t *testing.T) {
 		t.Fatalf("data dir of another mesh: %s", out)
 	}
 
+	// A fourth node joins as a non-voting replica (three voters by default);
+	// after mesh token --rotate the old token admits no one.
+	n4 := newNetnsNode(t, 4)
+	n4.run("join", n[1].addr(), "--token", token, "--name", "n4", "--address", n4.addr(), "--data-dir", n4.n.dir)
+	n4.start()
+	eventually(t, 30*time.Second, "n4 replicates the state", func() (bool, string) {
+		out := n4.resolve("n1.internal")
+		return strings.Contains(out, n[1].addr()), out
+	})
+	var nodes []struct {
+		Name  string
+		Voter bool
+	}
+	json.Unmarshal([]byte(n4.mesh("node", "list", "--json")), &nodes)
+	if len(nodes) != 4 || nodes[3].Name != "n4" || nodes[3].Voter || !nodes[2].Voter {
+		t.Fatalf("voters: %+v", nodes)
+	}
+	rotated := strings.TrimSpace(n[2].mesh("token", "--rotate"))
+	if rotated == token {
+		t.Fatal("rotation kept the token")
+	}
+	if out := n4.runFails("join", n[1].addr(), "--token", token, "--name", "n5", "--address", multiNet+"5", "--data-dir", multiDir+"/n5"); !strings.Contains(out, "secret is not valid") {
+		t.Fatalf("old token after rotation: %s", out)
+	}
+	// Removal: refused while it runs modules (unless --force), and for a voter
+	// whose loss would break quorum; removed, its certificate is refused.
+	n[1].mesh("module", "add", n[1].manifest("bedm99", bedProvider, map[string]string{"name": "bedm99"}))
+	n[1].mesh("assign", "n4", "bedm99")
+	if out := n[1].meshFails("node", "remove", "n4"); !strings.Contains(out, "still runs bedm99") {
+		t.Fatalf("remove with assignments: %s", out)
+	}
+	n[1].mesh("node", "remove", "n4", "--force")
+	if out := n4.meshFails("assign", "n1", "bedm99"); !strings.Contains(out, "certificate of a current node") {
+		t.Fatalf("a removed node's write: %s\n--- n4:\n%s\n--- n1:\n%s", out, tail(n4.log(), 15), tail(n[1].log(), 15))
+	}
+	n4.stop()
+
 	// On n3, assign a module to n2: it runs there and every resolver answers
 	// its name with n2's address.
 	web := n[3].manifest("bedweb", bedWeb, nil)
@@ -182,6 +219,20 @@ func TestMultiNode(t *testing.T) {
 	}
 	t.Logf("a write on the cut-off node failed after %s", time.Since(start).Round(time.Millisecond))
 	n[1].mesh("assign", "n1", "bedm00")
+	// With n3 unreachable, removing the other healthy voter would leave no
+	// majority: refused. (Without --force, and it runs modules, so a check
+	// that wrongly passed would still be refused, for its modules.)
+	var st struct{ Leader string }
+	json.Unmarshal([]byte(n[1].mesh("status", "--json")), &st)
+	healthy := "n1"
+	if st.Leader == "n1" {
+		healthy = "n2"
+	}
+	n[1].mesh("assign", healthy, "bedm01")
+	eventually(t, 20*time.Second, "removing the last healthy voter but the leader is refused for quorum", func() (bool, string) {
+		out := n[1].meshFails("node", "remove", healthy)
+		return strings.Contains(out, "a majority needs"), out
+	})
 	sh(t, "ip", "link", "set", "mbn3-h", "up")
 	eventually(t, 30*time.Second, "n3 catches up", func() (bool, string) {
 		out := n[3].resolve("bedm00.internal")
@@ -240,3 +291,11 @@ resources:
     mounts: ["{{root}}/bedproxy/db.binding:/db.binding:ro"]
     restart-on: [gate, {{root}}/bedproxy/db.binding]
 `
+
+func tail(s string, n int) string {
+	l := strings.Split(s, "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
