@@ -239,6 +239,69 @@ func TestMultiNode(t *testing.T) {
 		return strings.Contains(out, n[1].addr()), out
 	})
 
+	// kill -9 the leader while a client on another node issues 200 assigns:
+	// a new leader is elected, and once the old one is back every assign that
+	// was acknowledged is on every node.
+	var files2 []string
+	for i := 0; i < 70; i++ {
+		name := fmt.Sprintf("bedk%02d", i)
+		files2 = append(files2, n[1].manifest(name, "module: {{name}}\n", map[string]string{"name": name}))
+	}
+	n[1].mesh(append([]string{"module", "add"}, files2...)...)
+	json.Unmarshal([]byte(n[1].mesh("status", "--json")), &st)
+	leader := n[1]
+	for i := 1; i <= 3; i++ {
+		if n[i].name == st.Leader {
+			leader = n[i]
+		}
+	}
+	client := n[1]
+	if client == leader {
+		client = n[2]
+	}
+	var acked []string
+	failed := 0
+	for i := 0; i < 200; i++ {
+		if i == 60 {
+			leader.cmd.Process.Kill() // SIGKILL: no goodbye
+			leader.cmd.Wait()
+			leader.cmd = nil
+		}
+		node, module := fmt.Sprintf("n%d", i%3+1), fmt.Sprintf("bedk%02d", i/3)
+		if _, err := client.command("assign", node, module, "--data-dir", client.n.dir).CombinedOutput(); err == nil {
+			acked = append(acked, node+"/"+module)
+		} else {
+			failed++
+		}
+	}
+	t.Logf("kill -9 of %s at assign 60: %d of 200 acknowledged, %d refused while electing", leader.name, len(acked), failed)
+	if len(acked) < 150 {
+		t.Fatalf("only %d assigns acknowledged: the mesh did not recover from losing its leader", len(acked))
+	}
+	leader.start()
+	for i := 1; i <= 3; i++ {
+		i := i
+		eventually(t, 30*time.Second, fmt.Sprintf("n%d holds every acknowledged assign", i), func() (bool, string) {
+			var mods []struct {
+				Name  string
+				Nodes []string
+			}
+			json.Unmarshal([]byte(n[i].mesh("module", "list", "--json")), &mods)
+			have := map[string]bool{}
+			for _, m := range mods {
+				for _, nd := range m.Nodes {
+					have[nd+"/"+m.Name] = true
+				}
+			}
+			for _, a := range acked {
+				if !have[a] {
+					return false, "missing " + a
+				}
+			}
+			return true, ""
+		})
+	}
+
 	// Restart all three agents: no container replaced, no step rerun.
 	ids := []string{n[1].h.containerID("bedweb.box"), n[2].h.containerID("bedweb.box"), n[2].h.containerID("bedproxy.server")}
 	gate, _ := os.ReadFile(n[1].h.dir + "/srv/bedproxy/gate.log")
