@@ -40,7 +40,7 @@ events_logger = "file"
 )
 
 // eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
+func eventually(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	last := ""
@@ -57,7 +57,7 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() (bo
 	}
 }
 
-func sh(t *testing.T, name string, args ...string) string {
+func sh(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
@@ -69,7 +69,7 @@ func sh(t *testing.T, name string, args ...string) string {
 // host is where a bed's node runs: as root with its own Podman storage, or as
 // the rootless bed user.
 type host struct {
-	t        *testing.T
+	t        testing.TB
 	rootless bool
 	usr      *user.User
 	dir      string // the bed's own directory; manifests' paths live under it
@@ -83,7 +83,7 @@ type host struct {
 	netns string
 }
 
-func newHost(t *testing.T, rootless bool) *host {
+func newHost(t testing.TB, rootless bool) *host {
 	if os.Geteuid() != 0 {
 		t.Fatal("the host beds run as root (they create users' runtime dirs, bridges and Podman services); run contrib/test.sh as root")
 	}
@@ -290,7 +290,7 @@ type agent struct {
 	lines []string
 }
 
-func (h *host) newAgent(t *testing.T) *agent {
+func (h *host) newAgent(t testing.TB) *agent {
 	n := &node{t: t, dir: filepath.Join(h.dir, "data")}
 	a := &agent{name: "ace", h: h, n: n}
 	args := []string{"init", "--name", "ace", "--address", "127.0.0.1", "--port", freePort(t), "--data-dir", n.dir}

@@ -24,7 +24,7 @@ resources:
 `
 
 // hostQuery asks the resolver from the host.
-func hostQuery(t *testing.T, server, name string) (string, []string) {
+func hostQuery(t testing.TB, server, name string) (string, []string) {
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
 	r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, net.JoinHostPort(server, "53"))
@@ -48,7 +48,7 @@ func (h *host) inContainer(ctr, proto, name string) string {
 func TestResolverRootful(t *testing.T)  { testResolver(t, false) }
 func TestResolverRootless(t *testing.T) { testResolver(t, true) }
 
-func testResolver(t *testing.T, rootless bool) {
+func testResolver(t testing.TB, rootless bool) {
 	h := newHost(t, rootless)
 	a := h.newAgent(t)
 	a.mesh("module", "add", a.manifest("bedweb", bedWeb, nil), a.manifest("bedname", bedName, nil))

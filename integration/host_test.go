@@ -92,7 +92,7 @@ func (a *agent) outcome(name string) (outcome, reason string) {
 func TestHostRootful(t *testing.T)  { testHost(t, false) }
 func TestHostRootless(t *testing.T) { testHost(t, true) }
 
-func testHost(t *testing.T, rootless bool) {
+func testHost(t testing.TB, rootless bool) {
 	h := newHost(t, rootless)
 	srv := filepath.Join(h.dir, "srv")
 	a := h.newAgent(t)
@@ -257,7 +257,7 @@ func testHost(t *testing.T, rootless bool) {
 	})
 }
 
-func statOf(t *testing.T, p string) string {
+func statOf(t testing.TB, p string) string {
 	var st syscall.Stat_t
 	if err := syscall.Lstat(p, &st); err != nil {
 		t.Fatal(err)

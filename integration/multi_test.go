@@ -39,7 +39,7 @@ func multiCleanup() {
 }
 
 // newNetnsNode makes node i: its namespace, link, Podman, data dir.
-func newNetnsNode(t *testing.T, i int) *agent {
+func newNetnsNode(t testing.TB, i int) *agent {
 	ns := fmt.Sprintf("mbn%d", i)
 	sh(t, "ip", "netns", "add", ns)
 	sh(t, "ip", "link", "add", ns+"-h", "type", "veth", "peer", "name", ns+"-n")
@@ -64,7 +64,9 @@ func (a *agent) resolve(name string) string {
 	return string(out)
 }
 
-func TestMultiNode(t *testing.T) {
+// startThree makes the bed's three nodes: n1 inits, n2 joins through n1, n3
+// through n2 (which hands the request to the leader). n[0] is unused.
+func startThree(t testing.TB) ([]*agent, string) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the multi-node bed runs as root (network namespaces); run contrib/test.sh as root")
 	}
@@ -74,13 +76,11 @@ func TestMultiNode(t *testing.T) {
 	sh(t, "ip", "link", "add", multiBridge, "type", "bridge")
 	sh(t, "ip", "link", "set", multiBridge, "up")
 	n := []*agent{nil, newNetnsNode(t, 1), newNetnsNode(t, 2), newNetnsNode(t, 3)}
-
 	n[1].run("init", "--name", "n1", "--address", n[1].addr(), "--data-dir", n[1].n.dir)
 	n[1].start()
 	token := strings.TrimSpace(n[1].mesh("token"))
 	n[2].run("join", n[1].addr(), "--token", token, "--name", "n2", "--address", n[2].addr(), "--data-dir", n[2].n.dir)
 	n[2].start()
-	// n3 joins through n2, which hands the request to the leader.
 	n[3].run("join", n[2].addr(), "--token", token, "--name", "n3", "--address", n[3].addr(), "--data-dir", n[3].n.dir)
 	n[3].start()
 	eventually(t, 30*time.Second, "n3 sees three nodes and a leader", func() (bool, string) {
@@ -91,6 +91,11 @@ func TestMultiNode(t *testing.T) {
 		json.Unmarshal([]byte(n[3].mesh("status", "--json")), &st)
 		return len(st.Nodes) == 3 && st.Leader != "", fmt.Sprintf("%+v", st)
 	})
+	return n, token
+}
+
+func TestMultiNode(t *testing.T) {
+	n, token := startThree(t)
 
 	// A wrong token, and a data dir of another mesh, are refused.
 	bad := withSecret(t, token, "not-the-secret")
@@ -326,7 +331,7 @@ func TestMultiNode(t *testing.T) {
 }
 
 // withSecret returns token with another secret: well formed, not valid.
-func withSecret(t *testing.T, token, secret string) string {
+func withSecret(t testing.TB, token, secret string) string {
 	b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(token, "mesh1."))
 	if err != nil {
 		t.Fatal(err)

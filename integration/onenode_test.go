@@ -50,11 +50,11 @@ func TestMain(m *testing.M) {
 // node is one mesh data dir, driven through the CLI; an agent (bed_test.go)
 // runs it.
 type node struct {
-	t   *testing.T
+	t   testing.TB
 	dir string
 }
 
-func newNode(t *testing.T) *node {
+func newNode(t testing.TB) *node {
 	return &node{t: t, dir: filepath.Join(t.TempDir(), "data")}
 }
 
@@ -86,7 +86,7 @@ func (n *node) must(args ...string) string {
 	return out
 }
 
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +95,7 @@ func freePort(t *testing.T) string {
 	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
 }
 
-func writeFile(t *testing.T, name, content string) string {
+func writeFile(t testing.TB, name, content string) string {
 	p := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
 		t.Fatal(err)

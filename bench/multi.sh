@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Multi-node benchmarks (issue: many nodes), three nodes in network
+# namespaces as in the integration bed: the commit latency of one assign with
+# three voters, and from the assign's answer to the name being answered by all
+# three resolvers; p50 and p99 over 100 assigns.
+# Usage: sudo bash bench/multi.sh [ASSIGNS, default 100]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. contrib/lib.sh
+need_root
+ensure_go
+apt_install podman runc iproute2 busybox-static
+go test -run '^$' -bench '^BenchmarkMultiNode$' -benchtime "${1:-100}x" -timeout 20m ./integration | grep -E 'Benchmark|ok|FAIL'

@@ -1,0 +1,122 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
+)
+
+// nsConn opens a UDP socket to the resolver of a node, inside its network
+// namespace. The socket stays in that namespace; the thread that entered it
+// exits with its goroutine, so no other goroutine runs there.
+func nsConn(tb testing.TB, ns string) *dns.Conn {
+	var c net.Conn
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		f, ferr := os.Open("/run/netns/" + ns)
+		if ferr != nil {
+			err = ferr
+			return
+		}
+		defer f.Close()
+		if err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			return
+		}
+		c, err = net.Dial("udp", "169.254.53.53:53")
+	}()
+	<-done
+	if err != nil {
+		tb.Fatalf("resolver socket in %s: %v", ns, err)
+	}
+	return &dns.Conn{Conn: c}
+}
+
+func answers(co *dns.Conn, name, addr string) bool {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	co.SetDeadline(time.Now().Add(time.Second))
+	if err := co.WriteMsg(m); err != nil {
+		return false
+	}
+	r, err := co.ReadMsg()
+	if err != nil || r.Rcode != dns.RcodeSuccess {
+		return false
+	}
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok && a.A.String() == addr {
+			return true
+		}
+	}
+	return false
+}
+
+func percentile(d []time.Duration, p float64) float64 {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(float64(len(s)-1) * p)
+	return float64(s[i].Microseconds()) / 1000
+}
+
+// BenchmarkMultiNode assigns modules, one per iteration, through the leader's
+// local API and measures (1) the commit: from the request to its answer, with
+// three voters; (2) from the answer to the module's name being answered by all
+// three nodes' resolvers. Run it with -benchtime 100x (bench/multi.sh).
+func BenchmarkMultiNode(b *testing.B) {
+	n, _ := startThree(b)
+	var files []string
+	for i := 0; i < b.N; i++ {
+		name := fmt.Sprintf("bedb%04d", i)
+		files = append(files, n[1].manifest(name, "module: {{name}}\n", map[string]string{"name": name}))
+	}
+	n[1].mesh(append([]string{"module", "add"}, files...)...)
+	var conns []*dns.Conn
+	for i := 1; i <= 3; i++ {
+		conns = append(conns, nsConn(b, n[i].h.netns))
+	}
+	// The local API of the leader (n1 bootstrapped the mesh and leads it).
+	sock := filepath.Join(n[1].n.dir, "mesh.sock")
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	var commit, answered []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		module := fmt.Sprintf("bedb%04d", i)
+		t0 := time.Now()
+		resp, err := client.Post("http://mesh/v1/assign", "application/json", bytes.NewReader([]byte(`{"node":"n2","module":"`+module+`"}`)))
+		if err != nil || resp.StatusCode != 200 {
+			b.Fatalf("assign %s: %v %v", module, err, resp)
+		}
+		resp.Body.Close()
+		t1 := time.Now()
+		commit = append(commit, t1.Sub(t0))
+		for _, co := range conns {
+			for !answers(co, module+".internal", n[2].addr()) {
+				if time.Since(t1) > 10*time.Second {
+					b.Fatalf("%s not answered within 10 s", module)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		answered = append(answered, time.Since(t1))
+	}
+	b.StopTimer()
+	b.ReportMetric(percentile(commit, 0.5), "commit-p50-ms")
+	b.ReportMetric(percentile(commit, 0.99), "commit-p99-ms")
+	b.ReportMetric(percentile(answered, 0.5), "answered-p50-ms")
+	b.ReportMetric(percentile(answered, 0.99), "answered-p99-ms")
+}
