@@ -47,30 +47,37 @@ type Settings struct {
 	CreatedAt string `json:"created_at"`
 }
 
-// Settings reads the mesh id and domain; ErrNotFound before init.
-func (s *Store) Settings(ctx context.Context) (Settings, error) {
-	var st Settings
+// settings reads the settings table; ErrNotFound before init.
+func (s *Store) settings(ctx context.Context) (map[string]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT key, value FROM settings`)
 	if err != nil {
-		return st, err
+		return nil, err
 	}
 	defer rows.Close()
+	kv := map[string]string{}
 	for rows.Next() {
 		var k, v string
-		rows.Scan(&k, &v)
-		switch k {
-		case "mesh_id":
-			st.MeshID = v
-		case "domain":
-			st.Domain = v
-		case "created_at":
-			st.CreatedAt = v
+		if err := rows.Scan(&k, &v); err != nil {
+			return nil, err
 		}
+		kv[k] = v
 	}
-	if st.MeshID == "" {
-		return st, ruleErr(ErrNotFound, "the mesh is not initialised")
+	if err := rows.Err(); err != nil {
+		return nil, err
 	}
-	return st, rows.Err()
+	if kv["mesh_id"] == "" {
+		return nil, ruleErr(ErrNotFound, "the mesh is not initialised")
+	}
+	return kv, nil
+}
+
+// Settings reads the mesh id and domain; ErrNotFound before init.
+func (s *Store) Settings(ctx context.Context) (Settings, error) {
+	kv, err := s.settings(ctx)
+	if err != nil {
+		return Settings{}, err
+	}
+	return Settings{MeshID: kv["mesh_id"], Domain: kv["domain"], CreatedAt: kv["created_at"]}, nil
 }
 
 func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
@@ -260,32 +267,13 @@ type Identity struct {
 
 // Identity reads the mesh's identity from the replica.
 func (s *Store) Identity(ctx context.Context) (Identity, error) {
-	var id Identity
-	rows, err := s.db.QueryContext(ctx, `SELECT key, value FROM settings WHERE key IN ('mesh_id', 'ca_cert', 'ca_key', 'join_secret', 'voters')`)
+	kv, err := s.settings(ctx)
 	if err != nil {
-		return id, err
+		return Identity{}, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var k, v string
-		rows.Scan(&k, &v)
-		switch k {
-		case "mesh_id":
-			id.MeshID = v
-		case "ca_cert":
-			id.CACert = v
-		case "ca_key":
-			id.CAKey = v
-		case "join_secret":
-			id.JoinSecret = v
-		case "voters":
-			fmt.Sscan(v, &id.Voters)
-		}
-	}
-	if id.MeshID == "" {
-		return id, ruleErr(ErrNotFound, "the mesh is not initialised")
-	}
-	return id, rows.Err()
+	id := Identity{MeshID: kv["mesh_id"], CACert: kv["ca_cert"], CAKey: kv["ca_key"], JoinSecret: kv["join_secret"]}
+	fmt.Sscan(kv["voters"], &id.Voters)
+	return id, nil
 }
 
 // Secret returns one credential's secret, for the reconciler to deliver. It
