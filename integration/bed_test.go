@@ -81,6 +81,10 @@ type host struct {
 	// netns, when set, is the network namespace the node's agent and Podman
 	// service run in (the multi-node beds).
 	netns string
+	// madeSysctl: mesh setup wrote its sysctl file for this bed; tunMode is
+	// /dev/net/tun's mode before it.
+	madeSysctl bool
+	tunMode    os.FileMode
 }
 
 func newHost(t testing.TB, rootless bool) *host {
@@ -121,16 +125,25 @@ func newHost(t testing.TB, rootless bool) *host {
 		}
 		os.Chown(h.conf, uid, gid)
 		h.sock = filepath.Join(h.runtime, "mesh-bed-podman.sock")
-		// What `mesh setup` does for a rootless host, on the bed's own address.
-		sh(t, "chmod", "666", "/dev/net/tun")
-		sh(t, "sysctl", "-qw", "net.ipv4.ip_unprivileged_port_start=53")
+		// A rootless host is prepared once, as root, by mesh setup (on the
+		// bed's own address): the address on its bridge, port 53 for users,
+		// /dev/net/tun.
+		_, err := os.Stat(setupSysctl)
+		h.madeSysctl = os.IsNotExist(err)
+		if fi, err := os.Stat("/dev/net/tun"); err == nil {
+			h.tunMode = fi.Mode().Perm()
+		}
+		out := sh(t, meshBin, "setup", "--dns-address", h.dnsAddr)
+		if !strings.Contains(out, "users may bind port 53") || !dnsAddrUp(h.dnsAddr) {
+			t.Fatalf("mesh setup:\n%s", out)
+		}
 	} else {
 		h.sock = filepath.Join(h.dir, "podman.sock")
+		// The resolver address on the bed's own port-less bridge.
+		sh(t, "ip", "link", "add", bedLink, "type", "bridge")
+		sh(t, "ip", "addr", "add", h.dnsAddr+"/32", "dev", bedLink)
+		sh(t, "ip", "link", "set", bedLink, "up")
 	}
-	// The resolver address on the bed's own port-less bridge.
-	sh(t, "ip", "link", "add", bedLink, "type", "bridge")
-	sh(t, "ip", "addr", "add", h.dnsAddr+"/32", "dev", bedLink)
-	sh(t, "ip", "link", "set", bedLink, "up")
 	h.importImage()
 	h.startService()
 	return h
@@ -156,7 +169,24 @@ func (h *host) cleanup() {
 	os.RemoveAll(h.dir)
 	if h.rootless {
 		exec.Command("sysctl", "-qw", "net.ipv4.ip_unprivileged_port_start=1024").Run()
+		// Only what mesh setup added for the bed: its address, not the link a
+		// real agent of this host may use, and the sysctl file if it made it.
+		exec.Command("ip", "addr", "del", h.dnsAddr+"/32", "dev", "meshdns0").Run()
+		if h.madeSysctl {
+			os.Remove(setupSysctl)
+		}
+		if h.tunMode != 0 {
+			os.Chmod("/dev/net/tun", h.tunMode)
+		}
 	}
+}
+
+// setupSysctl is the file mesh setup writes.
+const setupSysctl = "/etc/sysctl.d/50-mesh.conf"
+
+func dnsAddrUp(addr string) bool {
+	out, _ := exec.Command("ip", "-o", "addr", "show", "dev", "meshdns0").Output()
+	return strings.Contains(string(out), " "+addr+"/32")
 }
 
 // asUser wraps a command to run as the bed user with its runtime dir.
