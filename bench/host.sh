@@ -33,11 +33,7 @@ go build -o "$B/mesh" .
 ip link add "$LINK" type bridge && ip addr add "$DNS/32" dev "$LINK" && ip link set "$LINK" up
 
 # The test image, from busybox.
-R=$B/rootfs; mkdir -p "$R/bin" "$R/etc" "$R/tmp"
-cp "$(command -v busybox)" "$R/bin/busybox"
-for a in $("$R/bin/busybox" --list); do [ "$a" = busybox ] || ln -sf busybox "$R/bin/$a"; done
-echo 'root:x:0:0:root:/root:/bin/sh' > "$R/etc/passwd"; echo 'root:x:0:' > "$R/etc/group"
-tar -C "$R" -cf "$B/rootfs.tar" . && pm import --change 'CMD ["/bin/sh"]' "$B/rootfs.tar" localhost/mesh-bench:1 >/dev/null
+bash contrib/busybox-rootfs.sh "$B/rootfs.tar" && pm import --change 'CMD ["/bin/sh"]' "$B/rootfs.tar" localhost/mesh-bench:1 >/dev/null
 
 pm system service --time 0 "unix://$B/podman.sock" >"$B/podman.log" 2>&1 &
 for _ in $(seq 1 100); do [ -S "$B/podman.sock" ] && break; sleep 0.1; done

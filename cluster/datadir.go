@@ -55,11 +55,7 @@ func ReadIdentity(dir string) (Identity, error) {
 
 func writeIdentity(dir string, id Identity) error {
 	b, _ := json.MarshalIndent(id, "", "  ")
-	tmp := filepath.Join(dir, "."+IdentityFile+".tmp")
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, IdentityFile))
+	return writeFileAtomic(filepath.Join(dir, IdentityFile), append(b, '\n'), 0o600)
 }
 
 // InitConfig is what `mesh init` is given.

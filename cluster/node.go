@@ -7,6 +7,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -254,7 +255,7 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 	deadline := time.Now().Add(LeaderWait)
 	for n.raft.State() != raft.Leader {
 		// A leader not heard from for a few heartbeats is not one to wait on.
-		if n.Leader() != "" && time.Since(n.raft.LastContact()) < 4*n.heartbeat() {
+		if n.Leader() != "" && time.Since(n.raft.LastContact()) < 4*heartbeatTimeout {
 			fctx, cancel := context.WithTimeout(ctx, LeaderWait)
 			idx, err := n.forward(fctx, c)
 			timedOut := errors.Is(fctx.Err(), context.DeadlineExceeded)
@@ -288,8 +289,6 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 // heartbeatTimeout is Raft's; a follower hears from a healthy leader well
 // within it.
 const heartbeatTimeout = 500 * time.Millisecond
-
-func (n *Node) heartbeat() time.Duration { return heartbeatTimeout }
 
 // State says whether this node leads, follows or is a candidate.
 func (n *Node) State() string { return n.raft.State().String() }
@@ -363,13 +362,6 @@ func (b *bytesBuffer) Release() {}
 type slogWriter struct{ log *slog.Logger }
 
 func (w slogWriter) Write(p []byte) (int, error) {
-	w.log.Info(string(trimNL(p)))
+	w.log.Info(string(bytes.TrimRight(p, "\r\n")))
 	return len(p), nil
-}
-
-func trimNL(p []byte) []byte {
-	for len(p) > 0 && (p[len(p)-1] == '\n' || p[len(p)-1] == '\r') {
-		p = p[:len(p)-1]
-	}
-	return p
 }

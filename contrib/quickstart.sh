@@ -24,12 +24,9 @@ fi
 # the tour works without a registry.
 if ! podman image exists localhost/mesh-busybox:1; then
 	say "making the examples' image localhost/mesh-busybox:1"
-	r=$(mktemp -d); mkdir -p "$r/bin" "$r/etc" "$r/tmp" "$r/www"
-	cp /bin/busybox "$r/bin/busybox"
-	for a in $("$r/bin/busybox" --list); do [ "$a" = busybox ] || ln -sf busybox "$r/bin/$a"; done
-	echo 'root:x:0:0:root:/root:/bin/sh' > "$r/etc/passwd"; echo 'root:x:0:' > "$r/etc/group"
-	tar -C "$r" -cf "$r.tar" . && podman import --change 'CMD ["/bin/sh"]' "$r.tar" localhost/mesh-busybox:1 >/dev/null
-	rm -rf "$r" "$r.tar"
+	t=$(mktemp --suffix=.tar)
+	bash contrib/busybox-rootfs.sh "$t" && podman import --change 'CMD ["/bin/sh"]' "$t" localhost/mesh-busybox:1 >/dev/null
+	rm -f "$t"
 fi
 
 ensure_go

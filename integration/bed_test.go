@@ -220,22 +220,8 @@ func (h *host) podman(args ...string) string {
 
 func (h *host) importImage() {
 	h.t.Helper()
-	root := filepath.Join(h.t.TempDir(), "rootfs")
-	for _, d := range []string{"bin", "etc", "tmp", "www", "data"} {
-		os.MkdirAll(filepath.Join(root, d), 0o755)
-	}
-	bb, _ := exec.LookPath("busybox")
-	sh(h.t, "cp", bb, filepath.Join(root, "bin", "busybox"))
-	for _, a := range strings.Fields(sh(h.t, bb, "--list")) {
-		if a != "busybox" {
-			os.Symlink("busybox", filepath.Join(root, "bin", a))
-		}
-	}
-	os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
-	os.WriteFile(filepath.Join(root, "etc", "group"), []byte("root:x:0:\n"), 0o644)
 	tar := filepath.Join(h.dir, "rootfs.tar")
-	sh(h.t, "tar", "-C", root, "-cf", tar, ".")
-	os.Chmod(tar, 0o644)
+	sh(h.t, "bash", "../contrib/busybox-rootfs.sh", tar)
 	h.podman("import", "--change", `CMD ["/bin/sh"]`, tar, bedImage)
 }
 

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -237,7 +238,7 @@ func (c *Client) Lookup(ctx context.Context, name string) (reconciler.Container,
 		return reconciler.Container{}, false, err
 	}
 	defer cancel()
-	list, err := containers.List(cx, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{"name": {"^" + regexpQuote(name) + "$"}}))
+	list, err := containers.List(cx, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{"name": {"^" + regexp.QuoteMeta(name) + "$"}}))
 	if err != nil {
 		return reconciler.Container{}, false, fmt.Errorf("look up container %s: %w", name, err)
 	}
@@ -249,17 +250,6 @@ func (c *Client) Lookup(ctx context.Context, name string) (reconciler.Container,
 		}
 	}
 	return reconciler.Container{}, false, nil
-}
-
-func regexpQuote(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`\.+*?()|[]{}^$`, r) {
-			b.WriteRune('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // ImageExists reports whether ref is in local storage.

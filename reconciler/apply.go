@@ -157,12 +157,12 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 			r.logLine(res, out)
 		}
 		if out.Outcome == Failed {
-			rep.Error = fmt.Sprintf("%s %s (%s): %s", res.Kind, displayName(res), res.Module, out.Reason)
+			rep.Error = fmt.Sprintf("%s %s (%s): %s", res.Kind, res.RuntimeName(), res.Module, out.Reason)
 			break
 		}
 		switch res.Kind {
 		case manifest.KindStep, manifest.KindContainer:
-			wantCtrs[describe(res, r.cfg.DNS, nil).Name] = true
+			wantCtrs[res.RuntimeName()] = true
 		default:
 			wantPaths[res.Name] = true
 		}
@@ -182,13 +182,6 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	}
 	r.log.Log(ctx, lvl, "applied plan", "version", version, "mutations", rep.Mutations, "podman_calls", x.rt.calls, "took", time.Since(start).Round(time.Millisecond), "error", rep.Error)
 	return rep
-}
-
-func displayName(res state.Resource) string {
-	if res.Kind == manifest.KindStep {
-		return res.Module + "." + res.Name
-	}
-	return res.Name
 }
 
 // logLine writes the seeds' one line per change.
@@ -213,7 +206,7 @@ func (r *Reconciler) logLine(res state.Resource, out state.ResourceReport) {
 }
 
 func report(res state.Resource, outcome, reason string) state.ResourceReport {
-	return state.ResourceReport{Module: res.Module, Kind: res.Kind, Name: displayName(res), Outcome: outcome, Reason: reason}
+	return state.ResourceReport{Module: res.Module, Kind: res.Kind, Name: res.RuntimeName(), Outcome: outcome, Reason: reason}
 }
 
 func (x *run) apply(ctx context.Context, res state.Resource) state.ResourceReport {
@@ -541,7 +534,7 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	wantSteps := map[string]bool{}
 	for _, res := range plan.Resources {
 		if res.Kind == manifest.KindStep {
-			wantSteps[res.Module+"."+res.Name] = true
+			wantSteps[res.RuntimeName()] = true
 		}
 	}
 	for k := range x.r.ledger.Markers {

@@ -49,10 +49,7 @@ func describe(r state.Resource, dnsAddr netip.Addr, inputs map[string]string) de
 		f.DNS = dnsAddr.String()
 	}
 	decl, _ := json.Marshal(f)
-	want := desired{Module: r.Module, Kind: r.Kind, Name: r.Name, Decl: string(decl), Inputs: map[string]string{}, RestartOn: d.RestartOn}
-	if r.Kind == "step" {
-		want.Name = r.Module + "." + r.Name
-	}
+	want := desired{Module: r.Module, Kind: r.Kind, Name: r.RuntimeName(), Decl: string(decl), Inputs: map[string]string{}, RestartOn: d.RestartOn}
 	h := sha256.New()
 	h.Write(decl)
 	for _, on := range d.RestartOn {

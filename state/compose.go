@@ -191,7 +191,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		for i := range m.Resources {
 			d := m.Resources[i]
 			res := Resource{Module: mod, Kind: d.Kind(), Name: d.Name(), Decl: d}
-			if err := claim(podName(res, mod), mod); err != nil {
+			if err := claim(res.RuntimeName(), mod); err != nil {
 				return nil, nil, err
 			}
 			switch res.Kind {
@@ -250,11 +250,11 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 	return plan, roster, nil
 }
 
-// podName is what a resource occupies on the host: its path, its container
-// name, or for a step the container it runs in, MODULE.STEP.
-func podName(r Resource, module string) string {
+// RuntimeName is what a resource occupies on the host: its path, its
+// container name, or for a step the container it runs in, MODULE.STEP.
+func (r Resource) RuntimeName() string {
 	if r.Kind == manifest.KindStep {
-		return module + "." + r.Name
+		return r.Module + "." + r.Name
 	}
 	return r.Name
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // Change is one difference between two plan versions.
@@ -122,16 +123,9 @@ func changedFields(a, b Resource) string {
 	if a.Digest != b.Digest {
 		diff = append(diff, "secret digest")
 	}
+	if len(diff) == 0 {
+		return ""
+	}
 	sort.Strings(diff)
-	out := ""
-	for i, d := range diff {
-		if i > 0 {
-			out += ", "
-		}
-		out += d
-	}
-	if out != "" {
-		out += " changed"
-	}
-	return out
+	return strings.Join(diff, ", ") + " changed"
 }

@@ -39,11 +39,10 @@ type Store struct {
 	db   *sql.DB
 	path string
 
-	mu       sync.Mutex // guards the cache and the subscribers
-	parsed   map[string]*manifest.Manifest
-	changed  chan struct{}
-	applyMu  sync.Mutex // one Apply or Restore at a time
-	lastPlan map[string]string
+	mu      sync.Mutex // guards the cache and the subscribers
+	parsed  map[string]*manifest.Manifest
+	changed chan struct{}
+	applyMu sync.Mutex // one Apply or Restore at a time
 }
 
 // Open opens (creating if needed) the replica at path and brings its schema up
