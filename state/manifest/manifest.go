@@ -15,12 +15,13 @@ import (
 	"path"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/lexer"
 	"github.com/goccy/go-yaml/parser"
+	"github.com/goccy/go-yaml/token"
 )
 
 // Kinds of resource, as they are spelled in a manifest.
@@ -34,9 +35,18 @@ const (
 	KindContainer  = "container"
 )
 
-// MaxSize is the largest manifest accepted, so that a stray binary file given to
-// `mesh module add` is refused before it is parsed.
-const MaxSize = 1 << 20
+// Bounds on what is parsed at all, checked on the tokens before the parser
+// builds a tree (its cost grows with the square of the nesting depth). A
+// manifest is a small, shallow document; these are far above any real one.
+const (
+	// MaxSize is the largest manifest accepted, so that a stray binary file
+	// given to `mesh module add` is refused before it is parsed.
+	MaxSize = 1 << 20
+	// MaxDepth is the deepest nesting of mappings and sequences accepted.
+	MaxDepth = 32
+	// MaxTokens is the most YAML tokens accepted.
+	MaxTokens = 100000
+)
 
 // Manifest is one module's declaration.
 type Manifest struct {
@@ -81,6 +91,15 @@ type Resource struct {
 	Ports     []string          `yaml:"ports,omitempty" json:"ports,omitempty"`
 	Restart   string            `yaml:"restart,omitempty" json:"restart,omitempty"`
 	RestartOn []string          `yaml:"restart-on,omitempty" json:"restart-on,omitempty"`
+
+	// TakeOver lets the module take over a file that exists and that the
+	// mesh did not write: its bytes are kept in the node's data dir and put
+	// back when the module no longer declares the file. Without it such a
+	// file makes the module fail, and nothing is written.
+	TakeOver bool `yaml:"take-over,omitempty" json:"take-over,omitempty" jsonschema:"description=Take over a file that exists and that the mesh did not write; its original is kept in the node's data dir and put back when the module lets go of it"`
+
+	// Typed holds the values parsed from the strings above.
+	Typed Typed `yaml:"-" json:"-"`
 }
 
 // Kind is the resource's kind key, or "" when none is set.
@@ -163,12 +182,25 @@ func Digest(b []byte) string {
 // Parse decodes and checks one manifest. file names it in errors. The error is
 // an Errors listing every problem, or a single *Error for text that is not a
 // manifest at all.
-func Parse(file string, src []byte) (*Manifest, error) {
+//
+// Parse never panics and never runs away on hostile input: size, nesting
+// depth and token count are bounded before the parser builds a tree, tags,
+// anchors and aliases are refused, and a panic inside the YAML library is
+// turned into an error naming the file.
+func Parse(file string, src []byte) (m *Manifest, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			m, err = nil, Errors{{File: file, Msg: fmt.Sprintf("the YAML library failed on this file (%v); simplify it, or report it with the file", r)}}
+		}
+	}()
 	if len(src) > MaxSize {
 		return nil, Errors{{File: file, Msg: fmt.Sprintf("manifest is %d bytes, more than the %d allowed; is this the right file?", len(src), MaxSize)}}
 	}
 	if !isText(src) {
 		return nil, Errors{{File: file, Msg: "manifest is not UTF-8 text; give the module's YAML file"}}
+	}
+	if e := bounded(file, src); e != nil {
+		return nil, Errors{e}
 	}
 	f, err := parser.ParseBytes(src, 0)
 	if err != nil {
@@ -186,7 +218,7 @@ func Parse(file string, src []byte) (*Manifest, error) {
 			return nil, Errors{{File: file, Line: line(body), Msg: "a manifest is a mapping with `module:` and `resources:`; see `mesh schema`"}}
 		}
 	}
-	m := &Manifest{File: file, Digest: Digest(src)}
+	m = &Manifest{File: file, Digest: Digest(src)}
 	dec := yaml.NewDecoder(bytes.NewReader(src), yaml.Strict(), yaml.DisallowUnknownField())
 	if err := dec.DecodeFromNode(body, m); err != nil {
 		return nil, Errors{yamlError(file, err)}
@@ -205,6 +237,48 @@ func Parse(file string, src []byte) (*Manifest, error) {
 		return nil, errs
 	}
 	return m, nil
+}
+
+// bounded refuses, on the tokens alone, what no manifest needs and what makes
+// the parser slow or large: deep nesting, too many tokens, tags, anchors and
+// aliases (an alias bomb is a few lines).
+func bounded(file string, src []byte) *Error {
+	toks := lexer.Tokenize(string(src))
+	if len(toks) > MaxTokens {
+		return &Error{File: file, Msg: fmt.Sprintf("manifest has more than %d YAML tokens; a module's manifest is far smaller, is this the right file?", MaxTokens)}
+	}
+	flow := 0
+	var indents []int // columns of the open block levels
+	lastLine := 0
+	for _, tk := range toks {
+		ln := tk.Position.Line
+		switch tk.Type {
+		case token.TagType:
+			return &Error{File: file, Line: ln, Msg: fmt.Sprintf("YAML tag %s: a manifest takes no tags; write the value plainly", tk.Value)}
+		case token.AnchorType, token.AliasType, token.MergeKeyType:
+			return &Error{File: file, Line: ln, Msg: "YAML anchors, aliases and merge keys are not taken in a manifest; write each value out"}
+		case token.MappingStartType, token.SequenceStartType:
+			flow++
+		case token.MappingEndType, token.SequenceEndType:
+			flow--
+		}
+		// Block nesting shows as indentation: a token that starts a line, or a
+		// `- ` entry, opens a level when it stands right of the open ones.
+		if flow == 0 && (ln != lastLine || tk.Type == token.SequenceEntryType) {
+			col := tk.Position.Column
+			for len(indents) > 0 && indents[len(indents)-1] > col {
+				indents = indents[:len(indents)-1]
+			}
+			if len(indents) == 0 || indents[len(indents)-1] < col {
+				indents = append(indents, col)
+			}
+		}
+		lastLine = ln
+		if flow+len(indents) > MaxDepth {
+			return &Error{File: file, Line: ln, Msg: fmt.Sprintf("manifest nests deeper than %d levels; a manifest is shallow, is this the right file?", MaxDepth)}
+		}
+	}
+	return nil
 }
 
 func isText(b []byte) bool {
@@ -316,10 +390,10 @@ var (
 // fields lists which optional keys each kind may carry.
 var fields = map[string][]string{
 	KindDirectory:  {"owner", "mode"},
-	KindFile:       {"owner", "mode", "content"},
-	KindRoutesFile: {"owner", "mode"},
-	KindBinding:    {"owner", "mode", "provider"},
-	KindCredential: {"owner", "mode", "provider"},
+	KindFile:       {"owner", "mode", "content", "take-over"},
+	KindRoutesFile: {"owner", "mode", "take-over"},
+	KindBinding:    {"owner", "mode", "provider", "take-over"},
+	KindCredential: {"owner", "mode", "provider", "take-over"},
 	KindStep:       {"image", "command", "env", "mounts", "restart-on"},
 	KindContainer:  {"image", "command", "env", "mounts", "ports", "restart", "restart-on"},
 }
@@ -342,6 +416,7 @@ func (r *Resource) setFields() []string {
 	add("ports", r.Ports != nil)
 	add("restart", r.Restart != "")
 	add("restart-on", r.RestartOn != nil)
+	add("take-over", r.TakeOver)
 	return s
 }
 
@@ -433,12 +508,14 @@ func (m *Manifest) check(p *positions) Errors {
 		kindOf[name] = kind
 
 		if r.Mode != "" {
-			if v, err := strconv.ParseUint(r.Mode, 8, 32); err != nil || v > 0o7777 || !strings.HasPrefix(r.Mode, "0") {
-				add(p.at(i, "mode", -1), "mode %q is not an octal mode; write it quoted with a leading 0, e.g. \"0750\"", r.Mode)
+			if _, err := ParseMode(r.Mode); err != nil {
+				add(p.at(i, "mode", -1), "%s", err)
 			}
 		}
-		if r.Owner != "" && !ownerRE.MatchString(r.Owner) {
-			add(p.at(i, "owner", -1), "owner %q is not UID:GID; write numeric ids as the container sees them, e.g. \"1000:1000\"", r.Owner)
+		if r.Owner != "" {
+			if _, _, err := ParseOwner(r.Owner); err != nil {
+				add(p.at(i, "owner", -1), "%s", err)
+			}
 		}
 		switch kind {
 		case KindBinding, KindCredential:
@@ -467,8 +544,8 @@ func (m *Manifest) check(p *positions) Errors {
 				}
 			}
 			for j, pt := range r.Ports {
-				if msg := checkPort(pt); msg != "" {
-					add(p.at(i, "ports", j), "port %q: %s", pt, msg)
+				if _, err := ParsePort(pt); err != nil {
+					add(p.at(i, "ports", j), "port %q: %s", pt, err)
 				}
 			}
 			for j, on := range r.RestartOn {
@@ -480,6 +557,20 @@ func (m *Manifest) check(p *positions) Errors {
 			}
 		}
 	}
+	if len(errs) == 0 {
+		for i := range m.Resources {
+			r := &m.Resources[i]
+			t, err := TypeOf(r)
+			if err != nil {
+				add(p.at(i, "", -1), "%s %q: %s", r.Kind(), r.Name(), err)
+				continue
+			}
+			r.Typed = t
+		}
+		for _, c := range NestedMounts(m.mounts()) {
+			add(p.at(c.Inner.Resource, "mounts", c.Inner.Index), "%s", c)
+		}
+	}
 	if m.AcceptsCredentials != "" {
 		if _, ok := declared[m.AcceptsCredentials]; !ok || kindOf[m.AcceptsCredentials] != KindDirectory {
 			add(p.top("accepts-credentials"), "accepts-credentials %q is not a directory declared in this manifest; declare it under resources", m.AcceptsCredentials)
@@ -487,6 +578,21 @@ func (m *Manifest) check(p *positions) Errors {
 	}
 	sort.SliceStable(errs, func(a, b int) bool { return errs[a].Line < errs[b].Line })
 	return errs
+}
+
+// Forbidden lists the host paths no manifest may declare or mount: the
+// system's own trees, the container engine's storage, and the mesh's default
+// data dir. A node's actual data dir is refused as well, by CheckDataDir and
+// by the host at apply time.
+var Forbidden = []string{
+	"/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+	"/root", "/run", "/sbin", "/sys", "/usr", "/var/run",
+	"/var/lib/containers", "/var/lib/mesh",
+}
+
+// Within reports whether p is dir or inside it.
+func Within(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }
 
 func checkPath(p string) string {
@@ -500,30 +606,50 @@ func checkPath(p string) string {
 	case strings.ContainsAny(p, ":,\n"):
 		return "path may not contain ':', ',' or a newline"
 	}
+	for _, f := range Forbidden {
+		if Within(p, f) {
+			return fmt.Sprintf("%s belongs to the system, not to a module; keep a module's files under a directory of its own, such as /srv/MODULE", f)
+		}
+	}
 	return ""
 }
 
-func checkMount(mt string, declared map[string]int, kindOf map[string]string) string {
-	parts := strings.Split(mt, ":")
-	if len(parts) < 2 || len(parts) > 3 {
-		return "write HOST:CONTAINER or HOST:CONTAINER:OPTIONS"
+// CheckDataDir refuses a manifest that declares or mounts a path inside the
+// node's data dir (the mesh's own state, keys and ledger).
+func CheckDataDir(m *Manifest, dataDir string) error {
+	if dataDir == "" {
+		return nil
 	}
-	src, dst := parts[0], parts[1]
-	if msg := checkPath(src); msg != "" {
-		return "host side: " + msg
-	}
-	if !strings.HasPrefix(dst, "/") {
-		return "container side must be an absolute path"
-	}
-	if len(parts) == 3 {
-		for _, o := range strings.Split(parts[2], ",") {
-			switch o {
-			case "ro", "rw", "z", "Z":
-			default:
-				return fmt.Sprintf("option %q is not one of ro, rw, z, Z", o)
+	dataDir = path.Clean(dataDir)
+	var errs Errors
+	for i := range m.Resources {
+		r := &m.Resources[i]
+		paths := []string{}
+		if r.IsPath() {
+			paths = append(paths, r.Name())
+		}
+		for _, mt := range r.Typed.Mounts {
+			paths = append(paths, mt.Source)
+		}
+		for _, p := range paths {
+			if Within(p, dataDir) || Within(dataDir, p) {
+				errs = append(errs, &Error{File: m.File, Line: m.Line(i), Msg: fmt.Sprintf("%s %q: %s holds the mesh's own data (this node's data dir); keep a module's files elsewhere, such as /srv/%s", r.Kind(), p, dataDir, m.Module)})
+				break
 			}
 		}
 	}
+	if len(errs) > 0 {
+		return errs
+	}
+	return nil
+}
+
+func checkMount(mt string, declared map[string]int, kindOf map[string]string) string {
+	m, err := ParseMount(mt)
+	if err != nil {
+		return err.Error()
+	}
+	src := m.Source
 	k, ok := kindOf[src]
 	if _, dec := declared[src]; !dec || !ok || k == KindStep || k == KindContainer {
 		return fmt.Sprintf("host path %q is not declared above it; declare it as a directory or file (with owner and mode) before the container, or the runtime creates it as root", src)
@@ -531,32 +657,59 @@ func checkMount(mt string, declared map[string]int, kindOf map[string]string) st
 	return ""
 }
 
-func checkPort(pt string) string {
-	spec, proto, hasProto := strings.Cut(pt, "/")
-	if hasProto && proto != "tcp" && proto != "udp" {
-		return "protocol must be tcp or udp"
-	}
-	parts := strings.Split(spec, ":")
-	var nums []string
-	switch len(parts) {
-	case 2:
-		nums = parts
-	case 3:
-		nums = parts[1:]
-		if parts[0] == "" {
-			return "write HOST:CONTAINER or IP:HOST:CONTAINER"
-		}
-	default:
-		return "write HOST:CONTAINER or IP:HOST:CONTAINER, optionally /tcp or /udp"
-	}
-	for _, n := range nums {
-		v, err := strconv.Atoi(n)
-		if err != nil || v < 1 || v > 65535 {
-			return fmt.Sprintf("%q is not a port between 1 and 65535", n)
-		}
-	}
-	return ""
+// MountAt is one mount of one resource: which resource (by index), which
+// mount of it, and the module it belongs to.
+type MountAt struct {
+	Module   string
+	Name     string // the step or container
+	Resource int
+	Index    int
+	Mount    Mount
 }
+
+// Nesting is a mount whose host path lies inside another's writable one.
+type Nesting struct {
+	Outer, Inner MountAt
+}
+
+func (n Nesting) String() string {
+	return fmt.Sprintf("mount %q of %s: its host path is inside %q, which %s mounts writable; a container that can write there could swap it for a link, and Podman would follow the link at the next start. Mount %q read-only (\":ro\"), or move %q out of it",
+		n.Inner.Mount.Source+":"+n.Inner.Mount.Destination, n.Inner.Name, n.Outer.Mount.Source, n.Outer.Name, n.Outer.Mount.Source, n.Inner.Mount.Source)
+}
+
+// NestedMounts finds every mount whose host path lies strictly inside the
+// host path of a writable mount (of the same container or another). Such a
+// pair lets one container replace the other's mount source with a link; the
+// mesh refuses it (DESIGN section 5).
+func NestedMounts(ms []MountAt) []Nesting {
+	var out []Nesting
+	for _, outer := range ms {
+		if outer.Mount.ReadOnly {
+			continue
+		}
+		for _, inner := range ms {
+			if inner.Mount.Source != outer.Mount.Source && Within(inner.Mount.Source, outer.Mount.Source) {
+				out = append(out, Nesting{Outer: outer, Inner: inner})
+			}
+		}
+	}
+	return out
+}
+
+// mounts lists the manifest's mounts, typed.
+func (m *Manifest) mounts() []MountAt {
+	var out []MountAt
+	for i := range m.Resources {
+		r := &m.Resources[i]
+		for j, mt := range r.Typed.Mounts {
+			out = append(out, MountAt{Module: m.Module, Name: r.Name(), Resource: i, Index: j, Mount: mt})
+		}
+	}
+	return out
+}
+
+// Mounts lists the manifest's mounts, typed, for checks across modules.
+func (m *Manifest) Mounts() []MountAt { return m.mounts() }
 
 // CheckProviders checks what needs the catalogue: every binding and credential
 // names a module that exists, and a credential's provider accepts credentials.

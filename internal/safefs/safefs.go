@@ -1,0 +1,217 @@
+// Package safefs is the one way mesh touches a path it was told about: every
+// path is walked from the root without following a symbolic link at any
+// component (openat2 with RESOLVE_NO_SYMLINKS), and every write is atomic and
+// durable (a temp file in the same directory, fsync of the file, rename, fsync
+// of the directory). It decides nothing; callers say what to write where.
+package safefs
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrLink is returned, wrapped in a sentence naming the link, when a path
+// holds a symbolic link at any component.
+var ErrLink = errors.New("symbolic link")
+
+// LinkError names the link found on a path.
+type LinkError struct {
+	Path string // the path asked for
+	Link string // the component that is a link ("" if it could not be named)
+}
+
+func (e *LinkError) Error() string {
+	if e.Link == "" || e.Link == e.Path {
+		return fmt.Sprintf("%s is a symbolic link; the mesh never follows links: remove it, or change the manifest", e.Path)
+	}
+	return fmt.Sprintf("%s is a symbolic link inside %s; the mesh never follows links: remove it, or change the manifest", e.Link, e.Path)
+}
+
+func (e *LinkError) Unwrap() error { return ErrLink }
+
+// linkError names the first component of path that is a link, for messages.
+func linkError(path string) error {
+	p := "/"
+	for _, c := range strings.Split(strings.Trim(path, "/"), "/") {
+		p = filepath.Join(p, c)
+		fi, err := os.Lstat(p)
+		if err != nil {
+			break
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			return &LinkError{Path: path, Link: p}
+		}
+	}
+	return &LinkError{Path: path}
+}
+
+// resolve is how every path is opened: no link at any component, no magic
+// links (/proc/self/...), and no crossing into /proc.
+const resolve = unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+
+// OpenDir opens directory path for use as a dirfd, following no link on the
+// way. The caller closes it.
+func OpenDir(path string) (int, error) {
+	if !filepath.IsAbs(path) {
+		return -1, fmt.Errorf("%s is not an absolute path", path)
+	}
+	fd, err := unix.Openat2(unix.AT_FDCWD, filepath.Clean(path), &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: resolve,
+	})
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return -1, linkError(path)
+		}
+		if errors.Is(err, unix.ENOTDIR) {
+			return -1, fmt.Errorf("%s: a component is not a directory", path)
+		}
+		return -1, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return fd, nil
+}
+
+// OpenParent opens the directory that holds path and returns it with the
+// last component's name. The caller closes the descriptor.
+func OpenParent(path string) (int, string, error) {
+	path = filepath.Clean(path)
+	dir, base := filepath.Split(path)
+	if base == "" || base == "." || base == ".." {
+		return -1, "", fmt.Errorf("%s names no file", path)
+	}
+	fd, err := OpenDir(dir)
+	return fd, base, err
+}
+
+// Open opens path (any kind but a link) with flags, following no link on the
+// way; O_NOFOLLOW is always added, so a link at the last component is ELOOP,
+// reported as a *LinkError.
+func Open(path string, flags int) (int, error) {
+	dfd, base, err := OpenParent(path)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, base, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, nameErr(path, "open", err)
+	}
+	return fd, nil
+}
+
+// nameErr turns ELOOP (and ENOTDIR from O_DIRECTORY|O_NOFOLLOW on a link)
+// into a *LinkError and wraps the rest with the path.
+func nameErr(path, op string, err error) error {
+	if errors.Is(err, unix.ELOOP) {
+		return &LinkError{Path: path, Link: path}
+	}
+	return &os.PathError{Op: op, Path: path, Err: err}
+}
+
+// Lstat stats path's last component without following it, and no link on
+// the way.
+func Lstat(path string) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	dfd, base, err := OpenParent(path)
+	if err != nil {
+		return st, err
+	}
+	defer unix.Close(dfd)
+	if err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return st, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	return st, nil
+}
+
+// Attr is an owner and mode to give a written file; Mode holds permission
+// bits and may hold setuid, setgid and sticky (as 04000, 02000, 01000).
+type Attr struct {
+	UID, GID int
+	Mode     uint32
+	// Chown is false to leave the owner as the writer's.
+	Chown bool
+}
+
+// WriteAt replaces name in the directory dfd with content, atomically and
+// durably: a new file is written under a fresh temp name, given attr, synced,
+// renamed over name, and the directory synced. A crash leaves either the old
+// file or the new one, never a mix; a leftover temp file has a name that
+// starts with "." and contains ".mesh-".
+func WriteAt(dfd int, name string, content []byte, attr Attr) error {
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	tmp := "." + name + ".mesh-" + hex.EncodeToString(rnd[:])
+	if len(tmp) > 255 {
+		tmp = ".mesh-" + hex.EncodeToString(rnd[:])
+	}
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("create temp file for %s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			unix.Unlinkat(dfd, tmp, 0)
+		}
+	}()
+	if _, err := f.Write(content); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if attr.Chown {
+		if err := unix.Fchown(fd, attr.UID, attr.GID); err != nil {
+			return fmt.Errorf("chown %s %d:%d: %w", name, attr.UID, attr.GID, err)
+		}
+	}
+	// chown clears setuid and setgid, so the mode is set after it.
+	if err := unix.Fchmod(fd, attr.Mode); err != nil {
+		return fmt.Errorf("chmod %s %04o: %w", name, attr.Mode, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", name, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", name, err)
+	}
+	if err := unix.Renameat(dfd, tmp, dfd, name); err != nil {
+		return fmt.Errorf("replace %s: %w", name, err)
+	}
+	ok = true
+	if err := unix.Fsync(dfd); err != nil {
+		return fmt.Errorf("sync directory of %s: %w", name, err)
+	}
+	return nil
+}
+
+// WriteFile replaces path with content (mode perm, owner unchanged),
+// atomically and durably, following no link on the way.
+func WriteFile(path string, content []byte, perm os.FileMode) error {
+	dfd, base, err := OpenParent(path)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	if err := WriteAt(dfd, base, content, Attr{Mode: uint32(perm.Perm())}); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// SyncDir makes a directory's entries (a create, rename or removal in it)
+// durable.
+func SyncDir(path string) error {
+	fd, err := OpenDir(path)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fsync(fd)
+}
