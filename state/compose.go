@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 
@@ -24,6 +25,15 @@ type Node struct {
 type Assignment struct {
 	Node   string `json:"node"`
 	Module string `json:"module"`
+	// Seq orders assignments: the Raft index of the command that made it.
+	Seq uint64 `json:"seq,omitempty"`
+}
+
+// BindKey names one binding of one consumer on one node.
+type BindKey struct {
+	Node   string
+	Module string
+	Path   string
 }
 
 // Pair names one credential: a consumer module's secret for a provider module.
@@ -40,6 +50,9 @@ type Input struct {
 	Assignments []Assignment
 	// Credentials maps each generated credential to its secret's digest.
 	Credentials map[Pair]string
+	// Bound is the provider node each binding pointed at after the last
+	// composition, so that adding an instance never moves a consumer.
+	Bound map[BindKey]string
 }
 
 // Name is one roster entry: a DNS name, the address it answers with, and the
@@ -64,12 +77,16 @@ type Resource struct {
 	Name   string `json:"name"`
 	// The declaration, as written (kind key included).
 	Decl manifest.Resource `json:"decl"`
+	// Typed is the declaration's values, parsed once by the manifest parser.
+	Typed manifest.Typed `json:"typed"`
 	// Content is the resolved content of files, bindings and routes files.
 	Content string `json:"content,omitempty"`
 	// Credential is set on credentials and delivered credentials: which secret,
 	// and the digest of what will be written (never the secret).
 	Credential *Pair  `json:"credential,omitempty"`
 	Digest     string `json:"digest,omitempty"`
+	// Provider is, for a binding, the node of the provider it points at.
+	Provider string `json:"provider_node,omitempty"`
 }
 
 // KindDeliveredCredential is a provider-side credential file: the mesh writes
@@ -99,6 +116,8 @@ type Output struct {
 	Roster []Name
 	Plans  map[string]*Plan
 	Errors map[string]string
+	// Bound is the provider node of every binding of the composed nodes.
+	Bound map[BindKey]string
 }
 
 // Compose derives the roster and every node's plan. It is pure: no clock, no
@@ -108,22 +127,29 @@ type Output struct {
 // contributes no names; the caller keeps that node's previous plan and names
 // (DESIGN rule 6).
 func Compose(in Input) Output {
-	out := Output{Plans: map[string]*Plan{}, Errors: map[string]string{}}
+	out := Output{Plans: map[string]*Plan{}, Errors: map[string]string{}, Bound: map[BindKey]string{}}
 	nodes := map[string]Node{}
 	for _, n := range in.Nodes {
 		nodes[n.Name] = n
 	}
 	byNode := map[string][]string{}
 	byModule := map[string][]string{}
-	for _, a := range in.Assignments {
+	as := append([]Assignment(nil), in.Assignments...)
+	// Earliest assigned first (then by node), so a binding's fallback is the
+	// instance that was there first.
+	sort.SliceStable(as, func(i, j int) bool {
+		if as[i].Seq != as[j].Seq {
+			return as[i].Seq < as[j].Seq
+		}
+		return as[i].Node < as[j].Node
+	})
+	for _, a := range as {
 		byNode[a.Node] = append(byNode[a.Node], a.Module)
 		byModule[a.Module] = append(byModule[a.Module], a.Node)
 	}
-	for _, s := range byNode {
+	for n, s := range byNode {
 		sort.Strings(s)
-	}
-	for _, s := range byModule {
-		sort.Strings(s)
+		byNode[n] = providersFirst(s, in.Modules)
 	}
 	names := make([]string, 0, len(nodes))
 	for n := range nodes {
@@ -137,6 +163,11 @@ func Compose(in Input) Output {
 		if err != nil {
 			out.Errors[nn] = err.Error()
 			continue
+		}
+		for _, r := range plan.Resources {
+			if r.Kind == manifest.KindBinding {
+				out.Bound[BindKey{Node: nn, Module: r.Module, Path: r.Name}] = r.Provider
+			}
 		}
 		out.Plans[nn] = plan
 		out.Roster = append(out.Roster, roster...)
@@ -171,6 +202,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 	}
 	routeOwner := map[string]string{}
 	var routesFiles []int
+	var mounts []manifest.MountAt
 
 	for _, mod := range byNode[n.Name] {
 		m, ok := in.Modules[mod]
@@ -188,9 +220,10 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 				roster = append(roster, Name{Name: r.Name + "." + n.PublicDomain, Address: n.Address, Node: n.Name})
 			}
 		}
+		mounts = append(mounts, m.Mounts()...)
 		for i := range m.Resources {
 			d := m.Resources[i]
-			res := Resource{Module: mod, Kind: d.Kind(), Name: d.Name(), Decl: d}
+			res := Resource{Module: mod, Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
 			if err := claim(res.RuntimeName(), mod); err != nil {
 				return nil, nil, err
 			}
@@ -200,11 +233,11 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			case manifest.KindRoutesFile:
 				routesFiles = append(routesFiles, len(plan.Resources))
 			case manifest.KindBinding:
-				c, err := bindingContent(in, n, d, nodes, byModule)
+				c, pick, err := bindingContent(in, n, mod, d, nodes, byModule)
 				if err != nil {
 					return nil, nil, fmt.Errorf("%s: binding %s: %w", mod, d.Binding, err)
 				}
-				res.Content = c
+				res.Content, res.Provider = c, pick
 			case manifest.KindCredential:
 				pm, ok := in.Modules[d.Provider]
 				if !ok {
@@ -230,6 +263,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 						Kind:       KindDeliveredCredential,
 						Name:       path.Join(res.Name, p.Consumer+".credential"),
 						Decl:       manifest.Resource{Mode: "0600", Owner: d.Owner},
+						Typed:      manifest.Typed{OK: true, HasOwner: d.Typed.HasOwner, UID: d.Typed.UID, GID: d.Typed.GID, HasMode: true, Mode: 0o600},
 						Credential: &p,
 						Digest:     in.Credentials[p],
 					}
@@ -239,6 +273,11 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 					plan.Resources = append(plan.Resources, dr)
 				}
 			}
+		}
+	}
+	for _, c := range manifest.NestedMounts(mounts) {
+		if c.Outer.Module != c.Inner.Module {
+			return nil, nil, fmt.Errorf("modules %s and %s on node %s: %s", c.Outer.Module, c.Inner.Module, n.Name, c)
 		}
 	}
 	if len(routesFiles) > 0 {
@@ -300,26 +339,70 @@ func declaresCredential(m *manifest.Manifest, provider string) bool {
 	return false
 }
 
-// bindingContent resolves a binding: the provider's mesh name, the node it runs
-// on (the consumer's own node when it runs there too, else the first by name)
-// and that node's address.
-func bindingContent(in Input, n Node, d manifest.Resource, nodes map[string]Node, byModule map[string][]string) (string, error) {
+// bindingContent resolves a binding: the provider's mesh name, the node it
+// runs on, and that node's address. The node is the one the binding pointed
+// at before while the provider is still there (adding an instance never moves
+// a consumer), else the consumer's own node when the provider runs there, else
+// the instance assigned earliest.
+func bindingContent(in Input, n Node, mod string, d manifest.Resource, nodes map[string]Node, byModule map[string][]string) (string, string, error) {
 	if _, ok := in.Modules[d.Provider]; !ok {
-		return "", fmt.Errorf("provider %q is not in the catalogue; add it with `mesh module add`", d.Provider)
+		return "", "", fmt.Errorf("provider %q is not in the catalogue; add it with `mesh module add`", d.Provider)
 	}
 	at := byModule[d.Provider]
 	if len(at) == 0 {
-		return "", fmt.Errorf("provider %q is not assigned to any node; `mesh assign NODE %s`", d.Provider, d.Provider)
+		return "", "", fmt.Errorf("provider %q is not assigned to any node; `mesh assign NODE %s`", d.Provider, d.Provider)
 	}
 	pick := at[0]
-	for _, a := range at {
-		if a == n.Name {
-			pick = a
-		}
+	if slices.Contains(at, n.Name) {
+		pick = n.Name
+	}
+	if prev, ok := in.Bound[BindKey{Node: n.Name, Module: mod, Path: d.Binding}]; ok && slices.Contains(at, prev) {
+		pick = prev
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "provider=%s\nname=%s.%s\nnode=%s\naddress=%s\n", d.Provider, d.Provider, in.Domain, pick, nodes[pick].Address)
-	return b.String(), nil
+	return b.String(), pick, nil
+}
+
+// providersFirst orders a node's modules so that a module comes after the
+// modules on the same node it binds to or takes a credential from (so a
+// provider that fails makes its consumers wait), otherwise by name. A cycle
+// keeps name order.
+func providersFirst(mods []string, cat map[string]*manifest.Manifest) []string {
+	on := map[string]bool{}
+	for _, m := range mods {
+		on[m] = true
+	}
+	var out []string
+	done := map[string]bool{}
+	visiting := map[string]bool{}
+	var visit func(m string)
+	visit = func(m string) {
+		if done[m] || visiting[m] {
+			return
+		}
+		visiting[m] = true
+		if man, ok := cat[m]; ok {
+			var deps []string
+			for i := range man.Resources {
+				r := &man.Resources[i]
+				if k := r.Kind(); (k == manifest.KindBinding || k == manifest.KindCredential) && on[r.Provider] && r.Provider != m {
+					deps = append(deps, r.Provider)
+				}
+			}
+			sort.Strings(deps)
+			for _, d := range deps {
+				visit(d)
+			}
+		}
+		visiting[m] = false
+		done[m] = true
+		out = append(out, m)
+	}
+	for _, m := range mods {
+		visit(m)
+	}
+	return out
 }
 
 // NeededCredentials lists the credentials that module m consumes, so that the

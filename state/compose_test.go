@@ -113,23 +113,23 @@ func TestCompose(t *testing.T) {
 		},
 		{
 			name:   "assign",
-			assign: []Assignment{{"ace", "web"}},
+			assign: []Assignment{{Node: "ace", Module: "web"}},
 			roster: []string{"ace.internal=10.0.0.1", "novox.internal=10.0.0.2", "web.internal=10.0.0.1"},
 			plans:  map[string][]string{"ace": {"directory:/srv/web", "container:web.server"}, "novox": nil},
 		},
 		{
 			name:   "public domain gives routed names",
-			assign: []Assignment{{"novox", "web"}},
+			assign: []Assignment{{Node: "novox", Module: "web"}},
 			roster: []string{"ace.internal=10.0.0.1", "novox.internal=10.0.0.2", "web.internal=10.0.0.2", "www.zurag.be=10.0.0.2"},
 		},
 		{
 			name:   "module on two nodes",
-			assign: []Assignment{{"ace", "web"}, {"novox", "web"}},
+			assign: []Assignment{{Node: "ace", Module: "web"}, {Node: "novox", Module: "web"}},
 			roster: []string{"ace.internal=10.0.0.1", "novox.internal=10.0.0.2", "web.internal=10.0.0.1", "web.internal=10.0.0.2", "www.zurag.be=10.0.0.2"},
 		},
 		{
 			name:   "binding resolves provider on another node, credential delivered to provider",
-			assign: []Assignment{{"ace", "app"}, {"novox", "postgres"}},
+			assign: []Assignment{{Node: "ace", Module: "app"}, {Node: "novox", Module: "postgres"}},
 			plans: map[string][]string{
 				"ace":   {"directory:/srv/app", "binding:/srv/app/db.binding", "credential:/srv/app/db.password", "step:migrate"},
 				"novox": {"directory:/srv/pg", "directory:/srv/pg/creds", "delivered-credential:/srv/pg/creds/app.credential"},
@@ -138,29 +138,29 @@ func TestCompose(t *testing.T) {
 		},
 		{
 			name:    "binding to a provider that moves",
-			assign:  []Assignment{{"ace", "app"}, {"ace", "postgres"}},
+			assign:  []Assignment{{Node: "ace", Module: "app"}, {Node: "ace", Module: "postgres"}},
 			content: map[string]string{"ace:/srv/app/db.binding": "node=ace\naddress=10.0.0.1\n"},
 		},
 		{
 			name:    "binding prefers the provider on the consumer's own node",
-			assign:  []Assignment{{"novox", "app"}, {"ace", "postgres"}, {"novox", "postgres"}},
+			assign:  []Assignment{{Node: "novox", Module: "app"}, {Node: "ace", Module: "postgres"}, {Node: "novox", Module: "postgres"}},
 			content: map[string]string{"novox:/srv/app/db.binding": "node=novox\n"},
 		},
 		{
 			name:   "binding to an unassigned provider does not compose",
-			assign: []Assignment{{"ace", "app"}},
+			assign: []Assignment{{Node: "ace", Module: "app"}},
 			errs:   map[string]string{"ace": `provider "postgres" is not assigned to any node`},
 			roster: []string{"novox.internal=10.0.0.2"},
 		},
 		{
 			name:   "two modules declaring one path on a node do not compose",
-			assign: []Assignment{{"ace", "web"}, {"ace", "clash"}, {"novox", "web"}},
+			assign: []Assignment{{Node: "ace", Module: "web"}, {Node: "ace", Module: "clash"}, {Node: "novox", Module: "web"}},
 			errs:   map[string]string{"ace": `"/srv/web" is declared by both`},
 			roster: []string{"novox.internal=10.0.0.2", "web.internal=10.0.0.2", "www.zurag.be=10.0.0.2"},
 		},
 		{
 			name:   "missing provider in catalogue",
-			assign: []Assignment{{"ace", "app"}, {"novox", "postgres"}},
+			assign: []Assignment{{Node: "ace", Module: "app"}, {Node: "novox", Module: "postgres"}},
 			edit: func(in *Input) {
 				delete(in.Modules, "postgres")
 			},
@@ -168,7 +168,7 @@ func TestCompose(t *testing.T) {
 		},
 		{
 			name:    "routes file holds the node's routing table",
-			assign:  []Assignment{{"novox", "web"}, {"novox", "proxy"}},
+			assign:  []Assignment{{Node: "novox", Module: "web"}, {Node: "novox", Module: "proxy"}},
 			content: map[string]string{"novox:/srv/proxy/routes.json": `"name": "www.zurag.be",` + "\n    \"module\": \"web\",\n    \"port\": 8080"},
 		},
 	} {
@@ -216,9 +216,9 @@ func TestCompose(t *testing.T) {
 
 func TestComposeIsDeterministic(t *testing.T) {
 	in := baseInput(t)
-	in.Assignments = []Assignment{{"ace", "app"}, {"novox", "postgres"}, {"novox", "web"}, {"ace", "web"}}
+	in.Assignments = []Assignment{{Node: "ace", Module: "app"}, {Node: "novox", Module: "postgres"}, {Node: "novox", Module: "web"}, {Node: "ace", Module: "web"}}
 	a := Compose(in)
-	in.Assignments = []Assignment{{"ace", "web"}, {"novox", "web"}, {"novox", "postgres"}, {"ace", "app"}}
+	in.Assignments = []Assignment{{Node: "ace", Module: "web"}, {Node: "novox", Module: "web"}, {Node: "novox", Module: "postgres"}, {Node: "ace", Module: "app"}}
 	b := Compose(in)
 	if !reflect.DeepEqual(a, b) {
 		t.Fatal("assignment order changed the output")
@@ -232,9 +232,9 @@ func TestComposeIsDeterministic(t *testing.T) {
 // roster is not part of any plan.
 func TestPlanDigestIgnoresRoster(t *testing.T) {
 	in := baseInput(t)
-	in.Assignments = []Assignment{{"ace", "web"}}
+	in.Assignments = []Assignment{{Node: "ace", Module: "web"}}
 	before := Compose(in).Plans["ace"].Digest()
-	in.Assignments = append(in.Assignments, Assignment{"novox", "web"}, Assignment{"novox", "proxy"})
+	in.Assignments = append(in.Assignments, Assignment{Node: "novox", Module: "web"}, Assignment{Node: "novox", Module: "proxy"})
 	in.Nodes[1].PublicDomain = "other.org"
 	if after := Compose(in).Plans["ace"].Digest(); after != before {
 		t.Fatal("ace's plan changed when only novox changed")
@@ -243,11 +243,11 @@ func TestPlanDigestIgnoresRoster(t *testing.T) {
 
 func TestDiff(t *testing.T) {
 	in := baseInput(t)
-	in.Assignments = []Assignment{{"ace", "web"}}
+	in.Assignments = []Assignment{{Node: "ace", Module: "web"}}
 	a := Compose(in).Plans["ace"]
 	m := mustManifest(t, strings.Replace(webSrc, "localhost/busybox:1", "localhost/busybox:2", 1))
 	in.Modules["web"] = m
-	in.Assignments = append(in.Assignments, Assignment{"ace", "proxy"})
+	in.Assignments = append(in.Assignments, Assignment{Node: "ace", Module: "proxy"})
 	b := Compose(in).Plans["ace"]
 	var got []string
 	for _, c := range Diff(a, b) {
@@ -317,7 +317,7 @@ resources:
 // Setting a public domain changes only routes; --diff must show them.
 func TestDiffShowsRoutes(t *testing.T) {
 	in := baseInput(t)
-	in.Assignments = []Assignment{{"ace", "web"}}
+	in.Assignments = []Assignment{{Node: "ace", Module: "web"}}
 	a := Compose(in).Plans["ace"]
 	in.Nodes[0].PublicDomain = "example.org"
 	b := Compose(in).Plans["ace"]

@@ -77,6 +77,58 @@ type Report struct {
 	// Mutations counts the changes the apply made: mutating Podman calls and
 	// files or directories written or removed. Zero when nothing changed.
 	Mutations int `json:"mutations"`
+	// Failures lists each module that failed in this apply: where, why, and
+	// which of its resources (or its consumers') wait behind it.
+	Failures []ModuleFailure `json:"failures,omitempty"`
+}
+
+// ModuleFailure is one module's failure in an apply.
+type ModuleFailure struct {
+	Module   string `json:"module"`
+	Resource string `json:"resource"` // "KIND NAME" of the resource that failed
+	Reason   string `json:"reason"`
+	// Provider is set when the module waits for a provider that failed.
+	Provider string   `json:"provider,omitempty"`
+	Waiting  []string `json:"waiting,omitempty"`
+}
+
+// WaitReason is what a resource of module that waits behind f says.
+func (f *ModuleFailure) WaitReason(module string) string {
+	if f.Module != module || f.Provider != "" {
+		p := f.Provider
+		if f.Module != module {
+			p = f.Module
+		}
+		return "waits for its provider " + p + ", which failed"
+	}
+	return "waits: " + f.Resource + " failed before it"
+}
+
+// FailureSummary is the report's failures in one line each ("" if none).
+func (r *Report) FailureSummary() string {
+	var lines []string
+	for _, f := range r.Failures {
+		s := f.Resource
+		if f.Module != "" {
+			s = f.Module + ": " + s
+		}
+		s += ": " + f.Reason
+		if n := len(f.Waiting); n > 0 {
+			s += fmt.Sprintf(" (%d resource(s) wait: %s)", n, strings.Join(f.Waiting, ", "))
+		}
+		lines = append(lines, s)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Failed reports whether module failed (or waits) in this report.
+func (r *Report) Failed(module string) *ModuleFailure {
+	for i := range r.Failures {
+		if r.Failures[i].Module == module {
+			return &r.Failures[i]
+		}
+	}
+	return nil
 }
 
 // ResourceReport is one resource's outcome in an apply.
@@ -292,7 +344,7 @@ func (s *Store) applyOp(ctx context.Context, tx *sql.Tx, index uint64, c *Comman
 		if err := s.checkProviders(ctx, tx, a.Module); err != nil {
 			return false, err
 		}
-		mustExec(tx, `INSERT INTO assignments VALUES (?, ?)`, a.Node, a.Module)
+		mustExec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, index)
 		s.insertSecrets(tx, c.Secrets)
 		return true, nil
 
@@ -439,14 +491,32 @@ func (s *Store) input(ctx context.Context, q queryer) (Input, error) {
 	if in.Modules, err = s.catalogue(ctx, q); err != nil {
 		return in, err
 	}
-	rows, err := q.QueryContext(ctx, `SELECT node, module FROM assignments ORDER BY node, module`)
+	rows, err := q.QueryContext(ctx, `SELECT node, module, seq FROM assignments ORDER BY node, module`)
 	if err != nil {
 		return in, err
 	}
 	for rows.Next() {
 		var a Assignment
-		rows.Scan(&a.Node, &a.Module)
+		if err := rows.Scan(&a.Node, &a.Module, &a.Seq); err != nil {
+			rows.Close()
+			return in, fmt.Errorf("read assignments: %w", err)
+		}
 		in.Assignments = append(in.Assignments, a)
+	}
+	rows.Close()
+	in.Bound = map[BindKey]string{}
+	rows, err = q.QueryContext(ctx, `SELECT node, module, path, provider_node FROM bindings`)
+	if err != nil {
+		return in, err
+	}
+	for rows.Next() {
+		var k BindKey
+		var v string
+		if err := rows.Scan(&k.Node, &k.Module, &k.Path, &v); err != nil {
+			rows.Close()
+			return in, fmt.Errorf("read bindings: %w", err)
+		}
+		in.Bound[k] = v
 	}
 	rows.Close()
 	rows, err = q.QueryContext(ctx, `SELECT consumer, provider, digest FROM credentials`)
@@ -491,7 +561,13 @@ func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, c *Comm
 			continue
 		}
 		mustExec(tx, `UPDATE nodes SET compose_error = '' WHERE name = ?`, n.Name)
+		mustExec(tx, `DELETE FROM bindings WHERE node = ?`, n.Name)
 		p := out.Plans[n.Name]
+		for _, r := range p.Resources {
+			if r.Kind == manifest.KindBinding {
+				mustExec(tx, `INSERT INTO bindings VALUES (?, ?, ?, ?)`, n.Name, r.Module, r.Name, r.Provider)
+			}
+		}
 		d := p.Digest()
 		var last string
 		err := tx.QueryRow(`SELECT digest FROM plans WHERE node = ? ORDER BY version DESC LIMIT 1`, n.Name).Scan(&last)

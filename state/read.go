@@ -300,6 +300,7 @@ type Snapshot struct {
 	Plans       []map[string]any `json:"plans"`
 	Roster      []map[string]any `json:"roster"`
 	Reports     []map[string]any `json:"reports"`
+	Bindings    []map[string]any `json:"bindings,omitempty"`
 }
 
 // snapshotTables lists each replicated table and its key order.
@@ -311,6 +312,7 @@ var snapshotTables = []struct{ name, order string }{
 	{"plans", "node, version"},
 	{"roster", "name, address, node"},
 	{"reports", "node"},
+	{"bindings", "node, module, path"},
 }
 
 func (sn *Snapshot) table(name string) *[]map[string]any {
@@ -329,6 +331,8 @@ func (sn *Snapshot) table(name string) *[]map[string]any {
 		return &sn.Roster
 	case "reports":
 		return &sn.Reports
+	case "bindings":
+		return &sn.Bindings
 	}
 	panic("state: unknown table " + name)
 }

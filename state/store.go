@@ -123,6 +123,17 @@ var migrations = []string{
 	 );
 	 CREATE TABLE applied (id INTEGER PRIMARY KEY CHECK (id = 1), idx INTEGER NOT NULL);
 	 INSERT INTO applied VALUES (1, 0);`,
+	// 2: assignments remember their order (a binding falls back to the
+	// instance assigned earliest), and each binding's provider node is kept so
+	// that adding an instance never moves a consumer.
+	`ALTER TABLE assignments ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+	 CREATE TABLE bindings (
+		node TEXT NOT NULL,
+		module TEXT NOT NULL,
+		path TEXT NOT NULL,
+		provider_node TEXT NOT NULL,
+		PRIMARY KEY (node, module, path)
+	 );`,
 }
 
 func (s *Store) migrate() error {

@@ -33,14 +33,14 @@ func commandLog() [][]byte {
 		{Op: OpNodeAdd, Node: &Node{Name: "novox", Address: "10.0.0.2", Voter: true}},
 		{Op: OpModuleAdd, Modules: []ModuleText{{File: "web.yaml", Text: webSrc}, {File: "pg.yaml", Text: pgSrc}}},
 		{Op: OpModuleAdd, Modules: []ModuleText{{File: "app.yaml", Text: appSrc}}, Secrets: []Secret{{Pair{"app", "postgres"}, "s3cret"}}},
-		{Op: OpAssign, Assign: &Assignment{"ace", "web"}},
-		{Op: OpAssign, Assign: &Assignment{"novox", "postgres"}},
-		{Op: OpAssign, Assign: &Assignment{"ace", "app"}, Secrets: []Secret{{Pair{"app", "postgres"}, "other"}}},
+		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "web"}},
+		{Op: OpAssign, Assign: &Assignment{Node: "novox", Module: "postgres"}},
+		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "app"}, Secrets: []Secret{{Pair{"app", "postgres"}, "other"}}},
 		{Op: OpPublicDomain, Name: "novox", Domain: "zurag.be"},
-		{Op: OpAssign, Assign: &Assignment{"novox", "web"}},
-		{Op: OpAssign, Assign: &Assignment{"ace", "nosuch"}},       // rule violation
-		{Op: OpUnassign, Assign: &Assignment{"novox", "postgres"}}, // app on ace no longer composes
-		{Op: OpAssign, Assign: &Assignment{"ace", "postgres"}},     // repaired, provider moved
+		{Op: OpAssign, Assign: &Assignment{Node: "novox", Module: "web"}},
+		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "nosuch"}},       // rule violation
+		{Op: OpUnassign, Assign: &Assignment{Node: "novox", Module: "postgres"}}, // app on ace no longer composes
+		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "postgres"}},     // repaired, provider moved
 		{Op: OpReport, Report: &Report{Node: "ace", Version: 12, AppliedAt: at(99)}},
 	}
 	var log [][]byte
@@ -186,8 +186,8 @@ func TestRuleViolationsChangeNothing(t *testing.T) {
 	applyAll(t, s, log[:5])
 	before := dumpJSON(t, s)
 	for i, c := range []Command{
-		{Op: OpAssign, Assign: &Assignment{"nobody", "web"}},
-		{Op: OpUnassign, Assign: &Assignment{"novox", "web"}},
+		{Op: OpAssign, Assign: &Assignment{Node: "nobody", Module: "web"}},
+		{Op: OpUnassign, Assign: &Assignment{Node: "novox", Module: "web"}},
 		{Op: OpModuleRemove, Name: "web"},
 		{Op: OpNodeRemove, Name: "ace"},
 		{Op: OpModuleAdd, Modules: []ModuleText{{File: "bad.yaml", Text: "module: x\nbogus: 1\n"}}},
