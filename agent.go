@@ -95,7 +95,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 	go followSubnets(ctx, pm, resolver, c.Resync)
 
 	rec, err := reconciler.New(reconciler.Config{
-		Node: a.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(g.dir(), "ledger.json"),
+		Node: a.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(g.dir(), "ledger.json"), DataDir: g.dir(),
 		Secret: a.Store.Secret, Logger: log.With("node", a.ID.Name),
 	}, pm)
 	if err != nil {

@@ -12,11 +12,14 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"mesh/internal/safefs"
 	"mesh/state"
 	"mesh/state/manifest"
 )
@@ -31,7 +34,10 @@ const (
 	Ran       = "ran"
 	Kept      = "kept"
 	Removed   = "removed"
+	Restored  = "restored" // a taken-over file's original was put back
+	Stopped   = "stopped"  // a running container whose mount went bad
 	Failed    = "failed"
+	Waiting   = "waiting" // not applied: its module, or a provider, failed first
 )
 
 // DefaultStepTimeout bounds one run of a step.
@@ -44,11 +50,17 @@ type Config struct {
 	DNS netip.Addr
 	// LedgerPath is the node-local ledger file.
 	LedgerPath string
+	// DataDir is the node's data dir: no resource may be inside it, and the
+	// originals of files taken over are kept under it.
+	DataDir string
 	// Secret returns a credential's secret from the local replica.
 	Secret      func(ctx context.Context, p state.Pair) (string, error)
 	StepTimeout time.Duration
-	Logger      *slog.Logger
-	Now         func() time.Time
+	// PodmanBack is how long a step waits for a Podman service that went
+	// away to answer again, before it says so (default 2 minutes).
+	PodmanBack time.Duration
+	Logger     *slog.Logger
+	Now        func() time.Time
 }
 
 // Reconciler applies plans on one node.
@@ -57,6 +69,9 @@ type Reconciler struct {
 	rt     Runtime
 	ledger *Ledger
 	log    *slog.Logger
+	// kept is what the last apply said of each kept path, so that a kept
+	// path is logged when what was found changes, not on every pass.
+	kept map[string]string
 }
 
 // New loads the ledger and returns a reconciler.
@@ -74,7 +89,10 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Reconciler{cfg: cfg, rt: rt, ledger: l, log: cfg.Logger.With("component", "reconciler")}, nil
+	if cfg.PodmanBack == 0 {
+		cfg.PodmanBack = 2 * time.Minute
+	}
+	return &Reconciler{cfg: cfg, rt: rt, ledger: l, log: cfg.Logger.With("component", "reconciler"), kept: map[string]string{}}, nil
 }
 
 // counting counts the calls made through a Runtime: n the mutating ones,
@@ -124,21 +142,48 @@ func (c *counting) Remove(ctx context.Context, id string) error {
 
 // run is the state of one apply.
 type run struct {
-	r       *Reconciler
-	rt      *counting
-	inputs  map[string]string // resource name -> digest, for restart-on
-	ran     map[string]bool   // steps that ran in this apply
+	r  *Reconciler
+	rt *counting
+	// inputs and ran are per module: a resource's name is the module's own
+	// (a step `migrate` in two modules is two steps).
+	inputs  map[string]map[string]string // module -> resource name -> digest, for restart-on
+	ran     map[string]map[string]bool   // module -> steps that ran in this apply
 	managed map[string]Container
-	writes  int
+	// failed holds each module that failed in this apply, with why.
+	failed map[string]*state.ModuleFailure
+	// kinds maps every path of the plan to its kind, for the mount guard.
+	kinds  map[string]string
+	writes int
+}
+
+func (x *run) inputsOf(module string) map[string]string {
+	m, ok := x.inputs[module]
+	if !ok {
+		m = map[string]string{}
+		x.inputs[module] = m
+	}
+	return m
+}
+
+func (x *run) ranOf(module string) map[string]bool {
+	m, ok := x.ran[module]
+	if !ok {
+		m = map[string]bool{}
+		x.ran[module] = m
+	}
+	return m
 }
 
 // Apply makes the node hold plan (version is the plan's version) and reports
-// each resource's outcome. It stops at the first failure: nothing after a
-// failed resource is applied, and nothing is removed.
+// each resource's outcome. Failure is per module: a module stops at its own
+// first failure (its later resources wait, and so do the modules on this node
+// that bind to it or take a credential from it), while the other modules and
+// the removals proceed.
 func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan) state.Report {
 	start := time.Now()
 	rep := state.Report{Node: r.cfg.Node, Version: version, AppliedAt: r.cfg.Now().UTC()}
-	x := &run{r: r, rt: &counting{Runtime: r.rt}, inputs: map[string]string{}, ran: map[string]bool{}, managed: map[string]Container{}}
+	x := &run{r: r, rt: &counting{Runtime: r.rt}, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
+		managed: map[string]Container{}, failed: map[string]*state.ModuleFailure{}, kinds: map[string]string{}}
 	list, err := x.rt.Managed(ctx)
 	if err != nil {
 		rep.Error = "podman: " + err.Error()
@@ -148,33 +193,54 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	for _, c := range list {
 		x.managed[c.Name] = c
 	}
+	// What the plan wants, whole: a resource that waits behind a failure is
+	// still wanted, so nothing of a failed module is removed.
 	wantPaths := map[string]bool{}
 	wantCtrs := map[string]bool{}
 	for _, res := range plan.Resources {
-		out := x.apply(ctx, res)
-		rep.Resources = append(rep.Resources, out)
-		if out.Outcome != Unchanged {
-			r.logLine(res, out)
-		}
-		if out.Outcome == Failed {
-			rep.Error = fmt.Sprintf("%s %s (%s): %s", res.Kind, res.RuntimeName(), res.Module, out.Reason)
-			break
-		}
 		switch res.Kind {
 		case manifest.KindStep, manifest.KindContainer:
 			wantCtrs[res.RuntimeName()] = true
 		default:
 			wantPaths[res.Name] = true
+			x.kinds[res.Name] = res.Kind
 		}
 	}
-	if rep.Error == "" {
-		rep.Resources = append(rep.Resources, x.removeUnwanted(ctx, plan, wantPaths, wantCtrs)...)
+	for _, res := range plan.Resources {
+		var out state.ResourceReport
+		if f := x.blocked(res); f != nil {
+			out = report(res, Waiting, f.WaitReason(res.Module))
+			f.Waiting = append(f.Waiting, res.RuntimeName())
+		} else {
+			out = x.apply(ctx, res)
+		}
+		rep.Resources = append(rep.Resources, out)
+		if out.Outcome != Unchanged && out.Outcome != Waiting {
+			r.logLine(out)
+		}
+		if out.Outcome == Failed {
+			x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.RuntimeName(), Reason: out.Reason}
+		}
 	}
+	rep.Resources = append(rep.Resources, x.removeUnwanted(ctx, plan, wantPaths, wantCtrs)...)
 	if err := r.ledger.Save(); err != nil {
-		if rep.Error == "" {
-			rep.Error = err.Error()
+		rep.Failures = append(rep.Failures, state.ModuleFailure{Resource: "ledger " + r.cfg.LedgerPath, Reason: err.Error()})
+	}
+	mods := make([]string, 0, len(x.failed))
+	for m := range x.failed {
+		mods = append(mods, m)
+	}
+	sort.Strings(mods)
+	for _, m := range mods {
+		rep.Failures = append(rep.Failures, *x.failed[m])
+	}
+	for _, rr := range rep.Resources {
+		if rr.Outcome == Failed && x.failed[rr.Module] == nil {
+			// A removal that failed belongs to no module of the plan.
+			rep.Failures = append(rep.Failures, state.ModuleFailure{Module: rr.Module, Resource: rr.Kind + " " + rr.Name, Reason: rr.Reason})
 		}
 	}
+	rep.Error = rep.FailureSummary()
 	rep.Mutations = x.rt.n + x.writes
 	lvl := slog.LevelInfo
 	if rep.Mutations == 0 && rep.Error == "" {
@@ -184,8 +250,24 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	return rep
 }
 
+// blocked returns the failure a resource must wait behind: its own module's,
+// or, for a binding or credential, the failure of its provider on this node.
+func (x *run) blocked(res state.Resource) *state.ModuleFailure {
+	if f := x.failed[res.Module]; f != nil {
+		return f
+	}
+	if res.Kind == manifest.KindBinding || res.Kind == manifest.KindCredential {
+		if f := x.failed[res.Decl.Provider]; f != nil {
+			// The consumer's module waits from here on, for its provider.
+			x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.Name, Reason: "waits for its provider " + res.Decl.Provider + ", which failed", Provider: res.Decl.Provider}
+			return x.failed[res.Module]
+		}
+	}
+	return nil
+}
+
 // logLine writes the seeds' one line per change.
-func (r *Reconciler) logLine(res state.Resource, out state.ResourceReport) {
+func (r *Reconciler) logLine(out state.ResourceReport) {
 	verb := "updated"
 	switch out.Outcome {
 	case Kept:
@@ -210,6 +292,19 @@ func report(res state.Resource, outcome, reason string) state.ResourceReport {
 }
 
 func (x *run) apply(ctx context.Context, res state.Resource) state.ResourceReport {
+	if !res.Typed.OK {
+		// A plan written before typed values travelled in plans.
+		t, err := manifest.TypeOf(&res.Decl)
+		if err != nil {
+			return report(res, Failed, "its declaration does not parse: "+err.Error())
+		}
+		res.Typed = t
+	}
+	if res.Kind != manifest.KindStep && res.Kind != manifest.KindContainer {
+		if msg := x.r.refusedPath(res.Name); msg != "" {
+			return report(res, Failed, msg)
+		}
+	}
 	switch res.Kind {
 	case manifest.KindDirectory:
 		return x.directory(res)
@@ -223,49 +318,46 @@ func (x *run) apply(ctx context.Context, res state.Resource) state.ResourceRepor
 	return report(res, Failed, "unknown resource kind "+res.Kind+" (is this mesh older than the plan?)")
 }
 
-func ownerOf(d manifest.Resource) (int, int) {
-	if d.Owner == "" {
-		return 0, 0
+// refusedPath says why the host will not touch a path, "" when it will.
+func (r *Reconciler) refusedPath(p string) string {
+	for _, f := range manifest.Forbidden {
+		if manifest.Within(p, f) {
+			return f + " belongs to the system, not to a module; the host does not touch it"
+		}
 	}
-	u, g, _ := strings.Cut(d.Owner, ":")
-	uid, _ := strconv.Atoi(u)
-	gid, _ := strconv.Atoi(g)
-	return uid, gid
-}
-
-func modeOf(d manifest.Resource, def os.FileMode) os.FileMode {
-	if d.Mode == "" {
-		return def
+	if d := r.cfg.DataDir; d != "" && (manifest.Within(p, d) || manifest.Within(d, p)) {
+		return d + " is this node's data dir; the host does not touch it for a module"
 	}
-	v, err := strconv.ParseUint(d.Mode, 8, 32)
-	if err != nil {
-		return def
-	}
-	m := os.FileMode(v).Perm()
-	if v&0o4000 != 0 {
-		m |= os.ModeSetuid
-	}
-	if v&0o2000 != 0 {
-		m |= os.ModeSetgid
-	}
-	if v&0o1000 != 0 {
-		m |= os.ModeSticky
-	}
-	return m
+	return ""
 }
 
 func (x *run) directory(res state.Resource) state.ResourceReport {
-	uid, gid := ownerOf(res.Decl)
-	mode := modeOf(res.Decl, 0o755)
+	uid, gid := res.Typed.UID, res.Typed.GID
+	mode := res.Typed.ModeOr(0o755)
+	have, err := look(res.Name)
+	if err != nil {
+		return report(res, Failed, err.Error())
+	}
+	if have.exists && !have.isDir {
+		return report(res, Failed, "exists and is not a directory; move it aside")
+	}
+	if !have.exists {
+		// Recorded before it is made: only a directory the mesh created is the
+		// mesh's to remove later, and a crash after mkdir must not forget it.
+		if err := x.r.ledger.Put(res.Name, PathEntry{Kind: res.Kind, Module: res.Module}); err != nil {
+			return report(res, Failed, err.Error())
+		}
+	} else if e, ok := x.r.ledger.Paths[res.Name]; ok && e.Module != res.Module {
+		e.Module = res.Module
+		if err := x.r.ledger.Put(res.Name, e); err != nil {
+			return report(res, Failed, err.Error())
+		}
+	}
 	outcome, drift, err := ensureDir(res.Name, uid, gid, mode)
 	if err != nil {
 		return report(res, Failed, err.Error())
 	}
-	x.inputs[res.Name] = digestBytes([]byte(fmt.Sprintf("dir %d:%d %o", uid, gid, mode)))
-	if outcome == fsCreated {
-		// Only a directory the mesh created is the mesh's to remove later.
-		x.r.ledger.Paths[res.Name] = PathEntry{Kind: res.Kind, Module: res.Module}
-	}
+	x.inputsOf(res.Module)[res.Name] = digestBytes([]byte(fmt.Sprintf("dir %d:%d %o", uid, gid, mode)))
 	if outcome != fsUnchanged {
 		x.writes++
 	}
@@ -284,7 +376,7 @@ func outcomeOf(fs string) string {
 
 func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport {
 	var content string
-	mode := modeOf(res.Decl, 0o644)
+	mode := res.Typed.ModeOr(0o644)
 	switch res.Kind {
 	case manifest.KindCredential, state.KindDeliveredCredential:
 		if res.Credential == nil {
@@ -300,22 +392,98 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 			content = "name=" + res.Credential.Consumer + "\nsecret=" + secret + "\n"
 		}
 		// A secret is never readable by group or others (DESIGN rule 7).
-		mode = modeOf(res.Decl, 0o600) &^ 0o077
-		x.inputs[res.Name] = res.Digest
+		mode = res.Typed.ModeOr(0o600) &^ 0o077
+		x.inputsOf(res.Module)[res.Name] = res.Digest
 	default:
 		content = res.Content
-		x.inputs[res.Name] = digestBytes([]byte(content))
+		x.inputsOf(res.Module)[res.Name] = digestBytes([]byte(content))
 	}
-	uid, gid := ownerOf(res.Decl)
-	outcome, drift, err := ensureFile(res.Name, []byte(content), uid, gid, mode)
+	uid, gid := res.Typed.UID, res.Typed.GID
+	have, err := look(res.Name)
 	if err != nil {
 		return report(res, Failed, err.Error())
 	}
-	x.r.ledger.Paths[res.Name] = PathEntry{Kind: res.Kind, Module: res.Module, Digest: digestBytes([]byte(content))}
+	if have.isDir {
+		return report(res, Failed, "exists and is a directory; move it aside")
+	}
+	want := digestBytes([]byte(content))
+	e, ours := x.r.ledger.Paths[res.Name]
+	mine := !have.exists || ours && (have.digest == e.Digest || have.digest == e.Prev)
+	var note string
+	if have.exists && !mine && have.digest != want {
+		if !ours && !res.Decl.TakeOver {
+			return report(res, Failed, fmt.Sprintf("%s exists and the mesh did not write it; the mesh never overwrites bytes it did not write. Move it aside (mv %s %s.orig), or add `take-over: true` to the file in the manifest: its original is then kept in %s and put back when the module lets go of it", res.Name, res.Name, res.Name, x.r.keptDir()))
+		}
+		// Someone else's bytes: keep a copy before they are replaced.
+		kept, err := x.r.keep(res, have)
+		if err != nil {
+			return report(res, Failed, "keep a copy of what is there before replacing it: "+err.Error())
+		}
+		if !ours {
+			e = PathEntry{Original: &Original{Kept: kept, Digest: have.digest, UID: have.uid, GID: have.gid, Mode: have.mode}}
+			note = "taken over; the original is kept at " + kept
+		} else {
+			note = "it was changed since the mesh wrote it; that content is kept at " + kept
+		}
+	} else if have.exists && !ours && have.digest == want && !res.Decl.TakeOver {
+		return report(res, Failed, fmt.Sprintf("%s exists and the mesh did not write it (its content is already what the manifest says); move it aside (mv %s %s.orig), or add `take-over: true` to the file in the manifest", res.Name, res.Name, res.Name))
+	} else if have.exists && !ours {
+		kept, err := x.r.keep(res, have)
+		if err != nil {
+			return report(res, Failed, "keep a copy of what is there before taking it over: "+err.Error())
+		}
+		e = PathEntry{Original: &Original{Kept: kept, Digest: have.digest, UID: have.uid, GID: have.gid, Mode: have.mode}}
+		note = "taken over; the original is kept at " + kept
+	}
+	// Recorded before the write: a crash between the two leaves a file that
+	// holds either digest, and both are the mesh's.
+	ne := e
+	ne.Kind, ne.Module, ne.Digest, ne.Prev = res.Kind, res.Module, want, ""
+	if have.exists && have.digest != want {
+		ne.Prev = have.digest
+	}
+	if !ours || ne != e {
+		if err := x.r.ledger.Put(res.Name, ne); err != nil {
+			return report(res, Failed, err.Error())
+		}
+	}
+	outcome, drift, err := writeFile(res.Name, have, []byte(content), uid, gid, mode)
+	if err != nil {
+		return report(res, Failed, err.Error())
+	}
 	if outcome != fsUnchanged {
 		x.writes++
 	}
+	if note != "" {
+		drift = strings.TrimPrefix(drift+"; "+note, "; ")
+	}
 	return report(res, outcomeOf(outcome), drift)
+}
+
+// keptDir is where the originals of files the mesh replaced are kept.
+func (r *Reconciler) keptDir() string {
+	if r.cfg.DataDir == "" {
+		return filepath.Join(filepath.Dir(r.cfg.LedgerPath), "kept")
+	}
+	return filepath.Join(r.cfg.DataDir, "kept")
+}
+
+// keep copies what is at a path into the kept dir, durably, and returns
+// where. Its name says the path and the content's digest.
+func (r *Reconciler) keep(res state.Resource, have pathState) (string, error) {
+	dir := r.keptDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	name := strings.ReplaceAll(strings.TrimPrefix(res.Name, "/"), "/", "%") + "@" + have.digest[:16]
+	if len(name) > 200 {
+		name = name[len(name)-200:]
+	}
+	p := filepath.Join(dir, name)
+	if err := safefs.WriteFile(p, have.content, 0o600); err != nil {
+		return "", err
+	}
+	return p, nil
 }
 
 func (x *run) ensureImage(ctx context.Context, ref string) error {
@@ -343,94 +511,155 @@ func (x *run) spec(res state.Resource, want desired) Spec {
 	if res.Kind == manifest.KindContainer && s.Restart == "" {
 		s.Restart = "always"
 	}
-	for _, m := range d.Mounts {
-		parts := strings.Split(m, ":")
-		mt := Mount{Source: parts[0], Destination: parts[1]}
-		if len(parts) == 3 {
-			mt.Options = strings.Split(parts[2], ",")
-		}
-		s.Mounts = append(s.Mounts, mt)
+	for _, m := range res.Typed.Mounts {
+		s.Mounts = append(s.Mounts, Mount{Source: m.Source, Destination: m.Destination, Options: m.Options})
 	}
-	for _, p := range d.Ports {
-		s.Ports = append(s.Ports, parsePort(p))
+	for _, p := range res.Typed.Ports {
+		s.Ports = append(s.Ports, Port{HostIP: p.HostIP, HostPort: p.HostPort, ContainerPort: p.ContainerPort, Protocol: p.Protocol})
 	}
 	return s
 }
 
-func parsePort(p string) Port {
-	spec, proto, ok := strings.Cut(p, "/")
-	if !ok {
-		proto = "tcp"
+// mountsOK is the guard before every create and start: each mount's source
+// is still what the plan declared (a directory or a regular file, no link
+// anywhere on its path). A container whose source a link replaced would have
+// Podman mount the link's target.
+func (x *run) mountsOK(res state.Resource) string {
+	for _, m := range res.Typed.Mounts {
+		have, err := look(m.Source)
+		switch {
+		case err != nil:
+			return fmt.Sprintf("mount source %s is no longer what was declared (%s)", m.Source, keptReason(err))
+		case !have.exists:
+			return fmt.Sprintf("mount source %s does not exist; declare it above the %s", m.Source, res.Kind)
+		case have.isDir != (x.kinds[m.Source] == manifest.KindDirectory):
+			return fmt.Sprintf("mount source %s is no longer what was declared (a %s)", m.Source, x.kinds[m.Source])
+		}
 	}
-	parts := strings.Split(spec, ":")
-	var out Port
-	if len(parts) == 3 {
-		out.HostIP, parts = parts[0], parts[1:]
-	}
-	h, _ := strconv.Atoi(parts[0])
-	c, _ := strconv.Atoi(parts[1])
-	out.HostPort, out.ContainerPort, out.Protocol = uint16(h), uint16(c), proto
-	return out
+	return ""
 }
 
 func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport {
-	want := describe(res, x.r.cfg.DNS, x.inputs)
-	x.inputs[res.Name] = want.Digest
+	want := describe(res, x.r.cfg.DNS, x.inputsOf(res.Module))
+	x.inputsOf(res.Module)[res.Name] = want.Digest
 	var marker *Marker
 	if m, ok := x.r.ledger.Markers[want.Name]; ok {
 		marker = &m
 	}
-	run, reason := decideStep(want, marker, x.ran)
-	if !run {
-		return report(res, Unchanged, "")
-	}
-	if err := x.ensureImage(ctx, res.Decl.Image); err != nil {
-		return report(res, Failed, err.Error())
-	}
-	if old, ok := x.managed[want.Name]; ok {
-		// A leftover of a run that was cut short.
-		if err := x.rt.Remove(ctx, old.ID); err != nil {
+	run, reason := decideStep(want, marker, x.ranOf(res.Module))
+	leftover, found := x.managed[want.Name]
+	if !found {
+		c, ok, err := x.rt.Lookup(ctx, want.Name)
+		if err != nil {
 			return report(res, Failed, err.Error())
 		}
-		delete(x.managed, want.Name)
-	} else if c, found, err := x.rt.Lookup(ctx, want.Name); err != nil {
-		return report(res, Failed, err.Error())
-	} else if found {
-		_, _, err := decideContainer(want, &c, x.ran)
-		return report(res, Failed, err.Error())
-	}
-	id, err := x.rt.Create(ctx, x.spec(res, want))
-	if err != nil {
-		return report(res, Failed, err.Error())
-	}
-	defer x.rt.Remove(context.WithoutCancel(ctx), id)
-	if err := x.rt.Start(ctx, id); err != nil {
-		return report(res, Failed, err.Error())
-	}
-	wctx, cancel := context.WithTimeout(ctx, x.r.cfg.StepTimeout)
-	code, err := x.rt.Wait(wctx, id)
-	cancel()
-	if err != nil {
-		if wctx.Err() != nil {
-			err = fmt.Errorf("did not finish within %s", x.r.cfg.StepTimeout)
+		if ok && c.Labels[LabelManaged] != "1" {
+			_, _, err := decideContainer(want, &c, nil)
+			return report(res, Failed, err.Error())
 		}
+		leftover, found = c, ok
+	}
+	if !run {
+		if found {
+			// The run finished and was recorded; only its container was left.
+			x.rt.Remove(ctx, leftover.ID)
+			delete(x.managed, want.Name)
+		}
+		return report(res, Unchanged, "")
+	}
+	if msg := x.mountsOK(res); msg != "" {
+		return report(res, Failed, msg+"; not run")
+	}
+	var id string
+	if found && leftover.Labels[LabelDigest] == want.Digest && (leftover.State == "running" || leftover.State == "exited" || leftover.State == "stopped") {
+		// The same run, started before the agent stopped or Podman went away:
+		// wait for it rather than run it twice.
+		id = leftover.ID
+		reason = strings.TrimPrefix(reason+"; re-attached to the run under way", "; ")
+	} else {
+		if found {
+			// A leftover of another declaration, or one that never started.
+			if err := x.rt.Remove(ctx, leftover.ID); err != nil {
+				return report(res, Failed, err.Error())
+			}
+		}
+		delete(x.managed, want.Name)
+		if err := x.ensureImage(ctx, res.Decl.Image); err != nil {
+			return report(res, Failed, err.Error())
+		}
+		var err error
+		id, err = x.rt.Create(ctx, x.spec(res, want))
+		if err != nil {
+			return report(res, Failed, err.Error())
+		}
+		if err := x.rt.Start(ctx, id); err != nil {
+			x.rt.Remove(context.WithoutCancel(ctx), id)
+			return report(res, Failed, err.Error())
+		}
+	}
+	code, err := x.waitStep(ctx, id)
+	if err != nil {
+		if ctx.Err() != nil {
+			// The agent is stopping: the run goes on, and the next start
+			// re-attaches to it.
+			return report(res, Failed, "the agent stopped while it ran; it is re-attached at the next start")
+		}
+		x.rt.Remove(context.WithoutCancel(ctx), id)
 		return report(res, Failed, err.Error())
 	}
 	if code != 0 {
 		logs, _ := x.rt.Logs(ctx, id, 10)
+		x.rt.Remove(context.WithoutCancel(ctx), id)
 		msg := fmt.Sprintf("exited with code %d", code)
 		if logs != "" {
 			msg += "; last lines:\n" + logs
 		}
 		return report(res, Failed, msg)
 	}
-	x.r.ledger.Markers[want.Name] = Marker{Digest: want.Digest, Decl: want.Decl, Inputs: want.Inputs}
-	x.ran[res.Name] = true
+	// The marker is durable before anything else happens, so a crash from
+	// here on never reruns the step.
+	if err := x.r.ledger.Mark(want.Name, Marker{Digest: want.Digest, Decl: want.Decl, Inputs: want.Inputs}); err != nil {
+		return report(res, Failed, "the step ran, but its marker could not be recorded: "+err.Error())
+	}
+	x.rt.Remove(context.WithoutCancel(ctx), id)
+	x.ranOf(res.Module)[res.Name] = true
 	return report(res, Ran, reason)
 }
 
+// waitStep waits for a step's container to exit, within the step timeout. A
+// Podman service that goes away and comes back is waited for (up to
+// PodmanBack), then the same container is waited on again.
+func (x *run) waitStep(ctx context.Context, id string) (int, error) {
+	wctx, cancel := context.WithTimeout(ctx, x.r.cfg.StepTimeout)
+	defer cancel()
+	var lost time.Time
+	for {
+		code, err := x.rt.Wait(wctx, id)
+		if err == nil {
+			return code, nil
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if wctx.Err() != nil {
+			return 0, fmt.Errorf("did not finish within %s; stopped", x.r.cfg.StepTimeout)
+		}
+		if lost.IsZero() {
+			lost = time.Now()
+			x.r.log.Warn("lost Podman while a step ran; waiting for it to come back", "container", id, "err", err)
+		}
+		if time.Since(lost) > x.r.cfg.PodmanBack {
+			return 0, fmt.Errorf("lost Podman while it ran (%v), and Podman did not come back within %s", err, x.r.cfg.PodmanBack)
+		}
+		select {
+		case <-wctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 func (x *run) container(ctx context.Context, res state.Resource) state.ResourceReport {
-	want := describe(res, x.r.cfg.DNS, x.inputs)
+	want := describe(res, x.r.cfg.DNS, x.inputsOf(res.Module))
 	var have *Container
 	if c, ok := x.managed[want.Name]; ok {
 		have = &c
@@ -443,9 +672,21 @@ func (x *run) container(ctx context.Context, res state.Resource) state.ResourceR
 			have = &c
 		}
 	}
-	action, reason, err := decideContainer(want, have, x.ran)
+	action, reason, err := decideContainer(want, have, x.ranOf(res.Module))
 	if err != nil {
 		return report(res, Failed, err.Error())
+	}
+	if msg := x.mountsOK(res); msg != "" {
+		if have != nil && have.Running {
+			// Running with what was there at its start; it must not start
+			// again through the link.
+			if err := x.rt.Remove(ctx, have.ID); err != nil {
+				return report(res, Failed, msg+"; and removing it failed: "+err.Error())
+			}
+			delete(x.managed, want.Name)
+			return report(res, Failed, msg+"; stopped and removed, so Podman cannot start it through the link")
+		}
+		return report(res, Failed, msg+"; not started")
 	}
 	switch action {
 	case actKeep:
@@ -479,7 +720,8 @@ func (x *run) container(ctx context.Context, res state.Resource) state.ResourceR
 
 // removeUnwanted removes the mesh's containers that the plan no longer holds,
 // and the paths it wrote that the plan no longer holds, children first. A
-// path that holds anything the mesh did not put there is kept and reported.
+// path that holds anything the mesh did not put there is kept and reported;
+// a file the mesh took over gets its original back.
 func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs map[string]bool) []state.ResourceReport {
 	var out []state.ResourceReport
 	var names []string
@@ -497,7 +739,7 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 		} else {
 			rr.Outcome = Removed
 		}
-		x.r.logLine(state.Resource{}, rr)
+		x.r.logLine(rr)
 		out = append(out, rr)
 	}
 	var gone []string
@@ -507,29 +749,31 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 		}
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(gone)))
+	seen := map[string]bool{}
 	for _, p := range gone {
 		e := x.r.ledger.Paths[p]
-		var removed bool
-		var kept string
-		var err error
-		if e.Kind == manifest.KindDirectory {
-			removed, kept, err = removeDir(p)
-		} else {
-			removed, kept, err = removeFile(p, e.Digest)
-		}
-		rr := state.ResourceReport{Module: e.Module, Kind: e.Kind, Name: p}
-		switch {
-		case err != nil:
-			rr.Outcome, rr.Reason = Failed, err.Error()
-		case removed:
-			rr.Outcome = Removed
-			delete(x.r.ledger.Paths, p)
+		rr := x.removePath(p, e)
+		if rr.Outcome == Removed || rr.Outcome == Restored {
+			if err := x.r.ledger.Drop(p); err != nil {
+				rr.Outcome, rr.Reason = Failed, err.Error()
+			}
 			x.writes++
-		default:
-			rr.Outcome, rr.Reason = Kept, kept
 		}
-		x.r.logLine(state.Resource{}, rr)
+		if rr.Outcome == Kept {
+			seen[p] = true
+			if x.r.kept[p] == rr.Reason {
+				out = append(out, rr)
+				continue // said once already
+			}
+			x.r.kept[p] = rr.Reason
+		}
+		x.r.logLine(rr)
 		out = append(out, rr)
+	}
+	for p := range x.r.kept {
+		if !seen[p] {
+			delete(x.r.kept, p)
+		}
 	}
 	wantSteps := map[string]bool{}
 	for _, res := range plan.Resources {
@@ -543,4 +787,67 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 		}
 	}
 	return out
+}
+
+// removePath removes one path the mesh made and no longer wants, or puts
+// back the original of a file it took over.
+func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
+	rr := state.ResourceReport{Module: e.Module, Kind: e.Kind, Name: p}
+	if msg := x.r.refusedPath(p); msg != "" {
+		rr.Outcome, rr.Reason = Kept, msg
+		return rr
+	}
+	var removed bool
+	var kept string
+	var err error
+	switch {
+	case e.Kind == manifest.KindDirectory:
+		removed, kept, err = removeDir(p)
+	case e.Original != nil:
+		removed, kept, err = x.r.restore(p, e)
+		if removed {
+			rr.Outcome, rr.Reason = Restored, "the original the module took over is back"
+			return rr
+		}
+	default:
+		removed, kept, err = unlink(p, e.Digest, e.Prev)
+	}
+	switch {
+	case err != nil:
+		rr.Outcome, rr.Reason = Failed, err.Error()
+	case removed:
+		rr.Outcome = Removed
+	default:
+		rr.Outcome, rr.Reason = Kept, kept
+	}
+	return rr
+}
+
+// restore puts a taken-over file's original back, if the file still holds
+// what the mesh wrote.
+func (r *Reconciler) restore(p string, e PathEntry) (bool, string, error) {
+	orig, err := os.ReadFile(e.Original.Kept)
+	if err != nil {
+		return false, "", fmt.Errorf("read the original kept at %s: %w", e.Original.Kept, err)
+	}
+	if digestBytes(orig) != e.Original.Digest {
+		return false, "", fmt.Errorf("the original kept at %s is not what was taken over (digest differs); put it back by hand", e.Original.Kept)
+	}
+	have, err := look(p)
+	if err != nil {
+		return false, keptReason(err) + "; the original is kept at " + e.Original.Kept, nil
+	}
+	if have.exists && have.digest != e.Digest && have.digest != e.Prev && have.digest != e.Original.Digest {
+		return false, "its content changed since the mesh wrote it; the original is kept at " + e.Original.Kept, nil
+	}
+	dfd, base, err := safefs.OpenParent(p)
+	if err != nil {
+		return false, keptReason(err) + "; the original is kept at " + e.Original.Kept, nil
+	}
+	defer unix.Close(dfd)
+	if err := safefs.WriteAt(dfd, base, orig, safefs.Attr{UID: e.Original.UID, GID: e.Original.GID, Mode: e.Original.Mode, Chown: true}); err != nil {
+		return false, "", err
+	}
+	os.Remove(e.Original.Kept)
+	return true, "", nil
 }

@@ -7,15 +7,17 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"mesh/internal/safefs"
 )
 
-// The filesystem executor. Every operation refuses to follow a symlink at the
-// path it acts on: directories and files are opened with O_NOFOLLOW and
-// changed through the descriptor (fchown, fchmod), removals look with lstat.
+// The filesystem executor. Every path is walked from the root without
+// following a link at any component (safefs), and changed through descriptors
+// (fchown, fchmod, *at calls), so a link a container planted anywhere in a
+// declared tree is refused, never followed.
 
 // FS outcomes.
 const (
@@ -24,35 +26,103 @@ const (
 	fsUpdated   = "updated"
 )
 
-var errSymlink = errors.New("is a symbolic link; the mesh never follows links: remove it, or change the manifest")
-
 func digestBytes(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
 }
 
+// maxFile bounds what the host reads of a file it compares (a declared file
+// is at most a manifest's size; a container may have made it huge).
+const maxFile = 64 << 20
+
+// pathState is what is at a path now.
+type pathState struct {
+	exists bool
+	isDir  bool
+	// content and its digest, for a regular file
+	content []byte
+	digest  string
+	uid     int
+	gid     int
+	mode    uint32 // permission, setuid, setgid and sticky bits
+}
+
+// look says what is at path, following no link. A link anywhere is a
+// *safefs.LinkError; a kind other than directory or regular file is an error.
+func look(path string) (pathState, error) {
+	var ps pathState
+	dfd, base, err := safefs.OpenParent(path)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return ps, fmt.Errorf("%s: its parent directory does not exist; declare it above, the host applies resources in the order written", path)
+		}
+		return ps, err
+	}
+	defer unix.Close(dfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return ps, nil
+		}
+		return ps, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	ps.exists = true
+	ps.uid, ps.gid, ps.mode = int(st.Uid), int(st.Gid), st.Mode&0o7777
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		ps.isDir = true
+		return ps, nil
+	case unix.S_IFLNK:
+		return ps, &safefs.LinkError{Path: path, Link: path}
+	case unix.S_IFREG:
+	default:
+		return ps, fmt.Errorf("%s exists and is neither a directory nor a regular file; move it aside", path)
+	}
+	fd, err := unix.Openat(dfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			return ps, &safefs.LinkError{Path: path, Link: path}
+		}
+		return ps, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxFile+1))
+	if err != nil {
+		return ps, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(b) > maxFile {
+		return ps, fmt.Errorf("%s is larger than %d bytes; the mesh did not write it", path, maxFile)
+	}
+	ps.content, ps.digest = b, digestBytes(b)
+	return ps, nil
+}
+
 // ensureDir makes path a directory with owner and mode. It returns what it
 // did and, for an update, what drifted.
-func ensureDir(path string, uid, gid int, mode os.FileMode) (string, string, error) {
-	outcome := fsUnchanged
-	fi, err := os.Lstat(path)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		if err := unix.Mkdir(path, uint32(mode.Perm())); err != nil {
-			return "", "", fmt.Errorf("create directory: %w", err)
-		}
-		outcome = fsCreated
-	case err != nil:
-		return "", "", err
-	case fi.Mode()&os.ModeSymlink != 0:
-		return "", "", errSymlink
-	case !fi.IsDir():
-		return "", "", fmt.Errorf("exists and is not a directory (%s); move it aside", fi.Mode().Type())
-	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+func ensureDir(path string, uid, gid int, mode uint32) (string, string, error) {
+	dfd, base, err := safefs.OpenParent(path)
 	if err != nil {
-		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
-			return "", "", errSymlink
+		return "", "", err
+	}
+	defer unix.Close(dfd)
+	outcome := fsUnchanged
+	if err := unix.Mkdirat(dfd, base, mode&0o777); err == nil {
+		outcome = fsCreated
+		if err := unix.Fsync(dfd); err != nil {
+			return "", "", fmt.Errorf("sync %s: %w", path, err)
+		}
+	} else if !errors.Is(err, unix.EEXIST) {
+		return "", "", fmt.Errorf("create directory: %w", err)
+	}
+	fd, err := unix.Openat(dfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		var st unix.Stat_t
+		if errors.Is(err, unix.ELOOP) || unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return "", "", &safefs.LinkError{Path: path, Link: path}
+		}
+		if errors.Is(err, unix.ENOTDIR) {
+			return "", "", fmt.Errorf("exists and is not a directory; move it aside")
 		}
 		return "", "", fmt.Errorf("open directory: %w", err)
 	}
@@ -68,7 +138,7 @@ func ensureDir(path string, uid, gid int, mode os.FileMode) (string, string, err
 }
 
 // fixOwnerMode sets owner and mode through fd, saying what differed.
-func fixOwnerMode(fd, uid, gid int, mode os.FileMode) (string, error) {
+func fixOwnerMode(fd, uid, gid int, mode uint32) (string, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return "", err
@@ -84,177 +154,176 @@ func fixOwnerMode(fd, uid, gid int, mode os.FileMode) (string, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return "", err
 	}
-	if have := os.FileMode(st.Mode) & 0o7777; have != modeBits(mode) {
-		if err := unix.Fchmod(fd, uint32(modeBits(mode))); err != nil {
-			return "", fmt.Errorf("chmod %04o: %w", modeBits(mode), err)
+	if have := st.Mode & 0o7777; have != mode {
+		if err := unix.Fchmod(fd, mode); err != nil {
+			return "", fmt.Errorf("chmod %04o: %w", mode, err)
 		}
-		drift = append(drift, fmt.Sprintf("mode %04o -> %04o", have, modeBits(mode)))
+		drift = append(drift, fmt.Sprintf("mode %04o -> %04o", have, mode))
 	}
 	return strings.Join(drift, ", "), nil
 }
 
-func modeBits(m os.FileMode) os.FileMode {
-	out := m.Perm()
-	if m&os.ModeSetuid != 0 {
-		out |= 0o4000
-	}
-	if m&os.ModeSetgid != 0 {
-		out |= 0o2000
-	}
-	if m&os.ModeSticky != 0 {
-		out |= 0o1000
-	}
-	return out
-}
-
-// readNoFollow reads a regular file without following a link at path. The
-// caller closes the returned file (one *os.File per descriptor, so that no
-// finalizer closes a descriptor that was reused).
-func readNoFollow(path string) ([]byte, *os.File, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+// writeFile makes path hold content with owner and mode: replaced atomically
+// and durably when the content differs, owner and mode fixed in place when
+// only they drifted. have is what look found there.
+func writeFile(path string, have pathState, content []byte, uid, gid int, mode uint32) (string, string, error) {
+	dfd, base, err := safefs.OpenParent(path)
 	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			return nil, nil, errSymlink
-		}
-		return nil, nil, err
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, nil, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
-		return nil, nil, fmt.Errorf("exists and is not a regular file; move it aside")
-	}
-	f := os.NewFile(uintptr(fd), path)
-	b, err := io.ReadAll(io.LimitReader(f, 64<<20))
-	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	return b, f, nil
-}
-
-// ensureFile makes path hold content with owner and mode, replacing it
-// atomically (temp file in the same directory, then rename) when the content
-// differs, and fixing owner and mode in place when only they drifted.
-func ensureFile(path string, content []byte, uid, gid int, mode os.FileMode) (string, string, error) {
-	old, f, err := readNoFollow(path)
-	exists := err == nil
-	switch {
-	case exists:
-		defer f.Close()
-		if digestBytes(old) == digestBytes(content) {
-			drift, err := fixOwnerMode(int(f.Fd()), uid, gid, mode)
-			if err != nil {
-				return "", "", err
-			}
-			if drift != "" {
-				return fsUpdated, drift, nil
-			}
-			return fsUnchanged, "", nil
-		}
-	case errors.Is(err, os.ErrNotExist):
-	default:
 		return "", "", err
 	}
-	if err := writeAtomic(path, content, uid, gid, mode); err != nil {
+	defer unix.Close(dfd)
+	if have.exists && have.digest == digestBytes(content) {
+		fd, err := unix.Openat(dfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return "", "", nameErr(path, err)
+		}
+		defer unix.Close(fd)
+		drift, err := fixOwnerMode(fd, uid, gid, mode)
+		if err != nil {
+			return "", "", err
+		}
+		if drift != "" {
+			return fsUpdated, drift, nil
+		}
+		return fsUnchanged, "", nil
+	}
+	if err := safefs.WriteAt(dfd, base, content, safefs.Attr{UID: uid, GID: gid, Mode: mode, Chown: true}); err != nil {
 		return "", "", err
 	}
-	if !exists {
+	if !have.exists {
 		return fsCreated, "", nil
 	}
 	return fsUpdated, "content changed", nil
 }
 
-func writeAtomic(path string, content []byte, uid, gid int, mode os.FileMode) error {
-	dir, base := filepath.Split(path)
-	f, err := os.CreateTemp(dir, "."+base+".mesh-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+func nameErr(path string, err error) error {
+	if errors.Is(err, unix.ELOOP) {
+		return &safefs.LinkError{Path: path, Link: path}
 	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(content); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := fixOwnerMode(int(f.Fd()), uid, gid, mode); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("replace %s: %w", path, err)
-	}
-	ok = true
-	return nil
+	return &os.PathError{Op: "open", Path: path, Err: err}
 }
 
-// removeFile removes path only if it still holds what the mesh wrote.
-// It returns a reason when it keeps it.
-func removeFile(path, digest string) (removed bool, kept string, err error) {
-	b, f, err := readNoFollow(path)
-	if errors.Is(err, os.ErrNotExist) {
+// unlink removes the file at path if it still holds one of digests; it
+// returns a reason when it keeps it.
+func unlink(path string, digests ...string) (removed bool, kept string, err error) {
+	have, err := look(path)
+	switch {
+	case err != nil:
+		return false, keptReason(err), nil
+	case !have.exists:
 		return true, "", nil
+	case have.isDir:
+		return false, "it is now a directory, not the file the mesh wrote", nil
 	}
-	if err != nil {
-		return false, "no longer what the mesh wrote (" + err.Error() + ")", nil
+	match := false
+	for _, d := range digests {
+		match = match || d != "" && d == have.digest
 	}
-	f.Close()
-	if digestBytes(b) != digest {
+	if !match {
 		return false, "its content changed since the mesh wrote it", nil
 	}
-	if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
+	dfd, base, err := safefs.OpenParent(path)
+	if err != nil {
+		return false, keptReason(err), nil
+	}
+	defer unix.Close(dfd)
+	if err := unix.Unlinkat(dfd, base, 0); err != nil && !errors.Is(err, unix.ENOENT) {
 		return false, "", fmt.Errorf("remove: %w", err)
 	}
+	if err := unix.Fsync(dfd); err != nil {
+		return false, "", fmt.Errorf("sync directory of %s: %w", path, err)
+	}
 	return true, "", nil
+}
+
+// keptReason is why a path is kept when looking at it failed.
+func keptReason(err error) string {
+	var le *safefs.LinkError
+	if errors.As(err, &le) {
+		if le.Link == "" || le.Link == le.Path {
+			return "it is a symbolic link the mesh did not make; not followed"
+		}
+		return le.Link + " is a symbolic link the mesh did not make; not followed"
+	}
+	return "no longer what the mesh made (" + err.Error() + ")"
 }
 
 // removeDir removes path if it is an empty directory (the mesh's own children
 // are removed before it); otherwise it says what it holds.
 func removeDir(path string) (removed bool, kept string, err error) {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
+	dfd, base, err := safefs.OpenParent(path)
+	if errors.Is(err, unix.ENOENT) {
 		return true, "", nil
 	}
 	if err != nil {
-		return false, "", err
+		return false, keptReason(err), nil
 	}
-	if fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir() {
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return true, "", nil
+	}
+	if err != nil {
+		var st unix.Stat_t
+		if unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return false, "it is a symbolic link the mesh did not make; not followed", nil
+		}
 		return false, "it is no longer a directory the mesh made", nil
 	}
-	entries, err := os.ReadDir(path)
+	d := os.NewFile(uintptr(fd), path)
+	names, count, err := listSome(d, 3, 100000)
+	d.Close()
 	if err != nil {
 		return false, "", err
 	}
-	if len(entries) > 0 {
-		names := make([]string, 0, 3)
-		for i, e := range entries {
-			if i == 3 {
-				names = append(names, "...")
-				break
-			}
-			names = append(names, e.Name())
+	if count > 0 {
+		if count > len(names) {
+			names = append(names, "...")
+		}
+		n := fmt.Sprint(count)
+		if count >= 100000 {
+			n = "100000 or more"
 		}
 		word := "entries"
-		if len(entries) == 1 {
+		if count == 1 {
 			word = "entry"
 		}
-		return false, fmt.Sprintf("holds %d %s the mesh did not put there (%s)", len(entries), word, strings.Join(names, ", ")), nil
+		return false, fmt.Sprintf("holds %s %s the mesh did not put there (%s)", n, word, strings.Join(names, ", ")), nil
 	}
-	if err := unix.Rmdir(path); err != nil && !errors.Is(err, unix.ENOENT) {
+	if err := unix.Unlinkat(dfd, base, unix.AT_REMOVEDIR); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return true, "", nil
+		}
+		if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
+			return false, "something was put in it while the mesh removed it", nil
+		}
 		return false, "", fmt.Errorf("remove: %w", err)
 	}
+	if err := unix.Fsync(dfd); err != nil {
+		return false, "", fmt.Errorf("sync directory of %s: %w", path, err)
+	}
 	return true, "", nil
+}
+
+// listSome counts a directory's entries (up to limit) and returns the first
+// few names, in the order the directory gives them.
+func listSome(d *os.File, few, limit int) ([]string, int, error) {
+	var names []string
+	count := 0
+	for count < limit {
+		batch, err := d.Readdirnames(1024)
+		for _, n := range batch {
+			if len(names) < few {
+				names = append(names, n)
+			}
+		}
+		count += len(batch)
+		if err == io.EOF || len(batch) == 0 {
+			return names, count, nil
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+	}
+	return names, count, nil
 }

@@ -1,16 +1,21 @@
 package reconciler
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
+
+	"mesh/internal/safefs"
 )
 
 // Ledger is node-local: what the mesh put where, and each step's marker. It is
 // never replicated, so a snapshot restore of the state cannot touch it.
+//
+// Every change is written through before the mutation it describes (a path)
+// or right after it (a step's marker), so a kill -9 at any line leaves a
+// ledger that still knows everything the mesh made: a path recorded but never
+// made is simply absent, and a step whose marker was written never reruns.
 type Ledger struct {
 	// Paths maps every path the mesh created or wrote to what it put there.
 	Paths map[string]PathEntry `json:"paths"`
@@ -27,6 +32,22 @@ type PathEntry struct {
 	Module string `json:"module"`
 	// Digest of the content the mesh wrote (files); empty for directories.
 	Digest string `json:"digest,omitempty"`
+	// Prev is the digest of what the file held before the write that Digest
+	// records; until that write is known to be done, either is the mesh's.
+	Prev string `json:"prev,omitempty"`
+	// Original is set when the mesh took over a file it did not write: the
+	// original bytes are kept aside and put back when the module lets go.
+	Original *Original `json:"original,omitempty"`
+}
+
+// Original is a file that was there before the mesh took it over.
+type Original struct {
+	// Kept is where its bytes are, in the node's data dir.
+	Kept   string `json:"kept"`
+	Digest string `json:"digest"`
+	UID    int    `json:"uid"`
+	GID    int    `json:"gid"`
+	Mode   uint32 `json:"mode"`
 }
 
 // Marker is a step's last successful run: its digest and what went into it,
@@ -60,35 +81,36 @@ func LoadLedger(path string) (*Ledger, error) {
 	return l, nil
 }
 
-// Save writes the ledger atomically, and only when it changed.
+// Save writes the ledger atomically and durably, and only when it changed.
 func (l *Ledger) Save() error {
 	b, err := json.MarshalIndent(l, "", "  ")
 	if err != nil {
 		return err
 	}
-	if bytes.Equal(b, l.saved) {
+	if string(b) == string(l.saved) {
 		return nil
 	}
-	dir := filepath.Dir(l.path)
-	f, err := os.CreateTemp(dir, ".ledger-*")
-	if err != nil {
-		return fmt.Errorf("write ledger: %w", err)
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("write ledger: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("write ledger: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), l.path); err != nil {
+	if err := safefs.WriteFile(l.path, b, 0o600); err != nil {
 		return fmt.Errorf("write ledger: %w", err)
 	}
 	l.saved = b
 	return nil
+}
+
+// Put records a path and saves, before the caller makes or writes it.
+func (l *Ledger) Put(path string, e PathEntry) error {
+	l.Paths[path] = e
+	return l.Save()
+}
+
+// Drop forgets a path and saves, after the caller removed it.
+func (l *Ledger) Drop(path string) error {
+	delete(l.Paths, path)
+	return l.Save()
+}
+
+// Mark records a step's successful run and saves.
+func (l *Ledger) Mark(name string, m Marker) error {
+	l.Markers[name] = m
+	return l.Save()
 }

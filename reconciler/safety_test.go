@@ -1,0 +1,570 @@
+package reconciler
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// host is a reconciler on a temp dir with free-form manifests.
+type host struct {
+	t    *testing.T
+	dir  string
+	rt   *fake
+	r    *Reconciler
+	logs *bytes.Buffer
+	in   state.Input
+	src  map[string]string // module -> manifest text ({{d}} is the dir)
+}
+
+func newHost(t *testing.T) *host {
+	h := &host{t: t, dir: t.TempDir(), rt: newFake(), logs: &bytes.Buffer{}, src: map[string]string{}}
+	h.in = state.Input{Domain: "internal", Nodes: []state.Node{{Name: "ace", Address: "10.0.0.1"}}, Credentials: map[state.Pair]string{}}
+	h.open()
+	return h
+}
+
+// open (re)starts the reconciler from what is on disk, as an agent restart does.
+func (h *host) open() {
+	os.MkdirAll(filepath.Join(h.dir, "data"), 0o700)
+	r, err := New(Config{
+		Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(h.dir, "data", "ledger.json"),
+		DataDir: filepath.Join(h.dir, "data"),
+		Secret:  func(ctx context.Context, p state.Pair) (string, error) { return "s", nil },
+		Logger:  slog.New(slog.NewTextHandler(h.logs, nil)),
+	}, h.rt)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.r = r
+}
+
+func (h *host) assign(mods ...string) {
+	h.in.Assignments = nil
+	for _, m := range mods {
+		h.in.Assignments = append(h.in.Assignments, state.Assignment{Node: "ace", Module: m})
+	}
+}
+
+func (h *host) plan() *state.Plan {
+	h.t.Helper()
+	h.in.Modules = map[string]*manifest.Manifest{}
+	for _, src := range h.src {
+		m, err := manifest.Parse("t.yaml", []byte(strings.ReplaceAll(src, "{{d}}", h.dir)))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.in.Modules[m.Module] = m
+	}
+	out := state.Compose(h.in)
+	if out.Errors["ace"] != "" {
+		h.t.Fatal(out.Errors["ace"])
+	}
+	return out.Plans["ace"]
+}
+
+func (h *host) apply() state.Report {
+	h.t.Helper()
+	h.rt.calls = nil
+	return h.r.Apply(context.Background(), 1, h.plan())
+}
+
+func (h *host) write(rel, content string) {
+	h.t.Helper()
+	p := filepath.Join(h.dir, rel)
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *host) read(rel string) string {
+	b, err := os.ReadFile(filepath.Join(h.dir, rel))
+	if err != nil {
+		return "<" + err.Error() + ">"
+	}
+	return string(b)
+}
+
+const twinTmpl = `module: {{m}}
+resources:
+  - directory: {{d}}/{{m}}
+  - file: {{d}}/{{m}}/input
+    content: "{{content}}"
+  - step: migrate
+    image: localhost/busybox:1
+    command: ["true"]
+    restart-on: [{{d}}/{{m}}/input]
+  - container: {{m}}.server
+    image: localhost/busybox:1
+    restart-on: [migrate]
+`
+
+func twin(m, content string) string {
+	return strings.NewReplacer("{{m}}", m, "{{content}}", content).Replace(twinTmpl)
+}
+
+// Issue 8 item 1: a step named alike in two modules is two steps.
+func TestStepNamesDoNotBleedAcrossModules(t *testing.T) {
+	h := newHost(t)
+	h.src["alpha"], h.src["beta"] = twin("alpha", "a1"), twin("beta", "b1")
+	h.assign("alpha", "beta")
+	if rep := h.apply(); rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	betaID := h.rt.byName("beta.server").ID
+	alphaID := h.rt.byName("alpha.server").ID
+	h.src["alpha"] = twin("alpha", "a2")
+	rep := h.apply()
+	if o := outcome(rep, "alpha.migrate"); o.Outcome != Ran {
+		t.Fatalf("alpha.migrate: %+v", o)
+	}
+	if o := outcome(rep, "alpha.server"); o.Outcome != Replaced || o.Reason != "step migrate ran" {
+		t.Fatalf("alpha.server: %+v", o)
+	}
+	if o := outcome(rep, "beta.migrate"); o.Outcome != Unchanged {
+		t.Fatalf("beta.migrate: %+v", o)
+	}
+	if o := outcome(rep, "beta.server"); o.Outcome != Unchanged {
+		t.Fatalf("beta.server: %+v", o)
+	}
+	if h.rt.byName("beta.server").ID != betaID || h.rt.byName("alpha.server").ID == alphaID {
+		t.Fatal("container ids: beta's changed or alpha's did not")
+	}
+	for _, c := range h.rt.calls {
+		if strings.Contains(c, "beta") {
+			t.Fatalf("a Podman call touched beta: %v", h.rt.calls)
+		}
+	}
+}
+
+const providerTmpl = `module: db
+resources:
+  - directory: {{d}}/db
+  - container: db.server
+    image: {{image}}
+`
+
+const consumerTmpl = `module: app
+resources:
+  - directory: {{d}}/app
+  - binding: {{d}}/app/db.binding
+    provider: db
+  - container: app.server
+    image: localhost/busybox:1
+`
+
+const otherTmpl = `module: other
+resources:
+  - directory: {{d}}/other
+  - container: other.server
+    image: localhost/busybox:1
+`
+
+const goneTmpl = `module: gone
+resources:
+  - directory: {{d}}/gone
+  - container: gone.server
+    image: localhost/busybox:1
+`
+
+// Issue 8 item 2: failure is per module; consumers of a failed provider wait;
+// other modules and removals proceed.
+func TestFailureIsPerModule(t *testing.T) {
+	h := newHost(t)
+	h.src["db"] = strings.ReplaceAll(providerTmpl, "{{image}}", "localhost/busybox:1")
+	h.src["app"], h.src["other"], h.src["gone"] = consumerTmpl, otherTmpl, goneTmpl
+	h.assign("db", "app", "gone")
+	if rep := h.apply(); rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	// db's image goes missing (no registry), other is assigned, gone unassigned.
+	h.src["db"] = strings.ReplaceAll(providerTmpl, "{{image}}", "example.org/missing:1")
+	h.assign("db", "app", "other")
+	rep := h.apply()
+	if o := outcome(rep, "db.server"); o.Outcome != Failed {
+		t.Fatalf("db.server: %+v", o)
+	}
+	if o := outcome(rep, "app.server"); o.Outcome != Waiting || !strings.Contains(o.Reason, "provider db") {
+		t.Fatalf("app.server: %+v", o)
+	}
+	if o := outcome(rep, "other.server"); o.Outcome != Created {
+		t.Fatalf("other.server: %+v", o)
+	}
+	if h.rt.byName("gone.server") != nil {
+		t.Fatal("the unassigned module's container was not removed")
+	}
+	if _, err := os.Stat(filepath.Join(h.dir, "gone")); !os.IsNotExist(err) {
+		t.Fatal("the unassigned module's directory was not removed")
+	}
+	if h.rt.byName("app.server") == nil {
+		t.Fatal("the waiting consumer's running container was removed")
+	}
+	if f := rep.Failed("db"); f == nil || !strings.Contains(f.Reason, "pull example.org/missing:1") {
+		t.Fatalf("failures: %+v", rep.Failures)
+	}
+	if f := rep.Failed("app"); f == nil || f.Provider != "db" || len(f.Waiting) == 0 {
+		t.Fatalf("failures: %+v", rep.Failures)
+	}
+	if rep.Failed("other") != nil || !strings.Contains(rep.Error, "db: container db.server") {
+		t.Fatalf("error: %q", rep.Error)
+	}
+}
+
+const fileTmpl = `module: conf
+resources:
+  - directory: {{d}}/conf
+  - file: {{d}}/conf/app.ini
+    mode: "0640"
+    content: "mesh"
+{{takeover}}`
+
+// Issue 8 item 3: an operator's file is never overwritten unless the
+// manifest takes it over, and then it comes back.
+func TestOperatorFileIsRefusedOrTakenOverAndPutBack(t *testing.T) {
+	for _, takeOver := range []bool{false, true} {
+		h := newHost(t)
+		os.MkdirAll(filepath.Join(h.dir, "conf"), 0o755)
+		h.write("conf/app.ini", "operator's bytes")
+		os.Chmod(filepath.Join(h.dir, "conf/app.ini"), 0o604)
+		tv := ""
+		if takeOver {
+			tv = "    take-over: true\n"
+		}
+		h.src["conf"] = strings.ReplaceAll(fileTmpl, "{{takeover}}", tv)
+		h.assign("conf")
+		rep := h.apply()
+		o := outcome(rep, h.dir+"/conf/app.ini")
+		if !takeOver {
+			if o.Outcome != Failed || !strings.Contains(o.Reason, "the mesh did not write it") || !strings.Contains(o.Reason, "take-over: true") {
+				t.Fatalf("refused: %+v", o)
+			}
+			if h.read("conf/app.ini") != "operator's bytes" {
+				t.Fatal("overwritten")
+			}
+		} else {
+			if o.Outcome != Updated || !strings.Contains(o.Reason, "taken over; the original is kept at "+h.dir+"/data/kept/") {
+				t.Fatalf("taken over: %+v", o)
+			}
+			if h.read("conf/app.ini") != "mesh" {
+				t.Fatal("not written")
+			}
+		}
+		h.assign()
+		rep = h.apply()
+		if h.read("conf/app.ini") != "operator's bytes" {
+			t.Fatalf("take-over=%v: after unassign the file holds %q; report %+v", takeOver, h.read("conf/app.ini"), rep.Resources)
+		}
+		if fi, _ := os.Stat(filepath.Join(h.dir, "conf/app.ini")); fi.Mode().Perm() != 0o604 {
+			t.Fatalf("mode %v", fi.Mode())
+		}
+		if _, err := os.Stat(filepath.Join(h.dir, "conf")); err != nil {
+			t.Fatal("the operator's directory went")
+		}
+	}
+}
+
+// A file the mesh wrote and someone then edited is kept aside before the mesh
+// writes it again: no bytes are lost.
+func TestEditedFileIsKeptBeforeRewrite(t *testing.T) {
+	h := newHost(t)
+	h.src["conf"] = strings.ReplaceAll(fileTmpl, "{{takeover}}", "")
+	h.assign("conf")
+	h.apply()
+	h.write("conf/app.ini", "hand edit")
+	rep := h.apply()
+	o := outcome(rep, h.dir+"/conf/app.ini")
+	if o.Outcome != Updated || !strings.Contains(o.Reason, "that content is kept at ") {
+		t.Fatalf("%+v", o)
+	}
+	kept := o.Reason[strings.Index(o.Reason, "kept at ")+len("kept at "):]
+	if b, _ := os.ReadFile(kept); string(b) != "hand edit" {
+		t.Fatalf("kept copy %q", b)
+	}
+}
+
+const treeTmpl = `module: tree
+resources:
+  - directory: {{d}}/tree
+  - directory: {{d}}/tree/data
+    owner: "1000:1000"
+    mode: "0750"
+  - directory: {{d}}/tree/data/sub
+    mode: "0700"
+  - file: {{d}}/tree/data/sub/conf
+    mode: "0600"
+    content: "{{c}}"
+  - file: {{d}}/tree/data/top
+    content: "{{c}}"
+`
+
+// Issue 8 item 4: a link planted at any level of a declared tree is never
+// followed, for write, chown, chmod and remove alike.
+func TestPlantedLinksAtEveryLevel(t *testing.T) {
+	for _, at := range []string{"tree/data", "tree/data/sub", "tree/data/sub/conf", "tree/data/top"} {
+		t.Run(strings.ReplaceAll(at, "/", "_"), func(t *testing.T) {
+			h := newHost(t)
+			h.src["tree"] = strings.ReplaceAll(treeTmpl, "{{c}}", "v1")
+			h.assign("tree")
+			if rep := h.apply(); rep.Error != "" {
+				t.Fatal(rep.Error)
+			}
+			outside := t.TempDir()
+			os.WriteFile(filepath.Join(outside, "conf"), []byte("outside"), 0o644)
+			os.WriteFile(filepath.Join(outside, "top"), []byte("outside"), 0o644)
+			os.Mkdir(filepath.Join(outside, "sub"), 0o755)
+			os.WriteFile(filepath.Join(outside, "sub", "conf"), []byte("outside"), 0o644)
+			before := snapshot(t, outside)
+			p := filepath.Join(h.dir, at)
+			os.RemoveAll(p)
+			target := filepath.Join(outside, filepath.Base(at))
+			if filepath.Base(at) == "data" {
+				target = outside
+			}
+			if err := os.Symlink(target, p); err != nil {
+				t.Fatal(err)
+			}
+			h.src["tree"] = strings.ReplaceAll(treeTmpl, "{{c}}", "v2")
+			rep := h.apply()
+			if !strings.Contains(rep.Error, "symbolic link") {
+				t.Fatalf("the change did not say link: %q", rep.Error)
+			}
+			h.assign()
+			rep = h.apply()
+			if after := snapshot(t, outside); after != before {
+				t.Fatalf("outside changed:\n%s\n->\n%s", before, after)
+			}
+			linked := false
+			for _, rr := range rep.Resources {
+				linked = linked || rr.Outcome == Kept && strings.Contains(rr.Reason, "symbolic link")
+			}
+			if !linked {
+				t.Fatalf("the link was not reported: %+v", rep.Resources)
+			}
+		})
+	}
+}
+
+// snapshot is every entry under dir with its mode, owner and content.
+func snapshot(t *testing.T, dir string) string {
+	var b strings.Builder
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		c, _ := os.ReadFile(p)
+		st := fi.Sys().(*syscall.Stat_t)
+		fmt.Fprintf(&b, "%s %s %d:%d mtime=%v ctime=%v %q\n", p, fi.Mode(), st.Uid, st.Gid, st.Mtim, st.Ctim, c)
+		return nil
+	})
+	return b.String()
+}
+
+// Issue 8 item 5: paths of the system and the node's data dir are refused.
+func TestSystemAndDataDirPathsAreRefused(t *testing.T) {
+	h := newHost(t)
+	plan := &state.Plan{Node: "ace", Resources: []state.Resource{
+		{Module: "evil", Kind: manifest.KindDirectory, Name: filepath.Join(h.dir, "data", "evil"), Typed: manifest.Typed{OK: true}},
+		{Module: "evil2", Kind: manifest.KindFile, Name: "/etc/evil", Typed: manifest.Typed{OK: true}, Content: "x"},
+	}}
+	rep := h.r.Apply(context.Background(), 1, plan)
+	if o := outcome(rep, filepath.Join(h.dir, "data", "evil")); o.Outcome != Failed || !strings.Contains(o.Reason, "data dir") {
+		t.Fatalf("%+v", o)
+	}
+	if o := outcome(rep, "/etc/evil"); o.Outcome != Failed || !strings.Contains(o.Reason, "belongs to the system") {
+		t.Fatalf("%+v", o)
+	}
+	if _, err := os.Stat("/etc/evil"); err == nil {
+		t.Fatal("/etc/evil written")
+	}
+}
+
+// ledgerOnDisk reads the ledger as a crash would leave it.
+func (h *host) ledgerOnDisk() *Ledger {
+	l, err := LoadLedger(filepath.Join(h.dir, "data", "ledger.json"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return l
+}
+
+// crashRT stops the apply at its n-th mutating call, as a kill -9 there would.
+type crashRT struct {
+	*fake
+	n     int
+	check func()
+}
+
+var errCrash = errors.New("crash")
+
+func (c *crashRT) hit() error {
+	c.check()
+	c.n--
+	if c.n == 0 {
+		panic(errCrash)
+	}
+	return nil
+}
+func (c *crashRT) Create(ctx context.Context, s Spec) (string, error) {
+	c.hit()
+	return c.fake.Create(ctx, s)
+}
+func (c *crashRT) Remove(ctx context.Context, id string) error {
+	c.hit()
+	return c.fake.Remove(ctx, id)
+}
+func (c *crashRT) Start(ctx context.Context, id string) error {
+	c.hit()
+	return c.fake.Start(ctx, id)
+}
+
+const crashTmpl = `module: app
+resources:
+  - directory: {{d}}/app
+  - directory: {{d}}/app/data
+  - file: {{d}}/app/conf
+    content: "{{c}}"
+  - step: init
+    image: localhost/busybox:1
+    command: ["init"]
+    mounts: ["{{d}}/app/data:/data"]
+    restart-on: [{{d}}/app/conf]
+  - container: app.server
+    image: localhost/busybox:1
+    mounts: ["{{d}}/app/data:/data"]
+    restart-on: [init]
+`
+
+// Issue 8 item 6: a crash at any Podman call of an apply forgets nothing: every
+// path made is already in the ledger on disk, a step that succeeded has its
+// marker, and after the restart the step has run once per input change and an
+// unassign leaves nothing the mesh made.
+func TestCrashAtEveryPointForgetsNothing(t *testing.T) {
+	for n := 1; n <= 12; n++ {
+		h := newHost(t)
+		runs := 0
+		h.rt.exit = func(s Spec) int { runs++; return 0 }
+		h.src["app"] = strings.ReplaceAll(crashTmpl, "{{c}}", "v1")
+		h.assign("app")
+		crt := &crashRT{fake: h.rt, n: n}
+		crt.check = func() {
+			l := h.ledgerOnDisk()
+			for _, p := range []string{"app", "app/data", "app/conf"} {
+				if _, err := os.Lstat(filepath.Join(h.dir, p)); err == nil {
+					if _, ok := l.Paths[filepath.Join(h.dir, p)]; !ok {
+						t.Fatalf("crash %d: %s exists but the ledger on disk does not know it", n, p)
+					}
+				}
+			}
+			if runs > 0 && len(l.Markers) == 0 && h.rt.byName("app.init") == nil {
+				t.Fatalf("crash %d: the step ran and its container is gone, but no marker is on disk", n)
+			}
+		}
+		h.r.rt = crt
+		func() {
+			defer func() {
+				if r := recover(); r != nil && r != errCrash {
+					panic(r)
+				}
+			}()
+			h.r.Apply(context.Background(), 1, h.plan())
+		}()
+		// Restart: a fresh reconciler from disk, against the same containers.
+		h.open()
+		// A run cut short between create and wait re-attaches: make the
+		// leftover look exited as Podman would show it.
+		for _, c := range h.rt.ctrs {
+			if c.Labels[LabelKind] == manifest.KindStep && c.State == "running" {
+				c.State, c.Running = "exited", false
+			}
+		}
+		if rep := h.apply(); rep.Error != "" {
+			t.Fatalf("crash %d: did not converge: %s", n, rep.Error)
+		}
+		if runs != 1 {
+			t.Fatalf("crash %d: the step ran %d times for one input", n, runs)
+		}
+		h.src["app"] = strings.ReplaceAll(crashTmpl, "{{c}}", "v2")
+		h.apply()
+		if runs != 2 {
+			t.Fatalf("crash %d: the step ran %d times for two inputs", n, runs)
+		}
+		h.assign()
+		if rep := h.apply(); rep.Error != "" {
+			t.Fatalf("crash %d: unassign: %s", n, rep.Error)
+		}
+		if _, err := os.Stat(filepath.Join(h.dir, "app")); !os.IsNotExist(err) {
+			t.Fatalf("crash %d: unassign left %s/app", n, h.dir)
+		}
+		if len(h.rt.ctrs) != 0 {
+			t.Fatalf("crash %d: containers left: %v", n, h.rt.ctrs)
+		}
+	}
+}
+
+// lossyRT loses Podman for a few calls of Wait, as a service restart does.
+type lossyRT struct {
+	*fake
+	lose int
+}
+
+func (l *lossyRT) Wait(ctx context.Context, id string) (int, error) {
+	if l.lose > 0 {
+		l.lose--
+		return 0, errors.New("unexpected EOF")
+	}
+	return l.fake.Wait(ctx, id)
+}
+
+// Issue 8 item 11: Podman going away mid-step neither reruns the step nor
+// says it timed out.
+func TestPodmanLostMidStepReattaches(t *testing.T) {
+	h := newHost(t)
+	runs := 0
+	h.rt.exit = func(s Spec) int { runs++; return 0 }
+	h.src["app"] = strings.ReplaceAll(crashTmpl, "{{c}}", "v1")
+	h.assign("app")
+	h.r.rt = &lossyRT{fake: h.rt, lose: 2}
+	rep := h.apply()
+	if rep.Error != "" || outcome(rep, "app.init").Outcome != Ran || runs != 1 {
+		t.Fatalf("runs %d, report %q %+v", runs, rep.Error, outcome(rep, "app.init"))
+	}
+	if strings.Count(strings.Join(h.rt.calls, "\n"), "create app.init") != 1 {
+		t.Fatalf("calls: %v", h.rt.calls)
+	}
+}
+
+// Issue 8 item 7: a kept directory is said once, until what is found changes.
+func TestKeptIsLoggedOnce(t *testing.T) {
+	h := newHost(t)
+	h.src["tree"] = strings.ReplaceAll(treeTmpl, "{{c}}", "v1")
+	h.assign("tree")
+	h.apply()
+	h.write("tree/data/user.db", "precious")
+	h.assign()
+	for i := 0; i < 3; i++ {
+		rep := h.apply()
+		if o := outcome(rep, h.dir+"/tree/data"); o.Outcome != Kept {
+			t.Fatalf("pass %d: %+v", i, o)
+		}
+	}
+	if n := strings.Count(h.logs.String(), "kept "+h.dir+"/tree/data "); n != 1 {
+		t.Fatalf("kept logged %d times:\n%s", n, h.logs)
+	}
+	h.write("tree/data/other.db", "more")
+	h.apply()
+	if n := strings.Count(h.logs.String(), "kept "+h.dir+"/tree/data "); n != 2 {
+		t.Fatalf("a change of what is kept was not logged (%d)", n)
+	}
+}
