@@ -71,7 +71,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 		return fmt.Errorf("put the resolver address %s on %s: %w", dnsAddr, dnsd.DefaultLink, err)
 	}
 
-	a, err := cluster.StartAgent(ctx, cluster.AgentConfig{DataDir: g.dir(), Logger: log})
+	a, err := cluster.StartAgent(ctx, cluster.AgentConfig{DataDir: absDir(g.dir()), Logger: log})
 	if err != nil {
 		return err
 	}
@@ -95,7 +95,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 	go followSubnets(ctx, pm, resolver, c.Resync)
 
 	rec, err := reconciler.New(reconciler.Config{
-		Node: a.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(g.dir(), "ledger.json"), DataDir: g.dir(),
+		Node: a.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(g.dir(), "ledger.json"), DataDir: absDir(g.dir()),
 		Secret: a.Store.Secret, Logger: log.With("node", a.ID.Name),
 	}, pm)
 	if err != nil {
@@ -228,4 +228,12 @@ func (c *SetupCmd) Run(g *Globals) error {
 	fmt.Fprintln(g.out, "/dev/net/tun is open to users (slirp4netns)")
 	fmt.Fprintln(g.out, "the bridge and /dev/net/tun do not survive a reboot: run mesh setup at boot (contrib/mesh-setup.service)")
 	return nil
+}
+
+// absDir is dir made absolute (the reconciler compares paths with it).
+func absDir(dir string) string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		return abs
+	}
+	return dir
 }

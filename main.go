@@ -293,7 +293,7 @@ type ModuleAddCmd struct {
 
 // Run checks every file first, then adds them in one command.
 func (c *ModuleAddCmd) Run(g *Globals) error {
-	req, err := readManifests(c.Files)
+	req, err := readManifests(c.Files, g.dir())
 	if err != nil {
 		return err
 	}
@@ -307,15 +307,12 @@ func (c *ModuleAddCmd) Run(g *Globals) error {
 	return nil
 }
 
-func readManifests(files []string) (cluster.AddRequest, error) {
+func readManifests(files []string, dataDir string) (cluster.AddRequest, error) {
 	var req cluster.AddRequest
 	var errs []string
 	for _, f := range files {
-		b, err := os.ReadFile(f)
+		_, b, err := parseFile(f, dataDir)
 		if err != nil {
-			return req, err
-		}
-		if _, err := manifest.Parse(f, b); err != nil {
 			errs = append(errs, err.Error())
 			continue
 		}
@@ -325,6 +322,33 @@ func readManifests(files []string) (cluster.AddRequest, error) {
 		return req, fmt.Errorf("nothing was added:\n%s", strings.Join(errs, "\n"))
 	}
 	return req, nil
+}
+
+// parseFile reads at most a manifest's size of f (a device or a huge file is
+// refused, not read whole), parses it, and refuses paths in the data dir.
+func parseFile(f, dataDir string) (*manifest.Manifest, []byte, error) {
+	fh, err := os.Open(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer fh.Close()
+	if fi, err := fh.Stat(); err == nil && !fi.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s: not a regular file; give the module's YAML file", f)
+	}
+	b, err := io.ReadAll(io.LimitReader(fh, manifest.MaxSize+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", f, err)
+	}
+	m, err := manifest.Parse(f, b)
+	if err != nil {
+		return nil, nil, err
+	}
+	if abs, err := filepath.Abs(dataDir); err == nil {
+		if err := manifest.CheckDataDir(m, abs); err != nil {
+			return nil, nil, err
+		}
+	}
+	return m, b, nil
 }
 
 // ModuleListCmd lists the catalogue.
@@ -436,11 +460,13 @@ func assign(g *Globals, op, node, module string, wait bool, limit time.Duration)
 	if !wait || len(p.Versions) == 0 {
 		return nil
 	}
-	return waitApplied(g, node, p.Versions[0].Version, limit)
+	return waitApplied(g, node, module, p.Versions[0].Version, limit)
 }
 
 // waitApplied polls the node's reports until it applied version, or failed.
-func waitApplied(g *Globals, node string, version uint64, limit time.Duration) error {
+// With a module, only that module's failure fails the wait; other modules'
+// failures on the node are printed.
+func waitApplied(g *Globals, node, module string, version uint64, limit time.Duration) error {
 	fmt.Fprintf(g.out, "waiting for %s to apply plan v%d ...\n", node, version)
 	start := time.Now().Add(-time.Second) // a little slack for clocks
 	deadline := time.Now().Add(limit)
@@ -455,13 +481,17 @@ func waitApplied(g *Globals, node string, version uint64, limit time.Duration) e
 			if n.Name != node || n.Report == nil || n.Report.Version < version {
 				continue
 			}
-			if n.Report.Error != "" {
-				if n.Report.AppliedAt.Before(start) {
-					continue // a failure from before this command; wait for the retry
-				}
-				return fmt.Errorf("%s failed to apply plan v%d: %s", node, n.Report.Version, n.Report.Error)
+			if n.Report.Error != "" && n.Report.AppliedAt.Before(start) {
+				continue // a failure from before this command; wait for the retry
+			}
+			if n.Report.Error != "" && (module == "" || n.Report.Failed(module) != nil || len(n.Report.Failures) == 0) {
+				return fmt.Errorf("%s failed to apply plan v%d:\n  %s", node, n.Report.Version, strings.ReplaceAll(n.Report.Error, "\n", "\n  "))
 			}
 			printOutcomes(g.out, n.Report)
+			if n.Report.Error != "" {
+				fmt.Fprintf(g.out, "%s applied plan v%d for %s; other modules there failed:\n  %s\n", node, n.Report.Version, module, strings.ReplaceAll(n.Report.Error, "\n", "\n  "))
+				return nil
+			}
 			fmt.Fprintf(g.out, "%s applied plan v%d\n", node, n.Report.Version)
 			return nil
 		}
@@ -631,7 +661,27 @@ func (c *StatusCmd) Run(g *Globals) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), plan, applied, stateText)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// What failed, what waits behind it, and what the host keeps, per node.
+	for _, n := range st.Nodes {
+		if n.Report == nil {
+			continue
+		}
+		for _, f := range n.Report.Failures {
+			fmt.Fprintf(w, "\n%s: module %s failed at %s: %s\n", n.Name, dash(f.Module), f.Resource, strings.ReplaceAll(f.Reason, "\n", "\n    "))
+			if len(f.Waiting) > 0 {
+				fmt.Fprintf(w, "  waiting on it: %s\n", strings.Join(f.Waiting, ", "))
+			}
+		}
+		for _, rr := range n.Report.Resources {
+			if rr.Outcome == "kept" {
+				fmt.Fprintf(w, "%s: kept %s (%s): %s\n", n.Name, rr.Name, rr.Module, rr.Reason)
+			}
+		}
+	}
+	return nil
 }
 
 // RosterCmd shows the names.
@@ -672,11 +722,7 @@ func (c *CheckCmd) Run(g *Globals) error {
 	parsed := map[string]*manifest.Manifest{}
 	var order []*manifest.Manifest
 	for _, f := range c.Files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return err
-		}
-		m, err := manifest.Parse(f, b)
+		m, _, err := parseFile(f, g.dir())
 		if err != nil {
 			errs = append(errs, err.Error())
 			continue

@@ -21,6 +21,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"mesh/internal/safefs"
 )
 
 // Files of a node's identity in its data dir.
@@ -160,11 +162,7 @@ func writeIdentityFiles(dir string, caPEM, certPEM, keyPEM []byte) error {
 }
 
 func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return safefs.WriteFile(path, b, mode)
 }
 
 // nodeTLS is a node's TLS material: its certificate and the mesh CA.

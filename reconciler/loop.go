@@ -14,6 +14,7 @@ const (
 	DefaultResync     = 30 * time.Second
 	DefaultDebounce   = 200 * time.Millisecond
 	DefaultMaxBackoff = 2 * time.Minute
+	DefaultMinBackoff = 2 * time.Second
 )
 
 // Source is where the loop reads its plan and sends its reports.
@@ -32,6 +33,7 @@ type LoopConfig struct {
 	Resync     time.Duration // periodic pass that catches drift
 	Debounce   time.Duration // a burst of changes makes one apply
 	MaxBackoff time.Duration // retry after a failure, doubling up to this
+	MinBackoff time.Duration // the first retry after a failure
 }
 
 // Run applies the plan on every change of the replica (debounced), on a
@@ -46,13 +48,16 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 	if cfg.MaxBackoff == 0 {
 		cfg.MaxBackoff = DefaultMaxBackoff
 	}
+	if cfg.MinBackoff == 0 {
+		cfg.MinBackoff = DefaultMinBackoff
+	}
 	var sent *state.Report
 	var applied uint64 // plan version of the last apply that succeeded
 	backoff := time.Duration(0)
 	next := time.NewTimer(0)
 	defer next.Stop()
+	changed := src.Changed()
 	for {
-		changed := src.Changed()
 		onChange := false
 		select {
 		case <-ctx.Done():
@@ -74,6 +79,10 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			}
 		case <-next.C:
 		}
+		// Taken before the plan is read: a change while this pass applies (a
+		// new plan during a long step) wakes the next pass at once, rather than
+		// waiting for the periodic pass or the backoff.
+		changed = src.Changed()
 		version, plan, err := src.Plan(ctx)
 		if err != nil {
 			if !errors.Is(err, state.ErrNotFound) {
@@ -92,7 +101,7 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			return
 		}
 		if rep.Error != "" {
-			backoff = min(max(2*time.Second, backoff*2), cfg.MaxBackoff)
+			backoff = min(max(cfg.MinBackoff, backoff*2), cfg.MaxBackoff)
 			r.log.Warn(fmt.Sprintf("apply of plan v%d failed; retrying in %s", version, backoff), "err", rep.Error)
 			next.Reset(backoff)
 		} else {

@@ -192,11 +192,17 @@ func WriteAt(dfd int, name string, content []byte, attr Attr) error {
 }
 
 // WriteFile replaces path with content (mode perm, owner unchanged),
-// atomically and durably, following no link on the way.
+// atomically and durably. It is for the mesh's own files (its data dir, which
+// the operator chose and no container can reach), so the directory is opened
+// as the system resolves it; the last component is never followed.
 func WriteFile(path string, content []byte, perm os.FileMode) error {
-	dfd, base, err := OpenParent(path)
+	dir, base := filepath.Split(filepath.Clean(path))
+	if dir == "" {
+		dir = "."
+	}
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return &os.PathError{Op: "open", Path: dir, Err: err}
 	}
 	defer unix.Close(dfd)
 	if err := WriteAt(dfd, base, content, Attr{Mode: uint32(perm.Perm())}); err != nil {

@@ -1,0 +1,149 @@
+package reconciler
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"mesh/state"
+)
+
+// src is a Source whose plan the test changes.
+type src struct {
+	mu      sync.Mutex
+	version uint64
+	plan    *state.Plan
+	changed chan struct{}
+	reports chan state.Report
+}
+
+func newSrc() *src {
+	return &src{changed: make(chan struct{}), reports: make(chan state.Report, 100)}
+}
+
+func (s *src) set(v uint64, p *state.Plan) {
+	s.mu.Lock()
+	s.version, s.plan = v, p
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+func (s *src) source() Source {
+	return Source{
+		Plan: func(ctx context.Context) (uint64, *state.Plan, error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.plan == nil {
+				return 0, nil, state.ErrNotFound
+			}
+			return s.version, s.plan, nil
+		},
+		Changed: func() <-chan struct{} {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.changed
+		},
+		Report: func(ctx context.Context, r state.Report) error { s.reports <- r; return nil },
+	}
+}
+
+// waitReport waits for a report of version v (the deadline only bounds a hang).
+func (s *src) waitReport(t *testing.T, v uint64) state.Report {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case r := <-s.reports:
+			if r.Version == v {
+				return r
+			}
+		case <-deadline:
+			t.Fatalf("no report of plan v%d", v)
+		}
+	}
+}
+
+// Issue 8 item 12: a node backing off after a failed apply takes a new plan
+// at once. The backoff is an hour here, so only the new plan can wake it.
+func TestNewPlanEndsBackoff(t *testing.T) {
+	h := newHost(t)
+	h.rt.exit = func(s Spec) int {
+		if strings.Contains(strings.Join(s.Command, " "), "fail") {
+			return 1
+		}
+		return 0
+	}
+	h.src["bad"] = `module: bad
+resources:
+  - step: s
+    image: localhost/busybox:1
+    command: ["fail"]
+`
+	h.src["other"] = otherTmpl
+	h.assign("bad")
+	s := newSrc()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		h.r.Run(ctx, s.source(), LoopConfig{Resync: time.Hour, MinBackoff: time.Hour, Debounce: time.Millisecond})
+		close(done)
+	}()
+	s.set(1, h.plan())
+	if r := s.waitReport(t, 1); r.Error == "" {
+		t.Fatal("the failing plan did not fail")
+	}
+	h.assign("other")
+	s.set(2, h.plan())
+	if r := s.waitReport(t, 2); r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	cancel()
+	<-done
+}
+
+// blockRT blocks the first Create until released.
+type blockRT struct {
+	*fake
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockRT) Create(ctx context.Context, s Spec) (string, error) {
+	b.once.Do(func() { close(b.entered); <-b.release })
+	return b.fake.Create(ctx, s)
+}
+
+// A plan that changes while an apply runs is applied right after it, not at
+// the next periodic pass (an hour here).
+func TestChangeDuringApplyIsNotLost(t *testing.T) {
+	h := newHost(t)
+	h.src["other"] = otherTmpl
+	h.src["gone"] = goneTmpl
+	h.assign("other")
+	b := &blockRT{fake: h.rt, entered: make(chan struct{}), release: make(chan struct{})}
+	h.r.rt = b
+	s := newSrc()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		h.r.Run(ctx, s.source(), LoopConfig{Resync: time.Hour, Debounce: time.Millisecond})
+		close(done)
+	}()
+	s.set(1, h.plan())
+	<-b.entered
+	h.assign("other", "gone")
+	s.set(2, h.plan())
+	close(b.release)
+	s.waitReport(t, 1)
+	if r := s.waitReport(t, 2); r.Error != "" || h.rt.byName("gone.server") == nil {
+		t.Fatalf("v2 not applied: %q", r.Error)
+	}
+	cancel()
+	<-done
+}
