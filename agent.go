@@ -77,13 +77,6 @@ func (c *AgentCmd) Run(g *Globals) error {
 	}
 	defer a.Stop()
 
-	resolver, resolverAddr, err := startResolver(ctx, a, dnsAddr, c.Upstream, uint32(c.DNSTTL.Seconds()), log)
-	if err != nil {
-		return err
-	}
-	defer resolver.Close()
-	a.API.Resolver = resolverAddr
-
 	// The agent starts Podman's service only on the default socket; a socket
 	// named with --podman-socket is the operator's to run.
 	sock, start := c.PodmanSocket, false
@@ -92,11 +85,41 @@ func (c *AgentCmd) Run(g *Globals) error {
 	}
 	pm := podman.New(podman.Config{Socket: sock, Start: start, Logger: log})
 	defer pm.Close()
+	// A query from a source not yet allowed reads Podman's subnets anew, so a
+	// network created since the last pass may ask at once.
+	refresh := func() []netip.Prefix {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		p, err := pm.Subnets(rctx)
+		if err != nil {
+			return nil
+		}
+		return p
+	}
+
+	resolver, resolverAddr, err := startResolver(ctx, a, dnsAddr, c.Upstream, uint32(c.DNSTTL.Seconds()), refresh, log)
+	if err != nil {
+		return err
+	}
+	defer resolver.Close()
+	a.API.Resolver = resolverAddr
 	go followSubnets(ctx, pm, resolver, c.Resync)
+
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find this binary (the resolver probe runs it): %w", err)
+	}
 
 	rec, err := reconciler.New(reconciler.Config{
 		Node: a.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(g.dir(), "ledger.json"), DataDir: absDir(g.dir()),
 		Secret: a.Store.Secret, Logger: log.With("node", a.ID.Name),
+		Probe: &reconciler.ProbeConfig{Binary: self, Name: func(ctx context.Context) string {
+			domain := state.DefaultDomain
+			if st, err := a.Store.Settings(ctx); err == nil {
+				domain = st.Domain
+			}
+			return a.ID.Name + "." + domain
+		}},
 	}, pm)
 	if err != nil {
 		return err
@@ -139,7 +162,7 @@ func (c *AgentCmd) reexecUnshared(g *Globals) error {
 	return syscall.Exec(podmanPath, args, env)
 }
 
-func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstreams []string, ttl uint32, log *slog.Logger) (*dnsd.Server, string, error) {
+func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstreams []string, ttl uint32, refresh func() []netip.Prefix, log *slog.Logger) (*dnsd.Server, string, error) {
 	if len(upstreams) == 0 {
 		var err error
 		if upstreams, err = dnsd.UpstreamsFromResolvConf("/etc/resolv.conf", addr); err != nil {
@@ -152,7 +175,7 @@ func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstr
 	if st, err := a.Store.Settings(ctx); err == nil {
 		domain = st.Domain
 	}
-	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, TTL: ttl, Logger: log}, domain)
+	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, TTL: ttl, Refresh: refresh, Logger: log}, domain)
 	if err != nil {
 		return nil, "", err
 	}

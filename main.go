@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -746,8 +747,10 @@ func (c *CheckCmd) Run(g *Globals) error {
 
 // ResolveCmd asks the local resolver.
 type ResolveCmd struct {
-	Name string `arg:"" help:"The name, e.g. gitea.internal."`
-	TCP  bool   `name:"tcp" help:"Ask over TCP instead of UDP."`
+	Name    string        `arg:"" help:"The name, e.g. gitea.internal."`
+	TCP     bool          `name:"tcp" help:"Ask over TCP instead of UDP."`
+	Server  string        `help:"Ask this resolver (IP or IP:PORT) instead of this node's; needs no data dir or agent." placeholder:"ADDR"`
+	Timeout time.Duration `default:"5s" help:"How long to wait for each answer."`
 }
 
 // Run asks for A and AAAA and prints the answers; exit 1 when the name does
@@ -755,12 +758,18 @@ type ResolveCmd struct {
 func (c *ResolveCmd) Run(g *Globals) error {
 	ctx, cancel := timeout()
 	defer cancel()
-	st, err := g.client().Status(ctx)
-	if err != nil {
-		return err
-	}
-	if st.Resolver == "" {
-		return errors.New("this node's agent runs no resolver")
+	server := c.Server
+	if server == "" {
+		st, err := g.client().Status(ctx)
+		if err != nil {
+			return err
+		}
+		if st.Resolver == "" {
+			return errors.New("this node's agent runs no resolver")
+		}
+		server = st.Resolver
+	} else if _, _, err := net.SplitHostPort(server); err != nil {
+		server = net.JoinHostPort(server, "53")
 	}
 	network := "udp"
 	if c.TCP {
@@ -770,12 +779,12 @@ func (c *ResolveCmd) Run(g *Globals) error {
 	for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(c.Name), qt)
-		r, _, err := (&dns.Client{Net: network, Timeout: 5 * time.Second}).ExchangeContext(ctx, m, st.Resolver)
+		r, _, err := (&dns.Client{Net: network, Timeout: c.Timeout}).ExchangeContext(ctx, m, server)
 		if err != nil {
-			return fmt.Errorf("ask the resolver at %s: %w", st.Resolver, err)
+			return fmt.Errorf("ask the resolver at %s: %w", server, err)
 		}
 		if r.Rcode != dns.RcodeSuccess {
-			return fmt.Errorf("%s: %s (from %s)", c.Name, dns.RcodeToString[r.Rcode], st.Resolver)
+			return fmt.Errorf("%s: %s (from %s)", c.Name, dns.RcodeToString[r.Rcode], server)
 		}
 		for _, rr := range r.Answer {
 			fmt.Fprintln(g.out, rr.String())

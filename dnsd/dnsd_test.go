@@ -289,3 +289,32 @@ func BenchmarkLookup(b *testing.B) {
 		})
 	}
 }
+
+// A network created since the last refresh may ask at once: a query from an
+// unknown source reads the allowed sources anew (at most once a second)
+// before it is refused.
+func TestNewNetworkIsAllowedAtOnce(t *testing.T) {
+	nets := []netip.Prefix{netip.MustParsePrefix("10.88.0.0/16")}
+	calls := 0
+	s, err := New(Config{Addr: "169.254.53.53:53", Allow: nets, Refresh: func() []netip.Prefix { calls++; return nets }}, "internal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetIndex(testIndex())
+	m := new(dns.Msg)
+	m.SetQuestion("ace.internal.", dns.TypeA)
+	// The operator creates a network; the next query from it is answered.
+	nets = append(nets, netip.MustParsePrefix("10.89.0.0/24"))
+	if r := s.answer(context.Background(), m, netip.MustParseAddr("10.89.0.2")); r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("from the new network: %s", dns.RcodeToString[r.Rcode])
+	}
+	// An outsider is refused, and a flood of them refreshes at most once a second.
+	for i := 0; i < 100; i++ {
+		if r := s.answer(context.Background(), m, netip.MustParseAddr("192.0.2.9")); r.Rcode != dns.RcodeRefused {
+			t.Fatalf("outsider: %s", dns.RcodeToString[r.Rcode])
+		}
+	}
+	if calls > 2 {
+		t.Fatalf("%d refreshes for a burst of refused queries", calls)
+	}
+}

@@ -33,8 +33,12 @@ type Config struct {
 	TTL uint32
 	// Allow lists the sources that may query, besides loopback and Addr's own
 	// IP (the source rootless containers arrive from).
-	Allow  []netip.Prefix
-	Logger *slog.Logger
+	Allow []netip.Prefix
+	// Refresh, when set, reads the allowed sources anew. A query from a
+	// source not allowed calls it (at most once a second) before it is
+	// refused, so a network created since the last refresh may ask at once.
+	Refresh func() []netip.Prefix
+	Logger  *slog.Logger
 }
 
 // Server answers DNS from the current Index.
@@ -42,6 +46,8 @@ type Server struct {
 	cfg   Config
 	index atomic.Pointer[Index]
 	allow atomic.Pointer[[]netip.Prefix]
+	// refreshed is when Refresh last ran (unix nanoseconds).
+	refreshed atomic.Int64
 	self  netip.Addr
 	log   *slog.Logger
 	udp   []*net.UDPConn
@@ -227,9 +233,24 @@ func udpReply(resp, req *dns.Msg, buf []byte) ([]byte, error) {
 }
 
 func (s *Server) allowed(ip netip.Addr) bool {
-	if ip.IsLoopback() || ip == s.self {
+	if ip.IsLoopback() || ip == s.self || s.inAllow(ip) {
 		return true
 	}
+	if s.cfg.Refresh == nil {
+		return false
+	}
+	now := time.Now().UnixNano()
+	last := s.refreshed.Load()
+	if now-last < int64(time.Second) || !s.refreshed.CompareAndSwap(last, now) {
+		return false
+	}
+	if p := s.cfg.Refresh(); p != nil {
+		s.SetAllow(p)
+	}
+	return s.inAllow(ip)
+}
+
+func (s *Server) inAllow(ip netip.Addr) bool {
 	for _, p := range *s.allow.Load() {
 		if p.Contains(ip) {
 			return true

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"os"
+	"strconv"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -30,15 +31,19 @@ resources:
     restart-on: [{{root}}/bedcrash/conf]
   - container: bedcrash.web
     image: localhost/mesh-bed-busybox:1
-    command: ["httpd", "-f", "-p", "18471", "-h", "/www"]
+    command: ["sh", "-c", "trap 'exit 0' TERM; httpd -f -p 18471 -h /www & wait"]
+    ports: ["18471:18471"]
     mounts: ["{{root}}/bedcrash/www:/www:ro"]
     restart-on: [{{root}}/bedcrash/www/index.html]
   - container: bedcrash.worker
     image: localhost/mesh-bed-busybox:1
-    command: ["sh", "-c", "while true; do sleep 1; done"]
+    command: ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
     mounts: ["{{root}}/bedcrash/data:/data"]
     restart-on: [init]
 `
+
+// The containers end on SIGTERM (a shell as PID 1 ignores it otherwise, and
+// each replacement would wait out Podman's 10 s stop timeout).
 
 // TestCrashBed kills the agent with SIGKILL at 20 points of an apply (a
 // growing delay after the change is committed), restarts it, and checks the
@@ -52,7 +57,12 @@ func TestCrashBed(t *testing.T) {
 	a.mesh("module", "add", mod("v0"))
 	a.mesh("assign", "ace", "bedcrash")
 	want := []string{}
-	for i := 0; i < 20; i++ {
+	points := 20
+	if n, err := strconv.Atoi(os.Getenv("MESH_CRASH_POINTS")); err == nil {
+		points = n
+	}
+	for i := 0; i < points; i++ {
+		t0 := time.Now()
 		v := "v" + string(rune('a'+i))
 		if i == 0 {
 			v = "v0"
@@ -60,22 +70,24 @@ func TestCrashBed(t *testing.T) {
 			a.mesh("module", "add", mod(v))
 		}
 		want = append(want, v)
-		delay := time.Duration(i) * 120 * time.Millisecond
+		delay := time.Duration(i) * 180 * time.Millisecond
 		time.Sleep(delay) // the kill point: how far into the apply the agent gets
 		a.cmd.Process.Signal(syscall.SIGKILL)
 		a.cmd.Wait()
 		a.cmd = nil
 		a.start()
+		started := time.Since(t0)
 		a.waitConverged(t, "after a kill at "+delay.String())
+		t.Logf("kill %d at %s: agent ready after %s, converged after %s; re-attached to a step: %v", i, delay, started.Round(time.Millisecond), time.Since(t0).Round(time.Millisecond), strings.Contains(a.log(), "re-attached"))
 		b, _ := os.ReadFile(srv + "/bedcrash/data/steps.log")
 		got := strings.Fields(string(b))
 		if strings.Join(got, " ") != strings.Join(want, " ") {
 			t.Fatalf("kill %d (%s into the apply): the step ran for %v, want once for each of %v\n%s", i, delay, got, want, a.log())
 		}
-		body, err := httpGet("127.0.0.1:18471")
-		if err != nil || !strings.HasSuffix(body, v) {
-			t.Fatalf("kill %d: web serves %q (%v), want %s", i, body, err, v)
-		}
+		eventually(t, 20*time.Second, "web serves "+v, func() (bool, string) {
+			body, err := httpGet("127.0.0.1:18471")
+			return err == nil && strings.HasSuffix(body, v), body + errString(err)
+		})
 	}
 	// The step's own output is the operator's to clean; then unassign leaves
 	// nothing the mesh created.

@@ -284,6 +284,9 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 	g := specgen.NewSpecGenerator(s.Image, false)
 	g.Name = s.Name
 	g.Command = s.Command
+	if len(s.Entrypoint) > 0 {
+		g.Entrypoint = s.Entrypoint
+	}
 	g.Env = s.Env
 	g.Labels = s.Labels
 	g.RestartPolicy = s.Restart

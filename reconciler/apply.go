@@ -59,7 +59,10 @@ type Config struct {
 	// PodmanBack is how long a step waits for a Podman service that went
 	// away to answer again, before it says so (default 2 minutes).
 	PodmanBack time.Duration
-	Logger     *slog.Logger
+	// Probe, when set, checks the resolver answers from Podman's network
+	// before the first step or container starts there.
+	Probe  *ProbeConfig
+	Logger *slog.Logger
 	Now        func() time.Time
 }
 
@@ -72,6 +75,8 @@ type Reconciler struct {
 	// kept is what the last apply said of each kept path, so that a kept
 	// path is logged when what was found changes, not on every pass.
 	kept map[string]string
+	// verified holds the networks the resolver was seen to answer from.
+	verified map[string]bool
 }
 
 // New loads the ledger and returns a reconciler.
@@ -92,7 +97,7 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 	if cfg.PodmanBack == 0 {
 		cfg.PodmanBack = 2 * time.Minute
 	}
-	return &Reconciler{cfg: cfg, rt: rt, ledger: l, log: cfg.Logger.With("component", "reconciler"), kept: map[string]string{}}, nil
+	return &Reconciler{cfg: cfg, rt: rt, ledger: l, log: cfg.Logger.With("component", "reconciler"), kept: map[string]string{}, verified: map[string]bool{}}, nil
 }
 
 // counting counts the calls made through a Runtime: n the mutating ones,
@@ -587,6 +592,9 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 		if err := x.ensureImage(ctx, res.Decl.Image); err != nil {
 			return report(res, Failed, err.Error())
 		}
+		if msg := x.reachable(ctx, res.Decl.Image); msg != "" {
+			return report(res, Failed, msg)
+		}
 		var err error
 		id, err = x.rt.Create(ctx, x.spec(res, want))
 		if err != nil {
@@ -703,6 +711,9 @@ func (x *run) container(ctx context.Context, res state.Resource) state.ResourceR
 	}
 	if err := x.ensureImage(ctx, res.Decl.Image); err != nil {
 		return report(res, Failed, err.Error())
+	}
+	if msg := x.reachable(ctx, res.Decl.Image); msg != "" {
+		return report(res, Failed, msg)
 	}
 	id, err := x.rt.Create(ctx, x.spec(res, want))
 	if err != nil {

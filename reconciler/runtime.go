@@ -52,13 +52,14 @@ type Container struct {
 
 // Spec is a container to create.
 type Spec struct {
-	Name    string
-	Image   string
-	Command []string
-	Env     map[string]string
-	Mounts  []Mount
-	Ports   []Port
-	Labels  map[string]string
+	Name       string
+	Image      string
+	Entrypoint []string // empty: the image's own
+	Command    []string
+	Env        map[string]string
+	Mounts     []Mount
+	Ports      []Port
+	Labels     map[string]string
 	// DNS is the node's resolver: the container's only DNS server.
 	DNS     netip.Addr
 	Restart string

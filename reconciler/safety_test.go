@@ -568,3 +568,45 @@ func TestKeptIsLoggedOnce(t *testing.T) {
 		t.Fatalf("a change of what is kept was not logged (%d)", n)
 	}
 }
+
+// Issue 8 item 9: the resolver is probed from Podman's network before the
+// first container starts; a probe that fails keeps the container from
+// starting, and a probe that passes is not repeated.
+func TestResolverProbeGatesTheFirstStart(t *testing.T) {
+	h := newHost(t)
+	h.r.cfg.Probe = &ProbeConfig{Binary: "/usr/local/bin/mesh", Name: func(context.Context) string { return "ace.internal" }}
+	answers := false
+	probes := 0
+	h.rt.exit = func(s Spec) int {
+		if len(s.Entrypoint) > 0 && s.Entrypoint[0] == "/mesh-probe" {
+			probes++
+			if s.Labels[LabelProbe] != "1" || s.Labels[LabelManaged] != "" || s.Mounts[0].Source != "/usr/local/bin/mesh" || strings.Join(s.Command, " ") != "resolve --server 169.254.53.53 --timeout 3s ace.internal" {
+				t.Fatalf("probe spec %+v", s)
+			}
+			if answers {
+				return 0
+			}
+			return 1
+		}
+		return 0
+	}
+	h.src["other"] = otherTmpl
+	h.assign("other")
+	rep := h.apply()
+	if o := outcome(rep, "other.server"); o.Outcome != Failed || !strings.Contains(o.Reason, "does not answer from Podman's network") {
+		t.Fatalf("%+v", o)
+	}
+	if h.rt.byName("other.server") != nil || h.rt.byName("mesh-probe-ace") != nil {
+		t.Fatal("a container started with no resolver, or the probe was left")
+	}
+	answers = true
+	if rep := h.apply(); rep.Error != "" || h.rt.byName("other.server") == nil {
+		t.Fatalf("after the resolver answers: %q", rep.Error)
+	}
+	h.src["gone"] = goneTmpl
+	h.assign("other", "gone")
+	h.apply()
+	if probes != 2 {
+		t.Fatalf("%d probes, want 2 (one failed, one passed, none after)", probes)
+	}
+}

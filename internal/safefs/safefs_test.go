@@ -1,0 +1,67 @@
+package safefs
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A link at any component is refused and named, for opening and writing.
+func TestLinksAreRefusedAtEveryComponent(t *testing.T) {
+	root := t.TempDir()
+	outside := t.TempDir()
+	os.WriteFile(filepath.Join(outside, "f"), []byte("outside"), 0o644)
+	os.MkdirAll(filepath.Join(root, "a"), 0o755)
+	os.Symlink(outside, filepath.Join(root, "a", "link"))
+	os.Symlink(filepath.Join(outside, "f"), filepath.Join(root, "a", "flink"))
+
+	for _, p := range []string{filepath.Join(root, "a", "link", "f"), filepath.Join(root, "a", "flink")} {
+		_, err := Open(p, os.O_RDONLY)
+		var le *LinkError
+		if !errors.As(err, &le) || !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), "symbolic link") {
+			t.Fatalf("open %s: %v", p, err)
+		}
+	}
+	dfd, _, err := OpenParent(filepath.Join(root, "a", "link", "new"))
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(root, "a", "link")+" is a symbolic link") {
+		t.Fatalf("open parent through a link: fd %d, %v", dfd, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(outside, "f")); string(b) != "outside" {
+		t.Fatal("outside changed")
+	}
+}
+
+// WriteAt replaces atomically, leaves no temp file, and sets the mode.
+func TestWriteFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	for _, c := range []string{"one", "two"} {
+		if err := WriteFile(p, []byte(c), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := os.ReadFile(p); string(b) != c {
+			t.Fatalf("holds %q", b)
+		}
+	}
+	fi, _ := os.Stat(p)
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	entries, _ := os.ReadDir(filepath.Dir(p))
+	if len(entries) != 1 {
+		t.Fatalf("temp files left: %v", entries)
+	}
+	// The last component is never followed: a link there is replaced, its
+	// target untouched.
+	target := filepath.Join(t.TempDir(), "target")
+	os.WriteFile(target, []byte("target"), 0o644)
+	os.Remove(p)
+	os.Symlink(target, p)
+	if err := WriteFile(p, []byte("new"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "target" {
+		t.Fatal("the link's target was written")
+	}
+}

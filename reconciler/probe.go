@@ -1,0 +1,76 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ProbeConfig says how to check that the node's resolver answers from
+// Podman's network before the first container starts there (seed issue 110:
+// reachability checked only at set-up let containers start with no resolver).
+type ProbeConfig struct {
+	// Binary is a static mesh binary, mounted read-only into the probe
+	// container as its entrypoint (it needs nothing from the image).
+	Binary string
+	// Name is a name the resolver answers, e.g. NODE.DOMAIN.
+	Name func(ctx context.Context) string
+	// Timeout bounds one probe (default 30s).
+	Timeout time.Duration
+}
+
+// LabelProbe marks the probe's container; it is never a managed one.
+const LabelProbe = "mesh.probe"
+
+// defaultNetwork names the one network the mesh's containers use today (the
+// manifest has no network key).
+const defaultNetwork = "podman"
+
+// reachable checks, once per network per agent run, that the resolver answers
+// from a container on it, using image (already present). It returns why not.
+func (x *run) reachable(ctx context.Context, image string) string {
+	p := x.r.cfg.Probe
+	if p == nil || x.r.verified[defaultNetwork] {
+		return ""
+	}
+	timeout := p.Timeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	name := "mesh-probe-" + x.r.cfg.Node
+	if c, ok, err := x.rt.Lookup(pctx, name); err == nil && ok {
+		if c.Labels[LabelProbe] != "1" {
+			return fmt.Sprintf("a container named %s exists and is not the mesh's probe; remove it (podman rm %s)", name, name)
+		}
+		x.rt.Remove(pctx, c.ID)
+	}
+	spec := Spec{
+		Name: name, Image: image, Entrypoint: []string{"/mesh-probe"},
+		Command: []string{"resolve", "--server", x.r.cfg.DNS.String(), "--timeout", "3s", p.Name(pctx)},
+		Mounts:  []Mount{{Source: p.Binary, Destination: "/mesh-probe", Options: []string{"ro"}}},
+		Labels:  map[string]string{LabelProbe: "1"}, DNS: x.r.cfg.DNS, Restart: "no",
+	}
+	id, err := x.rt.Create(pctx, spec)
+	if err != nil {
+		return "create the resolver probe: " + err.Error()
+	}
+	defer x.rt.Remove(context.WithoutCancel(ctx), id)
+	if err := x.rt.Start(pctx, id); err != nil {
+		return "start the resolver probe: " + err.Error()
+	}
+	code, err := x.rt.Wait(pctx, id)
+	if err != nil {
+		return fmt.Sprintf("the resolver probe did not finish within %s", timeout)
+	}
+	if code != 0 {
+		logs, _ := x.rt.Logs(ctx, id, 5)
+		return fmt.Sprintf("the resolver %s does not answer from Podman's network %q (the probe said: %s); the container is not started, so it cannot run with no resolver. Is the address up (ip addr show %s)? On a rootless host, has `mesh setup` run?",
+			x.r.cfg.DNS, defaultNetwork, strings.TrimSpace(logs), x.r.cfg.DNS)
+	}
+	x.r.verified[defaultNetwork] = true
+	x.r.log.Info("the resolver answers from Podman's network", "network", defaultNetwork, "resolver", x.r.cfg.DNS)
+	return ""
+}
