@@ -48,11 +48,11 @@ type Server struct {
 	allow atomic.Pointer[[]netip.Prefix]
 	// refreshed is when Refresh last ran (unix nanoseconds).
 	refreshed atomic.Int64
-	self  netip.Addr
-	log   *slog.Logger
-	udp   []*net.UDPConn
-	tcp   *dns.Server
-	done  chan struct{}
+	self      netip.Addr
+	log       *slog.Logger
+	udp       []*net.UDPConn
+	tcp       *dns.Server
+	done      chan struct{}
 	// exchange asks one upstream; tests replace it.
 	exchange func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error)
 }

@@ -2,8 +2,8 @@ package integration
 
 import (
 	"os"
-	"strconv"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"

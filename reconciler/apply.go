@@ -63,7 +63,7 @@ type Config struct {
 	// before the first step or container starts there.
 	Probe  *ProbeConfig
 	Logger *slog.Logger
-	Now        func() time.Time
+	Now    func() time.Time
 }
 
 // Reconciler applies plans on one node.
