@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -245,17 +246,28 @@ func (n *Node) WaitLeader(ctx context.Context) error {
 
 // Apply proposes a command and waits until it is applied on this node. The
 // error is the rule the command broke (from the FSM), or why it did not commit.
+//
+// Without a leader (just after start, during an election, or cut off from the
+// majority) it waits for one for LeaderWait; a write that a leader refused
+// because it had just lost leadership, and so never applied, is sent again to
+// the next leader within the same deadline. A write that may have been applied
+// is never sent twice.
 func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 	timeout := ApplyTimeout
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
-	// Just after start, or cut off from the majority, there may be no leader,
-	// or one this node can no longer reach: try for LeaderWait, then say so.
 	deadline := time.Now().Add(LeaderWait)
-	for n.raft.State() != raft.Leader {
-		// A leader not heard from for a few heartbeats is not one to wait on.
-		if n.Leader() != "" && time.Since(n.raft.LastContact()) < 4*heartbeatTimeout {
+	var last error
+	for {
+		if n.raft.State() == raft.Leader {
+			idx, err := n.commit(c, timeout)
+			if !errors.Is(err, errNotApplied) {
+				return idx, err
+			}
+			last = err // never appended: safe to send to the next leader
+		} else if n.Leader() != "" && time.Since(n.raft.LastContact()) < 4*heartbeatTimeout {
+			// A leader not heard from for a few heartbeats is not one to wait on.
 			fctx, cancel := context.WithTimeout(ctx, LeaderWait)
 			idx, err := n.forward(fctx, c)
 			timedOut := errors.Is(fctx.Err(), context.DeadlineExceeded)
@@ -263,12 +275,17 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 			if timedOut && err != nil {
 				return 0, fmt.Errorf("%w: the leader %s did not answer within %s; the write may or may not have been applied (mesh status shows)", ErrNoLeader, n.Leader(), LeaderWait)
 			}
-			if err == nil || !errors.Is(err, errNotSent) {
+			if err == nil || !errors.Is(err, errNotSent) && !errors.Is(err, errNotApplied) {
 				return idx, err
 			}
+			last = err
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("%w within %s; this node may be cut off from the majority of voters (reads, mesh roster and the resolver still answer from its replica)", ErrNoLeader, LeaderWait)
+			msg := fmt.Sprintf("%v within %s; this node may be cut off from the majority of voters (reads, mesh roster and the resolver still answer from its replica)", ErrNoLeader, LeaderWait)
+			if last != nil {
+				msg += " (last try: " + last.Error() + ")"
+			}
+			return 0, fmt.Errorf("%w: %s", ErrNoLeader, strings.TrimPrefix(msg, ErrNoLeader.Error()+" "))
 		}
 		select {
 		case <-ctx.Done():
@@ -276,14 +293,26 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// commit appends c on this node as leader and waits for it to apply. An
+// error wrapping errNotApplied means it was never appended (this node no
+// longer leads), so it may be sent to the next leader.
+func (n *Node) commit(c *state.Command, timeout time.Duration) (uint64, error) {
 	f := n.raft.Apply(c.Encode(), timeout)
-	if err := f.Error(); err != nil {
-		return 0, fmt.Errorf("commit %s: %w", c.Op, err)
+	err := f.Error()
+	switch {
+	case err == nil:
+		if err, ok := f.Response().(error); ok && err != nil {
+			return f.Index(), err
+		}
+		return f.Index(), nil
+	case errors.Is(err, raft.ErrNotLeader):
+		return 0, fmt.Errorf("%w: %w: %w", ErrNoLeader, errNotApplied, err)
+	case errors.Is(err, raft.ErrLeadershipLost):
+		return 0, fmt.Errorf("commit %s: leadership changed while it committed; it may or may not have been applied (mesh status shows): %w", c.Op, err)
 	}
-	if err, ok := f.Response().(error); ok && err != nil {
-		return f.Index(), err
-	}
-	return f.Index(), nil
+	return 0, fmt.Errorf("commit %s: %w", c.Op, err)
 }
 
 // heartbeatTimeout is Raft's; a follower hears from a healthy leader well

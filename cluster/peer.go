@@ -73,7 +73,12 @@ func errOfKind(kind, msg string) error {
 		return &state.RuleError{Kind: state.ErrConflict, Msg: msg}
 	case "invalid":
 		return &state.RuleError{Kind: state.ErrInvalid, Msg: msg}
+	case "not-leader":
+		return fmt.Errorf("%w: %w: %s", ErrNoLeader, errNotApplied, msg)
 	case "no-leader":
+		if msg == notLeaderMsg { // a peer of an older build
+			return fmt.Errorf("%w: %w: %s", ErrNoLeader, errNotApplied, msg)
+		}
 		return fmt.Errorf("%w: %s", ErrNoLeader, msg)
 	}
 	return errors.New(msg)
@@ -126,10 +131,18 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 	}
 	if n.raft.State() != raft.Leader {
 		// Never forward twice: the caller retries against the leader it sees.
-		writeJSON(w, http.StatusServiceUnavailable, applyReply{Error: "this node is no longer the leader", Kind: "no-leader"})
+		writeJSON(w, http.StatusServiceUnavailable, applyReply{Error: notLeaderMsg, Kind: "not-leader"})
 		return
 	}
-	idx, err := n.Apply(r.Context(), &c)
+	timeout := ApplyTimeout
+	if d, ok := r.Context().Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	idx, err := n.commit(&c, timeout)
+	if errors.Is(err, errNotApplied) {
+		writeJSON(w, http.StatusServiceUnavailable, applyReply{Error: notLeaderMsg, Kind: "not-leader"})
+		return
+	}
 	rep := applyReply{Index: idx}
 	if err != nil {
 		rep.Error, rep.Kind = err.Error(), kindOf(err)
@@ -145,6 +158,13 @@ func (n *Node) leaderAddr() (string, error) {
 	}
 	return string(addr), nil
 }
+
+// notLeaderMsg is a peer's answer to a write it did not apply because it no
+// longer leads; the write is sent again to the next leader.
+const notLeaderMsg = "this node is no longer the leader"
+
+// errNotApplied: the peer said it did not apply the write.
+var errNotApplied = errors.New("not applied")
 
 // errNotSent: a call failed before its request left (dial, TLS handshake),
 // so it is safe to try again; after that a retry could apply a write twice.
@@ -212,6 +232,11 @@ func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	var rep JoinReply
 	var err error
+	// A join sent the moment the first agent starts finds no leader yet:
+	// wait for the election, within the write deadline.
+	wctx, cancel := context.WithTimeout(r.Context(), LeaderWait)
+	n.WaitLeader(wctx)
+	cancel()
 	if n.raft.State() == raft.Leader {
 		rep, err = n.admit(r.Context(), req)
 	} else {
