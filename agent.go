@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -19,6 +20,8 @@ import (
 	"mesh/podman"
 	"mesh/reconciler"
 	"mesh/state"
+
+	"golang.org/x/sys/unix"
 )
 
 // AgentCmd runs the node.
@@ -53,6 +56,12 @@ func (c *AgentCmd) Run(g *Globals) error {
 		// them, and the mesh can manage directories owned by subuids.
 		return c.reexecUnshared(g)
 	}
+	if os.Getenv(unsharedEnv) == "1" {
+		// Started by the wrapper through `podman unshare`: end with it, so
+		// stopping what the operator started always stops the agent.
+		unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGTERM), 0, 0, 0)
+	}
+	privateUmask()
 	var lvl slog.Level
 	lvl.UnmarshalText([]byte(c.LogLevel))
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
@@ -148,6 +157,13 @@ func (c *AgentCmd) Run(g *Globals) error {
 	return nil
 }
 
+// unsharedEnv marks the agent that runs inside `podman unshare`.
+const unsharedEnv = "MESH_UNSHARED"
+
+// reexecUnshared runs the agent again inside Podman's user namespace, as a
+// child in its own process group: SIGINT, SIGTERM and SIGHUP sent to this
+// process (`kill $!`, Ctrl-C, systemd) are passed to the whole group, and the
+// child ends if this process dies, so no agent is ever left running alone.
 func (c *AgentCmd) reexecUnshared(g *Globals) error {
 	podmanPath, err := exec.LookPath("podman")
 	if err != nil {
@@ -157,9 +173,30 @@ func (c *AgentCmd) reexecUnshared(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	env := append(os.Environ(), "MESH_DATA_DIR="+g.dir())
-	args := append([]string{"podman", "unshare", self}, os.Args[1:]...)
-	return syscall.Exec(podmanPath, args, env)
+	cmd := exec.Command(podmanPath, append([]string{"unshare", self}, os.Args[1:]...)...)
+	cmd.Env = append(os.Environ(), "MESH_DATA_DIR="+g.dir(), unsharedEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start the agent under podman unshare: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		select {
+		case s := <-sigs:
+			syscall.Kill(-cmd.Process.Pid, s.(syscall.Signal))
+		case err := <-done:
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				os.Exit(ee.ExitCode())
+			}
+			return err
+		}
+	}
 }
 
 func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstreams []string, ttl uint32, refresh func() []netip.Prefix, log *slog.Logger) (*dnsd.Server, string, error) {

@@ -126,6 +126,11 @@ func main() {
 // usageError marks a mistake in how a command was called (exit 2).
 type usageError struct{ error }
 
+// privateUmask makes every file the process creates private: the stores
+// (SQLite, the Raft log) create theirs 0644, and the data dir holds the CA key
+// and the join secret.
+func privateUmask() { syscall.Umask(0o077) }
+
 func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
@@ -152,6 +157,7 @@ type InitCmd struct {
 
 // Run creates the data dir and exits.
 func (c *InitCmd) Run(g *Globals) error {
+	privateUmask()
 	ctx, cancel := signalContext()
 	defer cancel()
 	if c.Voters < 1 {
@@ -177,6 +183,7 @@ type JoinCmd struct {
 
 // Run joins and exits.
 func (c *JoinCmd) Run(g *Globals) error {
+	privateUmask()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err := cluster.Join(ctx, cluster.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: c.Token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore})

@@ -27,13 +27,27 @@ type Agent struct {
 	log   *slog.Logger
 
 	stopVoter context.CancelFunc
+	unlock    func()
 }
 
 // StartAgent opens the data dir and starts Raft and the local API. It returns
 // once the API socket is listening; Stop ends it.
-func StartAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
+func StartAgent(ctx context.Context, cfg AgentConfig) (_ *Agent, err error) {
 	id, err := ReadIdentity(cfg.DataDir)
 	if err != nil {
+		return nil, err
+	}
+	// Before anything opens a store: one process per data dir.
+	unlock, err := Lock(cfg.DataDir, "agent")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			unlock()
+		}
+	}()
+	if err := Tighten(cfg.DataDir); err != nil {
 		return nil, err
 	}
 	log := cfg.Logger.With("node", id.Name)
@@ -51,7 +65,7 @@ func StartAgent(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 		store.Close()
 		return nil, err
 	}
-	a := &Agent{ID: id, Store: store, Node: n, log: log}
+	a := &Agent{ID: id, Store: store, Node: n, log: log, unlock: unlock}
 	a.API = NewAPI(n, store, id, log)
 	sock := filepath.Join(cfg.DataDir, SocketFile)
 	errc := make(chan error, 1)
@@ -97,5 +111,6 @@ func (a *Agent) Stop() error {
 	a.API.Shutdown(ctx)
 	err := a.Node.Shutdown()
 	a.Store.Close()
+	a.unlock()
 	return err
 }

@@ -94,15 +94,11 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 	if id, rerr := ReadIdentity(cfg.DataDir); rerr == nil {
 		return fmt.Errorf("data dir %s already holds node %q of mesh %s; use another --data-dir, or remove it to start over", cfg.DataDir, id.Name, id.MeshID)
 	}
-	created := false
-	if _, serr := os.Stat(cfg.DataDir); errors.Is(serr, os.ErrNotExist) {
-		created = true
-	} else if entries, _ := os.ReadDir(cfg.DataDir); len(entries) > 0 {
-		return fmt.Errorf("data dir %s is not empty and holds no mesh node; give an empty or new --data-dir", cfg.DataDir)
+	created, unlock, err := prepareDir(cfg.DataDir, "init")
+	if err != nil {
+		return err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("create data dir: %w", err)
-	}
+	defer unlock()
 	defer func() {
 		if err != nil && created {
 			os.RemoveAll(cfg.DataDir)
@@ -171,6 +167,26 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 	return writeIdentity(cfg.DataDir, id)
 }
 
+// prepareDir checks that a data dir is new or empty, creates it (0700),
+// takes its lock and tightens a dir made beforehand with wider modes. The
+// caller releases the lock when done.
+func prepareDir(dir, what string) (created bool, unlock func(), err error) {
+	if _, serr := os.Stat(dir); errors.Is(serr, os.ErrNotExist) {
+		created = true
+	} else if entries, _ := os.ReadDir(dir); len(entries) > 1 || len(entries) == 1 && entries[0].Name() != LockFile {
+		return false, nil, fmt.Errorf("data dir %s is not empty and holds no mesh node; give an empty or new --data-dir", dir)
+	}
+	unlock, err = Lock(dir, what)
+	if err != nil {
+		return false, nil, err
+	}
+	if err := Tighten(dir); err != nil {
+		unlock()
+		return created, nil, err
+	}
+	return created, unlock, nil
+}
+
 // bindHost is the host the transport binds: the node's address, since that is
 // the one peers dial.
 func bindHost(a netip.Addr) string { return a.String() }
@@ -208,12 +224,16 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 		}
 		return fmt.Errorf("data dir %s already holds node %q of this mesh; start it with `mesh agent`", cfg.DataDir, id.Name)
 	}
-	created := false
-	if _, serr := os.Stat(cfg.DataDir); errors.Is(serr, os.ErrNotExist) {
-		created = true
-	} else if entries, _ := os.ReadDir(cfg.DataDir); len(entries) > 0 {
-		return fmt.Errorf("data dir %s is not empty and holds no mesh node; give an empty or new --data-dir", cfg.DataDir)
+	created, unlock, err := prepareDir(cfg.DataDir, "join")
+	if err != nil {
+		return err
 	}
+	defer unlock()
+	defer func() {
+		if err != nil && created {
+			os.RemoveAll(cfg.DataDir)
+		}
+	}()
 	peer := cfg.Peer
 	if _, _, serr := net.SplitHostPort(peer); serr != nil {
 		peer = net.JoinHostPort(peer, strconv.Itoa(DefaultPort))
@@ -229,11 +249,6 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 	if err := os.MkdirAll(filepath.Join(cfg.DataDir, RaftDir), 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
-	defer func() {
-		if err != nil && created {
-			os.RemoveAll(cfg.DataDir)
-		}
-	}()
 	if err := writeIdentityFiles(cfg.DataDir, []byte(rep.CA), []byte(rep.Cert), keyPEM); err != nil {
 		return err
 	}

@@ -135,7 +135,9 @@ func (c *Client) startService(ctx context.Context) error {
 		return fmt.Errorf("create %s: %w", filepath.Dir(c.socket), err)
 	}
 	os.Remove(c.socket)
-	cmd := exec.Command("podman", "system", "service", "--time", "0", "unix://"+c.socket)
+	// The agent runs with umask 077 (its data dir is private); Podman's
+	// service gets the usual 022 for what it creates.
+	cmd := exec.Command("sh", "-c", `umask 022 && exec podman system service --time 0 "$0"`, "unix://"+c.socket)
 	// Its own process group: a Ctrl-C meant for the agent reaches it only
 	// through Close, after the agent stopped using it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
