@@ -23,6 +23,7 @@ import (
 	"github.com/miekg/dns"
 
 	"mesh/cluster"
+	"mesh/internal/safefs"
 	"mesh/state"
 	"mesh/state/manifest"
 )
@@ -82,6 +83,8 @@ type CLI struct {
 	Check    CheckCmd    `cmd:"" help:"Check manifests offline; exit 1 on any error."`
 	Setup    SetupCmd    `cmd:"" help:"Once, as root: prepare this host for a rootless agent (resolver address, port 53, /dev/net/tun)."`
 	Schema   SchemaCmd   `cmd:"" help:"Print the JSON Schema of a manifest."`
+	Snapshot SnapshotCmd `cmd:"" help:"Save the replicated state to a file, or restore it through Raft."`
+	Recover  RecoverCmd  `cmd:"" help:"With the agent stopped, make this node the only voter (when the majority of voters is gone for good)."`
 	Version  VersionCmd  `cmd:"" help:"Print the version."`
 }
 
@@ -208,6 +211,92 @@ func (c *TokenCmd) Run(g *Globals) error {
 		return err
 	}
 	fmt.Fprintln(g.out, t)
+	return nil
+}
+
+// SnapshotCmd groups backup and restore.
+type SnapshotCmd struct {
+	Save    SnapshotSaveCmd    `cmd:"" help:"Write a consistent copy of the replicated state to FILE (mode 0600: it holds the CA key and secrets)."`
+	Restore SnapshotRestoreCmd `cmd:"" help:"Put back the catalogue, assignments, credentials and public domains of FILE, on every node, through Raft. Membership stays as it is."`
+}
+
+// SnapshotSaveCmd saves the state.
+type SnapshotSaveCmd struct {
+	File string `arg:"" help:"Where to write the snapshot."`
+}
+
+// Run writes it atomically.
+func (c *SnapshotSaveCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	b, err := g.client().Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	var sn state.Snapshot
+	if err := json.Unmarshal(b, &sn); err != nil {
+		return fmt.Errorf("the agent's snapshot does not decode: %w", err)
+	}
+	if err := safefs.WriteFile(c.File, append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	fmt.Fprintf(g.out, "saved the state at index %d (%d modules, %d assignments, %d nodes) to %s\n", sn.Index, len(sn.Modules), len(sn.Assignments), len(sn.Nodes), c.File)
+	return nil
+}
+
+// SnapshotRestoreCmd restores the state.
+type SnapshotRestoreCmd struct {
+	File  string `arg:"" type:"existingfile" help:"A file written by mesh snapshot save."`
+	Force bool   `help:"Restore a snapshot of another mesh."`
+}
+
+// Run proposes the restore.
+func (c *SnapshotRestoreCmd) Run(g *Globals) error {
+	b, err := os.ReadFile(c.File)
+	if err != nil {
+		return err
+	}
+	var sn state.Snapshot
+	if err := json.Unmarshal(b, &sn); err != nil {
+		return fmt.Errorf("%s is not a snapshot (%v); give a file written by mesh snapshot save", c.File, err)
+	}
+	body, err := sn.RestoreBody()
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.File, err)
+	}
+	ctx, cancel := timeout()
+	defer cancel()
+	r, err := g.client().Restore(ctx, cluster.RestoreRequest{Restore: body, Force: c.Force})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.out, "restored the state of index %d (%d modules, %d assignments) at log index %d; every node's plan follows from it\n", sn.Index, len(body.Modules), len(body.Assignments)-len(r.Dropped), r.Index)
+	for _, d := range r.Dropped {
+		fmt.Fprintf(g.out, "  left out: %s (that node is not in the mesh now)\n", d)
+	}
+	return nil
+}
+
+// RecoverCmd makes this node the only voter.
+type RecoverCmd struct{}
+
+// Run recovers and says what to do next.
+func (c *RecoverCmd) Run(g *Globals) error {
+	privateUmask()
+	ctx, cancel := timeout()
+	defer cancel()
+	r, err := cluster.Recover(ctx, g.dir())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.out, "node %s is now the only voter of mesh %s; its state, CA and names are kept\n", r.Node, r.MeshID)
+	if len(r.Lost) > 0 {
+		fmt.Fprintf(g.out, "dropped from Raft: %s\n", strings.Join(r.Lost, ", "))
+	}
+	fmt.Fprintf(g.out, "next:\n  1. start it: mesh agent --data-dir %s\n  2. mesh token --rotate   (the old token's holders are not to rejoin as they were)\n", g.dir())
+	if len(r.Others) > 0 {
+		fmt.Fprintf(g.out, "  3. for each lost node: mesh node remove NODE --force   (%s)\n  4. on a machine that comes back: move its data dir aside, then mesh join %s --token NEW-TOKEN ...\n", strings.Join(r.Others, ", "), r.Node)
+	}
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -74,6 +75,8 @@ func NewAPI(n *Node, store *state.Store, id Identity, log *slog.Logger) *API {
 	mux.HandleFunc("GET /v1/plans/{node}", a.plans)
 	mux.HandleFunc("GET /v1/token", a.token)
 	mux.HandleFunc("POST /v1/token/rotate", a.rotateToken)
+	mux.HandleFunc("GET /v1/snapshot", a.snapshot)
+	mux.HandleFunc("POST /v1/snapshot/restore", a.restore)
 	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return a
 }
@@ -387,4 +390,63 @@ func (a *API) plans(w http.ResponseWriter, r *http.Request) {
 		h = []state.PlanVersion{}
 	}
 	reply(w, PlansReply{Node: node, Error: n.ComposeError, Versions: h})
+}
+
+// snapshot answers with a consistent copy of the replicated state (one read
+// transaction of this node's replica).
+func (a *API) snapshot(w http.ResponseWriter, r *http.Request) {
+	var b bytes.Buffer
+	if err := a.store.WriteSnapshot(r.Context(), &b); err != nil {
+		fail(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(b.Bytes())
+}
+
+// RestoreRequest is a snapshot's state to put back.
+type RestoreRequest struct {
+	Restore *state.RestoreBody `json:"restore"`
+	// Force restores a snapshot of another mesh.
+	Force bool `json:"force,omitempty"`
+}
+
+// RestoreResult says where the restore was applied and what it left out.
+type RestoreResult struct {
+	Index   uint64   `json:"index"`
+	Dropped []string `json:"dropped,omitempty"`
+}
+
+// restore proposes the snapshot's state through Raft, so every node applies it.
+func (a *API) restore(w http.ResponseWriter, r *http.Request) {
+	var req RestoreRequest
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 256<<20))
+	if err := dec.Decode(&req); err != nil || req.Restore == nil {
+		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("bad restore request: %v", err)})
+		return
+	}
+	st, err := a.store.Settings(r.Context())
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	if req.Restore.MeshID != st.MeshID && !req.Force {
+		fail(w, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("the snapshot is of mesh %s, and this is mesh %s; pass --force to restore it here anyway", req.Restore.MeshID, st.MeshID)})
+		return
+	}
+	nodes, err := a.store.Nodes(r.Context())
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	idx, err := a.propose(r.Context(), &state.Command{Op: state.OpRestore, Restore: req.Restore})
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, RestoreResult{Index: idx, Dropped: req.Restore.Dropped(names)})
 }

@@ -137,3 +137,18 @@ func (c *Client) Token(ctx context.Context, rotate bool) (string, error) {
 	}
 	return r.Token, c.do(ctx, "GET", "/v1/token", nil, &r)
 }
+
+// Snapshot reads a consistent copy of the replicated state (JSON).
+func (c *Client) Snapshot(ctx context.Context) ([]byte, error) {
+	var raw json.RawMessage
+	if err := c.do(ctx, "GET", "/v1/snapshot", nil, &raw); err != nil {
+		return nil, err
+	}
+	return raw, nil
+}
+
+// Restore puts a snapshot's state back, through Raft.
+func (c *Client) Restore(ctx context.Context, req RestoreRequest) (RestoreResult, error) {
+	var r RestoreResult
+	return r, c.do(ctx, "POST", "/v1/snapshot/restore", req, &r)
+}

@@ -52,6 +52,9 @@ type Command struct {
 	CAKey      string `json:"ca_key,omitempty"`
 	JoinSecret string `json:"join_secret,omitempty"`
 	Voters     int    `json:"voters,omitempty"`
+
+	// Restore is the state a restore puts back (OpRestore).
+	Restore *RestoreBody `json:"restore,omitempty"`
 }
 
 // ModuleText is a manifest as the operator gave it.
@@ -308,6 +311,9 @@ func (s *Store) applyOp(ctx context.Context, tx *sql.Tx, index uint64, c *Comman
 		}
 		s.insertSecrets(tx, c.Secrets)
 		return true, nil
+
+	case OpRestore:
+		return s.applyRestore(tx, index, c)
 
 	case OpModuleRemove:
 		if ok, _ := exists(tx, `SELECT 1 FROM modules WHERE name = ?`, c.Name); !ok {
@@ -623,6 +629,10 @@ func (c *Command) Describe() string {
 		return "mesh module add " + strings.Join(names, " ")
 	case OpModuleRemove:
 		return "mesh module remove " + c.Name
+	case OpRestore:
+		if c.Restore != nil {
+			return fmt.Sprintf("mesh snapshot restore (the state at index %d)", c.Restore.Index)
+		}
 	case OpAssign, OpUnassign:
 		if c.Assign != nil {
 			return "mesh " + c.Op + " " + c.Assign.Node + " " + c.Assign.Module

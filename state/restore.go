@@ -1,0 +1,155 @@
+package state
+
+import (
+	"database/sql"
+	"fmt"
+	"sort"
+
+	"mesh/state/manifest"
+)
+
+// OpRestore replaces the catalogue, the assignments, the credentials, the
+// bindings and the nodes' public domains with those of a snapshot, through
+// Raft, so every node ends with that state and its plan follows from it.
+// Membership (the nodes, the CA, the join secret) is the mesh's as it is now:
+// a restore never removes or adds a node, and assignments to nodes that are
+// not in the mesh are dropped.
+const OpRestore = "restore"
+
+// RestoreBody is what a restore carries: the part of a snapshot that
+// composition reads.
+type RestoreBody struct {
+	MeshID        string            `json:"mesh_id"`
+	Index         uint64            `json:"index"`
+	Modules       []RestoredModule  `json:"modules"`
+	Assignments   []Assignment      `json:"assignments"`
+	Credentials   []Secret          `json:"credentials"`
+	Bindings      []RestoredBinding `json:"bindings,omitempty"`
+	PublicDomains map[string]string `json:"public_domains,omitempty"`
+}
+
+// RestoredModule is one catalogue entry of a snapshot.
+type RestoredModule struct {
+	File    string `json:"file"`
+	Text    string `json:"text"`
+	Version int64  `json:"version"`
+	AddedAt string `json:"added_at"`
+}
+
+// RestoredBinding is where a binding pointed in the snapshot.
+type RestoredBinding struct {
+	BindKey
+	ProviderNode string `json:"provider_node"`
+}
+
+// RestoreBody extracts from a snapshot what a restore carries.
+func (sn *Snapshot) RestoreBody() (*RestoreBody, error) {
+	b := &RestoreBody{Index: sn.Index, PublicDomains: map[string]string{}}
+	for _, kv := range sn.Settings {
+		if kv[0] == "mesh_id" {
+			b.MeshID = kv[1]
+		}
+	}
+	if b.MeshID == "" {
+		return nil, fmt.Errorf("the snapshot names no mesh; is it a file written by mesh snapshot save?")
+	}
+	str := func(row map[string]any, col string) string {
+		if v, ok := row[col].(string); ok {
+			return v
+		}
+		return ""
+	}
+	num := func(row map[string]any, col string) int64 {
+		switch v := row[col].(type) {
+		case float64:
+			return int64(v)
+		case int64:
+			return v
+		case interface{ Int64() (int64, error) }:
+			n, _ := v.Int64()
+			return n
+		}
+		return 0
+	}
+	for _, r := range sn.Modules {
+		b.Modules = append(b.Modules, RestoredModule{File: str(r, "file"), Text: str(r, "manifest"), Version: num(r, "version"), AddedAt: str(r, "added_at")})
+	}
+	for _, r := range sn.Assignments {
+		b.Assignments = append(b.Assignments, Assignment{Node: str(r, "node"), Module: str(r, "module"), Seq: uint64(num(r, "seq"))})
+	}
+	for _, r := range sn.Credentials {
+		b.Credentials = append(b.Credentials, Secret{Pair: Pair{Consumer: str(r, "consumer"), Provider: str(r, "provider")}, Value: str(r, "secret")})
+	}
+	for _, r := range sn.Bindings {
+		b.Bindings = append(b.Bindings, RestoredBinding{BindKey: BindKey{Node: str(r, "node"), Module: str(r, "module"), Path: str(r, "path")}, ProviderNode: str(r, "provider_node")})
+	}
+	for _, r := range sn.Nodes {
+		b.PublicDomains[str(r, "name")] = str(r, "public_domain")
+	}
+	return b, nil
+}
+
+// applyRestore is OpRestore's body inside Apply.
+func (s *Store) applyRestore(tx *sql.Tx, index uint64, c *Command) (bool, error) {
+	b := c.Restore
+	if b == nil {
+		return false, ruleErr(ErrInvalid, "restore without a snapshot")
+	}
+	nodes := map[string]bool{}
+	for _, n := range listRows(tx, `SELECT name FROM nodes ORDER BY name`) {
+		nodes[n] = true
+	}
+	mods := map[string]bool{}
+	mustExec(tx, `DELETE FROM modules`)
+	for _, m := range b.Modules {
+		p, err := manifest.Parse(m.File, []byte(m.Text))
+		if err != nil {
+			return false, ruleErr(ErrInvalid, "the snapshot's module from %s does not parse with this mesh binary: %v", m.File, err)
+		}
+		if mods[p.Module] {
+			return false, ruleErr(ErrInvalid, "the snapshot holds module %q twice", p.Module)
+		}
+		mods[p.Module] = true
+		mustExec(tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at) VALUES (?, ?, ?, ?, ?, ?)`, p.Module, m.File, m.Text, p.Digest, m.Version, m.AddedAt)
+	}
+	mustExec(tx, `DELETE FROM assignments`)
+	for _, a := range b.Assignments {
+		if nodes[a.Node] && mods[a.Module] {
+			mustExec(tx, `INSERT OR IGNORE INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, a.Seq)
+		}
+	}
+	mustExec(tx, `DELETE FROM credentials`)
+	s.insertSecrets(tx, b.Credentials)
+	mustExec(tx, `DELETE FROM bindings`)
+	for _, bd := range b.Bindings {
+		if nodes[bd.Node] {
+			mustExec(tx, `INSERT OR IGNORE INTO bindings VALUES (?, ?, ?, ?)`, bd.Node, bd.Module, bd.Path, bd.ProviderNode)
+		}
+	}
+	names := make([]string, 0, len(nodes))
+	for n := range nodes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		mustExec(tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, b.PublicDomains[n], n)
+	}
+	return true, nil
+}
+
+// Dropped lists what a restore leaves out because the node is not in the
+// mesh now (for the operator; the FSM drops the same, deterministically).
+func (b *RestoreBody) Dropped(current []string) []string {
+	now := map[string]bool{}
+	for _, n := range current {
+		now[n] = true
+	}
+	var out []string
+	for _, a := range b.Assignments {
+		if !now[a.Node] {
+			out = append(out, a.Module+" on "+a.Node)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
