@@ -80,7 +80,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 		return fmt.Errorf("put the resolver address %s on %s: %w", dnsAddr, dnsd.DefaultLink, err)
 	}
 
-	a, err := cluster.StartAgent(ctx, cluster.AgentConfig{DataDir: absDir(g.dir()), Logger: log})
+	a, err := cluster.StartAgent(ctx, cluster.AgentConfig{DataDir: absDir(g.dir()), Logger: log, Version: version})
 	if err != nil {
 		return err
 	}

@@ -738,7 +738,7 @@ func (c *StatusCmd) Run(g *Globals) error {
 	w := g.out
 	fmt.Fprintf(w, "mesh %s, domain %s; this node: %s (%s), leader: %s, applied index %d\n\n", st.MeshID, st.Domain, st.Node, strings.ToLower(st.RaftState), dash(st.Leader), st.AppliedIndex)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tPUBLIC DOMAIN\tPLAN\tAPPLIED\tSTATE")
+	fmt.Fprintln(tw, "NODE\tADDRESS\tPUBLIC DOMAIN\tVERSION\tPLAN\tAPPLIED\tSTATE")
 	for _, n := range st.Nodes {
 		plan, applied := "-", "-"
 		if n.PlanVersion > 0 {
@@ -749,6 +749,10 @@ func (c *StatusCmd) Run(g *Globals) error {
 		}
 		stateText := "ok"
 		switch {
+		case !n.Reachable && n.LastSeen == nil:
+			stateText = "unreachable (not heard from since this node started)"
+		case !n.Reachable:
+			stateText = fmt.Sprintf("unreachable (last seen %s ago)", time.Since(*n.LastSeen).Round(time.Second))
 		case n.ComposeError != "":
 			stateText = "plan does not compose: " + n.ComposeError
 		case n.ApplyError != "":
@@ -756,7 +760,7 @@ func (c *StatusCmd) Run(g *Globals) error {
 		case n.PlanVersion > n.AppliedVersion:
 			stateText = "not applied yet"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), plan, applied, stateText)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), dash(n.Version), plan, applied, stateText)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -16,6 +16,8 @@ import (
 type AgentConfig struct {
 	DataDir string
 	Logger  *slog.Logger
+	// Version is this binary's version, shown in every node's status.
+	Version string
 }
 
 // Agent is a running node: its replica, Raft and local API.
@@ -59,7 +61,7 @@ func StartAgent(ctx context.Context, cfg AgentConfig) (_ *Agent, err error) {
 		Dir: filepath.Join(cfg.DataDir, RaftDir), ID: id.Name,
 		Bind:      net.JoinHostPort(id.Address, strconv.Itoa(id.Port)),
 		Advertise: net.JoinHostPort(id.Address, strconv.Itoa(id.Port)),
-		LogStore:  id.LogStore, TLSDir: cfg.DataDir, Logger: log,
+		LogStore:  id.LogStore, TLSDir: cfg.DataDir, Logger: log, Version: cfg.Version,
 	}, store)
 	if err != nil {
 		store.Close()
@@ -99,6 +101,7 @@ func StartAgent(ctx context.Context, cfg AgentConfig) (_ *Agent, err error) {
 	vctx, vcancel := context.WithCancel(context.Background())
 	a.stopVoter = vcancel
 	go n.EnsureVoter(vctx)
+	go n.probe(vctx)
 	log.Info("agent ready", "data_dir", cfg.DataDir, "raft", n.Addr(), "state", n.State())
 	return a, nil
 }

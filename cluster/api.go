@@ -42,6 +42,11 @@ type NodeStatus struct {
 	AppliedAt      *time.Time    `json:"applied_at,omitempty"`
 	ApplyError     string        `json:"apply_error,omitempty"`
 	Report         *state.Report `json:"report,omitempty"`
+	// Reachable: this node heard from it within ReachableWithin (itself
+	// always). LastSeen is when; Version is the binary it runs.
+	Reachable bool       `json:"reachable"`
+	LastSeen  *time.Time `json:"last_seen"`
+	Version   string     `json:"version"`
 }
 
 // API serves the local API on a unix socket.
@@ -180,8 +185,16 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
+	seen := a.node.Seen()
+	now := a.now()
 	for _, n := range nodes {
 		ns := NodeStatus{NodeInfo: n}
+		if n.Name == a.id.Name {
+			ns.Reachable, ns.LastSeen, ns.Version = true, &now, a.node.cfg.Version
+		} else if s, ok := seen[n.Name]; ok {
+			at := s.LastSeen
+			ns.Reachable, ns.LastSeen, ns.Version = now.Sub(at) < ReachableWithin, &at, s.Version
+		}
 		if p, err := a.store.Plan(ctx, n.Name); err == nil {
 			ns.PlanVersion, ns.PlanDigest, ns.Resources = p.Version, p.Digest, len(p.Plan.Resources)
 		}

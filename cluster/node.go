@@ -66,6 +66,8 @@ type Config struct {
 	// TLSDir holds the mesh CA and this node's certificate and key.
 	TLSDir string
 	Logger *slog.Logger
+	// Version is this binary's version, told to the other nodes.
+	Version string
 }
 
 // Node is one Raft member holding a replica in a state.Store.
@@ -80,6 +82,8 @@ type Node struct {
 	peerAPI   *http.Server
 	logs      io.Closer
 	log       *slog.Logger
+
+	live liveness
 
 	failMu  sync.Mutex
 	failing map[raft.ServerID]bool // followers whose heartbeats fail (leader's view)
@@ -160,7 +164,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		closer.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
-	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, logs: closer, log: log, failing: map[raft.ServerID]bool{}}
+	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, logs: closer, log: log, failing: map[raft.ServerID]bool{}, live: liveness{seen: map[string]Seen{}}}
 	go n.watchHeartbeats()
 	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: nt.clientConfig(alpnAPI), DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, TLSHandshakeTimeout: 2 * time.Second,

@@ -46,7 +46,7 @@ func initDir(t testing.TB, store string) string {
 
 func startAgent(t testing.TB, dir string) *Agent {
 	t.Helper()
-	a, err := StartAgent(context.Background(), AgentConfig{DataDir: dir, Logger: testLogger(t)})
+	a, err := StartAgent(context.Background(), AgentConfig{DataDir: dir, Logger: testLogger(t), Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

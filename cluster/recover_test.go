@@ -117,10 +117,37 @@ func TestRecoverTheLastVoter(t *testing.T) {
 	if _, err := c.Assign(ctx, state.OpAssign, "ace", "web"); err != nil {
 		t.Fatal(err)
 	}
+	// Issue 9 item 6: status says which nodes are reachable, when each was
+	// last seen and what it runs; a stopped node reads unreachable.
+	reach := func(want bool) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			st, err := c.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ok := len(st.Nodes) == 3
+			for _, n := range st.Nodes {
+				if n.Name == "ace" {
+					ok = ok && n.Reachable && n.Version == "test"
+				} else {
+					ok = ok && n.Reachable == want && n.LastSeen != nil && n.Version == "test"
+				}
+			}
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("status does not show the others reachable=%v within 20s: %+v", want, st.Nodes)
+			}
+		}
+	}
+	reach(true)
 	// Two voters gone for good: no write can commit.
 	for _, o := range others {
 		o.Stop()
 	}
+	reach(false)
 	// (Raft may still append it to this node's log: the error says it may or
 	// may not be applied, and recover replays what the log holds.)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)

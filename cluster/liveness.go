@@ -1,0 +1,121 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Liveness: every node says hello to every other node over the mutual-TLS
+// peer API, every ProbeInterval, and keeps when it last heard from each and
+// which binary version it runs. Status shows that view, so a powered-off node
+// reads "unreachable", never "ok". A fleet is 3 to 10 nodes: n*(n-1) small
+// requests every few seconds.
+
+// ProbeInterval is how often a node says hello to each other node; a node not
+// heard from for ReachableWithin reads unreachable.
+const (
+	ProbeInterval   = 2 * time.Second
+	ReachableWithin = 3 * ProbeInterval
+)
+
+// Hello is a node's answer to a hello.
+type Hello struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// Seen is what this node knows of another's liveness.
+type Seen struct {
+	LastSeen time.Time
+	Version  string
+}
+
+type liveness struct {
+	mu   sync.Mutex
+	seen map[string]Seen
+}
+
+func (n *Node) serveHello(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, Hello{Name: n.cfg.ID, Version: n.cfg.Version})
+}
+
+// Seen returns when this node last heard from each other node.
+func (n *Node) Seen() map[string]Seen {
+	n.live.mu.Lock()
+	defer n.live.mu.Unlock()
+	out := make(map[string]Seen, len(n.live.seen))
+	for k, v := range n.live.seen {
+		out[k] = v
+	}
+	return out
+}
+
+// probe says hello to every other node of the replica until ctx ends.
+func (n *Node) probe(ctx context.Context) {
+	t := time.NewTicker(ProbeInterval)
+	defer t.Stop()
+	for {
+		nodes, err := n.store.Nodes(ctx)
+		if err == nil {
+			var wg sync.WaitGroup
+			for _, nd := range nodes {
+				if nd.Name == n.cfg.ID {
+					continue
+				}
+				wg.Add(1)
+				go func(name string) {
+					defer wg.Done()
+					n.hello(ctx, name)
+				}(nd.Name)
+			}
+			wg.Wait()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (n *Node) hello(ctx context.Context, name string) {
+	addr := n.peerAddr(name)
+	if addr == "" {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, ProbeInterval)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, "GET", "https://"+addr+"/v1/hello", nil)
+	if err != nil {
+		return
+	}
+	resp, err := n.peers.Do(req)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	var h Hello
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&h) != nil || h.Name != name {
+		return
+	}
+	n.live.mu.Lock()
+	n.live.seen[name] = Seen{LastSeen: time.Now(), Version: h.Version}
+	n.live.mu.Unlock()
+}
+
+// peerAddr is where a node's transport listens, from the Raft configuration.
+func (n *Node) peerAddr(name string) string {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return ""
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == name {
+			return string(s.Address)
+		}
+	}
+	return ""
+}
