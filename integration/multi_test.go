@@ -182,7 +182,7 @@ func TestMultiNode(t *testing.T) {
 	if o, r := n[2].outcome("bedproxy.server"); !strings.HasPrefix(r, "step gate ran") {
 		t.Fatalf("server: %s; %s", o, r)
 	}
-	if b, _ := os.ReadFile(n[1].h.dir + "/srv/bedproxy/seen.binding"); !strings.Contains(string(b), "node=n3") {
+	if b, _ := os.ReadFile(n[1].h.dir + "/srv/bedproxy/data/seen.binding"); !strings.Contains(string(b), "node=n3") {
 		t.Fatalf("the gate saw %q", b)
 	}
 	if n[2].h.containerID("bedproxy.server") == server || n[2].h.containerID("bedweb.box") != box {
@@ -309,7 +309,7 @@ func TestMultiNode(t *testing.T) {
 
 	// Restart all three agents: no container replaced, no step rerun.
 	ids := []string{n[1].h.containerID("bedweb.box"), n[2].h.containerID("bedweb.box"), n[2].h.containerID("bedproxy.server")}
-	gate, _ := os.ReadFile(n[1].h.dir + "/srv/bedproxy/gate.log")
+	gate, _ := os.ReadFile(n[1].h.dir + "/srv/bedproxy/data/gate.log")
 	for i := 1; i <= 3; i++ {
 		n[i].stop()
 	}
@@ -325,7 +325,7 @@ func TestMultiNode(t *testing.T) {
 	if strings.Join(ids, ",") != strings.Join(after, ",") {
 		t.Fatalf("containers replaced by a restart: %v -> %v", ids, after)
 	}
-	if g, _ := os.ReadFile(n[1].h.dir + "/srv/bedproxy/gate.log"); string(g) != string(gate) {
+	if g, _ := os.ReadFile(n[1].h.dir + "/srv/bedproxy/data/gate.log"); string(g) != string(gate) {
 		t.Fatal("a restart reran the gate")
 	}
 }
@@ -346,12 +346,13 @@ func withSecret(t testing.TB, token, secret string) string {
 const bedProxy = `module: bedproxy
 resources:
   - directory: {{root}}/bedproxy
+  - directory: {{root}}/bedproxy/data
   - binding: {{root}}/bedproxy/db.binding
     provider: bedauth
   - step: gate
     image: localhost/mesh-bed-busybox:1
-    command: ["sh", "-c", "echo ran >> /p/gate.log; cp /p/db.binding /p/seen.binding"]
-    mounts: ["{{root}}/bedproxy:/p"]
+    command: ["sh", "-c", "echo ran >> /data/gate.log; cp /db.binding /data/seen.binding"]
+    mounts: ["{{root}}/bedproxy/data:/data", "{{root}}/bedproxy/db.binding:/db.binding:ro"]
     restart-on: [{{root}}/bedproxy/db.binding]
   - container: bedproxy.server
     image: localhost/mesh-bed-busybox:1

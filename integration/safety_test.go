@@ -263,6 +263,27 @@ func testSafety(t *testing.T, rootless bool) {
 		}
 	}
 	a.mesh("status") // the agent still answers
+
+	if rootless {
+		t.Log("7. SIGTERM to the process the user started stops the agent it re-ran under podman unshare")
+		pattern := "mesh agent --data-dir " + a.n.dir
+		out, err := exec.Command("pgrep", "-o", "-f", pattern).Output()
+		if err != nil {
+			t.Fatalf("no agent process: %v", err)
+		}
+		all, _ := exec.Command("pgrep", "-f", pattern).Output()
+		if len(strings.Fields(string(all))) < 2 {
+			t.Fatalf("expected the wrapper and the agent under podman unshare, found %q", all)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+		syscall.Kill(pid, syscall.SIGTERM)
+		eventually(t, 30*time.Second, "no agent left after SIGTERM to the wrapper", func() (bool, string) {
+			left, err := exec.Command("pgrep", "-f", pattern).Output()
+			return err != nil, string(left)
+		})
+		a.cmd.Wait()
+		a.cmd = nil
+	}
 }
 
 // treeState is every entry under dir: type, mode, owner, size and content.
@@ -358,5 +379,3 @@ func agentHWM(t *testing.T, a *agent) int {
 	t.Fatal("no VmHWM")
 	return 0
 }
-
-var _ = exec.Command
