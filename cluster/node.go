@@ -7,7 +7,6 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,7 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	raftwal "github.com/hashicorp/raft-wal"
@@ -106,7 +104,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	hl := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: slogWriter{log}})
+	hl := newHclog(cfg.Logger, "raft")
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.Dir, "snapshots"), 3, hl)
 	if err != nil {
 		closer.Close()
@@ -390,11 +388,3 @@ func (b *bytesBuffer) Persist(sink raft.SnapshotSink) error {
 }
 
 func (b *bytesBuffer) Release() {}
-
-// slogWriter sends hclog's lines to slog.
-type slogWriter struct{ log *slog.Logger }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	w.log.Info(string(bytes.TrimRight(p, "\r\n")))
-	return len(p), nil
-}

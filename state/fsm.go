@@ -227,7 +227,9 @@ func (s *Store) applyOp(ctx context.Context, tx *sql.Tx, index uint64, c *Comman
 	switch c.Op {
 	case OpInit:
 		var n int
-		tx.QueryRow(`SELECT COUNT(*) FROM settings WHERE key = 'mesh_id'`).Scan(&n)
+		if err := tx.QueryRow(`SELECT COUNT(*) FROM settings WHERE key = 'mesh_id'`).Scan(&n); err != nil {
+			panic(fmt.Sprintf("state: read the mesh id: %v", err))
+		}
 		if n > 0 {
 			return false, ruleErr(ErrConflict, "this mesh is already initialised")
 		}
@@ -251,10 +253,10 @@ func (s *Store) applyOp(ctx context.Context, tx *sql.Tx, index uint64, c *Comman
 		if c.Node == nil {
 			return false, ruleErr(ErrInvalid, "node.add without a node")
 		}
-		if ok, _ := exists(tx, `SELECT 1 FROM nodes WHERE name = ?`, c.Node.Name); ok {
+		if ok := has(tx, `SELECT 1 FROM nodes WHERE name = ?`, c.Node.Name); ok {
 			return false, ruleErr(ErrConflict, "node %q is already in the mesh", c.Node.Name)
 		}
-		if ok, _ := exists(tx, `SELECT 1 FROM nodes WHERE address = ?`, c.Node.Address); ok {
+		if ok := has(tx, `SELECT 1 FROM nodes WHERE address = ?`, c.Node.Address); ok {
 			return false, ruleErr(ErrConflict, "address %s is already taken by another node", c.Node.Address)
 		}
 		mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at) VALUES (?, ?, ?, ?)`, c.Node.Name, c.Node.Address, c.Node.Voter, at)
@@ -264,14 +266,7 @@ func (s *Store) applyOp(ctx context.Context, tx *sql.Tx, index uint64, c *Comman
 		if err := s.needNode(tx, c.Name); err != nil {
 			return false, err
 		}
-		var mods []string
-		rows, _ := tx.Query(`SELECT module FROM assignments WHERE node = ? ORDER BY module`, c.Name)
-		for rows.Next() {
-			var m string
-			rows.Scan(&m)
-			mods = append(mods, m)
-		}
-		rows.Close()
+		mods := listRows(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, c.Name)
 		if len(mods) > 0 && !c.Force {
 			return false, ruleErr(ErrConflict, "node %q still runs %s; unassign them first or pass --force", c.Name, strings.Join(mods, ", "))
 		}
@@ -316,7 +311,7 @@ func (s *Store) applyOp(ctx context.Context, tx *sql.Tx, index uint64, c *Comman
 		return s.applyRestore(tx, index, c)
 
 	case OpModuleRemove:
-		if ok, _ := exists(tx, `SELECT 1 FROM modules WHERE name = ?`, c.Name); !ok {
+		if ok := has(tx, `SELECT 1 FROM modules WHERE name = ?`, c.Name); !ok {
 			return false, ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", c.Name, listOf(tx, `SELECT name FROM modules ORDER BY name`, "mesh module list"))
 		}
 		if nodes := listRows(tx, `SELECT node FROM assignments WHERE module = ? ORDER BY node`, c.Name); len(nodes) > 0 {
@@ -333,10 +328,10 @@ func (s *Store) applyOp(ctx context.Context, tx *sql.Tx, index uint64, c *Comman
 		if err := s.needNode(tx, a.Node); err != nil {
 			return false, err
 		}
-		if ok, _ := exists(tx, `SELECT 1 FROM modules WHERE name = ?`, a.Module); !ok && c.Op == OpAssign {
+		if ok := has(tx, `SELECT 1 FROM modules WHERE name = ?`, a.Module); !ok && c.Op == OpAssign {
 			return false, ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", a.Module, listOf(tx, `SELECT name FROM modules ORDER BY name`, "mesh module add FILE"))
 		}
-		assigned, _ := exists(tx, `SELECT 1 FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module)
+		assigned := has(tx, `SELECT 1 FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module)
 		if c.Op == OpUnassign {
 			if !assigned {
 				return false, ruleErr(ErrNotFound, "module %q is not assigned to node %q (%s)", a.Module, a.Node, listOf(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, "nothing is assigned there", a.Node))
@@ -394,7 +389,7 @@ func (s *Store) checkProviders(ctx context.Context, tx *sql.Tx, module string) e
 }
 
 func (s *Store) needNode(tx *sql.Tx, name string) error {
-	if ok, _ := exists(tx, `SELECT 1 FROM nodes WHERE name = ?`, name); !ok {
+	if ok := has(tx, `SELECT 1 FROM nodes WHERE name = ?`, name); !ok {
 		return ruleErr(ErrNotFound, "node %q is not in the mesh (%s)", name, listOf(tx, `SELECT name FROM nodes ORDER BY name`, "mesh node list"))
 	}
 	return nil
@@ -421,19 +416,30 @@ func listRows(tx *sql.Tx, q string, args ...any) []string {
 	var out []string
 	for rows.Next() {
 		var n string
-		rows.Scan(&n)
+		if err := rows.Scan(&n); err != nil {
+			panic(fmt.Sprintf("state: %v in %s", err, q))
+		}
 		out = append(out, n)
+	}
+	if err := rows.Err(); err != nil {
+		panic(fmt.Sprintf("state: %v in %s", err, q))
 	}
 	return out
 }
 
-func exists(tx *sql.Tx, q string, args ...any) (bool, error) {
+// has reports whether q finds a row. Inside Apply an error that is not a
+// rule violation (an I/O error, a damaged file) must never take another
+// branch than on the other replicas: it stops the node loudly.
+func has(tx *sql.Tx, q string, args ...any) bool {
 	var one int
 	err := tx.QueryRow(q, args...).Scan(&one)
 	if err == sql.ErrNoRows {
-		return false, nil
+		return false
 	}
-	return err == nil, err
+	if err != nil {
+		panic(fmt.Sprintf("state: %v in %s", err, q))
+	}
+	return true
 }
 
 func mustExec(tx *sql.Tx, q string, args ...any) {
@@ -532,7 +538,10 @@ func (s *Store) input(ctx context.Context, q queryer) (Input, error) {
 	for rows.Next() {
 		var p Pair
 		var d string
-		rows.Scan(&p.Consumer, &p.Provider, &d)
+		if err := rows.Scan(&p.Consumer, &p.Provider, &d); err != nil {
+			rows.Close()
+			return in, fmt.Errorf("read credentials: %w", err)
+		}
 		in.Credentials[p] = d
 	}
 	rows.Close()
@@ -560,7 +569,10 @@ func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, c *Comm
 			}
 			for rows.Next() {
 				var r Name
-				rows.Scan(&r.Name, &r.Address, &r.Node)
+				if err := rows.Scan(&r.Name, &r.Address, &r.Node); err != nil {
+					rows.Close()
+					return fmt.Errorf("read the roster of %s: %w", n.Name, err)
+				}
 				roster = append(roster, r)
 			}
 			rows.Close()
