@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"net"
 	"path/filepath"
 	"testing"
 	"time"
@@ -32,8 +32,10 @@ func TestJoinRightAfterFirstStart(t *testing.T) {
 		started <- a
 	}()
 	sock := filepath.Join(dir, SocketFile)
+	// (The socket file appears at bind(), before listen(): dial, not stat.)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if _, err := os.Stat(sock); err == nil {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
 			break
 		}
 		if time.Now().After(deadline) {
