@@ -23,14 +23,20 @@ func TestJoinRightAfterFirstStart(t *testing.T) {
 	}
 	// The agent starts in the background; the join and a write go out the
 	// moment its socket exists, before it elected itself.
-	started := make(chan *Agent, 1)
+	type result struct {
+		a   *Agent
+		err error
+	}
+	started := make(chan result, 1)
 	go func() {
 		a, err := StartAgent(context.Background(), AgentConfig{DataDir: dir, Logger: testLogger(t)})
-		if err != nil {
-			t.Error(err)
-		}
-		started <- a
+		started <- result{a, err}
 	}()
+	t.Cleanup(func() {
+		if r := <-started; r.a != nil {
+			r.a.Stop()
+		}
+	})
 	sock := filepath.Join(dir, SocketFile)
 	// (The socket file appears at bind(), before listen(): dial, not stat.)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
@@ -64,8 +70,6 @@ func TestJoinRightAfterFirstStart(t *testing.T) {
 	if err := <-wrote; err != nil {
 		t.Fatalf("a write right after the first start: %v", err)
 	}
-	a := <-started
-	defer a.Stop()
 }
 
 // A peer's "not the leader any more" means the write was never applied, so it
