@@ -111,7 +111,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 		return err
 	}
 	defer resolver.Close()
-	a.API.Resolver = resolverAddr
+	a.API.SetResolver(resolverAddr)
 	go followSubnets(ctx, pm, resolver, c.Resync)
 
 	self, err := os.Executable()

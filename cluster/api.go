@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"mesh/state"
@@ -51,8 +52,9 @@ type NodeStatus struct {
 
 // API serves the local API on a unix socket.
 type API struct {
-	// Resolver is reported by status; set it before serving.
-	Resolver string
+	// resolver is the resolver's address, reported by status. It is set
+	// once the resolver runs, after the API already serves.
+	resolver atomic.Pointer[string]
 
 	node  *Node
 	store *state.Store
@@ -60,6 +62,17 @@ type API struct {
 	log   *slog.Logger
 	now   func() time.Time
 	srv   *http.Server
+}
+
+// SetResolver records the resolver's address for status.
+func (a *API) SetResolver(addr string) { a.resolver.Store(&addr) }
+
+// Resolver is the resolver's address, "" while none runs.
+func (a *API) Resolver() string {
+	if p := a.resolver.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // NewAPI makes the local API of a running node.
@@ -174,7 +187,7 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	applied, _ := a.store.AppliedIndex()
-	out := Status{Node: a.id.Name, MeshID: st.MeshID, Domain: st.Domain, RaftState: a.node.State(), Leader: a.node.Leader(), AppliedIndex: applied, Resolver: a.Resolver}
+	out := Status{Node: a.id.Name, MeshID: st.MeshID, Domain: st.Domain, RaftState: a.node.State(), Leader: a.node.Leader(), AppliedIndex: applied, Resolver: a.Resolver()}
 	nodes, err := a.store.Nodes(ctx)
 	if err != nil {
 		fail(w, err)

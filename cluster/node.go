@@ -104,6 +104,10 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkRaftData(cfg.Dir, logStore, stable, store); err != nil {
+		closer.Close()
+		return nil, err
+	}
 	hl := newHclog(cfg.Logger, "raft")
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.Dir, "snapshots"), 3, hl)
 	if err != nil {
@@ -173,12 +177,42 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	return n, nil
 }
 
-func openLogStore(kind, dir string) (raft.LogStore, raft.StableStore, io.Closer, error) {
+// ErrDamaged: the node's Raft data is missing or damaged.
+var ErrDamaged = errors.New("raft data missing or damaged")
+
+// waysOut is what to do about damaged Raft data.
+const waysOut = "ways out: if other nodes of the mesh are alive, move this data dir aside and `mesh join` again (the mesh gives it the state back); " +
+	"on the last node, restore a copy of the data dir from a backup, or `mesh init` a new mesh and `mesh snapshot restore` a saved snapshot into it"
+
+// checkRaftData refuses to start a node whose replica has applied entries but
+// whose Raft log and term are gone (a removed or damaged raft/ directory):
+// it would otherwise start silently as a follower that never finds a leader.
+func checkRaftData(dir string, logs raft.LogStore, stable raft.StableStore, store *state.Store) error {
+	applied, err := store.AppliedIndex()
+	if err != nil || applied == 0 {
+		return nil
+	}
+	last, lerr := logs.LastIndex()
+	term, terr := stable.GetUint64([]byte("CurrentTerm"))
+	snaps, _ := os.ReadDir(filepath.Join(dir, "snapshots"))
+	if lerr == nil && last == 0 && (terr != nil || term == 0) && len(snaps) == 0 {
+		return fmt.Errorf("%w: the replica has applied up to index %d, but %s holds no Raft log, term or snapshot; %s", ErrDamaged, applied, dir, waysOut)
+	}
+	return nil
+}
+
+func openLogStore(kind, dir string) (_ raft.LogStore, _ raft.StableStore, _ io.Closer, err error) {
+	// A damaged store file makes some libraries panic; name it instead.
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: opening the %s log store in %s failed (%v); %s", ErrDamaged, kind, dir, r, waysOut)
+		}
+	}()
 	switch kind {
 	case LogStoreBolt:
 		b, err := raftboltdb.NewBoltStore(filepath.Join(dir, "raft.db"))
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("open raft bolt store: %w", err)
+			return nil, nil, nil, fmt.Errorf("%w: open raft bolt store in %s: %v; %s", ErrDamaged, dir, err, waysOut)
 		}
 		return b, b, b, nil
 	case LogStoreWAL:
@@ -188,7 +222,7 @@ func openLogStore(kind, dir string) (raft.LogStore, raft.StableStore, io.Closer,
 		}
 		w, err := raftwal.Open(d)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("open raft wal: %w", err)
+			return nil, nil, nil, fmt.Errorf("%w: open raft wal in %s: %v; %s", ErrDamaged, d, err, waysOut)
 		}
 		return w, w, w, nil
 	}
