@@ -102,6 +102,7 @@ func StartAgent(ctx context.Context, cfg AgentConfig) (_ *Agent, err error) {
 	a.stopVoter = vcancel
 	go n.EnsureVoter(vctx)
 	go n.probe(vctx)
+	go n.repairMembership(vctx)
 	log.Info("agent ready", "data_dir", cfg.DataDir, "raft", n.Addr(), "state", n.State())
 	return a, nil
 }
