@@ -94,16 +94,11 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 	if id, rerr := ReadIdentity(cfg.DataDir); rerr == nil {
 		return fmt.Errorf("data dir %s already holds node %q of mesh %s; use another --data-dir, or remove it to start over", cfg.DataDir, id.Name, id.MeshID)
 	}
-	created, unlock, err := prepareDir(cfg.DataDir, "init")
+	finish, err := prepareDir(cfg.DataDir, "init")
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	defer func() {
-		if err != nil && created {
-			os.RemoveAll(cfg.DataDir)
-		}
-	}()
+	defer func() { finish(err) }()
 	meshID := make([]byte, 8)
 	rand.Read(meshID)
 	id := Identity{Name: cfg.Name, Address: addr.String(), Port: cfg.Port, MeshID: hex.EncodeToString(meshID), LogStore: cfg.LogStore}
@@ -168,23 +163,31 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 }
 
 // prepareDir checks that a data dir is new or empty, creates it (0700),
-// takes its lock and tightens a dir made beforehand with wider modes. The
-// caller releases the lock when done.
-func prepareDir(dir, what string) (created bool, unlock func(), err error) {
+// takes its lock and tightens a dir made beforehand with wider modes. finish
+// releases the lock and, when the work failed, removes the dir if it made it:
+// nothing is left half-made.
+func prepareDir(dir, what string) (finish func(error), err error) {
+	created := false
 	if _, serr := os.Stat(dir); errors.Is(serr, os.ErrNotExist) {
 		created = true
 	} else if entries, _ := os.ReadDir(dir); len(entries) > 1 || len(entries) == 1 && entries[0].Name() != LockFile {
-		return false, nil, fmt.Errorf("data dir %s is not empty and holds no mesh node; give an empty or new --data-dir", dir)
+		return nil, fmt.Errorf("data dir %s is not empty and holds no mesh node; give an empty or new --data-dir", dir)
 	}
-	unlock, err = Lock(dir, what)
+	unlock, err := Lock(dir, what)
 	if err != nil {
-		return false, nil, err
+		return nil, err
+	}
+	finish = func(err error) {
+		if err != nil && created {
+			os.RemoveAll(dir)
+		}
+		unlock()
 	}
 	if err := Tighten(dir); err != nil {
-		unlock()
-		return created, nil, err
+		finish(err)
+		return nil, err
 	}
-	return created, unlock, nil
+	return finish, nil
 }
 
 // bindHost is the host the transport binds: the node's address, since that is
@@ -224,16 +227,11 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 		}
 		return fmt.Errorf("data dir %s already holds node %q of this mesh; start it with `mesh agent`", cfg.DataDir, id.Name)
 	}
-	created, unlock, err := prepareDir(cfg.DataDir, "join")
+	finish, err := prepareDir(cfg.DataDir, "join")
 	if err != nil {
 		return err
 	}
-	defer unlock()
-	defer func() {
-		if err != nil && created {
-			os.RemoveAll(cfg.DataDir)
-		}
-	}()
+	defer func() { finish(err) }()
 	peer := cfg.Peer
 	if _, _, serr := net.SplitHostPort(peer); serr != nil {
 		peer = net.JoinHostPort(peer, strconv.Itoa(DefaultPort))
