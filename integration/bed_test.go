@@ -367,6 +367,13 @@ func (a *agent) runFails(args ...string) string {
 }
 
 func (a *agent) start() {
+	a.h.t.Helper()
+	a.startAsync()()
+}
+
+// startAsync starts the agent and returns a function that waits until it is
+// ready (the lines "agent ready" says once it has a leader).
+func (a *agent) startAsync() (waitReady func()) {
 	t := a.h.t
 	t.Helper()
 	cmd := a.command("agent", "--data-dir", a.n.dir, "--dns-address", a.h.dnsAddr, "--podman-socket", a.h.sock, "--resync", "1s", "--log-level", "debug")
@@ -398,10 +405,13 @@ func (a *agent) start() {
 			}
 		}
 	}()
-	select {
-	case <-ready:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("agent not ready within 60s:\n%s", a.log())
+	return func() {
+		t.Helper()
+		select {
+		case <-ready:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("agent not ready within 60s:\n%s", a.log())
+		}
 	}
 }
 
