@@ -3,9 +3,12 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
+
+	"mesh/state"
 )
 
 // Liveness: every node says hello to every other node over the mutual-TLS
@@ -25,12 +28,16 @@ const (
 type Hello struct {
 	Name    string `json:"name"`
 	Version string `json:"version"`
+	// Commands is the newest command format the node applies
+	// (state.CommandVersion of its binary; absent from older ones: 1).
+	Commands int `json:"commands,omitempty"`
 }
 
 // Seen is what this node knows of another's liveness.
 type Seen struct {
 	LastSeen time.Time
 	Version  string
+	Commands int
 }
 
 type liveness struct {
@@ -39,7 +46,7 @@ type liveness struct {
 }
 
 func (n *Node) serveHello(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, Hello{Name: n.cfg.ID, Version: n.cfg.Version})
+	writeJSON(w, http.StatusOK, Hello{Name: n.cfg.ID, Version: n.cfg.Version, Commands: state.CommandVersion})
 }
 
 // Seen returns when this node last heard from each other node.
@@ -102,7 +109,7 @@ func (n *Node) hello(ctx context.Context, name string) {
 		return
 	}
 	n.live.mu.Lock()
-	n.live.seen[name] = Seen{LastSeen: time.Now(), Version: h.Version}
+	n.live.seen[name] = Seen{LastSeen: time.Now(), Version: h.Version, Commands: max(h.Commands, 1)}
 	n.live.mu.Unlock()
 }
 
@@ -118,4 +125,26 @@ func (n *Node) peerAddr(name string) string {
 		}
 	}
 	return ""
+}
+
+// canApply refuses a command that a node this one has heard from cannot apply
+// yet (its binary is older): a rolling upgrade upgrades every node before a
+// command of a new format is proposed. A node never heard from is not held
+// against the write.
+func (n *Node) canApply(c *state.Command) error {
+	need := c.NeedsVersion()
+	if need <= 1 {
+		return nil
+	}
+	nodes, err := n.store.Nodes(context.Background())
+	if err != nil {
+		return nil
+	}
+	seen := n.Seen()
+	for _, nd := range nodes {
+		if s, ok := seen[nd.Name]; ok && nd.Name != n.cfg.ID && s.Commands < need {
+			return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("node %s runs mesh %s, which cannot apply a %s command yet; upgrade %s first", nd.Name, s.Version, c.Op, nd.Name)}
+		}
+	}
+	return nil
 }

@@ -335,6 +335,9 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 // error wrapping errNotApplied means it was never appended (this node no
 // longer leads), so it may be sent to the next leader.
 func (n *Node) commit(c *state.Command, timeout time.Duration) (uint64, error) {
+	if err := n.canApply(c); err != nil {
+		return 0, err
+	}
 	f := n.raft.Apply(c.Encode(), timeout)
 	err := f.Error()
 	switch {

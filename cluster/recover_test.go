@@ -197,3 +197,34 @@ func voters(t *testing.T, a *Agent) int {
 	}
 	return n
 }
+
+// Issue 9 item 4: the leader refuses a command that a node it knows of
+// cannot apply yet, naming the node to upgrade.
+func TestLeaderRefusesWhatANodeCannotApply(t *testing.T) {
+	dir := initDir(t, LogStoreWAL)
+	a := startAgent(t, dir)
+	defer a.Stop()
+	waitLeader(t, a)
+	ctx := context.Background()
+	if _, err := a.Node.Apply(ctx, &state.Command{Op: state.OpNodeAdd, Time: time.Now(), Node: &state.Node{Name: "old", Address: "10.9.9.9"}}); err != nil {
+		t.Fatal(err)
+	}
+	a.Node.live.mu.Lock()
+	a.Node.live.seen["old"] = Seen{LastSeen: time.Now(), Version: "v0.1", Commands: 1}
+	a.Node.live.mu.Unlock()
+	st, _ := a.Store.Settings(ctx)
+	restore := &state.Command{Op: state.OpRestore, Restore: &state.RestoreBody{MeshID: st.MeshID}}
+	if _, err := a.Node.Apply(ctx, restore); err == nil || !strings.Contains(err.Error(), "node old runs mesh v0.1, which cannot apply a restore command yet; upgrade old first") {
+		t.Fatalf("restore with an old node: %v", err)
+	}
+	// Commands every node knows still go through.
+	if _, err := a.Node.Apply(ctx, &state.Command{Op: state.OpModuleAdd, Time: time.Now(), Modules: []state.ModuleText{{File: "web.yaml", Text: webManifest}}}); err != nil {
+		t.Fatal(err)
+	}
+	a.Node.live.mu.Lock()
+	a.Node.live.seen["old"] = Seen{LastSeen: time.Now(), Version: "v0.2", Commands: state.CommandVersion}
+	a.Node.live.mu.Unlock()
+	if _, err := a.Node.Apply(ctx, restore); err != nil {
+		t.Fatalf("restore once upgraded: %v", err)
+	}
+}

@@ -30,10 +30,29 @@ const (
 	timeLayout = time.RFC3339Nano
 )
 
+// CommandVersion is the newest command format this binary applies. A
+// command carries the format it needs (V); a node that meets a newer one
+// stops applying and says so (it never skips it, which would let replicas
+// diverge), and a leader refuses to propose one that a node it knows of
+// cannot apply yet.
+const CommandVersion = 2
+
+// opVersion is the format each op needs: the version that introduced it.
+var opVersion = map[string]int{
+	OpInit: 1, OpNodeAdd: 1, OpNodeRemove: 1, OpPublicDomain: 1, OpModuleAdd: 1,
+	OpModuleRemove: 1, OpAssign: 1, OpUnassign: 1, OpReport: 1, OpTokenRotate: 1,
+	OpRestore: 2,
+}
+
+// NeedsVersion is the command format c needs (0 for an unknown op).
+func (c *Command) NeedsVersion() int { return opVersion[c.Op] }
+
 // Command is one replicated change. Everything Apply needs that is not already
 // in the state travels in it: the proposer's time and any generated secrets.
 type Command struct {
-	Op   string    `json:"op"`
+	Op string `json:"op"`
+	// V is the command format it needs (absent: 1); Encode sets it.
+	V    int       `json:"v,omitempty"`
 	Time time.Time `json:"time"`
 
 	MeshID  string       `json:"mesh_id,omitempty"`
@@ -145,6 +164,9 @@ type ResourceReport struct {
 
 // Encode serialises a command for the log.
 func (c *Command) Encode() []byte {
+	if v := c.NeedsVersion(); v > 1 {
+		c.V = v
+	}
 	b, err := json.Marshal(c)
 	if err != nil {
 		panic(err)
@@ -166,6 +188,10 @@ func (s *Store) Apply(index uint64, data []byte) error {
 	var c Command
 	if err := json.Unmarshal(data, &c); err != nil {
 		panic(fmt.Sprintf("state: log entry %d is not a command (%v): the raft log is corrupt", index, err))
+	}
+	if v := max(c.V, 1); c.NeedsVersion() == 0 || v > CommandVersion {
+		panic(fmt.Sprintf("state: log entry %d is a %q command of format v%d, which this mesh binary (formats up to v%d) cannot apply; "+
+			"this node stops applying rather than skip it: upgrade its mesh binary and start it again", index, c.Op, v, CommandVersion))
 	}
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -193,7 +194,6 @@ func TestRuleViolationsChangeNothing(t *testing.T) {
 		{Op: OpModuleAdd, Modules: []ModuleText{{File: "bad.yaml", Text: "module: x\nbogus: 1\n"}}},
 		{Op: OpPublicDomain, Name: "ace", Domain: "not a domain"},
 		{Op: OpInit, MeshID: "m-2", Node: &Node{Name: "x", Address: "1.1.1.1"}},
-		{Op: "frobnicate"},
 	} {
 		idx := uint64(100 + i)
 		err := s.Apply(idx, c.Encode())
@@ -231,5 +231,37 @@ func TestChangedWakes(t *testing.T) {
 	case <-ch:
 	case <-time.After(5 * time.Second):
 		t.Fatal("no wake-up after apply")
+	}
+}
+
+// Issue 9 item 4: a node that meets a command it does not know, or a newer
+// format, stops applying and says so; it never records it as a rule error and
+// moves on (which would let replicas diverge in a rolling upgrade).
+func TestUnknownCommandStopsTheNode(t *testing.T) {
+	s := openStore(t)
+	log := commandLog()
+	applyAll(t, s, log)
+	before, _ := s.AppliedIndex()
+	for _, raw := range []string{
+		`{"op":"frobnicate","time":"2026-11-29T12:00:00Z"}`,
+		`{"op":"assign","v":99,"time":"2026-11-29T12:00:00Z","assign":{"node":"ace","module":"web"}}`,
+	} {
+		func() {
+			defer func() {
+				r := recover()
+				if r == nil || !strings.Contains(fmt.Sprint(r), "this node stops applying rather than skip it: upgrade its mesh binary") {
+					t.Fatalf("%s: %v", raw, r)
+				}
+			}()
+			s.Apply(before+1, []byte(raw))
+		}()
+		if after, _ := s.AppliedIndex(); after != before {
+			t.Fatalf("the applied index moved past a command it could not apply: %d -> %d", before, after)
+		}
+	}
+	// A restore needs format 2, and says so in the log.
+	c := &Command{Op: OpRestore, Restore: &RestoreBody{MeshID: "m-1"}}
+	if b := c.Encode(); !strings.Contains(string(b), `"v":2`) {
+		t.Fatalf("restore encoded without its format: %s", b)
 	}
 }
