@@ -57,6 +57,9 @@ func StartAgent(ctx context.Context, cfg AgentConfig) (_ *Agent, err error) {
 	if err != nil {
 		return nil, err
 	}
+	store.OnDiskFull = func(index uint64) {
+		log.Error("the disk is full: applying waits for space (reads and the resolver keep answering from what is applied)", "index", index, "data_dir", cfg.DataDir)
+	}
 	n, err := New(Config{
 		Dir: filepath.Join(cfg.DataDir, RaftDir), ID: id.Name,
 		Bind:      net.JoinHostPort(id.Address, strconv.Itoa(id.Port)),

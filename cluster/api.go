@@ -146,6 +146,8 @@ func fail(w http.ResponseWriter, err error) {
 		code = http.StatusBadRequest
 	case errors.Is(err, ErrNoLeader):
 		code = http.StatusServiceUnavailable
+	case errors.Is(err, ErrDiskFull):
+		code = http.StatusInsufficientStorage
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)

@@ -293,6 +293,9 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
+	if err := n.checkDisk(); err != nil {
+		return 0, err
+	}
 	deadline := time.Now().Add(LeaderWait)
 	var last error
 	for {
@@ -338,6 +341,9 @@ func (n *Node) commit(c *state.Command, timeout time.Duration) (uint64, error) {
 	if err := n.canApply(c); err != nil {
 		return 0, err
 	}
+	if err := n.checkDisk(); err != nil {
+		return 0, err
+	}
 	f := n.raft.Apply(c.Encode(), timeout)
 	err := f.Error()
 	switch {
@@ -348,6 +354,8 @@ func (n *Node) commit(c *state.Command, timeout time.Duration) (uint64, error) {
 		return f.Index(), nil
 	case errors.Is(err, raft.ErrNotLeader):
 		return 0, fmt.Errorf("%w: %w: %w", ErrNoLeader, errNotApplied, err)
+	case state.IsDiskFull(err):
+		return 0, fmt.Errorf("%w on %s: %v; free some space in %s", ErrDiskFull, n.cfg.ID, err, n.cfg.Dir)
 	case errors.Is(err, raft.ErrLeadershipLost):
 		return 0, fmt.Errorf("commit %s: leadership changed while it committed; it may or may not have been applied (mesh status shows): %w", c.Op, err)
 	}

@@ -61,6 +61,8 @@ func kindOf(err error) string {
 		return "invalid"
 	case errors.Is(err, ErrNoLeader):
 		return "no-leader"
+	case errors.Is(err, ErrDiskFull):
+		return "disk-full"
 	}
 	return ""
 }
@@ -73,6 +75,8 @@ func errOfKind(kind, msg string) error {
 		return &state.RuleError{Kind: state.ErrConflict, Msg: msg}
 	case "invalid":
 		return &state.RuleError{Kind: state.ErrInvalid, Msg: msg}
+	case "disk-full":
+		return fmt.Errorf("%w: %s", ErrDiskFull, strings.TrimPrefix(msg, ErrDiskFull.Error()+" "))
 	case "not-leader":
 		return fmt.Errorf("%w: %w: %s", ErrNoLeader, errNotApplied, msg)
 	case "no-leader":

@@ -195,6 +195,48 @@ func (s *Store) Apply(index uint64, data []byte) error {
 	}
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
+	// A full disk is not a broken rule and not a reason to die: the command
+	// waits, whole, until there is space again (reads and the resolver keep
+	// answering from what is applied), then applies exactly as it would have.
+	for waited := time.Duration(0); ; {
+		err, full := s.applyOnce(index, &c)
+		if !full {
+			return err
+		}
+		if waited == 0 && s.OnDiskFull != nil {
+			s.OnDiskFull(index)
+		}
+		time.Sleep(DiskFullRetry)
+		waited += DiskFullRetry
+	}
+}
+
+// DiskFullRetry is how often a command that met a full disk is tried again.
+var DiskFullRetry = time.Second
+
+// IsDiskFull reports whether err (or a panic's value) says the disk is full.
+func IsDiskFull(v any) bool {
+	s := strings.ToLower(fmt.Sprint(v))
+	return strings.Contains(s, "disk is full") || strings.Contains(s, "no space left") || strings.Contains(s, "sqlite_full")
+}
+
+// applyOnce applies c in one transaction. full says it met a full disk and
+// changed nothing; any other failure inside panics (stops the node loudly).
+func (s *Store) applyOnce(index uint64, c *Command) (ruleError error, full bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if IsDiskFull(r) {
+				ruleError, full = nil, true
+				return
+			}
+			panic(r)
+		}
+	}()
+	return s.applyTx(index, c), false
+}
+
+func (s *Store) applyTx(index uint64, cp *Command) error {
+	c := *cp
 	ctx := context.Background()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {

@@ -43,6 +43,9 @@ type Store struct {
 	parsed  map[string]*manifest.Manifest
 	changed chan struct{}
 	applyMu sync.Mutex // one Apply or Restore at a time
+
+	// OnDiskFull, when set, is told once per command that waits for space.
+	OnDiskFull func(index uint64)
 }
 
 // Open opens (creating if needed) the replica at path and brings its schema up
