@@ -316,8 +316,8 @@ type NodeListCmd struct {
 func (c *NodeListCmd) Run(g *Globals) error {
 	ctx, cancel := timeout()
 	defer cancel()
-	var nodes []state.NodeInfo
-	if err := g.client().Get(ctx, "/v1/nodes", &nodes); err != nil {
+	nodes, err := g.client().Nodes(ctx)
+	if err != nil {
 		return err
 	}
 	if c.JSON {
@@ -457,8 +457,8 @@ type ModuleListCmd struct {
 func (c *ModuleListCmd) Run(g *Globals) error {
 	ctx, cancel := timeout()
 	defer cancel()
-	var mods []state.ModuleInfo
-	if err := g.client().Get(ctx, "/v1/modules", &mods); err != nil {
+	mods, err := g.client().Modules(ctx)
+	if err != nil {
 		return err
 	}
 	if c.JSON {
@@ -481,8 +481,8 @@ type ModuleShowCmd struct {
 func (c *ModuleShowCmd) Run(g *Globals) error {
 	ctx, cancel := timeout()
 	defer cancel()
-	var m state.ModuleInfo
-	if err := g.client().Get(ctx, "/v1/modules/"+c.Name, &m); err != nil {
+	m, err := g.client().Module(ctx, c.Name)
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(g.out, "# module %s, digest %s, from %s, assigned to: %s\n%s", m.Name, m.Digest, m.File, dash(strings.Join(m.Nodes, ", ")), m.Manifest)
@@ -544,8 +544,8 @@ func assign(g *Globals, op, node, module string, wait bool, limit time.Duration)
 		verb = "unassigned %s from %s"
 	}
 	fmt.Fprintf(g.out, verb+" (log index %d)\n", module, node, r.Index)
-	var p cluster.PlansReply
-	if err := g.client().Get(ctx, "/v1/plans/"+node+"?limit=1", &p); err != nil {
+	p, err := g.client().Plans(ctx, node, 1)
+	if err != nil {
 		return err
 	}
 	if p.Error != "" {
@@ -691,8 +691,7 @@ func (c *PlanCmd) Run(g *Globals) error {
 		fmt.Fprintf(tw, "  %s\t%s\t(%s)\n", r.Kind, r.Name, r.Module)
 	}
 	tw.Flush()
-	var st cluster.Status
-	if err := g.client().Get(ctx, "/v1/status", &st); err == nil {
+	if st, err := g.client().Status(ctx); err == nil {
 		for _, n := range st.Nodes {
 			if n.Name == c.Node && n.Report != nil {
 				fmt.Fprintf(w, "last apply: plan v%d at %s, %d mutations (Podman calls and file writes)\n", n.Report.Version, n.Report.AppliedAt.Format(time.RFC3339), n.Report.Mutations)
@@ -794,8 +793,8 @@ type RosterCmd struct {
 func (c *RosterCmd) Run(g *Globals) error {
 	ctx, cancel := timeout()
 	defer cancel()
-	var ro []state.Name
-	if err := g.client().Get(ctx, "/v1/roster", &ro); err != nil {
+	ro, err := g.client().Roster(ctx)
+	if err != nil {
 		return err
 	}
 	if c.JSON {

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"mesh/state"
 )
 
 // ErrNoAgent: nothing serves the data dir's socket.
@@ -84,9 +86,28 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	return s, c.do(ctx, "GET", "/v1/status", nil, &s)
 }
 
-// Get reads any GET endpoint into out (the CLI's reads).
-func (c *Client) Get(ctx context.Context, path string, out any) error {
-	return c.do(ctx, "GET", path, nil, out)
+// Nodes lists the mesh's nodes.
+func (c *Client) Nodes(ctx context.Context) ([]state.NodeInfo, error) {
+	var n []state.NodeInfo
+	return n, c.do(ctx, "GET", "/v1/nodes", nil, &n)
+}
+
+// Modules lists the catalogue.
+func (c *Client) Modules(ctx context.Context) ([]state.ModuleInfo, error) {
+	var m []state.ModuleInfo
+	return m, c.do(ctx, "GET", "/v1/modules", nil, &m)
+}
+
+// Module reads one catalogue entry.
+func (c *Client) Module(ctx context.Context, name string) (state.ModuleInfo, error) {
+	var m state.ModuleInfo
+	return m, c.do(ctx, "GET", "/v1/modules/"+url.PathEscape(name), nil, &m)
+}
+
+// Roster reads every name the mesh answers.
+func (c *Client) Roster(ctx context.Context) ([]state.Name, error) {
+	var r []state.Name
+	return r, c.do(ctx, "GET", "/v1/roster", nil, &r)
 }
 
 // AddModules adds or replaces manifests.
