@@ -264,22 +264,49 @@ func TestMultiNode(t *testing.T) {
 	if client == leader {
 		client = n[2]
 	}
+	// The third node (neither the client nor the leader) is cut off for
+	// assigns 20 to 50 and heals; the leader is killed at 60. Every
+	// acknowledged assign must end on every node; every refused one must
+	// say why.
+	third := n[1]
+	for i := 1; i <= 3; i++ {
+		if n[i] != leader && n[i] != client {
+			third = n[i]
+		}
+	}
 	var acked []string
 	failed := 0
+	reasons := map[string]int{}
 	for i := 0; i < 200; i++ {
-		if i == 60 {
+		switch i {
+		case 20:
+			sh(t, "ip", "link", "set", third.h.netns+"-h", "down")
+		case 50:
+			sh(t, "ip", "link", "set", third.h.netns+"-h", "up")
+		case 60:
 			leader.cmd.Process.Kill() // SIGKILL: no goodbye
 			leader.cmd.Wait()
 			leader.cmd = nil
 		}
 		node, module := fmt.Sprintf("n%d", i%3+1), fmt.Sprintf("bedk%02d", i/3)
-		if _, err := client.command("assign", node, module, "--data-dir", client.n.dir).CombinedOutput(); err == nil {
+		out, err := client.command("assign", node, module, "--data-dir", client.n.dir).CombinedOutput()
+		if err == nil {
 			acked = append(acked, node+"/"+module)
-		} else {
-			failed++
+			continue
 		}
+		failed++
+		said := ""
+		for _, why := range []string{"no leader is reachable", "may or may not have been applied", "did not answer within"} {
+			if strings.Contains(string(out), why) {
+				said = why
+			}
+		}
+		if said == "" {
+			t.Fatalf("assign %d was refused without saying why:\n%s", i, out)
+		}
+		reasons[said]++
 	}
-	t.Logf("kill -9 of %s at assign 60: %d of 200 acknowledged, %d refused while electing", leader.name, len(acked), failed)
+	t.Logf("%s cut off for assigns 20-50, kill -9 of %s at assign 60: %d of 200 acknowledged, %d refused (%v)", third.name, leader.name, len(acked), failed, reasons)
 	if len(acked) < 150 {
 		t.Fatalf("only %d assigns acknowledged: the mesh did not recover from losing its leader", len(acked))
 	}
