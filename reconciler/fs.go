@@ -131,7 +131,12 @@ func ensureDir(path string, uid, gid int, mode uint32) (string, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	if outcome == fsUnchanged && drift != "" {
+	if outcome == fsCreated {
+		// Made just now (mkdir applies the umask): setting its owner and
+		// mode is part of creating it, not a drift to report.
+		return outcome, "", nil
+	}
+	if drift != "" {
 		outcome = fsUpdated
 	}
 	return outcome, drift, nil

@@ -610,3 +610,19 @@ func TestResolverProbeGatesTheFirstStart(t *testing.T) {
 		t.Fatalf("%d probes, want 2 (one failed, one passed, none after)", probes)
 	}
 }
+
+// A directory made under a strict umask reports "created", not a mode drift.
+func TestCreatedDirectoryReportsNoDrift(t *testing.T) {
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
+	h := newHost(t)
+	h.src["other"] = otherTmpl
+	h.assign("other")
+	rep := h.apply()
+	if o := outcome(rep, h.dir+"/other"); o.Outcome != Created || o.Reason != "" {
+		t.Fatalf("%+v", o)
+	}
+	if fi, _ := os.Stat(filepath.Join(h.dir, "other")); fi.Mode().Perm() != 0o755 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+}
