@@ -64,18 +64,24 @@ func (a *agent) resolve(name string) string {
 	return string(out)
 }
 
-// startThree makes the bed's three nodes: n1 inits, n2 joins through n1, n3
-// through n2 (which hands the request to the leader). n[0] is unused.
-func startThree(t testing.TB) ([]*agent, string) {
+// multiBed makes the bed's bridge and three nodes (namespaces, Podman,
+// data dirs), none initialised yet. n[0] is unused.
+func multiBed(t testing.TB) []*agent {
 	if os.Geteuid() != 0 {
-		t.Fatal("the multi-node bed runs as root (network namespaces); run contrib/test.sh as root")
+		t.Fatal("the multi-node beds run as root (network namespaces); run contrib/test.sh as root")
 	}
 	multiCleanup()
 	t.Cleanup(multiCleanup)
 	os.MkdirAll(multiDir, 0o755)
 	sh(t, "ip", "link", "add", multiBridge, "type", "bridge")
 	sh(t, "ip", "link", "set", multiBridge, "up")
-	n := []*agent{nil, newNetnsNode(t, 1), newNetnsNode(t, 2), newNetnsNode(t, 3)}
+	return []*agent{nil, newNetnsNode(t, 1), newNetnsNode(t, 2), newNetnsNode(t, 3)}
+}
+
+// startThree makes the bed's three nodes: n1 inits, n2 joins through n1, n3
+// through n2 (which hands the request to the leader). n[0] is unused.
+func startThree(t testing.TB) ([]*agent, string) {
+	n := multiBed(t)
 	n[1].run("init", "--name", "n1", "--address", n[1].addr(), "--data-dir", n[1].n.dir)
 	n[1].start()
 	token := strings.TrimSpace(n[1].mesh("token"))

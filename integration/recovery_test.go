@@ -18,15 +18,7 @@ import (
 // snapshot save / change / restore, and two of three voters killed for good
 // with the third recovered, writable again and its names intact.
 func TestRecoveryBed(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("the recovery bed runs as root (network namespaces); run contrib/test.sh as root")
-	}
-	multiCleanup()
-	t.Cleanup(multiCleanup)
-	os.MkdirAll(multiDir, 0o755)
-	sh(t, "ip", "link", "add", multiBridge, "type", "bridge")
-	sh(t, "ip", "link", "set", multiBridge, "up")
-	n := []*agent{nil, newNetnsNode(t, 1), newNetnsNode(t, 2), newNetnsNode(t, 3)}
+	n := multiBed(t)
 
 	t.Log("1. join sent the moment the first agent's socket answers")
 	n[1].run("init", "--name", "n1", "--address", n[1].addr(), "--data-dir", n[1].n.dir)
