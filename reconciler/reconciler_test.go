@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"mesh/state"
-	"mesh/state/manifest"
 )
 
 // fake is a recording Runtime: containers in a map, every call logged.
@@ -158,23 +157,15 @@ func newBed(t *testing.T) *bed {
 
 func (b *bed) plan() *state.Plan {
 	b.t.Helper()
-	b.in.Modules = map[string]*manifest.Manifest{}
+	var srcs []string
 	for _, src := range []string{appTmpl, dbTmpl} {
 		s := strings.ReplaceAll(src, "{{d}}", b.dir)
 		for k, v := range b.vars {
 			s = strings.ReplaceAll(s, "{{"+k+"}}", v)
 		}
-		m, err := manifest.Parse("t.yaml", []byte(s))
-		if err != nil {
-			b.t.Fatal(err)
-		}
-		b.in.Modules[m.Module] = m
+		srcs = append(srcs, s)
 	}
-	out := state.Compose(b.in)
-	if out.Errors["ace"] != "" {
-		b.t.Fatal(out.Errors["ace"])
-	}
-	return out.Plans["ace"]
+	return composeAce(b.t, &b.in, srcs)
 }
 
 func (b *bed) apply() state.Report {

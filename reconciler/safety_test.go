@@ -59,17 +59,28 @@ func (h *host) assign(mods ...string) {
 
 func (h *host) plan() *state.Plan {
 	h.t.Helper()
-	h.in.Modules = map[string]*manifest.Manifest{}
+	var srcs []string
 	for _, src := range h.src {
-		m, err := manifest.Parse("t.yaml", []byte(strings.ReplaceAll(src, "{{d}}", h.dir)))
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		h.in.Modules[m.Module] = m
+		srcs = append(srcs, strings.ReplaceAll(src, "{{d}}", h.dir))
 	}
-	out := state.Compose(h.in)
+	return composeAce(h.t, &h.in, srcs)
+}
+
+// composeAce parses the manifests into in's catalogue and returns node
+// ace's plan, failing the test when it does not compose.
+func composeAce(t *testing.T, in *state.Input, srcs []string) *state.Plan {
+	t.Helper()
+	in.Modules = map[string]*manifest.Manifest{}
+	for _, src := range srcs {
+		m, err := manifest.Parse("t.yaml", []byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.Modules[m.Module] = m
+	}
+	out := state.Compose(*in)
 	if out.Errors["ace"] != "" {
-		h.t.Fatal(out.Errors["ace"])
+		t.Fatal(out.Errors["ace"])
 	}
 	return out.Plans["ace"]
 }
