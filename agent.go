@@ -146,7 +146,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 			},
 			Changed: a.Store.Changed,
 			Report: func(ctx context.Context, r state.Report) error {
-				_, err := a.Node.Apply(ctx, &state.Command{Op: state.OpReport, Time: time.Now().UTC(), Report: &r})
+				_, err := a.Node.Propose(ctx, &state.ReportRequest{Report: r})
 				return err
 			},
 		}, reconciler.LoopConfig{Resync: c.Resync})

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -233,14 +234,14 @@ func (c *SnapshotSaveCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	var sn state.Snapshot
-	if err := json.Unmarshal(b, &sn); err != nil {
+	sn, err := state.ReadSnapshot(bytes.NewReader(b))
+	if err != nil {
 		return fmt.Errorf("the agent's snapshot does not decode: %w", err)
 	}
 	if err := safefs.WriteFile(c.File, append(b, '\n'), 0o600); err != nil {
 		return err
 	}
-	fmt.Fprintf(g.out, "saved the state at index %d (%d modules, %d assignments, %d nodes) to %s\n", sn.Index, len(sn.Modules), len(sn.Assignments), len(sn.Nodes), c.File)
+	fmt.Fprintf(g.out, "saved the state at index %d (%d modules, %d assignments, %d nodes) to %s\n", sn.Index, len(sn.Rows("modules")), len(sn.Rows("assignments")), len(sn.Rows("nodes")), c.File)
 	return nil
 }
 
@@ -256,8 +257,8 @@ func (c *SnapshotRestoreCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	var sn state.Snapshot
-	if err := json.Unmarshal(b, &sn); err != nil {
+	sn, err := state.ReadSnapshot(bytes.NewReader(b))
+	if err != nil {
 		return fmt.Errorf("%s is not a snapshot (%v); give a file written by mesh snapshot save", c.File, err)
 	}
 	body, err := sn.RestoreBody()

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"mesh/state"
-	"mesh/state/manifest"
 )
 
 // Status is what `mesh status` shows.
@@ -163,17 +162,18 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
-// propose applies a command through Raft, stamping the proposer's time.
-func (a *API) propose(ctx context.Context, c *state.Command) (uint64, error) {
+// propose applies a request through Raft, stamping the proposer's time.
+func (a *API) propose(ctx context.Context, req state.Request) (uint64, error) {
+	c := state.NewCommand(req)
 	c.Time = a.now().UTC()
 	ctx, cancel := context.WithTimeout(ctx, ApplyTimeout)
 	defer cancel()
 	return a.node.Apply(ctx, c)
 }
 
-// write proposes c and answers with the index it was applied at, or the error.
-func (a *API) write(w http.ResponseWriter, r *http.Request, c *state.Command) {
-	idx, err := a.propose(r.Context(), c)
+// write proposes req and answers with the index it was applied at, or the error.
+func (a *API) write(w http.ResponseWriter, r *http.Request, req state.Request) {
+	idx, err := a.propose(r.Context(), req)
 	if err != nil {
 		fail(w, err)
 		return
@@ -244,7 +244,7 @@ func (a *API) publicDomain(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	a.write(w, r, &state.Command{Op: state.OpPublicDomain, Name: r.PathValue("name"), Domain: req.Domain})
+	a.write(w, r, &state.PublicDomainRequest{Node: r.PathValue("name"), Domain: req.Domain})
 }
 
 func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
@@ -277,7 +277,7 @@ func (a *API) token(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) rotateToken(w http.ResponseWriter, r *http.Request) {
-	if _, err := a.propose(r.Context(), &state.Command{Op: state.OpTokenRotate, JoinSecret: newSecret()}); err != nil {
+	if _, err := a.propose(r.Context(), &state.TokenRotateRequest{JoinSecret: newSecret()}); err != nil {
 		fail(w, err)
 		return
 	}
@@ -319,16 +319,18 @@ func (a *API) addModules(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	c := &state.Command{Op: state.OpModuleAdd, Modules: req.Modules}
+	// The proposer parses and checks; the log carries the parsed form.
+	c := &state.ModuleAddRequest{}
 	var names []string
 	for _, mt := range req.Modules {
-		m, err := manifest.Parse(mt.File, []byte(mt.Text))
+		sp, err := state.SpecOf(mt.File, mt.Text)
 		if err != nil {
 			fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: err.Error()})
 			return
 		}
-		names = append(names, m.Module)
-		secrets, err := newSecrets(state.NeededCredentials(m))
+		c.Modules = append(c.Modules, sp)
+		names = append(names, sp.Manifest.Module)
+		secrets, err := newSecrets(state.NeededCredentials(sp.Manifest))
 		if err != nil {
 			fail(w, err)
 			return
@@ -344,7 +346,7 @@ func (a *API) addModules(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) removeModule(w http.ResponseWriter, r *http.Request) {
-	a.write(w, r, &state.Command{Op: state.OpModuleRemove, Name: r.PathValue("name")})
+	a.write(w, r, &state.ModuleRemoveRequest{Name: r.PathValue("name")})
 }
 
 func (a *API) assign(op string) http.HandlerFunc {
@@ -354,20 +356,20 @@ func (a *API) assign(op string) http.HandlerFunc {
 			fail(w, err)
 			return
 		}
-		c := &state.Command{Op: op, Assign: &req}
-		if op == state.OpAssign {
-			// The proposer generates any secret the module consumes; the FSM
-			// keeps the first one it sees for each pair.
-			if m, err := a.store.Module(r.Context(), req.Module); err == nil {
-				if pm, err := manifest.Parse(m.File, []byte(m.Manifest)); err == nil {
-					s, err := newSecrets(state.NeededCredentials(pm))
-					if err != nil {
-						fail(w, err)
-						return
-					}
-					c.Secrets = s
-				}
+		if op == state.OpUnassign {
+			a.write(w, r, &state.UnassignRequest{Assignment: req})
+			return
+		}
+		// The proposer generates any secret the module consumes; the FSM
+		// keeps the first one it sees for each pair.
+		c := &state.AssignRequest{Assignment: req}
+		if m, err := a.store.Manifest(r.Context(), req.Module); err == nil {
+			s, err := newSecrets(state.NeededCredentials(m))
+			if err != nil {
+				fail(w, err)
+				return
 			}
+			c.Secrets = s
 		}
 		a.write(w, r, c)
 	}
@@ -471,7 +473,12 @@ func (a *API) restore(w http.ResponseWriter, r *http.Request) {
 	for _, n := range nodes {
 		names = append(names, n.Name)
 	}
-	idx, err := a.propose(r.Context(), &state.Command{Op: state.OpRestore, Restore: req.Restore})
+	// A snapshot is text on disk: the proposer parses its manifests.
+	if err := req.Restore.FillSpecs(); err != nil {
+		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: err.Error()})
+		return
+	}
+	idx, err := a.propose(r.Context(), req.Restore)
 	if err != nil {
 		fail(w, err)
 		return

@@ -153,9 +153,10 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	c := &state.Command{Op: state.OpInit, Time: cfg.Now().UTC(), MeshID: id.MeshID, Domain: cfg.Domain,
-		Node:   &state.Node{Name: cfg.Name, Address: addr.String(), Voter: true},
-		CACert: string(ca.CertPEM), CAKey: string(ca.KeyPEM), JoinSecret: newSecret(), Voters: cfg.Voters}
+	c := state.NewCommand(&state.InitRequest{MeshID: id.MeshID, Domain: cfg.Domain,
+		Node:   state.Node{Name: cfg.Name, Address: addr.String(), Voter: true},
+		CACert: string(ca.CertPEM), CAKey: string(ca.KeyPEM), JoinSecret: newSecret(), Voters: cfg.Voters})
+	c.Time = cfg.Now().UTC()
 	if _, err := n.Apply(wctx, c); err != nil {
 		return err
 	}

@@ -133,9 +133,6 @@ func (n *Node) peerAddr(name string) string {
 // against the write.
 func (n *Node) canApply(c *state.Command) error {
 	need := c.NeedsVersion()
-	if need <= 1 {
-		return nil
-	}
 	nodes, err := n.store.Nodes(context.Background())
 	if err != nil {
 		return nil

@@ -334,6 +334,14 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 	}
 }
 
+// Propose applies req through Raft as Apply does, stamped with this node's
+// time (the proposer's: the FSM never reads a clock).
+func (n *Node) Propose(ctx context.Context, req state.Request) (uint64, error) {
+	c := state.NewCommand(req)
+	c.Time = time.Now().UTC()
+	return n.Apply(ctx, c)
+}
+
 // commit appends c on this node as leader and waits for it to apply. An
 // error wrapping errNotApplied means it was never appended (this node no
 // longer leads), so it may be sent to the next leader.

@@ -94,8 +94,8 @@ func TestAgentKeepsStateAcrossRestartAndSnapshot(t *testing.T) {
 			a = startAgent(t, dir)
 			waitLeader(t, a)
 			after, _ := a.Store.Dump(ctx)
-			if fmt.Sprint(after.Plans) != fmt.Sprint(before.Plans) || fmt.Sprint(after.Roster) != fmt.Sprint(before.Roster) {
-				t.Fatalf("state changed across restart:\n%v\n%v", before.Plans, after.Plans)
+			if fmt.Sprint(after.Rows("plans")) != fmt.Sprint(before.Rows("plans")) || fmt.Sprint(after.Rows("roster")) != fmt.Sprint(before.Rows("roster")) {
+				t.Fatalf("state changed across restart:\n%v\n%v", before.Rows("plans"), after.Rows("plans"))
 			}
 			a.Stop()
 
@@ -147,19 +147,21 @@ func BenchmarkApply(b *testing.B) {
 			defer a.Stop()
 			waitLeader(b, a)
 			ctx := context.Background()
-			add := &state.Command{Op: state.OpModuleAdd, Modules: []state.ModuleText{{File: "web.yaml", Text: webManifest}}}
-			if _, err := a.Node.Apply(ctx, add); err != nil {
+			web, err := state.SpecOf("web.yaml", webManifest)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := a.Node.Propose(ctx, &state.ModuleAddRequest{Modules: []state.ModuleSpec{web}}); err != nil {
 				b.Fatal(err)
 			}
 			b.ResetTimer()
 			start := time.Now()
 			for i := 0; i < b.N; i++ {
-				op := state.OpAssign
+				var req state.Request = &state.AssignRequest{Assignment: state.Assignment{Node: "ace", Module: "web"}}
 				if i%2 == 1 {
-					op = state.OpUnassign
+					req = &state.UnassignRequest{Assignment: state.Assignment{Node: "ace", Module: "web"}}
 				}
-				c := &state.Command{Op: op, Time: time.Now(), Assign: &state.Assignment{Node: "ace", Module: "web"}}
-				if _, err := a.Node.Apply(ctx, c); err != nil {
+				if _, err := a.Node.Propose(ctx, req); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -129,8 +129,14 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
-	var c state.Command
-	if err := json.NewDecoder(io.LimitReader(r.Body, 16<<20)).Decode(&c); err != nil {
+	raw, err := io.ReadAll(io.LimitReader(r.Body, 16<<20))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, applyReply{Error: "bad command: " + err.Error(), Kind: "invalid"})
+		return
+	}
+	// A follower of an older binary sends a flat command: Decode converts it.
+	c, err := state.Decode(raw)
+	if err != nil {
 		writeJSON(w, http.StatusBadRequest, applyReply{Error: "bad command: " + err.Error(), Kind: "invalid"})
 		return
 	}
@@ -143,7 +149,7 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 	if d, ok := r.Context().Deadline(); ok {
 		timeout = time.Until(d)
 	}
-	idx, err := n.commit(&c, timeout)
+	idx, err := n.commit(c, timeout)
 	if errors.Is(err, errNotApplied) {
 		writeJSON(w, http.StatusServiceUnavailable, applyReply{Error: notLeaderMsg, Kind: "not-leader"})
 		return
@@ -300,7 +306,7 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		}
 	}
 	voter := voters < id.Voters
-	if _, err := n.Apply(ctx, &state.Command{Op: state.OpNodeAdd, Time: time.Now().UTC(), Node: &state.Node{Name: req.Name, Address: req.Address, Voter: voter}}); err != nil {
+	if _, err := n.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: req.Name, Address: req.Address, Voter: voter}}); err != nil {
 		return JoinReply{}, err
 	}
 	addr := net.JoinHostPort(req.Address, strconv.Itoa(req.Port))
@@ -491,7 +497,7 @@ func (n *Node) RemoveNode(ctx context.Context, name string, force bool) (uint64,
 	if err := n.checkRemovable(name); err != nil {
 		return 0, err
 	}
-	idx, err := n.Apply(ctx, &state.Command{Op: state.OpNodeRemove, Time: time.Now().UTC(), Name: name, Force: force})
+	idx, err := n.Propose(ctx, &state.NodeRemoveRequest{Name: name, Force: force})
 	if err != nil {
 		return idx, err
 	}

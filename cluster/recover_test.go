@@ -1,8 +1,8 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -52,8 +52,8 @@ func TestSnapshotSaveAndRestore(t *testing.T) {
 	_, err = c.Assign(ctx, state.OpAssign, "ace", "db")
 	must(err)
 
-	var sn state.Snapshot
-	must(json.Unmarshal(saved, &sn))
+	sn, err := state.ReadSnapshot(bytes.NewReader(saved))
+	must(err)
 	body, err := sn.RestoreBody()
 	must(err)
 	// Another mesh's snapshot is refused without --force.
@@ -206,25 +206,37 @@ func TestLeaderRefusesWhatANodeCannotApply(t *testing.T) {
 	defer a.Stop()
 	waitLeader(t, a)
 	ctx := context.Background()
-	if _, err := a.Node.Apply(ctx, &state.Command{Op: state.OpNodeAdd, Time: time.Now(), Node: &state.Node{Name: "old", Address: "10.9.9.9"}}); err != nil {
+	if _, err := a.Node.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: "old", Address: "10.9.9.9"}}); err != nil {
 		t.Fatal(err)
 	}
+	// "old" runs a binary of format 2 (flat commands): it cannot apply the
+	// typed commands of format 3, so the leader refuses them all.
 	a.Node.live.mu.Lock()
-	a.Node.live.seen["old"] = Seen{LastSeen: time.Now(), Version: "v0.1", Commands: 1}
+	a.Node.live.seen["old"] = Seen{LastSeen: time.Now(), Version: "v0.1", Commands: 2}
 	a.Node.live.mu.Unlock()
 	st, _ := a.Store.Settings(ctx)
-	restore := &state.Command{Op: state.OpRestore, Restore: &state.RestoreBody{MeshID: st.MeshID}}
-	if _, err := a.Node.Apply(ctx, restore); err == nil || !strings.Contains(err.Error(), "node old runs mesh v0.1, which cannot apply a restore command yet; upgrade old first") {
+	restore := &state.RestoreBody{MeshID: st.MeshID}
+	if _, err := a.Node.Propose(ctx, restore); err == nil || !strings.Contains(err.Error(), "node old runs mesh v0.1, which cannot apply a restore command yet; upgrade old first") {
 		t.Fatalf("restore with an old node: %v", err)
 	}
-	// Commands every node knows still go through.
-	if _, err := a.Node.Apply(ctx, &state.Command{Op: state.OpModuleAdd, Time: time.Now(), Modules: []state.ModuleText{{File: "web.yaml", Text: webManifest}}}); err != nil {
+	web, err := state.SpecOf("web.yaml", webManifest)
+	if err != nil {
 		t.Fatal(err)
+	}
+	add := &state.ModuleAddRequest{Modules: []state.ModuleSpec{web}}
+	if _, err := a.Node.Propose(ctx, add); err == nil || !strings.Contains(err.Error(), "upgrade old first") {
+		t.Fatalf("module add with an old node: %v", err)
+	}
+	if mods, _ := a.Store.Modules(ctx); len(mods) != 0 {
+		t.Fatalf("a refused command changed the catalogue: %+v", mods)
 	}
 	a.Node.live.mu.Lock()
 	a.Node.live.seen["old"] = Seen{LastSeen: time.Now(), Version: "v0.2", Commands: state.CommandVersion}
 	a.Node.live.mu.Unlock()
-	if _, err := a.Node.Apply(ctx, restore); err != nil {
+	if _, err := a.Node.Propose(ctx, add); err != nil {
+		t.Fatalf("module add once upgraded: %v", err)
+	}
+	if _, err := a.Node.Propose(ctx, restore); err != nil {
 		t.Fatalf("restore once upgraded: %v", err)
 	}
 }

@@ -71,20 +71,19 @@ func TestBindingChoice(t *testing.T) {
 // through the store does not move the consumer.
 func TestStoreKeepsBindings(t *testing.T) {
 	s := openStore(t)
-	cmds := []Command{
-		{Op: OpInit, MeshID: "m-1", Domain: "internal", Node: &Node{Name: "ace", Address: "10.0.0.1"}},
-		{Op: OpNodeAdd, Node: &Node{Name: "novox", Address: "10.0.0.2", Voter: true}},
-		{Op: OpModuleAdd, Modules: []ModuleText{{File: "pg.yaml", Text: pgSrc}, {File: "app.yaml", Text: appSrc}}, Secrets: []Secret{{Pair{"app", "postgres"}, "s"}}},
-		{Op: OpAssign, Assign: &Assignment{Node: "novox", Module: "postgres"}},
-		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "app"}},
+	cmds := []Request{
+		&InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}},
+		&NodeAddRequest{Node: Node{Name: "novox", Address: "10.0.0.2", Voter: true}},
+		&ModuleAddRequest{Modules: []ModuleSpec{spec("pg.yaml", pgSrc), spec("app.yaml", appSrc)}, Secrets: []Secret{{Pair{"app", "postgres"}, "s"}}},
+		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "postgres"}},
+		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}},
 	}
 	idx := uint64(0)
-	run := func(cs ...Command) {
-		for _, c := range cs {
+	run := func(rs ...Request) {
+		for _, r := range rs {
 			idx++
-			c.Time = t0
-			if err := s.Apply(idx, c.Encode()); err != nil {
-				t.Fatalf("%s: %v", c.Op, err)
+			if err := s.Apply(idx, encodeAt(r, t0)); err != nil {
+				t.Fatalf("%s: %v", r.Op(), err)
 			}
 		}
 	}
@@ -97,12 +96,12 @@ func TestStoreKeepsBindings(t *testing.T) {
 	}
 	run(cmds...)
 	before := planOf()
-	run(Command{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "postgres"}})
+	run(&AssignRequest{Assignment: Assignment{Node: "ace", Module: "postgres"}})
 	after := planOf()
 	if !strings.Contains(before, `node=novox`) || !strings.Contains(after, `node=novox`) {
 		t.Fatalf("binding moved:\n%s\n->\n%s", before, after)
 	}
-	run(Command{Op: OpUnassign, Assign: &Assignment{Node: "novox", Module: "postgres"}})
+	run(&UnassignRequest{Assignment: Assignment{Node: "novox", Module: "postgres"}})
 	if p := planOf(); !strings.Contains(p, `node=ace`) {
 		t.Fatalf("removing the bound instance did not move it:\n%s", p)
 	}

@@ -5,76 +5,13 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
 	"mesh/state/manifest"
 )
-
-// Ops, the kinds of command.
-const (
-	OpInit         = "init"
-	OpNodeAdd      = "node.add"
-	OpNodeRemove   = "node.remove"
-	OpPublicDomain = "node.public-domain"
-	OpModuleAdd    = "module.add"
-	OpModuleRemove = "module.remove"
-	OpAssign       = "assign"
-	OpUnassign     = "unassign"
-	OpReport       = "report"
-	OpTokenRotate  = "token.rotate"
-
-	timeLayout = time.RFC3339Nano
-)
-
-// CommandVersion is the newest command format this binary applies. A
-// command carries the format it needs (V); a node that meets a newer one
-// stops applying and says so (it never skips it, which would let replicas
-// diverge), and a leader refuses to propose one that a node it knows of
-// cannot apply yet.
-const CommandVersion = 2
-
-// opVersion is the format each op needs: the version that introduced it.
-var opVersion = map[string]int{
-	OpInit: 1, OpNodeAdd: 1, OpNodeRemove: 1, OpPublicDomain: 1, OpModuleAdd: 1,
-	OpModuleRemove: 1, OpAssign: 1, OpUnassign: 1, OpReport: 1, OpTokenRotate: 1,
-	OpRestore: 2,
-}
-
-// NeedsVersion is the command format c needs (0 for an unknown op).
-func (c *Command) NeedsVersion() int { return opVersion[c.Op] }
-
-// Command is one replicated change. Everything Apply needs that is not already
-// in the state travels in it: the proposer's time and any generated secrets.
-type Command struct {
-	Op string `json:"op"`
-	// V is the command format it needs (absent: 1); Encode sets it.
-	V    int       `json:"v,omitempty"`
-	Time time.Time `json:"time"`
-
-	MeshID  string       `json:"mesh_id,omitempty"`
-	Domain  string       `json:"domain,omitempty"`
-	Node    *Node        `json:"node,omitempty"`
-	Name    string       `json:"name,omitempty"` // a node or a module
-	Modules []ModuleText `json:"modules,omitempty"`
-	Assign  *Assignment  `json:"assign,omitempty"`
-	Secrets []Secret     `json:"secrets,omitempty"`
-	Report  *Report      `json:"report,omitempty"`
-	Force   bool         `json:"force,omitempty"`
-
-	// Identity of the mesh, chosen by the proposer of init (and of a token
-	// rotation): replicated so that any node can admit a joining one.
-	CACert     string `json:"ca_cert,omitempty"`
-	CAKey      string `json:"ca_key,omitempty"`
-	JoinSecret string `json:"join_secret,omitempty"`
-	Voters     int    `json:"voters,omitempty"`
-
-	// Restore is the state a restore puts back (OpRestore).
-	Restore *RestoreBody `json:"restore,omitempty"`
-}
 
 // ModuleText is a manifest as the operator gave it.
 type ModuleText struct {
@@ -162,18 +99,6 @@ type ResourceReport struct {
 	Reason  string `json:"reason,omitempty"`
 }
 
-// Encode serialises a command for the log.
-func (c *Command) Encode() []byte {
-	if v := c.NeedsVersion(); v > 1 {
-		c.V = v
-	}
-	b, err := json.Marshal(c)
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
-
 // SecretDigest is how a secret is compared (DESIGN rule 7).
 func SecretDigest(secret string) string {
 	s := sha256.Sum256([]byte(secret))
@@ -184,14 +109,22 @@ func SecretDigest(secret string) string {
 // the log is corrupt, and Apply panics. A command that breaks a rule returns
 // an error, the same on every replica, and changes nothing. Entries at or
 // below the applied index are skipped, so a replay after restart is harmless.
+//
+// The command is decoded into its op's typed request; an op or format this
+// binary does not know stops the node (never a skip, which would let
+// replicas diverge in a rolling upgrade).
 func (s *Store) Apply(index uint64, data []byte) error {
-	var c Command
-	if err := json.Unmarshal(data, &c); err != nil {
+	c, err := Decode(data)
+	if err != nil {
 		panic(fmt.Sprintf("state: log entry %d is not a command (%v): the raft log is corrupt", index, err))
 	}
-	if v := max(c.V, 1); c.NeedsVersion() == 0 || v > CommandVersion {
+	req, err := c.Request()
+	if errors.Is(err, ErrUnknownCommand) {
 		panic(fmt.Sprintf("state: log entry %d is a %q command of format v%d, which this mesh binary (formats up to v%d) cannot apply; "+
-			"this node stops applying rather than skip it: upgrade its mesh binary and start it again", index, c.Op, v, CommandVersion))
+			"this node stops applying rather than skip it: upgrade its mesh binary and start it again", index, c.Op, c.V, CommandVersion))
+	}
+	if err != nil {
+		panic(fmt.Sprintf("state: log entry %d: %v: the raft log is corrupt", index, err))
 	}
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
@@ -199,7 +132,7 @@ func (s *Store) Apply(index uint64, data []byte) error {
 	// waits, whole, until there is space again (reads and the resolver keep
 	// answering from what is applied), then applies exactly as it would have.
 	for waited := time.Duration(0); ; {
-		err, full := s.applyOnce(index, &c)
+		err, full := s.applyOnce(index, c.Time, req)
 		if !full {
 			return err
 		}
@@ -222,7 +155,7 @@ func IsDiskFull(v any) bool {
 
 // applyOnce applies c in one transaction. full says it met a full disk and
 // changed nothing; any other failure inside panics (stops the node loudly).
-func (s *Store) applyOnce(index uint64, c *Command) (ruleError error, full bool) {
+func (s *Store) applyOnce(index uint64, at time.Time, req Request) (ruleError error, full bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			if IsDiskFull(r) {
@@ -232,11 +165,10 @@ func (s *Store) applyOnce(index uint64, c *Command) (ruleError error, full bool)
 			panic(r)
 		}
 	}()
-	return s.applyTx(index, c), false
+	return s.applyTx(index, at, req), false
 }
 
-func (s *Store) applyTx(index uint64, cp *Command) error {
-	c := *cp
+func (s *Store) applyTx(index uint64, at time.Time, req Request) error {
 	ctx := context.Background()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -250,9 +182,10 @@ func (s *Store) applyTx(index uint64, cp *Command) error {
 	if index <= applied {
 		return nil
 	}
-	recompose, ruleErr := s.applyOp(ctx, tx, index, &c)
+	ap := &applier{s: s, ctx: ctx, tx: tx, index: index, at: at.UTC().Format(timeLayout)}
+	recompose, ruleErr := ap.apply(req)
 	if ruleErr == nil && recompose {
-		if err := s.recompose(ctx, tx, index, &c); err != nil {
+		if err := s.recompose(ctx, tx, index, ap.at, req.describe()); err != nil {
 			panic(fmt.Sprintf("state: recompose at %d: %v", index, err))
 		}
 	}
@@ -288,157 +221,196 @@ func ruleErr(kind error, format string, a ...any) error {
 	return &RuleError{Kind: kind, Msg: fmt.Sprintf(format, a...)}
 }
 
-// applyOp changes the tables for one command. It reports whether composition
-// must run again, or the rule the command broke.
-func (s *Store) applyOp(ctx context.Context, tx *sql.Tx, index uint64, c *Command) (bool, error) {
-	at := c.Time.UTC().Format(timeLayout)
-	switch c.Op {
-	case OpInit:
-		var n int
-		if err := tx.QueryRow(`SELECT COUNT(*) FROM settings WHERE key = 'mesh_id'`).Scan(&n); err != nil {
-			panic(fmt.Sprintf("state: read the mesh id: %v", err))
-		}
-		if n > 0 {
-			return false, ruleErr(ErrConflict, "this mesh is already initialised")
-		}
-		if c.Node == nil || c.MeshID == "" {
-			return false, ruleErr(ErrInvalid, "init needs a mesh id and a first node")
-		}
-		domain := c.Domain
-		if domain == "" {
-			domain = DefaultDomain
-		}
-		voters := c.Voters
-		if voters <= 0 {
-			voters = 3
-		}
-		mustExec(tx, `INSERT INTO settings VALUES ('mesh_id', ?), ('domain', ?), ('created_at', ?), ('ca_cert', ?), ('ca_key', ?), ('join_secret', ?), ('voters', ?)`,
-			c.MeshID, domain, at, c.CACert, c.CAKey, c.JoinSecret, fmt.Sprint(voters))
-		mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at) VALUES (?, ?, 1, ?)`, c.Node.Name, c.Node.Address, at)
-		return true, nil
-
-	case OpNodeAdd:
-		if c.Node == nil {
-			return false, ruleErr(ErrInvalid, "node.add without a node")
-		}
-		if ok := has(tx, `SELECT 1 FROM nodes WHERE name = ?`, c.Node.Name); ok {
-			return false, ruleErr(ErrConflict, "node %q is already in the mesh", c.Node.Name)
-		}
-		if ok := has(tx, `SELECT 1 FROM nodes WHERE address = ?`, c.Node.Address); ok {
-			return false, ruleErr(ErrConflict, "address %s is already taken by another node", c.Node.Address)
-		}
-		mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at) VALUES (?, ?, ?, ?)`, c.Node.Name, c.Node.Address, c.Node.Voter, at)
-		return true, nil
-
-	case OpNodeRemove:
-		if err := s.needNode(tx, c.Name); err != nil {
-			return false, err
-		}
-		mods := listRows(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, c.Name)
-		if len(mods) > 0 && !c.Force {
-			return false, ruleErr(ErrConflict, "node %q still runs %s; unassign them first or pass --force", c.Name, strings.Join(mods, ", "))
-		}
-		mustExec(tx, `DELETE FROM assignments WHERE node = ?`, c.Name)
-		mustExec(tx, `DELETE FROM nodes WHERE name = ?`, c.Name)
-		mustExec(tx, `DELETE FROM roster WHERE node = ?`, c.Name)
-		mustExec(tx, `DELETE FROM reports WHERE node = ?`, c.Name)
-		return true, nil
-
-	case OpPublicDomain:
-		if err := s.needNode(tx, c.Name); err != nil {
-			return false, err
-		}
-		if c.Domain != "" && !validDomain(c.Domain) {
-			return false, ruleErr(ErrInvalid, "%q is not a domain name", c.Domain)
-		}
-		mustExec(tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, c.Domain, c.Name)
-		return true, nil
-
-	case OpModuleAdd:
-		if len(c.Modules) == 0 {
-			return false, ruleErr(ErrInvalid, "module add needs at least one manifest")
-		}
-		seen := map[string]string{}
-		for _, mt := range c.Modules {
-			m, err := manifest.Parse(mt.File, []byte(mt.Text))
-			if err != nil {
-				return false, ruleErr(ErrInvalid, "%v", err)
-			}
-			if other, dup := seen[m.Module]; dup {
-				return false, ruleErr(ErrInvalid, "module %q is given twice (%s and %s)", m.Module, other, mt.File)
-			}
-			seen[m.Module] = mt.File
-			mustExec(tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at) VALUES (?, ?, ?, ?, ?, ?)
-				ON CONFLICT (name) DO UPDATE SET file = excluded.file, manifest = excluded.manifest, digest = excluded.digest, version = excluded.version, added_at = excluded.added_at
-				WHERE modules.digest != excluded.digest`, m.Module, mt.File, mt.Text, m.Digest, index, at)
-		}
-		s.insertSecrets(tx, c.Secrets)
-		return true, nil
-
-	case OpRestore:
-		return s.applyRestore(tx, index, c)
-
-	case OpModuleRemove:
-		if ok := has(tx, `SELECT 1 FROM modules WHERE name = ?`, c.Name); !ok {
-			return false, ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", c.Name, listOf(tx, `SELECT name FROM modules ORDER BY name`, "mesh module list"))
-		}
-		if nodes := listRows(tx, `SELECT node FROM assignments WHERE module = ? ORDER BY node`, c.Name); len(nodes) > 0 {
-			return false, ruleErr(ErrConflict, "module %q is assigned to %s; unassign it first", c.Name, strings.Join(nodes, ", "))
-		}
-		mustExec(tx, `DELETE FROM modules WHERE name = ?`, c.Name)
-		return true, nil
-
-	case OpAssign, OpUnassign:
-		if c.Assign == nil {
-			return false, ruleErr(ErrInvalid, "%s without a node and module", c.Op)
-		}
-		a := c.Assign
-		if err := s.needNode(tx, a.Node); err != nil {
-			return false, err
-		}
-		if ok := has(tx, `SELECT 1 FROM modules WHERE name = ?`, a.Module); !ok && c.Op == OpAssign {
-			return false, ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", a.Module, listOf(tx, `SELECT name FROM modules ORDER BY name`, "mesh module add FILE"))
-		}
-		assigned := has(tx, `SELECT 1 FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module)
-		if c.Op == OpUnassign {
-			if !assigned {
-				return false, ruleErr(ErrNotFound, "module %q is not assigned to node %q (%s)", a.Module, a.Node, listOf(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, "nothing is assigned there", a.Node))
-			}
-			mustExec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module)
-			return true, nil
-		}
-		if assigned {
-			return false, nil // already so; nothing to do
-		}
-		if err := s.checkProviders(ctx, tx, a.Module); err != nil {
-			return false, err
-		}
-		mustExec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, index)
-		s.insertSecrets(tx, c.Secrets)
-		return true, nil
-
-	case OpTokenRotate:
-		if c.JoinSecret == "" {
-			return false, ruleErr(ErrInvalid, "token rotation without a new secret")
-		}
-		mustExec(tx, `UPDATE settings SET value = ? WHERE key = 'join_secret'`, c.JoinSecret)
-		return false, nil
-
-	case OpReport:
-		if c.Report == nil {
-			return false, ruleErr(ErrInvalid, "report without a body")
-		}
-		if err := s.needNode(tx, c.Report.Node); err != nil {
-			return false, err
-		}
-		mustExec(tx, `INSERT INTO reports VALUES (?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at, body = excluded.body`,
-			c.Report.Node, c.Report.Version, c.Report.AppliedAt.UTC().Format(timeLayout), jsonString(c.Report))
-		return false, nil
-	}
-	return false, ruleErr(ErrInvalid, "unknown command %q (is this node's mesh binary older than the leader's?)", c.Op)
+// applier applies one request inside the apply transaction: one function
+// per op (Nomad's fsm.go shape). Each reports whether composition must run
+// again, or the rule the request broke.
+type applier struct {
+	s     *Store
+	ctx   context.Context
+	tx    *sql.Tx
+	index uint64
+	at    string // the proposer's time
 }
 
-func (s *Store) insertSecrets(tx *sql.Tx, secrets []Secret) {
+func (ap *applier) apply(req Request) (bool, error) {
+	switch r := req.(type) {
+	case *InitRequest:
+		return ap.init(r)
+	case *NodeAddRequest:
+		return ap.nodeAdd(r)
+	case *NodeRemoveRequest:
+		return ap.nodeRemove(r)
+	case *PublicDomainRequest:
+		return ap.publicDomain(r)
+	case *ModuleAddRequest:
+		return ap.moduleAdd(r)
+	case *ModuleRemoveRequest:
+		return ap.moduleRemove(r)
+	case *AssignRequest:
+		return ap.assign(r)
+	case *UnassignRequest:
+		return ap.unassign(r)
+	case *ReportRequest:
+		return ap.report(r)
+	case *TokenRotateRequest:
+		return ap.tokenRotate(r)
+	case *RestoreBody:
+		return ap.s.applyRestore(ap.tx, r)
+	}
+	panic(fmt.Sprintf("state: no apply function for %T", req))
+}
+
+func (ap *applier) init(r *InitRequest) (bool, error) {
+	tx := ap.tx
+	if has(tx, `SELECT 1 FROM settings WHERE key = 'mesh_id'`) {
+		return false, ruleErr(ErrConflict, "this mesh is already initialised")
+	}
+	if r.Node.Name == "" || r.MeshID == "" {
+		return false, ruleErr(ErrInvalid, "init needs a mesh id and a first node")
+	}
+	domain := r.Domain
+	if domain == "" {
+		domain = DefaultDomain
+	}
+	voters := r.Voters
+	if voters <= 0 {
+		voters = 3
+	}
+	mustExec(tx, `INSERT INTO settings VALUES ('mesh_id', ?), ('domain', ?), ('created_at', ?), ('ca_cert', ?), ('ca_key', ?), ('join_secret', ?), ('voters', ?)`,
+		r.MeshID, domain, ap.at, r.CACert, r.CAKey, r.JoinSecret, fmt.Sprint(voters))
+	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at) VALUES (?, ?, 1, ?)`, r.Node.Name, r.Node.Address, ap.at)
+	return true, nil
+}
+
+func (ap *applier) nodeAdd(r *NodeAddRequest) (bool, error) {
+	tx, n := ap.tx, r.Node
+	if n.Name == "" || n.Address == "" {
+		return false, ruleErr(ErrInvalid, "node.add without a node")
+	}
+	if has(tx, `SELECT 1 FROM nodes WHERE name = ?`, n.Name) {
+		return false, ruleErr(ErrConflict, "node %q is already in the mesh", n.Name)
+	}
+	if has(tx, `SELECT 1 FROM nodes WHERE address = ?`, n.Address) {
+		return false, ruleErr(ErrConflict, "address %s is already taken by another node", n.Address)
+	}
+	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at) VALUES (?, ?, ?, ?)`, n.Name, n.Address, n.Voter, ap.at)
+	return true, nil
+}
+
+func (ap *applier) nodeRemove(r *NodeRemoveRequest) (bool, error) {
+	tx := ap.tx
+	if err := needNode(tx, r.Name); err != nil {
+		return false, err
+	}
+	mods := listRows(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, r.Name)
+	if len(mods) > 0 && !r.Force {
+		return false, ruleErr(ErrConflict, "node %q still runs %s; unassign them first or pass --force", r.Name, strings.Join(mods, ", "))
+	}
+	mustExec(tx, `DELETE FROM assignments WHERE node = ?`, r.Name)
+	mustExec(tx, `DELETE FROM nodes WHERE name = ?`, r.Name)
+	mustExec(tx, `DELETE FROM roster WHERE node = ?`, r.Name)
+	mustExec(tx, `DELETE FROM reports WHERE node = ?`, r.Name)
+	return true, nil
+}
+
+func (ap *applier) publicDomain(r *PublicDomainRequest) (bool, error) {
+	if err := needNode(ap.tx, r.Node); err != nil {
+		return false, err
+	}
+	if r.Domain != "" && !validDomain(r.Domain) {
+		return false, ruleErr(ErrInvalid, "%q is not a domain name", r.Domain)
+	}
+	mustExec(ap.tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, r.Domain, r.Node)
+	return true, nil
+}
+
+// moduleAdd stores manifests the proposer parsed and checked. It reads their
+// parsed form and never their text.
+func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
+	if len(r.Modules) == 0 {
+		return false, ruleErr(ErrInvalid, "module add needs at least one manifest")
+	}
+	seen := map[string]string{}
+	for i := range r.Modules {
+		sp := &r.Modules[i]
+		if err := sp.check(); err != nil {
+			return false, err
+		}
+		name := sp.Manifest.Module
+		if other, dup := seen[name]; dup {
+			return false, ruleErr(ErrInvalid, "module %q is given twice (%s and %s)", name, other, sp.File)
+		}
+		seen[name] = sp.File
+		mustExec(ap.tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (name) DO UPDATE SET file = excluded.file, manifest = excluded.manifest, digest = excluded.digest, version = excluded.version, added_at = excluded.added_at, spec = excluded.spec
+			WHERE modules.digest != excluded.digest`, name, sp.File, sp.Text, sp.Digest, ap.index, ap.at, sp.specJSON())
+	}
+	insertSecrets(ap.tx, r.Secrets)
+	return true, nil
+}
+
+func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
+	tx := ap.tx
+	if !has(tx, `SELECT 1 FROM modules WHERE name = ?`, r.Name) {
+		return false, ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", r.Name, listOf(tx, `SELECT name FROM modules ORDER BY name`, "mesh module list"))
+	}
+	if nodes := listRows(tx, `SELECT node FROM assignments WHERE module = ? ORDER BY node`, r.Name); len(nodes) > 0 {
+		return false, ruleErr(ErrConflict, "module %q is assigned to %s; unassign it first", r.Name, strings.Join(nodes, ", "))
+	}
+	mustExec(tx, `DELETE FROM modules WHERE name = ?`, r.Name)
+	return true, nil
+}
+
+func (ap *applier) assign(r *AssignRequest) (bool, error) {
+	tx, a := ap.tx, r.Assignment
+	if err := needNode(tx, a.Node); err != nil {
+		return false, err
+	}
+	if !has(tx, `SELECT 1 FROM modules WHERE name = ?`, a.Module) {
+		return false, ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", a.Module, listOf(tx, `SELECT name FROM modules ORDER BY name`, "mesh module add FILE"))
+	}
+	if has(tx, `SELECT 1 FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module) {
+		return false, nil // already so; nothing to do
+	}
+	if err := ap.s.checkProviders(ap.ctx, tx, a.Module); err != nil {
+		return false, err
+	}
+	mustExec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, ap.index)
+	insertSecrets(tx, r.Secrets)
+	return true, nil
+}
+
+func (ap *applier) unassign(r *UnassignRequest) (bool, error) {
+	tx, a := ap.tx, r.Assignment
+	if err := needNode(tx, a.Node); err != nil {
+		return false, err
+	}
+	if !has(tx, `SELECT 1 FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module) {
+		return false, ruleErr(ErrNotFound, "module %q is not assigned to node %q (%s)", a.Module, a.Node, listOf(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, "nothing is assigned there", a.Node))
+	}
+	mustExec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module)
+	return true, nil
+}
+
+func (ap *applier) tokenRotate(r *TokenRotateRequest) (bool, error) {
+	if r.JoinSecret == "" {
+		return false, ruleErr(ErrInvalid, "token rotation without a new secret")
+	}
+	mustExec(ap.tx, `UPDATE settings SET value = ? WHERE key = 'join_secret'`, r.JoinSecret)
+	return false, nil
+}
+
+func (ap *applier) report(r *ReportRequest) (bool, error) {
+	rep := &r.Report
+	if err := needNode(ap.tx, rep.Node); err != nil {
+		return false, err
+	}
+	mustExec(ap.tx, `INSERT INTO reports VALUES (?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at, body = excluded.body`,
+		rep.Node, rep.Version, rep.AppliedAt.UTC().Format(timeLayout), jsonString(rep))
+	return false, nil
+}
+
+func insertSecrets(tx *sql.Tx, secrets []Secret) {
 	for _, sc := range secrets {
 		mustExec(tx, `INSERT INTO credentials VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`, sc.Consumer, sc.Provider, sc.Value, SecretDigest(sc.Value))
 	}
@@ -456,7 +428,7 @@ func (s *Store) checkProviders(ctx context.Context, tx *sql.Tx, module string) e
 	return nil
 }
 
-func (s *Store) needNode(tx *sql.Tx, name string) error {
+func needNode(tx *sql.Tx, name string) error {
 	if ok := has(tx, `SELECT 1 FROM nodes WHERE name = ?`, name); !ok {
 		return ruleErr(ErrNotFound, "node %q is not in the mesh (%s)", name, listOf(tx, `SELECT name FROM nodes ORDER BY name`, "mesh node list"))
 	}
@@ -533,22 +505,22 @@ func validDomain(d string) bool {
 	return true
 }
 
-// catalogue reads and parses every module.
+// catalogue reads every module's parsed form.
 func (s *Store) catalogue(ctx context.Context, q queryer) (map[string]*manifest.Manifest, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, file, manifest, digest FROM modules`)
+	rows, err := q.QueryContext(ctx, `SELECT name, file, digest, spec FROM modules`)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	cat := map[string]*manifest.Manifest{}
 	for rows.Next() {
-		var name, file, text, digest string
-		if err := rows.Scan(&name, &file, &text, &digest); err != nil {
+		var name, file, digest, spec string
+		if err := rows.Scan(&name, &file, &digest, &spec); err != nil {
 			return nil, err
 		}
-		m, err := s.manifestOf(file, text, digest)
+		m, err := s.manifestOf(file, digest, spec)
 		if err != nil {
-			return nil, fmt.Errorf("stored manifest %s no longer parses: %w", name, err)
+			return nil, fmt.Errorf("the stored form of module %s does not decode: %w", name, err)
 		}
 		cat[name] = m
 	}
@@ -619,15 +591,13 @@ func (s *Store) input(ctx context.Context, q queryer) (Input, error) {
 // recompose derives roster and plans after a change and records what moved: a
 // new plan version for each node whose plan digest changed, the composition
 // error of each node that failed (its last good plan and names are kept).
-func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, c *Command) error {
+func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, at, cause string) error {
 	in, err := s.input(ctx, tx)
 	if err != nil {
 		return err
 	}
 	out := Compose(in)
 	roster := out.Roster
-	at := c.Time.UTC().Format(timeLayout)
-	cause := c.Describe()
 	for _, n := range in.Nodes {
 		if msg, failed := out.Errors[n.Name]; failed {
 			mustExec(tx, `UPDATE nodes SET compose_error = ? WHERE name = ?`, msg, n.Name)
@@ -682,48 +652,4 @@ func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, c *Comm
 	}
 	s.mu.Unlock()
 	return nil
-}
-
-// Describe says what a command did, in the operator's words (no secrets).
-func (c *Command) Describe() string {
-	switch c.Op {
-	case OpInit:
-		return "mesh init --name " + nodeName(c.Node)
-	case OpNodeAdd:
-		return "node " + nodeName(c.Node) + " joined"
-	case OpTokenRotate:
-		return "mesh token --rotate"
-	case OpNodeRemove:
-		return "mesh node remove " + c.Name
-	case OpPublicDomain:
-		if c.Domain == "" {
-			return "mesh node public-domain " + c.Name + " --clear"
-		}
-		return "mesh node public-domain " + c.Name + " " + c.Domain
-	case OpModuleAdd:
-		var names []string
-		for _, m := range c.Modules {
-			names = append(names, m.File)
-		}
-		sort.Strings(names)
-		return "mesh module add " + strings.Join(names, " ")
-	case OpModuleRemove:
-		return "mesh module remove " + c.Name
-	case OpRestore:
-		if c.Restore != nil {
-			return fmt.Sprintf("mesh snapshot restore (the state at index %d)", c.Restore.Index)
-		}
-	case OpAssign, OpUnassign:
-		if c.Assign != nil {
-			return "mesh " + c.Op + " " + c.Assign.Node + " " + c.Assign.Module
-		}
-	}
-	return c.Op
-}
-
-func nodeName(n *Node) string {
-	if n == nil {
-		return "?"
-	}
-	return n.Name
 }

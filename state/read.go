@@ -2,16 +2,14 @@ package state
 
 import (
 	"context"
+
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"io"
-	"regexp"
+	"mesh/state/manifest"
 	"strings"
 	"time"
 )
-
-var columnRE = regexp.MustCompile(`^[a-z_]{1,32}$`)
 
 // NodeInfo is a node as `mesh node list` and `mesh status` show it.
 type NodeInfo struct {
@@ -158,6 +156,19 @@ func (s *Store) Module(ctx context.Context, name string) (ModuleInfo, error) {
 	return ModuleInfo{}, ruleErr(ErrNotFound, "module %q is not in the catalogue (known: %s)", name, joinOr(names, "none; mesh module add FILE"))
 }
 
+// Manifest is a catalogue module's parsed form.
+func (s *Store) Manifest(ctx context.Context, name string) (*manifest.Manifest, error) {
+	var file, digest, spec string
+	err := s.db.QueryRowContext(ctx, `SELECT file, digest, spec FROM modules WHERE name = ?`, name).Scan(&file, &digest, &spec)
+	if err == sql.ErrNoRows {
+		return nil, ruleErr(ErrNotFound, "module %q is not in the catalogue", name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s.manifestOf(file, digest, spec)
+}
+
 // Roster reads the derived names.
 func (s *Store) Roster(ctx context.Context) ([]Name, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT name, address, node FROM roster ORDER BY name, address, node`)
@@ -286,214 +297,6 @@ func (s *Store) Secret(ctx context.Context, p Pair) (string, error) {
 		return "", ruleErr(ErrNotFound, "no secret for %s -> %s yet", p.Consumer, p.Provider)
 	}
 	return v, err
-}
-
-// Snapshot is the whole replicated state, table by table, in key order.
-type Snapshot struct {
-	Format      int              `json:"format"`
-	Index       uint64           `json:"index"`
-	Settings    [][2]string      `json:"settings"`
-	Nodes       []map[string]any `json:"nodes"`
-	Modules     []map[string]any `json:"modules"`
-	Assignments []map[string]any `json:"assignments"`
-	Credentials []map[string]any `json:"credentials"`
-	Plans       []map[string]any `json:"plans"`
-	Roster      []map[string]any `json:"roster"`
-	Reports     []map[string]any `json:"reports"`
-	Bindings    []map[string]any `json:"bindings,omitempty"`
-}
-
-// snapshotTables lists each replicated table and its key order.
-var snapshotTables = []struct{ name, order string }{
-	{"nodes", "name"},
-	{"modules", "name"},
-	{"assignments", "node, module"},
-	{"credentials", "consumer, provider"},
-	{"plans", "node, version"},
-	{"roster", "name, address, node"},
-	{"reports", "node"},
-	{"bindings", "node, module, path"},
-}
-
-func (sn *Snapshot) table(name string) *[]map[string]any {
-	switch name {
-	case "nodes":
-		return &sn.Nodes
-	case "modules":
-		return &sn.Modules
-	case "assignments":
-		return &sn.Assignments
-	case "credentials":
-		return &sn.Credentials
-	case "plans":
-		return &sn.Plans
-	case "roster":
-		return &sn.Roster
-	case "reports":
-		return &sn.Reports
-	case "bindings":
-		return &sn.Bindings
-	}
-	panic("state: unknown table " + name)
-}
-
-// nodeLocalTables are the tables a snapshot leaves out: its own bookkeeping.
-var nodeLocalTables = map[string]bool{"schema_version": true, "settings": true, "applied": true}
-
-// checkSnapshotCovers fails when the schema holds a replicated table that
-// snapshotTables does not list: a snapshot without it would silently lose
-// that table's state on every node restored from it.
-func checkSnapshotCovers(ctx context.Context, q queryer) error {
-	rows, err := q.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name`)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	listed := map[string]bool{}
-	for _, t := range snapshotTables {
-		listed[t.name] = true
-	}
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return err
-		}
-		if !nodeLocalTables[name] && !listed[name] {
-			return fmt.Errorf("state: table %q is in the schema but not in snapshots (add it to snapshotTables and Snapshot)", name)
-		}
-	}
-	return rows.Err()
-}
-
-// Dump reads all replicated state in one read transaction.
-func (s *Store) Dump(ctx context.Context) (*Snapshot, error) {
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback()
-	if err := checkSnapshotCovers(ctx, tx); err != nil {
-		return nil, err
-	}
-	sn := &Snapshot{Format: 1}
-	if err := tx.QueryRow(`SELECT idx FROM applied WHERE id = 1`).Scan(&sn.Index); err != nil {
-		return nil, err
-	}
-	rows, err := tx.Query(`SELECT key, value FROM settings ORDER BY key`)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
-		var kv [2]string
-		rows.Scan(&kv[0], &kv[1])
-		sn.Settings = append(sn.Settings, kv)
-	}
-	rows.Close()
-	for _, t := range snapshotTables {
-		rows, err := tx.Query(`SELECT * FROM ` + t.name + ` ORDER BY ` + t.order)
-		if err != nil {
-			return nil, err
-		}
-		cols, _ := rows.Columns()
-		dst := sn.table(t.name)
-		*dst = []map[string]any{}
-		for rows.Next() {
-			vals := make([]any, len(cols))
-			ptrs := make([]any, len(cols))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if err := rows.Scan(ptrs...); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			row := map[string]any{}
-			for i, c := range cols {
-				if b, ok := vals[i].([]byte); ok {
-					vals[i] = string(b)
-				}
-				row[c] = vals[i]
-			}
-			*dst = append(*dst, row)
-		}
-		rows.Close()
-	}
-	return sn, nil
-}
-
-// WriteSnapshot writes the replicated state as JSON.
-func (s *Store) WriteSnapshot(ctx context.Context, w io.Writer) error {
-	sn, err := s.Dump(ctx)
-	if err != nil {
-		return fmt.Errorf("dump state: %w", err)
-	}
-	return json.NewEncoder(w).Encode(sn)
-}
-
-// Restore replaces all replicated state with a snapshot's.
-func (s *Store) Restore(ctx context.Context, r io.Reader) error {
-	var sn Snapshot
-	dec := json.NewDecoder(r)
-	dec.UseNumber()
-	if err := dec.Decode(&sn); err != nil {
-		return fmt.Errorf("decode snapshot: %w", err)
-	}
-	if sn.Format != 1 {
-		return fmt.Errorf("snapshot format %d is not known to this mesh binary", sn.Format)
-	}
-	s.applyMu.Lock()
-	defer s.applyMu.Unlock()
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback()
-	if _, err := tx.Exec(`DELETE FROM settings`); err != nil {
-		return err
-	}
-	for _, kv := range sn.Settings {
-		if _, err := tx.Exec(`INSERT INTO settings VALUES (?, ?)`, kv[0], kv[1]); err != nil {
-			return err
-		}
-	}
-	for _, t := range snapshotTables {
-		if _, err := tx.Exec(`DELETE FROM ` + t.name); err != nil {
-			return err
-		}
-		for _, row := range *sn.table(t.name) {
-			cols, vals, marks := "", []any{}, ""
-			for c, v := range row {
-				if !columnRE.MatchString(c) {
-					return fmt.Errorf("snapshot %s has a column named %q", t.name, c)
-				}
-				if cols != "" {
-					cols += ", "
-					marks += ", "
-				}
-				cols += c
-				marks += "?"
-				if n, ok := v.(json.Number); ok {
-					i, err := n.Int64()
-					if err != nil {
-						return fmt.Errorf("snapshot %s.%s: %w", t.name, c, err)
-					}
-					v = i
-				}
-				vals = append(vals, v)
-			}
-			if _, err := tx.Exec(`INSERT INTO `+t.name+` (`+cols+`) VALUES (`+marks+`)`, vals...); err != nil {
-				return fmt.Errorf("restore %s: %w", t.name, err)
-			}
-		}
-	}
-	if _, err := tx.Exec(`UPDATE applied SET idx = ? WHERE id = 1`, sn.Index); err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return err
-	}
-	s.notify()
-	return nil
 }
 
 func joinOr(names []string, none string) string {

@@ -5,19 +5,15 @@ import (
 	"fmt"
 	"sort"
 
-	"mesh/state/manifest"
 )
 
-// OpRestore replaces the catalogue, the assignments, the credentials, the
-// bindings and the nodes' public domains with those of a snapshot, through
-// Raft, so every node ends with that state and its plan follows from it.
-// Membership (the nodes, the CA, the join secret) is the mesh's as it is now:
-// a restore never removes or adds a node, and assignments to nodes that are
-// not in the mesh are dropped.
-const OpRestore = "restore"
-
-// RestoreBody is what a restore carries: the part of a snapshot that
-// composition reads.
+// RestoreBody is what a restore (OpRestore) carries: the part of a snapshot
+// that composition reads. A restore replaces the catalogue, the assignments,
+// the credentials, the bindings and the nodes' public domains with those of
+// a snapshot, through Raft, so every node ends with that state and its plan
+// follows from it. Membership (the nodes, the CA, the join secret) is the
+// mesh's as it is now: a restore never removes or adds a node, and
+// assignments to nodes that are not in the mesh are dropped.
 type RestoreBody struct {
 	MeshID        string            `json:"mesh_id"`
 	Index         uint64            `json:"index"`
@@ -28,12 +24,39 @@ type RestoreBody struct {
 	PublicDomains map[string]string `json:"public_domains,omitempty"`
 }
 
-// RestoredModule is one catalogue entry of a snapshot.
+// RestoredModule is one catalogue entry of a snapshot, with its parsed form
+// (filled by the proposer: the FSM never parses a manifest).
 type RestoredModule struct {
-	File    string `json:"file"`
-	Text    string `json:"text"`
+	ModuleSpec
 	Version int64  `json:"version"`
 	AddedAt string `json:"added_at"`
+}
+
+// FillSpecs parses each module that came without its parsed form (a
+// snapshot is text on disk; the proposer parses it before it proposes).
+func (b *RestoreBody) FillSpecs() error {
+	for i := range b.Modules {
+		m := &b.Modules[i]
+		if m.Manifest != nil {
+			continue
+		}
+		sp, err := SpecOf(m.File, m.Text)
+		if err != nil {
+			return fmt.Errorf("the snapshot's module from %s does not parse with this mesh binary: %w", m.File, err)
+		}
+		m.ModuleSpec = sp
+	}
+	return nil
+}
+
+// fillSpecs is FillSpecs for a restore in an old log: a module that does not
+// parse keeps no parsed form, and the FSM refuses the restore as before.
+func (b *RestoreBody) fillSpecs() {
+	for i := range b.Modules {
+		if m := &b.Modules[i]; m.Manifest == nil {
+			m.ModuleSpec = legacySpec(m.File, m.Text)
+		}
+	}
 }
 
 // RestoredBinding is where a binding pointed in the snapshot.
@@ -44,12 +67,7 @@ type RestoredBinding struct {
 
 // RestoreBody extracts from a snapshot what a restore carries.
 func (sn *Snapshot) RestoreBody() (*RestoreBody, error) {
-	b := &RestoreBody{Index: sn.Index, PublicDomains: map[string]string{}}
-	for _, kv := range sn.Settings {
-		if kv[0] == "mesh_id" {
-			b.MeshID = kv[1]
-		}
-	}
+	b := &RestoreBody{Index: sn.Index, PublicDomains: map[string]string{}, MeshID: sn.Setting("mesh_id")}
 	if b.MeshID == "" {
 		return nil, fmt.Errorf("the snapshot names no mesh; is it a file written by mesh snapshot save?")
 	}
@@ -71,46 +89,43 @@ func (sn *Snapshot) RestoreBody() (*RestoreBody, error) {
 		}
 		return 0
 	}
-	for _, r := range sn.Modules {
-		b.Modules = append(b.Modules, RestoredModule{File: str(r, "file"), Text: str(r, "manifest"), Version: num(r, "version"), AddedAt: str(r, "added_at")})
+	for _, r := range sn.Rows("modules") {
+		b.Modules = append(b.Modules, RestoredModule{ModuleSpec: ModuleSpec{File: str(r, "file"), Text: str(r, "manifest")}, Version: num(r, "version"), AddedAt: str(r, "added_at")})
 	}
-	for _, r := range sn.Assignments {
+	for _, r := range sn.Rows("assignments") {
 		b.Assignments = append(b.Assignments, Assignment{Node: str(r, "node"), Module: str(r, "module"), Seq: uint64(num(r, "seq"))})
 	}
-	for _, r := range sn.Credentials {
+	for _, r := range sn.Rows("credentials") {
 		b.Credentials = append(b.Credentials, Secret{Pair: Pair{Consumer: str(r, "consumer"), Provider: str(r, "provider")}, Value: str(r, "secret")})
 	}
-	for _, r := range sn.Bindings {
+	for _, r := range sn.Rows("bindings") {
 		b.Bindings = append(b.Bindings, RestoredBinding{BindKey: BindKey{Node: str(r, "node"), Module: str(r, "module"), Path: str(r, "path")}, ProviderNode: str(r, "provider_node")})
 	}
-	for _, r := range sn.Nodes {
+	for _, r := range sn.Rows("nodes") {
 		b.PublicDomains[str(r, "name")] = str(r, "public_domain")
 	}
 	return b, nil
 }
 
 // applyRestore is OpRestore's body inside Apply.
-func (s *Store) applyRestore(tx *sql.Tx, index uint64, c *Command) (bool, error) {
-	b := c.Restore
-	if b == nil {
-		return false, ruleErr(ErrInvalid, "restore without a snapshot")
-	}
+func (s *Store) applyRestore(tx *sql.Tx, b *RestoreBody) (bool, error) {
 	nodes := map[string]bool{}
 	for _, n := range listRows(tx, `SELECT name FROM nodes ORDER BY name`) {
 		nodes[n] = true
 	}
 	mods := map[string]bool{}
 	mustExec(tx, `DELETE FROM modules`)
-	for _, m := range b.Modules {
-		p, err := manifest.Parse(m.File, []byte(m.Text))
-		if err != nil {
-			return false, ruleErr(ErrInvalid, "the snapshot's module from %s does not parse with this mesh binary: %v", m.File, err)
+	for i := range b.Modules {
+		m := &b.Modules[i]
+		if err := m.check(); err != nil {
+			return false, err
 		}
-		if mods[p.Module] {
-			return false, ruleErr(ErrInvalid, "the snapshot holds module %q twice", p.Module)
+		name := m.Manifest.Module
+		if mods[name] {
+			return false, ruleErr(ErrInvalid, "the snapshot holds module %q twice", name)
 		}
-		mods[p.Module] = true
-		mustExec(tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at) VALUES (?, ?, ?, ?, ?, ?)`, p.Module, m.File, m.Text, p.Digest, m.Version, m.AddedAt)
+		mods[name] = true
+		mustExec(tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?)`, name, m.File, m.Text, m.Digest, m.Version, m.AddedAt, m.specJSON())
 	}
 	mustExec(tx, `DELETE FROM assignments`)
 	for _, a := range b.Assignments {
@@ -119,7 +134,7 @@ func (s *Store) applyRestore(tx *sql.Tx, index uint64, c *Command) (bool, error)
 		}
 	}
 	mustExec(tx, `DELETE FROM credentials`)
-	s.insertSecrets(tx, b.Credentials)
+	insertSecrets(tx, b.Credentials)
 	mustExec(tx, `DELETE FROM bindings`)
 	for _, bd := range b.Bindings {
 		if nodes[bd.Node] {

@@ -65,6 +65,10 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate state db %q: %w", path, err)
 	}
+	if err := s.fillSpecs(context.Background()); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("upgrade state db %q: %w", path, err)
+	}
 	return s, nil
 }
 
@@ -137,6 +141,10 @@ var migrations = []string{
 		provider_node TEXT NOT NULL,
 		PRIMARY KEY (node, module, path)
 	 );`,
+	// 3: each module keeps its parsed form, as the proposer made it (the FSM
+	// never parses a manifest's text). Rows written before are filled by
+	// fillSpecs.
+	`ALTER TABLE modules ADD COLUMN spec TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate() error {
@@ -192,16 +200,16 @@ func (s *Store) notify() {
 	s.mu.Unlock()
 }
 
-// manifestOf parses a catalogue entry, caching by digest. Parsing is pure, so
-// the cache cannot make replicas disagree.
-func (s *Store) manifestOf(file, text, digest string) (*manifest.Manifest, error) {
+// manifestOf decodes a catalogue entry's parsed form, caching by digest.
+// Decoding is pure, so the cache cannot make replicas disagree.
+func (s *Store) manifestOf(file, digest, spec string) (*manifest.Manifest, error) {
 	s.mu.Lock()
 	m, ok := s.parsed[digest]
 	s.mu.Unlock()
 	if ok {
 		return m, nil
 	}
-	m, err := manifest.Parse(file, []byte(text))
+	m, err := decodeSpec(file, digest, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -209,6 +217,40 @@ func (s *Store) manifestOf(file, text, digest string) (*manifest.Manifest, error
 	s.parsed[digest] = m
 	s.mu.Unlock()
 	return m, nil
+}
+
+// fillSpecs gives each catalogue row written by a binary older than format
+// 3 (by its log or its snapshot) its parsed form, parsing its text once.
+// It runs at open and after a snapshot is restored, never inside Apply.
+func (s *Store) fillSpecs(ctx context.Context) error {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, file, manifest FROM modules WHERE spec = ''`)
+	if err != nil {
+		return err
+	}
+	type row struct{ name, file, text string }
+	var todo []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.name, &r.file, &r.text); err != nil {
+			rows.Close()
+			return err
+		}
+		todo = append(todo, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, r := range todo {
+		sp, err := SpecOf(r.file, r.text)
+		if err != nil {
+			return fmt.Errorf("module %s, stored by an older mesh, no longer parses: %w", r.name, err)
+		}
+		if _, err := s.db.ExecContext(ctx, `UPDATE modules SET spec = ? WHERE name = ?`, sp.specJSON(), r.name); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 type queryer interface {

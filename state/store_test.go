@@ -25,29 +25,74 @@ func openStore(t testing.TB) *Store {
 	return s
 }
 
-// commandLog is a realistic history: init, a second node, modules, assigns,
+// spec is a manifest as a proposer parses it.
+func spec(file, text string) ModuleSpec {
+	sp, err := SpecOf(file, text)
+	if err != nil {
+		panic(err)
+	}
+	return sp
+}
+
+func encodeAt(r Request, at time.Time) []byte {
+	c := NewCommand(r)
+	c.Time = at
+	return c.Encode()
+}
+
+// history is a realistic history: init, a second node, modules, assigns,
 // a move of a provider, a failing composition and its repair, a report.
-func commandLog() [][]byte {
+func history() []Request {
 	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
-	cmds := []Command{
+	return []Request{
+		&InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}},
+		&NodeAddRequest{Node: Node{Name: "novox", Address: "10.0.0.2", Voter: true}},
+		&ModuleAddRequest{Modules: []ModuleSpec{spec("web.yaml", webSrc), spec("pg.yaml", pgSrc)}},
+		&ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", appSrc)}, Secrets: []Secret{{Pair{"app", "postgres"}, "s3cret"}}},
+		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "web"}},
+		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "postgres"}},
+		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}, Secrets: []Secret{{Pair{"app", "postgres"}, "other"}}},
+		&PublicDomainRequest{Node: "novox", Domain: "zurag.be"},
+		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "web"}},
+		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "nosuch"}},      // rule violation
+		&UnassignRequest{Assignment: Assignment{Node: "novox", Module: "postgres"}}, // app on ace no longer composes
+		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "postgres"}},     // repaired, provider moved
+		&ReportRequest{Report: Report{Node: "ace", Version: 12, AppliedAt: at(99)}},
+	}
+}
+
+func commandLog() [][]byte {
+	var log [][]byte
+	for i, r := range history() {
+		log = append(log, encodeAt(r, t0.Add(time.Duration(i)*time.Second)))
+	}
+	return log
+}
+
+// legacyLog is the same history as formats 1 and 2 wrote it: flat
+// commands, manifests as text.
+func legacyLog() [][]byte {
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
+	cmds := []legacyCommand{
 		{Op: OpInit, MeshID: "m-1", Domain: "internal", Node: &Node{Name: "ace", Address: "10.0.0.1"}},
 		{Op: OpNodeAdd, Node: &Node{Name: "novox", Address: "10.0.0.2", Voter: true}},
-		{Op: OpModuleAdd, Modules: []ModuleText{{File: "web.yaml", Text: webSrc}, {File: "pg.yaml", Text: pgSrc}}},
-		{Op: OpModuleAdd, Modules: []ModuleText{{File: "app.yaml", Text: appSrc}}, Secrets: []Secret{{Pair{"app", "postgres"}, "s3cret"}}},
+		{Op: OpModuleAdd, Modules: []legacyText{{File: "web.yaml", Text: webSrc}, {File: "pg.yaml", Text: pgSrc}}},
+		{Op: OpModuleAdd, Modules: []legacyText{{File: "app.yaml", Text: appSrc}}, Secrets: []Secret{{Pair{"app", "postgres"}, "s3cret"}}},
 		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "web"}},
 		{Op: OpAssign, Assign: &Assignment{Node: "novox", Module: "postgres"}},
 		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "app"}, Secrets: []Secret{{Pair{"app", "postgres"}, "other"}}},
 		{Op: OpPublicDomain, Name: "novox", Domain: "zurag.be"},
 		{Op: OpAssign, Assign: &Assignment{Node: "novox", Module: "web"}},
-		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "nosuch"}},       // rule violation
-		{Op: OpUnassign, Assign: &Assignment{Node: "novox", Module: "postgres"}}, // app on ace no longer composes
-		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "postgres"}},     // repaired, provider moved
+		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "nosuch"}},
+		{Op: OpUnassign, Assign: &Assignment{Node: "novox", Module: "postgres"}},
+		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "postgres"}},
 		{Op: OpReport, Report: &Report{Node: "ace", Version: 12, AppliedAt: at(99)}},
 	}
 	var log [][]byte
 	for i := range cmds {
 		cmds[i].Time = at(i)
-		log = append(log, cmds[i].Encode())
+		b, _ := json.Marshal(cmds[i])
+		log = append(log, b)
 	}
 	return log
 }
@@ -186,19 +231,26 @@ func TestRuleViolationsChangeNothing(t *testing.T) {
 	log := commandLog()
 	applyAll(t, s, log[:5])
 	before := dumpJSON(t, s)
-	for i, c := range []Command{
-		{Op: OpAssign, Assign: &Assignment{Node: "nobody", Module: "web"}},
-		{Op: OpUnassign, Assign: &Assignment{Node: "novox", Module: "web"}},
-		{Op: OpModuleRemove, Name: "web"},
-		{Op: OpNodeRemove, Name: "ace"},
-		{Op: OpModuleAdd, Modules: []ModuleText{{File: "bad.yaml", Text: "module: x\nbogus: 1\n"}}},
-		{Op: OpPublicDomain, Name: "ace", Domain: "not a domain"},
-		{Op: OpInit, MeshID: "m-2", Node: &Node{Name: "x", Address: "1.1.1.1"}},
+	unparsed := spec("web.yaml", webSrc)
+	unparsed.Manifest = nil
+	tampered := spec("web.yaml", webSrc)
+	tampered.Text += "# changed after parsing\n"
+	for i, r := range []Request{
+		&AssignRequest{Assignment: Assignment{Node: "nobody", Module: "web"}},
+		&UnassignRequest{Assignment: Assignment{Node: "novox", Module: "web"}},
+		&ModuleRemoveRequest{Name: "web"},
+		&NodeRemoveRequest{Name: "ace"},
+		&ModuleAddRequest{Modules: []ModuleSpec{unparsed}},
+		&ModuleAddRequest{Modules: []ModuleSpec{tampered}},
+		&ModuleAddRequest{Modules: []ModuleSpec{spec("web.yaml", webSrc), spec("web2.yaml", webSrc)}},
+		&PublicDomainRequest{Node: "ace", Domain: "not a domain"},
+		&InitRequest{MeshID: "m-2", Node: Node{Name: "x", Address: "1.1.1.1"}},
+		&NodeAddRequest{},
 	} {
 		idx := uint64(100 + i)
-		err := s.Apply(idx, c.Encode())
+		err := s.Apply(idx, encodeAt(r, t0))
 		if err == nil {
-			t.Errorf("%s was accepted", c.Op)
+			t.Errorf("%s was accepted", r.Op())
 			continue
 		}
 		after := dumpJSON(t, s)
@@ -208,8 +260,71 @@ func TestRuleViolationsChangeNothing(t *testing.T) {
 		json.Unmarshal([]byte(after), &b)
 		a.Index, b.Index = 0, 0
 		if !reflect.DeepEqual(a, b) {
-			t.Errorf("%s (%v) changed the state", c.Op, err)
+			t.Errorf("%s (%v) changed the state", r.Op(), err)
 		}
+	}
+}
+
+// Issue 9 item 4: entries written by formats 1 and 2 (flat commands that
+// carried manifest text) still in a log or snapshot apply to the same state
+// as the typed commands of today.
+func TestLegacyEntriesApplyAsBefore(t *testing.T) {
+	typed, legacy := openStore(t), openStore(t)
+	et := applyAll(t, typed, commandLog())
+	el := applyAll(t, legacy, legacyLog())
+	if !reflect.DeepEqual(errString(et), errString(el)) {
+		t.Fatalf("failures differ:\n%q\n%q", errString(et), errString(el))
+	}
+	if a, b := dumpJSON(t, typed), dumpJSON(t, legacy); a != b {
+		t.Fatalf("legacy log gives another state:\n%s\n%s", a, b)
+	}
+	// A legacy entry forwarded to a leader is proposed as an envelope of
+	// this format, and decodes to the same request.
+	c, err := Decode(legacyLog()[2])
+	if err != nil || c.V != CommandVersion || c.Op != OpModuleAdd {
+		t.Fatalf("decode legacy module add: %+v %v", c, err)
+	}
+	again, err := Decode(c.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := again.Request()
+	if err != nil || len(r.(*ModuleAddRequest).Modules) != 2 || r.(*ModuleAddRequest).Modules[1].Manifest.Module != "postgres" {
+		t.Fatalf("re-encoded legacy entry: %+v %v", r, err)
+	}
+}
+
+// The FSM reads a manifest's parsed form, never its text: a spec whose
+// parsed form says something else than a parse of its text is applied as
+// the parsed form says (a binary with another parser cannot make this
+// replica disagree with the proposer).
+func TestApplyReadsTheParsedFormOnly(t *testing.T) {
+	s := openStore(t)
+	log := commandLog()
+	applyAll(t, s, log[:2])
+	sp := spec("web.yaml", webSrc)
+	sp.Manifest.Resources[0].Typed.HasMode, sp.Manifest.Resources[0].Typed.Mode = true, 0o750
+	if err := s.Apply(3, encodeAt(&ModuleAddRequest{Modules: []ModuleSpec{sp}}, t0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Apply(4, encodeAt(&AssignRequest{Assignment: Assignment{Node: "ace", Module: "web"}}, t0)); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Plan(context.Background(), "ace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range v.Plan.Resources {
+		if r.Name == "/srv/web" {
+			found = true
+			if !r.Typed.HasMode || r.Typed.Mode != 0o750 {
+				t.Fatalf("the plan took mode %o, not the parsed form's 750", r.Typed.Mode)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no /srv/web in the plan: %+v", v.Plan.Resources)
 	}
 }
 
@@ -244,7 +359,8 @@ func TestUnknownCommandStopsTheNode(t *testing.T) {
 	before, _ := s.AppliedIndex()
 	for _, raw := range []string{
 		`{"op":"frobnicate","time":"2026-11-29T12:00:00Z"}`,
-		`{"op":"assign","v":99,"time":"2026-11-29T12:00:00Z","assign":{"node":"ace","module":"web"}}`,
+		`{"op":"assign","v":99,"time":"2026-11-29T12:00:00Z","body":{"node":"ace","module":"web"}}`,
+		`{"op":"frobnicate","v":3,"time":"2026-11-29T12:00:00Z","body":{}}`,
 	} {
 		func() {
 			defer func() {
@@ -259,24 +375,121 @@ func TestUnknownCommandStopsTheNode(t *testing.T) {
 			t.Fatalf("the applied index moved past a command it could not apply: %d -> %d", before, after)
 		}
 	}
-	// A restore needs format 2, and says so in the log.
-	c := &Command{Op: OpRestore, Restore: &RestoreBody{MeshID: "m-1"}}
-	if b := c.Encode(); !strings.Contains(string(b), `"v":2`) {
+	// Every command says the format it needs in the log.
+	if b := NewCommand(&RestoreBody{MeshID: "m-1"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
 		t.Fatalf("restore encoded without its format: %s", b)
 	}
 }
 
-// Every replicated table of the schema is in snapshots (a new table can
-// never be forgotten by the hand-kept list: Dump refuses, and so does this).
+// Every replicated table of the schema is in snapshots: the list is read
+// from the schema, so a table added later cannot be forgotten.
 func TestSnapshotCoversTheSchema(t *testing.T) {
-	s := openStore(t)
-	if err := checkSnapshotCovers(context.Background(), s.db); err != nil {
+	ctx := context.Background()
+	a, b := openStore(t), openStore(t)
+	applyAll(t, a, commandLog())
+	for _, s := range []*Store{a, b} {
+		if _, err := s.db.Exec(`CREATE TABLE later (k TEXT PRIMARY KEY, v INTEGER)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.db.Exec(`INSERT INTO later VALUES ('x', 7)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.db.Exec(`CREATE TABLE forgotten (x TEXT)`); err != nil {
+	sn, err := a.Dump(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Dump(context.Background()); err == nil || !strings.Contains(err.Error(), `table "forgotten" is in the schema but not in snapshots`) {
-		t.Fatalf("dump with a forgotten table: %v", err)
+	for _, tbl := range []string{"settings", "nodes", "modules", "assignments", "credentials", "plans", "roster", "reports", "bindings", "later"} {
+		if _, ok := sn.Tables[tbl]; !ok {
+			t.Errorf("table %s is not in the snapshot", tbl)
+		}
+	}
+	if _, ok := sn.Tables["applied"]; ok {
+		t.Error("the node's own applied index is in the snapshot as a table")
+	}
+	if err := b.Restore(ctx, strings.NewReader(dumpJSON(t, a))); err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	if err := b.db.QueryRow(`SELECT v FROM later WHERE k = 'x'`).Scan(&v); err != nil || v != 7 {
+		t.Fatalf("the new table's row did not come back: %d %v", v, err)
+	}
+	if dumpJSON(t, a) != dumpJSON(t, b) {
+		t.Fatal("restored replica differs")
+	}
+	// A replica that lacks a table of the snapshot refuses it, whole.
+	c := openStore(t)
+	err = c.Restore(ctx, strings.NewReader(dumpJSON(t, a)))
+	if err == nil || !strings.Contains(err.Error(), `table "later" that this mesh binary does not know`) {
+		t.Fatalf("restore of an unknown table: %v", err)
+	}
+	if n, _ := c.AppliedIndex(); n != 0 {
+		t.Fatalf("a refused restore moved the index to %d", n)
+	}
+}
+
+// A snapshot of format 1 (written by older binaries: a fixed list of tables)
+// restores to the same state.
+func TestSnapshotFormat1Restores(t *testing.T) {
+	ctx := context.Background()
+	a := openStore(t)
+	applyAll(t, a, commandLog())
+	sn, err := a.Dump(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := map[string]any{"format": 1, "index": sn.Index}
+	var settings [][2]string
+	for _, r := range sn.Rows("settings") {
+		settings = append(settings, [2]string{r["key"].(string), r["value"].(string)})
+	}
+	v1["settings"] = settings
+	for name, rows := range sn.Tables {
+		if name == "settings" {
+			continue
+		}
+		for _, r := range rows {
+			if name == "modules" {
+				delete(r, "spec") // format 1 had no parsed forms
+			}
+		}
+		v1[name] = rows
+	}
+	raw, _ := json.Marshal(v1)
+	b := openStore(t)
+	if err := b.Restore(ctx, bytes.NewReader(raw)); err != nil {
+		t.Fatal(err)
+	}
+	if x, y := dumpJSON(t, a), dumpJSON(t, b); x != y {
+		t.Fatalf("format 1 restores to another state:\n%s\n%s", x, y)
+	}
+}
+
+// A replica written before the catalogue kept parsed forms (schema 2) gets
+// them at open, from its stored text, and composes as before.
+func TestOpenFillsParsedForms(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyAll(t, s, commandLog())
+	before := dumpJSON(t, s)
+	if _, err := s.db.Exec(`UPDATE modules SET spec = ''`); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if after := dumpJSON(t, s); after != before {
+		t.Fatalf("parsed forms filled at open differ:\n%s\n%s", before, after)
+	}
+	var empty int
+	s.db.QueryRow(`SELECT COUNT(*) FROM modules WHERE spec = ''`).Scan(&empty)
+	if empty != 0 {
+		t.Fatalf("%d modules left without a parsed form", empty)
 	}
 }

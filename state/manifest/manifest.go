@@ -59,8 +59,10 @@ type Manifest struct {
 	Digest string `yaml:"-" json:"-"`
 	// File is the name the manifest was read from, used in error messages.
 	File string `yaml:"-" json:"-"`
-	// Line of each resource, by index, and of the module key.
-	lines []int
+	// Lines holds the line of each resource, by index, for messages. It
+	// travels with the parsed form, so a check made after the log carried
+	// the manifest still names the line.
+	Lines []int `yaml:"-" json:"lines,omitempty"`
 }
 
 // Route makes NAME.<node's public domain> point at the node the module runs on.
@@ -98,8 +100,9 @@ type Resource struct {
 	// file makes the module fail, and nothing is written.
 	TakeOver bool `yaml:"take-over,omitempty" json:"take-over,omitempty" jsonschema:"description=Take over a file that exists and that the mesh did not write; its original is kept in the node's data dir and put back when the module lets go of it"`
 
-	// Typed holds the values parsed from the strings above.
-	Typed Typed `yaml:"-" json:"-"`
+	// Typed holds the values parsed from the strings above. It travels in
+	// the log with the rest (the FSM never parses a manifest's text).
+	Typed Typed `yaml:"-" json:"typed"`
 }
 
 // Kind is the resource's kind key, or "" when none is set.
@@ -167,8 +170,8 @@ func (es Errors) Error() string {
 
 // Line is the line of resource i, 0 if unknown.
 func (m *Manifest) Line(i int) int {
-	if i >= 0 && i < len(m.lines) {
-		return m.lines[i]
+	if i >= 0 && i < len(m.Lines) {
+		return m.Lines[i]
 	}
 	return 0
 }
@@ -228,7 +231,7 @@ func Parse(file string, src []byte) (m *Manifest, err error) {
 	if res := mapValue(body, "resources"); res != nil {
 		if seq, ok := res.(*ast.SequenceNode); ok {
 			for _, v := range seq.Values {
-				m.lines = append(m.lines, line(v))
+				m.Lines = append(m.Lines, line(v))
 			}
 		}
 	}

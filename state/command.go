@@ -1,0 +1,307 @@
+package state
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"mesh/state/manifest"
+)
+
+// Ops, the kinds of command.
+const (
+	OpInit         = "init"
+	OpNodeAdd      = "node.add"
+	OpNodeRemove   = "node.remove"
+	OpPublicDomain = "node.public-domain"
+	OpModuleAdd    = "module.add"
+	OpModuleRemove = "module.remove"
+	OpAssign       = "assign"
+	OpUnassign     = "unassign"
+	OpReport       = "report"
+	OpTokenRotate  = "token.rotate"
+	OpRestore      = "restore"
+
+	timeLayout = time.RFC3339Nano
+)
+
+// CommandVersion is the newest command format this binary applies. A
+// command carries the format it needs (V); a node that meets a newer one
+// stops applying and says so (it never skips it, which would let replicas
+// diverge), and a leader refuses to propose one that a node it knows of
+// cannot apply yet.
+//
+// Formats: 1, flat commands that carried manifest text; 2, the restore op;
+// 3, the envelope below with one typed request per op, manifests parsed by
+// the proposer. Entries of formats 1 and 2 still in a log are converted on
+// replay (legacy.go).
+const CommandVersion = 3
+
+// opVersion is the format each op needs when this binary writes it.
+var opVersion = map[string]int{
+	OpInit: 3, OpNodeAdd: 3, OpNodeRemove: 3, OpPublicDomain: 3, OpModuleAdd: 3,
+	OpModuleRemove: 3, OpAssign: 3, OpUnassign: 3, OpReport: 3, OpTokenRotate: 3,
+	OpRestore: 3,
+}
+
+// Command is one replicated change: an envelope of the op, the format it
+// needs, the proposer's time, and the op's typed request. Everything Apply
+// needs that is not already in the state travels in it: the time, generated
+// secrets, and manifests already parsed and checked by the proposer.
+type Command struct {
+	Op   string          `json:"op"`
+	V    int             `json:"v"`
+	Time time.Time       `json:"time"`
+	Body json.RawMessage `json:"body,omitempty"`
+}
+
+// Request is the body of one op.
+type Request interface {
+	Op() string
+	describe() string
+}
+
+// NewCommand wraps r in an envelope; the proposer stamps Time.
+func NewCommand(r Request) *Command {
+	b, err := json.Marshal(r)
+	if err != nil {
+		panic(fmt.Sprintf("state: encode a %s request: %v", r.Op(), err))
+	}
+	return &Command{Op: r.Op(), V: opVersion[r.Op()], Body: b}
+}
+
+// NeedsVersion is the command format c needs (0 for an unknown op).
+func (c *Command) NeedsVersion() int {
+	if c.V > 0 {
+		return c.V
+	}
+	return opVersion[c.Op]
+}
+
+// Encode serialises a command for the log.
+func (c *Command) Encode() []byte {
+	if c.V == 0 {
+		c.V = opVersion[c.Op]
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// Decode reads a command as written to the log or sent to the leader: an
+// envelope of this format, or a flat command of formats 1 and 2, which it
+// converts. An error means the bytes are not a command at all.
+func Decode(data []byte) (*Command, error) {
+	var c Command
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, err
+	}
+	if c.V >= 3 {
+		return &c, nil
+	}
+	return fromLegacy(data)
+}
+
+// Request decodes the command's body into the request type of its op. An
+// unknown op or a newer format is ErrUnknownCommand; a body that does not
+// decode is an error of its own (the log is corrupt).
+func (c *Command) Request() (Request, error) {
+	if c.V > CommandVersion {
+		return nil, fmt.Errorf("%w: a %q command of format v%d", ErrUnknownCommand, c.Op, c.V)
+	}
+	var r Request
+	switch c.Op {
+	case OpInit:
+		r = &InitRequest{}
+	case OpNodeAdd:
+		r = &NodeAddRequest{}
+	case OpNodeRemove:
+		r = &NodeRemoveRequest{}
+	case OpPublicDomain:
+		r = &PublicDomainRequest{}
+	case OpModuleAdd:
+		r = &ModuleAddRequest{}
+	case OpModuleRemove:
+		r = &ModuleRemoveRequest{}
+	case OpAssign:
+		r = &AssignRequest{}
+	case OpUnassign:
+		r = &UnassignRequest{}
+	case OpReport:
+		r = &ReportRequest{}
+	case OpTokenRotate:
+		r = &TokenRotateRequest{}
+	case OpRestore:
+		r = &RestoreBody{}
+	default:
+		return nil, fmt.Errorf("%w: a %q command of format v%d", ErrUnknownCommand, c.Op, c.V)
+	}
+	if err := json.Unmarshal(c.Body, r); err != nil {
+		return nil, fmt.Errorf("the body of a %s command does not decode: %w", c.Op, err)
+	}
+	return r, nil
+}
+
+// ErrUnknownCommand: the command is of an op or format this binary does not know.
+var ErrUnknownCommand = fmt.Errorf("unknown command")
+
+// Describe says what a command did, in the operator's words (no secrets).
+func (c *Command) Describe() string {
+	r, err := c.Request()
+	if err != nil {
+		return c.Op
+	}
+	return r.describe()
+}
+
+// InitRequest starts a mesh: its identity, chosen by the proposer so that
+// any node can admit a joining one, and its first node.
+type InitRequest struct {
+	MeshID     string `json:"mesh_id"`
+	Domain     string `json:"domain,omitempty"`
+	Node       Node   `json:"node"`
+	CACert     string `json:"ca_cert"`
+	CAKey      string `json:"ca_key"`
+	JoinSecret string `json:"join_secret"`
+	Voters     int    `json:"voters,omitempty"`
+}
+
+// NodeAddRequest admits a node.
+type NodeAddRequest struct {
+	Node Node `json:"node"`
+}
+
+// NodeRemoveRequest removes a node; Force also drops its assignments.
+type NodeRemoveRequest struct {
+	Name  string `json:"name"`
+	Force bool   `json:"force,omitempty"`
+}
+
+// PublicDomainRequest sets (or, empty, clears) a node's public domain.
+type PublicDomainRequest struct {
+	Node   string `json:"node"`
+	Domain string `json:"domain"`
+}
+
+// ModuleAddRequest adds or replaces manifests, with the secrets of the
+// credentials they consume (generated by the proposer).
+type ModuleAddRequest struct {
+	Modules []ModuleSpec `json:"modules"`
+	Secrets []Secret     `json:"secrets,omitempty"`
+}
+
+// ModuleRemoveRequest removes a module from the catalogue.
+type ModuleRemoveRequest struct {
+	Name string `json:"name"`
+}
+
+// AssignRequest assigns a module to a node, with the secrets of the
+// credentials it consumes (the FSM keeps the first secret it sees per pair).
+type AssignRequest struct {
+	Assignment
+	Secrets []Secret `json:"secrets,omitempty"`
+}
+
+// UnassignRequest takes a module off a node.
+type UnassignRequest struct {
+	Assignment
+}
+
+// ReportRequest is what a node says it last applied.
+type ReportRequest struct {
+	Report Report `json:"report"`
+}
+
+// TokenRotateRequest replaces the join secret.
+type TokenRotateRequest struct {
+	JoinSecret string `json:"join_secret"`
+}
+
+func (*InitRequest) Op() string         { return OpInit }
+func (*NodeAddRequest) Op() string      { return OpNodeAdd }
+func (*NodeRemoveRequest) Op() string   { return OpNodeRemove }
+func (*PublicDomainRequest) Op() string { return OpPublicDomain }
+func (*ModuleAddRequest) Op() string    { return OpModuleAdd }
+func (*ModuleRemoveRequest) Op() string { return OpModuleRemove }
+func (*AssignRequest) Op() string       { return OpAssign }
+func (*UnassignRequest) Op() string     { return OpUnassign }
+func (*ReportRequest) Op() string       { return OpReport }
+func (*TokenRotateRequest) Op() string  { return OpTokenRotate }
+func (*RestoreBody) Op() string         { return OpRestore }
+
+func (r *InitRequest) describe() string    { return "mesh init --name " + r.Node.Name }
+func (r *NodeAddRequest) describe() string { return "node " + r.Node.Name + " joined" }
+func (r *NodeRemoveRequest) describe() string {
+	return "mesh node remove " + r.Name
+}
+func (r *PublicDomainRequest) describe() string {
+	if r.Domain == "" {
+		return "mesh node public-domain " + r.Node + " --clear"
+	}
+	return "mesh node public-domain " + r.Node + " " + r.Domain
+}
+func (r *ModuleAddRequest) describe() string {
+	var names []string
+	for _, m := range r.Modules {
+		names = append(names, m.File)
+	}
+	sort.Strings(names)
+	return "mesh module add " + strings.Join(names, " ")
+}
+func (r *ModuleRemoveRequest) describe() string { return "mesh module remove " + r.Name }
+func (r *AssignRequest) describe() string       { return "mesh assign " + r.Node + " " + r.Module }
+func (r *UnassignRequest) describe() string     { return "mesh unassign " + r.Node + " " + r.Module }
+func (r *ReportRequest) describe() string       { return "report of " + r.Report.Node }
+func (r *TokenRotateRequest) describe() string  { return "mesh token --rotate" }
+func (r *RestoreBody) describe() string {
+	return fmt.Sprintf("mesh snapshot restore (the state at index %d)", r.Index)
+}
+
+// ModuleSpec is one manifest as the proposer read, parsed and checked it: the
+// text (kept for `mesh module show`), its digest, and the parsed form, which
+// is all the FSM reads. The FSM never parses YAML, so two binaries whose
+// parsers differ cannot make replicas disagree.
+type ModuleSpec struct {
+	File     string             `json:"file"`
+	Text     string             `json:"text"`
+	Digest   string             `json:"digest"`
+	Manifest *manifest.Manifest `json:"manifest"`
+}
+
+// SpecOf parses and checks a manifest for a command (the proposer's side).
+func SpecOf(file, text string) (ModuleSpec, error) {
+	m, err := manifest.Parse(file, []byte(text))
+	if err != nil {
+		return ModuleSpec{}, err
+	}
+	return ModuleSpec{File: file, Text: text, Digest: m.Digest, Manifest: m}, nil
+}
+
+// check is what the FSM verifies of a spec, without parsing: it is whole, and
+// its digest is that of its text.
+func (sp *ModuleSpec) check() error {
+	if sp.Manifest == nil || sp.Manifest.Module == "" {
+		return ruleErr(ErrInvalid, "the manifest from %s carries no parsed module (was it proposed by an older mesh?)", sp.File)
+	}
+	if sp.Digest != manifest.Digest([]byte(sp.Text)) {
+		return ruleErr(ErrInvalid, "the manifest from %s does not match its digest", sp.File)
+	}
+	return nil
+}
+
+// specJSON is the parsed form as the catalogue stores it.
+func (sp *ModuleSpec) specJSON() string { return jsonString(sp.Manifest) }
+
+// decodeSpec reads a stored parsed form.
+func decodeSpec(file, digest, spec string) (*manifest.Manifest, error) {
+	var m manifest.Manifest
+	if err := json.Unmarshal([]byte(spec), &m); err != nil {
+		return nil, err
+	}
+	m.File, m.Digest = file, digest
+	return &m, nil
+}
