@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"mesh/cluster"
+	"mesh/cluster/api"
 	"mesh/dnsd"
 	"mesh/podman"
 	"mesh/reconciler"
@@ -80,11 +81,16 @@ func (c *AgentCmd) Run(g *Globals) error {
 		return fmt.Errorf("put the resolver address %s on %s: %w", dnsAddr, dnsd.DefaultLink, err)
 	}
 
-	a, err := cluster.StartAgent(ctx, cluster.AgentConfig{DataDir: absDir(g.dir()), Logger: log, Version: version})
+	// The composition root: everything is made here, in order, and each
+	// part is whole before the next one uses it. The local API comes last,
+	// so whatever it reports (the resolver's address) exists when it serves.
+	dir := absDir(g.dir())
+	m, err := cluster.StartMember(cluster.MemberConfig{DataDir: dir, Logger: log, Version: version})
 	if err != nil {
 		return err
 	}
-	defer a.Stop()
+	defer m.Stop()
+	log = log.With("node", m.ID.Name)
 
 	// The agent starts Podman's service only on the default socket; a socket
 	// named with --podman-socket is the operator's to run.
@@ -105,48 +111,57 @@ func (c *AgentCmd) Run(g *Globals) error {
 		}
 		return p
 	}
-
-	resolver, resolverAddr, err := startResolver(ctx, a, dnsAddr, c.Upstream, uint32(c.DNSTTL.Seconds()), refresh, log)
+	resolver, resolverAddr, err := startResolver(ctx, m.Store, dnsAddr, c.Upstream, uint32(c.DNSTTL.Seconds()), refresh, log)
 	if err != nil {
 		return err
 	}
 	defer resolver.Close()
-	a.API.SetResolver(resolverAddr)
-	go followSubnets(ctx, pm, resolver, c.Resync)
 
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find this binary (the resolver probe runs it): %w", err)
 	}
-
 	rec, err := reconciler.New(reconciler.Config{
-		Node: a.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(g.dir(), "ledger.json"), DataDir: absDir(g.dir()),
-		Secret: a.Store.Secret, Logger: log.With("node", a.ID.Name),
+		Node: m.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(dir, "ledger.json"), DataDir: dir,
+		Secret: m.Store.Secret, Logger: log,
 		Probe: &reconciler.ProbeConfig{Binary: self, Name: func(ctx context.Context) string {
 			domain := state.DefaultDomain
-			if st, err := a.Store.Settings(ctx); err == nil {
+			if st, err := m.Store.Settings(ctx); err == nil {
 				domain = st.Domain
 			}
-			return a.ID.Name + "." + domain
+			return m.ID.Name + "." + domain
 		}},
 	}, pm)
 	if err != nil {
 		return err
 	}
+
+	srv := api.New(api.Config{Node: m.Node, Store: m.Store, ID: m.ID, Resolver: resolverAddr, Logger: log})
+	if err := srv.Start(filepath.Join(dir, cluster.SocketFile)); err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	log.Info("agent ready", "data_dir", dir, "raft", m.Node.Addr(), "resolver", resolverAddr)
+
+	go followSubnets(ctx, pm, resolver, c.Resync)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		rec.Run(ctx, reconciler.Source{
 			Plan: func(ctx context.Context) (uint64, *state.Plan, error) {
-				v, err := a.Store.Plan(ctx, a.ID.Name)
+				v, err := m.Store.Plan(ctx, m.ID.Name)
 				if err != nil {
 					return 0, nil, err
 				}
 				return v.Version, v.Plan, nil
 			},
-			Changed: a.Store.Changed,
+			Changed: m.Store.Changed,
 			Report: func(ctx context.Context, r state.Report) error {
-				_, err := a.Node.Propose(ctx, &state.ReportRequest{Report: r})
+				_, err := m.Node.Propose(ctx, &state.ReportRequest{Report: r})
 				return err
 			},
 		}, reconciler.LoopConfig{Resync: c.Resync})
@@ -199,7 +214,7 @@ func (c *AgentCmd) reexecUnshared(g *Globals) error {
 	}
 }
 
-func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstreams []string, ttl uint32, refresh func() []netip.Prefix, log *slog.Logger) (*dnsd.Server, string, error) {
+func startResolver(ctx context.Context, store *state.Store, addr netip.Addr, upstreams []string, ttl uint32, refresh func() []netip.Prefix, log *slog.Logger) (*dnsd.Server, string, error) {
 	if len(upstreams) == 0 {
 		var err error
 		if upstreams, err = dnsd.UpstreamsFromResolvConf("/etc/resolv.conf", addr); err != nil {
@@ -209,7 +224,7 @@ func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstr
 	// A node that just joined has no replica yet; Follow sets the domain once
 	// the state arrives.
 	domain := "internal"
-	if st, err := a.Store.Settings(ctx); err == nil {
+	if st, err := store.Settings(ctx); err == nil {
 		domain = st.Domain
 	}
 	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, TTL: ttl, Refresh: refresh, Logger: log}, domain)
@@ -221,15 +236,15 @@ func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstr
 		return nil, "", fmt.Errorf("%w (another resolver on %s:53? on a rootless host, has `mesh setup` run?)", err, addr)
 	}
 	go srv.Follow(ctx, func(ctx context.Context) (dnsd.Roster, error) {
-		st, err := a.Store.Settings(ctx)
+		st, err := store.Settings(ctx)
 		if err != nil {
 			return dnsd.Roster{}, err
 		}
-		ro, err := a.Store.Roster(ctx)
+		ro, err := store.Roster(ctx)
 		if err != nil {
 			return dnsd.Roster{}, err
 		}
-		idx, _ := a.Store.AppliedIndex()
+		idx, _ := store.AppliedIndex()
 		r := dnsd.Roster{Domain: st.Domain, Names: map[string][]netip.Addr{}, Serial: uint32(idx)}
 		for _, n := range ro {
 			if ip, err := netip.ParseAddr(n.Address); err == nil {
@@ -237,7 +252,7 @@ func startResolver(ctx context.Context, a *cluster.Agent, addr netip.Addr, upstr
 			}
 		}
 		return r, nil
-	}, a.Store.Changed)
+	}, store.Changed)
 	return srv, bound, nil
 }
 

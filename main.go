@@ -24,6 +24,7 @@ import (
 	"github.com/miekg/dns"
 
 	"mesh/cluster"
+	"mesh/cluster/api"
 	"mesh/internal/safefs"
 	"mesh/state"
 	"mesh/state/manifest"
@@ -63,7 +64,7 @@ func defaultDataDir() string {
 	return filepath.Join(home, ".local", "share", "mesh")
 }
 
-func (g *Globals) client() *cluster.Client { return cluster.NewClient(g.dir()) }
+func (g *Globals) client() *api.Client { return api.NewClient(g.dir()) }
 
 // CLI is the whole grammar.
 type CLI struct {
@@ -267,7 +268,7 @@ func (c *SnapshotRestoreCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := timeout()
 	defer cancel()
-	r, err := g.client().Restore(ctx, cluster.RestoreRequest{Restore: body, Force: c.Force})
+	r, err := g.client().Restore(ctx, api.RestoreRequest{Restore: body, Force: c.Force})
 	if err != nil {
 		return err
 	}
@@ -405,8 +406,8 @@ func (c *ModuleAddCmd) Run(g *Globals) error {
 	return nil
 }
 
-func readManifests(files []string, dataDir string) (cluster.AddRequest, error) {
-	var req cluster.AddRequest
+func readManifests(files []string, dataDir string) (api.AddRequest, error) {
+	var req api.AddRequest
 	var errs []string
 	for _, f := range files {
 		_, b, err := parseFile(f, dataDir)
@@ -713,7 +714,7 @@ func (c *PlanCmd) Run(g *Globals) error {
 	return nil
 }
 
-func printComposeError(w io.Writer, p cluster.PlansReply) {
+func printComposeError(w io.Writer, p api.PlansReply) {
 	if p.Error != "" {
 		fmt.Fprintf(w, "error: the plan does not compose; the node keeps the plan above:\n  %s\n", p.Error)
 	}

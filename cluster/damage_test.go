@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"mesh/state"
 )
 
 // Issue 9 item 11: damaged or missing Raft data is named at start with the
@@ -27,12 +25,12 @@ func TestDamagedRaftDataIsNamed(t *testing.T) {
 			dir := initDir(t, LogStoreWAL)
 			a := startAgent(t, dir)
 			waitLeader(t, a)
-			if _, err := NewClient(dir).AddModules(context.Background(), AddRequest{Modules: []state.ModuleText{{File: "web.yaml", Text: webManifest}}}); err != nil {
+			if _, err := a.Node.Propose(context.Background(), addWeb(t)); err != nil {
 				t.Fatal(err)
 			}
 			a.Stop()
 			tc.damage(dir)
-			_, err := StartAgent(context.Background(), AgentConfig{DataDir: dir, Logger: testLogger(t)})
+			_, err := StartMember(MemberConfig{DataDir: dir, Logger: testLogger(t)})
 			if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "mesh join") || !strings.Contains(err.Error(), "snapshot restore") {
 				t.Fatalf("start on damaged raft data: %v", err)
 			}

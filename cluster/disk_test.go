@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"mesh/state"
 )
 
 // fill writes zeros to path until the filesystem is full, or until it leaves
@@ -59,10 +57,9 @@ func TestDiskFull(t *testing.T) {
 	}
 	a := startAgent(t, dir)
 	waitLeader(t, a)
-	c := NewClient(dir)
 	ctx := context.Background()
 	add := func(text string) error {
-		_, err := c.AddModules(ctx, AddRequest{Modules: []state.ModuleText{{File: "m.yaml", Text: text}}})
+		_, err := a.Node.Propose(ctx, addModule(t, "m.yaml", text))
 		return err
 	}
 	if err := add(webManifest); err != nil {
@@ -76,8 +73,8 @@ func TestDiskFull(t *testing.T) {
 	if !strings.Contains(fmtErr(err), "disk full on ace") {
 		t.Fatalf("write on a nearly full disk: %v", err)
 	}
-	if _, err := c.Status(ctx); err != nil {
-		t.Fatalf("status with the disk full: %v", err)
+	if _, err := a.Store.Settings(ctx); err != nil {
+		t.Fatalf("reads with the disk full: %v", err)
 	}
 
 	// Full to the last byte, past the up-front check: the write fails with
@@ -98,8 +95,8 @@ func TestDiskFull(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Log("the write waits for space")
 	}
-	if _, err := c.Status(ctx); err != nil {
-		t.Fatalf("status with the disk full: %v", err)
+	if _, err := a.Store.Settings(ctx); err != nil {
+		t.Fatalf("reads with the disk full: %v", err)
 	}
 	if ro, err := a.Store.Roster(ctx); err != nil || len(ro) == 0 {
 		t.Fatalf("reads with the disk full: %v %v", ro, err)

@@ -34,7 +34,7 @@ func TestLockRefusesASecondHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer u()
-	if _, err := StartAgent(t.Context(), AgentConfig{DataDir: node, Logger: testLogger(t)}); !errors.Is(err, ErrLocked) {
+	if _, err := StartMember(MemberConfig{DataDir: node, Logger: testLogger(t)}); !errors.Is(err, ErrLocked) {
 		t.Fatalf("agent on a locked dir: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 // Package cluster owns the Raft side of a node: the log and stable stores,
-// snapshots, the transport, bootstrapping, and applying commands. It adapts a
-// state.Store to raft.FSM and serves the local API on a unix socket.
+// snapshots, the transport, PKI, bootstrapping, membership and applying
+// commands. It adapts a state.Store to raft.FSM. The local API is package
+// cluster/api; `mesh agent` (agent.go) assembles the node.
 //
 // It must not decide anything the state decides (placement, plans, names): it
 // carries commands to the log and answers reads from the local replica.
@@ -373,6 +374,24 @@ func (n *Node) commit(c *state.Command, timeout time.Duration) (uint64, error) {
 // heartbeatTimeout is Raft's; a follower hears from a healthy leader well
 // within it.
 const heartbeatTimeout = 500 * time.Millisecond
+
+// Voters counts the voters of the raft configuration this node holds.
+func (n *Node) Voters() (int, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return 0, err
+	}
+	v := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			v++
+		}
+	}
+	return v, nil
+}
+
+// Version is this node's binary version.
+func (n *Node) Version() string { return n.cfg.Version }
 
 // State says whether this node leads, follows or is a candidate.
 func (n *Node) State() string { return n.raft.State().String() }

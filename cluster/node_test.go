@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,16 +43,30 @@ func initDir(t testing.TB, store string) string {
 	return dir
 }
 
-func startAgent(t testing.TB, dir string) *Agent {
+func startAgent(t testing.TB, dir string) *Member {
 	t.Helper()
-	a, err := StartAgent(context.Background(), AgentConfig{DataDir: dir, Logger: testLogger(t), Version: "test"})
+	a, err := StartMember(MemberConfig{DataDir: dir, Logger: testLogger(t), Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return a
 }
 
-func waitLeader(t testing.TB, a *Agent) {
+// addWeb is a module add of webManifest, as a proposer makes it.
+func addWeb(t testing.TB) *state.ModuleAddRequest {
+	return addModule(t, "web.yaml", webManifest)
+}
+
+func addModule(t testing.TB, file, text string) *state.ModuleAddRequest {
+	t.Helper()
+	sp, err := state.SpecOf(file, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &state.ModuleAddRequest{Modules: []state.ModuleSpec{sp}}
+}
+
+func waitLeader(t testing.TB, a *Member) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for a.Node.State() != "Leader" {
@@ -70,15 +83,14 @@ func TestAgentKeepsStateAcrossRestartAndSnapshot(t *testing.T) {
 			dir := initDir(t, store)
 			a := startAgent(t, dir)
 			waitLeader(t, a)
-			c := NewClient(dir)
 			ctx := context.Background()
-			if _, err := c.AddModules(ctx, AddRequest{Modules: []state.ModuleText{{File: "web.yaml", Text: webManifest}}}); err != nil {
+			if _, err := a.Node.Propose(ctx, addWeb(t)); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := c.Assign(ctx, state.OpAssign, "ace", "web"); err != nil {
+			if _, err := a.Node.Propose(ctx, &state.AssignRequest{Assignment: state.Assignment{Node: "ace", Module: "web"}}); err != nil {
 				t.Fatal(err)
 			}
-			_, err := c.Assign(ctx, state.OpAssign, "nobody", "web")
+			_, err := a.Node.Propose(ctx, &state.AssignRequest{Assignment: state.Assignment{Node: "nobody", Module: "web"}})
 			if err == nil || !strings.Contains(err.Error(), `node "nobody" is not in the mesh (known: ace)`) {
 				t.Fatalf("assign to unknown node: %v", err)
 			}
@@ -126,32 +138,20 @@ func TestInitRefusesAnExistingNode(t *testing.T) {
 	}
 }
 
-func TestClientSaysWhenNoAgentRuns(t *testing.T) {
-	dir := t.TempDir()
-	_, err := NewClient(dir).Status(context.Background())
-	if !errors.Is(err, ErrNoAgent) || !strings.Contains(err.Error(), "mesh agent --data-dir "+dir) {
-		t.Fatalf("got %v", err)
-	}
-}
-
 // BenchmarkApply measures commands applied per second through Raft on one
 // node (alternating assign and unassign), with each log store.
 func BenchmarkApply(b *testing.B) {
 	for _, store := range []string{LogStoreWAL, LogStoreBolt} {
 		b.Run(store, func(b *testing.B) {
 			dir := initDir(b, store)
-			a, err := StartAgent(context.Background(), AgentConfig{DataDir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			a, err := StartMember(MemberConfig{DataDir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer a.Stop()
 			waitLeader(b, a)
 			ctx := context.Background()
-			web, err := state.SpecOf("web.yaml", webManifest)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if _, err := a.Node.Propose(ctx, &state.ModuleAddRequest{Modules: []state.ModuleSpec{web}}); err != nil {
+			if _, err := a.Node.Propose(ctx, addWeb(b)); err != nil {
 				b.Fatal(err)
 			}
 			b.ResetTimer()

@@ -4,7 +4,6 @@ import (
 	"database/sql"
 	"fmt"
 	"sort"
-
 )
 
 // RestoreBody is what a restore (OpRestore) carries: the part of a snapshot

@@ -54,7 +54,7 @@ func history() []Request {
 		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}, Secrets: []Secret{{Pair{"app", "postgres"}, "other"}}},
 		&PublicDomainRequest{Node: "novox", Domain: "zurag.be"},
 		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "web"}},
-		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "nosuch"}},      // rule violation
+		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "nosuch"}},       // rule violation
 		&UnassignRequest{Assignment: Assignment{Node: "novox", Module: "postgres"}}, // app on ace no longer composes
 		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "postgres"}},     // repaired, provider moved
 		&ReportRequest{Report: Report{Node: "ace", Version: 12, AppliedAt: at(99)}},

@@ -1,4 +1,4 @@
-package cluster
+package api
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"mesh/cluster"
 	"mesh/state"
 )
 
@@ -29,7 +30,7 @@ type Client struct {
 
 // NewClient makes a client for the agent of the data dir.
 func NewClient(dataDir string) *Client {
-	sock := filepath.Join(dataDir, SocketFile)
+	sock := filepath.Join(dataDir, cluster.SocketFile)
 	return &Client{dir: dataDir, http: &http.Client{
 		Timeout: 30 * time.Second,
 		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -55,7 +56,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("%w for data dir %s (no socket at %s); start it with `mesh agent --data-dir %s`", ErrNoAgent, c.dir, filepath.Join(c.dir, SocketFile), c.dir)
+			return fmt.Errorf("%w for data dir %s (no socket at %s); start it with `mesh agent --data-dir %s`", ErrNoAgent, c.dir, filepath.Join(c.dir, cluster.SocketFile), c.dir)
 		}
 		if errors.Is(err, syscall.EACCES) {
 			return fmt.Errorf("cannot reach the agent's socket in %s: permission denied (run as the agent's user)", c.dir)

@@ -1,4 +1,8 @@
-package cluster
+// Package api is a node's local API: the server on the data dir's unix
+// socket, a typed client for every endpoint, and the wire types both use.
+// It decides nothing: reads go to the replica, writes are typed requests
+// proposed through cluster.Node. main.go never names a URL path.
+package api
 
 import (
 	"bytes"
@@ -13,9 +17,10 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"sync/atomic"
+	"syscall"
 	"time"
 
+	"mesh/cluster"
 	"mesh/state"
 )
 
@@ -42,7 +47,7 @@ type NodeStatus struct {
 	AppliedAt      *time.Time    `json:"applied_at,omitempty"`
 	ApplyError     string        `json:"apply_error,omitempty"`
 	Report         *state.Report `json:"report,omitempty"`
-	// Reachable: this node heard from it within ReachableWithin (itself
+	// Reachable: this node heard from it within cluster.ReachableWithin (itself
 	// always). LastSeen is when; Version is the binary it runs.
 	Reachable bool       `json:"reachable"`
 	LastSeen  *time.Time `json:"last_seen"`
@@ -51,32 +56,30 @@ type NodeStatus struct {
 
 // API serves the local API on a unix socket.
 type API struct {
-	// resolver is the resolver's address, reported by status. It is set
-	// once the resolver runs, after the API already serves.
-	resolver atomic.Pointer[string]
-
-	node  *Node
-	store *state.Store
-	id    Identity
-	log   *slog.Logger
-	now   func() time.Time
-	srv   *http.Server
+	node     *cluster.Node
+	store    *state.Store
+	id       cluster.Identity
+	resolver string
+	log      *slog.Logger
+	now      func() time.Time
+	srv      *http.Server
 }
 
-// SetResolver records the resolver's address for status.
-func (a *API) SetResolver(addr string) { a.resolver.Store(&addr) }
-
-// Resolver is the resolver's address, "" while none runs.
-func (a *API) Resolver() string {
-	if p := a.resolver.Load(); p != nil {
-		return *p
-	}
-	return ""
+// Config is what the local API serves from. Everything it reports exists
+// before it serves: the composition root makes it last.
+type Config struct {
+	Node  *cluster.Node
+	Store *state.Store
+	ID    cluster.Identity
+	// Resolver is this node's resolver address (IP:PORT), shown by status;
+	// empty when the node runs none.
+	Resolver string
+	Logger   *slog.Logger
 }
 
-// NewAPI makes the local API of a running node.
-func NewAPI(n *Node, store *state.Store, id Identity, log *slog.Logger) *API {
-	a := &API{node: n, store: store, id: id, log: log.With("component", "api"), now: time.Now}
+// New makes the local API of a running node.
+func New(cfg Config) *API {
+	a := &API{node: cfg.Node, store: cfg.Store, id: cfg.ID, resolver: cfg.Resolver, log: cfg.Logger.With("component", "api"), now: time.Now}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", a.status)
 	mux.HandleFunc("GET /v1/nodes", a.nodes)
@@ -105,9 +108,10 @@ func (a *API) Serve(path string) error {
 		return fmt.Errorf("an agent already serves %s; stop it first", path)
 	}
 	os.Remove(path)
-	old := umask(0o177)
+	// The socket is never reachable by others between creation and chmod.
+	old := syscall.Umask(0o177)
 	l, err := net.Listen("unix", path)
-	umask(old)
+	syscall.Umask(old)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", path, err)
 	}
@@ -120,6 +124,32 @@ func (a *API) Serve(path string) error {
 		return err
 	}
 	return nil
+}
+
+// Start serves on the unix socket at path in the background and returns once
+// the socket answers, or with the reason it does not.
+func (a *API) Start(path string) error {
+	errc := make(chan error, 1)
+	go func() { errc <- a.Serve(path) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err := <-errc:
+			if err == nil {
+				err = errors.New("the local API stopped at once")
+			}
+			return err
+		default:
+		}
+		if c, err := net.DialTimeout("unix", path, 100*time.Millisecond); err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the local API did not come up on %s within 10s", path)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Shutdown stops the API, waiting for requests in flight.
@@ -143,9 +173,9 @@ func fail(w http.ResponseWriter, err error) {
 		code = http.StatusConflict
 	case errors.Is(err, state.ErrInvalid):
 		code = http.StatusBadRequest
-	case errors.Is(err, ErrNoLeader):
+	case errors.Is(err, cluster.ErrNoLeader):
 		code = http.StatusServiceUnavailable
-	case errors.Is(err, ErrDiskFull):
+	case errors.Is(err, cluster.ErrDiskFull):
 		code = http.StatusInsufficientStorage
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -166,7 +196,7 @@ func decode(r *http.Request, v any) error {
 func (a *API) propose(ctx context.Context, req state.Request) (uint64, error) {
 	c := state.NewCommand(req)
 	c.Time = a.now().UTC()
-	ctx, cancel := context.WithTimeout(ctx, ApplyTimeout)
+	ctx, cancel := context.WithTimeout(ctx, cluster.ApplyTimeout)
 	defer cancel()
 	return a.node.Apply(ctx, c)
 }
@@ -189,7 +219,7 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	applied, _ := a.store.AppliedIndex()
-	out := Status{Node: a.id.Name, MeshID: st.MeshID, Domain: st.Domain, RaftState: a.node.State(), Leader: a.node.Leader(), AppliedIndex: applied, Resolver: a.Resolver()}
+	out := Status{Node: a.id.Name, MeshID: st.MeshID, Domain: st.Domain, RaftState: a.node.State(), Leader: a.node.Leader(), AppliedIndex: applied, Resolver: a.resolver}
 	nodes, err := a.store.Nodes(ctx)
 	if err != nil {
 		fail(w, err)
@@ -205,10 +235,10 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 	for _, n := range nodes {
 		ns := NodeStatus{NodeInfo: n}
 		if n.Name == a.id.Name {
-			ns.Reachable, ns.LastSeen, ns.Version = true, &now, a.node.cfg.Version
+			ns.Reachable, ns.LastSeen, ns.Version = true, &now, a.node.Version()
 		} else if s, ok := seen[n.Name]; ok {
 			at := s.LastSeen
-			ns.Reachable, ns.LastSeen, ns.Version = now.Sub(at) < ReachableWithin, &at, s.Version
+			ns.Reachable, ns.LastSeen, ns.Version = now.Sub(at) < cluster.ReachableWithin, &at, s.Version
 		}
 		if p, err := a.store.Plan(ctx, n.Name); err == nil {
 			ns.PlanVersion, ns.PlanDigest, ns.Resources = p.Version, p.Digest, len(p.Plan.Resources)
@@ -273,11 +303,11 @@ func (a *API) token(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	reply(w, TokenReply{Token: Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: id.JoinSecret}.String()})
+	reply(w, TokenReply{Token: cluster.Token{MeshID: id.MeshID, CADigest: cluster.CADigest([]byte(id.CACert)), Secret: id.JoinSecret}.String()})
 }
 
 func (a *API) rotateToken(w http.ResponseWriter, r *http.Request) {
-	if _, err := a.propose(r.Context(), &state.TokenRotateRequest{JoinSecret: newSecret()}); err != nil {
+	if _, err := a.propose(r.Context(), &state.TokenRotateRequest{JoinSecret: cluster.NewSecret()}); err != nil {
 		fail(w, err)
 		return
 	}
