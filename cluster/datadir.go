@@ -154,7 +154,7 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 		}
 	}
 	c := state.NewCommand(&state.InitRequest{MeshID: id.MeshID, Domain: cfg.Domain,
-		Node:   state.Node{Name: cfg.Name, Address: addr.String(), Voter: true},
+		Node:   state.Node{Name: cfg.Name, Address: addr.String(), Voter: true, Port: cfg.Port},
 		CACert: string(ca.CertPEM), CAKey: string(ca.KeyPEM), JoinSecret: NewSecret(), Voters: cfg.Voters})
 	c.Time = cfg.Now().UTC()
 	if _, err := n.Apply(wctx, c); err != nil {

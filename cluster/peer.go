@@ -300,13 +300,23 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		return JoinReply{}, err
 	}
 	voters := 0
-	for _, x := range nodes {
+	var again *state.NodeInfo
+	for i, x := range nodes {
 		if x.Voter {
 			voters++
 		}
+		if x.Name == req.Name && x.Address == req.Address {
+			again = &nodes[i]
+		}
 	}
 	voter := voters < id.Voters
-	if _, err := n.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: req.Name, Address: req.Address, Voter: voter}}); err != nil {
+	if again != nil {
+		// The same node joins again: a join that stopped half-way (the state
+		// has it, Raft may not), or a node whose data dir was lost. The token
+		// proved it may; it keeps its row, and Raft gets it (back) below.
+		voter = again.Voter
+		n.log.Warn("a node that is already in the state joins again", "name", req.Name, "address", req.Address)
+	} else if _, err := n.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port}}); err != nil {
 		return JoinReply{}, err
 	}
 	addr := net.JoinHostPort(req.Address, strconv.Itoa(req.Port))

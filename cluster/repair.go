@@ -2,21 +2,31 @@ package cluster
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"mesh/state"
 )
 
 // RepairInterval is how often the leader aligns Raft's configuration with the
 // nodes of the replicated state.
 const RepairInterval = 5 * time.Second
 
-// repairMembership runs on every node and acts while it leads: a Raft server
-// that is no longer a node of the state (a removal that crashed between its
-// two steps: the state, then Raft) is removed from Raft. The other direction
-// (a node in the state that Raft lacks, after a join that crashed between
-// them) is left to the operator: Raft needs the node's port, which only the
-// joiner knew, and `mesh node remove` clears the row so it can join again.
+// repairMembership runs on every node and acts while it leads, so that
+// Raft's configuration follows the nodes of the replicated state whatever
+// step a change stopped at:
+//   - a Raft server that is no longer a node of the state (a removal that
+//     stopped between its two steps: the state, then Raft) is removed;
+//   - a node of the state that Raft lacks (a join that stopped between the
+//     state and Raft) is added as a non-voter at the Raft port it joined
+//     with (nodes that joined before the port was kept have none: they
+//     join again, which admit accepts for the same name and address);
+//   - promotions are healed by the node itself: EnsureVoter asks the leader
+//     until Raft holds it as the voter the state says, and only once it has
+//     caught up (a leader promoting a node that lags could stall commits).
 func (n *Node) repairMembership(ctx context.Context) {
 	t := time.NewTicker(RepairInterval)
 	defer t.Stop()
@@ -45,13 +55,15 @@ func (n *Node) repairMembership(ctx context.Context) {
 		if err != nil || len(nodes) == 0 {
 			continue
 		}
-		known := map[string]bool{}
+		known := map[string]state.NodeInfo{}
 		for _, nd := range nodes {
-			known[nd.Name] = true
+			known[nd.Name] = nd
 		}
+		inRaft := map[string]raft.Server{}
 		next := map[raft.ServerID]bool{}
 		for _, s := range f.Configuration().Servers {
-			if string(s.ID) == n.cfg.ID || known[string(s.ID)] {
+			inRaft[string(s.ID)] = s
+			if _, ok := known[string(s.ID)]; string(s.ID) == n.cfg.ID || ok {
 				continue
 			}
 			if !suspect[s.ID] {
@@ -63,6 +75,21 @@ func (n *Node) repairMembership(ctx context.Context) {
 				continue
 			}
 			n.log.Warn("removed a raft server that is no longer a node of the mesh (a removal had stopped half-way)", "server", s.ID)
+		}
+		for _, nd := range nodes {
+			id := raft.ServerID(nd.Name)
+			if _, ok := inRaft[nd.Name]; !ok && nd.Port > 0 {
+				if !suspect[id] {
+					next[id] = true
+					continue
+				}
+				addr := raft.ServerAddress(net.JoinHostPort(nd.Address, strconv.Itoa(nd.Port)))
+				if err := n.raft.AddNonvoter(id, addr, 0, ApplyTimeout).Error(); err != nil {
+					n.log.Warn("add a node of the mesh that raft lacks", "node", nd.Name, "err", err)
+					continue
+				}
+				n.log.Warn("added a node of the mesh that raft lacked (a join had stopped half-way)", "node", nd.Name, "address", addr)
+			}
 		}
 		suspect = next
 	}

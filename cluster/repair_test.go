@@ -1,10 +1,15 @@
 package cluster
 
 import (
+	"context"
+	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"mesh/state"
 )
 
 // Issue 9 item 5: a removal that crashed between the state and Raft heals:
@@ -33,5 +38,73 @@ func TestMembershipRepair(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the ghost server is still in Raft after %s", 3*RepairInterval)
 		}
+	}
+}
+
+// Issue 9 item 5, the other direction: a join that stopped between the state
+// and Raft heals. The leader adds the node Raft lacks, at the port it joined
+// with; and the same node may join again (a retry after such a crash).
+func TestMembershipRepairAddsWhatRaftLacks(t *testing.T) {
+	dir := initDir(t, LogStoreWAL)
+	a := startAgent(t, dir)
+	defer a.Stop()
+	waitLeader(t, a)
+	ctx := context.Background()
+	// The half-done join: the state has the node, Raft does not.
+	if _, err := a.Node.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: "late", Address: "127.0.0.9", Port: 7001}}); err != nil {
+		t.Fatal(err)
+	}
+	server := func(id string) (raft.Server, bool) {
+		for _, s := range a.Node.raft.GetConfiguration().Configuration().Servers {
+			if s.ID == raft.ServerID(id) {
+				return s, true
+			}
+		}
+		return raft.Server{}, false
+	}
+	for deadline := time.Now().Add(3 * RepairInterval); ; time.Sleep(100 * time.Millisecond) {
+		if s, ok := server("late"); ok {
+			if s.Address != "127.0.0.9:7001" || s.Suffrage != raft.Nonvoter {
+				t.Fatalf("added as %+v", s)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node Raft lacked was not added within %s", 3*RepairInterval)
+		}
+	}
+	// A real node joins, and joins again with a fresh data dir (its first
+	// try's answer was lost): both are admitted, and the state has it once.
+	id, err := ReadIdentity(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := a.Store.Identity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := Token{MeshID: tok.MeshID, CADigest: CADigest([]byte(tok.CACert)), Secret: tok.JoinSecret}.String()
+	port := freePort(t)
+	for i := 0; i < 2; i++ {
+		err := Join(ctx, JoinConfig{DataDir: filepath.Join(t.TempDir(), "novox"), Peer: fmt.Sprintf("127.0.0.1:%d", id.Port), Token: token, Name: "novox", Address: "127.0.0.2", Port: port})
+		if err != nil {
+			t.Fatalf("join %d: %v", i+1, err)
+		}
+	}
+	nodes, _ := a.Store.Nodes(ctx)
+	n := 0
+	for _, nd := range nodes {
+		if nd.Name == "novox" {
+			n++
+			if nd.Port != port {
+				t.Fatalf("novox's raft port in the state: %d, want %d", nd.Port, port)
+			}
+		}
+	}
+	if n != 1 {
+		t.Fatalf("novox is %d times in the state", n)
+	}
+	if _, ok := server("novox"); !ok {
+		t.Fatal("novox is not in Raft after joining again")
 	}
 }

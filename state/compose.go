@@ -19,6 +19,10 @@ type Node struct {
 	Address      string `json:"address"`
 	PublicDomain string `json:"public_domain,omitempty"`
 	Voter        bool   `json:"voter"`
+	// Port is the node's Raft port (0 for nodes that joined before it was
+	// kept): with it the leader can put a node back into Raft's
+	// configuration after a join that stopped half-way.
+	Port int `json:"port,omitempty"`
 }
 
 // Assignment says a module runs on a node.

@@ -278,7 +278,7 @@ func (ap *applier) init(r *InitRequest) (bool, error) {
 	}
 	mustExec(tx, `INSERT INTO settings VALUES ('mesh_id', ?), ('domain', ?), ('created_at', ?), ('ca_cert', ?), ('ca_key', ?), ('join_secret', ?), ('voters', ?)`,
 		r.MeshID, domain, ap.at, r.CACert, r.CAKey, r.JoinSecret, fmt.Sprint(voters))
-	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at) VALUES (?, ?, 1, ?)`, r.Node.Name, r.Node.Address, ap.at)
+	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at, port) VALUES (?, ?, 1, ?, ?)`, r.Node.Name, r.Node.Address, ap.at, r.Node.Port)
 	return true, nil
 }
 
@@ -293,7 +293,7 @@ func (ap *applier) nodeAdd(r *NodeAddRequest) (bool, error) {
 	if has(tx, `SELECT 1 FROM nodes WHERE address = ?`, n.Address) {
 		return false, ruleErr(ErrConflict, "address %s is already taken by another node", n.Address)
 	}
-	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at) VALUES (?, ?, ?, ?)`, n.Name, n.Address, n.Voter, ap.at)
+	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at, port) VALUES (?, ?, ?, ?, ?)`, n.Name, n.Address, n.Voter, ap.at, n.Port)
 	return true, nil
 }
 

@@ -80,7 +80,7 @@ func (s *Store) Settings(ctx context.Context) (Settings, error) {
 }
 
 func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error FROM nodes ORDER BY name`)
+	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +89,7 @@ func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
 	for rows.Next() {
 		var n NodeInfo
 		var at string
-		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError); err != nil {
+		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port); err != nil {
 			return nil, err
 		}
 		n.AddedAt, _ = time.Parse(timeLayout, at)

@@ -145,6 +145,9 @@ var migrations = []string{
 	// never parses a manifest's text). Rows written before are filled by
 	// fillSpecs.
 	`ALTER TABLE modules ADD COLUMN spec TEXT NOT NULL DEFAULT '';`,
+	// 4: each node's Raft port, so that membership can be repaired from the
+	// state in both directions.
+	`ALTER TABLE nodes ADD COLUMN port INTEGER NOT NULL DEFAULT 0;`,
 }
 
 func (s *Store) migrate() error {
