@@ -88,29 +88,32 @@ func (n *Node) probe(ctx context.Context) {
 	}
 }
 
-func (n *Node) hello(ctx context.Context, name string) {
+// hello asks a node who it is and records that it answered; it reports
+// whether it did.
+func (n *Node) hello(ctx context.Context, name string) bool {
 	addr := n.peerAddr(name)
 	if addr == "" {
-		return
+		return false
 	}
 	cctx, cancel := context.WithTimeout(ctx, ProbeInterval)
 	defer cancel()
 	req, err := http.NewRequestWithContext(cctx, "GET", "https://"+addr+"/v1/hello", nil)
 	if err != nil {
-		return
+		return false
 	}
 	resp, err := n.peers.Do(req)
 	if err != nil {
-		return
+		return false
 	}
 	defer resp.Body.Close()
 	var h Hello
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&h) != nil || h.Name != name {
-		return
+		return false
 	}
 	n.live.mu.Lock()
 	n.live.seen[name] = Seen{LastSeen: time.Now(), Version: h.Version, Commands: max(h.Commands, 1)}
 	n.live.mu.Unlock()
+	return true
 }
 
 // peerAddr is where a node's transport listens, from the Raft configuration.

@@ -18,7 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -83,9 +82,6 @@ type Node struct {
 	log       *slog.Logger
 
 	live liveness
-
-	failMu  sync.Mutex
-	failing map[raft.ServerID]bool // followers whose heartbeats fail (leader's view)
 }
 
 // New opens (or creates) the Raft data in cfg.Dir and starts the node. It does
@@ -167,8 +163,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		closer.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
-	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, logs: closer, log: log, failing: map[raft.ServerID]bool{}, live: liveness{seen: map[string]Seen{}}}
-	go n.watchHeartbeats()
+	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, logs: closer, log: log, live: liveness{seen: map[string]Seen{}}}
 	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: nt.clientConfig(alpnAPI), DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, TLSHandshakeTimeout: 2 * time.Second,
 	}}

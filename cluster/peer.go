@@ -423,41 +423,19 @@ func (n *Node) serveRemoveMember(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, rep)
 }
 
-// watchHeartbeats keeps, on the leader, the set of followers whose
-// heartbeats fail: what a removal must not leave quorum to.
-func (n *Node) watchHeartbeats() {
-	ch := make(chan raft.Observation, 64)
-	n.raft.RegisterObserver(raft.NewObserver(ch, false, func(o *raft.Observation) bool {
-		switch o.Data.(type) {
-		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation:
-			return true
-		}
-		return false
-	}))
-	for o := range ch {
-		n.failMu.Lock()
-		switch d := o.Data.(type) {
-		case raft.FailedHeartbeatObservation:
-			n.failing[d.PeerID] = true
-		case raft.ResumedHeartbeatObservation:
-			delete(n.failing, d.PeerID)
-		case raft.LeaderObservation:
-			n.failing = map[raft.ServerID]bool{}
-		}
-		n.failMu.Unlock()
-	}
-}
-
-// checkRemovable (leader) refuses a removal after which the voters still
-// reachable could not form a majority of the voters left.
-func (n *Node) checkRemovable(name string) error {
+// checkRemovable (leader) refuses a removal after which the voters that
+// answer right now could not form a majority of the voters left. Each is
+// asked at once (a hello, RemoveTimeout): a voter that died a moment ago
+// still looks healthy to Raft's heartbeats and to the periodic probe, and
+// removing the other one then would leave a configuration that can commit
+// nothing, the removal itself included.
+func (n *Node) checkRemovable(ctx context.Context, name string) error {
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return err
 	}
-	n.failMu.Lock()
-	defer n.failMu.Unlock()
-	left, reachable, isVoter := 0, 0, false
+	var others []string
+	left, isVoter := 0, false
 	for _, s := range f.Configuration().Servers {
 		if s.Suffrage != raft.Voter {
 			continue
@@ -467,8 +445,8 @@ func (n *Node) checkRemovable(name string) error {
 			continue
 		}
 		left++
-		if !n.failing[s.ID] {
-			reachable++
+		if string(s.ID) != n.cfg.ID {
+			others = append(others, string(s.ID))
 		}
 	}
 	if !isVoter {
@@ -477,11 +455,27 @@ func (n *Node) checkRemovable(name string) error {
 	if left == 0 {
 		return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s is the only voter", name)}
 	}
+	hctx, cancel := context.WithTimeout(ctx, RemoveTimeout)
+	defer cancel()
+	answered := make(chan bool, len(others))
+	for _, o := range others {
+		go func(o string) { answered <- n.hello(hctx, o) }(o)
+	}
+	reachable := left - len(others) // this node, the leader
+	for range others {
+		if <-answered {
+			reachable++
+		}
+	}
 	if need := left/2 + 1; reachable < need {
 		return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("removing voter %s would leave %d voters of which %d are reachable, less than the %d a majority needs; bring the others back first, or remove an unreachable one", name, left, reachable, need)}
 	}
 	return nil
 }
+
+// RemoveTimeout bounds how long a removal waits for the voters it keeps to
+// answer.
+const RemoveTimeout = 2 * time.Second
 
 // RemoveNode takes a node out of the mesh: out of the state (so its
 // certificate stops being accepted), then out of Raft. It runs on the leader,
@@ -504,7 +498,7 @@ func (n *Node) RemoveNode(ctx context.Context, name string, force bool) (uint64,
 	if name == n.cfg.ID {
 		return 0, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s leads the mesh; remove it from another node after it hands over (stop its agent)", name)}
 	}
-	if err := n.checkRemovable(name); err != nil {
+	if err := n.checkRemovable(ctx, name); err != nil {
 		return 0, err
 	}
 	idx, err := n.Propose(ctx, &state.NodeRemoveRequest{Name: name, Force: force})
