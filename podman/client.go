@@ -6,6 +6,8 @@
 package podman
 
 import (
+	imagemanifest "github.com/containers/image/v5/manifest"
+
 	"context"
 	"errors"
 	"fmt"
@@ -301,6 +303,15 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 	for _, p := range s.Ports {
 		g.PortMappings = append(g.PortMappings, nettypes.PortMapping{HostIP: p.HostIP, HostPort: p.HostPort, ContainerPort: p.ContainerPort, Protocol: p.Protocol})
 	}
+	if h := s.Health; h != nil {
+		// Podman schedules runs through systemd timers, which hosts without
+		// systemd lack; the agent runs the check itself (HealthCheck), and
+		// Podman keeps the status, the failing streak and the log.
+		g.HealthConfig = &imagemanifest.Schema2HealthConfig{
+			Test:     append([]string{"CMD"}, h.Command...),
+			Interval: h.Interval, Timeout: h.Timeout, StartPeriod: h.StartPeriod, Retries: h.Retries,
+		}
+	}
 	// Podman 4.3 asks for rlimits above what this host lets root set
 	// (ENVIRONMENT.md §1); ask for the host's own hard limits instead.
 	g.Rlimits = c.rlimits()
@@ -410,6 +421,24 @@ func (c *Client) Wait(ctx context.Context, id string) (int, error) {
 		return -1, fmt.Errorf("wait for container %s: %w", short(id), err)
 	}
 	return int(code), nil
+}
+
+// HealthCheck runs a container's health check once.
+func (c *Client) HealthCheck(ctx context.Context, name string) (reconciler.HealthResult, error) {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return reconciler.HealthResult{}, err
+	}
+	defer cancel()
+	r, err := containers.RunHealthCheck(cx, name, nil)
+	if err != nil {
+		return reconciler.HealthResult{}, fmt.Errorf("run the health check of %s: %w", name, err)
+	}
+	out := reconciler.HealthResult{Status: r.Status, FailingStreak: r.FailingStreak}
+	if n := len(r.Log); n > 0 {
+		out.ExitCode, out.Output = r.Log[n-1].ExitCode, r.Log[n-1].Output
+	}
+	return out, nil
 }
 
 // Logs returns the last lines of stdout and stderr, interleaved per stream.

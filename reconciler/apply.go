@@ -77,6 +77,8 @@ type Reconciler struct {
 	kept map[string]string
 	// verified holds the networks the resolver was seen to answer from.
 	verified map[string]bool
+	// health runs the declared health checks of the containers in place.
+	health *monitor
 }
 
 // New loads the ledger and returns a reconciler.
@@ -97,7 +99,8 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 	if cfg.PodmanBack == 0 {
 		cfg.PodmanBack = 2 * time.Minute
 	}
-	return &Reconciler{cfg: cfg, rt: rt, ledger: l, log: cfg.Logger.With("component", "reconciler"), kept: map[string]string{}, verified: map[string]bool{}}, nil
+	log := cfg.Logger.With("component", "reconciler")
+	return &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, kept: map[string]string{}, verified: map[string]bool{}, health: newMonitor(rt, log, cfg.Now)}, nil
 }
 
 // counting counts the calls made through a Runtime: n the mutating ones,
@@ -245,6 +248,8 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 			rep.Failures = append(rep.Failures, state.ModuleFailure{Module: rr.Module, Resource: rr.Kind + " " + rr.Name, Reason: rr.Reason})
 		}
 	}
+	r.follow(plan, rep.Resources)
+	rep.Health = r.health.snapshot()
 	rep.Error = rep.FailureSummary()
 	rep.Mutations = x.rt.n + x.writes
 	lvl := slog.LevelInfo
@@ -254,6 +259,35 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	r.log.Log(ctx, lvl, "applied plan", "version", version, "mutations", rep.Mutations, "podman_calls", x.rt.calls, "took", time.Since(start).Round(time.Millisecond), "error", rep.Error)
 	return rep
 }
+
+// follow makes the health monitor follow the plan's health-checked
+// containers that this apply left in place (not those that failed or wait).
+func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport) {
+	outcome := map[string]string{}
+	for _, o := range outs {
+		if o.Kind == manifest.KindContainer {
+			outcome[o.Name] = o.Outcome
+		}
+	}
+	var ws []watch
+	for _, res := range plan.Resources {
+		if res.Kind != manifest.KindContainer || res.Typed.Health == nil {
+			continue
+		}
+		o := outcome[res.RuntimeName()]
+		if o == Failed || o == Waiting || o == "" {
+			continue
+		}
+		ws = append(ws, watch{Module: res.Module, Name: res.RuntimeName(), Check: *res.Typed.Health, Fresh: o == Created || o == Replaced})
+	}
+	r.health.set(ws)
+}
+
+// HealthChanged is closed at the next change of a followed container's health.
+func (r *Reconciler) HealthChanged() <-chan struct{} { return r.health.Changed() }
+
+// Health is the followed containers' health now.
+func (r *Reconciler) Health() []state.ContainerHealth { return r.health.snapshot() }
 
 // blocked returns the failure a resource must wait behind: its own module's,
 // or, for a binding or credential, the failure of its provider on this node.
@@ -512,7 +546,7 @@ func labels(want desired) map[string]string {
 
 func (x *run) spec(res state.Resource, want desired) Spec {
 	d := res.Decl
-	s := Spec{Name: want.Name, Image: d.Image, Command: d.Command, Env: d.Env, Labels: labels(want), DNS: x.r.cfg.DNS, Restart: d.Restart}
+	s := Spec{Name: want.Name, Image: d.Image, Command: d.Command, Env: d.Env, Labels: labels(want), DNS: x.r.cfg.DNS, Restart: d.Restart, Health: res.Typed.Health}
 	if res.Kind == manifest.KindContainer && s.Restart == "" {
 		s.Restart = "always"
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"mesh/state"
+	"mesh/state/manifest"
 )
 
 // This file decides; it touches nothing. Given what the plan wants and what
@@ -38,13 +39,16 @@ type declFields struct {
 	Restart   string            `json:"restart,omitempty"`
 	RestartOn []string          `json:"restart-on,omitempty"`
 	DNS       string            `json:"dns,omitempty"`
+	// Health is the health check with its defaults (absent when none is
+	// declared, so declaring none changes no container's digest).
+	Health *manifest.HealthCheck `json:"health,omitempty"`
 }
 
 // describe computes a step's or container's declaration and digest. inputs
 // holds the digest of every resource applied before it in this plan.
 func describe(r state.Resource, dnsAddr netip.Addr, inputs map[string]string) desired {
 	d := r.Decl
-	f := declFields{Image: d.Image, Command: d.Command, Env: d.Env, Mounts: d.Mounts, Ports: d.Ports, Restart: d.Restart, RestartOn: d.RestartOn}
+	f := declFields{Image: d.Image, Command: d.Command, Env: d.Env, Mounts: d.Mounts, Ports: d.Ports, Restart: d.Restart, RestartOn: d.RestartOn, Health: r.Typed.Health}
 	if dnsAddr.IsValid() {
 		f.DNS = dnsAddr.String()
 	}

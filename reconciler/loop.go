@@ -57,11 +57,28 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 	next := time.NewTimer(0)
 	defer next.Stop()
 	changed := src.Changed()
+	go r.health.run(ctx)
+	health := r.health.Changed()
 	for {
 		onChange := false
 		select {
 		case <-ctx.Done():
 			return
+		case <-health:
+			// A container's health changed: the last report again, with it
+			// (no apply: nothing else moved).
+			health = r.health.Changed()
+			if sent == nil {
+				continue
+			}
+			rep := *sent
+			rep.Health = r.health.snapshot()
+			if err := src.Report(ctx, rep); err != nil {
+				r.log.Warn("send report", "err", err)
+			} else {
+				sent = &rep
+			}
+			continue
 		case <-changed:
 			onChange = true
 			// Let a burst settle: more changes within Debounce join this apply.
@@ -133,8 +150,19 @@ func worthSending(last, rep *state.Report) bool {
 	if last == nil || last.Version != rep.Version || last.Error != rep.Error || rep.Error != "" {
 		return true
 	}
+	if healthKey(last) != healthKey(rep) {
+		return true
+	}
 	c := changes(rep)
 	return c != "" && c != changes(last)
+}
+
+func healthKey(r *state.Report) string {
+	s := ""
+	for _, h := range r.Health {
+		s += h.Container + " " + h.Status + " " + h.Output + "\n"
+	}
+	return s
 }
 
 func changes(r *state.Report) string {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"mesh/state"
@@ -21,6 +22,9 @@ type fake struct {
 	seq    int
 	// exit decides a step's exit code from its command.
 	exit func(s Spec) int
+	// health answers a container's health check (default: healthy).
+	healthMu sync.Mutex
+	health   func(name string) (HealthResult, error)
 }
 
 var _ Runtime = (*fake)(nil)
@@ -79,6 +83,22 @@ func (f *fake) Wait(ctx context.Context, id string) (int, error) {
 }
 func (f *fake) Logs(ctx context.Context, id string, n int) (string, error) {
 	return "migrate: cannot reach db", nil
+}
+
+func (f *fake) HealthCheck(ctx context.Context, name string) (HealthResult, error) {
+	f.healthMu.Lock()
+	h := f.health
+	f.healthMu.Unlock()
+	if h == nil {
+		return HealthResult{Status: "healthy"}, nil
+	}
+	return h(name)
+}
+
+func (f *fake) setHealth(h func(name string) (HealthResult, error)) {
+	f.healthMu.Lock()
+	f.health = h
+	f.healthMu.Unlock()
 }
 
 func (f *fake) byName(name string) *Container {

@@ -1,6 +1,8 @@
 package reconciler
 
 import (
+	"mesh/state/manifest"
+
 	"context"
 	"net/netip"
 )
@@ -39,6 +41,17 @@ type Runtime interface {
 	Wait(ctx context.Context, id string) (int, error)
 	// Logs returns the last lines of a container's output.
 	Logs(ctx context.Context, id string, lines int) (string, error)
+	// HealthCheck runs a container's health check once (Podman's own, as it
+	// was declared at create) and returns what Podman then says of it.
+	HealthCheck(ctx context.Context, name string) (HealthResult, error)
+}
+
+// HealthResult is a container's health after one run of its check.
+type HealthResult struct {
+	Status        string // starting, healthy, unhealthy
+	FailingStreak int
+	ExitCode      int
+	Output        string // the last run's output
 }
 
 // Container is a container as the runtime reports it.
@@ -63,6 +76,8 @@ type Spec struct {
 	// DNS is the node's resolver: the container's only DNS server.
 	DNS     netip.Addr
 	Restart string
+	// Health is the container's health check (nil: none).
+	Health *manifest.HealthCheck
 }
 
 // Mount is a bind mount of a declared host path.

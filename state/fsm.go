@@ -39,6 +39,39 @@ type Report struct {
 	// Failures lists each module that failed in this apply: where, why, and
 	// which of its resources (or its consumers') wait behind it.
 	Failures []ModuleFailure `json:"failures,omitempty"`
+	// Health is each health-checked container's health, as the node last
+	// saw it (a change of health sends the report again, without an apply).
+	Health []ContainerHealth `json:"health,omitempty"`
+}
+
+// Container health statuses (Podman's words).
+const (
+	HealthStarting  = "starting"
+	HealthHealthy   = "healthy"
+	HealthUnhealthy = "unhealthy"
+)
+
+// ContainerHealth is one container's health as its node last saw it.
+type ContainerHealth struct {
+	Module    string `json:"module"`
+	Container string `json:"container"`
+	Status    string `json:"status"`
+	// Output is the last run's output (trimmed), FailingStreak the failed
+	// runs in a row, Since when the status last changed.
+	Output        string    `json:"output,omitempty"`
+	FailingStreak int       `json:"failing_streak,omitempty"`
+	Since         time.Time `json:"since"`
+}
+
+// Unhealthy lists the modules with an unhealthy container in this report.
+func (r *Report) Unhealthy() map[string]bool {
+	out := map[string]bool{}
+	for _, h := range r.Health {
+		if h.Status == HealthUnhealthy {
+			out[h.Module] = true
+		}
+	}
+	return out
 }
 
 // ModuleFailure is one module's failure in an apply.

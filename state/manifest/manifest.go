@@ -100,6 +100,9 @@ type Resource struct {
 	// file makes the module fail, and nothing is written.
 	TakeOver bool `yaml:"take-over,omitempty" json:"take-over,omitempty" jsonschema:"description=Take over a file that exists and that the mesh did not write; its original is kept in the node's data dir and put back when the module lets go of it"`
 
+	// Health is the container's health check, run by Podman.
+	Health *Health `yaml:"health,omitempty" json:"health,omitempty" jsonschema:"description=A health check: --wait waits for it and the resolver leaves out instances that fail it"`
+
 	// Typed holds the values parsed from the strings above. It travels in
 	// the log with the rest (the FSM never parses a manifest's text).
 	Typed Typed `yaml:"-" json:"typed"`
@@ -398,7 +401,7 @@ var fields = map[string][]string{
 	KindBinding:    {"owner", "mode", "provider", "take-over"},
 	KindCredential: {"owner", "mode", "provider", "take-over"},
 	KindStep:       {"image", "command", "env", "mounts", "restart-on"},
-	KindContainer:  {"image", "command", "env", "mounts", "ports", "restart", "restart-on"},
+	KindContainer:  {"image", "command", "env", "mounts", "ports", "restart", "restart-on", "health"},
 }
 
 func (r *Resource) setFields() []string {
@@ -420,6 +423,7 @@ func (r *Resource) setFields() []string {
 	add("restart", r.Restart != "")
 	add("restart-on", r.RestartOn != nil)
 	add("take-over", r.TakeOver)
+	add("health", r.Health != nil)
 	return s
 }
 

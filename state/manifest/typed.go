@@ -5,6 +5,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Typed is a resource's declaration parsed into the values the host acts
@@ -21,6 +22,80 @@ type Typed struct {
 	Mode     uint32  `json:"mode,omitempty"` // permission, setuid, setgid, sticky bits
 	Mounts   []Mount `json:"mounts,omitempty"`
 	Ports    []Port  `json:"ports,omitempty"`
+	// Health is the container's health check with its defaults filled in.
+	Health *HealthCheck `json:"health,omitempty"`
+}
+
+// Health is a container's health check as declared: Podman's own health
+// check, run in the container. Durations are Go durations ("10s", "1m30s").
+type Health struct {
+	Command     []string `yaml:"command" json:"command" jsonschema:"required,minItems=1,description=The check: a command run in the container; exit 0 is healthy"`
+	Interval    string   `yaml:"interval,omitempty" json:"interval,omitempty" jsonschema:"description=How often the check runs (default 10s)"`
+	Timeout     string   `yaml:"timeout,omitempty" json:"timeout,omitempty" jsonschema:"description=How long one run may take (default 5s, or the interval if shorter)"`
+	Retries     int      `yaml:"retries,omitempty" json:"retries,omitempty" jsonschema:"minimum=1,maximum=100,description=Failures in a row that make it unhealthy (default 3)"`
+	StartPeriod string   `yaml:"start-period,omitempty" json:"start-period,omitempty" jsonschema:"description=Time after start in which failures do not count (default 30s)"`
+}
+
+// Health check defaults, as the schema documents them.
+const (
+	DefaultHealthInterval    = 10 * time.Second
+	DefaultHealthTimeout     = 5 * time.Second
+	DefaultHealthRetries     = 3
+	DefaultHealthStartPeriod = 30 * time.Second
+)
+
+// HealthCheck is a health check with its values parsed and defaults filled.
+type HealthCheck struct {
+	Command     []string      `json:"command"`
+	Interval    time.Duration `json:"interval"`
+	Timeout     time.Duration `json:"timeout"`
+	Retries     int           `json:"retries"`
+	StartPeriod time.Duration `json:"start_period"`
+}
+
+// Deadline is how long after start a check that never passes is declared
+// failed: the start period, then retries runs an interval apart.
+func (h *HealthCheck) Deadline() time.Duration {
+	return h.StartPeriod + time.Duration(h.Retries)*(h.Interval+h.Timeout)
+}
+
+// ParseHealth checks a declared health check and fills its defaults.
+func ParseHealth(h *Health) (*HealthCheck, error) {
+	if len(h.Command) == 0 || h.Command[0] == "" {
+		return nil, fmt.Errorf("health: `command:` is missing; give the check as a list, e.g. [\"curl\", \"-fsS\", \"http://localhost:3000/\"]")
+	}
+	c := &HealthCheck{Command: h.Command, Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Retries: DefaultHealthRetries, StartPeriod: DefaultHealthStartPeriod}
+	for _, d := range []struct {
+		name string
+		s    string
+		dst  *time.Duration
+		min  time.Duration
+	}{{"interval", h.Interval, &c.Interval, time.Second}, {"timeout", h.Timeout, &c.Timeout, time.Second}, {"start-period", h.StartPeriod, &c.StartPeriod, 0}} {
+		if d.s == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.s)
+		if err != nil {
+			return nil, fmt.Errorf("health: %s %q is not a duration; write e.g. \"10s\" or \"1m\"", d.name, d.s)
+		}
+		if v < d.min || v > 24*time.Hour {
+			return nil, fmt.Errorf("health: %s %s is out of range (%s to 24h)", d.name, d.s, d.min)
+		}
+		*d.dst = v
+	}
+	if h.Retries != 0 {
+		if h.Retries < 1 || h.Retries > 100 {
+			return nil, fmt.Errorf("health: retries %d is out of range (1 to 100)", h.Retries)
+		}
+		c.Retries = h.Retries
+	}
+	if h.Timeout == "" {
+		c.Timeout = min(c.Timeout, c.Interval)
+	}
+	if c.Timeout > c.Interval {
+		return nil, fmt.Errorf("health: timeout %s is longer than the interval %s", c.Timeout, c.Interval)
+	}
+	return c, nil
 }
 
 // Mount is a bind mount of a declared host path.
@@ -79,6 +154,13 @@ func TypeOf(r *Resource) (Typed, error) {
 			return t, fmt.Errorf("port %q: %w", s, err)
 		}
 		t.Ports = append(t.Ports, p)
+	}
+	if r.Health != nil {
+		h, err := ParseHealth(r.Health)
+		if err != nil {
+			return t, err
+		}
+		t.Health = h
 	}
 	return t, nil
 }

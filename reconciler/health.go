@@ -1,0 +1,206 @@
+package reconciler
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// Podman runs a container's health check from systemd timers; hosts without
+// systemd (and rootless sessions without a user manager) never run them. So
+// the agent runs each declared check itself, on the check's own interval,
+// through Podman (`healthcheck run`): Podman still applies the start period
+// and the retries and keeps the status and the log. Nothing polls faster
+// than a check's interval, and checks never wait on each other.
+
+// healthFirstRun is how soon after a container starts its check first runs,
+// so that `--wait` learns early that a container is healthy.
+var healthFirstRun = time.Second
+
+// healthOutputMax bounds the output a report carries per container.
+const healthOutputMax = 512
+
+type healthCheck struct {
+	module, name string
+	check        manifest.HealthCheck
+	status       state.ContainerHealth
+	next         time.Time
+	running      bool
+}
+
+// monitor runs the health checks of the containers the last apply left.
+type monitor struct {
+	rt  Runtime
+	log *slog.Logger
+	now func() time.Time
+
+	mu      sync.Mutex
+	checks  map[string]*healthCheck // by container name
+	changed chan struct{}           // closed at the next change of status
+	wake    chan struct{}
+}
+
+func newMonitor(rt Runtime, log *slog.Logger, now func() time.Time) *monitor {
+	return &monitor{rt: rt, log: log, now: now, checks: map[string]*healthCheck{}, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
+}
+
+// watch is one container whose health to follow.
+type watch struct {
+	Module, Name string
+	Check        manifest.HealthCheck
+	// Fresh: the container was (re)created by this apply; what was known
+	// of the one before does not hold.
+	Fresh bool
+}
+
+// set replaces what is followed after an apply.
+func (m *monitor) set(ws []watch) {
+	m.mu.Lock()
+	now := m.now()
+	next := map[string]*healthCheck{}
+	moved := false
+	for _, w := range ws {
+		c, ok := m.checks[w.Name]
+		if !ok || w.Fresh || c.check.Interval != w.Check.Interval {
+			c = &healthCheck{module: w.Module, name: w.Name, check: w.Check, next: now.Add(healthFirstRun),
+				status: state.ContainerHealth{Module: w.Module, Container: w.Name, Status: state.HealthStarting, Since: now}}
+			moved = true
+		}
+		c.check = w.Check
+		next[w.Name] = c
+	}
+	if len(next) != len(m.checks) {
+		moved = true
+	}
+	m.checks = next
+	if moved {
+		m.notifyLocked()
+	}
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (m *monitor) notifyLocked() {
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+// Changed is closed at the next change of any container's health.
+func (m *monitor) Changed() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.changed
+}
+
+// snapshot is every followed container's health, by name.
+func (m *monitor) snapshot() []state.ContainerHealth {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]state.ContainerHealth, 0, len(m.checks))
+	for _, c := range m.checks {
+		out = append(out, c.status)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Container < out[j].Container })
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// run runs each check when it is due until ctx ends.
+func (m *monitor) run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		m.mu.Lock()
+		now := m.now()
+		soonest := now.Add(time.Hour)
+		for _, c := range m.checks {
+			if c.running {
+				continue
+			}
+			if !c.next.After(now) {
+				c.running = true
+				c.next = now.Add(c.check.Interval)
+				go m.runOne(ctx, c)
+				continue
+			}
+			if c.next.Before(soonest) {
+				soonest = c.next
+			}
+		}
+		m.mu.Unlock()
+		timer.Reset(soonest.Sub(now))
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+func (m *monitor) runOne(ctx context.Context, c *healthCheck) {
+	m.mu.Lock()
+	name, timeout := c.name, c.check.Timeout
+	m.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, timeout+10*time.Second)
+	res, err := m.rt.HealthCheck(cctx, name)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		res = HealthResult{Status: state.HealthUnhealthy, Output: err.Error()}
+	}
+	out := strings.TrimSpace(res.Output)
+	if len(out) > healthOutputMax {
+		out = out[len(out)-healthOutputMax:]
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c.running = false
+	// The scheduler skips a running check: tell it this one is due again.
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+	if m.checks[c.name] != c {
+		return // no longer followed, or replaced
+	}
+	st := c.status
+	if err != nil && st.Status == state.HealthStarting && m.now().Sub(st.Since) < c.check.StartPeriod {
+		// Not running (exited, restarting) or gone: unhealthy once the
+		// start period is over (Podman keeps no streak for it).
+		res.Status = state.HealthStarting
+	}
+	if res.Status == "" {
+		res.Status = state.HealthStarting
+	}
+	if res.Status != st.Status {
+		m.log.Info("container health changed", "module", c.module, "container", c.name, "from", st.Status, "to", res.Status, "output", out)
+		st.Status, st.Since = res.Status, m.now()
+		st.Output, st.FailingStreak = out, res.FailingStreak
+		c.status = st
+		m.notifyLocked()
+		return
+	}
+	// The same status: a new output of an unhealthy check is news; a
+	// healthy check's output and streak are not worth a report.
+	if res.Status == state.HealthUnhealthy && out != st.Output {
+		st.Output, st.FailingStreak = out, res.FailingStreak
+		c.status = st
+		m.notifyLocked()
+		return
+	}
+	c.status.FailingStreak = res.FailingStreak
+}

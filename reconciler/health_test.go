@@ -1,0 +1,137 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"mesh/state"
+)
+
+const healthTmpl = `module: web
+resources:
+  - container: web.server
+    image: localhost/busybox:1
+    health:
+      command: [{{cmd}}]
+      interval: 1s
+      retries: 2
+      start-period: 3s
+  - container: web.plain
+    image: localhost/busybox:1
+`
+
+func healthOf(rep []state.ContainerHealth, name string) *state.ContainerHealth {
+	for i := range rep {
+		if rep[i].Container == name {
+			return &rep[i]
+		}
+	}
+	return nil
+}
+
+// waitHealth waits (with a deadline) until the monitor says name is status.
+func waitHealth(t *testing.T, r *Reconciler, name, status string) state.ContainerHealth {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ch := r.HealthChanged()
+		if h := healthOf(r.Health(), name); h != nil && h.Status == status {
+			return *h
+		}
+		select {
+		case <-ch:
+		case <-time.After(time.Until(deadline)):
+			t.Fatalf("%s is not %s within 10s: %+v", name, status, r.Health())
+		}
+	}
+}
+
+// Issue 10: a declared health check is Podman's (part of the container's
+// declaration), the agent runs it, and its status follows the check.
+func TestHealthIsFollowed(t *testing.T) {
+	old := healthFirstRun
+	healthFirstRun = 10 * time.Millisecond
+	defer func() { healthFirstRun = old }()
+	h := newHost(t)
+	h.src["web"] = strings.ReplaceAll(healthTmpl, "{{cmd}}", `"test", "-e", "/tmp/ok"`)
+	h.assign("web")
+	rep := h.apply()
+	if rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	spec := h.rt.specs[h.rt.byName("web.server").ID]
+	if spec.Health == nil || strings.Join(spec.Health.Command, " ") != "test -e /tmp/ok" || spec.Health.Interval != time.Second || spec.Health.Retries != 2 || spec.Health.StartPeriod != 3*time.Second || spec.Health.Timeout != time.Second {
+		t.Fatalf("the health check given to Podman: %+v", spec.Health)
+	}
+	if p := h.rt.specs[h.rt.byName("web.plain").ID]; p.Health != nil {
+		t.Fatalf("a container without a check got one: %+v", p.Health)
+	}
+	if got := healthOf(rep.Health, "web.server"); got == nil || got.Status != state.HealthStarting {
+		t.Fatalf("the report's health right after create: %+v", rep.Health)
+	}
+	if healthOf(rep.Health, "web.plain") != nil {
+		t.Fatal("a container without a check is in the report's health")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go h.r.health.run(ctx)
+	waitHealth(t, h.r, "web.server", state.HealthHealthy)
+
+	// The check fails: unhealthy, with its output.
+	h.rt.setHealth(func(name string) (HealthResult, error) {
+		return HealthResult{Status: state.HealthUnhealthy, FailingStreak: 2, ExitCode: 1, Output: "curl: (7) connection refused\n"}, nil
+	})
+	got := waitHealth(t, h.r, "web.server", state.HealthUnhealthy)
+	if got.Output != "curl: (7) connection refused" || got.FailingStreak != 2 {
+		t.Fatalf("unhealthy without its output: %+v", got)
+	}
+	// An apply that changes nothing keeps what is known.
+	if rep := h.apply(); healthOf(rep.Health, "web.server").Status != state.HealthUnhealthy {
+		t.Fatalf("a quiet apply forgot the health: %+v", rep.Health)
+	}
+	// A new check is a new container, whose health starts over.
+	h.rt.setHealth(nil)
+	h.src["web"] = strings.ReplaceAll(healthTmpl, "{{cmd}}", `"true"`)
+	rep = h.apply()
+	if o := outcome(rep, "web.server"); o.Outcome != Replaced || !strings.Contains(o.Reason, "health changed") {
+		t.Fatalf("a changed check: %+v", o)
+	}
+	if o := outcome(rep, "web.plain"); o.Outcome != Unchanged {
+		t.Fatalf("the other container: %+v", o)
+	}
+	if got := healthOf(rep.Health, "web.server"); got == nil || got.Status != state.HealthStarting {
+		t.Fatalf("after replace: %+v", rep.Health)
+	}
+	waitHealth(t, h.r, "web.server", state.HealthHealthy)
+	// A container that is not running is unhealthy once its start period is over.
+	h.rt.setHealth(func(name string) (HealthResult, error) {
+		return HealthResult{}, errors.New("container web.server is not running")
+	})
+	got = waitHealth(t, h.r, "web.server", state.HealthUnhealthy)
+	if !strings.Contains(got.Output, "not running") {
+		t.Fatalf("a stopped container: %+v", got)
+	}
+	// Unassigned: no longer followed.
+	h.assign()
+	if rep := h.apply(); len(rep.Health) != 0 {
+		t.Fatalf("health of removed containers: %+v", rep.Health)
+	}
+}
+
+// Declaring no health check changes no container's declaration: upgrading
+// the agent replaces nothing.
+func TestNoHealthKeepsDigests(t *testing.T) {
+	h := newHost(t)
+	h.src["web"] = strings.ReplaceAll(healthTmpl, "{{cmd}}", `"true"`)
+	h.assign("web")
+	h.apply()
+	if d := h.rt.byName("web.plain").Labels[LabelDecl]; strings.Contains(d, "health") {
+		t.Fatalf("a container without a check has one in its declaration: %s", d)
+	}
+	if d := h.rt.byName("web.server").Labels[LabelDecl]; !strings.Contains(d, `"health":{"command":["true"]`) {
+		t.Fatalf("the check is not in the declaration: %s", d)
+	}
+}
