@@ -111,7 +111,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 		}
 		return p
 	}
-	resolver, resolverAddr, err := startResolver(ctx, m.Store, dnsAddr, c.Upstream, uint32(c.DNSTTL.Seconds()), refresh, log)
+	resolver, resolverAddr, err := startResolver(ctx, m.ID.Name, m.Store, m.Node.Seen, dnsAddr, c.Upstream, uint32(c.DNSTTL.Seconds()), refresh, log)
 	if err != nil {
 		return err
 	}
@@ -214,7 +214,30 @@ func (c *AgentCmd) reexecUnshared(g *Globals) error {
 	}
 }
 
-func startResolver(ctx context.Context, store *state.Store, addr netip.Addr, upstreams []string, ttl uint32, refresh func() []netip.Prefix, log *slog.Logger) (*dnsd.Server, string, error) {
+// instanceUp says whether a roster entry is fit to answer with: its node is
+// reachable from here (this node always is; a node not yet heard from is
+// given ReachableWithin after this agent starts) and the module's containers
+// there are not unhealthy.
+func instanceUp(self string, reports map[string]state.Report, seen map[string]cluster.Seen, started time.Time, domain string) func(state.Name) bool {
+	return func(n state.Name) bool {
+		if n.Node != self {
+			s, ok := seen[n.Node]
+			switch {
+			case ok && time.Since(s.LastSeen) >= cluster.ReachableWithin:
+				return false
+			case !ok && time.Since(started) >= cluster.ReachableWithin:
+				return false
+			}
+		}
+		rep, ok := reports[n.Node]
+		if !ok {
+			return true
+		}
+		return !rep.Unhealthy()[strings.TrimSuffix(n.Name, "."+domain)]
+	}
+}
+
+func startResolver(ctx context.Context, self string, store *state.Store, live func() map[string]cluster.Seen, addr netip.Addr, upstreams []string, ttl uint32, refresh func() []netip.Prefix, log *slog.Logger) (*dnsd.Server, string, error) {
 	if len(upstreams) == 0 {
 		var err error
 		if upstreams, err = dnsd.UpstreamsFromResolvConf("/etc/resolv.conf", addr); err != nil {
@@ -235,6 +258,7 @@ func startResolver(ctx context.Context, store *state.Store, addr netip.Addr, ups
 	if err != nil {
 		return nil, "", fmt.Errorf("%w (another resolver on %s:53? on a rootless host, has `mesh setup` run?)", err, addr)
 	}
+	started := time.Now()
 	go srv.Follow(ctx, func(ctx context.Context) (dnsd.Roster, error) {
 		st, err := store.Settings(ctx)
 		if err != nil {
@@ -244,15 +268,44 @@ func startResolver(ctx context.Context, store *state.Store, addr netip.Addr, ups
 		if err != nil {
 			return dnsd.Roster{}, err
 		}
+		reports, err := store.Reports(ctx)
+		if err != nil {
+			return dnsd.Roster{}, err
+		}
+		up := instanceUp(self, reports, live(), started, st.Domain)
 		idx, _ := store.AppliedIndex()
 		r := dnsd.Roster{Domain: st.Domain, Names: map[string][]netip.Addr{}, Serial: uint32(idx)}
+		byName := map[string][]dnsd.Instance{}
+		var order []string
 		for _, n := range ro {
-			if ip, err := netip.ParseAddr(n.Address); err == nil {
-				r.Names[n.Name] = append(r.Names[n.Name], ip)
+			ip, err := netip.ParseAddr(n.Address)
+			if err != nil {
+				continue
 			}
+			if _, ok := byName[n.Name]; !ok {
+				order = append(order, n.Name)
+			}
+			byName[n.Name] = append(byName[n.Name], dnsd.Instance{Addr: ip, Up: up(n)})
+		}
+		for _, name := range order {
+			r.Names[name] = dnsd.Answer(byName[name])
 		}
 		return r, nil
-	}, store.Changed)
+	}, func() <-chan struct{} {
+		// A change of the replica (an assign, a report with new health), or
+		// the next liveness probe (a node that stopped answering).
+		ch := make(chan struct{})
+		changed := store.Changed()
+		go func() {
+			defer close(ch)
+			select {
+			case <-changed:
+			case <-time.After(cluster.ProbeInterval):
+			case <-ctx.Done():
+			}
+		}()
+		return ch
+	})
 	return srv, bound, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -589,16 +590,95 @@ func waitApplied(g *Globals, node, module string, version uint64, limit time.Dur
 			printOutcomes(g.out, n.Report)
 			if n.Report.Error != "" {
 				fmt.Fprintf(g.out, "%s applied plan v%d for %s; other modules there failed:\n  %s\n", node, n.Report.Version, module, strings.ReplaceAll(n.Report.Error, "\n", "\n  "))
-				return nil
+			} else {
+				fmt.Fprintf(g.out, "%s applied plan v%d\n", node, n.Report.Version)
 			}
-			fmt.Fprintf(g.out, "%s applied plan v%d\n", node, n.Report.Version)
-			return nil
+			return waitHealthy(g, node, module, n.Report, deadline)
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s did not apply plan v%d within %s; `mesh status` shows its last report (is its agent running?)", node, version, limit)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// waitHealthy waits until every health-checked container that the apply of
+// rep created or replaced (of module, when given) is healthy; it fails once
+// one is unhealthy (Podman says so only after the start period and the
+// retries), naming the check and its output.
+func waitHealthy(g *Globals, node, module string, rep *state.Report, deadline time.Time) error {
+	changed := map[string]bool{}
+	for _, rr := range rep.Resources {
+		if rr.Kind == "container" && (rr.Outcome == "created" || rr.Outcome == "replaced") && (module == "" || rr.Module == module) {
+			changed[rr.Name] = true
+		}
+	}
+	wait := map[string]bool{}
+	for _, h := range rep.Health {
+		if changed[h.Container] {
+			wait[h.Container] = true
+		}
+	}
+	if len(wait) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(wait))
+	for n := range wait {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintf(g.out, "waiting for the health checks of %s ...\n", strings.Join(names, ", "))
+	for {
+		ctx, cancel := timeout()
+		st, err := g.client().Status(ctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		healthy := 0
+		for _, n := range st.Nodes {
+			if n.Name != node || n.Report == nil {
+				continue
+			}
+			for _, h := range n.Report.Health {
+				if !wait[h.Container] {
+					continue
+				}
+				switch h.Status {
+				case state.HealthHealthy:
+					healthy++
+				case state.HealthUnhealthy:
+					return fmt.Errorf("%s on %s is unhealthy: its health check %s failed %d time(s) in a row; last output: %q (mesh status shows it; podman healthcheck run %s runs it by hand)",
+						h.Container, node, checkOf(g, node, h.Container), h.FailingStreak, h.Output, h.Container)
+				}
+			}
+		}
+		if healthy == len(wait) {
+			fmt.Fprintf(g.out, "healthy: %s\n", strings.Join(names, ", "))
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the health checks of %s on %s did not pass before the --timeout; mesh status shows them", strings.Join(names, ", "), node)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// checkOf is a container's declared health check command, for messages.
+func checkOf(g *Globals, node, container string) string {
+	ctx, cancel := timeout()
+	defer cancel()
+	p, err := g.client().Plans(ctx, node, 1)
+	if err != nil || len(p.Versions) == 0 || p.Versions[0].Plan == nil {
+		return "(unknown)"
+	}
+	for _, r := range p.Versions[0].Plan.Resources {
+		if r.RuntimeName() == container && r.Typed.Health != nil {
+			b, _ := json.Marshal(r.Typed.Health.Command)
+			return string(b)
+		}
+	}
+	return "(unknown)"
 }
 
 // printOutcomes prints a report's changes, one line each.
@@ -760,6 +840,8 @@ func (c *StatusCmd) Run(g *Globals) error {
 			stateText = "apply failed: " + strings.ReplaceAll(n.ApplyError, "\n", " | ")
 		case n.PlanVersion > n.AppliedVersion:
 			stateText = "not applied yet"
+		case n.Report != nil && len(n.Report.Unhealthy()) > 0:
+			stateText = "unhealthy containers (below)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), dash(n.Version), plan, applied, stateText)
 	}
@@ -781,6 +863,16 @@ func (c *StatusCmd) Run(g *Globals) error {
 			if rr.Outcome == "kept" {
 				fmt.Fprintf(w, "%s: kept %s (%s): %s\n", n.Name, rr.Name, rr.Module, rr.Reason)
 			}
+		}
+		for _, h := range n.Report.Health {
+			if h.Status == state.HealthHealthy {
+				continue
+			}
+			line := fmt.Sprintf("%s: container %s (%s) is %s since %s", n.Name, h.Container, h.Module, h.Status, h.Since.Local().Format(time.TimeOnly))
+			if h.Status == state.HealthUnhealthy {
+				line += fmt.Sprintf(", %d failed check(s) in a row; last output: %q", h.FailingStreak, h.Output)
+			}
+			fmt.Fprintln(w, line)
 		}
 	}
 	return nil

@@ -62,6 +62,11 @@ type status struct {
 			Resources []struct {
 				Kind, Name, Outcome, Reason string
 			} `json:"resources"`
+			Health []struct {
+				Container string `json:"container"`
+				Status    string `json:"status"`
+				Output    string `json:"output"`
+			} `json:"health"`
 		} `json:"report"`
 	} `json:"nodes"`
 }
