@@ -260,6 +260,19 @@ func testHost(t testing.TB, rootless bool) {
 	eventually(t, 30*time.Second, "the emptied directories are removed", func() (bool, string) {
 		return !exists(srv + "/bedapp"), ""
 	})
+
+	// 7. Issue 10, here too (rootless as well): --wait waits for a declared
+	// health check, and one turned failing from inside shows as unhealthy.
+	a.mesh("module", "add", a.manifest("bedhc", bedHealthy, map[string]string{"name": "bedhc", "check": `"test", "-e", "/tmp/ok"`}))
+	if out := a.mesh("assign", "ace", "bedhc", "--wait"); !strings.Contains(out, "healthy: bedhc.server") {
+		t.Fatalf("assign --wait did not wait for health:\n%s", out)
+	}
+	h.podman("exec", "bedhc.server", "rm", "/tmp/ok")
+	eventually(t, 20*time.Second, "status shows bedhc.server unhealthy", func() (bool, string) {
+		st := a.mesh("status")
+		return strings.Contains(st, "ace: container bedhc.server (bedhc) is unhealthy"), st
+	})
+	a.mesh("unassign", "ace", "bedhc", "--wait")
 }
 
 func statOf(t testing.TB, p string) string {
