@@ -336,9 +336,11 @@ func (c *NodeListCmd) Run(g *Globals) error {
 
 // NodePublicDomainCmd sets a public domain.
 type NodePublicDomainCmd struct {
-	Node   string `arg:"" help:"The node."`
-	Domain string `arg:"" optional:"" help:"The public domain, e.g. zurag.be."`
-	Clear  bool   `help:"Remove the node's public domain."`
+	Node    string        `arg:"" help:"The node."`
+	Domain  string        `arg:"" optional:"" help:"The public domain, e.g. zurag.be."`
+	Clear   bool          `help:"Remove the node's public domain."`
+	Wait    bool          `help:"Return when the node has applied its new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
+	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 }
 
 // Run sets or clears it.
@@ -356,6 +358,38 @@ func (c *NodePublicDomainCmd) Run(g *Globals) error {
 		fmt.Fprintf(g.out, "cleared the public domain of %s (log index %d)\n", c.Node, r.Index)
 	} else {
 		fmt.Fprintf(g.out, "%s now serves routes under %s (log index %d)\n", c.Node, strings.ToLower(c.Domain), r.Index)
+	}
+	if !c.Wait {
+		return nil
+	}
+	return waitChanged(g, r.Index, c.Timeout)
+}
+
+// waitChanged waits for every node whose plan the write at index changed to
+// apply it, and for the health checks of the containers that apply changed.
+func waitChanged(g *Globals, index uint64, limit time.Duration) error {
+	ctx, cancel := timeout()
+	st, err := g.client().Status(ctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	var errs []string
+	waited := 0
+	for _, n := range st.Nodes {
+		if n.PlanVersion != index {
+			continue
+		}
+		waited++
+		if err := waitApplied(g, n.Name, "", index, limit); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if waited == 0 {
+		fmt.Fprintln(g.out, "no node's plan changed; nothing to wait for")
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "\n"))
 	}
 	return nil
 }
@@ -388,7 +422,9 @@ type ModuleCmd struct {
 
 // ModuleAddCmd adds manifests.
 type ModuleAddCmd struct {
-	Files []string `arg:"" type:"existingfile" help:"Manifest files." name:"FILE"`
+	Files   []string      `arg:"" type:"existingfile" help:"Manifest files." name:"FILE"`
+	Wait    bool          `help:"Return when every node whose plan changed has applied it and the health checks of the containers it changed pass; exit 1 if any fails."`
+	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 }
 
 // Run checks every file first, then adds them in one command.
@@ -404,7 +440,10 @@ func (c *ModuleAddCmd) Run(g *Globals) error {
 		return err
 	}
 	fmt.Fprintf(g.out, "added %s (log index %d)\n", strings.Join(r.Modules, ", "), r.Index)
-	return nil
+	if !c.Wait {
+		return nil
+	}
+	return waitChanged(g, r.Index, c.Timeout)
 }
 
 func readManifests(files []string, dataDir string) (api.AddRequest, error) {
@@ -513,7 +552,7 @@ func (c *ModuleRemoveCmd) Run(g *Globals) error {
 type AssignCmd struct {
 	Node    string        `arg:"" help:"The node."`
 	Module  string        `arg:"" help:"The module."`
-	Wait    bool          `help:"Return when the node has applied the new plan; exit 1 if that fails."`
+	Wait    bool          `help:"Return when the node has applied the new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 }
 
@@ -526,7 +565,7 @@ func (c *AssignCmd) Run(g *Globals) error {
 type UnassignCmd struct {
 	Node    string        `arg:"" help:"The node."`
 	Module  string        `arg:"" help:"The module."`
-	Wait    bool          `help:"Return when the node has applied the new plan; exit 1 if that fails."`
+	Wait    bool          `help:"Return when the node has applied the new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 }
 

@@ -32,6 +32,13 @@ func TestHealthBed(t *testing.T) {
 			t.Fatalf("assign %s --wait did not wait for health:\n%s", on, out)
 		}
 	}
+	// module add --wait: a changed check replaces both instances, and the
+	// command returns once both nodes applied and both checks pass.
+	hc = n[1].manifest("bedhc", bedHealthy, map[string]string{"name": "bedhc", "check": `"test", "-f", "/tmp/ok"`})
+	if out := n[1].mesh("module", "add", hc, "--wait"); strings.Count(out, "healthy: bedhc.server") != 2 {
+		t.Fatalf("module add --wait did not wait for both nodes' checks:\n%s", out)
+	}
+	n[1].mesh("node", "public-domain", "n3", "bed.example", "--wait")
 	answers := func(i int) string { return n[i].resolve("bedhc.internal") }
 	has := func(out string, i int) bool { return strings.Contains(out, "\tA\t"+n[i].addr()+"\n") || strings.HasSuffix(out, "\tA\t"+n[i].addr()) }
 	for i := 1; i <= 3; i++ {
