@@ -40,7 +40,9 @@ func TestHealthBed(t *testing.T) {
 	}
 	n[1].mesh("node", "public-domain", "n3", "bed.example", "--wait")
 	answers := func(i int) string { return n[i].resolve("bedhc.internal") }
-	has := func(out string, i int) bool { return strings.Contains(out, "\tA\t"+n[i].addr()+"\n") || strings.HasSuffix(out, "\tA\t"+n[i].addr()) }
+	has := func(out string, i int) bool {
+		return strings.Contains(out, "\tA\t"+n[i].addr()+"\n") || strings.HasSuffix(out, "\tA\t"+n[i].addr())
+	}
 	for i := 1; i <= 3; i++ {
 		i := i
 		eventually(t, 15*time.Second, fmt.Sprintf("n%d answers both healthy instances", i), func() (bool, string) {
