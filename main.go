@@ -881,6 +881,8 @@ func (c *StatusCmd) Run(g *Globals) error {
 			stateText = "not applied yet"
 		case n.Report != nil && len(n.Report.Unhealthy()) > 0:
 			stateText = "unhealthy containers (below)"
+		case n.Report != nil && len(n.Report.Exits) > 0:
+			stateText = "containers exited (below)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), dash(n.Version), plan, applied, stateText)
 	}
@@ -912,6 +914,12 @@ func (c *StatusCmd) Run(g *Globals) error {
 				line += fmt.Sprintf(", %d failed check(s) in a row; last output: %q", h.FailingStreak, h.Output)
 			}
 			fmt.Fprintln(w, line)
+		}
+		for _, e := range n.Report.Exits {
+			fmt.Fprintf(w, "%s: container %s (%s) exited with code %d at %s; Podman restarted it %d time(s)\n", n.Name, e.Container, e.Module, e.ExitCode, e.At.Local().Format(time.TimeOnly), e.Restarts)
+			if e.Logs != "" {
+				fmt.Fprintf(w, "  last lines:\n    %s\n", strings.ReplaceAll(e.Logs, "\n", "\n    "))
+			}
 		}
 	}
 	return nil

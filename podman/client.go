@@ -423,20 +423,76 @@ func (c *Client) Wait(ctx context.Context, id string) (int, error) {
 	return int(code), nil
 }
 
-// HealthCheck runs a container's health check once.
+// Died calls died for each of the mesh's containers that exits, from
+// Podman's event stream, until ctx ends or the stream breaks.
+func (c *Client) Died(ctx context.Context, died func(id, name string, exitCode int)) error {
+	cx, cancel, err := c.ctx(ctx, 0)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	ch := make(chan types.Event, 16)
+	stop := make(chan bool)
+	opts := new(system.EventsOptions).WithStream(true).WithFilters(map[string][]string{
+		"type": {"container"}, "event": {"died"}, "label": {reconciler.LabelManaged + "=1"},
+	})
+	if err := system.Events(cx, ch, stop, opts); err != nil {
+		return fmt.Errorf("follow Podman's events: %w", err)
+	}
+	defer close(stop)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-ch:
+			if !ok {
+				return errors.New("Podman's event stream ended")
+			}
+			code, _ := strconv.Atoi(e.Actor.Attributes["containerExitCode"])
+			died(e.Actor.ID, e.Actor.Attributes["name"], code)
+		}
+	}
+}
+
+// Restarts is the ID of the container called name and how many times Podman
+// restarted it (its restart policy).
+func (c *Client) Restarts(ctx context.Context, name string) (string, int, error) {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return "", 0, err
+	}
+	defer cancel()
+	d, err := containers.Inspect(cx, name, nil)
+	if err != nil {
+		return "", 0, fmt.Errorf("inspect container %s: %w", name, err)
+	}
+	return d.ID, int(d.RestartCount), nil
+}
+
+// HealthCheck runs a container's health check once and returns the health
+// Podman then keeps for it. The run's own answer is that run's result alone
+// ("unhealthy" on any failure, even within the start period); the kept
+// status applies the start period and the retries.
 func (c *Client) HealthCheck(ctx context.Context, name string) (reconciler.HealthResult, error) {
 	cx, cancel, err := c.ctx(ctx, CallTimeout)
 	if err != nil {
 		return reconciler.HealthResult{}, err
 	}
 	defer cancel()
-	r, err := containers.RunHealthCheck(cx, name, nil)
-	if err != nil {
+	if _, err := containers.RunHealthCheck(cx, name, nil); err != nil {
 		return reconciler.HealthResult{}, fmt.Errorf("run the health check of %s: %w", name, err)
 	}
-	out := reconciler.HealthResult{Status: r.Status, FailingStreak: r.FailingStreak}
-	if n := len(r.Log); n > 0 {
-		out.ExitCode, out.Output = r.Log[n-1].ExitCode, r.Log[n-1].Output
+	d, err := containers.Inspect(cx, name, nil)
+	if err != nil {
+		return reconciler.HealthResult{}, fmt.Errorf("inspect container %s: %w", name, err)
+	}
+	if d.State == nil || d.State.Health == nil {
+		return reconciler.HealthResult{}, fmt.Errorf("container %s has no health check in Podman", name)
+	}
+	h := d.State.Health
+	out := reconciler.HealthResult{Status: h.Status, FailingStreak: h.FailingStreak}
+	if n := len(h.Log); n > 0 {
+		out.ExitCode, out.Output = h.Log[n-1].ExitCode, h.Log[n-1].Output
 	}
 	return out, nil
 }

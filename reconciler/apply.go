@@ -250,6 +250,7 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	}
 	r.follow(plan, rep.Resources)
 	rep.Health = r.health.snapshot()
+	rep.Exits = r.health.exitsSnapshot()
 	rep.Error = rep.FailureSummary()
 	rep.Mutations = x.rt.n + x.writes
 	lvl := slog.LevelInfo
@@ -260,8 +261,9 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	return rep
 }
 
-// follow makes the health monitor follow the plan's health-checked
-// containers that this apply left in place (not those that failed or wait).
+// follow makes the monitor follow the plan's containers that this apply
+// left in place (not those that failed or wait): their exits, and the health
+// of those with a check.
 func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport) {
 	outcome := map[string]string{}
 	for _, o := range outs {
@@ -271,14 +273,14 @@ func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport) {
 	}
 	var ws []watch
 	for _, res := range plan.Resources {
-		if res.Kind != manifest.KindContainer || res.Typed.Health == nil {
+		if res.Kind != manifest.KindContainer {
 			continue
 		}
 		o := outcome[res.RuntimeName()]
 		if o == Failed || o == Waiting || o == "" {
 			continue
 		}
-		ws = append(ws, watch{Module: res.Module, Name: res.RuntimeName(), Check: *res.Typed.Health, Fresh: o == Created || o == Replaced})
+		ws = append(ws, watch{Module: res.Module, Name: res.RuntimeName(), Check: res.Typed.Health, Fresh: o == Created || o == Replaced})
 	}
 	r.health.set(ws)
 }

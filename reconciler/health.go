@@ -34,26 +34,30 @@ type healthCheck struct {
 	running      bool
 }
 
-// monitor runs the health checks of the containers the last apply left.
+// monitor runs the health checks of the containers the last apply left,
+// and follows Podman's events for the ones that exit.
 type monitor struct {
 	rt  Runtime
 	log *slog.Logger
 	now func() time.Time
 
-	mu      sync.Mutex
-	checks  map[string]*healthCheck // by container name
-	changed chan struct{}           // closed at the next change of status
-	wake    chan struct{}
+	mu       sync.Mutex
+	checks   map[string]*healthCheck // by container name
+	followed map[string]string       // container name -> module
+	exits    map[string]*state.ContainerExit
+	changed  chan struct{} // closed at the next change of status
+	wake     chan struct{}
 }
 
 func newMonitor(rt Runtime, log *slog.Logger, now func() time.Time) *monitor {
-	return &monitor{rt: rt, log: log, now: now, checks: map[string]*healthCheck{}, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
+	return &monitor{rt: rt, log: log, now: now, checks: map[string]*healthCheck{}, followed: map[string]string{}, exits: map[string]*state.ContainerExit{},
+		changed: make(chan struct{}), wake: make(chan struct{}, 1)}
 }
 
-// watch is one container whose health to follow.
+// watch is one container to follow, and its health check, if it has one.
 type watch struct {
 	Module, Name string
-	Check        manifest.HealthCheck
+	Check        *manifest.HealthCheck
 	// Fresh: the container was (re)created by this apply; what was known
 	// of the one before does not hold.
 	Fresh bool
@@ -65,20 +69,35 @@ func (m *monitor) set(ws []watch) {
 	now := m.now()
 	next := map[string]*healthCheck{}
 	moved := false
+	followed := map[string]string{}
 	for _, w := range ws {
+		followed[w.Name] = w.Module
+		if _, ok := m.exits[w.Name]; ok && w.Fresh {
+			delete(m.exits, w.Name) // a new container: the old one's exits are history
+			moved = true
+		}
+		if w.Check == nil {
+			continue
+		}
 		c, ok := m.checks[w.Name]
 		if !ok || w.Fresh || c.check.Interval != w.Check.Interval {
-			c = &healthCheck{module: w.Module, name: w.Name, check: w.Check, next: now.Add(healthFirstRun),
+			c = &healthCheck{module: w.Module, name: w.Name, check: *w.Check, next: now.Add(healthFirstRun),
 				status: state.ContainerHealth{Module: w.Module, Container: w.Name, Status: state.HealthStarting, Since: now}}
 			moved = true
 		}
-		c.check = w.Check
+		c.check = *w.Check
 		next[w.Name] = c
 	}
 	if len(next) != len(m.checks) {
 		moved = true
 	}
-	m.checks = next
+	for name := range m.exits {
+		if _, ok := followed[name]; !ok {
+			delete(m.exits, name)
+			moved = true
+		}
+	}
+	m.checks, m.followed = next, followed
 	if moved {
 		m.notifyLocked()
 	}
@@ -116,8 +135,70 @@ func (m *monitor) snapshot() []state.ContainerHealth {
 	return out
 }
 
+// exitsSnapshot is every followed container that exited, by name.
+func (m *monitor) exitsSnapshot() []state.ContainerExit {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []state.ContainerExit
+	for _, e := range m.exits {
+		out = append(out, *e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Container < out[j].Container })
+	return out
+}
+
+// exitLogLines is how many lines of a container's output an exit keeps.
+const exitLogLines = 10
+
+// followExits records each followed container that exits, from Podman's
+// events (a stream, not a poll), until ctx ends; a broken stream is opened
+// again.
+func (m *monitor) followExits(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := m.rt.Died(ctx, func(id, name string, code int) { m.died(ctx, id, name, code) })
+		if ctx.Err() != nil {
+			return
+		}
+		m.log.Debug("Podman's event stream broke; opening it again", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func (m *monitor) died(ctx context.Context, id, name string, code int) {
+	m.mu.Lock()
+	module, ok := m.followed[name]
+	m.mu.Unlock()
+	if !ok {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// An event of a container the mesh just replaced or removed names the
+	// old one: only an exit of the container that has the name now counts.
+	cur, restarts, err := m.rt.Restarts(cctx, name)
+	if err != nil || cur != id {
+		return
+	}
+	logs, _ := m.rt.Logs(cctx, id, exitLogLines)
+	if len(logs) > 4*healthOutputMax {
+		logs = logs[len(logs)-4*healthOutputMax:]
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.followed[name] != module {
+		return
+	}
+	m.exits[name] = &state.ContainerExit{Module: module, Container: name, ExitCode: code, Restarts: restarts, At: m.now().UTC(), Logs: strings.TrimSpace(logs)}
+	m.log.Warn("container exited", "module", module, "container", name, "exit_code", code, "restarts", restarts)
+	m.notifyLocked()
+}
+
 // run runs each check when it is due until ctx ends.
 func (m *monitor) run(ctx context.Context) {
+	go m.followExits(ctx)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {

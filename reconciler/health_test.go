@@ -135,3 +135,42 @@ func TestNoHealthKeepsDigests(t *testing.T) {
 		t.Fatalf("the check is not in the declaration: %s", d)
 	}
 }
+
+// Issue 10 item 6: a container that exits (or restarts in a loop) is in the
+// report with its exit code, Podman's restart count and its last lines; an
+// exit event of a container the mesh replaced is not.
+func TestExitsAreReported(t *testing.T) {
+	h := newHost(t)
+	h.src["web"] = strings.ReplaceAll(healthTmpl, "{{cmd}}", `"true"`)
+	h.assign("web")
+	if rep := h.apply(); rep.Error != "" || len(rep.Exits) != 0 {
+		t.Fatalf("%s %+v", rep.Error, rep.Exits)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go h.r.health.run(ctx)
+	plain := h.rt.byName("web.plain")
+	ch := h.r.HealthChanged()
+	h.rt.healthMu.Lock()
+	h.rt.restarts = 4
+	h.rt.healthMu.Unlock()
+	h.rt.deaths <- death{id: "stale-id", name: "web.plain", code: 1} // an older container's
+	h.rt.deaths <- death{id: plain.ID, name: "web.plain", code: 3}
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no change after an exit")
+	}
+	ex := h.r.health.exitsSnapshot()
+	if len(ex) != 1 || ex[0].Container != "web.plain" || ex[0].ExitCode != 3 || ex[0].Restarts != 4 || ex[0].Logs != "migrate: cannot reach db" || ex[0].Module != "web" {
+		t.Fatalf("exits: %+v", ex)
+	}
+	if rep := h.apply(); len(rep.Exits) != 1 {
+		t.Fatalf("the next report lost the exit: %+v", rep.Exits)
+	}
+	// Replaced (a new declaration): the old container's exits are history.
+	h.src["web"] = strings.ReplaceAll(strings.ReplaceAll(healthTmpl, "{{cmd}}", `"true"`), "web.plain\n    image: localhost/busybox:1", "web.plain\n    image: localhost/busybox:1\n    env: {A: b}")
+	if rep := h.apply(); len(rep.Exits) != 0 || outcome(rep, "web.plain").Outcome != Replaced {
+		t.Fatalf("after replace: %+v %+v", rep.Exits, outcome(rep, "web.plain"))
+	}
+}

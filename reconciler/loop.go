@@ -73,6 +73,7 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			}
 			rep := *sent
 			rep.Health = r.health.snapshot()
+			rep.Exits = r.health.exitsSnapshot()
 			if err := src.Report(ctx, rep); err != nil {
 				r.log.Warn("send report", "err", err)
 			} else {
@@ -161,6 +162,9 @@ func healthKey(r *state.Report) string {
 	s := ""
 	for _, h := range r.Health {
 		s += h.Container + " " + h.Status + " " + h.Output + "\n"
+	}
+	for _, e := range r.Exits {
+		s += fmt.Sprintf("%s exited %d at %s after %d restarts\n", e.Container, e.ExitCode, e.At, e.Restarts)
 	}
 	return s
 }

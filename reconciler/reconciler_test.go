@@ -25,12 +25,14 @@ type fake struct {
 	// health answers a container's health check (default: healthy).
 	healthMu sync.Mutex
 	health   func(name string) (HealthResult, error)
+	deaths   chan death
+	restarts int
 }
 
 var _ Runtime = (*fake)(nil)
 
 func newFake() *fake {
-	return &fake{ctrs: map[string]*Container{}, specs: map[string]Spec{}, images: map[string]bool{"localhost/busybox:1": true}}
+	return &fake{ctrs: map[string]*Container{}, specs: map[string]Spec{}, images: map[string]bool{"localhost/busybox:1": true}, deaths: make(chan death)}
 }
 
 func (f *fake) Managed(ctx context.Context) ([]Container, error) {
@@ -93,6 +95,33 @@ func (f *fake) HealthCheck(ctx context.Context, name string) (HealthResult, erro
 		return HealthResult{Status: "healthy"}, nil
 	}
 	return h(name)
+}
+
+func (f *fake) Died(ctx context.Context, died func(id, name string, code int)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e := <-f.deaths:
+			died(e.id, e.name, e.code)
+		}
+	}
+}
+
+func (f *fake) Restarts(ctx context.Context, name string) (string, int, error) {
+	f.healthMu.Lock()
+	defer f.healthMu.Unlock()
+	for _, c := range f.ctrs {
+		if c.Name == name {
+			return c.ID, f.restarts, nil
+		}
+	}
+	return "", 0, fmt.Errorf("no container %s", name)
+}
+
+type death struct {
+	id, name string
+	code     int
 }
 
 func (f *fake) setHealth(h func(name string) (HealthResult, error)) {

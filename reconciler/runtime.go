@@ -44,6 +44,12 @@ type Runtime interface {
 	// HealthCheck runs a container's health check once (Podman's own, as it
 	// was declared at create) and returns what Podman then says of it.
 	HealthCheck(ctx context.Context, name string) (HealthResult, error)
+	// Died calls died for each of the mesh's containers that exits, from
+	// Podman's events, until ctx ends (or the stream breaks: an error).
+	Died(ctx context.Context, died func(id, name string, exitCode int)) error
+	// Restarts is the ID of the container called name, and how many times
+	// Podman restarted it.
+	Restarts(ctx context.Context, name string) (id string, restarts int, err error)
 }
 
 // HealthResult is a container's health after one run of its check.

@@ -42,6 +42,20 @@ type Report struct {
 	// Health is each health-checked container's health, as the node last
 	// saw it (a change of health sends the report again, without an apply).
 	Health []ContainerHealth `json:"health,omitempty"`
+	// Exits lists the containers that exited since the mesh made them
+	// (a crash, or a restart loop), as the node last saw them.
+	Exits []ContainerExit `json:"exits,omitempty"`
+}
+
+// ContainerExit is a container that exited: how, how often, and its last
+// lines of output.
+type ContainerExit struct {
+	Module    string    `json:"module"`
+	Container string    `json:"container"`
+	ExitCode  int       `json:"exit_code"`
+	Restarts  int       `json:"restarts"` // Podman's restart count
+	At        time.Time `json:"at"`       // the last exit
+	Logs      string    `json:"logs,omitempty"`
 }
 
 // Container health statuses (Podman's words).
