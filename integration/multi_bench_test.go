@@ -8,8 +8,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,22 +48,29 @@ func nsConn(tb testing.TB, ns string) *dns.Conn {
 }
 
 func answers(co *dns.Conn, name, addr string) bool {
+	has, _ := answerHas(co, name, addr)
+	return has
+}
+
+// answerHas says whether the answer for name holds addr; ok is false when
+// no answer came (a lost packet is not an answer without addr).
+func answerHas(co *dns.Conn, name, addr string) (has, ok bool) {
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
 	co.SetDeadline(time.Now().Add(time.Second))
 	if err := co.WriteMsg(m); err != nil {
-		return false
+		return false, false
 	}
 	r, err := co.ReadMsg()
-	if err != nil || r.Rcode != dns.RcodeSuccess {
-		return false
+	if err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+		return false, false
 	}
 	for _, rr := range r.Answer {
 		if a, ok := rr.(*dns.A); ok && a.A.String() == addr {
-			return true
+			return true, true
 		}
 	}
-	return false
+	return false, true
 }
 
 func percentile(d []time.Duration, p float64) float64 {
@@ -119,4 +128,73 @@ func BenchmarkMultiNode(b *testing.B) {
 	b.ReportMetric(percentile(commit, 0.99), "commit-p99-ms")
 	b.ReportMetric(percentile(answered, 0.5), "answered-p50-ms")
 	b.ReportMetric(percentile(answered, 0.99), "answered-p99-ms")
+}
+
+var healthChangedRE = regexp.MustCompile(`^time=(\S+) .*msg="container health changed".* to=(\w+)`)
+
+// BenchmarkHealthChange measures, as BenchmarkMultiNode does for an assign,
+// how soon a change of a container's health reaches every resolver: from
+// the moment the agent that runs the check logs the change to the moment all
+// three resolvers answer accordingly (the instance left out, or back). A
+// module runs on n1 and n2; n2's check is turned failing and passing again
+// from inside its container, b.N changes in all.
+func BenchmarkHealthChange(b *testing.B) {
+	n, _ := startThree(b)
+	hc := n[1].manifest("bedhb", bedHealthy, map[string]string{"name": "bedhb", "check": `"test", "-e", "/tmp/ok"`})
+	os.WriteFile(hc, []byte(strings.Replace(mustRead(b, hc), "retries: 2\n      start-period: 2s", "retries: 1\n      start-period: 0s", 1)), 0o644)
+	n[1].mesh("module", "add", hc)
+	n[1].mesh("assign", "n1", "bedhb", "--wait")
+	n[1].mesh("assign", "n2", "bedhb", "--wait")
+	var conns []*dns.Conn
+	for i := 1; i <= 3; i++ {
+		conns = append(conns, nsConn(b, n[i].h.netns))
+	}
+	var reached []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		from := n[2].logLen()
+		want := "unhealthy"
+		if i%2 == 0 {
+			n[2].h.podman("exec", "bedhb.server", "rm", "/tmp/ok")
+		} else {
+			n[2].h.podman("exec", "bedhb.server", "touch", "/tmp/ok")
+			want = "healthy"
+		}
+		var t0 time.Time
+		for deadline := time.Now().Add(20 * time.Second); t0.IsZero(); time.Sleep(time.Millisecond) {
+			n[2].mu.Lock()
+			for _, l := range n[2].lines[min(from, len(n[2].lines)):] {
+				if m := healthChangedRE.FindStringSubmatch(l); m != nil && m[2] == want {
+					t0, _ = time.Parse(time.RFC3339Nano, m[1])
+				}
+			}
+			n[2].mu.Unlock()
+			if time.Now().After(deadline) {
+				b.Fatalf("n2 did not log its check turning %s within 20 s", want)
+			}
+		}
+		for _, co := range conns {
+			for {
+				if has, ok := answerHas(co, "bedhb.internal", n[2].addr()); ok && has == (want == "healthy") {
+					break
+				}
+				if time.Since(t0) > 20*time.Second {
+					b.Fatalf("the change to %s did not reach a resolver within 20 s", want)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		reached = append(reached, time.Since(t0))
+	}
+	b.StopTimer()
+	b.ReportMetric(percentile(reached, 0.5), "answered-p50-ms")
+	b.ReportMetric(percentile(reached, 0.99), "answered-p99-ms")
+}
+
+func mustRead(tb testing.TB, p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return string(b)
 }
