@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"mesh/internal/testutil"
 	"mesh/state"
 )
 
@@ -22,16 +23,7 @@ resources:
     mounts: ["/srv/web:/www"]
 `
 
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type tlogWriter struct{ t testing.TB }
-
-func (w tlogWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
+func testLogger(t testing.TB) *slog.Logger { return testutil.Logger(t) }
 
 func initDir(t testing.TB, store string) string {
 	t.Helper()

@@ -3,13 +3,12 @@ package api
 import (
 	"context"
 	"log/slog"
-	"net"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"mesh/cluster"
+	"mesh/internal/testutil"
 )
 
 // These tests run a node as `mesh agent` assembles it, less Podman and the
@@ -88,23 +87,6 @@ func waitLeader(t testing.TB, a *agent) {
 	}
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t testing.TB) int { return testutil.FreePort(t) }
 
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type tlogWriter struct{ t testing.TB }
-
-func (w tlogWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
+func testLogger(t testing.TB) *slog.Logger { return testutil.Logger(t) }

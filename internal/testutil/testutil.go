@@ -1,0 +1,34 @@
+// Package testutil holds what the in-process tests of several packages
+// share (cluster and cluster/api cannot share test files across their
+// boundary): a logger that writes to the test's log, and a free port.
+package testutil
+
+import (
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+)
+
+// Logger logs at warn and above to t's log.
+func Logger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(logWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type logWriter struct{ t testing.TB }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// FreePort is a TCP port free on 127.0.0.1 at the time of the call.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
