@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 const gitea = `module: gitea
@@ -227,5 +228,34 @@ func TestSchemaMatchesParser(t *testing.T) {
 	}
 	if strings.Contains(s, `"Digest"`) || strings.Contains(s, `"File"`) {
 		t.Error("schema exposes internal fields")
+	}
+}
+
+// Issue 10: a health check is checked, and its defaults filled, at parse.
+func TestHealthCheck(t *testing.T) {
+	m, err := Parse("hc.yaml", []byte("module: hc\nresources:\n  - container: hc.server\n    image: busybox\n    health:\n      command: [\"true\"]\n      interval: 2s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Resources[0].Typed.Health
+	if h == nil || h.Interval != 2*time.Second || h.Timeout != 2*time.Second || h.Retries != DefaultHealthRetries || h.StartPeriod != DefaultHealthStartPeriod {
+		t.Fatalf("health: %+v", h)
+	}
+	for _, tc := range []struct{ body, want string }{
+		{"      command: []\n", "`command:` is missing"},
+		{"      command: [\"true\"]\n      interval: soon\n", `interval "soon" is not a duration`},
+		{"      command: [\"true\"]\n      interval: 10ms\n", "interval 10ms is out of range"},
+		{"      command: [\"true\"]\n      retries: 0\n      timeout: 20s\n", "timeout 20s is longer than the interval 10s"},
+		{"      command: [\"true\"]\n      retries: 500\n", "retries 500 is out of range"},
+		{"      command: [\"true\"]\n      every: 1s\n", "every"},
+	} {
+		_, err := Parse("hc.yaml", []byte("module: hc\nresources:\n  - container: hc.server\n    image: busybox\n    health:\n"+tc.body))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.body, err, tc.want)
+		}
+	}
+	// Only a container has a health check.
+	if _, err := Parse("hc.yaml", []byte("module: hc\nresources:\n  - step: s\n    image: busybox\n    health:\n      command: [\"true\"]\n")); err == nil || !strings.Contains(err.Error(), "health") {
+		t.Errorf("a step with a health check: %v", err)
 	}
 }
