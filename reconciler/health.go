@@ -147,6 +147,9 @@ func (m *monitor) exitsSnapshot() []state.ContainerExit {
 	return out
 }
 
+// exitRefresh is how often a container that keeps exiting is looked at.
+var exitRefresh = time.Second
+
 // exitLogLines is how many lines of a container's output an exit keeps.
 const exitLogLines = 10
 
@@ -170,8 +173,14 @@ func (m *monitor) followExits(ctx context.Context) {
 func (m *monitor) died(ctx context.Context, id, name string, code int) {
 	m.mu.Lock()
 	module, ok := m.followed[name]
+	last := m.exits[name]
 	m.mu.Unlock()
 	if !ok {
+		return
+	}
+	if last != nil && m.now().Sub(last.At) < exitRefresh {
+		// A tight restart loop: the next exit after exitRefresh says the
+		// count and the lines; until then Podman is not asked on every one.
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)

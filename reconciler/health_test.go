@@ -174,3 +174,53 @@ func TestExitsAreReported(t *testing.T) {
 		t.Fatalf("after replace: %+v %+v", rep.Exits, outcome(rep, "web.plain"))
 	}
 }
+
+// A container that crash-loops must not flood the log with reports: changes
+// of health and exits go out at most once per HealthReportEvery, and the
+// last one says the latest.
+func TestCrashLoopDoesNotFloodReports(t *testing.T) {
+	// Every exit is looked at here (the spacing under test is the reports').
+	old := exitRefresh
+	exitRefresh = 0
+	defer func() { exitRefresh = old }()
+	h := newHost(t)
+	h.src["web"] = strings.ReplaceAll(healthTmpl, "{{cmd}}", `"true"`)
+	h.assign("web")
+	s := newSrc()
+	s.set(1, h.plan())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.r.Run(ctx, s.source(), LoopConfig{Resync: time.Hour, HealthReportEvery: time.Second})
+	}()
+	defer func() { cancel(); <-done }()
+	s.waitReport(t, 1)
+	id := h.rt.byName("web.plain").ID
+	start := time.Now()
+	for i := 1; i <= 50; i++ {
+		h.rt.healthMu.Lock()
+		h.rt.restarts = i
+		h.rt.healthMu.Unlock()
+		h.rt.deaths <- death{id: id, name: "web.plain", code: 3}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var got []state.Report
+	for quiet := time.After(2500 * time.Millisecond); ; {
+		select {
+		case r := <-s.reports:
+			got = append(got, r)
+			continue
+		case <-quiet:
+		}
+		break
+	}
+	took := time.Since(start)
+	if max := int(took/time.Second) + 2; len(got) > max || len(got) == 0 {
+		t.Fatalf("%d reports for 50 exits in %s (at most %d)", len(got), took, max)
+	}
+	last := got[len(got)-1]
+	if len(last.Exits) != 1 || last.Exits[0].Restarts != 50 {
+		t.Fatalf("the last report: %+v", last.Exits)
+	}
+}

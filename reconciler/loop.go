@@ -15,6 +15,9 @@ const (
 	DefaultDebounce   = 200 * time.Millisecond
 	DefaultMaxBackoff = 2 * time.Minute
 	DefaultMinBackoff = 2 * time.Second
+	// DefaultHealthReportEvery: at most one report a second for changes of
+	// health and exits.
+	DefaultHealthReportEvery = time.Second
 )
 
 // Source is where the loop reads its plan and sends its reports.
@@ -34,6 +37,8 @@ type LoopConfig struct {
 	Debounce   time.Duration // a burst of changes makes one apply
 	MaxBackoff time.Duration // retry after a failure, doubling up to this
 	MinBackoff time.Duration // the first retry after a failure
+	// HealthReportEvery spaces the reports a change of health sends.
+	HealthReportEvery time.Duration
 }
 
 // Run applies the plan on every change of the replica (debounced), on a
@@ -51,6 +56,9 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 	if cfg.MinBackoff == 0 {
 		cfg.MinBackoff = DefaultMinBackoff
 	}
+	if cfg.HealthReportEvery == 0 {
+		cfg.HealthReportEvery = DefaultHealthReportEvery
+	}
 	var sent *state.Report
 	var applied uint64 // plan version of the last apply that succeeded
 	backoff := time.Duration(0)
@@ -59,6 +67,30 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 	changed := src.Changed()
 	go r.health.run(ctx)
 	health := r.health.Changed()
+	// Health reports are spaced by HealthReportEvery: a container that
+	// crash-loops (or a check that flaps) must not flood the log with
+	// writes. What changes meanwhile goes out, whole, in the next one.
+	var lastHealth time.Time
+	healthDue := time.NewTimer(time.Hour)
+	healthDue.Stop()
+	defer healthDue.Stop()
+	sendHealth := func() {
+		if sent == nil {
+			return
+		}
+		rep := *sent
+		rep.Health = r.health.snapshot()
+		rep.Exits = r.health.exitsSnapshot()
+		if healthKey(&rep) == healthKey(sent) {
+			return
+		}
+		lastHealth = time.Now()
+		if err := src.Report(ctx, rep); err != nil {
+			r.log.Warn("send report", "err", err)
+		} else {
+			sent = &rep
+		}
+	}
 	for {
 		onChange := false
 		select {
@@ -68,17 +100,14 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			// A container's health changed: the last report again, with it
 			// (no apply: nothing else moved).
 			health = r.health.Changed()
-			if sent == nil {
+			if wait := cfg.HealthReportEvery - time.Since(lastHealth); wait > 0 {
+				healthDue.Reset(wait)
 				continue
 			}
-			rep := *sent
-			rep.Health = r.health.snapshot()
-			rep.Exits = r.health.exitsSnapshot()
-			if err := src.Report(ctx, rep); err != nil {
-				r.log.Warn("send report", "err", err)
-			} else {
-				sent = &rep
-			}
+			sendHealth()
+			continue
+		case <-healthDue.C:
+			sendHealth()
 			continue
 		case <-changed:
 			onChange = true
