@@ -71,24 +71,25 @@ func (g *Globals) client() *api.Client { return api.NewClient(g.dir()) }
 type CLI struct {
 	Globals
 
-	Init     InitCmd     `cmd:"" help:"Create a new mesh with this machine as its first node, then exit."`
-	Join     JoinCmd     `cmd:"" help:"Join this machine to a mesh through any of its nodes, then exit."`
-	Agent    AgentCmd    `cmd:"" help:"Run this node until stopped: raft, the resolver, the reconciler and the local API."`
-	Token    TokenCmd    `cmd:"" help:"Print the token that lets a machine join (mesh join ADDRESS --token TOKEN ...)."`
-	Node     NodeCmd     `cmd:"" help:"List, configure and remove nodes."`
-	Module   ModuleCmd   `cmd:"" help:"Manage the catalogue of modules."`
-	Assign   AssignCmd   `cmd:"" help:"Run MODULE on NODE."`
-	Unassign UnassignCmd `cmd:"" help:"Stop running MODULE on NODE."`
-	Plan     PlanCmd     `cmd:"" help:"Show what a node must hold, its history and what changed."`
-	Status   StatusCmd   `cmd:"" help:"Show the mesh: nodes, plan versions, what each applied, errors."`
-	Roster   RosterCmd   `cmd:"" help:"Show every name the mesh answers and its addresses."`
-	Resolve  ResolveCmd  `cmd:"" help:"Ask this node's resolver for NAME (A and AAAA)."`
-	Check    CheckCmd    `cmd:"" help:"Check manifests offline; exit 1 on any error."`
-	Setup    SetupCmd    `cmd:"" help:"Once, as root: prepare this host for a rootless agent (resolver address, port 53, /dev/net/tun)."`
-	Schema   SchemaCmd   `cmd:"" help:"Print the JSON Schema of a manifest."`
-	Snapshot SnapshotCmd `cmd:"" help:"Save the replicated state to a file, or restore it through Raft."`
-	Recover  RecoverCmd  `cmd:"" help:"With the agent stopped, make this node the only voter (when the majority of voters is gone for good)."`
-	Version  VersionCmd  `cmd:"" help:"Print the version."`
+	Init      InitCmd      `cmd:"" help:"Create a new mesh with this machine as its first node, then exit."`
+	Join      JoinCmd      `cmd:"" help:"Join this machine to a mesh through any of its nodes, then exit."`
+	Agent     AgentCmd     `cmd:"" help:"Run this node until stopped: raft, the resolver, the reconciler and the local API."`
+	Token     TokenCmd     `cmd:"" help:"Print the token that lets a machine join (mesh join ADDRESS --token TOKEN ...)."`
+	Node      NodeCmd      `cmd:"" help:"List, configure and remove nodes."`
+	Module    ModuleCmd    `cmd:"" help:"Manage the catalogue of modules."`
+	Assign    AssignCmd    `cmd:"" help:"Run MODULE on NODE."`
+	Unassign  UnassignCmd  `cmd:"" help:"Stop running MODULE on NODE."`
+	Plan      PlanCmd      `cmd:"" help:"Show what a node must hold, its history and what changed."`
+	Status    StatusCmd    `cmd:"" help:"Show the mesh: nodes, plan versions, what each applied, errors."`
+	Roster    RosterCmd    `cmd:"" help:"Show every name the mesh answers and its addresses."`
+	Resolve   ResolveCmd   `cmd:"" help:"Ask this node's resolver for NAME (A and AAAA)."`
+	Check     CheckCmd     `cmd:"" help:"Check manifests offline; exit 1 on any error."`
+	Provision ProvisionCmd `cmd:"" help:"Run a provisioner: make a provider accept the credentials delivered to it."`
+	Setup     SetupCmd     `cmd:"" help:"Once, as root: prepare this host for a rootless agent (resolver address, port 53, /dev/net/tun)."`
+	Schema    SchemaCmd    `cmd:"" help:"Print the JSON Schema of a manifest."`
+	Snapshot  SnapshotCmd  `cmd:"" help:"Save the replicated state to a file, or restore it through Raft."`
+	Recover   RecoverCmd   `cmd:"" help:"With the agent stopped, make this node the only voter (when the majority of voters is gone for good)."`
+	Version   VersionCmd   `cmd:"" help:"Print the version."`
 }
 
 func main() {

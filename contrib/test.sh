@@ -10,8 +10,8 @@ go version
 say "preparing the integration beds"
 need_root
 # Real Podman (runc: crun refuses this kind of host's hybrid cgroups), the
-# rootless tools, busybox for the beds' image.
-apt_install podman runc uidmap slirp4netns iproute2 busybox-static procps gcc libc6-dev
+# rootless tools, busybox for the beds' image; PostgreSQL for the provisioner's tests.
+apt_install podman runc uidmap slirp4netns iproute2 busybox-static procps gcc libc6-dev postgresql
 # The rootless bed's user, with subordinate ids (useradd adds them on Debian 12).
 id meshbed >/dev/null 2>&1 || useradd -m -s /bin/bash meshbed
 grep -q '^meshbed:' /etc/subuid || usermod --add-subuids 200000-265535 --add-subgids 200000-265535 meshbed
