@@ -89,6 +89,7 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			r.log.Warn("send report", "err", err)
 		} else {
 			sent = &rep
+			r.log.Debug("report applied", "version", rep.Version, "health", true)
 		}
 	}
 	for {
@@ -161,6 +162,7 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 				r.log.Warn("send report", "err", err)
 			} else {
 				sent = &rep
+				r.log.Debug("report applied", "version", rep.Version)
 			}
 		}
 	}
