@@ -67,6 +67,13 @@ func defaultDataDir() string {
 
 func (g *Globals) client() *api.Client { return api.NewClient(g.dir()) }
 
+// status reads the local agent's status, within the usual timeout.
+func (g *Globals) status() (api.Status, error) {
+	ctx, cancel := timeout()
+	defer cancel()
+	return g.client().Status(ctx)
+}
+
 // CLI is the whole grammar.
 type CLI struct {
 	Globals
@@ -369,9 +376,7 @@ func (c *NodePublicDomainCmd) Run(g *Globals) error {
 // waitChanged waits for every node whose plan the write at index changed to
 // apply it, and for the health checks of the containers that apply changed.
 func waitChanged(g *Globals, index uint64, limit time.Duration) error {
-	ctx, cancel := timeout()
-	st, err := g.client().Status(ctx)
-	cancel()
+	st, err := g.status()
 	if err != nil {
 		return err
 	}
@@ -611,9 +616,7 @@ func waitApplied(g *Globals, node, module string, version uint64, limit time.Dur
 	start := time.Now().Add(-time.Second) // a little slack for clocks
 	deadline := time.Now().Add(limit)
 	for {
-		ctx, cancel := timeout()
-		st, err := g.client().Status(ctx)
-		cancel()
+		st, err := g.status()
 		if err != nil {
 			return err
 		}
@@ -669,9 +672,7 @@ func waitHealthy(g *Globals, node, module string, rep *state.Report, deadline ti
 	sort.Strings(names)
 	fmt.Fprintf(g.out, "waiting for the health checks of %s ...\n", strings.Join(names, ", "))
 	for {
-		ctx, cancel := timeout()
-		st, err := g.client().Status(ctx)
-		cancel()
+		st, err := g.status()
 		if err != nil {
 			return err
 		}
