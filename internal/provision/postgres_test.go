@@ -4,105 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"mesh/internal/testutil"
 )
-
-// server is a private PostgreSQL for one test: its own data dir and socket,
-// password (SCRAM) login for every role but the superuser, every statement
-// in its log.
-type server struct {
-	t    *testing.T
-	dir  string
-	sock string
-	log  string
-}
-
-func startPostgres(t *testing.T) *server {
-	t.Helper()
-	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
-	if len(bins) == 0 {
-		t.Fatal("PostgreSQL is not installed; contrib/test.sh installs it (apt-get install postgresql)")
-	}
-	bin := filepath.Dir(bins[len(bins)-1])
-	base, err := os.MkdirTemp("", "mesh-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &server{t: t, dir: filepath.Join(base, "data"), sock: base, log: filepath.Join(base, "server.log")}
-	run := func(args ...string) {
-		t.Helper()
-		var cmd *exec.Cmd
-		if os.Geteuid() == 0 {
-			// initdb refuses root: the server runs as the postgres user.
-			cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--"}, args...)...)
-		} else {
-			cmd = exec.Command(args[0], args[1:]...)
-		}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	if os.Geteuid() == 0 {
-		if out, err := exec.Command("chown", "postgres:postgres", base).CombinedOutput(); err != nil {
-			t.Fatalf("chown: %v %s", err, out)
-		}
-	}
-	run(filepath.Join(bin, "initdb"), "-D", s.dir, "-U", "postgres", "--auth-local=trust", "--auth-host=reject", "-E", "UTF8")
-	hba := "local all postgres trust\nlocal all all scram-sha-256\n"
-	run("sh", "-c", fmt.Sprintf("printf '%s' > %s/pg_hba.conf", strings.ReplaceAll(hba, "\n", `\n`), s.dir))
-	run(filepath.Join(bin, "pg_ctl"), "-D", s.dir, "-l", s.log, "-w", "-o",
-		fmt.Sprintf("-c listen_addresses='' -k %s -p 5432 -c log_statement=all -c password_encryption=scram-sha-256", s.sock), "start")
-	t.Cleanup(func() {
-		args := []string{filepath.Join(bin, "pg_ctl"), "-D", s.dir, "-m", "immediate", "stop"}
-		if os.Geteuid() == 0 {
-			exec.Command("runuser", append([]string{"-u", "postgres", "--"}, args...)...).Run()
-		} else {
-			exec.Command(args[0], args[1:]...).Run()
-		}
-		os.RemoveAll(base)
-	})
-	return s
-}
-
-func (s *server) adminDSN() string {
-	return fmt.Sprintf("host=%s port=5432 user=postgres dbname=postgres", s.sock)
-}
-
-// login connects as a consumer with its secret, to its own database, and
-// says who owns that database.
-func (s *server) login(name, secret string) (owner string, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=5432 user=%s password=%s dbname=%s", s.sock, name, secret, name))
-	if err != nil {
-		return "", err
-	}
-	defer c.Close(ctx)
-	err = c.QueryRow(ctx, `SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = current_database()`).Scan(&owner)
-	return owner, err
-}
-
-// statements counts the statements in the server's own log that contain s.
-func (s *server) statements(sub string) int {
-	b, err := os.ReadFile(s.log)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	n := 0
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, "statement:") && strings.Contains(l, sub) {
-			n++
-		}
-	}
-	return n
-}
 
 // deliver writes a credential as the host does: a temp file, then rename.
 func deliver(t *testing.T, dir, name, secret string) {
@@ -131,9 +40,9 @@ func outcomeOf(out []Outcome, consumer string) Outcome {
 // a broken file fails that consumer only; a withdrawn one is reported and
 // its role kept. No secret reaches the server's statement log.
 func TestPostgres(t *testing.T) {
-	s := startPostgres(t)
+	s := testutil.StartPostgres(t, "")
 	dir := t.TempDir()
-	p := &Postgres{DSN: s.adminDSN(), Dir: dir}
+	p := &Postgres{DSN: s.AdminDSN(), Dir: dir}
 	ctx := context.Background()
 
 	deliver(t, dir, "gitea", "first-secret-1")
@@ -149,22 +58,22 @@ func TestPostgres(t *testing.T) {
 	if o := outcomeOf(out, "broken"); o.Outcome != Failed || !strings.Contains(o.Reason, "lacks a name= or a secret=") {
 		t.Fatalf("broken: %+v", o)
 	}
-	if owner, err := s.login("gitea", "first-secret-1"); err != nil || owner != "gitea" {
+	if owner, err := s.Login("gitea", "first-secret-1"); err != nil || owner != "gitea" {
 		t.Fatalf("gitea logs in: owner %q, %v", owner, err)
 	}
-	if owner, err := s.login("photos", "photos-secret"); err != nil || owner != "photos" {
+	if owner, err := s.Login("photos", "photos-secret"); err != nil || owner != "photos" {
 		t.Fatalf("photos (next to a broken file) logs in: owner %q, %v", owner, err)
 	}
 
 	// Nothing changed: several passes, no ALTER ROLE, no CREATE.
-	alters, creates := s.statements("ALTER ROLE"), s.statements("CREATE ROLE")
+	alters, creates := s.Statements("ALTER ROLE"), s.Statements("CREATE ROLE")
 	for i := 0; i < 3; i++ {
 		out, err := p.Pass(ctx)
 		if err != nil || outcomeOf(out, "gitea").Outcome != Unchanged {
 			t.Fatalf("quiet pass: %+v %v", out, err)
 		}
 	}
-	if a, c := s.statements("ALTER ROLE"), s.statements("CREATE ROLE"); a != alters || c != creates {
+	if a, c := s.Statements("ALTER ROLE"), s.Statements("CREATE ROLE"); a != alters || c != creates {
 		t.Fatalf("quiet passes issued %d ALTER ROLE and %d CREATE ROLE", a-alters, c-creates)
 	}
 
@@ -174,13 +83,13 @@ func TestPostgres(t *testing.T) {
 	if o := outcomeOf(out, "gitea"); o.Outcome != Rotated {
 		t.Fatalf("rotation: %+v", o)
 	}
-	if a := s.statements("ALTER ROLE"); a != alters+1 {
+	if a := s.Statements("ALTER ROLE"); a != alters+1 {
 		t.Fatalf("a rotation issued %d ALTER ROLE, want 1", a-alters)
 	}
-	if _, err := s.login("gitea", "first-secret-1"); err == nil {
+	if _, err := s.Login("gitea", "first-secret-1"); err == nil {
 		t.Fatal("the old password still logs in")
 	}
-	if _, err := s.login("gitea", "second-secret-2"); err != nil {
+	if _, err := s.Login("gitea", "second-secret-2"); err != nil {
 		t.Fatalf("the new password: %v", err)
 	}
 
@@ -190,14 +99,14 @@ func TestPostgres(t *testing.T) {
 	if o := outcomeOf(out, "photos"); o.Outcome != Withdrawn {
 		t.Fatalf("withdrawn: %+v", out)
 	}
-	if _, err := s.login("photos", "photos-secret"); err != nil {
+	if _, err := s.Login("photos", "photos-secret"); err != nil {
 		t.Fatalf("a withdrawn consumer's role was touched: %v", err)
 	}
-	if n := s.statements("DROP"); n != 0 {
+	if n := s.Statements("DROP"); n != 0 {
 		t.Fatalf("%d DROP statements", n)
 	}
 	for _, secret := range []string{"first-secret-1", "second-secret-2", "photos-secret"} {
-		if n := s.statements(secret); n != 0 {
+		if n := s.Statements(secret); n != 0 {
 			t.Fatalf("the secret %q is in the server's statement log", secret)
 		}
 	}
@@ -206,9 +115,9 @@ func TestPostgres(t *testing.T) {
 // Issue 11 item 3: with --watch, 20 atomic replacements in a row: the last
 // wins and nothing partial is ever applied.
 func TestPostgresWatch(t *testing.T) {
-	s := startPostgres(t)
+	s := testutil.StartPostgres(t, "")
 	dir := t.TempDir()
-	p := &Postgres{DSN: s.adminDSN(), Dir: dir}
+	p := &Postgres{DSN: s.AdminDSN(), Dir: dir}
 	ctx, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
 	var failures []string
@@ -235,7 +144,7 @@ func TestPostgresWatch(t *testing.T) {
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if _, err := s.login("app", "secret-20"); err == nil {
+		if _, err := s.Login("app", "secret-20"); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -243,7 +152,7 @@ func TestPostgresWatch(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if _, err := s.login("app", "secret-19"); err == nil {
+	if _, err := s.Login("app", "secret-19"); err == nil {
 		t.Fatal("an older credential still logs in")
 	}
 	mu.Lock()
