@@ -214,29 +214,6 @@ func (c *AgentCmd) reexecUnshared(g *Globals) error {
 	}
 }
 
-// instanceUp says whether a roster entry is fit to answer with: its node is
-// reachable from here (this node always is; a node not yet heard from is
-// given ReachableWithin after this agent starts) and the module's containers
-// there are not unhealthy.
-func instanceUp(self string, reports map[string]state.Report, seen map[string]cluster.Seen, started time.Time, domain string) func(state.Name) bool {
-	return func(n state.Name) bool {
-		if n.Node != self {
-			s, ok := seen[n.Node]
-			switch {
-			case ok && time.Since(s.LastSeen) >= cluster.ReachableWithin:
-				return false
-			case !ok && time.Since(started) >= cluster.ReachableWithin:
-				return false
-			}
-		}
-		rep, ok := reports[n.Node]
-		if !ok {
-			return true
-		}
-		return !rep.Unhealthy()[strings.TrimSuffix(n.Name, "."+domain)]
-	}
-}
-
 func startResolver(ctx context.Context, self string, store *state.Store, live func() map[string]cluster.Seen, addr netip.Addr, upstreams []string, ttl uint32, refresh func() []netip.Prefix, log *slog.Logger) (*dnsd.Server, string, error) {
 	if len(upstreams) == 0 {
 		var err error
@@ -272,7 +249,11 @@ func startResolver(ctx context.Context, self string, store *state.Store, live fu
 		if err != nil {
 			return dnsd.Roster{}, err
 		}
-		up := instanceUp(self, reports, live(), started, st.Domain)
+		reach := state.Reach{Self: self, LastSeen: map[string]time.Time{}, Now: time.Now(), Started: started, Within: cluster.ReachableWithin}
+		for name, seen := range live() {
+			reach.LastSeen[name] = seen.LastSeen
+		}
+		up := state.Fit(reports, reach, st.Domain)
 		idx, _ := store.AppliedIndex()
 		r := dnsd.Roster{Domain: st.Domain, Names: map[string][]netip.Addr{}, Serial: uint32(idx)}
 		byName := map[string][]dnsd.Instance{}

@@ -32,8 +32,11 @@ type RestoredModule struct {
 }
 
 // FillSpecs parses each module that came without its parsed form (a
-// snapshot is text on disk; the proposer parses it before it proposes).
+// snapshot is text on disk; the proposer parses it before it proposes). A
+// module that does not parse keeps none, which the FSM refuses as a rule
+// error; the first such is returned.
 func (b *RestoreBody) FillSpecs() error {
+	var first error
 	for i := range b.Modules {
 		m := &b.Modules[i]
 		if m.Manifest != nil {
@@ -41,21 +44,14 @@ func (b *RestoreBody) FillSpecs() error {
 		}
 		sp, err := SpecOf(m.File, m.Text)
 		if err != nil {
-			return fmt.Errorf("the snapshot's module from %s does not parse with this mesh binary: %w", m.File, err)
+			if first == nil {
+				first = fmt.Errorf("the snapshot's module from %s does not parse with this mesh binary: %w", m.File, err)
+			}
+			continue
 		}
 		m.ModuleSpec = sp
 	}
-	return nil
-}
-
-// fillSpecs is FillSpecs for a restore in an old log: a module that does not
-// parse keeps no parsed form, and the FSM refuses the restore as before.
-func (b *RestoreBody) fillSpecs() {
-	for i := range b.Modules {
-		if m := &b.Modules[i]; m.Manifest == nil {
-			m.ModuleSpec = legacySpec(m.File, m.Text)
-		}
-	}
+	return first
 }
 
 // RestoredBinding is where a binding pointed in the snapshot.

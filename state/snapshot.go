@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -204,7 +205,7 @@ func ReadSnapshot(r io.Reader) (*Snapshot, error) {
 		return nil, err
 	}
 	dec := func(v any) error {
-		d := json.NewDecoder(strings.NewReader(string(raw)))
+		d := json.NewDecoder(bytes.NewReader(raw))
 		d.UseNumber()
 		return d.Decode(v)
 	}
