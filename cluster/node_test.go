@@ -58,6 +58,17 @@ func addModule(t testing.TB, file, text string) *state.ModuleAddRequest {
 	return &state.ModuleAddRequest{Modules: []state.ModuleSpec{sp}}
 }
 
+// leadingAgent inits a one-node mesh, starts it until the test ends, and
+// returns it once it leads, with its data dir.
+func leadingAgent(t testing.TB) (*Member, string) {
+	t.Helper()
+	dir := initDir(t, LogStoreWAL)
+	a := startAgent(t, dir)
+	t.Cleanup(func() { a.Stop() })
+	waitLeader(t, a)
+	return a, dir
+}
+
 func waitLeader(t testing.TB, a *Member) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

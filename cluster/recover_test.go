@@ -17,10 +17,7 @@ resources:
 // Issue 9 item 4: the leader refuses a command that a node it knows of
 // cannot apply yet, naming the node to upgrade.
 func TestLeaderRefusesWhatANodeCannotApply(t *testing.T) {
-	dir := initDir(t, LogStoreWAL)
-	a := startAgent(t, dir)
-	defer a.Stop()
-	waitLeader(t, a)
+	a, _ := leadingAgent(t)
 	ctx := context.Background()
 	if _, err := a.Node.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: "old", Address: "10.9.9.9"}}); err != nil {
 		t.Fatal(err)

@@ -15,10 +15,7 @@ import (
 // Issue 9 item 5: a removal that crashed between the state and Raft heals:
 // the leader removes the Raft server that is no longer a node.
 func TestMembershipRepair(t *testing.T) {
-	dir := initDir(t, LogStoreWAL)
-	a := startAgent(t, dir)
-	defer a.Stop()
-	waitLeader(t, a)
+	a, _ := leadingAgent(t)
 	// The half-done removal: a server Raft knows and the state does not.
 	if err := a.Node.raft.AddNonvoter("ghost", "127.0.0.9:1", 0, 5*time.Second).Error(); err != nil {
 		t.Fatal(err)
@@ -45,10 +42,7 @@ func TestMembershipRepair(t *testing.T) {
 // and Raft heals. The leader adds the node Raft lacks, at the port it joined
 // with; and the same node may join again (a retry after such a crash).
 func TestMembershipRepairAddsWhatRaftLacks(t *testing.T) {
-	dir := initDir(t, LogStoreWAL)
-	a := startAgent(t, dir)
-	defer a.Stop()
-	waitLeader(t, a)
+	a, dir := leadingAgent(t)
 	ctx := context.Background()
 	// The half-done join: the state has the node, Raft does not.
 	if _, err := a.Node.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: "late", Address: "127.0.0.9", Port: 7001}}); err != nil {
