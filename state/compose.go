@@ -286,8 +286,24 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 	}
 	if len(routesFiles) > 0 {
 		b, _ := json.MarshalIndent(plan.Routes, "", "  ")
+		data := manifest.RoutesData{Node: n.Name, Address: n.Address, Domain: n.PublicDomain, MeshDomain: in.Domain}
+		for _, r := range plan.Routes {
+			data.Routes = append(data.Routes, manifest.RouteData{Name: r.Name, Module: r.Module, Port: r.Port})
+		}
+		sort.Slice(data.Routes, func(i, j int) bool { return data.Routes[i].Name < data.Routes[j].Name })
 		for _, i := range routesFiles {
-			plan.Resources[i].Content = string(b) + "\n"
+			res := &plan.Resources[i]
+			if res.Decl.Template == "" {
+				res.Content = string(b) + "\n"
+				continue
+			}
+			t, err := manifest.ParseTemplate(res.Decl.Template)
+			if err == nil {
+				res.Content, err = manifest.ExecTemplate(t, data)
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: routes-file %s: %w", res.Module, res.Name, err)
+			}
 		}
 	}
 	return plan, roster, nil

@@ -171,6 +171,14 @@ func TestCompose(t *testing.T) {
 			assign:  []Assignment{{Node: "novox", Module: "web"}, {Node: "novox", Module: "proxy"}},
 			content: map[string]string{"novox:/srv/proxy/routes.json": `"name": "www.zurag.be",` + "\n    \"module\": \"web\",\n    \"port\": 8080"},
 		},
+		{
+			name:   "a routes-file template writes the table in the proxy's format",
+			assign: []Assignment{{Node: "novox", Module: "web"}, {Node: "novox", Module: "proxy"}},
+			edit: func(in *Input) {
+				in.Modules["proxy"] = mustManifest(t, proxySrc+"  - routes-file: /srv/proxy/Caddyfile\n    template: \"{{range .Routes}}http://{{.Name}} { reverse_proxy {{$.Address}}:{{.Port}} } # {{.Module}} on {{$.Node}}, {{$.Domain}}/{{$.MeshDomain}}\\n{{end}}\"\n")
+			},
+			content: map[string]string{"novox:/srv/proxy/Caddyfile": "http://www.zurag.be { reverse_proxy 10.0.0.2:8080 } # web on novox, zurag.be/internal\n"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := baseInput(t)

@@ -85,6 +85,9 @@ type Resource struct {
 	Mode     string `yaml:"mode,omitempty" json:"mode,omitempty"`
 	Content  string `yaml:"content,omitempty" json:"content,omitempty"`
 	Provider string `yaml:"provider,omitempty" json:"provider,omitempty"`
+	// Template, on a routes-file, is a text/template the node's routing
+	// table is written through (RoutesData), in the proxy's own format.
+	Template string `yaml:"template,omitempty" json:"template,omitempty" jsonschema:"description=On a routes-file: a Go text/template executed with .Routes (Name Module Port) .Node .Address .Domain .MeshDomain; the file is written in the proxy's own format instead of JSON"`
 
 	Image     string            `yaml:"image,omitempty" json:"image,omitempty"`
 	Command   []string          `yaml:"command,omitempty" json:"command,omitempty"`
@@ -397,7 +400,7 @@ var (
 var fields = map[string][]string{
 	KindDirectory:  {"owner", "mode"},
 	KindFile:       {"owner", "mode", "content", "take-over"},
-	KindRoutesFile: {"owner", "mode", "take-over"},
+	KindRoutesFile: {"owner", "mode", "template", "take-over"},
 	KindBinding:    {"owner", "mode", "provider", "take-over"},
 	KindCredential: {"owner", "mode", "provider", "take-over"},
 	KindStep:       {"image", "command", "env", "mounts", "restart-on"},
@@ -415,6 +418,7 @@ func (r *Resource) setFields() []string {
 	add("mode", r.Mode != "")
 	add("content", r.Content != "")
 	add("provider", r.Provider != "")
+	add("template", r.Template != "")
 	add("image", r.Image != "")
 	add("command", r.Command != nil)
 	add("env", r.Env != nil)
@@ -514,6 +518,11 @@ func (m *Manifest) check(p *positions) Errors {
 		declared[name] = i
 		kindOf[name] = kind
 
+		if r.Template != "" && kind == KindRoutesFile {
+			if _, err := ParseTemplate(r.Template); err != nil {
+				add(p.at(i, "template", -1), "%s", err)
+			}
+		}
 		if r.Mode != "" {
 			if _, err := ParseMode(r.Mode); err != nil {
 				add(p.at(i, "mode", -1), "%s", err)
