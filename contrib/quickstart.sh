@@ -20,18 +20,13 @@ if [ ! -e "$conf" ]; then
 	say "wrote $conf"
 fi
 
-# The examples run localhost/mesh-busybox:1, made here from busybox-static, so
-# the tour works without a registry.
-if ! podman image exists localhost/mesh-busybox:1; then
-	say "making the examples' image localhost/mesh-busybox:1"
-	t=$(mktemp --suffix=.tar)
-	bash contrib/busybox-rootfs.sh "$t" && podman import --change 'CMD ["/bin/sh"]' "$t" localhost/mesh-busybox:1 >/dev/null
-	rm -f "$t"
-fi
-
 ensure_go
 say "building mesh"
 go build -ldflags "-s -w -X main.version=$(git describe --always --dirty 2>/dev/null || echo dev)" -o /usr/local/bin/mesh .
+
+# Every image examples/ names, made here from Debian packages and the mesh
+# binary, so the tour works without a registry.
+bash contrib/example-images.sh /usr/local/bin/mesh
 
 export MESH_DATA_DIR=/var/lib/mesh
 if [ ! -e "$MESH_DATA_DIR/node.json" ]; then

@@ -10,8 +10,9 @@ go version
 say "preparing the integration beds"
 need_root
 # Real Podman (runc: crun refuses this kind of host's hybrid cgroups), the
-# rootless tools, busybox for the beds' image; PostgreSQL for the provisioner's tests.
-apt_install podman runc uidmap slirp4netns iproute2 busybox-static procps gcc libc6-dev postgresql
+# rootless tools, busybox for the beds' image; PostgreSQL for the provisioner's tests;
+# curl and openssl to ask the route proxy in the examples bed.
+apt_install podman runc uidmap slirp4netns iproute2 busybox-static procps gcc libc6-dev postgresql openssl curl
 # The rootless bed's user, with subordinate ids (useradd adds them on Debian 12).
 id meshbed >/dev/null 2>&1 || useradd -m -s /bin/bash meshbed
 grep -q '^meshbed:' /etc/subuid || usermod --add-subuids 200000-265535 --add-subgids 200000-265535 meshbed
@@ -22,6 +23,13 @@ bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 
 say "go vet"
 go vet ./...
+
+say "mesh check examples/*.yaml"
+# The shipped manifests, through the command a user runs (the examples bed
+# then runs them on three nodes).
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+go build -o "$tmp/mesh" . && "$tmp/mesh" check examples/*.yaml
 
 say "go test -race (unit tests; the race detector needs cgo)"
 # The packages that do not import the Podman bindings (those need cgo headers
