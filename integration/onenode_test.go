@@ -139,18 +139,18 @@ func TestOneNodeMesh(t *testing.T) {
 	if _, errOut, code := n.run("check", bad); code != 1 || !strings.Contains(errOut, "bad.yaml:6:") {
 		t.Fatalf("check: exit %d %q", code, errOut)
 	}
-	if out := n.must("check", examples("whoami.yaml"), examples("postgres.yaml"), examples("gitea.yaml")); !strings.Contains(out, "3 manifest(s) ok") {
+	if out := n.must("check", examples("whoami.yaml"), examples("postgres.yaml"), examples("postgres-exporter.yaml")); !strings.Contains(out, "3 manifest(s) ok") {
 		t.Fatalf("check examples: %q", out)
 	}
 
-	n.must("module", "add", examples("whoami.yaml"), examples("postgres.yaml"), examples("gitea.yaml"))
+	n.must("module", "add", examples("whoami.yaml"), examples("postgres.yaml"), examples("postgres-exporter.yaml"))
 	n.must("assign", "ace", "whoami")
 
 	// Unknown node and module: exit 1, naming what exists. Usage: exit 2.
 	if _, errOut, code := n.run("assign", "nope", "whoami"); code != 1 || !strings.Contains(errOut, `node "nope" is not in the mesh (known: ace)`) {
 		t.Fatalf("unknown node: exit %d %q", code, errOut)
 	}
-	if _, errOut, code := n.run("assign", "ace", "nope"); code != 1 || !strings.Contains(errOut, "known: gitea, postgres, whoami") {
+	if _, errOut, code := n.run("assign", "ace", "nope"); code != 1 || !strings.Contains(errOut, "known: postgres, postgres-exporter, whoami") {
 		t.Fatalf("unknown module: exit %d %q", code, errOut)
 	}
 	if _, _, code := n.run("assign", "ace"); code != 2 {
@@ -190,13 +190,14 @@ func TestOneNodeMesh(t *testing.T) {
 		t.Fatalf("diff shows unchanged resources:\n%s", diff)
 	}
 
-	// gitea binds to postgres and gets a credential; the secret stays out of plans.
-	n.must("assign", "ace", "gitea")
+	// postgres-exporter binds to postgres and gets a credential; the secret
+	// stays out of plans.
+	n.must("assign", "ace", "postgres-exporter")
 	plan := n.must("plan", "ace", "--json")
 	if !strings.Contains(plan, "provider=postgres\\nname=postgres.internal\\nnode=ace\\naddress=127.0.0.1\\n") {
 		t.Fatalf("binding not resolved in plan:\n%s", plan)
 	}
-	if !strings.Contains(plan, "/srv/postgres/credentials/gitea.credential") {
+	if !strings.Contains(plan, "/srv/postgres/credentials/postgres-exporter.credential") {
 		t.Fatalf("credential not delivered to the provider:\n%s", plan)
 	}
 
