@@ -10,12 +10,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"golang.org/x/term"
 	"io"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/alecthomas/kong"
 	"github.com/miekg/dns"
+	"github.com/willabides/kongplete"
 
 	"mesh/cluster"
 	"mesh/cluster/api"
@@ -78,25 +81,28 @@ func (g *Globals) status() (api.Status, error) {
 type CLI struct {
 	Globals
 
-	Init      InitCmd      `cmd:"" help:"Create a new mesh with this machine as its first node, then exit."`
-	Join      JoinCmd      `cmd:"" help:"Join this machine to a mesh through any of its nodes, then exit."`
-	Agent     AgentCmd     `cmd:"" help:"Run this node until stopped: raft, the resolver, the reconciler and the local API."`
-	Token     TokenCmd     `cmd:"" help:"Print the token that lets a machine join (mesh join ADDRESS --token TOKEN ...)."`
-	Node      NodeCmd      `cmd:"" help:"List, configure and remove nodes."`
-	Module    ModuleCmd    `cmd:"" help:"Manage the catalogue of modules."`
-	Assign    AssignCmd    `cmd:"" help:"Run MODULE on NODE."`
-	Unassign  UnassignCmd  `cmd:"" help:"Stop running MODULE on NODE."`
-	Plan      PlanCmd      `cmd:"" help:"Show what a node must hold, its history and what changed."`
-	Status    StatusCmd    `cmd:"" help:"Show the mesh: nodes, plan versions, what each applied, errors."`
-	Roster    RosterCmd    `cmd:"" help:"Show every name the mesh answers and its addresses."`
-	Resolve   ResolveCmd   `cmd:"" help:"Ask this node's resolver for NAME (A and AAAA)."`
-	Check     CheckCmd     `cmd:"" help:"Check manifests offline; exit 1 on any error."`
-	Provision ProvisionCmd `cmd:"" help:"Run a provisioner: make a provider accept the credentials delivered to it."`
-	Setup     SetupCmd     `cmd:"" help:"Once, as root: prepare this host for a rootless agent (resolver address, port 53, /dev/net/tun)."`
-	Schema    SchemaCmd    `cmd:"" help:"Print the JSON Schema of a manifest."`
-	Snapshot  SnapshotCmd  `cmd:"" help:"Save the replicated state to a file, or restore it through Raft."`
-	Recover   RecoverCmd   `cmd:"" help:"With the agent stopped, make this node the only voter (when the majority of voters is gone for good)."`
-	Version   VersionCmd   `cmd:"" help:"Print the version."`
+	Init       InitCmd       `cmd:"" help:"Create a new mesh with this machine as its first node, then exit."`
+	Join       JoinCmd       `cmd:"" help:"Join this machine to a mesh through any of its nodes, then exit."`
+	Agent      AgentCmd      `cmd:"" help:"Run this node until stopped: raft, the resolver, the reconciler and the local API."`
+	Token      TokenCmd      `cmd:"" help:"Print the token that lets a machine join (mesh join ADDRESS --token TOKEN ...)."`
+	Node       NodeCmd       `cmd:"" help:"List, configure and remove nodes."`
+	Module     ModuleCmd     `cmd:"" help:"Manage the catalogue of modules."`
+	Assign     AssignCmd     `cmd:"" help:"Run MODULE on NODE."`
+	Unassign   UnassignCmd   `cmd:"" help:"Stop running MODULE on NODE."`
+	Plan       PlanCmd       `cmd:"" help:"Show what a node must hold, its history and what changed."`
+	Status     StatusCmd     `cmd:"" help:"Show the mesh: nodes, plan versions, what each applied, errors."`
+	Roster     RosterCmd     `cmd:"" help:"Show every name the mesh answers and its addresses."`
+	Resolve    ResolveCmd    `cmd:"" help:"Ask this node's resolver for NAME (A and AAAA)."`
+	Check      CheckCmd      `cmd:"" help:"Check manifests offline; exit 1 on any error."`
+	Provision  ProvisionCmd  `cmd:"" help:"Run a provisioner: make a provider accept the credentials delivered to it."`
+	Setup      SetupCmd      `cmd:"" help:"Once, as root: prepare this host for a rootless agent (resolver address, port 53, /dev/net/tun)."`
+	Schema     SchemaCmd     `cmd:"" help:"Print the JSON Schema of a manifest."`
+	Snapshot   SnapshotCmd   `cmd:"" help:"Save the replicated state to a file, or restore it through Raft."`
+	Recover    RecoverCmd    `cmd:"" help:"With the agent stopped, make this node the only voter (when the majority of voters is gone for good)."`
+	Version    VersionCmd    `cmd:"" help:"Print the version."`
+	Completion CompletionCmd `cmd:"" help:"Print a shell completion script (bash, zsh, fish)."`
+
+	VersionFlag kong.VersionFlag `name:"version" help:"Print the version and exit."`
 }
 
 func main() {
@@ -106,6 +112,7 @@ func main() {
 		kong.Name("mesh"),
 		kong.Description("mesh: one binary per machine; the fleet keeps a replicated roster and each node runs its share of modules on Podman."),
 		kong.UsageOnError(),
+		kong.Vars{"version": "mesh " + version},
 		kong.Exit(func(code int) {
 			if code == 80 { // kong's usage-error code; ours is 2
 				code = exitUsage
@@ -116,7 +123,13 @@ func main() {
 	if err != nil {
 		panic(err)
 	}
-	ctx, err := parser.Parse(os.Args[1:])
+	// With COMP_LINE set (a shell asking for completions), answer and exit.
+	kongplete.Complete(parser, kongplete.WithPredictors(completionPredictors(&cli.Globals)))
+	args := os.Args[1:]
+	if len(args) == 0 {
+		args = []string{"--help"} // a bare mesh shows its usage, exit 0
+	}
+	ctx, err := parser.Parse(args)
 	if err != nil {
 		var pe *kong.ParseError
 		if errors.As(err, &pe) {
@@ -189,8 +202,8 @@ func (c *InitCmd) Run(g *Globals) error {
 type JoinCmd struct {
 	Peer     string `arg:"" name:"ADDRESS" help:"Any node of the mesh, IP[:PORT]."`
 	Token    string `required:"" env:"MESH_TOKEN" help:"The join token from mesh token on a node of the mesh."`
-	Name     string `required:"" help:"This node's name (a DNS label)."`
-	Address  string `required:"" placeholder:"IP" help:"The IP other nodes reach this one at."`
+	Name     string `help:"This node's name (a DNS label). Default: the short host name, lower-cased."`
+	Address  string `placeholder:"IP" help:"The IP other nodes reach this one at. Default: this machine's source address toward ADDRESS."`
 	Port     int    `default:"7430" help:"TCP port for node-to-node traffic."`
 	LogStore string `name:"log-store" default:"wal" enum:"wal,boltdb" help:"Raft log store."`
 }
@@ -198,6 +211,20 @@ type JoinCmd struct {
 // Run joins and exits.
 func (c *JoinCmd) Run(g *Globals) error {
 	privateUmask()
+	if c.Name == "" {
+		n, err := hostLabel()
+		if err != nil {
+			return usageError{fmt.Errorf("%v; name this node with --name", err)}
+		}
+		c.Name = n
+	}
+	if c.Address == "" {
+		a, err := sourceAddressToward(c.Peer)
+		if err != nil {
+			return usageError{fmt.Errorf("no address toward %s (%v); give this node's with --address", c.Peer, err)}
+		}
+		c.Address = a
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err := cluster.Join(ctx, cluster.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: c.Token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore})
@@ -208,12 +235,57 @@ func (c *JoinCmd) Run(g *Globals) error {
 	return nil
 }
 
-// TokenCmd prints the join token.
-type TokenCmd struct {
-	Rotate bool `help:"Replace the token; the old one stops working."`
+// hostLabel is the short host name as a DNS label: lower-cased, '_' as '-',
+// other characters dropped.
+func hostLabel() (string, error) {
+	h, err := os.Hostname()
+	if err != nil {
+		return "", err
+	}
+	return labelOf(h)
 }
 
-// Run prints it.
+func labelOf(h string) (string, error) {
+	h, _, _ = strings.Cut(strings.ToLower(h), ".")
+	var b strings.Builder
+	for _, r := range h {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
+			b.WriteRune(r)
+		case r == '_':
+			b.WriteRune('-')
+		}
+	}
+	l := strings.Trim(b.String(), "-")
+	if l == "" || len(l) > 63 {
+		return "", fmt.Errorf("the host name %q makes no DNS label", h)
+	}
+	return l, nil
+}
+
+// sourceAddressToward is the address this machine sends from toward peer
+// (IP[:PORT]): a UDP "connection" picks the route, sending nothing.
+func sourceAddressToward(peer string) (string, error) {
+	host := peer
+	if h, _, err := net.SplitHostPort(peer); err == nil {
+		host = h
+	}
+	c, err := net.Dial("udp", net.JoinHostPort(host, "7430"))
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}
+
+// TokenCmd prints the join token.
+type TokenCmd struct {
+	Rotate   bool `help:"Replace the token; the old one stops working."`
+	JoinLine bool `name:"join-line" help:"Print the command a new machine runs to join (printed too, after the token, when the output is a terminal)."`
+}
+
+// Run prints it: the token alone when captured ($(mesh token)), with the
+// ready-to-paste join line on a terminal or with --join-line.
 func (c *TokenCmd) Run(g *Globals) error {
 	ctx, cancel := timeout()
 	defer cancel()
@@ -221,7 +293,36 @@ func (c *TokenCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	line := func() string {
+		st, err := g.client().Status(ctx)
+		if err != nil {
+			return ""
+		}
+		for _, n := range st.Nodes {
+			if n.Name == st.Node {
+				addr := n.Address
+				if n.Port != 0 && n.Port != 7430 {
+					addr = net.JoinHostPort(n.Address, strconv.Itoa(n.Port))
+				}
+				return fmt.Sprintf("mesh join %s --token %s", addr, t)
+			}
+		}
+		return ""
+	}
+	if c.JoinLine {
+		l := line()
+		if l == "" {
+			return fmt.Errorf("this node is not in its own status yet; try again")
+		}
+		fmt.Fprintln(g.out, l)
+		return nil
+	}
 	fmt.Fprintln(g.out, t)
+	if f, ok := g.out.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		if l := line(); l != "" {
+			fmt.Fprintf(g.out, "\non the new machine, as root (name and address default to its host name\nand its address toward this node):\n  %s\n", l)
+		}
+	}
 	return nil
 }
 
@@ -344,7 +445,7 @@ func (c *NodeListCmd) Run(g *Globals) error {
 
 // NodePublicDomainCmd sets a public domain.
 type NodePublicDomainCmd struct {
-	Node    string        `arg:"" help:"The node."`
+	Node    string        `arg:"" predictor:"node" help:"The node."`
 	Domain  string        `arg:"" optional:"" help:"The public domain, e.g. zurag.be."`
 	Clear   bool          `help:"Remove the node's public domain."`
 	Wait    bool          `help:"Return when the node has applied its new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
@@ -402,7 +503,7 @@ func waitChanged(g *Globals, index uint64, limit time.Duration) error {
 
 // NodeRemoveCmd removes a node.
 type NodeRemoveCmd struct {
-	Node  string `arg:"" help:"The node."`
+	Node  string `arg:"" predictor:"node" help:"The node."`
 	Force bool   `help:"Remove it even though modules are still assigned to it (they are unassigned)."`
 }
 
@@ -522,7 +623,7 @@ func (c *ModuleListCmd) Run(g *Globals) error {
 
 // ModuleShowCmd prints a manifest.
 type ModuleShowCmd struct {
-	Name string `arg:"" help:"The module."`
+	Name string `arg:"" predictor:"module" help:"The module."`
 }
 
 // Run prints it.
@@ -539,7 +640,7 @@ func (c *ModuleShowCmd) Run(g *Globals) error {
 
 // ModuleRemoveCmd removes a module.
 type ModuleRemoveCmd struct {
-	Name string `arg:"" help:"The module."`
+	Name string `arg:"" predictor:"module" help:"The module."`
 }
 
 // Run removes it.
@@ -556,8 +657,8 @@ func (c *ModuleRemoveCmd) Run(g *Globals) error {
 
 // AssignCmd assigns a module to a node.
 type AssignCmd struct {
-	Node    string        `arg:"" help:"The node."`
-	Module  string        `arg:"" help:"The module."`
+	Node    string        `arg:"" predictor:"node" help:"The node."`
+	Module  string        `arg:"" predictor:"module" help:"The module."`
 	Wait    bool          `help:"Return when the node has applied the new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 }
@@ -569,8 +670,8 @@ func (c *AssignCmd) Run(g *Globals) error {
 
 // UnassignCmd unassigns a module from a node.
 type UnassignCmd struct {
-	Node    string        `arg:"" help:"The node."`
-	Module  string        `arg:"" help:"The module."`
+	Node    string        `arg:"" predictor:"node" help:"The node."`
+	Module  string        `arg:"" predictor:"module" help:"The module."`
 	Wait    bool          `help:"Return when the node has applied the new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 }
@@ -738,7 +839,7 @@ func printOutcomes(w io.Writer, r *state.Report) {
 
 // PlanCmd shows a node's plan.
 type PlanCmd struct {
-	Node    string `arg:"" help:"The node."`
+	Node    string `arg:"" predictor:"node" help:"The node."`
 	Diff    bool   `help:"Show what changed between the last two plan versions."`
 	History bool   `help:"List every plan version, newest first."`
 	JSON    bool   `name:"json" help:"Print JSON."`

@@ -145,6 +145,14 @@ func TestOneNodeMesh(t *testing.T) {
 
 	n.must("module", "add", examples("whoami.yaml"), examples("postgres.yaml"), examples("postgres-exporter.yaml"))
 	n.must("assign", "ace", "whoami")
+	// Completion offers the nodes and modules the agent knows.
+	for line, want := range map[string]string{"mesh assign ": "ace", "mesh assign ace ": "postgres-exporter"} {
+		c := exec.Command(meshBin)
+		c.Env = append(os.Environ(), "COMP_LINE="+line, "MESH_DATA_DIR="+n.dir)
+		if out, _ := c.CombinedOutput(); !strings.Contains(string(out), want) {
+			t.Fatalf("completing %q: %q, want %q", line, out, want)
+		}
+	}
 
 	// Unknown node and module: exit 1, naming what exists. Usage: exit 2.
 	if _, errOut, code := n.run("assign", "nope", "whoami"); code != 1 || !strings.Contains(errOut, `node "nope" is not in the mesh (known: ace)`) {
