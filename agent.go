@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -33,6 +34,7 @@ type AgentCmd struct {
 	DNSTTL       time.Duration `name:"dns-ttl" default:"5s" help:"TTL of the mesh's answers: how stale a cached answer may be, plus replication lag."`
 	Resync       time.Duration `default:"30s" help:"Periodic apply that catches drift."`
 	LogLevel     string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	LogFormat    string        `name:"log-format" default:"text" enum:"text,json" help:"text (key=value) or json (one object a line). Raft's and Podman's lines come through at their own levels."`
 }
 
 // rootless reports whether this process runs in a user namespace or as a
@@ -65,7 +67,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 	privateUmask()
 	var lvl slog.Level
 	lvl.UnmarshalText([]byte(c.LogLevel))
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	log := newLogger(os.Stderr, c.LogFormat, lvl)
 	ctx, cancel := signalContext()
 	defer cancel()
 
@@ -345,4 +347,19 @@ func absDir(dir string) string {
 		return abs
 	}
 	return dir
+}
+
+// newLogger is the agent's one logger. Everything else that logs is routed
+// into it: the standard library's log package (slog.SetDefault), Raft
+// (cluster's hclog adapter) and the Podman bindings' logrus (podman.RouteLogs).
+func newLogger(w io.Writer, format string, lvl slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: lvl}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
+	if format == "json" {
+		h = slog.NewJSONHandler(w, opts)
+	}
+	log := slog.New(h)
+	slog.SetDefault(log)
+	podman.RouteLogs(log)
+	return log
 }

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -41,7 +42,31 @@ func (h *hclogSlog) Log(level hclog.Level, msg string, args ...any) {
 	if level < h.level {
 		return
 	}
-	h.log.Log(context.Background(), slogLevel(level), msg, append(append([]any{}, h.args...), args...)...)
+	all := append(append([]any{}, h.args...), args...)
+	for i := 1; i < len(all); i += 2 {
+		all[i] = plainValue(all[i])
+	}
+	h.log.Log(context.Background(), slogLevel(level), msg, all...)
+}
+
+// plainValue renders what Raft passes as values the way hclog would: a
+// hclog.Fmt formatted, a Stringer or an error as its text (a JSON handler
+// would otherwise print ["%+v", ...] or a struct's fields).
+func plainValue(v any) any {
+	switch v := v.(type) {
+	case hclog.Format:
+		if len(v) > 0 {
+			if f, ok := v[0].(string); ok {
+				return fmt.Sprintf(f, v[1:]...)
+			}
+		}
+		return fmt.Sprint(v...)
+	case error:
+		return v.Error()
+	case fmt.Stringer:
+		return v.String()
+	}
+	return v
 }
 func (h *hclogSlog) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }
 func (h *hclogSlog) Debug(msg string, args ...any) { h.Log(hclog.Debug, msg, args...) }

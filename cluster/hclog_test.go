@@ -2,27 +2,41 @@ package cluster
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/hashicorp/go-hclog"
 )
 
-// Issue 9 item 9: Raft's lines keep their level, so --log-level warn shows
-// Raft's warnings and hides its chatter, with one timestamp.
-func TestRaftLinesKeepTheirLevel(t *testing.T) {
-	var b bytes.Buffer
-	l := newHclog(slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelWarn})), "raft")
-	l.Info("entering follower state", "follower", "x")
-	l.Warn("heartbeat timeout reached", "last-leader-id", "n1")
-	l.Named("net").Error("failed to decode", "error", "eof")
-	out := b.String()
-	if strings.Contains(out, "entering follower state") {
-		t.Fatalf("an info line passed a warn level:\n%s", out)
+// Raft's lines through the adapter into a JSON handler: one object a line,
+// at Raft's own level, with hclog.Fmt values and Stringers as text.
+func TestHclogAdapterJSON(t *testing.T) {
+	var buf bytes.Buffer
+	l := newHclog(slog.New(slog.NewJSONHandler(&buf, nil)), "raft")
+	l.Warn("heartbeat timeout reached, starting election", "last-leader-addr", hclog.Fmt("%s:%d", "10.0.0.1", 7430), "err", errors.New("boom"))
+	l.Debug("not shown at the default level")
+	l.Info("entering follower state", "follower", stringer("Node at 10.0.0.2 [Follower]"))
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want 2 lines, got %q", buf.String())
 	}
-	if !strings.Contains(out, `level=WARN msg="heartbeat timeout reached" component=raft last-leader-id=n1`) || !strings.Contains(out, `level=ERROR msg="failed to decode" component=raft error=eof`) {
-		t.Fatalf("levels or pairs lost:\n%s", out)
+	var w map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &w); err != nil {
+		t.Fatal(err)
 	}
-	if strings.Count(out, "time=") != 2 {
-		t.Fatalf("one timestamp per line:\n%s", out)
+	if w["level"] != "WARN" || w["component"] != "raft" || w["last-leader-addr"] != "10.0.0.1:7430" || w["err"] != "boom" {
+		t.Fatalf("warn line: %v", w)
+	}
+	var i map[string]any
+	json.Unmarshal([]byte(lines[1]), &i)
+	if i["level"] != "INFO" || i["follower"] != "Node at 10.0.0.2 [Follower]" {
+		t.Fatalf("info line: %v", i)
 	}
 }
+
+type stringer string
+
+func (s stringer) String() string { return string(s) }

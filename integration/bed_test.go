@@ -304,6 +304,8 @@ type agent struct {
 	cmd   *exec.Cmd
 	mu    sync.Mutex
 	lines []string
+	// json: the agent logs with --log-format json.
+	json bool
 }
 
 func (h *host) newAgent(t testing.TB) *agent {
@@ -376,7 +378,11 @@ func (a *agent) start() {
 func (a *agent) startAsync() (waitReady func()) {
 	t := a.h.t
 	t.Helper()
-	cmd := a.command("agent", "--data-dir", a.n.dir, "--dns-address", a.h.dnsAddr, "--podman-socket", a.h.sock, "--resync", "1s", "--log-level", "debug")
+	args := []string{"agent", "--data-dir", a.n.dir, "--dns-address", a.h.dnsAddr, "--podman-socket", a.h.sock, "--resync", "1s", "--log-level", "debug"}
+	if a.json {
+		args = append(args, "--log-format", "json")
+	}
+	cmd := a.command(args...)
 	if a.h.netns != "" {
 		cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+a.h.conf)
 	}
@@ -400,7 +406,7 @@ func (a *agent) startAsync() (waitReady func()) {
 			a.mu.Lock()
 			a.lines = append(a.lines, sc.Text())
 			a.mu.Unlock()
-			if strings.Contains(sc.Text(), `msg="agent ready"`) {
+			if strings.Contains(sc.Text(), `msg="agent ready"`) || strings.Contains(sc.Text(), `"msg":"agent ready"`) {
 				once.Do(func() { close(ready) })
 			}
 		}
