@@ -7,7 +7,7 @@ say() { printf '\033[1m== %s\033[0m\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 need_root() {
-	[ "$(id -u)" = 0 ] || die "run this as root (sudo $0): it installs packages"
+	[ "$(id -u)" = 0 ] || die "run this as root (su -, or sudo bash $0): it installs packages"
 }
 
 apt_updated=

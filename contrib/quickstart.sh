@@ -3,7 +3,7 @@
 # Go if missing, builds mesh into /usr/local/bin, initialises /var/lib/mesh once
 # and starts the agent (under systemd when PID 1 is systemd, else in the
 # background with its log in /var/log/mesh-agent.log).
-# Usage: sudo bash contrib/quickstart.sh   (MESH_NAME / MESH_ADDRESS override)
+# Usage, as root: bash contrib/quickstart.sh   (MESH_NAME / MESH_ADDRESS override)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . contrib/lib.sh

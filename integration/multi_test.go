@@ -117,7 +117,17 @@ func TestMultiNode(t *testing.T) {
 	// A fourth node joins as a non-voting replica (three voters by default);
 	// after mesh token --rotate the old token admits no one.
 	n4 := newNetnsNode(t, 4)
-	n4.run("join", n[1].addr(), "--token", token, "--name", "n4", "--address", n4.addr(), "--data-dir", n4.n.dir)
+	// It joins with the line `mesh token --join-line` prints, as pasted:
+	// its name is its host name (a UTS namespace of its own says n4) and its
+	// address the one it reaches n1 from.
+	line := strings.Fields(n[1].mesh("token", "--join-line"))
+	if len(line) != 5 || line[0] != "mesh" || line[1] != "join" || line[3] != "--token" || line[4] != token {
+		t.Fatalf("join line: %q", line)
+	}
+	join := exec.Command("unshare", append([]string{"--uts", "sh", "-c", `hostname N4.bed.example && exec "$0" "$@"`, meshBin}, append(line[1:], "--data-dir", n4.n.dir)...)...)
+	if out, err := inNetns(n4.h.netns, join).CombinedOutput(); err != nil || !strings.Contains(string(out), "joined the mesh as n4 ("+n4.addr()+")") {
+		t.Fatalf("the pasted join line: %v\n%s", err, out)
+	}
 	n4.start()
 	eventually(t, 30*time.Second, "n4 replicates the state", func() (bool, string) {
 		out := n4.resolve("n1.internal")
@@ -270,6 +280,11 @@ func TestMultiNode(t *testing.T) {
 	if client == leader {
 		client = n[2]
 	}
+	// The client's agent logs JSON from here on (issue 12): every line of it
+	// must parse, and Raft's warnings about the lost leader come at WARN.
+	client.stop()
+	client.json = true
+	client.start()
 	// The third node (neither the client nor the leader) is cut off for
 	// assigns 20 to 50 and heals; the leader is killed at 60. Every
 	// acknowledged assign must end on every node; every refused one must
@@ -313,6 +328,19 @@ func TestMultiNode(t *testing.T) {
 		reasons[said]++
 	}
 	t.Logf("%s cut off for assigns 20-50, kill -9 of %s at assign 60: %d of 200 acknowledged, %d refused (%v)", third.name, leader.name, len(acked), failed, reasons)
+	raftWarns := 0
+	for _, l := range strings.Split(client.log(), "\n") {
+		var line struct{ Time, Level, Msg, Component string }
+		if err := json.Unmarshal([]byte(l), &line); err != nil || line.Time == "" || line.Level == "" || line.Msg == "" {
+			t.Fatalf("--log-format json wrote a line that is not a log object (%v): %q", err, l)
+		}
+		if line.Component == "raft" && line.Level == "WARN" {
+			raftWarns++
+		}
+	}
+	if raftWarns == 0 {
+		t.Fatalf("no raft line at WARN in the client's JSON log after the leader was killed:\n%s", client.log())
+	}
 	if len(acked) < 150 {
 		t.Fatalf("only %d assigns acknowledged: the mesh did not recover from losing its leader", len(acked))
 	}
