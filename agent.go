@@ -19,6 +19,7 @@ import (
 	"mesh/cluster"
 	"mesh/cluster/api"
 	"mesh/dnsd"
+	"mesh/internal/metrics"
 	"mesh/podman"
 	"mesh/reconciler"
 	"mesh/state"
@@ -28,13 +29,14 @@ import (
 
 // AgentCmd runs the node.
 type AgentCmd struct {
-	PodmanSocket string        `name:"podman-socket" env:"MESH_PODMAN_SOCKET" placeholder:"URL" help:"Podman service socket. Default: /run/podman/podman.sock for root, $XDG_RUNTIME_DIR/podman/podman.sock otherwise, where the agent starts Podman's service when none listens. A socket given here is the operator's to run."`
-	DNSAddress   string        `name:"dns-address" default:"169.254.53.53" placeholder:"IP" help:"The node's resolver address: every container's only DNS server. As root the agent puts it on a port-less bridge; on a rootless host run mesh setup once."`
-	Upstream     []string      `name:"upstream" placeholder:"HOST:PORT" help:"Resolvers for names that are not the mesh's (default: those of /etc/resolv.conf)."`
-	DNSTTL       time.Duration `name:"dns-ttl" default:"5s" help:"TTL of the mesh's answers: how stale a cached answer may be, plus replication lag."`
-	Resync       time.Duration `default:"30s" help:"Periodic apply that catches drift."`
-	LogLevel     string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
-	LogFormat    string        `name:"log-format" default:"text" enum:"text,json" help:"text (key=value) or json (one object a line). Raft's and Podman's lines come through at their own levels."`
+	PodmanSocket  string        `name:"podman-socket" env:"MESH_PODMAN_SOCKET" placeholder:"URL" help:"Podman service socket. Default: /run/podman/podman.sock for root, $XDG_RUNTIME_DIR/podman/podman.sock otherwise, where the agent starts Podman's service when none listens. A socket given here is the operator's to run."`
+	DNSAddress    string        `name:"dns-address" default:"169.254.53.53" placeholder:"IP" help:"The node's resolver address: every container's only DNS server. As root the agent puts it on a port-less bridge; on a rootless host run mesh setup once."`
+	Upstream      []string      `name:"upstream" placeholder:"HOST:PORT" help:"Resolvers for names that are not the mesh's (default: those of /etc/resolv.conf)."`
+	DNSTTL        time.Duration `name:"dns-ttl" default:"5s" help:"TTL of the mesh's answers: how stale a cached answer may be, plus replication lag."`
+	Resync        time.Duration `default:"30s" help:"Periodic apply that catches drift."`
+	LogLevel      string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
+	MetricsListen string        `name:"metrics-listen" placeholder:"ADDR" help:"Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9430): Raft, the resolver, applies, Podman call errors. Off when empty."`
+	LogFormat     string        `name:"log-format" default:"text" enum:"text,json" help:"text (key=value) or json (one object a line). Raft's and Podman's lines come through at their own levels."`
 }
 
 // rootless reports whether this process runs in a user namespace or as a
@@ -93,6 +95,13 @@ func (c *AgentCmd) Run(g *Globals) error {
 	}
 	defer m.Stop()
 	log = log.With("node", m.ID.Name)
+	var met *metrics.Metrics
+	var observeQuery func(int, bool, time.Duration)
+	var observeApply func(*state.Report, time.Duration)
+	if c.MetricsListen != "" {
+		met = metrics.New(m.Node.Stats)
+		observeQuery, observeApply = met.ObserveQuery, met.ObserveApply
+	}
 
 	// The agent starts Podman's service only on the default socket; a socket
 	// named with --podman-socket is the operator's to run.
@@ -113,7 +122,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 		}
 		return p
 	}
-	resolver, resolverAddr, err := startResolver(ctx, m.ID.Name, m.Store, m.Node.Seen, dnsAddr, c.Upstream, uint32(c.DNSTTL.Seconds()), refresh, log)
+	resolver, resolverAddr, err := startResolver(ctx, m.ID.Name, m.Store, m.Node.Seen, dnsAddr, c.Upstream, uint32(c.DNSTTL.Seconds()), refresh, observeQuery, log)
 	if err != nil {
 		return err
 	}
@@ -123,9 +132,13 @@ func (c *AgentCmd) Run(g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("find this binary (the resolver probe runs it): %w", err)
 	}
+	var rt reconciler.Runtime = pm
+	if met != nil {
+		rt = met.Runtime(pm)
+	}
 	rec, err := reconciler.New(reconciler.Config{
 		Node: m.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(dir, "ledger.json"), DataDir: dir,
-		Secret: m.Store.Secret, Logger: log,
+		Secret: m.Store.Secret, Logger: log, Observe: observeApply,
 		Probe: &reconciler.ProbeConfig{Binary: self, Name: func(ctx context.Context) string {
 			domain := state.DefaultDomain
 			if st, err := m.Store.Settings(ctx); err == nil {
@@ -133,7 +146,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 			}
 			return m.ID.Name + "." + domain
 		}},
-	}, pm)
+	}, rt)
 	if err != nil {
 		return err
 	}
@@ -147,6 +160,13 @@ func (c *AgentCmd) Run(g *Globals) error {
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
+	if met != nil {
+		at, err := met.Serve(ctx, c.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen %s: %w", c.MetricsListen, err)
+		}
+		log.Info("metrics listening", "addr", "http://"+at.String()+"/metrics")
+	}
 	log.Info("agent ready", "data_dir", dir, "raft", m.Node.Addr(), "resolver", resolverAddr)
 
 	go followSubnets(ctx, pm, resolver, c.Resync)
@@ -216,7 +236,7 @@ func (c *AgentCmd) reexecUnshared(g *Globals) error {
 	}
 }
 
-func startResolver(ctx context.Context, self string, store *state.Store, live func() map[string]cluster.Seen, addr netip.Addr, upstreams []string, ttl uint32, refresh func() []netip.Prefix, log *slog.Logger) (*dnsd.Server, string, error) {
+func startResolver(ctx context.Context, self string, store *state.Store, live func() map[string]cluster.Seen, addr netip.Addr, upstreams []string, ttl uint32, refresh func() []netip.Prefix, observe func(int, bool, time.Duration), log *slog.Logger) (*dnsd.Server, string, error) {
 	if len(upstreams) == 0 {
 		var err error
 		if upstreams, err = dnsd.UpstreamsFromResolvConf("/etc/resolv.conf", addr); err != nil {
@@ -229,7 +249,7 @@ func startResolver(ctx context.Context, self string, store *state.Store, live fu
 	if st, err := store.Settings(ctx); err == nil {
 		domain = st.Domain
 	}
-	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, TTL: ttl, Refresh: refresh, Logger: log}, domain)
+	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, TTL: ttl, Refresh: refresh, Observe: observe, Logger: log}, domain)
 	if err != nil {
 		return nil, "", err
 	}

@@ -70,6 +70,39 @@ func defaultDataDir() string {
 
 func (g *Globals) client() *api.Client { return api.NewClient(g.dir()) }
 
+// writer is the client for a write: one that only previews it on --dry-run.
+func (g *Globals) writer(dryRun bool) *api.Client {
+	if dryRun {
+		return g.client().DryRun()
+	}
+	return g.client()
+}
+
+// printPreview prints what a write would do; nothing was written.
+func printPreview(g *Globals, p *state.Preview) error {
+	fmt.Fprintf(g.out, "dry run at log index %d: nothing was written\n", p.Index)
+	if len(p.Nodes) == 0 && len(p.Names) == 0 {
+		fmt.Fprintln(g.out, "no node's plan and no name would change")
+		return nil
+	}
+	for _, n := range p.Nodes {
+		fmt.Fprintf(g.out, "%s:\n", n.Node)
+		if n.ComposeError != "" {
+			fmt.Fprintf(g.out, "  ! its plan would stop composing (it keeps its last good plan): %s\n", n.ComposeError)
+		}
+		for _, a := range n.Actions {
+			fmt.Fprintf(g.out, "  %s\n", a)
+		}
+	}
+	if len(p.Names) > 0 {
+		fmt.Fprintln(g.out, "names:")
+		for _, c := range p.Names {
+			fmt.Fprintf(g.out, "  %s %s -> %s\n", c.Op, c.Name, c.Address)
+		}
+	}
+	return nil
+}
+
 // status reads the local agent's status, within the usual timeout.
 func (g *Globals) status() (api.Status, error) {
 	ctx, cancel := timeout()
@@ -450,6 +483,7 @@ type NodePublicDomainCmd struct {
 	Clear   bool          `help:"Remove the node's public domain."`
 	Wait    bool          `help:"Return when the node has applied its new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
+	DryRun  bool          `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
 }
 
 // Run sets or clears it.
@@ -459,9 +493,12 @@ func (c *NodePublicDomainCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := timeout()
 	defer cancel()
-	r, err := g.client().PublicDomain(ctx, c.Node, strings.ToLower(c.Domain))
+	r, err := g.writer(c.DryRun).PublicDomain(ctx, c.Node, strings.ToLower(c.Domain))
 	if err != nil {
 		return err
+	}
+	if r.Preview != nil {
+		return printPreview(g, r.Preview)
 	}
 	if c.Clear {
 		fmt.Fprintf(g.out, "cleared the public domain of %s (log index %d)\n", c.Node, r.Index)
@@ -532,6 +569,7 @@ type ModuleAddCmd struct {
 	Files   []string      `arg:"" type:"existingfile" help:"Manifest files." name:"FILE"`
 	Wait    bool          `help:"Return when every node whose plan changed has applied it and the health checks of the containers it changed pass; exit 1 if any fails."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
+	DryRun  bool          `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
 }
 
 // Run checks every file first, then adds them in one command.
@@ -542,9 +580,12 @@ func (c *ModuleAddCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := timeout()
 	defer cancel()
-	r, err := g.client().AddModules(ctx, req)
+	r, err := g.writer(c.DryRun).AddModules(ctx, req)
 	if err != nil {
 		return err
+	}
+	if r.Preview != nil {
+		return printPreview(g, r.Preview)
 	}
 	fmt.Fprintf(g.out, "added %s (log index %d)\n", strings.Join(r.Modules, ", "), r.Index)
 	if !c.Wait {
@@ -640,16 +681,20 @@ func (c *ModuleShowCmd) Run(g *Globals) error {
 
 // ModuleRemoveCmd removes a module.
 type ModuleRemoveCmd struct {
-	Name string `arg:"" predictor:"module" help:"The module."`
+	Name   string `arg:"" predictor:"module" help:"The module."`
+	DryRun bool   `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
 }
 
 // Run removes it.
 func (c *ModuleRemoveCmd) Run(g *Globals) error {
 	ctx, cancel := timeout()
 	defer cancel()
-	r, err := g.client().RemoveModule(ctx, c.Name)
+	r, err := g.writer(c.DryRun).RemoveModule(ctx, c.Name)
 	if err != nil {
 		return err
+	}
+	if r.Preview != nil {
+		return printPreview(g, r.Preview)
 	}
 	fmt.Fprintf(g.out, "removed module %s (log index %d)\n", c.Name, r.Index)
 	return nil
@@ -661,11 +706,12 @@ type AssignCmd struct {
 	Module  string        `arg:"" predictor:"module" help:"The module."`
 	Wait    bool          `help:"Return when the node has applied the new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
+	DryRun  bool          `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
 }
 
 // Run assigns it.
 func (c *AssignCmd) Run(g *Globals) error {
-	return assign(g, state.OpAssign, c.Node, c.Module, c.Wait, c.Timeout)
+	return assign(g, state.OpAssign, c.Node, c.Module, c.Wait, c.DryRun, c.Timeout)
 }
 
 // UnassignCmd unassigns a module from a node.
@@ -674,19 +720,23 @@ type UnassignCmd struct {
 	Module  string        `arg:"" predictor:"module" help:"The module."`
 	Wait    bool          `help:"Return when the node has applied the new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
+	DryRun  bool          `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
 }
 
 // Run unassigns it.
 func (c *UnassignCmd) Run(g *Globals) error {
-	return assign(g, state.OpUnassign, c.Node, c.Module, c.Wait, c.Timeout)
+	return assign(g, state.OpUnassign, c.Node, c.Module, c.Wait, c.DryRun, c.Timeout)
 }
 
-func assign(g *Globals, op, node, module string, wait bool, limit time.Duration) error {
+func assign(g *Globals, op, node, module string, wait, dryRun bool, limit time.Duration) error {
 	ctx, cancel := timeout()
 	defer cancel()
-	r, err := g.client().Assign(ctx, op, node, module)
+	r, err := g.writer(dryRun).Assign(ctx, op, node, module)
 	if err != nil {
 		return err
+	}
+	if r.Preview != nil {
+		return printPreview(g, r.Preview)
 	}
 	verb := "assigned %s to %s"
 	if op == state.OpUnassign {
@@ -944,88 +994,9 @@ func printComposeError(w io.Writer, p api.PlansReply) {
 
 // StatusCmd shows the mesh.
 type StatusCmd struct {
-	JSON bool `name:"json" help:"Print JSON."`
-}
-
-// Run prints the status.
-func (c *StatusCmd) Run(g *Globals) error {
-	ctx, cancel := timeout()
-	defer cancel()
-	st, err := g.client().Status(ctx)
-	if err != nil {
-		return err
-	}
-	if c.JSON {
-		return printJSON(g.out, st)
-	}
-	w := g.out
-	fmt.Fprintf(w, "mesh %s, domain %s; this node: %s (%s), leader: %s, applied index %d\n\n", st.MeshID, st.Domain, st.Node, strings.ToLower(st.RaftState), dash(st.Leader), st.AppliedIndex)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tPUBLIC DOMAIN\tVERSION\tPLAN\tAPPLIED\tSTATE")
-	for _, n := range st.Nodes {
-		plan, applied := "-", "-"
-		if n.PlanVersion > 0 {
-			plan = fmt.Sprintf("v%d (%d resources)", n.PlanVersion, n.Resources)
-		}
-		if n.AppliedVersion > 0 {
-			applied = fmt.Sprintf("v%d", n.AppliedVersion)
-		}
-		stateText := "ok"
-		switch {
-		case !n.Reachable && n.LastSeen == nil:
-			stateText = "unreachable (not heard from since this node started)"
-		case !n.Reachable:
-			stateText = fmt.Sprintf("unreachable (last seen %s ago)", time.Since(*n.LastSeen).Round(time.Second))
-		case n.ComposeError != "":
-			stateText = "plan does not compose: " + n.ComposeError
-		case n.ApplyError != "":
-			stateText = "apply failed: " + strings.ReplaceAll(n.ApplyError, "\n", " | ")
-		case n.PlanVersion > n.AppliedVersion:
-			stateText = "not applied yet"
-		case n.Report != nil && len(n.Report.Unhealthy()) > 0:
-			stateText = "unhealthy containers (below)"
-		case n.Report != nil && len(n.Report.Exits) > 0:
-			stateText = "containers exited (below)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), dash(n.Version), plan, applied, stateText)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	// What failed, what waits behind it, and what the host keeps, per node.
-	for _, n := range st.Nodes {
-		if n.Report == nil {
-			continue
-		}
-		for _, f := range n.Report.Failures {
-			fmt.Fprintf(w, "\n%s: module %s failed at %s: %s\n", n.Name, dash(f.Module), f.Resource, strings.ReplaceAll(f.Reason, "\n", "\n    "))
-			if len(f.Waiting) > 0 {
-				fmt.Fprintf(w, "  waiting on it: %s\n", strings.Join(f.Waiting, ", "))
-			}
-		}
-		for _, rr := range n.Report.Resources {
-			if rr.Outcome == "kept" {
-				fmt.Fprintf(w, "%s: kept %s (%s): %s\n", n.Name, rr.Name, rr.Module, rr.Reason)
-			}
-		}
-		for _, h := range n.Report.Health {
-			if h.Status == state.HealthHealthy {
-				continue
-			}
-			line := fmt.Sprintf("%s: container %s (%s) is %s since %s", n.Name, h.Container, h.Module, h.Status, h.Since.Local().Format(time.TimeOnly))
-			if h.Status == state.HealthUnhealthy {
-				line += fmt.Sprintf(", %d failed check(s) in a row; last output: %q", h.FailingStreak, h.Output)
-			}
-			fmt.Fprintln(w, line)
-		}
-		for _, e := range n.Report.Exits {
-			fmt.Fprintf(w, "%s: container %s (%s) exited with code %d at %s; Podman restarted it %d time(s)\n", n.Name, e.Container, e.Module, e.ExitCode, e.At.Local().Format(time.TimeOnly), e.Restarts)
-			if e.Logs != "" {
-				fmt.Fprintf(w, "  last lines:\n    %s\n", strings.ReplaceAll(e.Logs, "\n", "\n    "))
-			}
-		}
-	}
-	return nil
+	JSON     bool          `name:"json" help:"Print JSON."`
+	Watch    bool          `help:"Redraw as plans are applied, nodes come and go and health changes (a terminal is redrawn in place; otherwise each change is printed after a rule). Stop with Ctrl-C."`
+	Interval time.Duration `default:"1s" help:"How often --watch asks the agent."`
 }
 
 // RosterCmd shows the names.

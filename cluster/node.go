@@ -455,3 +455,7 @@ func (b *bytesBuffer) Persist(sink raft.SnapshotSink) error {
 }
 
 func (b *bytesBuffer) Release() {}
+
+// Stats is Raft's own view of itself: state, term, commit_index,
+// applied_index, last_log_index and the rest (strings, as Raft gives them).
+func (n *Node) Stats() map[string]string { return n.raft.Stats() }

@@ -38,6 +38,9 @@ type Config struct {
 	// source not allowed calls it (at most once a second) before it is
 	// refused, so a network created since the last refresh may ask at once.
 	Refresh func() []netip.Prefix
+	// Observe, when set, is told of every answered query: its rcode,
+	// whether it went upstream, and how long answering took.
+	Observe func(rcode int, forwarded bool, took time.Duration)
 	Logger  *slog.Logger
 }
 
@@ -279,9 +282,16 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 // answer builds the reply to req from src, forwarding if need be; nil means
 // drop it.
 func (s *Server) answer(ctx context.Context, req *dns.Msg, src netip.Addr) *dns.Msg {
+	var start time.Time
+	if s.cfg.Observe != nil {
+		start = time.Now()
+	}
 	resp, forward := s.local(req, src)
 	if forward {
-		return s.forwarded(ctx, req)
+		resp = s.forwarded(ctx, req)
+	}
+	if s.cfg.Observe != nil && resp != nil {
+		s.cfg.Observe(resp.Rcode, forward, time.Since(start))
 	}
 	return resp
 }

@@ -306,6 +306,8 @@ type agent struct {
 	lines []string
 	// json: the agent logs with --log-format json.
 	json bool
+	// extra: more flags for mesh agent.
+	extra []string
 }
 
 func (h *host) newAgent(t testing.TB) *agent {
@@ -382,6 +384,7 @@ func (a *agent) startAsync() (waitReady func()) {
 	if a.json {
 		args = append(args, "--log-format", "json")
 	}
+	args = append(args, a.extra...)
 	cmd := a.command(args...)
 	if a.h.netns != "" {
 		cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+a.h.conf)

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -74,6 +75,29 @@ func TestExamplesBed(t *testing.T) {
 		os.WriteFile(f, []byte(strings.ReplaceAll(string(b), "/srv/", srv+"/")), 0o644)
 		files = append(files, f)
 	}
+	// n2 serves metrics (issue 12 item 4), scraped from its namespace.
+	n[2].stop()
+	n[2].extra = []string{"--metrics-listen", "127.0.0.1:9430"}
+	n[2].start()
+	scrape := func() map[string]float64 {
+		out, err := exec.Command("ip", "netns", "exec", n[2].h.netns, "curl", "-sS", "-m", "5", "http://127.0.0.1:9430/metrics").CombinedOutput()
+		if err != nil {
+			t.Fatalf("scrape n2's metrics: %v\n%s", err, out)
+		}
+		m := map[string]float64{}
+		for _, l := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(l); len(f) == 2 && strings.HasPrefix(f[0], "mesh_") {
+				v, _ := strconv.ParseFloat(f[1], 64)
+				m[f[0]] = v
+			}
+		}
+		return m
+	}
+	m0 := scrape()
+	if m0["mesh_raft_term"] < 1 || m0[`mesh_raft_state{state="follower"}`]+m0[`mesh_raft_state{state="leader"}`] != 1 {
+		t.Fatalf("raft metrics: %v", m0)
+	}
+
 	n[1].mesh(append([]string{"module", "add"}, files...)...)
 	n[1].mesh("node", "public-domain", "n2", "bed.example")
 
@@ -104,7 +128,9 @@ func TestExamplesBed(t *testing.T) {
 
 	// The consumer, assigned later: its migrate step logs in with its
 	// delivered credential; it is routed without the proxy being recreated.
-	n[1].mesh("assign", "n2", "postgres-exporter", "--wait")
+	// Previewed first (issue 12): the dry run writes nothing and names what
+	// the real assign then does.
+	dryRunThenDo(t, n[1], n[2], "assign", "n2", "postgres-exporter")
 	eventually(t, 30*time.Second, "the exporter's metrics through the proxy show the database and the migration", func() (bool, string) {
 		out, err := get("pg-metrics.bed.example", "/metrics")
 		return err == nil && pgUp.MatchString(out) && migrated.MatchString(out), lastLines(out, 5) + errString(err)
@@ -118,7 +144,7 @@ func TestExamplesBed(t *testing.T) {
 
 	// A new public domain: the gate step runs again and the proxy is
 	// recreated with the new certificate, once.
-	n[1].mesh("node", "public-domain", "n2", "bed2.example", "--wait")
+	dryRunThenDo(t, n[1], n[2], "node", "public-domain", "n2", "bed2.example")
 	eventually(t, 30*time.Second, "the new domain is served, with its certificate", func() (bool, string) {
 		out, err := get("whoami.bed2.example", "/")
 		c := certFor("whoami.bed2.example")
@@ -130,6 +156,24 @@ func TestExamplesBed(t *testing.T) {
 	}
 	if out, err := get("whoami.bed.example", "/"); err == nil && strings.Contains(out, "whoami") {
 		t.Fatalf("the old domain is still routed: %s", out)
+	}
+
+	// The metrics moved with what happened on n2: applies that changed
+	// things, steps run (certificate twice, migrate once), the proxy
+	// replaced because its step ran, and queries answered.
+	for i := 0; i < 3; i++ {
+		n[2].resolve("whoami.internal")
+	}
+	m1 := scrape()
+	for name, least := range map[string]float64{
+		"mesh_apply_mutations_total": 10, "mesh_steps_run_total": 3,
+		`mesh_container_replacements_total{reason="step"}`: 1,
+		`mesh_dns_queries_total{forwarded="false",rcode="NOERROR"}`: 3,
+		`mesh_applies_total{result="ok"}`: 3,
+	} {
+		if m1[name]-m0[name] < least {
+			t.Errorf("%s moved by %v, want %v at least", name, m1[name]-m0[name], least)
+		}
 	}
 
 	// Unassigned, the consumer's role is left alone, and reported.
@@ -157,6 +201,69 @@ var (
 	pgUp     = regexp.MustCompile(`(?m)^pg_up 1$`)
 	migrated = regexp.MustCompile(`(?m)^migrations_applied\{[^}]*\} 1$`)
 )
+
+var (
+	previewLine = regexp.MustCompile(`^  [+~-] (run|rerun|create|replace) (step|container) (\S+) \((\S+)\)(?:: (.*))?$`)
+	changeLine  = regexp.MustCompile(`msg="updated (\S+) \((\S+)\): (created|ran|replaced)(?:; ([^"]*))?"`)
+)
+
+// dryRunThenDo runs a write with --dry-run, checks that it changed nothing,
+// then runs it for real (--wait) and checks that the steps and containers
+// on's agent changed are exactly those the dry run named, for the reasons
+// it gave.
+func dryRunThenDo(t *testing.T, admin, on *agent, args ...string) {
+	t.Helper()
+	plans := func() string {
+		var b strings.Builder
+		for _, n := range admin.status().Nodes {
+			fmt.Fprintf(&b, "%s=v%d ", n.Name, n.PlanVersion)
+		}
+		return b.String() + admin.mesh("roster")
+	}
+	before := plans()
+	out := admin.mesh(append(args, "--dry-run")...)
+	if !strings.Contains(out, "nothing was written") {
+		t.Fatalf("dry run: %s", out)
+	}
+	if after := plans(); after != before {
+		t.Fatalf("the dry run changed plans or names:\n%s\n%s", before, after)
+	}
+	want := map[string]string{}
+	section := ""
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasSuffix(l, ":") && !strings.HasPrefix(l, " ") {
+			section = strings.TrimSuffix(l, ":")
+			continue
+		}
+		m := previewLine.FindStringSubmatch(l)
+		if m == nil || section != on.name {
+			continue
+		}
+		name := m[3]
+		if m[2] == "step" {
+			name = m[4] + "." + m[3]
+		}
+		want[name] = map[string]string{"run": "ran", "rerun": "ran", "create": "created", "replace": "replaced"}[m[1]] + " " + m[5]
+	}
+	if len(want) == 0 {
+		t.Fatalf("the dry run names no step or container on %s:\n%s", on.name, out)
+	}
+	from := on.logLen()
+	admin.mesh(append(args, "--wait")...)
+	got := map[string]string{}
+	eventually(t, 30*time.Second, "the agent changed what the dry run said", func() (bool, string) {
+		on.mu.Lock()
+		lines := append([]string(nil), on.lines[from:]...)
+		on.mu.Unlock()
+		for _, l := range lines {
+			if m := changeLine.FindStringSubmatch(l); m != nil {
+				got[m[1]] = m[3] + " " + m[4]
+			}
+		}
+		return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprintf("dry run: %v\nagent:   %v", want, got)
+	})
+	t.Logf("%s: the dry run named %v; the agent did the same", strings.Join(args, " "), want)
+}
 
 func lastLines(s string, n int) string {
 	l := strings.Split(strings.TrimRight(s, "\n"), "\n")

@@ -182,8 +182,29 @@ func TestOneNodeMesh(t *testing.T) {
 		}
 	}
 
+	// status --watch prints again when a plan changes (issue 12 item 6).
+	watchOut := filepath.Join(t.TempDir(), "watch.out")
+	wf, _ := os.Create(watchOut)
+	watch := exec.Command(meshBin, "status", "--watch", "--interval", "200ms", "--data-dir", n.dir)
+	watch.Stdout, watch.Stderr = wf, wf
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "status --watch draws the status", func() (bool, string) {
+		b, _ := os.ReadFile(watchOut)
+		return strings.Contains(string(b), "NODE"), string(b)
+	})
 	// A public domain adds the routed name, and plan --diff shows the route.
 	n.must("node", "public-domain", "ace", "zurag.be")
+	eventually(t, 10*time.Second, "status --watch redraws with the public domain", func() (bool, string) {
+		b, _ := os.ReadFile(watchOut)
+		return strings.Count(string(b), "\n--- ") >= 1 && strings.Contains(string(b), "zurag.be"), string(b)
+	})
+	watch.Process.Signal(os.Interrupt)
+	if err := watch.Wait(); err != nil {
+		t.Fatalf("status --watch did not end cleanly on SIGINT: %v", err)
+	}
+	wf.Close()
 	if out := n.must("roster"); !strings.Contains(out, "whoami.zurag.be") {
 		t.Fatalf("routed name missing:\n%s", out)
 	}

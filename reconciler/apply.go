@@ -64,6 +64,8 @@ type Config struct {
 	Probe  *ProbeConfig
 	Logger *slog.Logger
 	Now    func() time.Time
+	// Observe, when set, is told of every apply's report and duration.
+	Observe func(rep *state.Report, took time.Duration)
 }
 
 // Reconciler applies plans on one node.

@@ -144,9 +144,13 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			// or a failing plan whose retry the backoff already schedules.
 			continue
 		}
+		began := time.Now()
 		rep := r.Apply(ctx, version, plan)
 		if ctx.Err() != nil {
 			return
+		}
+		if r.cfg.Observe != nil {
+			r.cfg.Observe(&rep, time.Since(began))
 		}
 		if rep.Error != "" {
 			backoff = min(max(cfg.MinBackoff, backoff*2), cfg.MaxBackoff)

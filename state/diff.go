@@ -107,6 +107,7 @@ func changedFields(a, b Resource) string {
 	for k := range fb {
 		keys[k] = true
 	}
+	delete(keys, "typed") // the parsed form of the fields above: the field itself is named
 	for k := range keys {
 		x, _ := json.Marshal(fa[k])
 		y, _ := json.Marshal(fb[k])

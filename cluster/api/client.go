@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -24,8 +25,17 @@ var ErrNoAgent = errors.New("no agent is running")
 
 // Client talks to the local agent over its unix socket.
 type Client struct {
-	dir  string
-	http *http.Client
+	dir    string
+	http   *http.Client
+	dryRun bool
+}
+
+// DryRun is a client whose writes are previews: the agent answers what each
+// would do (WriteResult.Preview) and writes nothing.
+func (c *Client) DryRun() *Client {
+	cp := *c
+	cp.dryRun = true
+	return &cp
 }
 
 // NewClient makes a client for the agent of the data dir.
@@ -48,6 +58,13 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 			return err
 		}
 		rd = bytes.NewReader(b)
+	}
+	if c.dryRun && method != http.MethodGet {
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		path += sep + DryRunParam + "=1"
 	}
 	req, err := http.NewRequestWithContext(ctx, method, "http://mesh"+path, rd)
 	if err != nil {

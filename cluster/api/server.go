@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -97,8 +98,32 @@ func New(cfg Config) *API {
 	mux.HandleFunc("POST /v1/token/rotate", a.rotateToken)
 	mux.HandleFunc("GET /v1/snapshot", a.snapshot)
 	mux.HandleFunc("POST /v1/snapshot/restore", a.restore)
-	a.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	a.srv = &http.Server{Handler: refuseUnpreviewable(mux), ReadHeaderTimeout: 10 * time.Second}
 	return a
+}
+
+// DryRunParam asks a write endpoint for a preview instead of the write.
+const DryRunParam = "dry-run"
+
+func dryRun(r *http.Request) bool { return r.URL.Query().Get(DryRunParam) != "" }
+
+// refuseUnpreviewable refuses a dry run of an endpoint that cannot preview,
+// rather than make the write it was asked not to make. The writes that can
+// (through a.write) are listed here.
+func refuseUnpreviewable(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if dryRun(r) && r.Method != http.MethodGet {
+			p := r.URL.Path
+			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/assign" || p == "/v1/unassign")) ||
+				(r.Method == http.MethodDelete && strings.HasPrefix(p, "/v1/modules/")) ||
+				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/nodes/") && strings.HasSuffix(p, "/public-domain"))
+			if !ok {
+				fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("%s %s cannot be previewed; run it without --dry-run", r.Method, p)})
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // Serve listens on the unix socket at path (mode 0600) until Shutdown.
@@ -203,12 +228,31 @@ func (a *API) propose(ctx context.Context, req state.Request) (uint64, error) {
 
 // write proposes req and answers with the index it was applied at, or the error.
 func (a *API) write(w http.ResponseWriter, r *http.Request, req state.Request) {
+	a.writeThen(w, r, req, WriteResult{})
+}
+
+// writeThen proposes req and answers with res and the index; asked for a dry
+// run, it answers with the preview instead and proposes nothing.
+func (a *API) writeThen(w http.ResponseWriter, r *http.Request, req state.Request, res WriteResult) {
+	if dryRun(r) {
+		c := state.NewCommand(req)
+		c.Time = a.now().UTC()
+		p, err := a.store.Preview(r.Context(), c.Encode())
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		res.Preview = p
+		reply(w, res)
+		return
+	}
 	idx, err := a.propose(r.Context(), req)
 	if err != nil {
 		fail(w, err)
 		return
 	}
-	reply(w, WriteResult{Index: idx})
+	res.Index = idx
+	reply(w, res)
 }
 
 func (a *API) status(w http.ResponseWriter, r *http.Request) {
@@ -341,6 +385,8 @@ type AddRequest struct {
 type WriteResult struct {
 	Index   uint64   `json:"index"`
 	Modules []string `json:"modules,omitempty"`
+	// Preview is set, and nothing was written, when a dry run was asked for.
+	Preview *state.Preview `json:"preview,omitempty"`
 }
 
 func (a *API) addModules(w http.ResponseWriter, r *http.Request) {
@@ -367,12 +413,7 @@ func (a *API) addModules(w http.ResponseWriter, r *http.Request) {
 		}
 		c.Secrets = append(c.Secrets, secrets...)
 	}
-	idx, err := a.propose(r.Context(), c)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	reply(w, WriteResult{Index: idx, Modules: names})
+	a.writeThen(w, r, c, WriteResult{Modules: names})
 }
 
 func (a *API) removeModule(w http.ResponseWriter, r *http.Request) {

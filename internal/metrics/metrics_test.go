@@ -1,0 +1,77 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"mesh/reconciler"
+	"mesh/state"
+)
+
+func scrape(t *testing.T, m *Metrics) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	b, _ := io.ReadAll(rec.Body)
+	return string(b)
+}
+
+func TestMetricsMove(t *testing.T) {
+	m := New(func() map[string]string {
+		return map[string]string{"state": "Leader", "term": "4", "commit_index": "20", "applied_index": "18", "last_log_index": "21"}
+	})
+	m.ObserveQuery(dns.RcodeSuccess, false, time.Millisecond)
+	m.ObserveQuery(dns.RcodeNameError, false, time.Millisecond)
+	m.ObserveQuery(dns.RcodeServerFailure, true, time.Second)
+	m.ObserveApply(&state.Report{Mutations: 5, Resources: []state.ResourceReport{
+		{Kind: "container", Name: "a", Outcome: reconciler.Replaced, Reason: "step certificate ran"},
+		{Kind: "container", Name: "b", Outcome: reconciler.Replaced, Reason: "restart-on: /srv/b/x changed"},
+		{Kind: "container", Name: "c", Outcome: reconciler.Replaced, Reason: "image changed"},
+		{Kind: "step", Name: "m.s", Outcome: reconciler.Ran},
+		{Kind: "directory", Name: "/srv/old", Outcome: reconciler.Kept},
+	}}, 2*time.Second)
+	m.ObserveApply(&state.Report{Error: "x failed"}, time.Second)
+	out := scrape(t, m)
+	for _, want := range []string{
+		`mesh_dns_queries_total{forwarded="false",rcode="NOERROR"} 1`,
+		`mesh_dns_queries_total{forwarded="false",rcode="NXDOMAIN"} 1`,
+		`mesh_dns_queries_total{forwarded="true",rcode="SERVFAIL"} 1`,
+		`mesh_apply_mutations_total 5`,
+		`mesh_container_replacements_total{reason="step"} 1`,
+		`mesh_container_replacements_total{reason="restart-on"} 1`,
+		`mesh_container_replacements_total{reason="declaration"} 1`,
+		`mesh_steps_run_total 1`,
+		`mesh_kept_paths 0`, // the last apply kept nothing
+		`mesh_applies_total{result="ok"} 1`,
+		`mesh_applies_total{result="failed"} 1`,
+		`mesh_apply_duration_seconds_count 2`,
+		`mesh_raft_state{state="leader"} 1`,
+		`mesh_raft_term 4`,
+		`mesh_raft_apply_lag 2`,
+	} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("missing %q", want)
+		}
+	}
+}
+
+type failing struct{ reconciler.Runtime }
+
+func (failing) Pull(context.Context, string) error { return errors.New("no registry") }
+
+func TestRuntimeCountsErrors(t *testing.T) {
+	m := New(nil)
+	rt := m.Runtime(failing{})
+	rt.Pull(context.Background(), "x")
+	rt.Pull(context.Background(), "x")
+	if out := scrape(t, m); !strings.Contains(out, `mesh_podman_call_errors_total{call="pull"} 2`+"\n") {
+		t.Fatalf("%s", out)
+	}
+}

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/term"
+
+	"mesh/cluster/api"
+	"mesh/state"
+)
+
+// Run prints the status, once or (--watch) as it changes.
+func (c *StatusCmd) Run(g *Globals) error {
+	if c.Watch {
+		return c.watch(g)
+	}
+	ctx, cancel := timeout()
+	defer cancel()
+	st, err := g.client().Status(ctx)
+	if err != nil {
+		return err
+	}
+	if c.JSON {
+		return printJSON(g.out, st)
+	}
+	return renderStatus(g.out, st)
+}
+
+// watch redraws the status when what it shows changes (not for a mere
+// "last seen" tick).
+func (c *StatusCmd) watch(g *Globals) error {
+	if c.Interval < 100*time.Millisecond {
+		return usageError{fmt.Errorf("--interval %s is too short; 100ms at least", c.Interval)}
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	f, _ := g.out.(*os.File)
+	tty := f != nil && term.IsTerminal(int(f.Fd()))
+	last := ""
+	for {
+		qctx, cancel := timeout()
+		st, err := g.client().Status(qctx)
+		cancel()
+		var key string
+		var b strings.Builder
+		if err != nil {
+			key = err.Error()
+			fmt.Fprintf(&b, "mesh: %v (retrying every %s)\n", err, c.Interval)
+		} else {
+			key = statusKey(st)
+			if c.JSON {
+				json.NewEncoder(&b).Encode(st)
+			} else {
+				renderStatus(&b, st)
+			}
+		}
+		if key != last || (tty && !c.JSON) {
+			switch {
+			case tty && !c.JSON:
+				fmt.Fprint(g.out, "\033[H\033[2J")
+			case last != "" && !c.JSON:
+				fmt.Fprintf(g.out, "\n--- %s ---\n", time.Now().Format(time.TimeOnly))
+			}
+			fmt.Fprint(g.out, b.String())
+			last = key
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(c.Interval):
+		}
+	}
+}
+
+// statusKey is what --watch compares: everything status shows but the
+// clock (last seen, applied index moved by reports alone).
+func statusKey(st api.Status) string {
+	type nodeKey struct {
+		Name, Address, Domain, Version, Compose, ApplyError string
+		Plan, Applied                                       uint64
+		Reachable                                           bool
+		Failures, Health, Exits, Kept                       string
+	}
+	keys := []nodeKey{}
+	for _, n := range st.Nodes {
+		k := nodeKey{Name: n.Name, Address: n.Address, Domain: n.PublicDomain, Version: n.Version, Compose: n.ComposeError, ApplyError: n.ApplyError, Plan: n.PlanVersion, Applied: n.AppliedVersion, Reachable: n.Reachable}
+		if r := n.Report; r != nil {
+			k.Failures = fmt.Sprint(r.Failures)
+			for _, h := range r.Health {
+				k.Health += h.Container + "=" + h.Status + " "
+			}
+			for _, e := range r.Exits {
+				k.Exits += fmt.Sprintf("%s=%d/%d ", e.Container, e.ExitCode, e.Restarts)
+			}
+			for _, rr := range r.Resources {
+				if rr.Outcome == "kept" {
+					k.Kept += rr.Name + " "
+				}
+			}
+		}
+		keys = append(keys, k)
+	}
+	b, _ := json.Marshal(struct {
+		Leader, State string
+		Nodes         []nodeKey
+	}{st.Leader, st.RaftState, keys})
+	return string(b)
+}
+
+// renderStatus writes the status as mesh status prints it.
+func renderStatus(w io.Writer, st api.Status) error {
+	fmt.Fprintf(w, "mesh %s, domain %s; this node: %s (%s), leader: %s, applied index %d\n\n", st.MeshID, st.Domain, st.Node, strings.ToLower(st.RaftState), dash(st.Leader), st.AppliedIndex)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tADDRESS\tPUBLIC DOMAIN\tVERSION\tPLAN\tAPPLIED\tSTATE")
+	for _, n := range st.Nodes {
+		plan, applied := "-", "-"
+		if n.PlanVersion > 0 {
+			plan = fmt.Sprintf("v%d (%d resources)", n.PlanVersion, n.Resources)
+		}
+		if n.AppliedVersion > 0 {
+			applied = fmt.Sprintf("v%d", n.AppliedVersion)
+		}
+		stateText := "ok"
+		switch {
+		case !n.Reachable && n.LastSeen == nil:
+			stateText = "unreachable (not heard from since this node started)"
+		case !n.Reachable:
+			stateText = fmt.Sprintf("unreachable (last seen %s ago)", time.Since(*n.LastSeen).Round(time.Second))
+		case n.ComposeError != "":
+			stateText = "plan does not compose: " + n.ComposeError
+		case n.ApplyError != "":
+			stateText = "apply failed: " + strings.ReplaceAll(n.ApplyError, "\n", " | ")
+		case n.PlanVersion > n.AppliedVersion:
+			stateText = "not applied yet"
+		case n.Report != nil && len(n.Report.Unhealthy()) > 0:
+			stateText = "unhealthy containers (below)"
+		case n.Report != nil && len(n.Report.Exits) > 0:
+			stateText = "containers exited (below)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), dash(n.Version), plan, applied, stateText)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// What failed, what waits behind it, and what the host keeps, per node.
+	for _, n := range st.Nodes {
+		if n.Report == nil {
+			continue
+		}
+		for _, f := range n.Report.Failures {
+			fmt.Fprintf(w, "\n%s: module %s failed at %s: %s\n", n.Name, dash(f.Module), f.Resource, strings.ReplaceAll(f.Reason, "\n", "\n    "))
+			if len(f.Waiting) > 0 {
+				fmt.Fprintf(w, "  waiting on it: %s\n", strings.Join(f.Waiting, ", "))
+			}
+		}
+		for _, rr := range n.Report.Resources {
+			if rr.Outcome == "kept" {
+				fmt.Fprintf(w, "%s: kept %s (%s): %s\n", n.Name, rr.Name, rr.Module, rr.Reason)
+			}
+		}
+		for _, h := range n.Report.Health {
+			if h.Status == state.HealthHealthy {
+				continue
+			}
+			line := fmt.Sprintf("%s: container %s (%s) is %s since %s", n.Name, h.Container, h.Module, h.Status, h.Since.Local().Format(time.TimeOnly))
+			if h.Status == state.HealthUnhealthy {
+				line += fmt.Sprintf(", %d failed check(s) in a row; last output: %q", h.FailingStreak, h.Output)
+			}
+			fmt.Fprintln(w, line)
+		}
+		for _, e := range n.Report.Exits {
+			fmt.Fprintf(w, "%s: container %s (%s) exited with code %d at %s; Podman restarted it %d time(s)\n", n.Name, e.Container, e.Module, e.ExitCode, e.At.Local().Format(time.TimeOnly), e.Restarts)
+			if e.Logs != "" {
+				fmt.Fprintf(w, "  last lines:\n    %s\n", strings.ReplaceAll(e.Logs, "\n", "\n    "))
+			}
+		}
+	}
+	return nil
+}
