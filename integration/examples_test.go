@@ -150,6 +150,24 @@ func TestExamplesBed(t *testing.T) {
 		c := certFor("whoami.bed2.example")
 		return err == nil && strings.Contains(out, "whoami") && strings.Contains(c, "DNS:*.bed2.example"), out + c
 	})
+	// why (issue 12 item 2): the proxy was replaced because its gate step
+	// ran, which ran because its request (restart-on) changed, because of
+	// the public domain; and the node's last apply says the same.
+	why := n[1].mesh("why", "n2", "route-proxy.server")
+	for _, w := range []string{
+		"by `mesh node public-domain n2 bed2.example`",
+		"~ replace container route-proxy.server (route-proxy): step certificate ran",
+		"because: ~ rerun step certificate (route-proxy): restart-on: " + srv + "/route-proxy/tls/request.cnf changed",
+		"because: ~ update routes-file " + srv + "/route-proxy/tls/request.cnf (route-proxy): resolved content changed (digest ",
+		"replaced; step certificate ran",
+	} {
+		if !strings.Contains(why, w) {
+			t.Fatalf("mesh why lacks %q:\n%s", w, why)
+		}
+	}
+	if why := n[1].mesh("why", "n2", "postgres-exporter.migrate"); !strings.Contains(why, "+ run step migrate (postgres-exporter)") || !strings.Contains(why, "by `mesh assign n2 postgres-exporter`") {
+		t.Fatalf("why migrate:\n%s", why)
+	}
 	recreated := n[2].h.containerID("route-proxy.server")
 	if recreated == proxy {
 		t.Fatal("the proxy kept the old certificate: it was not recreated after the gate step")
