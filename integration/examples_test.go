@@ -168,6 +168,13 @@ func TestExamplesBed(t *testing.T) {
 	if why := n[1].mesh("why", "n2", "postgres-exporter.migrate"); !strings.Contains(why, "+ run step migrate (postgres-exporter)") || !strings.Contains(why, "by `mesh assign n2 postgres-exporter`") {
 		t.Fatalf("why migrate:\n%s", why)
 	}
+	// roster --history (issue 12 item 3): when the routed name came and
+	// went, and which command did each.
+	hist := n[3].mesh("roster", "--history", "whoami.bed.example")
+	if !regexp.MustCompile(`appeared\s+whoami\.bed\.example\s+` + regexp.QuoteMeta(n[2].addr()) + `\s+n2\s+mesh assign n2 whoami`).MatchString(hist) ||
+		!regexp.MustCompile(`went\s+whoami\.bed\.example\s+.*mesh node public-domain n2 bed2\.example`).MatchString(hist) {
+		t.Fatalf("roster --history:\n%s", hist)
+	}
 	recreated := n[2].h.containerID("route-proxy.server")
 	if recreated == proxy {
 		t.Fatal("the proxy kept the old certificate: it was not recreated after the gate step")

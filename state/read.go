@@ -170,8 +170,10 @@ func (s *Store) Manifest(ctx context.Context, name string) (*manifest.Manifest, 
 }
 
 // Roster reads the derived names.
-func (s *Store) Roster(ctx context.Context) ([]Name, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, address, node FROM roster ORDER BY name, address, node`)
+func (s *Store) Roster(ctx context.Context) ([]Name, error) { return readRoster(ctx, s.db) }
+
+func readRoster(ctx context.Context, q queryer) ([]Name, error) {
+	rows, err := q.QueryContext(ctx, `SELECT name, address, node FROM roster ORDER BY name, address, node`)
 	if err != nil {
 		return nil, err
 	}
@@ -308,4 +310,42 @@ func joinOr(names []string, none string) string {
 
 func splitNonEmpty(s string) []string {
 	return strings.FieldsFunc(s, func(r rune) bool { return r == ',' })
+}
+
+// RosterEvent is a name that appeared ("+") or went ("-") at a log index,
+// and the command that caused it. A name that moved went from one address
+// and appeared at another at the same index.
+type RosterEvent struct {
+	Index   uint64 `json:"index"`
+	At      string `json:"at"`
+	Cause   string `json:"cause"`
+	Op      string `json:"op"`
+	Name    string `json:"name"`
+	Address string `json:"address"`
+	Node    string `json:"node"`
+}
+
+// RosterHistory lists the roster's changes, oldest first; only name's when
+// name is set.
+func (s *Store) RosterHistory(ctx context.Context, name string) ([]RosterEvent, error) {
+	q := `SELECT idx, at, cause, op, name, address, node FROM roster_history`
+	var args []any
+	if name != "" {
+		q += ` WHERE name = ?`
+		args = append(args, strings.ToLower(strings.TrimSuffix(name, ".")))
+	}
+	rows, err := s.db.QueryContext(ctx, q+` ORDER BY idx, op, name, address`, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []RosterEvent{}
+	for rows.Next() {
+		var e RosterEvent
+		if err := rows.Scan(&e.Index, &e.At, &e.Cause, &e.Op, &e.Name, &e.Address, &e.Node); err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
 }

@@ -155,6 +155,18 @@ var migrations = []string{
 	// 4: each node's Raft port, so that membership can be repaired from the
 	// state in both directions.
 	`ALTER TABLE nodes ADD COLUMN port INTEGER NOT NULL DEFAULT 0;`,
+	// 5: when each name appeared or went, and the command that caused it
+	// (the roster itself has no history; plans do).
+	`CREATE TABLE roster_history (
+		idx INTEGER NOT NULL,
+		at TEXT NOT NULL,
+		cause TEXT NOT NULL,
+		op TEXT NOT NULL,
+		name TEXT NOT NULL,
+		address TEXT NOT NULL,
+		node TEXT NOT NULL
+	 );
+	 CREATE INDEX roster_history_name ON roster_history (name, idx);`,
 }
 
 func (s *Store) migrate() error {

@@ -455,6 +455,10 @@ func TestSnapshotFormat1Restores(t *testing.T) {
 		}
 		v1[name] = rows
 	}
+	// Format 1 predates the roster's history: a replica restored from one
+	// has none until the next change.
+	delete(v1, "roster_history")
+	a.db.Exec(`DELETE FROM roster_history`)
 	raw, _ := json.Marshal(v1)
 	b := openStore(t)
 	if err := b.Restore(ctx, bytes.NewReader(raw)); err != nil {

@@ -128,6 +128,12 @@ func (c *Client) Roster(ctx context.Context) ([]state.Name, error) {
 	return r, c.do(ctx, "GET", "/v1/roster", nil, &r)
 }
 
+// RosterHistory lists when names appeared or went (only name's if set).
+func (c *Client) RosterHistory(ctx context.Context, name string) ([]state.RosterEvent, error) {
+	var h []state.RosterEvent
+	return h, c.do(ctx, "GET", "/v1/roster/history?name="+url.QueryEscape(name), nil, &h)
+}
+
 // AddModules adds or replaces manifests.
 func (c *Client) AddModules(ctx context.Context, req AddRequest) (WriteResult, error) {
 	var r WriteResult

@@ -93,6 +93,7 @@ func New(cfg Config) *API {
 	mux.HandleFunc("POST /v1/assign", a.assign(state.OpAssign))
 	mux.HandleFunc("POST /v1/unassign", a.assign(state.OpUnassign))
 	mux.HandleFunc("GET /v1/roster", a.roster)
+	mux.HandleFunc("GET /v1/roster/history", a.rosterHistory)
 	mux.HandleFunc("GET /v1/plans/{node}", a.plans)
 	mux.HandleFunc("GET /v1/token", a.token)
 	mux.HandleFunc("POST /v1/token/rotate", a.rotateToken)
@@ -456,6 +457,15 @@ func newSecrets(pairs []state.Pair) ([]state.Secret, error) {
 		out = append(out, state.Secret{Pair: p, Value: base64.RawURLEncoding.EncodeToString(b)})
 	}
 	return out, nil
+}
+
+func (a *API) rosterHistory(w http.ResponseWriter, r *http.Request) {
+	h, err := a.store.RosterHistory(r.Context(), r.URL.Query().Get("name"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, h)
 }
 
 func (a *API) roster(w http.ResponseWriter, r *http.Request) {
