@@ -1085,7 +1085,7 @@ func (c *CheckCmd) Run(g *Globals) error {
 	// Providers are checked against the files given together, so a set of
 	// modules can be checked before any of it is added.
 	for _, m := range order {
-		if err := manifest.CheckProviders(m, func(n string) (*manifest.Manifest, bool) { p, ok := parsed[n]; return p, ok }); err != nil {
+		if err := manifest.CheckProvidersOffline(m, func(n string) (*manifest.Manifest, bool) { p, ok := parsed[n]; return p, ok }); err != nil {
 			fmt.Fprintf(g.out, "note: %v\n", strings.ReplaceAll(err.Error(), "\n", "\nnote: "))
 		}
 	}

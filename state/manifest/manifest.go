@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -226,6 +227,9 @@ func Parse(file string, src []byte) (m *Manifest, err error) {
 		if _, ok := body.(*ast.MappingValueNode); !ok {
 			return nil, Errors{{File: file, Line: line(body), Msg: "a manifest is a mapping with `module:` and `resources:`; see `mesh schema`"}}
 		}
+	}
+	if errs := checkShape(file, body); len(errs) > 0 {
+		return nil, errs
 	}
 	m = &Manifest{File: file, Digest: Digest(src)}
 	dec := yaml.NewDecoder(bytes.NewReader(src), yaml.Strict(), yaml.DisallowUnknownField())
@@ -731,6 +735,17 @@ func (m *Manifest) Mounts() []MountAt { return m.mounts() }
 // names a module that exists, and a credential's provider accepts credentials.
 // lookup returns the catalogue's manifest for a module name.
 func CheckProviders(m *Manifest, lookup func(string) (*Manifest, bool)) error {
+	return checkProviders(m, lookup, "is not in the catalogue; add it first with `mesh module add`")
+}
+
+// CheckProvidersOffline is CheckProviders among the files `mesh check` was
+// given together, which knows nothing of the catalogue.
+func CheckProvidersOffline(m *Manifest, lookup func(string) (*Manifest, bool)) error {
+	return checkProviders(m, lookup, "is in none of the files checked (mesh check reads files only, not the catalogue); "+
+		"check it with its provider's file, e.g. `mesh check "+filepath.Base(m.File)+" PROVIDER.yaml`, and add the provider before this module is assigned")
+}
+
+func checkProviders(m *Manifest, lookup func(string) (*Manifest, bool), missing string) error {
 	var errs Errors
 	for i := range m.Resources {
 		r := &m.Resources[i]
@@ -740,7 +755,7 @@ func CheckProviders(m *Manifest, lookup func(string) (*Manifest, bool)) error {
 		}
 		pm, ok := lookup(r.Provider)
 		if !ok {
-			errs = append(errs, &Error{File: m.File, Line: m.Line(i), Msg: fmt.Sprintf("%s %q: provider %q is not in the catalogue; add it first with `mesh module add`", k, r.Name(), r.Provider)})
+			errs = append(errs, &Error{File: m.File, Line: m.Line(i), Msg: fmt.Sprintf("%s %q: provider %q %s", k, r.Name(), r.Provider, missing)})
 			continue
 		}
 		if k == KindCredential && pm.AcceptsCredentials == "" {

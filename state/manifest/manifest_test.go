@@ -74,7 +74,12 @@ func TestParseErrors(t *testing.T) {
 	}{
 		{"unknown key", "module: a\nresources:\n  - directory: /srv/a\n    owner: \"0:0\"\n    colour: blue\n", 5, `unknown key "colour"`},
 		{"unknown top key", "module: a\nrezources: []\n", 2, `unknown key "rezources"`},
-		{"wrong type", "module: a\nroutes:\n  - {name: web, port: eighty}\n", 3, "wrong type"},
+		{"wrong type", "module: a\nroutes:\n  - {name: web, port: eighty}\n", 3, "`port` must be a whole number, e.g. port: 3000; got the text \"eighty\""},
+		{"number for a list", "module: a\nresources:\n  - container: a.web\n    image: x\n    ports: 8080\n", 5, "`ports` must be a list, e.g. ports: [\"8080:8080\"]; got the number 8080"},
+		{"misspelt key", "module: a\nresources:\n  - container: a.web\n    imgae: x\n", 4, `unknown key "imgae"; did you mean "image"?`},
+		{"list for text", "module: a\nresources:\n  - directory: [a, b]\n", 3, "`directory` must be a single value (text), not a list"},
+		{"bool", "module: a\nresources:\n  - file: /srv/a\n    take-over: yes please\n", 4, "`take-over` must be true or false"},
+		{"unknown health key", "module: a\nresources:\n  - container: a.web\n    image: x\n    health: {comand: [x]}\n", 5, `unknown key "comand"; did you mean "command"?`},
 		{"syntax", "module: a\nresources:\n  - directory: [\n", 3, ""},
 		{"undeclared mount", "module: a\nresources:\n  - directory: /srv/a\n  - container: a.web\n    image: x\n    mounts:\n      - /srv/a:/a\n      - /srv/a/data:/data\n", 8, `host path "/srv/a/data" is not declared above it; declare it as a directory or file`},
 		{"mount declared after", "module: a\nresources:\n  - container: a.web\n    image: x\n    mounts: [\"/srv/a:/a\"]\n  - directory: /srv/a\n", 5, `host path "/srv/a" is not declared above it`},
@@ -162,6 +167,47 @@ func TestCheckProviders(t *testing.T) {
 	pg := &Manifest{Module: "postgres", AcceptsCredentials: "/srv/postgres/credentials"}
 	if err := CheckProviders(m, func(string) (*Manifest, bool) { return pg, true }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Every shape error of a file is reported at once, in line order, with the
+// key and the line; a key far from any known one gets no guess.
+func TestShapeErrorsAllAtOnce(t *testing.T) {
+	src := "module: a\nroutes:\n  - {name: web, port: \"80\"}\nresources:\n  - container: a.web\n    image: x\n    ports: 8080\n    imgae: y\n    restrat: always\n    zzzzzzzz: 1\n    env: [A]\n"
+	_, err := Parse("m.yaml", []byte(src))
+	var errs Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("%v", err)
+	}
+	want := []string{
+		"m.yaml:3: `port` must be a whole number",
+		"m.yaml:7: `ports` must be a list",
+		`m.yaml:8: unknown key "imgae"; did you mean "image"?`,
+		`m.yaml:9: unknown key "restrat"; did you mean "restart"?`,
+		`m.yaml:10: unknown key "zzzzzzzz"; ` + "`mesh schema` lists",
+		"m.yaml:11: `env` must be a mapping",
+	}
+	if len(errs) != len(want) {
+		t.Fatalf("%d errors, want %d:\n%v", len(errs), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(errs[i].Error(), w) {
+			t.Errorf("error %d: %q, want it to start with %q", i, errs[i].Error(), w)
+		}
+	}
+	if strings.Contains(err.Error(), "Go struct") || strings.Contains(err.Error(), "sequence") {
+		t.Fatalf("a decoder's words leaked: %v", err)
+	}
+}
+
+func TestEditDistance(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		d    int
+	}{{"image", "image", 0}, {"imgae", "image", 1}, {"restrat", "restart", 1}, {"mounts", "mount", 1}, {"", "abc", 3}, {"kitten", "sitting", 3}} {
+		if d := editDistance(tc.a, tc.b); d != tc.d {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", tc.a, tc.b, d, tc.d)
+		}
 	}
 }
 

@@ -97,7 +97,7 @@ func TestHostileManifests(t *testing.T) {
 		"two documents":     {"module: a\n---\nmodule: b\n", "more than one YAML document"},
 		"unbalanced":        {"module: [a\n", "m.yaml"},
 		"tab indentation":   {"module: a\nresources:\n\t- directory: /srv/a\n", "m.yaml"},
-		"number for a list": {"module: a\nresources: 3\n", "m.yaml:2: int was used where sequence is expected"},
+		"number for a list": {"module: a\nresources: 3\n", "m.yaml:2: `resources` must be a list, e.g. resources: [{directory: /srv/web}]; got the number 3"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Parse("m.yaml", []byte(tc.src))
