@@ -168,6 +168,9 @@ func (c *AgentCmd) Run(g *Globals) error {
 		log.Info("metrics listening", "addr", "http://"+at.String()+"/metrics")
 	}
 	log.Info("agent ready", "data_dir", dir, "raft", m.Node.Addr(), "resolver", resolverAddr)
+	if err := sdNotify("READY=1\nSTATUS=serving " + m.ID.Name); err != nil {
+		log.Warn("could not tell systemd the agent is ready", "err", err)
+	}
 
 	go followSubnets(ctx, pm, resolver, c.Resync)
 	done := make(chan struct{})
@@ -190,6 +193,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 	}()
 	<-ctx.Done()
 	log.Info("stopping")
+	sdNotify("STOPPING=1")
 	<-done
 	return nil
 }

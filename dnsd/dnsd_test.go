@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 )
@@ -316,5 +318,58 @@ func TestNewNetworkIsAllowedAtOnce(t *testing.T) {
 	}
 	if calls > 2 {
 		t.Fatalf("%d refreshes for a burst of refused queries", calls)
+	}
+}
+
+// Config.Observe sees every answered query, UDP (the batch path), TCP and
+// forwarded, with its rcode.
+func TestObserveSeesEveryAnswer(t *testing.T) {
+	up := dns.NewServeMux()
+	up.HandleFunc("example.org.", func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		w.WriteMsg(m)
+	})
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	upSrv := &dns.Server{PacketConn: pc, Handler: up}
+	go upSrv.ActivateAndServe()
+	defer upSrv.Shutdown()
+
+	var mu sync.Mutex
+	seen := map[string]int{}
+	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{pc.LocalAddr().String()}, Observe: func(rcode int, forwarded bool, took time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[fmt.Sprintf("%s/%v", dns.RcodeToString[rcode], forwarded)]++
+	}}, "internal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetIndex(testIndex())
+	addr, err := s.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	query(t, addr, "udp", "gitea.internal.", dns.TypeA)
+	query(t, addr, "tcp", "gitea.internal.", dns.TypeA)
+	query(t, addr, "udp", "nope.internal.", dns.TypeA)
+	query(t, addr, "udp", "example.org.", dns.TypeA)
+	want := map[string]int{"NOERROR/false": 2, "NXDOMAIN/false": 1, "NOERROR/true": 1}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		got := fmt.Sprint(seen)
+		mu.Unlock()
+		if got == fmt.Sprint(want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("observed %s, want %v", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -194,10 +194,12 @@ func (s *Server) serveUDP(conn *net.UDPConn) {
 			if req.Unpack(in[i].Buffers[0][:in[i].N]) != nil {
 				continue // not a DNS message: no answer
 			}
+			start := s.clock()
 			resp, forward := s.local(req, src.AddrPort().Addr().Unmap())
 			if forward {
 				go func() {
 					if r := s.forwarded(context.Background(), req); r != nil {
+						s.observe(r, true, start)
 						if b, err := udpReply(r, req, nil); err == nil {
 							conn.WriteToUDP(b, src)
 						}
@@ -208,6 +210,7 @@ func (s *Server) serveUDP(conn *net.UDPConn) {
 			if resp == nil {
 				continue
 			}
+			s.observe(resp, false, start)
 			b, err := udpReply(resp, req, bufs[k])
 			if err != nil {
 				continue
@@ -282,18 +285,29 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 // answer builds the reply to req from src, forwarding if need be; nil means
 // drop it.
 func (s *Server) answer(ctx context.Context, req *dns.Msg, src netip.Addr) *dns.Msg {
-	var start time.Time
-	if s.cfg.Observe != nil {
-		start = time.Now()
-	}
+	start := s.clock()
 	resp, forward := s.local(req, src)
 	if forward {
 		resp = s.forwarded(ctx, req)
 	}
-	if s.cfg.Observe != nil && resp != nil {
-		s.cfg.Observe(resp.Rcode, forward, time.Since(start))
+	if resp != nil {
+		s.observe(resp, forward, start)
 	}
 	return resp
+}
+
+// clock is the time a query arrived, when someone observes queries.
+func (s *Server) clock() time.Time {
+	if s.cfg.Observe == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+func (s *Server) observe(resp *dns.Msg, forwarded bool, start time.Time) {
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(resp.Rcode, forwarded, time.Since(start))
+	}
 }
 
 // local answers what the node can answer itself; forward says the question
