@@ -122,8 +122,10 @@ func query(t *testing.T, addr, network, name string, qtype uint16) *dns.Msg {
 	return r
 }
 
-func TestServerUDPAndTCPAndForward(t *testing.T) {
-	// An upstream of our own on loopback answers example.org.
+// startUpstream runs an upstream of our own on loopback that answers
+// example.org with 192.0.2.80, and returns its address.
+func startUpstream(t *testing.T) string {
+	t.Helper()
 	up := dns.NewServeMux()
 	up.HandleFunc("example.org.", func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
@@ -138,9 +140,12 @@ func TestServerUDPAndTCPAndForward(t *testing.T) {
 	}
 	upSrv := &dns.Server{PacketConn: pc, Handler: up}
 	go upSrv.ActivateAndServe()
-	defer upSrv.Shutdown()
+	t.Cleanup(func() { upSrv.Shutdown() })
+	return pc.LocalAddr().String()
+}
 
-	s, addr := startServer(t, pc.LocalAddr().String())
+func TestServerUDPAndTCPAndForward(t *testing.T) {
+	s, addr := startServer(t, startUpstream(t))
 	for _, network := range []string{"udp", "tcp"} {
 		r := query(t, addr, network, "gitea.internal.", dns.TypeA)
 		if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 2 || !r.Authoritative {
@@ -324,23 +329,10 @@ func TestNewNetworkIsAllowedAtOnce(t *testing.T) {
 // Config.Observe sees every answered query, UDP (the batch path), TCP and
 // forwarded, with its rcode.
 func TestObserveSeesEveryAnswer(t *testing.T) {
-	up := dns.NewServeMux()
-	up.HandleFunc("example.org.", func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		w.WriteMsg(m)
-	})
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	upSrv := &dns.Server{PacketConn: pc, Handler: up}
-	go upSrv.ActivateAndServe()
-	defer upSrv.Shutdown()
-
+	upstream := startUpstream(t)
 	var mu sync.Mutex
 	seen := map[string]int{}
-	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{pc.LocalAddr().String()}, Observe: func(rcode int, forwarded bool, took time.Duration) {
+	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{upstream}, Observe: func(rcode int, forwarded bool, took time.Duration) {
 		mu.Lock()
 		defer mu.Unlock()
 		seen[fmt.Sprintf("%s/%v", dns.RcodeToString[rcode], forwarded)]++
