@@ -314,48 +314,56 @@ func sourceAddressToward(peer string) (string, error) {
 
 // TokenCmd prints the join token.
 type TokenCmd struct {
-	Rotate   bool `help:"Replace the token; the old one stops working."`
-	JoinLine bool `name:"join-line" help:"Print the command a new machine runs to join (printed too, after the token, when the output is a terminal)."`
+	Rotate      bool `help:"Replace the token; the old one stops working."`
+	JoinLine    bool `name:"join-line" help:"Print the command a machine that has mesh runs to join."`
+	InstallLine bool `name:"install-line" help:"Print one line for a machine with nothing of the mesh on it: it fetches this node's mesh binary (the mesh CA checked against the token's digest first, so no trust on first use) into /usr/local/bin and joins."`
 }
 
-// Run prints it: the token alone when captured ($(mesh token)), with the
-// ready-to-paste join line on a terminal or with --join-line.
+// Run prints it: the token alone when captured ($(mesh token)); on a
+// terminal also the lines to paste on the new machine.
 func (c *TokenCmd) Run(g *Globals) error {
+	if c.JoinLine && c.InstallLine {
+		return usageError{errors.New("give --join-line or --install-line, not both")}
+	}
 	ctx, cancel := timeout()
 	defer cancel()
 	t, err := g.client().Token(ctx, c.Rotate)
 	if err != nil {
 		return err
 	}
-	line := func() string {
+	peer := func() string {
 		st, err := g.client().Status(ctx)
 		if err != nil {
 			return ""
 		}
 		for _, n := range st.Nodes {
 			if n.Name == st.Node {
-				addr := n.Address
-				if n.Port != 0 && n.Port != 7430 {
-					addr = net.JoinHostPort(n.Address, strconv.Itoa(n.Port))
+				if n.Port != 0 && n.Port != cluster.DefaultPort {
+					return net.JoinHostPort(n.Address, strconv.Itoa(n.Port))
 				}
-				return fmt.Sprintf("mesh join %s --token %s", addr, t)
+				return n.Address
 			}
 		}
 		return ""
-	}
-	if c.JoinLine {
-		l := line()
-		if l == "" {
-			return fmt.Errorf("this node is not in its own status yet; try again")
+	}()
+	join := fmt.Sprintf("mesh join %s --token %s", peer, t)
+	install, ierr := cluster.InstallLine(peer, t, "/usr/local/bin/mesh")
+	switch {
+	case (c.JoinLine || c.InstallLine) && peer == "":
+		return fmt.Errorf("this node is not in its own status yet; try again")
+	case c.JoinLine:
+		fmt.Fprintln(g.out, join)
+		return nil
+	case c.InstallLine:
+		if ierr != nil {
+			return ierr
 		}
-		fmt.Fprintln(g.out, l)
+		fmt.Fprintln(g.out, install)
 		return nil
 	}
 	fmt.Fprintln(g.out, t)
-	if f, ok := g.out.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		if l := line(); l != "" {
-			fmt.Fprintf(g.out, "\non the new machine, as root (name and address default to its host name\nand its address toward this node):\n  %s\n", l)
-		}
+	if f, ok := g.out.(*os.File); ok && term.IsTerminal(int(f.Fd())) && peer != "" && ierr == nil {
+		fmt.Fprintf(g.out, "\non the new machine, as root (name and address default to its host name and its\naddress toward this node); where mesh is installed:\n  %s\nwhere it is not (fetches this node's binary, the mesh CA checked against the token):\n  %s\nthen start it: mesh agent (or contrib/mesh.service)\n", join, install)
 	}
 	return nil
 }

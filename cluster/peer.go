@@ -117,6 +117,8 @@ func (n *Node) peerHandler() http.Handler {
 	mux.HandleFunc("POST /v1/apply", member(n.serveApply))
 	mux.HandleFunc("GET /v1/hello", member(n.serveHello))
 	mux.HandleFunc("POST /v1/join", n.serveJoin)
+	mux.HandleFunc("GET /v1/ca", n.serveCA)
+	mux.HandleFunc("GET /v1/binary", n.serveBinary)
 	mux.HandleFunc("POST /v1/promote", member(n.servePromote))
 	mux.HandleFunc("POST /v1/members/remove", member(n.serveRemoveMember))
 	return mux

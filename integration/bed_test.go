@@ -308,6 +308,8 @@ type agent struct {
 	json bool
 	// extra: more flags for mesh agent.
 	extra []string
+	// bin, when set, is the mesh binary this node runs (else meshBin).
+	bin string
 }
 
 func (h *host) newAgent(t testing.TB) *agent {
@@ -320,13 +322,17 @@ func (h *host) newAgent(t testing.TB) *agent {
 }
 
 func (a *agent) command(args ...string) *exec.Cmd {
+	bin := meshBin
+	if a.bin != "" {
+		bin = a.bin
+	}
 	if a.h.rootless {
-		return a.h.asUser(meshBin, args...)
+		return a.h.asUser(bin, args...)
 	}
 	if a.h.netns != "" {
-		return inNetns(a.h.netns, exec.Command(meshBin, args...))
+		return inNetns(a.h.netns, exec.Command(bin, args...))
 	}
-	return exec.Command(meshBin, args...)
+	return exec.Command(bin, args...)
 }
 
 // inNetns runs cmd inside a network namespace. nsenter, not ip netns exec:

@@ -171,7 +171,7 @@ func TestExamplesBed(t *testing.T) {
 	// roster --history (issue 12 item 3): when the routed name came and
 	// went, and which command did each.
 	hist := n[3].mesh("roster", "--history", "whoami.bed.example")
-	if !regexp.MustCompile(`appeared\s+whoami\.bed\.example\s+` + regexp.QuoteMeta(n[2].addr()) + `\s+n2\s+mesh assign n2 whoami`).MatchString(hist) ||
+	if !regexp.MustCompile(`appeared\s+whoami\.bed\.example\s+`+regexp.QuoteMeta(n[2].addr())+`\s+n2\s+mesh assign n2 whoami`).MatchString(hist) ||
 		!regexp.MustCompile(`went\s+whoami\.bed\.example\s+.*mesh node public-domain n2 bed2\.example`).MatchString(hist) {
 		t.Fatalf("roster --history:\n%s", hist)
 	}
@@ -192,9 +192,9 @@ func TestExamplesBed(t *testing.T) {
 	m1 := scrape()
 	for name, least := range map[string]float64{
 		"mesh_apply_mutations_total": 10, "mesh_steps_run_total": 3,
-		`mesh_container_replacements_total{reason="step"}`: 1,
+		`mesh_container_replacements_total{reason="step"}`:          1,
 		`mesh_dns_queries_total{forwarded="false",rcode="NOERROR"}`: 3,
-		`mesh_applies_total{result="ok"}`: 3,
+		`mesh_applies_total{result="ok"}`:                           3,
 	} {
 		if m1[name]-m0[name] < least {
 			t.Errorf("%s moved by %v, want %v at least", name, m1[name]-m0[name], least)

@@ -1,11 +1,13 @@
 package integration
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +56,14 @@ func newNetnsNode(t testing.TB, i int) *agent {
 	h.importImage()
 	h.startService()
 	return &agent{name: fmt.Sprintf("n%d", i), h: h, n: &node{t: t, dir: h.dir + "/data"}}
+}
+
+func fileDigest(t testing.TB, p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", sha256.Sum256(b))
 }
 
 func (a *agent) addr() string { return multiNet + strings.TrimPrefix(a.h.netns, "mbn") }
@@ -117,22 +127,52 @@ func TestMultiNode(t *testing.T) {
 	// A fourth node joins as a non-voting replica (three voters by default);
 	// after mesh token --rotate the old token admits no one.
 	n4 := newNetnsNode(t, 4)
-	// It joins with the line `mesh token --join-line` prints, as pasted:
-	// its name is its host name (a UTS namespace of its own says n4) and its
-	// address the one it reaches n1 from.
-	line := strings.Fields(n[1].mesh("token", "--join-line"))
-	if len(line) != 5 || line[0] != "mesh" || line[1] != "join" || line[3] != "--token" || line[4] != token {
+	// The join line, for a machine that has mesh.
+	if line := strings.Fields(n[1].mesh("token", "--join-line")); len(line) != 5 || line[0] != "mesh" || line[1] != "join" || line[2] != n[1].addr() || line[3] != "--token" || line[4] != token {
 		t.Fatalf("join line: %q", line)
 	}
-	join := exec.Command("unshare", append([]string{"--uts", "sh", "-c", `hostname N4.bed.example && exec "$0" "$@"`, meshBin}, append(line[1:], "--data-dir", n4.n.dir)...)...)
-	if out, err := inNetns(n4.h.netns, join).CombinedOutput(); err != nil || !strings.Contains(string(out), "joined the mesh as n4 ("+n4.addr()+")") {
-		t.Fatalf("the pasted join line: %v\n%s", err, out)
+	// n4 has no mesh binary: it is brought up from the one line
+	// `mesh token --install-line` prints, as pasted, run in its namespace
+	// (only the install path is moved into the bed). The line fetches the
+	// CA, checks it against the token, fetches n1's binary over TLS
+	// verified by it and joins: its name is its host name (a UTS namespace
+	// of its own says n4), its address the one it reaches n1 from.
+	n4bin := n4.h.dir + "/bin/mesh"
+	os.MkdirAll(n4.h.dir+"/bin", 0o755)
+	if _, err := os.Stat(n4bin); err == nil {
+		t.Fatal("n4 has a mesh binary before the install line ran")
 	}
+	install := strings.TrimSpace(n[1].mesh("token", "--install-line"))
+	if !strings.HasPrefix(install, "sh -ec '") || !strings.Contains(install, "sha256sum -c") || !strings.Contains(install, "--cacert") {
+		t.Fatalf("install line: %s", install)
+	}
+	bringUp := time.Now()
+	run := exec.Command("unshare", "--uts", "sh", "-c", `hostname N4.bed.example && eval "$1"`, "_", strings.ReplaceAll(install, "/usr/local/bin/mesh", n4bin))
+	run.Env = append(os.Environ(), "MESH_DATA_DIR="+n4.n.dir)
+	if out, err := inNetns(n4.h.netns, run).CombinedOutput(); err != nil || !strings.Contains(string(out), "joined the mesh as n4 ("+n4.addr()+")") {
+		t.Fatalf("the pasted install line: %v\n%s", err, out)
+	}
+	if a, b := fileDigest(t, n4bin), fileDigest(t, meshBin); a != b {
+		t.Fatalf("n4's fetched binary differs from n1's (%s, %s)", a, b)
+	}
+	// A CA that is not the mesh's (a digest that does not match) stops the
+	// line before anything is fetched or run.
+	digest := regexp.MustCompile(`echo "([0-9a-f]{64})  `).FindStringSubmatch(install)
+	if digest == nil {
+		t.Fatalf("no CA digest in the install line: %s", install)
+	}
+	badCA := strings.Replace(install, digest[1], strings.Repeat("0", 64), 1)
+	badCA = strings.ReplaceAll(badCA, "/usr/local/bin/mesh", n4.h.dir+"/bin/mesh-bad")
+	if out, err := inNetns(n4.h.netns, exec.Command("sh", "-c", badCA)).CombinedOutput(); err == nil || exists(n4.h.dir+"/bin/mesh-bad") {
+		t.Fatalf("a wrong CA digest did not stop the install line: %v\n%s", err, out)
+	}
+	n4.bin = n4bin
 	n4.start()
 	eventually(t, 30*time.Second, "n4 replicates the state", func() (bool, string) {
 		out := n4.resolve("n1.internal")
 		return strings.Contains(out, n[1].addr()), out
 	})
+	t.Logf("n4 brought up from the install line (fetch, join, agent, state replicated) in %s", time.Since(bringUp).Round(10*time.Millisecond))
 	var nodes []struct {
 		Name  string
 		Voter bool

@@ -1,0 +1,103 @@
+package cluster
+
+import (
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+)
+
+// A machine that is to join gets the mesh binary from the mesh itself: every
+// node serves its own binary and the mesh CA on its node port, to anyone
+// (the binary is the same program anyone could build, and the CA is public;
+// neither holds a secret). The install line `mesh token` prints fetches the
+// CA, checks it against the digest the token pins, and only then fetches the
+// binary over TLS verified by that CA: no trust on first use.
+
+// maxBinaryDownloads bounds concurrent downloads of the binary.
+const maxBinaryDownloads = 2
+
+var binarySlots = make(chan struct{}, maxBinaryDownloads)
+
+func (n *Node) serveCA(w http.ResponseWriter, r *http.Request) {
+	b, _ := pem.Decode(n.tls.caPEM)
+	if b == nil {
+		http.Error(w, "this node has no CA certificate", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/pkix-cert")
+	w.Write(b.Bytes)
+}
+
+func (n *Node) serveBinary(w http.ResponseWriter, r *http.Request) {
+	select {
+	case binarySlots <- struct{}{}:
+		defer func() { <-binarySlots }()
+	default:
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "busy serving the binary to other machines; retry in a few seconds", http.StatusServiceUnavailable)
+		return
+	}
+	self, err := os.Executable()
+	if err != nil {
+		http.Error(w, "cannot find this node's binary: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	f, err := os.Open(self)
+	if err != nil {
+		http.Error(w, "cannot read this node's binary: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
+	w.Header().Set("X-Mesh-Version", n.cfg.Version)
+	w.Header().Set("X-Mesh-Platform", runtime.GOOS+"/"+runtime.GOARCH)
+	io.Copy(w, f)
+}
+
+// unameMachine is `uname -m` for this binary's architecture.
+func unameMachine() string {
+	switch runtime.GOARCH {
+	case "amd64":
+		return "x86_64"
+	case "arm64":
+		return "aarch64"
+	case "386":
+		return "i686"
+	}
+	return runtime.GOARCH
+}
+
+// InstallLine is one shell line (an sh -ec '...': a failure stops it, not
+// the shell it is pasted into) for a machine with nothing of the mesh on
+// it (curl, sha256sum and base64 are all it uses): it checks the machine's
+// architecture, fetches the mesh CA from peer and checks it against the
+// digest in token, fetches peer's binary over TLS verified by that CA into
+// bin, and joins. peer is IP[:PORT] of a node (its certificate names the IP).
+func InstallLine(peer, token, bin string) (string, error) {
+	t, err := ParseToken(token)
+	if err != nil {
+		return "", err
+	}
+	host := peer
+	if !strings.Contains(peer, ":") {
+		host = peer + ":" + strconv.Itoa(DefaultPort)
+	}
+	base := "https://" + host
+	return fmt.Sprintf(`sh -ec '[ "$(uname -m)" = %s ] || { echo "this machine is $(uname -m); the mesh at %s runs %s binaries" >&2; exit 1; }; `+
+		`d=$(mktemp -d); curl -fsSk %s/v1/ca -o "$d/ca.der"; echo "%s  $d/ca.der" | sha256sum -c --quiet; `+
+		`{ echo "-----BEGIN CERTIFICATE-----"; base64 -w64 "$d/ca.der"; echo "-----END CERTIFICATE-----"; } > "$d/ca.pem"; `+
+		`curl -fsS --cacert "$d/ca.pem" %s/v1/binary -o "$d/mesh"; install -m 0755 "$d/mesh" %s; rm -rf "$d"; `+
+		`%s join %s --token %s'`,
+		unameMachine(), host, unameMachine(), base, t.CADigest, base, bin, bin, peer, token), nil
+}
