@@ -571,6 +571,7 @@ type ModuleCmd struct {
 	List   ModuleListCmd   `cmd:"" help:"List the catalogue."`
 	Show   ModuleShowCmd   `cmd:"" help:"Print a module's manifest."`
 	Remove ModuleRemoveCmd `cmd:"" help:"Remove a module that is assigned nowhere."`
+	Pull   ModulePullCmd   `cmd:"" help:"Pull the images of MODULE's containers on every node running it now, and replace only the containers whose image changed."`
 }
 
 // ModuleAddCmd adds manifests.
@@ -685,6 +686,54 @@ func (c *ModuleShowCmd) Run(g *Globals) error {
 		return err
 	}
 	fmt.Fprintf(g.out, "# module %s, digest %s, from %s, assigned to: %s\n%s", m.Name, m.Digest, m.File, dash(strings.Join(m.Nodes, ", ")), m.Manifest)
+	return nil
+}
+
+// ModulePullCmd pulls a module's images everywhere it runs.
+type ModulePullCmd struct {
+	Name    string        `arg:"" predictor:"module" help:"The module."`
+	Wait    bool          `help:"Return when every node running it has pulled and applied, and the health checks of the containers it replaced pass; exit 1 if any fails."`
+	Timeout time.Duration `default:"10m" help:"How long --wait waits (pulls can be slow)."`
+	DryRun  bool          `name:"dry-run" help:"Print which containers would pull, on which nodes; write nothing."`
+}
+
+// Run asks for the pull, through the log: each node running the module
+// pulls once, whatever its state when the command reaches it.
+func (c *ModulePullCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	r, err := g.writer(c.DryRun).PullModule(ctx, c.Name)
+	if err != nil {
+		return err
+	}
+	if r.Preview != nil {
+		return printPreview(g, r.Preview)
+	}
+	fmt.Fprintf(g.out, "every node running %s pulls its images and replaces the containers whose image changed (log index %d)\n", c.Name, r.Index)
+	if !c.Wait {
+		return nil
+	}
+	if err := waitChanged(g, r.Index, c.Timeout); err != nil {
+		return err
+	}
+	st, err := g.status()
+	if err != nil {
+		return err
+	}
+	for _, n := range st.Nodes {
+		if n.Report == nil {
+			continue
+		}
+		for _, rr := range n.Report.Resources {
+			if rr.Module == c.Name && rr.Kind == "container" {
+				what := "image unchanged, kept"
+				if rr.Outcome == "replaced" {
+					what = "replaced: " + rr.Reason
+				}
+				fmt.Fprintf(g.out, "%s: %s %s\n", n.Name, rr.Name, what)
+			}
+		}
+	}
 	return nil
 }
 

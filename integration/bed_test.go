@@ -85,6 +85,8 @@ type host struct {
 	// /dev/net/tun's mode before it.
 	madeSysctl bool
 	tunMode    os.FileMode
+	// env is more environment for the Podman service and CLI.
+	env []string
 }
 
 func newHost(t testing.TB, rootless bool) *host {
@@ -205,7 +207,7 @@ func (h *host) podmanCmd(args ...string) *exec.Cmd {
 	}
 	full := append([]string{"--root", filepath.Join(h.dir, "root"), "--runroot", filepath.Join(h.dir, "runroot")}, args...)
 	cmd := exec.Command("podman", full...)
-	cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+h.conf)
+	cmd.Env = append(append(os.Environ(), "CONTAINERS_CONF="+h.conf), h.env...)
 	return cmd
 }
 

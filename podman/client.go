@@ -214,7 +214,7 @@ func toContainer(l types.ListContainer) reconciler.Container {
 	if len(l.Names) > 0 {
 		name = l.Names[0]
 	}
-	return reconciler.Container{ID: l.ID, Name: name, Labels: l.Labels, Running: l.State == "running", State: l.State}
+	return reconciler.Container{ID: l.ID, Name: name, Labels: l.Labels, Running: l.State == "running", State: l.State, ImageID: l.ImageID}
 }
 
 // Managed lists the mesh's containers.
@@ -270,17 +270,34 @@ func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
 	return ok, nil
 }
 
-// Pull fetches an image.
-func (c *Client) Pull(ctx context.Context, ref string) error {
+// Pull fetches an image under policy (missing, always, newer).
+func (c *Client) Pull(ctx context.Context, ref, policy string) error {
 	cx, cancel, err := c.ctx(ctx, 30*time.Minute)
 	if err != nil {
 		return err
 	}
 	defer cancel()
-	if _, err := images.Pull(cx, ref, new(images.PullOptions).WithQuiet(true)); err != nil {
+	if policy == "" {
+		policy = "missing"
+	}
+	if _, err := images.Pull(cx, ref, new(images.PullOptions).WithQuiet(true).WithPolicy(policy)); err != nil {
 		return fmt.Errorf("pull %s: %w", ref, err)
 	}
 	return nil
+}
+
+// ImageID is the ID of the local image ref names.
+func (c *Client) ImageID(ctx context.Context, ref string) (string, error) {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return "", err
+	}
+	defer cancel()
+	img, err := images.GetImage(cx, ref, nil)
+	if err != nil {
+		return "", fmt.Errorf("inspect image %s: %w", ref, err)
+	}
+	return img.ID, nil
 }
 
 // Create creates a container from spec.

@@ -133,9 +133,13 @@ func (c *counting) Logs(ctx context.Context, id string, n int) (string, error) {
 	return c.Runtime.Logs(ctx, id, n)
 }
 
-func (c *counting) Pull(ctx context.Context, ref string) error {
+func (c *counting) Pull(ctx context.Context, ref, policy string) error {
 	c.n++
-	return c.Runtime.Pull(ctx, ref)
+	return c.Runtime.Pull(ctx, ref, policy)
+}
+func (c *counting) ImageID(ctx context.Context, ref string) (string, error) {
+	c.calls++
+	return c.Runtime.ImageID(ctx, ref)
 }
 func (c *counting) Create(ctx context.Context, s Spec) (string, error) {
 	c.n++
@@ -529,7 +533,15 @@ func (r *Reconciler) keep(res state.Resource, have pathState) (string, error) {
 	return p, nil
 }
 
-func (x *run) ensureImage(ctx context.Context, ref string) error {
+// ensureImage makes ref present before a create, under the resource's pull
+// policy: missing pulls only an absent image; always and newer ask the
+// registry at each create or replace (never on a pass that keeps the
+// container).
+func (x *run) ensureImage(ctx context.Context, res state.Resource) error {
+	ref, policy := res.Decl.Image, res.Decl.Pull
+	if policy == manifest.PullAlways || policy == manifest.PullNewer {
+		return x.rt.Pull(ctx, ref, policy)
+	}
 	ok, err := x.rt.ImageExists(ctx, ref)
 	if err != nil {
 		return err
@@ -537,7 +549,15 @@ func (x *run) ensureImage(ctx context.Context, ref string) error {
 	if ok {
 		return nil
 	}
-	return x.rt.Pull(ctx, ref)
+	return x.rt.Pull(ctx, ref, manifest.PullMissing)
+}
+
+func shortID(id string) string {
+	id = strings.TrimPrefix(id, "sha256:")
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
 }
 
 func labels(want desired) map[string]string {
@@ -627,7 +647,7 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 			}
 		}
 		delete(x.managed, want.Name)
-		if err := x.ensureImage(ctx, res.Decl.Image); err != nil {
+		if err := x.ensureImage(ctx, res); err != nil {
 			return report(res, Failed, err.Error())
 		}
 		if msg := x.reachable(ctx, res.Decl.Image); msg != "" {
@@ -705,6 +725,14 @@ func (x *run) waitStep(ctx context.Context, id string) (int, error) {
 }
 
 func (x *run) container(ctx context.Context, res state.Resource) state.ResourceReport {
+	rep := x.applyContainer(ctx, res)
+	if res.Pull > 0 && rep.Outcome != Failed {
+		x.r.ledger.MarkPulled(res.RuntimeName(), res.Pull)
+	}
+	return rep
+}
+
+func (x *run) applyContainer(ctx context.Context, res state.Resource) state.ResourceReport {
 	want := describe(res, x.r.cfg.DNS, x.inputsOf(res.Module))
 	var have *Container
 	if c, ok := x.managed[want.Name]; ok {
@@ -721,6 +749,27 @@ func (x *run) container(ctx context.Context, res state.Resource) state.ResourceR
 	action, reason, err := decideContainer(want, have, x.ranOf(res.Module))
 	if err != nil {
 		return report(res, Failed, err.Error())
+	}
+	// mesh module pull: fetch the image now, and replace the container only
+	// if the image it runs is not the one the name now gives.
+	if res.Pull > x.r.ledger.Pulled[want.Name] {
+		if err := x.rt.Pull(ctx, res.Decl.Image, manifest.PullAlways); err != nil {
+			return report(res, Failed, err.Error()+" (mesh module pull; tried again at the next apply)")
+		}
+		if have != nil {
+			id, err := x.rt.ImageID(ctx, res.Decl.Image)
+			if err != nil {
+				return report(res, Failed, err.Error())
+			}
+			if have.ImageID != "" && id != have.ImageID {
+				why := fmt.Sprintf("image %s updated by mesh module pull (%s -> %s)", res.Decl.Image, shortID(have.ImageID), shortID(id))
+				if action == actReplace {
+					reason += "; " + why
+				} else {
+					action, reason = actReplace, why
+				}
+			}
+		}
 	}
 	if msg := x.mountsOK(res); msg != "" {
 		if have != nil && have.Running {
@@ -747,7 +796,7 @@ func (x *run) container(ctx context.Context, res state.Resource) state.ResourceR
 			return report(res, Failed, err.Error())
 		}
 	}
-	if err := x.ensureImage(ctx, res.Decl.Image); err != nil {
+	if err := x.ensureImage(ctx, res); err != nil {
 		return report(res, Failed, err.Error())
 	}
 	if msg := x.reachable(ctx, res.Decl.Image); msg != "" {
@@ -833,6 +882,17 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	for k := range x.r.ledger.Markers {
 		if !wantSteps[k] {
 			delete(x.r.ledger.Markers, k)
+		}
+	}
+	wantContainers := map[string]bool{}
+	for _, res := range plan.Resources {
+		if res.Kind == manifest.KindContainer {
+			wantContainers[res.RuntimeName()] = true
+		}
+	}
+	for k := range x.r.ledger.Pulled {
+		if !wantContainers[k] {
+			delete(x.r.ledger.Pulled, k)
 		}
 	}
 	return out

@@ -21,6 +21,9 @@ type Ledger struct {
 	Paths map[string]PathEntry `json:"paths"`
 	// Markers maps MODULE.STEP to the digest the step last succeeded with.
 	Markers map[string]Marker `json:"markers"`
+	// Pulled maps a container to the `mesh module pull` (its log index) it
+	// last handled.
+	Pulled map[string]uint64 `json:"pulled,omitempty"`
 
 	path  string
 	saved []byte
@@ -60,7 +63,7 @@ type Marker struct {
 
 // LoadLedger reads the ledger at path; a missing file is an empty ledger.
 func LoadLedger(path string) (*Ledger, error) {
-	l := &Ledger{Paths: map[string]PathEntry{}, Markers: map[string]Marker{}, path: path}
+	l := &Ledger{Paths: map[string]PathEntry{}, Markers: map[string]Marker{}, Pulled: map[string]uint64{}, path: path}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return l, nil
@@ -76,6 +79,9 @@ func LoadLedger(path string) (*Ledger, error) {
 	}
 	if l.Markers == nil {
 		l.Markers = map[string]Marker{}
+	}
+	if l.Pulled == nil {
+		l.Pulled = map[string]uint64{}
 	}
 	l.saved = b
 	return l, nil
@@ -113,4 +119,13 @@ func (l *Ledger) Drop(path string) error {
 func (l *Ledger) Mark(name string, m Marker) error {
 	l.Markers[name] = m
 	return l.Save()
+}
+
+// MarkPulled records that container name handled the module pull at index
+// (saved with the apply's ledger).
+func (l *Ledger) MarkPulled(name string, index uint64) {
+	if l.Pulled == nil {
+		l.Pulled = map[string]uint64{}
+	}
+	l.Pulled[name] = index
 }

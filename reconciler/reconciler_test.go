@@ -19,7 +19,11 @@ type fake struct {
 	specs  map[string]Spec
 	calls  []string
 	images map[string]bool
-	seq    int
+	// imageIDs is the local image each ref names; registry what a pull of
+	// it fetches (absent: the pull fails, as with no registry).
+	imageIDs map[string]string
+	registry map[string]string
+	seq      int
 	// exit decides a step's exit code from its command.
 	exit func(s Spec) int
 	// health answers a container's health check (default: healthy).
@@ -53,15 +57,31 @@ func (f *fake) Lookup(ctx context.Context, name string) (Container, bool, error)
 	return Container{}, false, nil
 }
 func (f *fake) ImageExists(ctx context.Context, ref string) (bool, error) { return f.images[ref], nil }
-func (f *fake) Pull(ctx context.Context, ref string) error {
+func (f *fake) Pull(ctx context.Context, ref, policy string) error {
 	f.calls = append(f.calls, "pull "+ref)
-	return fmt.Errorf("pull %s: no registry here", ref)
+	id, ok := f.registry[ref]
+	if !ok {
+		return fmt.Errorf("pull %s: no registry here", ref)
+	}
+	f.images[ref] = true
+	if f.imageIDs == nil {
+		f.imageIDs = map[string]string{}
+	}
+	f.imageIDs[ref] = id
+	return nil
+}
+func (f *fake) ImageID(ctx context.Context, ref string) (string, error) {
+	if id, ok := f.imageIDs[ref]; ok {
+		return id, nil
+	}
+	return "sha256:local-" + ref, nil
 }
 func (f *fake) Create(ctx context.Context, s Spec) (string, error) {
 	f.seq++
 	id := fmt.Sprintf("id%d", f.seq)
 	f.calls = append(f.calls, "create "+s.Name)
-	f.ctrs[id] = &Container{ID: id, Name: s.Name, Labels: s.Labels, State: "created"}
+	img, _ := f.ImageID(ctx, s.Image)
+	f.ctrs[id] = &Container{ID: id, Name: s.Name, Labels: s.Labels, State: "created", ImageID: img}
 	f.specs[id] = s
 	return id, nil
 }
@@ -455,5 +475,103 @@ func TestDriftIsCorrectedAndEditedFilesKept(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(filepath.Join(b.dir, "app/app.ini")); string(got) != "edited by hand" {
 		t.Fatal("edited file lost")
+	}
+}
+
+// Issue 12 item 10: mesh module pull makes each container of the module
+// pull its image once; a container is replaced only when the image it runs
+// is not the one its name now gives, with that reason; a failed pull fails
+// the container and is tried again.
+func TestModulePullReplacesOnlyWhatChanged(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	srv, side := b.rt.byName("app.server").ID, b.rt.byName("app.sidecar").ID
+	pulls := func() int {
+		n := 0
+		for _, c := range b.rt.calls {
+			if strings.HasPrefix(c, "pull ") {
+				n++
+			}
+		}
+		return n
+	}
+
+	// The registry has the same image: pulled, nothing replaced.
+	b.rt.registry = map[string]string{"localhost/busybox:1": "sha256:local-localhost/busybox:1"}
+	b.in.Pulls = map[string]uint64{"app": 5}
+	rep := b.apply()
+	if pulls() != 2 || outcome(rep, "app.server").Outcome != Unchanged || b.rt.byName("app.server").ID != srv || b.rt.byName("app.sidecar").ID != side {
+		t.Fatalf("same image: pulls %d, %+v", pulls(), rep.Resources)
+	}
+	// Handled: the next pass does not pull again.
+	if rep = b.apply(); pulls() != 0 || rep.Mutations != 0 {
+		t.Fatalf("a handled pull ran again: %v", b.rt.calls)
+	}
+
+	// A new image behind the name: both containers running it are replaced.
+	b.rt.registry["localhost/busybox:1"] = "sha256:0123456789abcdef0123"
+	b.in.Pulls["app"] = 7
+	rep = b.apply()
+	for _, n := range []string{"app.server", "app.sidecar"} {
+		o := outcome(rep, n)
+		if o.Outcome != Replaced || !strings.Contains(o.Reason, "image localhost/busybox:1 updated by mesh module pull (local-localh -> 0123456789ab)") {
+			t.Fatalf("%s: %+v", n, o)
+		}
+	}
+	if o := outcome(rep, "app.migrate"); o.Outcome != Unchanged {
+		t.Fatalf("a step reran on a pull: %+v", o)
+	}
+
+	// The registry is gone: the pull fails the container, which keeps
+	// running, and the pull is tried again at the next apply.
+	delete(b.rt.registry, "localhost/busybox:1")
+	b.in.Pulls["app"] = 9
+	before := b.rt.byName("app.server").ID
+	rep = b.apply()
+	if o := outcome(rep, "app.server"); o.Outcome != Failed || !strings.Contains(o.Reason, "tried again at the next apply") || b.rt.byName("app.server").ID != before {
+		t.Fatalf("failed pull: %+v", o)
+	}
+	b.rt.registry = map[string]string{"localhost/busybox:1": "sha256:0123456789abcdef0123"}
+	if rep = b.apply(); pulls() == 0 || outcome(rep, "app.server").Outcome != Unchanged {
+		t.Fatalf("retried pull: calls %v, %+v", b.rt.calls, outcome(rep, "app.server"))
+	}
+}
+
+// The pull policy: missing pulls only an absent image; always and newer
+// ask the registry at each create or replace, and never on a pass that
+// keeps the container.
+func TestPullPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		policy   string
+		present  bool
+		wantPull bool
+	}{
+		{"", true, false}, {"missing", true, false}, {"missing", false, true},
+		{"always", true, true}, {"newer", true, true},
+	} {
+		t.Run(tc.policy+fmt.Sprint(tc.present), func(t *testing.T) {
+			rt := newFake()
+			rt.registry = map[string]string{"localhost/web:1": "sha256:web"}
+			rt.images["localhost/web:1"] = tc.present
+			r, err := New(Config{Node: "ace", LedgerPath: filepath.Join(t.TempDir(), "ledger.json")}, rt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := "module: web\nresources:\n  - container: web.server\n    image: localhost/web:1\n"
+			if tc.policy != "" {
+				src += "    pull: " + tc.policy + "\n"
+			}
+			in := state.Input{Domain: "internal", Nodes: []state.Node{{Name: "ace", Address: "10.0.0.1"}}, Assignments: []state.Assignment{{Node: "ace", Module: "web"}}}
+			plan := composeAce(t, &in, []string{src})
+			rep := r.Apply(context.Background(), 1, plan)
+			pulled := strings.Contains(strings.Join(rt.calls, ","), "pull localhost/web:1")
+			if rep.Error != "" || pulled != tc.wantPull {
+				t.Fatalf("pulled %v, want %v (%v, %q)", pulled, tc.wantPull, rt.calls, rep.Error)
+			}
+			rt.calls = nil
+			if r.Apply(context.Background(), 1, plan); len(rt.calls) != 0 {
+				t.Fatalf("a pass that keeps the container called %v", rt.calls)
+			}
+		})
 	}
 }

@@ -29,8 +29,12 @@ type Runtime interface {
 	Lookup(ctx context.Context, name string) (Container, bool, error)
 	// ImageExists reports whether ref is in local storage.
 	ImageExists(ctx context.Context, ref string) (bool, error)
-	// Pull fetches ref (mutating).
-	Pull(ctx context.Context, ref string) error
+	// Pull fetches ref (mutating) under a policy: missing (only when it is
+	// not in local storage), always, or newer (when the registry's image
+	// differs from the local one).
+	Pull(ctx context.Context, ref, policy string) error
+	// ImageID is the ID of the local image ref names.
+	ImageID(ctx context.Context, ref string) (string, error)
 	// Create creates a container (mutating) and returns its ID.
 	Create(ctx context.Context, spec Spec) (string, error)
 	// Start starts a container (mutating); an error means it did not start.
@@ -67,6 +71,8 @@ type Container struct {
 	Labels  map[string]string
 	Running bool
 	State   string
+	// ImageID is the image the container was created from.
+	ImageID string
 }
 
 // Spec is a container to create.

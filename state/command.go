@@ -23,6 +23,7 @@ const (
 	OpReport       = "report"
 	OpTokenRotate  = "token.rotate"
 	OpRestore      = "restore"
+	OpModulePull   = "module.pull"
 
 	timeLayout = time.RFC3339Nano
 )
@@ -35,15 +36,15 @@ const (
 //
 // Formats: 1, flat commands that carried manifest text; 2, the restore op;
 // 3, the envelope below with one typed request per op, manifests parsed by
-// the proposer. Entries of formats 1 and 2 still in a log are converted on
-// replay (legacy.go).
-const CommandVersion = 3
+// the proposer; 4, the module.pull op. Entries of formats 1 and 2 still in a
+// log are converted on replay (legacy.go).
+const CommandVersion = 4
 
 // opVersion is the format each op needs when this binary writes it.
 var opVersion = map[string]int{
 	OpInit: 3, OpNodeAdd: 3, OpNodeRemove: 3, OpPublicDomain: 3, OpModuleAdd: 3,
 	OpModuleRemove: 3, OpAssign: 3, OpUnassign: 3, OpReport: 3, OpTokenRotate: 3,
-	OpRestore: 3,
+	OpRestore: 3, OpModulePull: 4,
 }
 
 // Command is one replicated change: an envelope of the op, the format it
@@ -137,6 +138,8 @@ func (c *Command) Request() (Request, error) {
 		r = &TokenRotateRequest{}
 	case OpRestore:
 		r = &RestoreBody{}
+	case OpModulePull:
+		r = &ModulePullRequest{}
 	default:
 		return nil, fmt.Errorf("%w: a %q command of format v%d", ErrUnknownCommand, c.Op, c.V)
 	}
@@ -199,6 +202,12 @@ type ModuleRemoveRequest struct {
 	Name string `json:"name"`
 }
 
+// ModulePullRequest asks every node running the module to pull its
+// containers' images now and replace the containers whose image changed.
+type ModulePullRequest struct {
+	Module string `json:"module"`
+}
+
 // AssignRequest assigns a module to a node, with the secrets of the
 // credentials it consumes (the FSM keeps the first secret it sees per pair).
 type AssignRequest struct {
@@ -222,6 +231,7 @@ type TokenRotateRequest struct {
 }
 
 func (*InitRequest) Op() string         { return OpInit }
+func (*ModulePullRequest) Op() string   { return OpModulePull }
 func (*NodeAddRequest) Op() string      { return OpNodeAdd }
 func (*NodeRemoveRequest) Op() string   { return OpNodeRemove }
 func (*PublicDomainRequest) Op() string { return OpPublicDomain }
@@ -253,6 +263,7 @@ func (r *ModuleAddRequest) describe() string {
 	return "mesh module add " + strings.Join(names, " ")
 }
 func (r *ModuleRemoveRequest) describe() string { return "mesh module remove " + r.Name }
+func (r *ModulePullRequest) describe() string   { return "mesh module pull " + r.Module }
 func (r *AssignRequest) describe() string       { return "mesh assign " + r.Node + " " + r.Module }
 func (r *UnassignRequest) describe() string     { return "mesh unassign " + r.Node + " " + r.Module }
 func (r *ReportRequest) describe() string       { return "report of " + r.Report.Node }

@@ -57,6 +57,8 @@ type Input struct {
 	// Bound is the provider node each binding pointed at after the last
 	// composition, so that adding an instance never moves a consumer.
 	Bound map[BindKey]string
+	// Pulls is the log index of each module's last `mesh module pull`.
+	Pulls map[string]uint64
 }
 
 // Name is one roster entry: a DNS name, the address it answers with, and the
@@ -91,6 +93,11 @@ type Resource struct {
 	Digest     string `json:"digest,omitempty"`
 	// Provider is, for a binding, the node of the provider it points at.
 	Provider string `json:"provider_node,omitempty"`
+	// Pull is, for a container, the log index of its module's last `mesh
+	// module pull`: an agent that has not handled it pulls the image and
+	// replaces the container if the image changed. It is not part of the
+	// container's declaration.
+	Pull uint64 `json:"pull,omitempty"`
 }
 
 // KindDeliveredCredential is a provider-side credential file: the mesh writes
@@ -232,6 +239,8 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 				return nil, nil, err
 			}
 			switch res.Kind {
+			case manifest.KindContainer:
+				res.Pull = in.Pulls[mod]
 			case manifest.KindFile:
 				res.Content = d.Content
 			case manifest.KindRoutesFile:

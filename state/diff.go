@@ -124,6 +124,9 @@ func changedFields(a, b Resource) string {
 	if a.Digest != b.Digest {
 		diff = append(diff, "secret digest")
 	}
+	if a.Pull != b.Pull {
+		diff = append(diff, "pull (mesh module pull)")
+	}
 	if len(diff) == 0 {
 		return ""
 	}

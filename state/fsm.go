@@ -293,6 +293,8 @@ func (ap *applier) apply(req Request) (bool, error) {
 		return ap.moduleAdd(r)
 	case *ModuleRemoveRequest:
 		return ap.moduleRemove(r)
+	case *ModulePullRequest:
+		return ap.modulePull(r)
 	case *AssignRequest:
 		return ap.assign(r)
 	case *UnassignRequest:
@@ -405,6 +407,22 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 		return false, ruleErr(ErrConflict, "module %q is assigned to %s; unassign it first", r.Name, strings.Join(nodes, ", "))
 	}
 	mustExec(tx, `DELETE FROM modules WHERE name = ?`, r.Name)
+	mustExec(tx, `DELETE FROM pulls WHERE module = ?`, r.Name)
+	return true, nil
+}
+
+// modulePull records the pull in the module's plans (each of its
+// containers carries the index), so every node running it pulls and
+// replaces what changed; nothing else about the containers moves.
+func (ap *applier) modulePull(r *ModulePullRequest) (bool, error) {
+	tx := ap.tx
+	if !has(tx, `SELECT 1 FROM modules WHERE name = ?`, r.Module) {
+		return false, ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", r.Module, listOf(tx, `SELECT name FROM modules ORDER BY name`, "mesh module list"))
+	}
+	if !has(tx, `SELECT 1 FROM assignments WHERE module = ?`, r.Module) {
+		return false, ruleErr(ErrConflict, "module %q is assigned to no node; there is nothing to pull (a node pulls what it needs when the module is assigned)", r.Module)
+	}
+	mustExec(tx, `INSERT INTO pulls (module, idx) VALUES (?, ?) ON CONFLICT (module) DO UPDATE SET idx = excluded.idx`, r.Module, ap.index)
 	return true, nil
 }
 
@@ -630,6 +648,21 @@ func (s *Store) input(ctx context.Context, q queryer) (Input, error) {
 			return in, fmt.Errorf("read credentials: %w", err)
 		}
 		in.Credentials[p] = d
+	}
+	rows.Close()
+	in.Pulls = map[string]uint64{}
+	rows, err = q.QueryContext(ctx, `SELECT module, idx FROM pulls`)
+	if err != nil {
+		return in, err
+	}
+	for rows.Next() {
+		var m string
+		var i uint64
+		if err := rows.Scan(&m, &i); err != nil {
+			rows.Close()
+			return in, fmt.Errorf("read pulls: %w", err)
+		}
+		in.Pulls[m] = i
 	}
 	rows.Close()
 	return in, nil

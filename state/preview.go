@@ -35,7 +35,7 @@ type NodePreview struct {
 
 // Action is what a node's agent would do with one resource.
 type Action struct {
-	Do     string `json:"do"` // create, update, run, rerun, replace, remove
+	Do     string `json:"do"` // create, update, run, rerun, replace, pull, remove
 	Kind   string `json:"kind"`
 	Name   string `json:"name"`
 	Module string `json:"module"`
@@ -214,7 +214,10 @@ func PlanActions(old, new *Plan) []Action {
 						}
 					}
 				}
+				pull := had && r.Kind == manifest.KindContainer && r.Pull > o.Pull && len(why) == 0
 				switch {
+				case pull:
+					out = append(out, Action{Do: "pull", Kind: r.Kind, Name: r.Name, Module: r.Module, Why: "mesh module pull: replaced only if its image changed"})
 				case !had && r.Kind == manifest.KindStep:
 					out = append(out, Action{Do: "run", Kind: r.Kind, Name: r.Name, Module: r.Module})
 					changed[r.Name] = "ran"
@@ -276,5 +279,7 @@ func PlanActions(old, new *Plan) []Action {
 func declChanges(a, b Resource) string {
 	x, y := a, b
 	x.Content, y.Content, x.Digest, y.Digest = "", "", "", ""
+	// The pull policy is not part of what a container is.
+	x.Decl.Pull, y.Decl.Pull, x.Pull, y.Pull = "", "", 0, 0
 	return changedFields(x, y)
 }

@@ -144,3 +144,58 @@ func hasChange(l []NameChange, op, name, addr string) bool {
 	}
 	return false
 }
+
+// mesh module pull is a command of its own: every node running the module
+// gets a plan whose containers of it carry the pull's index, nothing else
+// in the plan moves, and a preview names the containers that will pull.
+func TestModulePullInPlans(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	applyAll(t, s, commandLog()[:9]) // web on ace and novox
+	idx, _ := s.AppliedIndex()
+	before, _ := s.Plan(ctx, "ace")
+	p, err := s.Preview(ctx, encodeAt(&ModulePullRequest{Module: "web"}, t0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := actionStrings(p)
+	for _, n := range []string{"ace", "novox"} {
+		if len(got[n]) != 1 || got[n][0] != "~ pull container web.server (web): mesh module pull: replaced only if its image changed" {
+			t.Fatalf("%s: %v", n, got[n])
+		}
+	}
+	if err := s.Apply(idx+1, encodeAt(&ModulePullRequest{Module: "web"}, t0)); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := s.Plan(ctx, "ace")
+	if after.Version != idx+1 || after.Cause != "mesh module pull web" {
+		t.Fatalf("plan v%d %q", after.Version, after.Cause)
+	}
+	for i, r := range after.Plan.Resources {
+		want := uint64(0)
+		if r.Kind == "container" && r.Module == "web" {
+			want = idx + 1
+		}
+		if r.Pull != want {
+			t.Fatalf("%s pull %d, want %d", r.Name, r.Pull, want)
+		}
+		r.Pull = 0
+		if jsonString(r) != jsonString(before.Plan.Resources[i]) {
+			t.Fatalf("%s changed beyond its pull", r.Name)
+		}
+	}
+	if d := Diff(before.Plan, after.Plan); len(d) != 1 || d[0].What != "pull (mesh module pull) changed" {
+		t.Fatalf("diff %v", d)
+	}
+	// A module that runs nowhere, or is not known: refused.
+	if err := s.Apply(idx+2, encodeAt(&ModuleAddRequest{Modules: []ModuleSpec{spec("lone.yaml", "module: lone\n")}}, t0)); err != nil {
+		t.Fatal(err)
+	}
+	next := idx + 2
+	for req, want := range map[*ModulePullRequest]string{{Module: "lone"}: "assigned to no node", {Module: "nosuch"}: "not in the catalogue"} {
+		next++
+		if err := s.Apply(next, encodeAt(req, t0)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%s: %v", req.Module, err)
+		}
+	}
+}

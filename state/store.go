@@ -167,6 +167,8 @@ var migrations = []string{
 		node TEXT NOT NULL
 	 );
 	 CREATE INDEX roster_history_name ON roster_history (name, idx);`,
+	// 6: the last `mesh module pull` of each module (its log index).
+	`CREATE TABLE pulls (module TEXT PRIMARY KEY, idx INTEGER NOT NULL);`,
 }
 
 func (s *Store) migrate() error {

@@ -281,7 +281,7 @@ func TestLegacyEntriesApplyAsBefore(t *testing.T) {
 	// A legacy entry forwarded to a leader is proposed as an envelope of
 	// this format, and decodes to the same request.
 	c, err := Decode(legacyLog()[2])
-	if err != nil || c.V != CommandVersion || c.Op != OpModuleAdd {
+	if err != nil || c.V != opVersion[OpModuleAdd] || c.Op != OpModuleAdd {
 		t.Fatalf("decode legacy module add: %+v %v", c, err)
 	}
 	again, err := Decode(c.Encode())
@@ -376,8 +376,13 @@ func TestUnknownCommandStopsTheNode(t *testing.T) {
 		}
 	}
 	// Every command says the format it needs in the log.
-	if b := NewCommand(&RestoreBody{MeshID: "m-1"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
+	if b := NewCommand(&RestoreBody{MeshID: "m-1"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, opVersion[OpRestore])) {
 		t.Fatalf("restore encoded without its format: %s", b)
+	}
+	// The newest op needs the newest format: a node that cannot apply it
+	// is told so before it is proposed.
+	if b := NewCommand(&ModulePullRequest{Module: "web"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
+		t.Fatalf("module.pull encoded without its format: %s", b)
 	}
 }
 

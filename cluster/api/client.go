@@ -140,6 +140,13 @@ func (c *Client) AddModules(ctx context.Context, req AddRequest) (WriteResult, e
 	return r, c.do(ctx, "POST", "/v1/modules", req, &r)
 }
 
+// PullModule asks every node running the module to pull its images and
+// replace the containers whose image changed.
+func (c *Client) PullModule(ctx context.Context, name string) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "POST", "/v1/modules/"+url.PathEscape(name)+"/pull", nil, &r)
+}
+
 // RemoveModule removes a module from the catalogue.
 func (c *Client) RemoveModule(ctx context.Context, name string) (WriteResult, error) {
 	var r WriteResult

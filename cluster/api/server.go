@@ -90,6 +90,7 @@ func New(cfg Config) *API {
 	mux.HandleFunc("POST /v1/modules", a.addModules)
 	mux.HandleFunc("GET /v1/modules/{name}", a.module)
 	mux.HandleFunc("DELETE /v1/modules/{name}", a.removeModule)
+	mux.HandleFunc("POST /v1/modules/{name}/pull", a.pullModule)
 	mux.HandleFunc("POST /v1/assign", a.assign(state.OpAssign))
 	mux.HandleFunc("POST /v1/unassign", a.assign(state.OpUnassign))
 	mux.HandleFunc("GET /v1/roster", a.roster)
@@ -115,7 +116,7 @@ func refuseUnpreviewable(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if dryRun(r) && r.Method != http.MethodGet {
 			p := r.URL.Path
-			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/assign" || p == "/v1/unassign")) ||
+			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/assign" || p == "/v1/unassign" || (strings.HasPrefix(p, "/v1/modules/") && strings.HasSuffix(p, "/pull")))) ||
 				(r.Method == http.MethodDelete && strings.HasPrefix(p, "/v1/modules/")) ||
 				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/nodes/") && strings.HasSuffix(p, "/public-domain"))
 			if !ok {
@@ -415,6 +416,10 @@ func (a *API) addModules(w http.ResponseWriter, r *http.Request) {
 		c.Secrets = append(c.Secrets, secrets...)
 	}
 	a.writeThen(w, r, c, WriteResult{Modules: names})
+}
+
+func (a *API) pullModule(w http.ResponseWriter, r *http.Request) {
+	a.write(w, r, &state.ModulePullRequest{Module: r.PathValue("name")})
 }
 
 func (a *API) removeModule(w http.ResponseWriter, r *http.Request) {

@@ -59,7 +59,7 @@ func New(raftStats func() map[string]string) *Metrics {
 			Name: "mesh_apply_mutations_total", Help: "Changes applies made: mutating Podman calls and files or directories written or removed.",
 		}),
 		replacements: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mesh_container_replacements_total", Help: "Containers replaced, by the kind of reason: declaration, restart-on, step (a step it names ran), other.",
+			Name: "mesh_container_replacements_total", Help: "Containers replaced, by the kind of reason: declaration, restart-on, step (a step it names ran), pull (its image changed at mesh module pull), other.",
 		}, []string{"reason"}),
 		stepsRun: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mesh_steps_run_total", Help: "Run-once steps run.",
@@ -118,6 +118,8 @@ func (m *Metrics) ObserveApply(rep *state.Report, took time.Duration) {
 // reasonClass bounds the label's values: the reasons themselves name paths.
 func reasonClass(reason string) string {
 	switch {
+	case strings.Contains(reason, "mesh module pull"):
+		return "pull"
 	case strings.HasPrefix(reason, "step "):
 		return "step"
 	case strings.HasPrefix(reason, "restart-on:"):

@@ -64,13 +64,13 @@ func TestMetricsMove(t *testing.T) {
 
 type failing struct{ reconciler.Runtime }
 
-func (failing) Pull(context.Context, string) error { return errors.New("no registry") }
+func (failing) Pull(context.Context, string, string) error { return errors.New("no registry") }
 
 func TestRuntimeCountsErrors(t *testing.T) {
 	m := New(nil)
 	rt := m.Runtime(failing{})
-	rt.Pull(context.Background(), "x")
-	rt.Pull(context.Background(), "x")
+	rt.Pull(context.Background(), "x", "missing")
+	rt.Pull(context.Background(), "x", "always")
 	if out := scrape(t, m); !strings.Contains(out, `mesh_podman_call_errors_total{call="pull"} 2`+"\n") {
 		t.Fatalf("%s", out)
 	}

@@ -40,10 +40,16 @@ func (c *countingRuntime) ImageExists(ctx context.Context, ref string) (bool, er
 	return ok, err
 }
 
-func (c *countingRuntime) Pull(ctx context.Context, ref string) error {
-	err := c.rt.Pull(ctx, ref)
+func (c *countingRuntime) Pull(ctx context.Context, ref, policy string) error {
+	err := c.rt.Pull(ctx, ref, policy)
 	c.count("pull", err)
 	return err
+}
+
+func (c *countingRuntime) ImageID(ctx context.Context, ref string) (string, error) {
+	id, err := c.rt.ImageID(ctx, ref)
+	c.count("image_id", err)
+	return id, err
 }
 
 func (c *countingRuntime) Create(ctx context.Context, spec reconciler.Spec) (string, error) {

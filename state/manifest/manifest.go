@@ -66,6 +66,13 @@ type Manifest struct {
 	Lines []int `yaml:"-" json:"lines,omitempty"`
 }
 
+// Pull policies.
+const (
+	PullMissing = "missing"
+	PullAlways  = "always"
+	PullNewer   = "newer"
+)
+
 // Route makes NAME.<node's public domain> point at the node the module runs on.
 type Route struct {
 	Name string `yaml:"name" json:"name" jsonschema:"required"`
@@ -97,6 +104,11 @@ type Resource struct {
 	Ports     []string          `yaml:"ports,omitempty" json:"ports,omitempty"`
 	Restart   string            `yaml:"restart,omitempty" json:"restart,omitempty"`
 	RestartOn []string          `yaml:"restart-on,omitempty" json:"restart-on,omitempty"`
+	// Pull is when the image is fetched: missing (default: only when it is
+	// not in local storage), always or newer (when a container or step is
+	// created or replaced: always pulls, newer pulls when the registry has
+	// another image under the name).
+	Pull string `yaml:"pull,omitempty" json:"pull,omitempty" jsonschema:"enum=missing,enum=always,enum=newer,description=When the image is fetched: missing (default) or always/newer at each create or replace; mesh module pull fetches at once and replaces what changed"`
 
 	// TakeOver lets the module take over a file that exists and that the
 	// mesh did not write: its bytes are kept in the node's data dir and put
@@ -398,6 +410,7 @@ var (
 	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	ownerRE   = regexp.MustCompile(`^[0-9]{1,10}:[0-9]{1,10}$`)
 	restartOK = map[string]bool{"": true, "no": true, "always": true, "on-failure": true, "unless-stopped": true}
+	pullOK    = map[string]bool{"": true, PullMissing: true, PullAlways: true, PullNewer: true}
 )
 
 // fields lists which optional keys each kind may carry.
@@ -407,8 +420,8 @@ var fields = map[string][]string{
 	KindRoutesFile: {"owner", "mode", "template", "take-over"},
 	KindBinding:    {"owner", "mode", "provider", "take-over"},
 	KindCredential: {"owner", "mode", "provider", "take-over"},
-	KindStep:       {"image", "command", "env", "mounts", "restart-on"},
-	KindContainer:  {"image", "command", "env", "mounts", "ports", "restart", "restart-on", "health"},
+	KindStep:       {"image", "command", "env", "mounts", "restart-on", "pull"},
+	KindContainer:  {"image", "command", "env", "mounts", "ports", "restart", "restart-on", "health", "pull"},
 }
 
 func (r *Resource) setFields() []string {
@@ -432,6 +445,7 @@ func (r *Resource) setFields() []string {
 	add("restart-on", r.RestartOn != nil)
 	add("take-over", r.TakeOver)
 	add("health", r.Health != nil)
+	add("pull", r.Pull != "")
 	return s
 }
 
@@ -526,6 +540,9 @@ func (m *Manifest) check(p *positions) Errors {
 			if _, err := ParseTemplate(r.Template); err != nil {
 				add(p.at(i, "template", -1), "%s", err)
 			}
+		}
+		if !pullOK[r.Pull] {
+			add(p.at(i, "pull", -1), "pull %q is not one of missing, always, newer", r.Pull)
 		}
 		if r.Mode != "" {
 			if _, err := ParseMode(r.Mode); err != nil {

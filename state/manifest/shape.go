@@ -41,6 +41,7 @@ var (
 		"restart":    text,
 		"restart-on": texts(`[/srv/web/app.ini]`),
 		"take-over":  flag,
+		"pull":       text,
 		"health":     healthShape,
 	}}
 	manifestShape = &shape{kind: "object", fields: map[string]*shape{
