@@ -48,8 +48,8 @@ func startRegistry(t *testing.T) string {
 	}
 	t.Cleanup(func() { reg.Process.Kill(); reg.Wait() })
 	eventually(t, 20*time.Second, "the registry answers", func() (bool, string) {
-		out, err := httpGet(addr + "/v2/")
-		return err == nil, out + errString(err)
+		out, err := httpGet(addr)
+		return err == nil && strings.HasPrefix(out, "HTTP/"), out + errString(err)
 	})
 	return addr
 }
