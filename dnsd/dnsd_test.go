@@ -97,7 +97,12 @@ func TestLookup(t *testing.T) {
 // startServer runs a resolver on loopback with the test index and an upstream.
 func startServer(t *testing.T, upstreams ...string) (*Server, string) {
 	t.Helper()
-	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: upstreams}, "internal")
+	return startServerWith(t, Config{Addr: "127.0.0.1:0", Upstreams: upstreams})
+}
+
+func startServerWith(t *testing.T, cfg Config) (*Server, string) {
+	t.Helper()
+	s, err := New(cfg, "internal")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,20 +337,11 @@ func TestObserveSeesEveryAnswer(t *testing.T) {
 	upstream := startUpstream(t)
 	var mu sync.Mutex
 	seen := map[string]int{}
-	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{upstream}, Observe: func(rcode int, forwarded bool, took time.Duration) {
+	_, addr := startServerWith(t, Config{Addr: "127.0.0.1:0", Upstreams: []string{upstream}, Observe: func(rcode int, forwarded bool, took time.Duration) {
 		mu.Lock()
 		defer mu.Unlock()
 		seen[fmt.Sprintf("%s/%v", dns.RcodeToString[rcode], forwarded)]++
-	}}, "internal")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.SetIndex(testIndex())
-	addr, err := s.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	}})
 	query(t, addr, "udp", "gitea.internal.", dns.TypeA)
 	query(t, addr, "tcp", "gitea.internal.", dns.TypeA)
 	query(t, addr, "udp", "nope.internal.", dns.TypeA)

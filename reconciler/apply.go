@@ -873,25 +873,21 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 			delete(x.r.kept, p)
 		}
 	}
-	wantSteps := map[string]bool{}
+	// The ledger forgets the runs of steps and the pulls of containers the
+	// plan no longer holds.
+	want := map[string]bool{}
 	for _, res := range plan.Resources {
-		if res.Kind == manifest.KindStep {
-			wantSteps[res.RuntimeName()] = true
+		if res.Kind == manifest.KindStep || res.Kind == manifest.KindContainer {
+			want[res.Kind+"\x00"+res.RuntimeName()] = true
 		}
 	}
 	for k := range x.r.ledger.Markers {
-		if !wantSteps[k] {
+		if !want[manifest.KindStep+"\x00"+k] {
 			delete(x.r.ledger.Markers, k)
 		}
 	}
-	wantContainers := map[string]bool{}
-	for _, res := range plan.Resources {
-		if res.Kind == manifest.KindContainer {
-			wantContainers[res.RuntimeName()] = true
-		}
-	}
 	for k := range x.r.ledger.Pulled {
-		if !wantContainers[k] {
+		if !want[manifest.KindContainer+"\x00"+k] {
 			delete(x.r.ledger.Pulled, k)
 		}
 	}
