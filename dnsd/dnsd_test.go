@@ -361,3 +361,102 @@ func TestObserveSeesEveryAnswer(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Issue 13 item 5: a flood of names the upstream never answers holds at
+// most MaxForwarding queries (and sockets) at once; the rest get SERVFAIL
+// at once, and the mesh's own names are answered throughout.
+func TestForwardingIsBounded(t *testing.T) {
+	const limit = 8
+	s, addr := startServerWith(t, Config{Addr: "127.0.0.1:0", Upstreams: []string{"192.0.2.53:53"}, MaxForwarding: limit})
+	var mu sync.Mutex
+	inFlight, peak := 0, 0
+	s.exchange = func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error) {
+		mu.Lock()
+		inFlight++
+		peak = max(peak, inFlight)
+		mu.Unlock()
+		<-ctx.Done() // an upstream that never answers
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+		return nil, ctx.Err()
+	}
+	conn, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const flood = 300
+	// Read while sending: answers that wait in the client's socket buffer
+	// would overflow it and be dropped by the kernel.
+	got := make(chan int, 1)
+	go func() {
+		servfail := 0
+		conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+		buf := make([]byte, 4096)
+		for servfail < flood-limit {
+			n, err := conn.Read(buf)
+			if err != nil {
+				break
+			}
+			r := new(dns.Msg)
+			if r.Unpack(buf[:n]) == nil && r.Rcode == dns.RcodeServerFailure {
+				servfail++
+			}
+		}
+		got <- servfail
+	}()
+	start := time.Now()
+	for i := 0; i < flood; i++ {
+		m := new(dns.Msg)
+		m.SetQuestion(fmt.Sprintf("r%d.example.org.", i), dns.TypeA)
+		b, _ := m.Pack()
+		conn.Write(b)
+		if i%5 == 4 {
+			time.Sleep(time.Millisecond) // nor outrun the server's
+		}
+	}
+	if servfail := <-got; servfail < flood-limit {
+		t.Fatalf("%d of the %d queries past the cap got SERVFAIL within %s", servfail, flood-limit, time.Since(start))
+	}
+	// The mesh's own names are answered while the cap is full.
+	if r := query(t, addr, "udp", "gitea.internal.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 2 {
+		t.Fatalf("a mesh name during the flood: %v", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if peak > limit || peak == 0 {
+		t.Fatalf("%d queries were forwarded at once; the cap is %d", peak, limit)
+	}
+}
+
+// RFC 3225: the DO bit of a query is copied into the response.
+func TestDOBitIsCopied(t *testing.T) {
+	_, addr := startServer(t)
+	for _, do := range []bool{true, false} {
+		m := new(dns.Msg)
+		m.SetQuestion("gitea.internal.", dns.TypeA)
+		m.SetEdns0(1232, do)
+		r, _, err := (&dns.Client{Net: "udp"}).Exchange(m, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := r.IsEdns0(); o == nil || o.Do() != do {
+			t.Fatalf("DO=%v in the query, OPT %v in the answer", do, o)
+		}
+	}
+}
+
+// The zone's NS target resolves, to the resolver itself.
+func TestNSTargetResolves(t *testing.T) {
+	_, addr := startServer(t)
+	ns := query(t, addr, "udp", "internal.", dns.TypeNS)
+	if len(ns.Answer) != 1 {
+		t.Fatalf("NS: %v", ns)
+	}
+	target := ns.Answer[0].(*dns.NS).Ns
+	r := query(t, addr, "udp", target, dns.TypeA)
+	if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != "127.0.0.1" {
+		t.Fatalf("%s: %v", target, r)
+	}
+}

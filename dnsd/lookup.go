@@ -27,6 +27,17 @@ type Index struct {
 	routed map[string]bool
 	names  map[string][]netip.Addr
 	serial uint32
+	// ns is the address the zone's NS target (ns.DOMAIN) answers with: the
+	// resolver's own (set by the server that serves the index).
+	ns netip.Addr
+}
+
+// withNS is ix answering ns.DOMAIN with addr (a shallow copy: the maps are
+// shared and never written).
+func (ix *Index) withNS(addr netip.Addr) *Index {
+	c := *ix
+	c.ns = addr
+	return &c
 }
 
 // NewIndex builds an index. names maps a name (any case, with or without the
@@ -73,6 +84,11 @@ func (ix *Index) Lookup(q dns.Question, ttl uint32) Result {
 		return Result{Forward: true}
 	}
 	addrs, known := ix.names[name]
+	if !known && ix.ns.IsValid() && name == "ns."+ix.domain {
+		// The NS record's target must resolve (RFC 1034 4.2.1): to this
+		// resolver, unless a module took the name.
+		addrs, known = []netip.Addr{ix.ns}, true
+	}
 	inZone := dns.IsSubDomain(ix.domain, name)
 	if !inZone && !known {
 		return Result{Forward: true}

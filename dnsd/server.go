@@ -22,6 +22,13 @@ import (
 // ForwardTimeout bounds one upstream exchange.
 const ForwardTimeout = 2 * time.Second
 
+// ForwardBudget bounds a forwarded query as a whole, whatever the number
+// of upstreams (a client has given up on it by then).
+const ForwardBudget = 4 * time.Second
+
+// DefaultMaxForwarding is Config.MaxForwarding's default.
+const DefaultMaxForwarding = 512
+
 // Config is how a Server runs.
 type Config struct {
 	// Addr is the one address:port to bind, UDP and TCP. Never a wildcard:
@@ -38,6 +45,11 @@ type Config struct {
 	// source not allowed calls it (at most once a second) before it is
 	// refused, so a network created since the last refresh may ask at once.
 	Refresh func() []netip.Prefix
+	// MaxForwarding caps the queries being forwarded upstream at once (each
+	// holds a socket while it waits); past it a query gets SERVFAIL at once,
+	// so a flood of names the upstream never answers cannot exhaust the
+	// agent's descriptors. 0 means DefaultMaxForwarding.
+	MaxForwarding int
 	// Observe, when set, is told of every answered query: its rcode,
 	// whether it went upstream, and how long answering took.
 	Observe func(rcode int, forwarded bool, took time.Duration)
@@ -56,6 +68,10 @@ type Server struct {
 	udp       []*net.UDPConn
 	tcp       *dns.Server
 	done      chan struct{}
+	// forwarding holds a slot per query being forwarded; overLogged is when
+	// the cap was last reported (unix nanoseconds).
+	forwarding chan struct{}
+	overLogged atomic.Int64
 	// exchange asks one upstream; tests replace it.
 	exchange func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error)
 }
@@ -76,7 +92,12 @@ func New(cfg Config, domain string) (*Server, error) {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s := &Server{cfg: cfg, self: ap.Addr(), log: cfg.Logger.With("component", "dnsd")}
-	s.index.Store(NewIndex(domain, nil, 0))
+	s.SetIndex(NewIndex(domain, nil, 0))
+	if cfg.MaxForwarding <= 0 {
+		cfg.MaxForwarding = DefaultMaxForwarding
+		s.cfg.MaxForwarding = cfg.MaxForwarding
+	}
+	s.forwarding = make(chan struct{}, cfg.MaxForwarding)
 	s.SetAllow(cfg.Allow)
 	s.exchange = func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error) {
 		c := &dns.Client{Net: network, Timeout: ForwardTimeout}
@@ -87,7 +108,7 @@ func New(cfg Config, domain string) (*Server, error) {
 }
 
 // SetIndex swaps the index in; queries in flight keep the one they started with.
-func (s *Server) SetIndex(ix *Index) { s.index.Store(ix) }
+func (s *Server) SetIndex(ix *Index) { s.index.Store(ix.withNS(s.self)) }
 
 // Start binds UDP and TCP on the configured address and serves in the
 // background. It returns once the sockets are bound. UDP gets one socket per
@@ -320,7 +341,9 @@ func (s *Server) local(req *dns.Msg, src netip.Addr) (resp *dns.Msg, forward boo
 	resp.SetReply(req)
 	resp.RecursionAvailable = true
 	if o := req.IsEdns0(); o != nil {
-		resp.SetEdns0(4096, false)
+		// The DO bit is copied into the response (RFC 3225 3); the mesh's
+		// own answers carry no signatures.
+		resp.SetEdns0(4096, o.Do())
 		if o.Version() != 0 {
 			resp.Rcode = dns.RcodeBadVers
 			return resp, false
@@ -349,9 +372,24 @@ func (s *Server) local(req *dns.Msg, src netip.Addr) (resp *dns.Msg, forward boo
 	return resp, false
 }
 
-// forwarded is the upstream's answer to req, or SERVFAIL.
+// forwarded is the upstream's answer to req, or SERVFAIL: when no upstream
+// answers within ForwardBudget, or when MaxForwarding queries are already
+// being forwarded.
 func (s *Server) forwarded(ctx context.Context, req *dns.Msg) *dns.Msg {
-	up := s.forward(ctx, req)
+	var up *dns.Msg
+	select {
+	case s.forwarding <- struct{}{}:
+		ctx, cancel := context.WithTimeout(ctx, ForwardBudget)
+		up = s.forward(ctx, req)
+		cancel()
+		<-s.forwarding
+	default:
+		// Said at most once a second: a flood must not flood the log too.
+		if now := time.Now().UnixNano(); now-s.overLogged.Load() > int64(time.Second) {
+			s.overLogged.Store(now)
+			s.log.Warn("too many queries being forwarded upstream at once; answering SERVFAIL past the cap", "max", s.cfg.MaxForwarding, "name", req.Question[0].Name)
+		}
+	}
 	if up == nil {
 		resp := new(dns.Msg)
 		resp.SetRcode(req, dns.RcodeServerFailure)
@@ -369,6 +407,9 @@ func (s *Server) forward(ctx context.Context, req *dns.Msg) *dns.Msg {
 		q.SetEdns0(4096, false)
 	}
 	for _, u := range s.cfg.Upstreams {
+		if ctx.Err() != nil {
+			return nil
+		}
 		r, err := s.exchange(ctx, q, u, "udp")
 		if err == nil && r.Truncated {
 			r, err = s.exchange(ctx, q, u, "tcp")

@@ -477,6 +477,14 @@ func (m *Manifest) check(p *positions) Errors {
 		routes[r.Name] = true
 	}
 
+	// pathAt: each path -> the indexes that declare it (one pass, so that a
+	// parent declared after its child is found without a scan per resource).
+	pathAt := map[string][]int{}
+	for i := range m.Resources {
+		if r := &m.Resources[i]; r.IsPath() {
+			pathAt[r.Name()] = append(pathAt[r.Name()], i)
+		}
+	}
 	// declared: name -> index, for paths, steps and containers alike.
 	declared := map[string]int{}
 	kindOf := map[string]string{}
@@ -527,8 +535,8 @@ func (m *Manifest) check(p *positions) Errors {
 			if j, ok := declared[parent]; ok && kindOf[parent] != KindDirectory {
 				add(ln, "%q is inside %q, which is a %s (line %d), not a directory", name, parent, kindOf[parent], m.Line(j))
 			}
-			for j := i + 1; j < len(m.Resources); j++ {
-				if m.Resources[j].IsPath() && m.Resources[j].Name() == parent {
+			for _, j := range pathAt[parent] {
+				if j > i {
 					add(ln, "%q is declared before its parent %q (line %d); move the parent above it, the host applies resources in the order written", name, parent, m.Line(j))
 				}
 			}

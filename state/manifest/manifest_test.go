@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"fmt"
 	"errors"
 	"os"
 	"path/filepath"
@@ -303,5 +304,25 @@ func TestHealthCheck(t *testing.T) {
 	// Only a container has a health check.
 	if _, err := Parse("hc.yaml", []byte("module: hc\nresources:\n  - step: s\n    image: busybox\n    health:\n      command: [\"true\"]\n")); err == nil || !strings.Contains(err.Error(), "health") {
 		t.Errorf("a step with a health check: %v", err)
+	}
+}
+
+// BenchmarkParseResources: mesh check must be linear in resources (issue 13
+// item 5); compare ns/op across the sizes.
+func BenchmarkParseResources(b *testing.B) {
+	for _, n := range []int{2500, 5000, 10000} {
+		var sb strings.Builder
+		sb.WriteString("module: big\nresources:\n  - directory: /srv/big\n")
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&sb, "  - file: /srv/big/f%d\n    content: x\n", i)
+		}
+		src := []byte(sb.String())
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if _, err := Parse("big.yaml", src); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
