@@ -367,7 +367,10 @@ func TestObserveSeesEveryAnswer(t *testing.T) {
 // at once, and the mesh's own names are answered throughout.
 func TestForwardingIsBounded(t *testing.T) {
 	const limit = 8
-	s, addr := startServerWith(t, Config{Addr: "127.0.0.1:0", Upstreams: []string{"192.0.2.53:53"}, MaxForwarding: limit})
+	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{"192.0.2.53:53"}, MaxForwarding: limit}, "internal")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var mu sync.Mutex
 	inFlight, peak := 0, 0
 	s.exchange = func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error) {
@@ -381,6 +384,12 @@ func TestForwardingIsBounded(t *testing.T) {
 		mu.Unlock()
 		return nil, ctx.Err()
 	}
+	s.SetIndex(testIndex())
+	addr, err := s.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
 	conn, err := net.Dial("udp", addr)
 	if err != nil {
 		t.Fatal(err)
