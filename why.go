@@ -39,7 +39,7 @@ func (c *WhyCmd) Run(g *Globals) error {
 		}
 		lastVersion = n.Report.Version
 		for i, r := range n.Report.Resources {
-			if r.Name == c.Resource || r.Name == e.Module+"."+c.Resource || (r.Name == c.Resource && r.Module == e.Module) {
+			if r.Name == c.Resource || r.Name == e.Module+"."+c.Resource { // a step reports MODULE.STEP
 				last = &n.Report.Resources[i]
 			}
 		}

@@ -720,14 +720,7 @@ func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, at, cau
 		return err
 	}
 	for _, c := range RosterChanges(old, roster) {
-		node := ""
-		for _, r := range append(append([]Name{}, roster...), old...) {
-			if r.Name == c.Name && r.Address == c.Address {
-				node = r.Node
-				break
-			}
-		}
-		mustExec(tx, `INSERT INTO roster_history VALUES (?, ?, ?, ?, ?, ?, ?)`, index, at, cause, c.Op, c.Name, c.Address, node)
+		mustExec(tx, `INSERT INTO roster_history VALUES (?, ?, ?, ?, ?, ?, ?)`, index, at, cause, c.Op, c.Name, c.Address, c.Node)
 	}
 	mustExec(tx, `DELETE FROM roster`)
 	for _, r := range roster {

@@ -54,11 +54,13 @@ func (a Action) String() string {
 	return s
 }
 
-// NameChange is a roster entry that would appear ("+") or go ("-").
+// NameChange is a roster entry that would appear ("+") or go ("-"), and
+// the node whose plan holds it.
 type NameChange struct {
 	Op      string `json:"op"`
 	Name    string `json:"name"`
 	Address string `json:"address"`
+	Node    string `json:"node,omitempty"`
 }
 
 // Preview applies data (an encoded command) to a copy of this replica and
@@ -163,12 +165,12 @@ func RosterChanges(before, after []Name) []NameChange {
 	var out []NameChange
 	for _, n := range after {
 		if !a[key(n)] {
-			out = append(out, NameChange{Op: "+", Name: n.Name, Address: n.Address})
+			out = append(out, NameChange{Op: "+", Name: n.Name, Address: n.Address, Node: n.Node})
 		}
 	}
 	for _, n := range before {
 		if !b[key(n)] {
-			out = append(out, NameChange{Op: "-", Name: n.Name, Address: n.Address})
+			out = append(out, NameChange{Op: "-", Name: n.Name, Address: n.Address, Node: n.Node})
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -256,17 +258,17 @@ func PlanActions(old, new *Plan) []Action {
 	}
 	// Removals run in reverse order of creation: containers, then steps,
 	// then paths, children before parents.
-	rank := map[string]int{manifest.KindContainer: 0, manifest.KindStep: 1}
+	rank := func(kind string) int {
+		switch kind {
+		case manifest.KindContainer:
+			return 0
+		case manifest.KindStep:
+			return 1
+		}
+		return 2
+	}
 	sort.Slice(gone, func(i, j int) bool {
-		ri, ok := rank[gone[i].Kind]
-		if !ok {
-			ri = 2
-		}
-		rj, ok := rank[gone[j].Kind]
-		if !ok {
-			rj = 2
-		}
-		if ri != rj {
+		if ri, rj := rank(gone[i].Kind), rank(gone[j].Kind); ri != rj {
 			return ri < rj
 		}
 		return gone[i].Name > gone[j].Name
