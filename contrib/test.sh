@@ -46,5 +46,7 @@ say "fuzz: manifest parser"
 go test -run '^$' -fuzz '^FuzzParse$' -fuzztime "${MESH_FUZZTIME_PARSE:-120s}" ./state/manifest
 say "fuzz: resolver query handler"
 go test -run '^$' -fuzz '^FuzzAnswer$' -fuzztime "${MESH_FUZZTIME:-30s}" ./dnsd
+say "fuzz: the resolver's fast path agrees with its general path"
+go test -run '^$' -fuzz '^FuzzFastPathAgrees$' -fuzztime "${MESH_FUZZTIME_FAST:-60s}" ./dnsd
 
 say "all checks passed"

@@ -30,13 +30,18 @@ type Index struct {
 	// ns is the address the zone's NS target (ns.DOMAIN) answers with: the
 	// resolver's own (set by the server that serves the index).
 	ns netip.Addr
+	// soaWire is the zone's SOA in wire form with the server's TTL, for the
+	// fast path (set by the server that serves the index).
+	soaWire []byte
 }
 
-// withNS is ix answering ns.DOMAIN with addr (a shallow copy: the maps are
-// shared and never written).
-func (ix *Index) withNS(addr netip.Addr) *Index {
+// forServer is ix as a server serves it: ns.DOMAIN answering with addr, the
+// SOA packed with ttl (a shallow copy: the maps are shared and never
+// written).
+func (ix *Index) forServer(addr netip.Addr, ttl uint32) *Index {
 	c := *ix
 	c.ns = addr
+	c.soaWire = packSOA(&c, ttl)
 	return &c
 }
 

@@ -108,7 +108,7 @@ func New(cfg Config, domain string) (*Server, error) {
 }
 
 // SetIndex swaps the index in; queries in flight keep the one they started with.
-func (s *Server) SetIndex(ix *Index) { s.index.Store(ix.withNS(s.self)) }
+func (s *Server) SetIndex(ix *Index) { s.index.Store(ix.forServer(s.self, s.cfg.TTL)) }
 
 // Start binds UDP and TCP on the configured address and serves in the
 // background. It returns once the sockets are bound. UDP gets one socket per
@@ -177,7 +177,8 @@ type batchConn interface {
 }
 
 // serveUDP answers one socket's queries, a batch of datagrams per system call
-// each way. Local answers are made inline; a query to forward gets its own
+// each way. Local answers are made inline, the common ones by the fast path
+// without unpacking anything (fast.go); a query to forward gets its own
 // goroutine, so a slow upstream never holds up the mesh's names.
 func (s *Server) serveUDP(conn *net.UDPConn) {
 	var bc batchConn = ipv4.NewPacketConn(conn)
@@ -211,11 +212,19 @@ func (s *Server) serveUDP(conn *net.UDPConn) {
 			if !ok {
 				continue
 			}
+			start := s.clock()
+			if b, rcode, ok := s.fastReply(s.index.Load(), in[i].Buffers[0][:in[i].N], src.AddrPort().Addr().Unmap(), bufs[k]); ok {
+				if s.cfg.Observe != nil {
+					s.cfg.Observe(rcode, false, time.Since(start))
+				}
+				out[k].Buffers[0], out[k].Addr = b, src
+				k++
+				continue
+			}
 			req := new(dns.Msg)
 			if req.Unpack(in[i].Buffers[0][:in[i].N]) != nil {
 				continue // not a DNS message: no answer
 			}
-			start := s.clock()
 			resp, forward := s.local(req, src.AddrPort().Addr().Unmap())
 			if forward {
 				go func() {
