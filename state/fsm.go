@@ -229,7 +229,9 @@ func (s *Store) applyTx(index uint64, at time.Time, req Request) error {
 	if index <= applied {
 		return nil
 	}
-	ap := &applier{s: s, ctx: ctx, tx: tx, index: index, at: at.UTC().Format(timeLayout)}
+	ap := &applier{s: s, tx: tx, index: index, at: at.UTC().Format(timeLayout)}
+	ctx = context.WithValue(ctx, applyingKey{}, ap)
+	ap.ctx = ctx
 	recompose, ruleErr := ap.apply(req)
 	if ruleErr == nil && recompose {
 		if err := s.recompose(ctx, tx, index, ap.at, req.describe()); err != nil {
@@ -277,6 +279,8 @@ type applier struct {
 	tx    *sql.Tx
 	index uint64
 	at    string // the proposer's time
+	// catChanged: this command writes the catalogue.
+	catChanged bool
 }
 
 func (ap *applier) apply(req Request) (bool, error) {
@@ -304,6 +308,7 @@ func (ap *applier) apply(req Request) (bool, error) {
 	case *TokenRotateRequest:
 		return ap.tokenRotate(r)
 	case *RestoreBody:
+		ap.catalogueChanges()
 		return ap.s.applyRestore(ap.tx, r)
 	}
 	panic(fmt.Sprintf("state: no apply function for %T", req))
@@ -390,6 +395,7 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 			return false, ruleErr(ErrInvalid, "module %q is given twice (%s and %s)", name, other, sp.File)
 		}
 		seen[name] = sp.File
+		ap.catalogueChanges()
 		mustExec(ap.tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (name) DO UPDATE SET file = excluded.file, manifest = excluded.manifest, digest = excluded.digest, version = excluded.version, added_at = excluded.added_at, spec = excluded.spec
 			WHERE modules.digest != excluded.digest`, name, sp.File, sp.Text, sp.Digest, ap.index, ap.at, sp.specJSON())
@@ -406,6 +412,7 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 	if nodes := listRows(tx, `SELECT node FROM assignments WHERE module = ? ORDER BY node`, r.Name); len(nodes) > 0 {
 		return false, ruleErr(ErrConflict, "module %q is assigned to %s; unassign it first", r.Name, strings.Join(nodes, ", "))
 	}
+	ap.catalogueChanges()
 	mustExec(tx, `DELETE FROM modules WHERE name = ?`, r.Name)
 	mustExec(tx, `DELETE FROM pulls WHERE module = ?`, r.Name)
 	return true, nil
@@ -572,24 +579,75 @@ func validDomain(d string) bool {
 
 // catalogue reads every module's parsed form.
 func (s *Store) catalogue(ctx context.Context, q queryer) (map[string]*manifest.Manifest, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, file, digest, spec FROM modules`)
+	// The FSM reads the catalogue it keeps, unless the command being
+	// applied changes it (then its transaction is the truth).
+	ap, _ := ctx.Value(applyingKey{}).(*applier)
+	if ap != nil && !ap.catChanged && s.cat != nil {
+		return s.cat, nil
+	}
+	cat, err := s.readCatalogue(ctx, q)
+	if err == nil && ap != nil && !ap.catChanged {
+		s.cat = cat
+	}
+	return cat, err
+}
+
+// applyingKey marks the context of a command being applied; its value is
+// the *applier.
+type applyingKey struct{}
+
+// catalogueChanges says the command being applied writes the catalogue:
+// what the FSM keeps of it is no longer the truth, whether or not the
+// command commits.
+func (ap *applier) catalogueChanges() {
+	ap.catChanged = true
+	ap.s.cat = nil
+}
+
+func (s *Store) readCatalogue(ctx context.Context, q queryer) (map[string]*manifest.Manifest, error) {
+	// The parsed forms are read only for the digests not decoded yet: every
+	// command recomposes, and reading every module's spec each time was most
+	// of an assign's cost with a large catalogue.
+	rows, err := q.QueryContext(ctx, `SELECT name, file, digest FROM modules`)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
 	cat := map[string]*manifest.Manifest{}
+	type miss struct{ name, file, digest string }
+	var missing []miss
+	s.mu.Lock()
 	for rows.Next() {
-		var name, file, digest, spec string
-		if err := rows.Scan(&name, &file, &digest, &spec); err != nil {
+		var r miss
+		if err := rows.Scan(&r.name, &r.file, &r.digest); err != nil {
+			s.mu.Unlock()
+			rows.Close()
 			return nil, err
 		}
-		m, err := s.manifestOf(file, digest, spec)
-		if err != nil {
-			return nil, fmt.Errorf("the stored form of module %s does not decode: %w", name, err)
+		if m, ok := s.parsed[r.digest]; ok {
+			cat[r.name] = m
+		} else {
+			missing = append(missing, r)
 		}
-		cat[name] = m
 	}
-	return cat, rows.Err()
+	s.mu.Unlock()
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, r := range missing {
+		var spec string
+		if err := q.QueryRowContext(ctx, `SELECT spec FROM modules WHERE name = ?`, r.name).Scan(&spec); err != nil {
+			return nil, fmt.Errorf("read the stored form of module %s: %w", r.name, err)
+		}
+		m, err := s.manifestOf(r.file, r.digest, spec)
+		if err != nil {
+			return nil, fmt.Errorf("the stored form of module %s does not decode: %w", r.name, err)
+		}
+		cat[r.name] = m
+	}
+	return cat, nil
 }
 
 // input loads what composition reads.
@@ -722,9 +780,23 @@ func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, at, cau
 	for _, c := range RosterChanges(old, roster) {
 		mustExec(tx, `INSERT INTO roster_history VALUES (?, ?, ?, ?, ?, ?, ?)`, index, at, cause, c.Op, c.Name, c.Address, c.Node)
 	}
-	mustExec(tx, `DELETE FROM roster`)
+	// Only the rows that changed are written: rewriting the whole roster on
+	// every command cost as much as the rest of the apply.
+	was := map[Name]bool{}
+	for _, r := range old {
+		was[r] = true
+	}
+	now := map[Name]bool{}
 	for _, r := range roster {
-		mustExec(tx, `INSERT OR IGNORE INTO roster VALUES (?, ?, ?)`, r.Name, r.Address, r.Node)
+		if !now[r] && !was[r] {
+			mustExec(tx, `INSERT OR IGNORE INTO roster VALUES (?, ?, ?)`, r.Name, r.Address, r.Node)
+		}
+		now[r] = true
+	}
+	for _, r := range old {
+		if !now[r] {
+			mustExec(tx, `DELETE FROM roster WHERE name = ? AND address = ? AND node = ?`, r.Name, r.Address, r.Node)
+		}
 	}
 	// Drop parsed manifests that left the catalogue.
 	keep := map[string]bool{}

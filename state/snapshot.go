@@ -247,6 +247,7 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) error {
 	}
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
+	s.cat = nil // whatever happens below, the kept catalogue is not the truth
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err

@@ -44,6 +44,11 @@ type Store struct {
 	parsed  map[string]*manifest.Manifest
 	changed chan struct{}
 	applyMu sync.Mutex // one Apply or Restore at a time
+	// cat is the catalogue as the last applied command left it, for the
+	// FSM's own reads (under applyMu); nil when not known. Every command
+	// recomposes, and reading the catalogue's rows each time cost more than
+	// the rest of an assign with a thousand modules.
+	cat map[string]*manifest.Manifest
 
 	// OnDiskFull, when set, is told once per command that waits for space.
 	OnDiskFull func(index uint64)

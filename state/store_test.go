@@ -502,3 +502,55 @@ func TestOpenFillsParsedForms(t *testing.T) {
 		t.Fatalf("%d modules left without a parsed form", empty)
 	}
 }
+
+// The catalogue the FSM keeps between commands gives exactly the state a
+// replica that reads it afresh for every command gets: through a module
+// replaced, a module add that fails and rolls back, a removal and a
+// restore.
+func TestKeptCatalogueIsTheTruth(t *testing.T) {
+	web2 := strings.Replace(webSrc, "localhost/busybox:1", "localhost/busybox:2", 1)
+	web3 := strings.Replace(webSrc, "localhost/busybox:1", "localhost/busybox:3", 1)
+	reqs := append(history(),
+		&ModuleAddRequest{Modules: []ModuleSpec{spec("web.yaml", web2)}},
+		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "app"}},
+		// Fails whole (the module is given twice): nothing of web3 stays.
+		&ModuleAddRequest{Modules: []ModuleSpec{spec("web.yaml", web3), spec("web2.yaml", web3)}},
+		&UnassignRequest{Assignment: Assignment{Node: "ace", Module: "web"}},
+		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "web"}},
+		&UnassignRequest{Assignment: Assignment{Node: "ace", Module: "app"}},
+		&UnassignRequest{Assignment: Assignment{Node: "novox", Module: "app"}},
+		&ModuleRemoveRequest{Name: "app"},
+		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "postgres"}},
+	)
+	kept, afresh := openStore(t), openStore(t)
+	for i, r := range reqs {
+		e := encodeAt(r, t0.Add(time.Duration(i)*time.Second))
+		ek := kept.Apply(uint64(i+1), e)
+		afresh.cat = nil
+		ef := afresh.Apply(uint64(i+1), e)
+		afresh.cat = nil
+		if fmt.Sprint(ek) != fmt.Sprint(ef) {
+			t.Fatalf("command %d (%s): %v with the kept catalogue, %v without", i+1, r.Op(), ek, ef)
+		}
+		if dk, df := dumpJSON(t, kept), dumpJSON(t, afresh); dk != df {
+			t.Fatalf("after command %d (%s) the replicas differ:\n%s\n%s", i+1, r.Op(), dk, df)
+		}
+	}
+	if !strings.Contains(dumpJSON(t, kept), "localhost/busybox:2") || strings.Contains(dumpJSON(t, kept), "localhost/busybox:3") {
+		t.Fatal("the plans do not run web as replaced, or the failed add left its image")
+	}
+	// A restore replaces what is kept.
+	c := openStore(t)
+	applyAll(t, c, commandLog())
+	if err := kept.Restore(context.Background(), strings.NewReader(dumpJSON(t, c))); err != nil {
+		t.Fatal(err)
+	}
+	next := encodeAt(&AssignRequest{Assignment: Assignment{Node: "novox", Module: "app"}}, t0.Add(time.Hour))
+	n := uint64(len(commandLog()) + 1)
+	kept.Apply(n, next)
+	c.cat = nil
+	c.Apply(n, next)
+	if dk, dc := dumpJSON(t, kept), dumpJSON(t, c); dk != dc {
+		t.Fatalf("after a restore the kept catalogue is stale:\n%s\n%s", dk, dc)
+	}
+}
