@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -253,7 +254,9 @@ func startResolver(ctx context.Context, self string, store *state.Store, live fu
 	if st, err := store.Settings(ctx); err == nil {
 		domain = st.Domain
 	}
-	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, TTL: ttl, Refresh: refresh, Observe: observe, Logger: log}, domain)
+	srv, err := dnsd.New(dnsd.Config{Addr: net.JoinHostPort(addr.String(), "53"), Upstreams: upstreams, TTL: ttl, Refresh: refresh, Observe: observe, Logger: log,
+		// What a flood took is given back at once, not over minutes.
+		AfterFlood: debug.FreeOSMemory}, domain)
 	if err != nil {
 		return nil, "", err
 	}

@@ -367,10 +367,13 @@ func TestObserveSeesEveryAnswer(t *testing.T) {
 // at once, and the mesh's own names are answered throughout.
 func TestForwardingIsBounded(t *testing.T) {
 	const limit = 8
-	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{"192.0.2.53:53"}, MaxForwarding: limit}, "internal")
+	over := make(chan struct{}, 4)
+	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{"192.0.2.53:53"}, MaxForwarding: limit,
+		AfterFlood: func() { over <- struct{}{} }}, "internal")
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.floodOver = 300 * time.Millisecond
 	var mu sync.Mutex
 	inFlight, peak := 0, 0
 	s.exchange = func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error) {
@@ -436,6 +439,17 @@ func TestForwardingIsBounded(t *testing.T) {
 	defer mu.Unlock()
 	if peak > limit || peak == 0 {
 		t.Fatalf("%d queries were forwarded at once; the cap is %d", peak, limit)
+	}
+	// Once the flood is over, the server says so, once.
+	select {
+	case <-over:
+	case <-time.After(5 * time.Second):
+		t.Fatal("AfterFlood was not called after the flood")
+	}
+	select {
+	case <-over:
+		t.Fatal("AfterFlood was called twice for one flood")
+	case <-time.After(3 * s.floodOver):
 	}
 }
 

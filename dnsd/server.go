@@ -50,6 +50,10 @@ type Config struct {
 	// so a flood of names the upstream never answers cannot exhaust the
 	// agent's descriptors. 0 means DefaultMaxForwarding.
 	MaxForwarding int
+	// AfterFlood, when set, is called once a flood is over: a few seconds
+	// after the last query turned away at the MaxForwarding cap. The agent
+	// gives the memory the flood took back to the system there.
+	AfterFlood func()
 	// Observe, when set, is told of every answered query: its rcode,
 	// whether it went upstream, and how long answering took.
 	Observe func(rcode int, forwarded bool, took time.Duration)
@@ -72,6 +76,7 @@ type Server struct {
 	// the cap was last reported (unix nanoseconds).
 	forwarding chan struct{}
 	overLogged atomic.Int64
+	floodOver  time.Duration
 	// exchange asks one upstream; tests replace it.
 	exchange func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error)
 }
@@ -91,7 +96,7 @@ func New(cfg Config, domain string) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	s := &Server{cfg: cfg, self: ap.Addr(), log: cfg.Logger.With("component", "dnsd")}
+	s := &Server{cfg: cfg, self: ap.Addr(), log: cfg.Logger.With("component", "dnsd"), floodOver: floodOver}
 	s.SetIndex(NewIndex(domain, nil, 0))
 	if cfg.MaxForwarding <= 0 {
 		cfg.MaxForwarding = DefaultMaxForwarding
@@ -148,6 +153,9 @@ func (s *Server) Start() (string, error) {
 	}
 	s.tcp = &dns.Server{Listener: l, Handler: s, ReadTimeout: 5 * time.Second}
 	go s.tcp.ActivateAndServe()
+	if s.cfg.AfterFlood != nil {
+		go s.watchFloods()
+	}
 	s.log.Info("resolver listening", "addr", bound, "udp_sockets", len(conns), "upstreams", s.cfg.Upstreams)
 	return bound, nil
 }
@@ -226,21 +234,25 @@ func (s *Server) serveUDP(conn *net.UDPConn) {
 				continue // not a DNS message: no answer
 			}
 			resp, forward := s.local(req, src.AddrPort().Addr().Unmap())
-			if forward {
+			if forward && s.takeForwardSlot(req) {
 				go func() {
-					if r := s.forwarded(context.Background(), req); r != nil {
-						s.observe(r, true, start)
-						if b, err := udpReply(r, req, nil); err == nil {
-							conn.WriteToUDP(b, src)
-						}
+					r := s.forwardHolding(context.Background(), req)
+					s.observe(r, true, start)
+					if b, err := udpReply(r, req, nil); err == nil {
+						conn.WriteToUDP(b, src)
 					}
 				}()
 				continue
 			}
+			if forward {
+				// Past the cap: SERVFAIL from here, with the batch, rather
+				// than a goroutine per query of a flood.
+				resp = servfail(req)
+			}
 			if resp == nil {
 				continue
 			}
-			s.observe(resp, false, start)
+			s.observe(resp, forward, start)
 			b, err := udpReply(resp, req, bufs[k])
 			if err != nil {
 				continue
@@ -385,28 +397,70 @@ func (s *Server) local(req *dns.Msg, src netip.Addr) (resp *dns.Msg, forward boo
 // answers within ForwardBudget, or when MaxForwarding queries are already
 // being forwarded.
 func (s *Server) forwarded(ctx context.Context, req *dns.Msg) *dns.Msg {
-	var up *dns.Msg
+	if !s.takeForwardSlot(req) {
+		return servfail(req)
+	}
+	return s.forwardHolding(ctx, req)
+}
+
+// takeForwardSlot takes one of the MaxForwarding slots, or says (in the log,
+// at most once a second: a flood must not flood the log too) that there is
+// none.
+func (s *Server) takeForwardSlot(req *dns.Msg) bool {
 	select {
 	case s.forwarding <- struct{}{}:
-		ctx, cancel := context.WithTimeout(ctx, ForwardBudget)
-		up = s.forward(ctx, req)
-		cancel()
-		<-s.forwarding
+		return true
 	default:
-		// Said at most once a second: a flood must not flood the log too.
-		if now := time.Now().UnixNano(); now-s.overLogged.Load() > int64(time.Second) {
-			s.overLogged.Store(now)
-			s.log.Warn("too many queries being forwarded upstream at once; answering SERVFAIL past the cap", "max", s.cfg.MaxForwarding, "name", req.Question[0].Name)
-		}
 	}
+	if now := time.Now().UnixNano(); now-s.overLogged.Load() > int64(time.Second) {
+		s.overLogged.Store(now)
+		s.log.Warn("too many queries being forwarded upstream at once; answering SERVFAIL past the cap", "max", s.cfg.MaxForwarding, "name", req.Question[0].Name)
+	}
+	return false
+}
+
+// forwardHolding forwards req within ForwardBudget, holding a slot taken by
+// takeForwardSlot, which it gives back.
+func (s *Server) forwardHolding(ctx context.Context, req *dns.Msg) *dns.Msg {
+	defer func() { <-s.forwarding }()
+	ctx, cancel := context.WithTimeout(ctx, ForwardBudget)
+	defer cancel()
+	up := s.forward(ctx, req)
 	if up == nil {
-		resp := new(dns.Msg)
-		resp.SetRcode(req, dns.RcodeServerFailure)
-		resp.RecursionAvailable = true
-		return resp
+		return servfail(req)
 	}
 	up.Id = req.Id
 	return up
+}
+
+// floodOver is how long after the last query turned away at the cap a
+// flood counts as over.
+const floodOver = 3 * time.Second
+
+// watchFloods calls AfterFlood once after each flood.
+func (s *Server) watchFloods() {
+	t := time.NewTicker(s.floodOver / 3)
+	defer t.Stop()
+	var handled int64
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		if last := s.overLogged.Load(); last != 0 && last != handled && time.Since(time.Unix(0, last)) > s.floodOver {
+			handled = last
+			s.log.Info("a flood of queries to forward is over", "max_forwarding", s.cfg.MaxForwarding)
+			s.cfg.AfterFlood()
+		}
+	}
+}
+
+func servfail(req *dns.Msg) *dns.Msg {
+	resp := new(dns.Msg)
+	resp.SetRcode(req, dns.RcodeServerFailure)
+	resp.RecursionAvailable = true
+	return resp
 }
 
 // forward asks each upstream in turn, over TCP when UDP comes back truncated.

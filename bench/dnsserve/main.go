@@ -1,12 +1,14 @@
 // Command dnsserve runs the mesh resolver (dnsd.Server, as the agent runs it)
-// on an address with N generated names, for bench/dns.sh. It never forwards:
-// the benchmark asks only for names in the mesh zone.
+// on an address with N generated names, for bench/dns.sh and bench/memory.sh.
+// It never forwards: the benchmarks ask it only for names in the mesh zone.
+// With -sink it is instead an upstream that never answers.
 package main
 
 import (
 	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -20,7 +22,21 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:5353", "IP:PORT to serve on")
 	n := flag.Int("names", 10000, "how many names (nNNNNN.internal)")
 	prof := flag.String("cpuprofile", "", "write a CPU profile here until stopped")
+	sink := flag.Bool("sink", false, "be an upstream that never answers: read every datagram on -addr, answer none")
 	flag.Parse()
+	if *sink {
+		pc, err := net.ListenPacket("udp", *addr)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println("sinking queries on", pc.LocalAddr())
+		buf := make([]byte, 65535)
+		for {
+			if _, _, err := pc.ReadFrom(buf); err != nil {
+				log.Fatal(err)
+			}
+		}
+	}
 	if *prof != "" {
 		f, err := os.Create(*prof)
 		if err != nil {

@@ -1,0 +1,102 @@
+package state
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// BenchmarkFleet measures the replicated state of a large fleet: M modules
+// over 100 nodes, each module assigned to one node. It reports the time of
+// one `module add` command carrying all M, of one assign once the fleet is
+// full (the recompose every command does), the plans' and the snapshot's
+// sizes. The assignments before the last 100 are written straight into the
+// table (applying M assigns one by one would take M recomposes); the last
+// 100 go through Apply, and their mean is the assign figure.
+// bench/scale.sh runs it at several sizes and prints how each figure grows.
+func BenchmarkFleet(b *testing.B) {
+	for _, m := range []int{1000, 2500, 5000, 10000} {
+		b.Run(fmt.Sprintf("modules=%d", m), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				fleet(b, 100, m)
+			}
+		})
+	}
+}
+
+func fleet(b *testing.B, nodes, modules int) {
+	b.StopTimer()
+	s := openStore(b)
+	ctx := context.Background()
+	at := t0
+	index := uint64(0)
+	apply := func(r Request) time.Duration {
+		index++
+		at = at.Add(time.Second)
+		start := time.Now()
+		if err := s.Apply(index, encodeAt(r, at)); err != nil {
+			b.Fatalf("%s: %v", r.Op(), err)
+		}
+		return time.Since(start)
+	}
+	apply(&InitRequest{MeshID: "m-scale", Domain: "internal", Node: Node{Name: "n000", Address: "10.1.0.1", Voter: true}})
+	for i := 1; i < nodes; i++ {
+		apply(&NodeAddRequest{Node: Node{Name: fmt.Sprintf("n%03d", i), Address: fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)}})
+	}
+	var specs []ModuleSpec
+	for j := 0; j < modules; j++ {
+		name := fmt.Sprintf("m%05d", j)
+		specs = append(specs, spec(name+".yaml", fmt.Sprintf(`module: %[1]s
+routes:
+  - {name: %[1]s, port: 80}
+resources:
+  - directory: /srv/%[1]s
+  - directory: /srv/%[1]s/data
+  - file: /srv/%[1]s/config
+    content: "x = 1"
+  - step: init
+    image: localhost/busybox:1
+    mounts: ["/srv/%[1]s/data:/data"]
+  - container: %[1]s.server
+    image: localhost/busybox:1
+    mounts: ["/srv/%[1]s/data:/data", "/srv/%[1]s/config:/etc/config:ro"]
+    restart-on: [/srv/%[1]s/config, init]
+`, name)))
+	}
+	b.StartTimer()
+	add := apply(&ModuleAddRequest{Modules: specs})
+	b.StopTimer()
+	const last = 100
+	tx, err := s.db.Begin()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for j := 0; j < modules-last; j++ {
+		mustExec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, fmt.Sprintf("n%03d", j%nodes), fmt.Sprintf("m%05d", j), index)
+	}
+	if err := tx.Commit(); err != nil {
+		b.Fatal(err)
+	}
+	var assign time.Duration
+	b.StartTimer()
+	for j := modules - last; j < modules; j++ {
+		assign += apply(&AssignRequest{Assignment: Assignment{Node: fmt.Sprintf("n%03d", j%nodes), Module: fmt.Sprintf("m%05d", j)}})
+	}
+	b.StopTimer()
+	var planBytes, names int
+	s.db.QueryRow(`SELECT sum(length(body)) FROM plans p WHERE version = (SELECT max(version) FROM plans WHERE node = p.node)`).Scan(&planBytes)
+	s.db.QueryRow(`SELECT count(*) FROM roster`).Scan(&names)
+	var snap bytes.Buffer
+	if err := s.WriteSnapshot(ctx, &snap); err != nil {
+		b.Fatal(err)
+	}
+	if names < modules {
+		b.Fatalf("%d names in the roster for %d assigned modules", names, modules)
+	}
+	b.ReportMetric(float64(add.Milliseconds()), "module-add-ms")
+	b.ReportMetric(float64(assign.Microseconds())/last/1000, "assign-ms")
+	b.ReportMetric(float64(planBytes)/1e6, "plans-MB")
+	b.ReportMetric(float64(snap.Len())/1e6, "snapshot-MB")
+}
