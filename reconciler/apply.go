@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -39,6 +41,9 @@ const (
 	Failed    = "failed"
 	Waiting   = "waiting" // not applied: its module, or a provider, failed first
 )
+
+// RemoveConcurrency is how many unwanted containers are removed at once.
+const RemoveConcurrency = 8
 
 // DefaultStepTimeout bounds one run of a step.
 const DefaultStepTimeout = 30 * time.Minute
@@ -106,51 +111,51 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 }
 
 // counting counts the calls made through a Runtime: n the mutating ones,
-// calls all of them.
+// calls all of them. Removals run concurrently, so the counts are atomic.
 type counting struct {
 	Runtime
-	n, calls int
+	n, calls atomic.Int64
 }
 
 func (c *counting) Managed(ctx context.Context) ([]Container, error) {
-	c.calls++
+	c.calls.Add(1)
 	return c.Runtime.Managed(ctx)
 }
 func (c *counting) Lookup(ctx context.Context, name string) (Container, bool, error) {
-	c.calls++
+	c.calls.Add(1)
 	return c.Runtime.Lookup(ctx, name)
 }
 func (c *counting) ImageExists(ctx context.Context, ref string) (bool, error) {
-	c.calls++
+	c.calls.Add(1)
 	return c.Runtime.ImageExists(ctx, ref)
 }
 func (c *counting) Wait(ctx context.Context, id string) (int, error) {
-	c.calls++
+	c.calls.Add(1)
 	return c.Runtime.Wait(ctx, id)
 }
 func (c *counting) Logs(ctx context.Context, id string, n int) (string, error) {
-	c.calls++
+	c.calls.Add(1)
 	return c.Runtime.Logs(ctx, id, n)
 }
 
 func (c *counting) Pull(ctx context.Context, ref, policy string) error {
-	c.n++
+	c.n.Add(1)
 	return c.Runtime.Pull(ctx, ref, policy)
 }
 func (c *counting) ImageID(ctx context.Context, ref string) (string, error) {
-	c.calls++
+	c.calls.Add(1)
 	return c.Runtime.ImageID(ctx, ref)
 }
 func (c *counting) Create(ctx context.Context, s Spec) (string, error) {
-	c.n++
+	c.n.Add(1)
 	return c.Runtime.Create(ctx, s)
 }
 func (c *counting) Start(ctx context.Context, id string) error {
-	c.n++
+	c.n.Add(1)
 	return c.Runtime.Start(ctx, id)
 }
 func (c *counting) Remove(ctx context.Context, id string) error {
-	c.n++
+	c.n.Add(1)
 	return c.Runtime.Remove(ctx, id)
 }
 
@@ -258,12 +263,12 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	rep.Health = r.health.snapshot()
 	rep.Exits = r.health.exitsSnapshot()
 	rep.Error = rep.FailureSummary()
-	rep.Mutations = x.rt.n + x.writes
+	rep.Mutations = int(x.rt.n.Load()) + x.writes
 	lvl := slog.LevelInfo
 	if rep.Mutations == 0 && rep.Error == "" {
 		lvl = slog.LevelDebug // a quiet periodic pass
 	}
-	r.log.Log(ctx, lvl, "applied plan", "version", version, "mutations", rep.Mutations, "podman_calls", x.rt.calls, "took", time.Since(start).Round(time.Millisecond), "error", rep.Error)
+	r.log.Log(ctx, lvl, "applied plan", "version", version, "mutations", rep.Mutations, "podman_calls", x.rt.calls.Load(), "took", time.Since(start).Round(time.Millisecond), "error", rep.Error)
 	return rep
 }
 
@@ -829,17 +834,31 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 		}
 	}
 	sort.Strings(names)
-	for _, name := range names {
+	// Containers no longer wanted are removed concurrently, a few at a
+	// time: each may take its stop timeout (10 s for a process that ignores
+	// SIGTERM), and one after the other a module of twenty took minutes.
+	// Nothing orders them: the paths go after all of them, as before.
+	removed := make([]state.ResourceReport, len(names))
+	sem := make(chan struct{}, RemoveConcurrency)
+	var wg sync.WaitGroup
+	for i, name := range names {
 		c := x.managed[name]
-		rr := state.ResourceReport{Module: c.Labels[LabelModule], Kind: c.Labels[LabelKind], Name: name}
-		if err := x.rt.Remove(ctx, c.ID); err != nil {
-			rr.Outcome, rr.Reason = Failed, err.Error()
-		} else {
-			rr.Outcome = Removed
-		}
-		x.r.logLine(rr)
-		out = append(out, rr)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			rr := state.ResourceReport{Module: c.Labels[LabelModule], Kind: c.Labels[LabelKind], Name: name}
+			if err := x.rt.Remove(ctx, c.ID); err != nil {
+				rr.Outcome, rr.Reason = Failed, err.Error()
+			} else {
+				rr.Outcome = Removed
+			}
+			x.r.logLine(rr)
+			removed[i] = rr
+		}()
 	}
+	wg.Wait()
+	out = append(out, removed...)
 	var gone []string
 	for p := range x.r.ledger.Paths {
 		if !paths[p] {

@@ -6,19 +6,26 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"mesh/state"
+	"mesh/state/manifest"
 )
 
 // fake is a recording Runtime: containers in a map, every call logged.
 type fake struct {
-	ctrs   map[string]*Container
-	specs  map[string]Spec
-	calls  []string
-	images map[string]bool
+	ctrs  map[string]*Container
+	specs map[string]Spec
+	// mu guards ctrs and calls: removals run concurrently.
+	mu    sync.Mutex
+	calls []string
+	// removing, when set, is called at each Remove before anything else.
+	removing func()
+	images   map[string]bool
 	// imageIDs is the local image each ref names; registry what a pull of
 	// it fetches (absent: the pull fails, as with no registry).
 	imageIDs map[string]string
@@ -40,6 +47,8 @@ func newFake() *fake {
 }
 
 func (f *fake) Managed(ctx context.Context) ([]Container, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	var out []Container
 	for _, c := range f.ctrs {
 		if c.Labels[LabelManaged] == "1" {
@@ -49,6 +58,8 @@ func (f *fake) Managed(ctx context.Context) ([]Container, error) {
 	return out, nil
 }
 func (f *fake) Lookup(ctx context.Context, name string) (Container, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, c := range f.ctrs {
 		if c.Name == name {
 			return *c, true, nil
@@ -77,6 +88,8 @@ func (f *fake) ImageID(ctx context.Context, ref string) (string, error) {
 	return "sha256:local-" + ref, nil
 }
 func (f *fake) Create(ctx context.Context, s Spec) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.seq++
 	id := fmt.Sprintf("id%d", f.seq)
 	f.calls = append(f.calls, "create "+s.Name)
@@ -86,11 +99,18 @@ func (f *fake) Create(ctx context.Context, s Spec) (string, error) {
 	return id, nil
 }
 func (f *fake) Start(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.calls = append(f.calls, "start "+f.ctrs[id].Name)
 	f.ctrs[id].Running, f.ctrs[id].State = true, "running"
 	return nil
 }
 func (f *fake) Remove(ctx context.Context, id string) error {
+	if f.removing != nil {
+		f.removing()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if c, ok := f.ctrs[id]; ok {
 		f.calls = append(f.calls, "remove "+c.Name)
 	}
@@ -397,6 +417,51 @@ func TestUnassignKeepsForeignData(t *testing.T) {
 	b.apply()
 	if _, err := os.Stat(filepath.Join(b.dir, "app")); !os.IsNotExist(err) {
 		t.Fatalf("app dir still there: %v", err)
+	}
+}
+
+// Containers no longer wanted are removed concurrently (each may take its
+// stop timeout), and reported in name order all the same.
+func TestRemovalsRunConcurrently(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	var mu sync.Mutex
+	inFlight, peak := 0, 0
+	both := make(chan struct{})
+	b.rt.removing = func() {
+		mu.Lock()
+		inFlight++
+		peak = max(peak, inFlight)
+		if inFlight == 2 {
+			close(both)
+		}
+		mu.Unlock()
+		// Hold the first removal until a second one is under way (or a
+		// second has passed: then they ran one after the other).
+		select {
+		case <-both:
+		case <-time.After(time.Second):
+		}
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+	}
+	b.in.Assignments = nil
+	rep := b.apply()
+	var removed []string
+	for _, r := range rep.Resources {
+		if (r.Kind == manifest.KindContainer || r.Kind == manifest.KindStep) && r.Outcome == Removed {
+			removed = append(removed, r.Name)
+		}
+	}
+	if len(removed) < 2 || !sort.StringsAreSorted(removed) {
+		t.Fatalf("removed containers %v: want two or more, in name order", removed)
+	}
+	if peak < 2 {
+		t.Fatalf("at most %d removal at once", peak)
+	}
+	if left, _ := b.rt.Managed(context.Background()); len(left) != 0 {
+		t.Fatalf("containers left: %v", left)
 	}
 }
 
