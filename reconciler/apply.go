@@ -161,8 +161,15 @@ func (c *counting) Remove(ctx context.Context, id string) error {
 
 // run is the state of one apply.
 type run struct {
-	r  *Reconciler
-	rt *counting
+	r *Reconciler
+	// rt is what the resources' code calls Podman through: count itself,
+	// or, while modules apply concurrently, count behind unlocking.
+	rt    Runtime
+	count *counting
+	// mu is held by the module applying now; it is let go only for the
+	// length of a Podman call (unlocking), so the modules' other work (the
+	// ledger, the maps below, the filesystem) stays one at a time.
+	mu sync.Mutex
 	// inputs and ran are per module: a resource's name is the module's own
 	// (a step `migrate` in two modules is two steps).
 	inputs  map[string]map[string]string // module -> resource name -> digest, for restart-on
@@ -201,7 +208,8 @@ func (x *run) ranOf(module string) map[string]bool {
 func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan) state.Report {
 	start := time.Now()
 	rep := state.Report{Node: r.cfg.Node, Version: version, AppliedAt: r.cfg.Now().UTC()}
-	x := &run{r: r, rt: &counting{Runtime: r.rt}, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
+	count := &counting{Runtime: r.rt}
+	x := &run{r: r, rt: count, count: count, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
 		managed: map[string]Container{}, failed: map[string]*state.ModuleFailure{}, kinds: map[string]string{}}
 	list, err := x.rt.Managed(ctx)
 	if err != nil {
@@ -225,22 +233,7 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 			x.kinds[res.Name] = res.Kind
 		}
 	}
-	for _, res := range plan.Resources {
-		var out state.ResourceReport
-		if f := x.blocked(res); f != nil {
-			out = report(res, Waiting, f.WaitReason(res.Module))
-			f.Waiting = append(f.Waiting, res.RuntimeName())
-		} else {
-			out = x.apply(ctx, res)
-		}
-		rep.Resources = append(rep.Resources, out)
-		if out.Outcome != Unchanged && out.Outcome != Waiting {
-			r.logLine(out)
-		}
-		if out.Outcome == Failed {
-			x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.RuntimeName(), Reason: out.Reason}
-		}
-	}
+	rep.Resources = x.applyModules(ctx, plan)
 	rep.Resources = append(rep.Resources, x.removeUnwanted(ctx, plan, wantPaths, wantCtrs)...)
 	if err := r.ledger.Save(); err != nil {
 		rep.Failures = append(rep.Failures, state.ModuleFailure{Resource: "ledger " + r.cfg.LedgerPath, Reason: err.Error()})
@@ -263,12 +256,12 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	rep.Health = r.health.snapshot()
 	rep.Exits = r.health.exitsSnapshot()
 	rep.Error = rep.FailureSummary()
-	rep.Mutations = int(x.rt.n.Load()) + x.writes
+	rep.Mutations = int(x.count.n.Load()) + x.writes
 	lvl := slog.LevelInfo
 	if rep.Mutations == 0 && rep.Error == "" {
 		lvl = slog.LevelDebug // a quiet periodic pass
 	}
-	r.log.Log(ctx, lvl, "applied plan", "version", version, "mutations", rep.Mutations, "podman_calls", x.rt.calls.Load(), "took", time.Since(start).Round(time.Millisecond), "error", rep.Error)
+	r.log.Log(ctx, lvl, "applied plan", "version", version, "mutations", rep.Mutations, "podman_calls", x.count.calls.Load(), "took", time.Since(start).Round(time.Millisecond), "error", rep.Error)
 	return rep
 }
 
@@ -841,12 +834,19 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	removed := make([]state.ResourceReport, len(names))
 	sem := make(chan struct{}, RemoveConcurrency)
 	var wg sync.WaitGroup
+	var crash panicked
 	for i, name := range names {
 		c := x.managed[name]
 		wg.Add(1)
 		sem <- struct{}{}
+		if crash.happened() {
+			wg.Done()
+			<-sem
+			break
+		}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
+			defer crash.catch()
 			rr := state.ResourceReport{Module: c.Labels[LabelModule], Kind: c.Labels[LabelKind], Name: name}
 			if err := x.rt.Remove(ctx, c.ID); err != nil {
 				rr.Outcome, rr.Reason = Failed, err.Error()
@@ -858,6 +858,7 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 		}()
 	}
 	wg.Wait()
+	crash.rethrow()
 	out = append(out, removed...)
 	var gone []string
 	for p := range x.r.ledger.Paths {

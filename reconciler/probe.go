@@ -38,14 +38,17 @@ func (x *run) reachable(ctx context.Context, image string) string {
 	if timeout == 0 {
 		timeout = 30 * time.Second
 	}
+	// The probe holds the apply's lock throughout (count, not x.rt): one
+	// probe at a time, whichever module's container comes first.
+	rt := x.count
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	name := "mesh-probe-" + x.r.cfg.Node
-	if c, ok, err := x.rt.Lookup(pctx, name); err == nil && ok {
+	if c, ok, err := rt.Lookup(pctx, name); err == nil && ok {
 		if c.Labels[LabelProbe] != "1" {
 			return fmt.Sprintf("a container named %s exists and is not the mesh's probe; remove it (podman rm %s)", name, name)
 		}
-		x.rt.Remove(pctx, c.ID)
+		rt.Remove(pctx, c.ID)
 	}
 	spec := Spec{
 		Name: name, Image: image, Entrypoint: []string{"/mesh-probe"},
@@ -53,20 +56,20 @@ func (x *run) reachable(ctx context.Context, image string) string {
 		Mounts:  []Mount{{Source: p.Binary, Destination: "/mesh-probe", Options: []string{"ro"}}},
 		Labels:  map[string]string{LabelProbe: "1"}, DNS: x.r.cfg.DNS, Restart: "no",
 	}
-	id, err := x.rt.Create(pctx, spec)
+	id, err := rt.Create(pctx, spec)
 	if err != nil {
 		return "create the resolver probe: " + err.Error()
 	}
-	defer x.rt.Remove(context.WithoutCancel(ctx), id)
-	if err := x.rt.Start(pctx, id); err != nil {
+	defer rt.Remove(context.WithoutCancel(ctx), id)
+	if err := rt.Start(pctx, id); err != nil {
 		return "start the resolver probe: " + err.Error()
 	}
-	code, err := x.rt.Wait(pctx, id)
+	code, err := rt.Wait(pctx, id)
 	if err != nil {
 		return fmt.Sprintf("the resolver probe did not finish within %s", timeout)
 	}
 	if code != 0 {
-		logs, _ := x.rt.Logs(ctx, id, 5)
+		logs, _ := rt.Logs(ctx, id, 5)
 		return fmt.Sprintf("the resolver %s does not answer from Podman's network %q (the probe said: %s); the container is not started, so it cannot run with no resolver. Is the address up (ip addr show %s)? On a rootless host, has `mesh setup` run?",
 			x.r.cfg.DNS, defaultNetwork, strings.TrimSpace(logs), x.r.cfg.DNS)
 	}

@@ -23,7 +23,9 @@ type fake struct {
 	// mu guards ctrs and calls: removals run concurrently.
 	mu    sync.Mutex
 	calls []string
-	// removing, when set, is called at each Remove before anything else.
+	// removing, when set, is called at each Remove before anything else;
+	// starting at each Start, with the container's name.
+	starting func(name string)
 	removing func()
 	images   map[string]bool
 	// imageIDs is the local image each ref names; registry what a pull of
@@ -99,6 +101,12 @@ func (f *fake) Create(ctx context.Context, s Spec) (string, error) {
 	return id, nil
 }
 func (f *fake) Start(ctx context.Context, id string) error {
+	if f.starting != nil {
+		f.mu.Lock()
+		name := f.ctrs[id].Name
+		f.mu.Unlock()
+		f.starting(name)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, "start "+f.ctrs[id].Name)

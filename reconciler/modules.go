@@ -1,0 +1,260 @@
+package reconciler
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// ApplyConcurrency is how many modules apply at once. A module's own
+// resources always apply one after the other, in the order written.
+const ApplyConcurrency = 4
+
+// applyModules applies the plan's resources and returns their reports in
+// plan order. Each module applies in its own goroutine, its resources in the
+// order written; a module waits for every module before it in the plan that
+// it relates to (related), so every order the plan could rely on holds as
+// when all ran one after the other: a provider before its consumers, a
+// parent directory before what is under it, a path before the containers
+// that mount it. Unrelated modules overlap their Podman calls, the slow part
+// of an apply (a container's start takes a quarter of a second); all else
+// stays one at a time under x.mu.
+func (x *run) applyModules(ctx context.Context, plan *state.Plan) []state.ResourceReport {
+	type group struct {
+		module string
+		idx    []int
+		deps   []*group
+		refs   moduleRefs
+		done   chan struct{}
+	}
+	var groups []*group
+	byModule := map[string]*group{}
+	for i, res := range plan.Resources {
+		g := byModule[res.Module]
+		if g == nil {
+			g = &group{module: res.Module, done: make(chan struct{})}
+			byModule[res.Module] = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+	}
+	for _, g := range groups {
+		g.refs = refsOf(plan, g.idx)
+	}
+	for i, later := range groups {
+		for _, earlier := range groups[:i] {
+			if related(earlier.module, earlier.refs, later.module, later.refs) {
+				later.deps = append(later.deps, earlier)
+			}
+		}
+	}
+	outs := make([]state.ResourceReport, len(plan.Resources))
+	x.rt = &unlocking{Runtime: x.count, mu: &x.mu}
+	defer func() { x.rt = x.count }()
+	sem := make(chan struct{}, ApplyConcurrency)
+	var wg sync.WaitGroup
+	var crash panicked
+	for _, g := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(g.done)
+			defer crash.catch()
+			for _, d := range g.deps {
+				<-d.done
+			}
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			x.mu.Lock()
+			defer x.mu.Unlock()
+			for _, i := range g.idx {
+				if crash.happened() {
+					return
+				}
+				outs[i] = x.applyOne(ctx, plan.Resources[i])
+			}
+		}()
+	}
+	wg.Wait()
+	crash.rethrow()
+	return outs
+}
+
+// panicked carries a panic out of the goroutines of an apply to the one
+// that called Apply, as if they had been one: nothing more starts once one
+// panicked, and Apply panics with the first value.
+type panicked struct {
+	mu  sync.Mutex
+	val any
+	set bool
+}
+
+func (p *panicked) catch() {
+	if r := recover(); r != nil {
+		p.mu.Lock()
+		if !p.set {
+			p.val, p.set = r, true
+		}
+		p.mu.Unlock()
+	}
+}
+
+func (p *panicked) happened() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.set
+}
+
+func (p *panicked) rethrow() {
+	if p.happened() {
+		panic(p.val)
+	}
+}
+
+// applyOne applies one resource, or reports it waiting behind a failure of
+// its module or of its provider; x.mu is held.
+func (x *run) applyOne(ctx context.Context, res state.Resource) state.ResourceReport {
+	var out state.ResourceReport
+	if f := x.blocked(res); f != nil {
+		out = report(res, Waiting, f.WaitReason(res.Module))
+		f.Waiting = append(f.Waiting, res.RuntimeName())
+	} else {
+		out = x.apply(ctx, res)
+	}
+	if out.Outcome != Unchanged && out.Outcome != Waiting {
+		x.r.logLine(out)
+	}
+	if out.Outcome == Failed {
+		x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.RuntimeName(), Reason: out.Reason}
+	}
+	return out
+}
+
+// moduleRefs is what a module's resources touch outside Podman: the paths
+// it declares, the paths its containers and steps mount or restart on, and
+// the modules it takes a binding or a credential from (or delivers one to).
+type moduleRefs struct {
+	paths   []string
+	modules map[string]bool
+	// unknown: a resource whose values were never parsed (a plan written
+	// before typed values travelled in plans): relate it to everything.
+	unknown bool
+}
+
+func refsOf(plan *state.Plan, idx []int) moduleRefs {
+	r := moduleRefs{modules: map[string]bool{}}
+	for _, i := range idx {
+		res := plan.Resources[i]
+		if !res.Typed.OK {
+			r.unknown = true
+		}
+		switch res.Kind {
+		case manifest.KindStep, manifest.KindContainer:
+			for _, m := range res.Typed.Mounts {
+				r.paths = append(r.paths, m.Source)
+			}
+		default:
+			r.paths = append(r.paths, res.Name)
+		}
+		for _, p := range res.Decl.RestartOn {
+			if strings.HasPrefix(p, "/") {
+				r.paths = append(r.paths, p)
+			}
+		}
+		if res.Decl.Provider != "" {
+			r.modules[res.Decl.Provider] = true
+		}
+		if c := res.Credential; c != nil {
+			r.modules[c.Consumer] = true
+			r.modules[c.Provider] = true
+		}
+	}
+	return r
+}
+
+// related says whether two modules of a plan must not apply at once: one
+// names the other (a binding, a credential), or a path of one is, or is
+// under or above, a path of the other.
+func related(a string, ra moduleRefs, b string, rb moduleRefs) bool {
+	if ra.unknown || rb.unknown || ra.modules[b] || rb.modules[a] {
+		return true
+	}
+	for _, p := range ra.paths {
+		for _, q := range rb.paths {
+			if overlaps(p, q) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// overlaps: p and q are the same path, or one is under the other.
+func overlaps(p, q string) bool {
+	p, q = strings.TrimSuffix(p, "/"), strings.TrimSuffix(q, "/")
+	if len(p) > len(q) {
+		p, q = q, p
+	}
+	return p == q || strings.HasPrefix(q, p+"/") || p == ""
+}
+
+// unlocking lets go of the apply's lock for the length of each Podman call,
+// so that another module's work goes on meanwhile.
+type unlocking struct {
+	Runtime
+	mu *sync.Mutex
+}
+
+func (u *unlocking) Managed(ctx context.Context) ([]Container, error) {
+	u.mu.Unlock()
+	defer u.mu.Lock()
+	return u.Runtime.Managed(ctx)
+}
+func (u *unlocking) Lookup(ctx context.Context, name string) (Container, bool, error) {
+	u.mu.Unlock()
+	defer u.mu.Lock()
+	return u.Runtime.Lookup(ctx, name)
+}
+func (u *unlocking) ImageExists(ctx context.Context, ref string) (bool, error) {
+	u.mu.Unlock()
+	defer u.mu.Lock()
+	return u.Runtime.ImageExists(ctx, ref)
+}
+func (u *unlocking) Wait(ctx context.Context, id string) (int, error) {
+	u.mu.Unlock()
+	defer u.mu.Lock()
+	return u.Runtime.Wait(ctx, id)
+}
+func (u *unlocking) Logs(ctx context.Context, id string, n int) (string, error) {
+	u.mu.Unlock()
+	defer u.mu.Lock()
+	return u.Runtime.Logs(ctx, id, n)
+}
+func (u *unlocking) Pull(ctx context.Context, ref, policy string) error {
+	u.mu.Unlock()
+	defer u.mu.Lock()
+	return u.Runtime.Pull(ctx, ref, policy)
+}
+func (u *unlocking) ImageID(ctx context.Context, ref string) (string, error) {
+	u.mu.Unlock()
+	defer u.mu.Lock()
+	return u.Runtime.ImageID(ctx, ref)
+}
+func (u *unlocking) Create(ctx context.Context, s Spec) (string, error) {
+	u.mu.Unlock()
+	defer u.mu.Lock()
+	return u.Runtime.Create(ctx, s)
+}
+func (u *unlocking) Start(ctx context.Context, id string) error {
+	u.mu.Unlock()
+	defer u.mu.Lock()
+	return u.Runtime.Start(ctx, id)
+}
+func (u *unlocking) Remove(ctx context.Context, id string) error {
+	u.mu.Unlock()
+	defer u.mu.Lock()
+	return u.Runtime.Remove(ctx, id)
+}
