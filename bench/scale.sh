@@ -13,7 +13,7 @@ ensure_go
 out=$(go test -run '^$' -bench '^BenchmarkFleet$' -benchtime 1x -timeout 30m ./state/)
 echo "$out" | awk '
 /^BenchmarkFleet\/modules=/ {
-	split($1, a, "="); m = a[2] + 0; sub(/-[0-9]+$/, "", m)
+	split($1, kv, "="); m = kv[2] + 0
 	for (i = 3; i < NF; i += 2) v[m, $(i + 1)] = $i
 	ms[++n] = m
 }
@@ -21,7 +21,7 @@ END {
 	printf "%8s %14s %10s %10s %12s\n", "modules", "module add ms", "assign ms", "plans MB", "snapshot MB"
 	for (i = 1; i <= n; i++) { m = ms[i]
 		printf "%8d %14.0f %10.1f %10.1f %12.1f\n", m, v[m, "module-add-ms"], v[m, "assign-ms"], v[m, "plans-MB"], v[m, "snapshot-MB"] }
-	a = ms[1]; b = ms[n]; x = b / a
-	printf "growth from %d to %d modules (x%.0f): module add x%.1f, assign x%.1f, plans x%.1f, snapshot x%.1f\n", a, b, x,
-		v[b, "module-add-ms"] / v[a, "module-add-ms"], v[b, "assign-ms"] / v[a, "assign-ms"], v[b, "plans-MB"] / v[a, "plans-MB"], v[b, "snapshot-MB"] / v[a, "snapshot-MB"]
+	lo = ms[1]; hi = ms[n]
+	printf "growth from %d to %d modules (x%.0f): module add x%.1f, assign x%.1f, plans x%.1f, snapshot x%.1f\n", lo, hi, hi / lo,
+		v[hi, "module-add-ms"] / v[lo, "module-add-ms"], v[hi, "assign-ms"] / v[lo, "assign-ms"], v[hi, "plans-MB"] / v[lo, "plans-MB"], v[hi, "snapshot-MB"] / v[lo, "snapshot-MB"]
 }'
