@@ -68,6 +68,9 @@ func (c *AgentCmd) Run(g *Globals) error {
 		unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGTERM), 0, 0, 0)
 	}
 	privateUmask()
+	if err := checkPrivate(g.dir()); err != nil {
+		return err
+	}
 	var lvl slog.Level
 	lvl.UnmarshalText([]byte(c.LogLevel))
 	log := newLogger(os.Stderr, c.LogFormat, lvl)

@@ -5,12 +5,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"golang.org/x/term"
 	"io"
 	"net"
 	"os"
@@ -26,6 +26,7 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/miekg/dns"
 	"github.com/willabides/kongplete"
+	"golang.org/x/term"
 
 	"mesh/cluster"
 	"mesh/cluster/api"
@@ -117,7 +118,7 @@ type CLI struct {
 	Init       InitCmd       `cmd:"" help:"Create a new mesh with this machine as its first node, then exit."`
 	Join       JoinCmd       `cmd:"" help:"Join this machine to a mesh through any of its nodes, then exit."`
 	Agent      AgentCmd      `cmd:"" help:"Run this node until stopped: raft, the resolver, the reconciler and the local API."`
-	Token      TokenCmd      `cmd:"" help:"Print the token that lets a machine join (mesh join ADDRESS --token TOKEN ...)."`
+	Token      TokenCmd      `cmd:"" help:"Print the token that lets a machine join (MESH_TOKEN=TOKEN mesh join ADDRESS ...)."`
 	Node       NodeCmd       `cmd:"" help:"List, configure and remove nodes."`
 	Module     ModuleCmd     `cmd:"" help:"Manage the catalogue of modules."`
 	Assign     AssignCmd     `cmd:"" help:"Run MODULE on NODE."`
@@ -234,12 +235,13 @@ func (c *InitCmd) Run(g *Globals) error {
 
 // JoinCmd joins a mesh.
 type JoinCmd struct {
-	Peer     string `arg:"" name:"ADDRESS" help:"Any node of the mesh, IP[:PORT]."`
-	Token    string `required:"" env:"MESH_TOKEN" help:"The join token from mesh token on a node of the mesh."`
-	Name     string `help:"This node's name (a DNS label). Default: the short host name, lower-cased."`
-	Address  string `placeholder:"IP" help:"The IP other nodes reach this one at. Default: this machine's source address toward ADDRESS."`
-	Port     int    `default:"7430" help:"TCP port for node-to-node traffic."`
-	LogStore string `name:"log-store" default:"wal" enum:"wal,boltdb" help:"Raft log store."`
+	Peer      string `arg:"" name:"ADDRESS" help:"Any node of the mesh, IP[:PORT]."`
+	Token     string `env:"MESH_TOKEN" help:"The join token from mesh token on a node of the mesh. Prefer MESH_TOKEN, --token-file or standard input: a token on the command line shows in ps and stays in the shell's history."`
+	TokenFile string `name:"token-file" placeholder:"FILE" help:"Read the token from FILE (- for standard input). With no token given at all, it is read from standard input (without echo on a terminal)."`
+	Name      string `help:"This node's name (a DNS label). Default: the short host name, lower-cased."`
+	Address   string `placeholder:"IP" help:"The IP other nodes reach this one at. Default: this machine's source address toward ADDRESS."`
+	Port      int    `default:"7430" help:"TCP port for node-to-node traffic."`
+	LogStore  string `name:"log-store" default:"wal" enum:"wal,boltdb" help:"Raft log store."`
 }
 
 // Run joins and exits.
@@ -259,14 +261,83 @@ func (c *JoinCmd) Run(g *Globals) error {
 		}
 		c.Address = a
 	}
+	token, err := c.readToken(os.Stdin, os.Stderr, os.Args[1:])
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := cluster.Join(ctx, cluster.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: c.Token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore})
+	err = cluster.Join(ctx, cluster.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(g.out, "joined the mesh as %s (%s) in %s\nstart it with: mesh agent --data-dir %s\n", c.Name, c.Address, g.dir(), g.dir())
 	return nil
+}
+
+// readToken finds the join token: in the file --token-file names (- for
+// stdin), in --token or MESH_TOKEN, or else on standard input (a terminal
+// is asked, without echo). A token on the command line works, with a
+// warning: it shows in ps while the join runs and stays in the history.
+func (c *JoinCmd) readToken(stdin *os.File, warn io.Writer, args []string) (string, error) {
+	onCommandLine := false
+	for _, a := range args {
+		if a == "--token" || strings.HasPrefix(a, "--token=") {
+			onCommandLine = true
+		}
+	}
+	var tok string
+	switch {
+	case c.TokenFile != "" && onCommandLine:
+		return "", usageError{errors.New("give the token once: --token-file or --token, not both")}
+	case c.TokenFile == "-":
+		t, err := readLine(stdin)
+		if err != nil {
+			return "", fmt.Errorf("read the token from standard input: %w", err)
+		}
+		tok = t
+	case c.TokenFile != "":
+		b, err := os.ReadFile(c.TokenFile)
+		if err != nil {
+			return "", fmt.Errorf("read the token: %w", err)
+		}
+		tok = strings.TrimSpace(string(b))
+	case c.Token != "":
+		if onCommandLine {
+			fmt.Fprintln(warn, "warning: a token on the command line shows in ps while the join runs and stays in the shell's history; next time use MESH_TOKEN, --token-file FILE, or paste it when asked")
+		}
+		tok = strings.TrimSpace(c.Token)
+	case term.IsTerminal(int(stdin.Fd())):
+		fmt.Fprint(warn, "join token (from `mesh token` on a node of the mesh): ")
+		b, err := term.ReadPassword(int(stdin.Fd()))
+		fmt.Fprintln(warn)
+		if err != nil {
+			return "", fmt.Errorf("read the token: %w", err)
+		}
+		tok = strings.TrimSpace(string(b))
+	default:
+		t, err := readLine(stdin)
+		if err != nil {
+			return "", usageError{fmt.Errorf("no join token: give it with MESH_TOKEN, --token-file FILE, or on standard input (%v)", err)}
+		}
+		tok = t
+	}
+	if tok == "" {
+		return "", usageError{errors.New("the join token is empty; print it with `mesh token` on a node of the mesh")}
+	}
+	return tok, nil
+}
+
+// readLine reads the first line of r (at most 4 KiB), trimmed.
+func readLine(r io.Reader) (string, error) {
+	b, err := bufio.NewReader(io.LimitReader(r, 4096)).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return "", err
+	}
+	if strings.TrimSpace(b) == "" && errors.Is(err, io.EOF) {
+		return "", errors.New("nothing was given")
+	}
+	return strings.TrimSpace(b), nil
 }
 
 // hostLabel is the short host name as a DNS label: lower-cased, '_' as '-',
@@ -346,7 +417,7 @@ func (c *TokenCmd) Run(g *Globals) error {
 		}
 		return ""
 	}()
-	join := fmt.Sprintf("mesh join %s --token %s", peer, t)
+	join := fmt.Sprintf("MESH_TOKEN=%s mesh join %s", t, peer)
 	install, ierr := cluster.InstallLine(peer, t, "/usr/local/bin/mesh")
 	switch {
 	case (c.JoinLine || c.InstallLine) && peer == "":
@@ -449,7 +520,7 @@ func (c *RecoverCmd) Run(g *Globals) error {
 	}
 	fmt.Fprintf(g.out, "next:\n  1. start it: mesh agent --data-dir %s\n  2. mesh token --rotate   (the old token's holders are not to rejoin as they were)\n", g.dir())
 	if len(r.Others) > 0 {
-		fmt.Fprintf(g.out, "  3. for each lost node: mesh node remove NODE --force   (%s)\n  4. on a machine that comes back: move its data dir aside, then mesh join %s --token NEW-TOKEN ...\n", strings.Join(r.Others, ", "), r.Node)
+		fmt.Fprintf(g.out, "  3. for each lost node: mesh node remove NODE --force   (%s)\n  4. on a machine that comes back: move its data dir aside, then MESH_TOKEN=NEW-TOKEN mesh join %s ...\n", strings.Join(r.Others, ", "), r.Node)
 	}
 	return nil
 }

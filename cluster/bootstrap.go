@@ -98,6 +98,6 @@ func InstallLine(peer, token, bin string) (string, error) {
 		`d=$(mktemp -d); curl -fsSk %s/v1/ca -o "$d/ca.der"; echo "%s  $d/ca.der" | sha256sum -c --quiet; `+
 		`{ echo "-----BEGIN CERTIFICATE-----"; base64 -w64 "$d/ca.der"; echo "-----END CERTIFICATE-----"; } > "$d/ca.pem"; `+
 		`curl -fsS --cacert "$d/ca.pem" %s/v1/binary -o "$d/mesh"; install -m 0755 "$d/mesh" %s; rm -rf "$d"; `+
-		`%s join %s --token %s'`,
-		unameMachine(), host, unameMachine(), base, t.CADigest, base, bin, bin, peer, token), nil
+		`MESH_TOKEN=%s %s join %s'`,
+		unameMachine(), host, unameMachine(), base, t.CADigest, base, bin, token, bin, peer), nil
 }

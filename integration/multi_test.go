@@ -1,12 +1,14 @@
 package integration
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -97,7 +99,7 @@ func startThree(t testing.TB) ([]*agent, string) {
 	token := strings.TrimSpace(n[1].mesh("token"))
 	n[2].run("join", n[1].addr(), "--token", token, "--name", "n2", "--address", n[2].addr(), "--data-dir", n[2].n.dir)
 	n[2].start()
-	n[3].run("join", n[2].addr(), "--token", token, "--name", "n3", "--address", n[3].addr(), "--data-dir", n[3].n.dir)
+	joinFromStdin(t, n[3], n[2].addr(), token, "--name", "n3", "--address", n[3].addr(), "--data-dir", n[3].n.dir)
 	n[3].start()
 	eventually(t, 30*time.Second, "n3 sees three nodes and a leader", func() (bool, string) {
 		var st struct {
@@ -108,6 +110,39 @@ func startThree(t testing.TB) ([]*agent, string) {
 		return len(st.Nodes) == 3 && st.Leader != "", fmt.Sprintf("%+v", st)
 	})
 	return n, token
+}
+
+// joinFromStdin runs mesh join on a with the token on its standard input,
+// and checks, while the join waits for it, that no process shows the token
+// in its command line (what ps prints).
+func joinFromStdin(t testing.TB, a *agent, peer, token string, args ...string) {
+	t.Helper()
+	cmd := a.command(append([]string{"join", peer, "--token-file", "-"}, args...)...)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The join is waiting on its standard input: look at every process.
+	eventually(t, 10*time.Second, "the join is running", func() (bool, string) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid))
+		return strings.Contains(string(b), "join"), string(b)
+	})
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), token) {
+			t.Fatalf("%s shows the join token: %q", p, b)
+		}
+	}
+	fmt.Fprintln(in, token)
+	in.Close()
+	if err := cmd.Wait(); err != nil || !strings.Contains(out.String(), "joined the mesh") {
+		t.Fatalf("join with the token on stdin: %v\n%s", err, out.String())
+	}
 }
 
 func TestMultiNode(t *testing.T) {
@@ -128,7 +163,7 @@ func TestMultiNode(t *testing.T) {
 	// after mesh token --rotate the old token admits no one.
 	n4 := newNetnsNode(t, 4)
 	// The join line, for a machine that has mesh.
-	if line := strings.Fields(n[1].mesh("token", "--join-line")); len(line) != 5 || line[0] != "mesh" || line[1] != "join" || line[2] != n[1].addr() || line[3] != "--token" || line[4] != token {
+	if line := strings.Fields(n[1].mesh("token", "--join-line")); len(line) != 4 || line[0] != "MESH_TOKEN="+token || line[1] != "mesh" || line[2] != "join" || line[3] != n[1].addr() {
 		t.Fatalf("join line: %q", line)
 	}
 	// n4 has no mesh binary: it is brought up from the one line

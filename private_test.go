@@ -1,0 +1,36 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCheckPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := checkPrivate(dir); err != nil {
+		t.Fatalf("a data dir not made yet: %v", err)
+	}
+	os.MkdirAll(filepath.Join(dir, "raft"), 0o700)
+	os.WriteFile(filepath.Join(dir, "node.key"), []byte("key"), 0o600)
+	os.Symlink("/etc/passwd", filepath.Join(dir, "link"))
+	if err := checkPrivate(dir); err != nil {
+		t.Fatalf("a private data dir: %v", err)
+	}
+	os.Chmod(filepath.Join(dir, "node.key"), 0o644)
+	err := checkPrivate(dir)
+	if err == nil || !strings.Contains(err.Error(), "node.key (0644)") || !strings.Contains(err.Error(), "chmod -R go-rwx "+dir) {
+		t.Fatalf("a readable key: %v", err)
+	}
+	os.Chmod(filepath.Join(dir, "node.key"), 0o600)
+	os.Chmod(dir, 0o755)
+	if err := checkPrivate(dir); err == nil || !strings.Contains(err.Error(), dir+" (0755)") {
+		t.Fatalf("a data dir others can enter: %v", err)
+	}
+	os.Chmod(dir, 0o700)
+	os.Chmod(filepath.Join(dir, "raft"), 0o750)
+	if err := checkPrivate(dir); err == nil || !strings.Contains(err.Error(), "raft (0750)") {
+		t.Fatalf("a group-readable raft dir: %v", err)
+	}
+}
