@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestLabelOf(t *testing.T) {
@@ -67,10 +68,23 @@ func TestReadToken(t *testing.T) {
 		{name: "nothing on stdin", cmd: JoinCmd{}, stdin: "", err: "no join token"},
 		{name: "empty file", cmd: JoinCmd{TokenFile: dir + "/stdin"}, stdin: "\n", err: "empty"},
 		{name: "missing file", cmd: JoinCmd{TokenFile: dir + "/nope"}, err: "no such file"},
+		{name: "a pipe nobody writes to", cmd: JoinCmd{}, stdin: "\x00pipe", err: "nothing came within"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var warn strings.Builder
-			got, err := tc.cmd.readToken(stdin(tc.stdin), &warn, tc.args)
+			in := stdin(tc.stdin)
+			if tc.stdin == "\x00pipe" {
+				r, w, err := os.Pipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer w.Close()
+				defer r.Close()
+				in = r
+				stdinWait = 100 * time.Millisecond
+				defer func() { stdinWait = 30 * time.Second }()
+			}
+			got, err := tc.cmd.readToken(in, &warn, tc.args)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one saying %q", err, tc.err)

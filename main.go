@@ -328,16 +328,36 @@ func (c *JoinCmd) readToken(stdin *os.File, warn io.Writer, args []string) (stri
 	return tok, nil
 }
 
-// readLine reads the first line of r (at most 4 KiB), trimmed.
+// stdinWait bounds the wait for a token on a standard input that is not a
+// terminal (a pipe nobody writes to, as under ssh without -n).
+var stdinWait = 30 * time.Second
+
+// readLine reads the first line of r (at most 4 KiB), trimmed, within
+// stdinWait.
 func readLine(r io.Reader) (string, error) {
-	b, err := bufio.NewReader(io.LimitReader(r, 4096)).ReadString('\n')
-	if err != nil && !errors.Is(err, io.EOF) {
-		return "", err
+	type line struct {
+		s   string
+		err error
 	}
-	if strings.TrimSpace(b) == "" && errors.Is(err, io.EOF) {
-		return "", errors.New("nothing was given")
+	got := make(chan line, 1)
+	go func() {
+		b, err := bufio.NewReader(io.LimitReader(r, 4096)).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			got <- line{"", err}
+			return
+		}
+		if strings.TrimSpace(b) == "" && errors.Is(err, io.EOF) {
+			got <- line{"", errors.New("nothing was given")}
+			return
+		}
+		got <- line{strings.TrimSpace(b), nil}
+	}()
+	select {
+	case l := <-got:
+		return l.s, l.err
+	case <-time.After(stdinWait):
+		return "", fmt.Errorf("nothing came within %s", stdinWait)
 	}
-	return strings.TrimSpace(b), nil
 }
 
 // hostLabel is the short host name as a DNS label: lower-cased, '_' as '-',
