@@ -27,27 +27,11 @@ func solo(dir, name string) string {
 // the plan's order.
 func TestUnrelatedModulesOverlap(t *testing.T) {
 	b := newBed(t)
-	var mu sync.Mutex
-	inFlight, peak := 0, 0
-	both := make(chan struct{})
+	gate, peak := overlapGate()
 	b.rt.starting = func(name string) {
-		if !strings.HasPrefix(name, "solo") {
-			return
+		if strings.HasPrefix(name, "solo") {
+			gate()
 		}
-		mu.Lock()
-		inFlight++
-		peak = max(peak, inFlight)
-		if inFlight == 2 {
-			close(both)
-		}
-		mu.Unlock()
-		select {
-		case <-both:
-		case <-time.After(time.Second):
-		}
-		mu.Lock()
-		inFlight--
-		mu.Unlock()
 	}
 	b.in.Assignments = append(b.in.Assignments, state.Assignment{Node: "ace", Module: "solo1"}, state.Assignment{Node: "ace", Module: "solo2"})
 	var srcs []string
@@ -60,8 +44,8 @@ func TestUnrelatedModulesOverlap(t *testing.T) {
 	if rep.Error != "" {
 		t.Fatal(rep.Error)
 	}
-	if peak < 2 {
-		t.Fatalf("the two unrelated modules' starts never overlapped (peak %d)", peak)
+	if peak() < 2 {
+		t.Fatalf("the two unrelated modules' starts never overlapped (peak %d)", peak())
 	}
 	// The reports come in plan order, whatever order the work finished in.
 	if len(rep.Resources) < len(plan.Resources) {
@@ -81,6 +65,32 @@ func TestUnrelatedModulesOverlap(t *testing.T) {
 	if rep := b.r.Apply(context.Background(), 1, plan); rep.Mutations != 0 || rep.Error != "" {
 		t.Fatalf("second pass: %d mutations, %q", rep.Mutations, rep.Error)
 	}
+}
+
+// overlapGate returns a call that holds its caller until a second caller is
+// in it too (or a second has passed: then they came one after the other),
+// and the most callers that were in it at once.
+func overlapGate() (gate func(), peak func() int) {
+	var mu sync.Mutex
+	inFlight, most := 0, 0
+	both := make(chan struct{})
+	gate = func() {
+		mu.Lock()
+		inFlight++
+		most = max(most, inFlight)
+		if inFlight == 2 {
+			close(both)
+		}
+		mu.Unlock()
+		select {
+		case <-both:
+		case <-time.After(time.Second):
+		}
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+	}
+	return gate, func() int { mu.Lock(); defer mu.Unlock(); return most }
 }
 
 // related decides which modules wait for which.

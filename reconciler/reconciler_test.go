@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"mesh/state"
 	"mesh/state/manifest"
@@ -433,27 +432,8 @@ func TestUnassignKeepsForeignData(t *testing.T) {
 func TestRemovalsRunConcurrently(t *testing.T) {
 	b := newBed(t)
 	b.apply()
-	var mu sync.Mutex
-	inFlight, peak := 0, 0
-	both := make(chan struct{})
-	b.rt.removing = func() {
-		mu.Lock()
-		inFlight++
-		peak = max(peak, inFlight)
-		if inFlight == 2 {
-			close(both)
-		}
-		mu.Unlock()
-		// Hold the first removal until a second one is under way (or a
-		// second has passed: then they ran one after the other).
-		select {
-		case <-both:
-		case <-time.After(time.Second):
-		}
-		mu.Lock()
-		inFlight--
-		mu.Unlock()
-	}
+	gate, peak := overlapGate()
+	b.rt.removing = gate
 	b.in.Assignments = nil
 	rep := b.apply()
 	var removed []string
@@ -465,8 +445,8 @@ func TestRemovalsRunConcurrently(t *testing.T) {
 	if len(removed) < 2 || !sort.StringsAreSorted(removed) {
 		t.Fatalf("removed containers %v: want two or more, in name order", removed)
 	}
-	if peak < 2 {
-		t.Fatalf("at most %d removal at once", peak)
+	if peak() < 2 {
+		t.Fatalf("at most %d removal at once", peak())
 	}
 	if left, _ := b.rt.Managed(context.Background()); len(left) != 0 {
 		t.Fatalf("containers left: %v", left)

@@ -287,14 +287,10 @@ func BenchmarkRecompose(b *testing.B) {
 	}
 }
 
-func benchInput(b testing.TB, nodes, modules int) Input {
-	in := Input{Domain: "internal", Modules: map[string]*manifest.Manifest{}, Credentials: map[Pair]string{}}
-	for i := 0; i < nodes; i++ {
-		in.Nodes = append(in.Nodes, Node{Name: fmt.Sprintf("n%03d", i), Address: fmt.Sprintf("10.1.%d.%d", i/250, i%250+1), PublicDomain: fmt.Sprintf("n%d.example.org", i)})
-	}
-	for j := 0; j < modules; j++ {
-		name := fmt.Sprintf("m%03d", j)
-		src := fmt.Sprintf(`module: %[1]s
+// benchModule is a module of the benchmarks: a route, two directories, a
+// file, a step and a container that restarts on both.
+func benchModule(name string) string {
+	return fmt.Sprintf(`module: %[1]s
 routes:
   - {name: %[1]s, port: 80}
 resources:
@@ -310,6 +306,16 @@ resources:
     mounts: ["/srv/%[1]s/data:/data", "/srv/%[1]s/config:/etc/config:ro"]
     restart-on: [/srv/%[1]s/config, init]
 `, name)
+}
+
+func benchInput(b testing.TB, nodes, modules int) Input {
+	in := Input{Domain: "internal", Modules: map[string]*manifest.Manifest{}, Credentials: map[Pair]string{}}
+	for i := 0; i < nodes; i++ {
+		in.Nodes = append(in.Nodes, Node{Name: fmt.Sprintf("n%03d", i), Address: fmt.Sprintf("10.1.%d.%d", i/250, i%250+1), PublicDomain: fmt.Sprintf("n%d.example.org", i)})
+	}
+	for j := 0; j < modules; j++ {
+		name := fmt.Sprintf("m%03d", j)
+		src := benchModule(name)
 		in.Modules[name] = mustManifest(b, src)
 	}
 	// The last module is left for the benchmark to assign; the others run on

@@ -48,22 +48,7 @@ func fleet(b *testing.B, nodes, modules int) {
 	var specs []ModuleSpec
 	for j := 0; j < modules; j++ {
 		name := fmt.Sprintf("m%05d", j)
-		specs = append(specs, spec(name+".yaml", fmt.Sprintf(`module: %[1]s
-routes:
-  - {name: %[1]s, port: 80}
-resources:
-  - directory: /srv/%[1]s
-  - directory: /srv/%[1]s/data
-  - file: /srv/%[1]s/config
-    content: "x = 1"
-  - step: init
-    image: localhost/busybox:1
-    mounts: ["/srv/%[1]s/data:/data"]
-  - container: %[1]s.server
-    image: localhost/busybox:1
-    mounts: ["/srv/%[1]s/data:/data", "/srv/%[1]s/config:/etc/config:ro"]
-    restart-on: [/srv/%[1]s/config, init]
-`, name)))
+		specs = append(specs, spec(name+".yaml", benchModule(name)))
 	}
 	b.StartTimer()
 	add := apply(&ModuleAddRequest{Modules: specs})
