@@ -83,7 +83,7 @@ func (s *Server) fastReply(ix *Index, q []byte, src netip.Addr, out []byte) (rep
 	if q[11] == 1 {
 		o := q[qend:]
 		if len(o) < 11 || o[0] != 0 || binary.BigEndian.Uint16(o[1:]) != typeOPT ||
-			o[5] != 0 || o[6] != 0 || 11+int(binary.BigEndian.Uint16(o[9:])) != len(o) {
+			o[5] != 0 || o[6] != 0 || 11+int(binary.BigEndian.Uint16(o[9:])) != len(o) || !onlyCookies(o[11:]) {
 			return nil, 0, false
 		}
 		edns, do = true, o[7]&0x80 != 0
@@ -148,6 +148,24 @@ func (s *Server) fastReply(ix *Index, q []byte, src netip.Addr, out []byte) (rep
 		return nil, 0, false // the general path truncates
 	}
 	return out, rcode, true
+}
+
+// onlyCookies says the OPT record's options are well-formed and all DNS
+// cookies (RFC 7873: what dig and resolvers send), whose content the general
+// path takes whatever it is. Any other option takes the general path, which
+// may refuse it (a malformed one gets no answer there).
+func onlyCookies(opts []byte) bool {
+	for len(opts) > 0 {
+		if len(opts) < 4 || binary.BigEndian.Uint16(opts) != dns.EDNS0COOKIE {
+			return false
+		}
+		n := 4 + int(binary.BigEndian.Uint16(opts[2:]))
+		if n > len(opts) {
+			return false
+		}
+		opts = opts[n:]
+	}
+	return true
 }
 
 // packSOA is the zone's SOA record in wire form, uncompressed, so it can be

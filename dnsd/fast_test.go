@@ -1,6 +1,7 @@
 package dnsd
 
 import (
+	"net"
 	"net/netip"
 	"testing"
 
@@ -103,6 +104,11 @@ func TestFastPathTakesTheCommonQueries(t *testing.T) {
 			m.IsEdns0().Option = append(m.IsEdns0().Option, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0102030405060708"})
 		}, true},
 		{"many.internal.", dns.TypeA, func(m *dns.Msg) { m.SetEdns0(4096, false) }, true},
+		// Options other than cookies (client subnet here) take the general path.
+		{"ace.internal.", dns.TypeA, func(m *dns.Msg) {
+			m.SetEdns0(1232, false)
+			m.IsEdns0().Option = append(m.IsEdns0().Option, &dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 24, Address: net.IPv4(192, 0, 2, 0)})
+		}, false},
 		// The general path's: truncation, other types, the apex, routed and
 		// forwarded names, ns.DOMAIN, EDNS versions, other opcodes.
 		{"many.internal.", dns.TypeA, nil, false},
