@@ -16,7 +16,7 @@ func TestInstallLine(t *testing.T) {
 		`echo "` + strings.Repeat("ab", 32) + `  $d/ca.der" | sha256sum -c --quiet`,
 		`curl -fsS --cacert "$d/ca.pem" https://10.0.0.1:7430/v1/binary`,
 		`install -m 0755 "$d/mesh" /usr/local/bin/mesh`,
-		"/usr/local/bin/mesh join 10.0.0.1 --token " + tok + "'",
+		"MESH_TOKEN=" + tok + " /usr/local/bin/mesh join 10.0.0.1'",
 	} {
 		if !strings.Contains(line, w) {
 			t.Errorf("install line lacks %q:\n%s", w, line)
