@@ -110,62 +110,29 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 	return &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, kept: map[string]string{}, verified: map[string]bool{}, health: newMonitor(rt, log, cfg.Now)}, nil
 }
 
-// counting counts the calls made through a Runtime: n the mutating ones,
-// calls all of them. Removals run concurrently, so the counts are atomic.
+// counting counts the calls an apply makes through a Runtime: n the
+// mutating ones, calls the others. Removals run concurrently, so the counts
+// are atomic.
 type counting struct {
-	Runtime
 	n, calls atomic.Int64
 }
 
-func (c *counting) Managed(ctx context.Context) ([]Container, error) {
-	c.calls.Add(1)
-	return c.Runtime.Managed(ctx)
-}
-func (c *counting) Lookup(ctx context.Context, name string) (Container, bool, error) {
-	c.calls.Add(1)
-	return c.Runtime.Lookup(ctx, name)
-}
-func (c *counting) ImageExists(ctx context.Context, ref string) (bool, error) {
-	c.calls.Add(1)
-	return c.Runtime.ImageExists(ctx, ref)
-}
-func (c *counting) Wait(ctx context.Context, id string) (int, error) {
-	c.calls.Add(1)
-	return c.Runtime.Wait(ctx, id)
-}
-func (c *counting) Logs(ctx context.Context, id string, n int) (string, error) {
-	c.calls.Add(1)
-	return c.Runtime.Logs(ctx, id, n)
-}
-
-func (c *counting) Pull(ctx context.Context, ref, policy string) error {
-	c.n.Add(1)
-	return c.Runtime.Pull(ctx, ref, policy)
-}
-func (c *counting) ImageID(ctx context.Context, ref string) (string, error) {
-	c.calls.Add(1)
-	return c.Runtime.ImageID(ctx, ref)
-}
-func (c *counting) Create(ctx context.Context, s Spec) (string, error) {
-	c.n.Add(1)
-	return c.Runtime.Create(ctx, s)
-}
-func (c *counting) Start(ctx context.Context, id string) error {
-	c.n.Add(1)
-	return c.Runtime.Start(ctx, id)
-}
-func (c *counting) Remove(ctx context.Context, id string) error {
-	c.n.Add(1)
-	return c.Runtime.Remove(ctx, id)
+func (c *counting) count(_ string, mutating bool) {
+	if mutating {
+		c.n.Add(1)
+	} else {
+		c.calls.Add(1)
+	}
 }
 
 // run is the state of one apply.
 type run struct {
 	r *Reconciler
-	// rt is what the resources' code calls Podman through: count itself,
-	// or, while modules apply concurrently, count behind unlocking.
-	rt    Runtime
-	count *counting
+	// rt is what the resources' code calls Podman through: counted, or,
+	// while modules apply concurrently, counted and unlocking (modules.go).
+	rt      Runtime
+	counted Runtime
+	count   *counting
 	// mu is held by the module applying now; it is let go only for the
 	// length of a Podman call (unlocking), so the modules' other work (the
 	// ledger, the maps below, the filesystem) stays one at a time.
@@ -208,8 +175,9 @@ func (x *run) ranOf(module string) map[string]bool {
 func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan) state.Report {
 	start := time.Now()
 	rep := state.Report{Node: r.cfg.Node, Version: version, AppliedAt: r.cfg.Now().UTC()}
-	count := &counting{Runtime: r.rt}
-	x := &run{r: r, rt: count, count: count, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
+	count := &counting{}
+	counted := &Around{Runtime: r.rt, Before: count.count}
+	x := &run{r: r, rt: counted, counted: counted, count: count, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
 		managed: map[string]Container{}, failed: map[string]*state.ModuleFailure{}, kinds: map[string]string{}}
 	list, err := x.rt.Managed(ctx)
 	if err != nil {

@@ -52,8 +52,8 @@ func (x *run) applyModules(ctx context.Context, plan *state.Plan) []state.Resour
 		}
 	}
 	outs := make([]state.ResourceReport, len(plan.Resources))
-	x.rt = &unlocking{Runtime: x.count, mu: &x.mu}
-	defer func() { x.rt = x.count }()
+	x.rt = unlocking(x.counted, &x.mu)
+	defer func() { x.rt = x.counted }()
 	sem := make(chan struct{}, ApplyConcurrency)
 	var wg sync.WaitGroup
 	var crash panicked
@@ -203,58 +203,8 @@ func overlaps(p, q string) bool {
 
 // unlocking lets go of the apply's lock for the length of each Podman call,
 // so that another module's work goes on meanwhile.
-type unlocking struct {
-	Runtime
-	mu *sync.Mutex
-}
-
-func (u *unlocking) Managed(ctx context.Context) ([]Container, error) {
-	u.mu.Unlock()
-	defer u.mu.Lock()
-	return u.Runtime.Managed(ctx)
-}
-func (u *unlocking) Lookup(ctx context.Context, name string) (Container, bool, error) {
-	u.mu.Unlock()
-	defer u.mu.Lock()
-	return u.Runtime.Lookup(ctx, name)
-}
-func (u *unlocking) ImageExists(ctx context.Context, ref string) (bool, error) {
-	u.mu.Unlock()
-	defer u.mu.Lock()
-	return u.Runtime.ImageExists(ctx, ref)
-}
-func (u *unlocking) Wait(ctx context.Context, id string) (int, error) {
-	u.mu.Unlock()
-	defer u.mu.Lock()
-	return u.Runtime.Wait(ctx, id)
-}
-func (u *unlocking) Logs(ctx context.Context, id string, n int) (string, error) {
-	u.mu.Unlock()
-	defer u.mu.Lock()
-	return u.Runtime.Logs(ctx, id, n)
-}
-func (u *unlocking) Pull(ctx context.Context, ref, policy string) error {
-	u.mu.Unlock()
-	defer u.mu.Lock()
-	return u.Runtime.Pull(ctx, ref, policy)
-}
-func (u *unlocking) ImageID(ctx context.Context, ref string) (string, error) {
-	u.mu.Unlock()
-	defer u.mu.Lock()
-	return u.Runtime.ImageID(ctx, ref)
-}
-func (u *unlocking) Create(ctx context.Context, s Spec) (string, error) {
-	u.mu.Unlock()
-	defer u.mu.Lock()
-	return u.Runtime.Create(ctx, s)
-}
-func (u *unlocking) Start(ctx context.Context, id string) error {
-	u.mu.Unlock()
-	defer u.mu.Lock()
-	return u.Runtime.Start(ctx, id)
-}
-func (u *unlocking) Remove(ctx context.Context, id string) error {
-	u.mu.Unlock()
-	defer u.mu.Lock()
-	return u.Runtime.Remove(ctx, id)
+func unlocking(rt Runtime, mu *sync.Mutex) Runtime {
+	return &Around{Runtime: rt,
+		Before: func(string, bool) { mu.Unlock() },
+		After:  func(context.Context, string, error) { mu.Lock() }}
 }

@@ -38,9 +38,9 @@ func (x *run) reachable(ctx context.Context, image string) string {
 	if timeout == 0 {
 		timeout = 30 * time.Second
 	}
-	// The probe holds the apply's lock throughout (count, not x.rt): one
+	// The probe holds the apply's lock throughout (counted, not x.rt): one
 	// probe at a time, whichever module's container comes first.
-	rt := x.count
+	rt := x.counted
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	name := "mesh-probe-" + x.r.cfg.Node
