@@ -21,6 +21,7 @@ import (
 	"mesh/cluster/api"
 	"mesh/dnsd"
 	"mesh/internal/metrics"
+	"mesh/internal/seal"
 	"mesh/podman"
 	"mesh/reconciler"
 	"mesh/state"
@@ -132,6 +133,12 @@ func (c *AgentCmd) Run(g *Globals) error {
 	}
 	defer resolver.Close()
 
+	sk, err := seal.LoadOrCreate(dir)
+	if err != nil {
+		return err
+	}
+	sealing := &sealer{id: sk, store: m.Store, node: m.Node, name: m.ID.Name, log: log}
+
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find this binary (the resolver probe runs it): %w", err)
@@ -142,7 +149,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 	}
 	rec, err := reconciler.New(reconciler.Config{
 		Node: m.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(dir, "ledger.json"), DataDir: dir,
-		Secret: m.Store.Secret, Logger: log, Observe: observeApply,
+		Secret: sealing.Secret, Logger: log, Observe: observeApply,
 		Probe: &reconciler.ProbeConfig{Binary: self, Name: func(ctx context.Context) string {
 			domain := state.DefaultDomain
 			if st, err := m.Store.Settings(ctx); err == nil {
@@ -177,6 +184,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 	}
 
 	go followSubnets(ctx, pm, resolver, c.Resync)
+	go sealing.run(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

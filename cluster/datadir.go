@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"time"
 
+	"mesh/internal/seal"
 	"mesh/state"
 )
 
@@ -153,8 +154,12 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+	sk, err := seal.LoadOrCreate(cfg.DataDir)
+	if err != nil {
+		return err
+	}
 	c := state.NewCommand(&state.InitRequest{MeshID: id.MeshID, Domain: cfg.Domain,
-		Node:   state.Node{Name: cfg.Name, Address: addr.String(), Voter: true, Port: cfg.Port},
+		Node:   state.Node{Name: cfg.Name, Address: addr.String(), Voter: true, Port: cfg.Port, SealKey: sk.Recipient()},
 		CACert: string(ca.CertPEM), CAKey: string(ca.KeyPEM), JoinSecret: NewSecret(), Voters: cfg.Voters})
 	c.Time = cfg.Now().UTC()
 	if _, err := n.Apply(wctx, c); err != nil {
@@ -241,7 +246,11 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 	if err != nil {
 		return err
 	}
-	rep, err := joinClient(ctx, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM)})
+	sk, err := seal.LoadOrCreate(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	rep, err := joinClient(ctx, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient()})
 	if err != nil {
 		return fmt.Errorf("join through %s: %w", peer, err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"mesh/internal/seal"
 	"mesh/state"
 )
 
@@ -41,6 +42,8 @@ type JoinRequest struct {
 	Address string `json:"address"`
 	Port    int    `json:"port"`
 	CSR     string `json:"csr"`
+	// SealKey is the key credentials are sealed to for the new node.
+	SealKey string `json:"seal_key,omitempty"`
 }
 
 // JoinReply admits it.
@@ -289,6 +292,11 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 	if !nodeNameRE.MatchString(req.Name) || net.ParseIP(req.Address) == nil || req.Port <= 0 || req.Port > 65535 {
 		return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "join needs a node name (a DNS label), an IP address and a port"}
 	}
+	if req.SealKey != "" {
+		if err := seal.CheckRecipient(req.SealKey); err != nil {
+			return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "the joining node's sealing key is not an age recipient: " + err.Error()}
+		}
+	}
 	ca, err := ParseCA([]byte(id.CACert), []byte(id.CAKey))
 	if err != nil {
 		return JoinReply{}, fmt.Errorf("read the mesh CA: %w", err)
@@ -318,7 +326,7 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		// proved it may; it keeps its row, and Raft gets it (back) below.
 		voter = again.Voter
 		n.log.Warn("a node that is already in the state joins again", "name", req.Name, "address", req.Address)
-	} else if _, err := n.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port}}); err != nil {
+	} else if _, err := n.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey}}); err != nil {
 		return JoinReply{}, err
 	}
 	addr := net.JoinHostPort(req.Address, strconv.Itoa(req.Port))

@@ -74,7 +74,7 @@ func TestStoreKeepsBindings(t *testing.T) {
 	cmds := []Request{
 		&InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}},
 		&NodeAddRequest{Node: Node{Name: "novox", Address: "10.0.0.2", Voter: true}},
-		&ModuleAddRequest{Modules: []ModuleSpec{spec("pg.yaml", pgSrc), spec("app.yaml", appSrc)}, Secrets: []Secret{{Pair{"app", "postgres"}, "s"}}},
+		&ModuleAddRequest{Modules: []ModuleSpec{spec("pg.yaml", pgSrc), spec("app.yaml", appSrc)}, Secrets: []Secret{{Pair: Pair{"app", "postgres"}, Value: "s"}}},
 		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "postgres"}},
 		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}},
 	}

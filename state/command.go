@@ -24,6 +24,8 @@ const (
 	OpTokenRotate  = "token.rotate"
 	OpRestore      = "restore"
 	OpModulePull   = "module.pull"
+	OpSeal         = "credential.seal"
+	OpNodeKey      = "node.key"
 
 	timeLayout = time.RFC3339Nano
 )
@@ -36,15 +38,17 @@ const (
 //
 // Formats: 1, flat commands that carried manifest text; 2, the restore op;
 // 3, the envelope below with one typed request per op, manifests parsed by
-// the proposer; 4, the module.pull op. Entries of formats 1 and 2 still in a
-// log are converted on replay (legacy.go).
-const CommandVersion = 4
+// the proposer; 4, the module.pull op; 5, sealed credentials (seal.go): the
+// credential.seal and node.key ops, nodes with a sealing key, and secrets
+// carried sealed. Entries of formats 1 and 2 still in a log are converted on
+// replay (legacy.go).
+const CommandVersion = 5
 
 // opVersion is the format each op needs when this binary writes it.
 var opVersion = map[string]int{
-	OpInit: 3, OpNodeAdd: 3, OpNodeRemove: 3, OpPublicDomain: 3, OpModuleAdd: 3,
-	OpModuleRemove: 3, OpAssign: 3, OpUnassign: 3, OpReport: 3, OpTokenRotate: 3,
-	OpRestore: 3, OpModulePull: 4,
+	OpInit: 5, OpNodeAdd: 5, OpNodeRemove: 3, OpPublicDomain: 3, OpModuleAdd: 5,
+	OpModuleRemove: 3, OpAssign: 5, OpUnassign: 3, OpReport: 3, OpTokenRotate: 3,
+	OpRestore: 5, OpModulePull: 4, OpSeal: 5, OpNodeKey: 5,
 }
 
 // Command is one replicated change: an envelope of the op, the format it
@@ -140,6 +144,10 @@ func (c *Command) Request() (Request, error) {
 		r = &RestoreBody{}
 	case OpModulePull:
 		r = &ModulePullRequest{}
+	case OpSeal:
+		r = &SealRequest{}
+	case OpNodeKey:
+		r = &NodeKeyRequest{}
 	default:
 		return nil, fmt.Errorf("%w: a %q command of format v%d", ErrUnknownCommand, c.Op, c.V)
 	}
@@ -264,10 +272,12 @@ func (r *ModuleAddRequest) describe() string {
 }
 func (r *ModuleRemoveRequest) describe() string { return "mesh module remove " + r.Name }
 func (r *ModulePullRequest) describe() string   { return "mesh module pull " + r.Module }
-func (r *AssignRequest) describe() string       { return "mesh assign " + r.Node + " " + r.Module }
-func (r *UnassignRequest) describe() string     { return "mesh unassign " + r.Node + " " + r.Module }
-func (r *ReportRequest) describe() string       { return "report of " + r.Report.Node }
-func (r *TokenRotateRequest) describe() string  { return "mesh token --rotate" }
+func (r *AssignRequest) describe() string {
+	return "mesh assign " + r.Node + " " + r.Module + rotations(r.Secrets)
+}
+func (r *UnassignRequest) describe() string    { return "mesh unassign " + r.Node + " " + r.Module }
+func (r *ReportRequest) describe() string      { return "report of " + r.Report.Node }
+func (r *TokenRotateRequest) describe() string { return "mesh token --rotate" }
 func (r *RestoreBody) describe() string {
 	return fmt.Sprintf("mesh snapshot restore (the state at index %d)", r.Index)
 }

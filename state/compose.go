@@ -23,6 +23,9 @@ type Node struct {
 	// kept): with it the leader can put a node back into Raft's
 	// configuration after a join that stopped half-way.
 	Port int `json:"port,omitempty"`
+	// SealKey is the public key credentials are sealed to for this node
+	// (seal.go); empty until the node gives one.
+	SealKey string `json:"seal_key,omitempty"`
 }
 
 // Assignment says a module runs on a node.
@@ -262,7 +265,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 				p := Pair{Consumer: mod, Provider: d.Provider}
 				dg, ok := in.Credentials[p]
 				if !ok {
-					return nil, nil, fmt.Errorf("%s: credential %s: no secret generated yet for %s -> %s; run `mesh assign %s %s` again", mod, d.Credential, mod, d.Provider, n.Name, mod)
+					return nil, nil, fmt.Errorf("%s: credential %s: no secret sealed for %s -> %s yet; the leader seals one within seconds (if this stays, read the leader's log)", mod, d.Credential, mod, d.Provider)
 				}
 				res.Credential, res.Digest = &p, dg
 			}

@@ -19,11 +19,17 @@ type ModuleText struct {
 	Text string `json:"text"`
 }
 
-// Secret is a generated credential. Only the proposer makes one; the FSM keeps
-// the first secret it sees for a pair and ignores later ones.
+// Secret is a generated credential. Only the proposer makes one, and seals
+// it to the nodes that deliver it (seal.go): Sealed, Recipients and Digest.
+// Value, the secret in plain text, is only in commands of older meshes.
 type Secret struct {
 	Pair
-	Value string `json:"value"`
+	Value      string   `json:"value,omitempty"`
+	Sealed     string   `json:"sealed,omitempty"`
+	Digest     string   `json:"digest,omitempty"`
+	Recipients []string `json:"recipients,omitempty"`
+	// Reason says why it was sealed (new, a node moved, ...), for the log.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Report is what a node says it last applied.
@@ -307,6 +313,10 @@ func (ap *applier) apply(req Request) (bool, error) {
 		return ap.report(r)
 	case *TokenRotateRequest:
 		return ap.tokenRotate(r)
+	case *SealRequest:
+		return ap.seal(r)
+	case *NodeKeyRequest:
+		return ap.nodeKey(r)
 	case *RestoreBody:
 		ap.catalogueChanges()
 		return ap.s.applyRestore(ap.tx, r)
@@ -332,7 +342,7 @@ func (ap *applier) init(r *InitRequest) (bool, error) {
 	}
 	mustExec(tx, `INSERT INTO settings VALUES ('mesh_id', ?), ('domain', ?), ('created_at', ?), ('ca_cert', ?), ('ca_key', ?), ('join_secret', ?), ('voters', ?)`,
 		r.MeshID, domain, ap.at, r.CACert, r.CAKey, r.JoinSecret, fmt.Sprint(voters))
-	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at, port) VALUES (?, ?, 1, ?, ?)`, r.Node.Name, r.Node.Address, ap.at, r.Node.Port)
+	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key) VALUES (?, ?, 1, ?, ?, ?)`, r.Node.Name, r.Node.Address, ap.at, r.Node.Port, r.Node.SealKey)
 	return true, nil
 }
 
@@ -347,7 +357,10 @@ func (ap *applier) nodeAdd(r *NodeAddRequest) (bool, error) {
 	if has(tx, `SELECT 1 FROM nodes WHERE address = ?`, n.Address) {
 		return false, ruleErr(ErrConflict, "address %s is already taken by another node", n.Address)
 	}
-	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at, port) VALUES (?, ?, ?, ?, ?)`, n.Name, n.Address, n.Voter, ap.at, n.Port)
+	if n.SealKey != "" && has(tx, `SELECT 1 FROM nodes WHERE seal_key = ?`, n.SealKey) {
+		return false, ruleErr(ErrConflict, "another node already holds that sealing key")
+	}
+	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key) VALUES (?, ?, ?, ?, ?, ?)`, n.Name, n.Address, n.Voter, ap.at, n.Port, n.SealKey)
 	return true, nil
 }
 
@@ -400,7 +413,9 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 			ON CONFLICT (name) DO UPDATE SET file = excluded.file, manifest = excluded.manifest, digest = excluded.digest, version = excluded.version, added_at = excluded.added_at, spec = excluded.spec
 			WHERE modules.digest != excluded.digest`, name, sp.File, sp.Text, sp.Digest, ap.index, ap.at, sp.specJSON())
 	}
-	insertSecrets(ap.tx, r.Secrets)
+	if err := ap.takeSecrets(r.Secrets); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -448,7 +463,9 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 		return false, err
 	}
 	mustExec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, ap.index)
-	insertSecrets(tx, r.Secrets)
+	if err := ap.takeSecrets(r.Secrets); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -480,12 +497,6 @@ func (ap *applier) report(r *ReportRequest) (bool, error) {
 	mustExec(ap.tx, `INSERT INTO reports VALUES (?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at, body = excluded.body`,
 		rep.Node, rep.Version, rep.AppliedAt.UTC().Format(timeLayout), jsonString(rep))
 	return false, nil
-}
-
-func insertSecrets(tx *sql.Tx, secrets []Secret) {
-	for _, sc := range secrets {
-		mustExec(tx, `INSERT INTO credentials VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`, sc.Consumer, sc.Provider, sc.Value, SecretDigest(sc.Value))
-	}
 }
 
 func (s *Store) checkProviders(ctx context.Context, tx *sql.Tx, module string) error {

@@ -80,7 +80,7 @@ func (s *Store) Settings(ctx context.Context) (Settings, error) {
 }
 
 func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port FROM nodes ORDER BY name`)
+	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +89,7 @@ func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
 	for rows.Next() {
 		var n NodeInfo
 		var at string
-		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port); err != nil {
+		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey); err != nil {
 			return nil, err
 		}
 		n.AddedAt, _ = time.Parse(timeLayout, at)
@@ -288,17 +288,6 @@ func (s *Store) Identity(ctx context.Context) (Identity, error) {
 	id := Identity{MeshID: kv["mesh_id"], CACert: kv["ca_cert"], CAKey: kv["ca_key"], JoinSecret: kv["join_secret"]}
 	fmt.Sscan(kv["voters"], &id.Voters)
 	return id, nil
-}
-
-// Secret returns one credential's secret, for the reconciler to deliver. It
-// is the only read that returns a secret; nothing prints it.
-func (s *Store) Secret(ctx context.Context, p Pair) (string, error) {
-	var v string
-	err := s.db.QueryRowContext(ctx, `SELECT secret FROM credentials WHERE consumer = ? AND provider = ?`, p.Consumer, p.Provider).Scan(&v)
-	if err == sql.ErrNoRows {
-		return "", ruleErr(ErrNotFound, "no secret for %s -> %s yet", p.Consumer, p.Provider)
-	}
-	return v, err
 }
 
 func joinOr(names []string, none string) string {

@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // RestoreBody is what a restore (OpRestore) carries: the part of a snapshot
@@ -91,7 +92,8 @@ func (sn *Snapshot) RestoreBody() (*RestoreBody, error) {
 		b.Assignments = append(b.Assignments, Assignment{Node: str(r, "node"), Module: str(r, "module"), Seq: uint64(num(r, "seq"))})
 	}
 	for _, r := range sn.Rows("credentials") {
-		b.Credentials = append(b.Credentials, Secret{Pair: Pair{Consumer: str(r, "consumer"), Provider: str(r, "provider")}, Value: str(r, "secret")})
+		b.Credentials = append(b.Credentials, Secret{Pair: Pair{Consumer: str(r, "consumer"), Provider: str(r, "provider")}, Value: str(r, "secret"),
+			Sealed: str(r, "sealed"), Digest: str(r, "digest"), Recipients: splitNonEmpty(str(r, "recipients"))})
 	}
 	for _, r := range sn.Rows("bindings") {
 		b.Bindings = append(b.Bindings, RestoredBinding{BindKey: BindKey{Node: str(r, "node"), Module: str(r, "module"), Path: str(r, "path")}, ProviderNode: str(r, "provider_node")})
@@ -128,8 +130,17 @@ func (s *Store) applyRestore(tx *sql.Tx, b *RestoreBody) (bool, error) {
 			mustExec(tx, `INSERT OR IGNORE INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, a.Seq)
 		}
 	}
+	// Credentials come back as they were, sealed to the keys of then; the
+	// leader seals again (rotating) those that no node here can open.
 	mustExec(tx, `DELETE FROM credentials`)
-	insertSecrets(tx, b.Credentials)
+	for _, c := range b.Credentials {
+		d := c.Digest
+		if c.Sealed == "" {
+			d = SecretDigest(c.Value)
+		}
+		mustExec(tx, `INSERT OR IGNORE INTO credentials (consumer, provider, secret, digest, sealed, recipients) VALUES (?, ?, ?, ?, ?, ?)`,
+			c.Consumer, c.Provider, c.Value, d, c.Sealed, strings.Join(c.Recipients, ","))
+	}
 	mustExec(tx, `DELETE FROM bindings`)
 	for _, bd := range b.Bindings {
 		if nodes[bd.Node] {

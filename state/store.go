@@ -63,7 +63,7 @@ func Open(path string) (*Store, error) {
 	if !strings.HasPrefix(filepath.Base(path), scratchPrefix) {
 		removeScratches(filepath.Dir(path))
 	}
-	return openDSN("file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_txlock=immediate", path)
+	return openDSN("file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=secure_delete(ON)&_txlock=immediate", path)
 }
 
 func openDSN(dsn, path string) (*Store, error) {
@@ -174,6 +174,12 @@ var migrations = []string{
 	 CREATE INDEX roster_history_name ON roster_history (name, idx);`,
 	// 6: the last `mesh module pull` of each module (its log index).
 	`CREATE TABLE pulls (module TEXT PRIMARY KEY, idx INTEGER NOT NULL);`,
+	// 7: sealed credentials (seal.go): each node's sealing key, and each
+	// credential's sealed form and recipients. The secret column is kept
+	// only for rows of older meshes until they are sealed.
+	`ALTER TABLE nodes ADD COLUMN seal_key TEXT NOT NULL DEFAULT '';
+	 ALTER TABLE credentials ADD COLUMN sealed TEXT NOT NULL DEFAULT '';
+	 ALTER TABLE credentials ADD COLUMN recipients TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate() error {

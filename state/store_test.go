@@ -48,10 +48,10 @@ func history() []Request {
 		&InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}},
 		&NodeAddRequest{Node: Node{Name: "novox", Address: "10.0.0.2", Voter: true}},
 		&ModuleAddRequest{Modules: []ModuleSpec{spec("web.yaml", webSrc), spec("pg.yaml", pgSrc)}},
-		&ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", appSrc)}, Secrets: []Secret{{Pair{"app", "postgres"}, "s3cret"}}},
+		&ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", appSrc)}, Secrets: []Secret{{Pair: Pair{"app", "postgres"}, Value: "s3cret"}}},
 		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "web"}},
 		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "postgres"}},
-		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}, Secrets: []Secret{{Pair{"app", "postgres"}, "other"}}},
+		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}, Secrets: []Secret{{Pair: Pair{"app", "postgres"}, Value: "other"}}},
 		&PublicDomainRequest{Node: "novox", Domain: "zurag.be"},
 		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "web"}},
 		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "nosuch"}},       // rule violation
@@ -77,10 +77,10 @@ func legacyLog() [][]byte {
 		{Op: OpInit, MeshID: "m-1", Domain: "internal", Node: &Node{Name: "ace", Address: "10.0.0.1"}},
 		{Op: OpNodeAdd, Node: &Node{Name: "novox", Address: "10.0.0.2", Voter: true}},
 		{Op: OpModuleAdd, Modules: []legacyText{{File: "web.yaml", Text: webSrc}, {File: "pg.yaml", Text: pgSrc}}},
-		{Op: OpModuleAdd, Modules: []legacyText{{File: "app.yaml", Text: appSrc}}, Secrets: []Secret{{Pair{"app", "postgres"}, "s3cret"}}},
+		{Op: OpModuleAdd, Modules: []legacyText{{File: "app.yaml", Text: appSrc}}, Secrets: []Secret{{Pair: Pair{"app", "postgres"}, Value: "s3cret"}}},
 		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "web"}},
 		{Op: OpAssign, Assign: &Assignment{Node: "novox", Module: "postgres"}},
-		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "app"}, Secrets: []Secret{{Pair{"app", "postgres"}, "other"}}},
+		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "app"}, Secrets: []Secret{{Pair: Pair{"app", "postgres"}, Value: "other"}}},
 		{Op: OpPublicDomain, Name: "novox", Domain: "zurag.be"},
 		{Op: OpAssign, Assign: &Assignment{Node: "novox", Module: "web"}},
 		{Op: OpAssign, Assign: &Assignment{Node: "ace", Module: "nosuch"}},
@@ -381,8 +381,8 @@ func TestUnknownCommandStopsTheNode(t *testing.T) {
 	}
 	// The newest op needs the newest format: a node that cannot apply it
 	// is told so before it is proposed.
-	if b := NewCommand(&ModulePullRequest{Module: "web"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
-		t.Fatalf("module.pull encoded without its format: %s", b)
+	if b := NewCommand(&SealRequest{}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
+		t.Fatalf("credential.seal encoded without its format: %s", b)
 	}
 }
 

@@ -7,8 +7,6 @@ package api
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,7 +20,9 @@ import (
 	"time"
 
 	"mesh/cluster"
+	"mesh/internal/seal"
 	"mesh/state"
+	"mesh/state/manifest"
 )
 
 // Status is what `mesh status` shows.
@@ -400,6 +400,7 @@ func (a *API) addModules(w http.ResponseWriter, r *http.Request) {
 	// The proposer parses and checks; the log carries the parsed form.
 	c := &state.ModuleAddRequest{}
 	var names []string
+	var mans []*manifest.Manifest
 	for _, mt := range req.Modules {
 		sp, err := state.SpecOf(mt.File, mt.Text)
 		if err != nil {
@@ -408,13 +409,16 @@ func (a *API) addModules(w http.ResponseWriter, r *http.Request) {
 		}
 		c.Modules = append(c.Modules, sp)
 		names = append(names, sp.Manifest.Module)
-		secrets, err := newSecrets(state.NeededCredentials(sp.Manifest))
-		if err != nil {
-			fail(w, err)
-			return
-		}
-		c.Secrets = append(c.Secrets, secrets...)
+		mans = append(mans, sp.Manifest)
 	}
+	// A replaced manifest of an assigned module may consume a new
+	// credential: the proposer seals its secret to the nodes that deliver it.
+	secrets, err := a.sealed(r.Context(), nil, mans)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	c.Secrets = secrets
 	a.writeThen(w, r, c, WriteResult{Modules: names})
 }
 
@@ -437,31 +441,28 @@ func (a *API) assign(op string) http.HandlerFunc {
 			a.write(w, r, &state.UnassignRequest{Assignment: req})
 			return
 		}
-		// The proposer generates any secret the module consumes; the FSM
-		// keeps the first one it sees for each pair.
+		// The proposer seals a secret for each credential the assign makes
+		// some node deliver that it cannot open: a new one, or a rotation
+		// when the consumer or the provider moves (the FSM takes it only if
+		// the credential is still stale when the command applies).
 		c := &state.AssignRequest{Assignment: req}
-		if m, err := a.store.Manifest(r.Context(), req.Module); err == nil {
-			s, err := newSecrets(state.NeededCredentials(m))
-			if err != nil {
-				fail(w, err)
-				return
-			}
-			c.Secrets = s
+		secrets, err := a.sealed(r.Context(), &req, nil)
+		if err != nil {
+			fail(w, err)
+			return
 		}
+		c.Secrets = secrets
 		a.write(w, r, c)
 	}
 }
 
-func newSecrets(pairs []state.Pair) ([]state.Secret, error) {
-	var out []state.Secret
-	for _, p := range pairs {
-		b := make([]byte, 24)
-		if _, err := rand.Read(b); err != nil {
-			return nil, fmt.Errorf("generate a secret: %w", err)
-		}
-		out = append(out, state.Secret{Pair: p, Value: base64.RawURLEncoding.EncodeToString(b)})
+// sealed seals the secrets a command needs, as this replica sees them.
+func (a *API) sealed(ctx context.Context, extra *state.Assignment, added []*manifest.Manifest) ([]state.Secret, error) {
+	needs, err := a.store.SealNeeds(ctx, extra, added)
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	return seal.Secrets(needs)
 }
 
 func (a *API) rosterHistory(w http.ResponseWriter, r *http.Request) {

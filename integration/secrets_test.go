@@ -1,0 +1,144 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Issue 14: a credential's secret is sealed to the nodes that deliver it.
+const (
+	bedVault = `module: bedvault
+accepts-credentials: {{root}}/bedvault/creds
+resources:
+  - directory: {{root}}/bedvault
+  - directory: {{root}}/bedvault/creds
+    mode: "0700"
+`
+	bedVaultUser = `module: bedvaultuser
+resources:
+  - directory: {{root}}/bedvaultuser
+  - credential: {{root}}/bedvaultuser/db.password
+    provider: bedvault
+`
+)
+
+// grepTree says which files under dir hold s.
+func grepTree(t *testing.T, dir, s string) []string {
+	t.Helper()
+	var hits []string
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !d.Type().IsRegular() {
+			return nil
+		}
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), s) {
+			hits = append(hits, p)
+		}
+		return nil
+	})
+	return hits
+}
+
+// TestSealedSecrets: a consumer on n1 and its provider on n2; n3 replicates
+// the state and never holds the secret. Moving the provider to n3 rotates
+// it; removing a node it was sealed to rotates it again.
+func TestSealedSecrets(t *testing.T) {
+	n, _ := startThree(t)
+	passwd := filepath.Join(n[1].h.dir, "srv/bedvaultuser/db.password")
+	delivered := filepath.Join(n[1].h.dir, "srv/bedvault/creds/bedvaultuser.credential")
+	secretIn := func(p string) string {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return ""
+		}
+		s := strings.TrimSpace(string(b))
+		if i := strings.Index(s, "secret="); i >= 0 {
+			s = strings.TrimSpace(s[i+len("secret="):])
+		}
+		return s
+	}
+	// The manifests name n1's paths; every node of the bed shares one
+	// filesystem, so the provider's delivered file is at one path wherever
+	// it runs.
+	n[1].mesh("module", "add", n[1].manifest("bedvault", bedVault, nil), n[1].manifest("bedvaultuser", bedVaultUser, nil))
+	n[1].mesh("assign", "n2", "bedvault")
+	n[1].mesh("assign", "n1", "bedvaultuser")
+	var first string
+	eventually(t, 30*time.Second, "the consumer on n1 and the provider on n2 hold the same secret", func() (bool, string) {
+		first = secretIn(passwd)
+		return first != "" && secretIn(delivered) == first, first + " / " + secretIn(delivered)
+	})
+	// Snapshots too: make each node write one, then look everywhere.
+	for i := 1; i <= 3; i++ {
+		n[i].mesh("snapshot", "save", filepath.Join(n[i].n.dir, "bed-snapshot.json"))
+	}
+	// The search finds the secret where it is meant to be.
+	if hits := grepTree(t, filepath.Join(n[1].h.dir, "srv"), first); len(hits) != 2 {
+		t.Fatalf("the secret should be in the two delivered files, found in %v", hits)
+	}
+	if hits := grepTree(t, n[3].n.dir, first); len(hits) > 0 {
+		t.Fatalf("n3 runs neither side and holds the secret in %v", hits)
+	}
+	for i := 1; i <= 3; i++ {
+		if hits := grepTree(t, n[i].n.dir, first); len(hits) > 0 {
+			t.Fatalf("n%d's data dir holds the secret in plain text in %v", i, hits)
+		}
+		if strings.Contains(n[i].log(), first) {
+			t.Fatalf("n%d's log holds the secret", i)
+		}
+	}
+	if out := n[1].mesh("why", "n1", passwd); strings.Contains(out, first) {
+		t.Fatalf("why shows the secret: %s", out)
+	}
+
+	// Move the provider to n3: n3 cannot open the secret, so the assign
+	// rotates it, sealed to n1 and n3; n2 cannot open the new one.
+	n[1].mesh("unassign", "n2", "bedvault")
+	eventually(t, 30*time.Second, "n2 took its delivered credential away", func() (bool, string) {
+		_, err := os.Stat(delivered)
+		return os.IsNotExist(err), ""
+	})
+	n[3].mesh("assign", "n3", "bedvault")
+	var second string
+	eventually(t, 30*time.Second, "a new secret on n1 and in n3's delivered file", func() (bool, string) {
+		second = secretIn(passwd)
+		return second != "" && second != first && secretIn(delivered) == second, second + " / " + secretIn(delivered)
+	})
+	for _, p := range []string{passwd, delivered} {
+		if strings.Contains(readFile(t, p), first) {
+			t.Fatalf("%s still holds the old secret", p)
+		}
+	}
+	if hits := grepTree(t, n[2].n.dir, second); len(hits) > 0 {
+		t.Fatalf("n2 no longer delivers it and holds the new secret in %v", hits)
+	}
+	why := n[1].mesh("why", "n1", passwd)
+	if !strings.Contains(why, "credential rotated: bedvaultuser -> bedvault: node n3 delivers it and cannot open it") {
+		t.Fatalf("why does not say the credential rotated:\n%s", why)
+	}
+	t.Logf("mesh why n1 %s:\n%s", passwd, why)
+
+	// Remove n3 (with the provider on it): the secret is sealed to a key no
+	// node holds now; the leader rotates it, for n1 alone.
+	n[3].stop()
+	n[1].mesh("node", "remove", "n3", "--force")
+	eventually(t, 30*time.Second, "a third secret on n1", func() (bool, string) {
+		s := secretIn(passwd)
+		return s != "" && s != second && s != first, s
+	})
+	leaderLogs := n[1].log() + n[2].log()
+	if !strings.Contains(leaderLogs, "credential rotated") || !strings.Contains(leaderLogs, "a key no node holds") {
+		t.Fatalf("no log line says the credential rotated after the removal:\n%s\n%s", tail(n[1].log(), 20), tail(n[2].log(), 20))
+	}
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

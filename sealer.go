@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"mesh/cluster"
+	"mesh/internal/seal"
+	"mesh/state"
+)
+
+// sealer is the agent's side of sealed credentials (state/seal.go): it opens
+// the secrets sealed to this node for the reconciler, gives the node's
+// sealing key to the state when the state lacks it, and, while this node
+// leads, seals again the credentials that went stale without a command
+// that sealed them (a removed node, a replaced key, a secret an older mesh
+// kept in plain text, a restore).
+type sealer struct {
+	id    *seal.Identity
+	store *state.Store
+	node  *cluster.Node
+	name  string
+	log   *slog.Logger
+}
+
+// Secret opens one credential's secret, for the reconciler to deliver.
+func (s *sealer) Secret(ctx context.Context, p state.Pair) (string, error) {
+	row, err := s.store.SealedSecret(ctx, p)
+	if err != nil {
+		return "", err
+	}
+	if row.Sealed == "" {
+		return row.Plain, nil // from an older mesh, until the leader seals it
+	}
+	plain, err := s.id.Open(row.Sealed)
+	if errors.Is(err, seal.ErrNotForUs) {
+		return "", fmt.Errorf("it is sealed to other nodes' keys, not to this node's; the leader seals a new one for the nodes that deliver it, and the next pass delivers that")
+	}
+	if err != nil {
+		return "", err
+	}
+	if state.SecretDigest(plain) != row.Digest {
+		return "", fmt.Errorf("it opens to a secret whose digest is not the one the state records; the state is damaged")
+	}
+	return plain, nil
+}
+
+// run keeps the node's key given and, on the leader, the secrets sealed. It
+// looks after each change of the replica (at most every 200 ms) and every
+// 30 s; a pass that fails is tried again after 2 s, doubling to a minute
+// (a mesh halfway through an upgrade refuses the new commands until every
+// node runs the new binary).
+func (s *sealer) run(ctx context.Context) {
+	backoff := time.Duration(0)
+	for {
+		changed := s.store.Changed()
+		wait := 30 * time.Second
+		if err := s.pass(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			backoff = min(max(2*backoff, 2*time.Second), time.Minute)
+			s.log.Warn("sealing credentials: will try again", "err", err, "in", backoff)
+			wait = backoff
+		} else {
+			backoff = 0
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-time.After(wait):
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (s *sealer) pass(ctx context.Context) error {
+	me, err := s.store.Node(ctx, s.name)
+	if err != nil {
+		return nil // not in the state (yet, or any more): nothing to give
+	}
+	if me.SealKey != s.id.Recipient() {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := s.node.Propose(pctx, &state.NodeKeyRequest{Node: s.name, SealKey: s.id.Recipient()})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("give this node's sealing key: %w", err)
+		}
+		s.log.Info("gave this node's sealing key to the mesh", "replaced", me.SealKey != "")
+	}
+	if s.node.State() != "Leader" {
+		return nil
+	}
+	needs, err := s.store.SealNeeds(ctx, nil, nil)
+	if err != nil || len(needs) == 0 {
+		return err
+	}
+	secrets, err := seal.Secrets(needs)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := s.node.Propose(pctx, &state.SealRequest{Secrets: secrets}); err != nil {
+		return fmt.Errorf("seal %d credentials: %w", len(secrets), err)
+	}
+	for _, n := range needs {
+		verb := "sealed"
+		if n.Rotates() && n.Reason != "new" {
+			verb = "rotated"
+		}
+		s.log.Info("credential "+verb, "credential", n.Consumer+" -> "+n.Provider, "reason", n.Reason, "sealed_to", strings.Join(n.Nodes, ","))
+	}
+	return nil
+}

@@ -1,0 +1,325 @@
+package state
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+
+	"mesh/state/manifest"
+)
+
+// Sealed credentials (issue 14). A credential's secret is never in the
+// replicated state or the log in plain text: the proposer seals it
+// (internal/seal) to the nodes that deliver it, the nodes running the
+// consumer and those running the provider, and the FSM keeps the sealed
+// form, the recipients it is sealed to and the secret's digest. Every node
+// compares digests; only those nodes can open it.
+//
+// A sealed secret goes stale when a node that delivers it cannot open it (the
+// consumer or the provider moved there), or when it is still sealed to a key
+// no node in the mesh holds (a removed node, a replaced key). A stale secret
+// is rotated: the next proposer seals a new secret to the nodes that deliver
+// it now, the provider's provisioner applies it, and the consumer gets it.
+// A secret an older mesh kept in plain text is sealed as it is (no
+// rotation), so that upgrading changes no password.
+
+// SealNeed is a credential whose secret must be sealed (again), and to whom.
+type SealNeed struct {
+	Pair
+	// Keys are the recipients it must be sealed to, and Nodes their nodes,
+	// both sorted by node.
+	Keys  []string
+	Nodes []string
+	// Plain is a secret an older mesh kept in plain text: seal it as it is.
+	Plain string
+	// Reason says why, in the operator's words.
+	Reason string
+}
+
+// Rotates says whether sealing this need makes a new secret.
+func (n SealNeed) Rotates() bool { return n.Plain == "" }
+
+// sealedRow is a credential as stored.
+type sealedRow struct {
+	plain, sealed, digest string
+	recipients            []string
+}
+
+// sealNeeds lists the credentials whose sealed secret is missing or stale,
+// given the catalogue, the assignments (plus extra, if not nil) and each
+// node's sealing key. The FSM and the proposer both use it, so they agree.
+func sealNeeds(ctx context.Context, q queryer, cat map[string]*manifest.Manifest, extra *Assignment) (map[Pair]SealNeed, error) {
+	keys := map[string]string{} // node -> key
+	holder := map[string]string{}
+	rows, err := q.QueryContext(ctx, `SELECT name, seal_key FROM nodes`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var n, k string
+		rows.Scan(&n, &k)
+		if k != "" {
+			keys[n] = k
+			holder[k] = n
+		}
+	}
+	rows.Close()
+	at := map[string][]string{}
+	rows, err = q.QueryContext(ctx, `SELECT node, module FROM assignments`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var n, m string
+		rows.Scan(&n, &m)
+		at[m] = append(at[m], n)
+	}
+	rows.Close()
+	if extra != nil && !slices.Contains(at[extra.Module], extra.Node) {
+		at[extra.Module] = append(at[extra.Module], extra.Node)
+	}
+	stored := map[Pair]sealedRow{}
+	rows, err = q.QueryContext(ctx, `SELECT consumer, provider, secret, sealed, digest, recipients FROM credentials`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var p Pair
+		var r sealedRow
+		var rec string
+		rows.Scan(&p.Consumer, &p.Provider, &r.plain, &r.sealed, &r.digest, &rec)
+		r.recipients = splitNonEmpty(rec)
+		stored[p] = r
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	out := map[Pair]SealNeed{}
+	for mod, m := range cat {
+		if len(at[mod]) == 0 {
+			continue // delivered nowhere
+		}
+		for _, p := range NeededCredentials(m) {
+			nodes := append(slices.Clone(at[p.Consumer]), at[p.Provider]...)
+			sort.Strings(nodes)
+			nodes = slices.Compact(nodes)
+			need := SealNeed{Pair: p}
+			for _, n := range nodes {
+				if k, ok := keys[n]; ok {
+					need.Nodes = append(need.Nodes, n)
+					need.Keys = append(need.Keys, k)
+				}
+			}
+			if len(need.Keys) == 0 {
+				continue // no node that delivers it can open anything yet
+			}
+			row, ok := stored[p]
+			switch {
+			case !ok:
+				need.Reason = "new"
+			case row.sealed == "":
+				need.Plain, need.Reason = row.plain, "kept in plain text by an older mesh"
+			default:
+				for i, k := range need.Keys {
+					if !slices.Contains(row.recipients, k) {
+						need.Reason = "node " + need.Nodes[i] + " delivers it and cannot open it"
+						break
+					}
+				}
+				for _, k := range row.recipients {
+					if need.Reason == "" && holder[k] == "" {
+						need.Reason = "it was sealed to a key no node holds now (a removed node, or a replaced key)"
+					}
+				}
+			}
+			if need.Reason != "" {
+				out[p] = need
+			}
+		}
+	}
+	return out, nil
+}
+
+// SealNeeds is the proposer's view: the credentials to seal with a command
+// that adds extra (an assignment; may be nil) or the manifests added (which
+// replace those of the same name), in a stable order.
+func (s *Store) SealNeeds(ctx context.Context, extra *Assignment, added []*manifest.Manifest) ([]SealNeed, error) {
+	cat, err := s.readCatalogue(ctx, s.db)
+	if err != nil {
+		return nil, err
+	}
+	if len(added) > 0 {
+		cat = maps.Clone(cat)
+		for _, m := range added {
+			cat[m.Module] = m
+		}
+	}
+	needs, err := sealNeeds(ctx, s.db, cat, extra)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]SealNeed, 0, len(needs))
+	for _, n := range needs {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Consumer != out[j].Consumer {
+			return out[i].Consumer < out[j].Consumer
+		}
+		return out[i].Provider < out[j].Provider
+	})
+	return out, nil
+}
+
+// takeSecrets keeps the secrets a command carries. A secret of an older
+// mesh (plain Value) is kept if the pair has none, as before. A sealed one
+// replaces what is stored only when that is missing or stale now (after the
+// command's own change), and only if every key it is sealed to is a node's:
+// a proposer whose replica was behind cannot undo a newer seal.
+func (ap *applier) takeSecrets(secrets []Secret) error {
+	var needs map[Pair]SealNeed
+	for _, sc := range secrets {
+		if sc.Sealed == "" {
+			if sc.Value != "" {
+				mustExec(ap.tx, `INSERT INTO credentials (consumer, provider, secret, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`, sc.Consumer, sc.Provider, sc.Value, SecretDigest(sc.Value))
+			}
+			continue
+		}
+		if sc.Value != "" || sc.Digest == "" || len(sc.Recipients) == 0 {
+			return ruleErr(ErrInvalid, "the sealed secret for %s -> %s is malformed (a plain value, or no digest or recipient)", sc.Consumer, sc.Provider)
+		}
+		if needs == nil {
+			cat, err := ap.s.catalogue(ap.ctx, ap.tx)
+			if err != nil {
+				panic(err)
+			}
+			if needs, err = sealNeeds(ap.ctx, ap.tx, cat, nil); err != nil {
+				panic(err)
+			}
+		}
+		if _, stale := needs[sc.Pair]; !stale {
+			continue
+		}
+		if !ap.allNodeKeys(sc.Recipients) {
+			continue
+		}
+		rec := slices.Clone(sc.Recipients)
+		sort.Strings(rec)
+		mustExec(ap.tx, `INSERT INTO credentials (consumer, provider, secret, digest, sealed, recipients) VALUES (?, ?, '', ?, ?, ?)
+			ON CONFLICT (consumer, provider) DO UPDATE SET secret = '', digest = excluded.digest, sealed = excluded.sealed, recipients = excluded.recipients`,
+			sc.Consumer, sc.Provider, sc.Digest, sc.Sealed, strings.Join(rec, ","))
+		delete(needs, sc.Pair)
+	}
+	return nil
+}
+
+func (ap *applier) allNodeKeys(keys []string) bool {
+	for _, k := range keys {
+		if k == "" || !has(ap.tx, `SELECT 1 FROM nodes WHERE seal_key = ?`, k) {
+			return false
+		}
+	}
+	return true
+}
+
+// SealRequest seals credentials (again): the leader proposes it for those
+// gone stale without a command that sealed them (a removed node, a replaced
+// key, a secret kept in plain text by an older mesh, a restore).
+type SealRequest struct {
+	Secrets []Secret `json:"secrets"`
+}
+
+// NodeKeyRequest records a node's sealing key (a node that joined before
+// keys existed, or that made a new one).
+type NodeKeyRequest struct {
+	Node    string `json:"node"`
+	SealKey string `json:"seal_key"`
+}
+
+func (*SealRequest) Op() string    { return OpSeal }
+func (*NodeKeyRequest) Op() string { return OpNodeKey }
+
+func (r *SealRequest) describe() string {
+	var ps []string
+	for _, s := range r.Secrets {
+		d := s.Consumer + " -> " + s.Provider
+		if s.Reason != "" {
+			d += " (" + s.Reason + ")"
+		}
+		ps = append(ps, d)
+	}
+	return "credentials sealed again: " + strings.Join(ps, ", ")
+}
+
+func (r *NodeKeyRequest) describe() string { return "node " + r.Node + " gave its sealing key" }
+
+func (ap *applier) seal(r *SealRequest) (bool, error) {
+	if len(r.Secrets) == 0 {
+		return false, ruleErr(ErrInvalid, "credential.seal without a secret")
+	}
+	before := ap.credentialDigests()
+	if err := ap.takeSecrets(r.Secrets); err != nil {
+		return false, err
+	}
+	return ap.credentialDigests() != before, nil
+}
+
+func (ap *applier) credentialDigests() string {
+	return strings.Join(listRows(ap.tx, `SELECT consumer || '>' || provider || '=' || digest FROM credentials ORDER BY consumer, provider`), ",")
+}
+
+func (ap *applier) nodeKey(r *NodeKeyRequest) (bool, error) {
+	if err := needNode(ap.tx, r.Node); err != nil {
+		return false, err
+	}
+	if r.SealKey == "" {
+		return false, ruleErr(ErrInvalid, "node %s gave an empty sealing key", r.Node)
+	}
+	if has(ap.tx, `SELECT 1 FROM nodes WHERE seal_key = ? AND name != ?`, r.SealKey, r.Node) {
+		return false, ruleErr(ErrConflict, "another node already holds that sealing key")
+	}
+	mustExec(ap.tx, `UPDATE nodes SET seal_key = ? WHERE name = ?`, r.SealKey, r.Node)
+	return false, nil
+}
+
+// SealedSecret is a credential as this replica holds it: the sealed form
+// (or, from an older mesh not yet sealed again, the plain one) and the
+// digest. Only the agent reads it, to open it with its key and deliver it.
+type SealedSecret struct {
+	Sealed, Plain, Digest string
+	Recipients            []string
+}
+
+// SealedSecret reads one credential.
+func (s *Store) SealedSecret(ctx context.Context, p Pair) (SealedSecret, error) {
+	var r SealedSecret
+	var rec string
+	err := s.db.QueryRowContext(ctx, `SELECT sealed, secret, digest, recipients FROM credentials WHERE consumer = ? AND provider = ?`, p.Consumer, p.Provider).Scan(&r.Sealed, &r.Plain, &r.Digest, &rec)
+	if err == sql.ErrNoRows {
+		return r, ruleErr(ErrNotFound, "no secret for %s -> %s yet", p.Consumer, p.Provider)
+	}
+	if err != nil {
+		return r, fmt.Errorf("read the secret for %s -> %s: %w", p.Consumer, p.Provider, err)
+	}
+	r.Recipients = splitNonEmpty(rec)
+	return r, nil
+}
+
+// rotations names, for a command's description, the credentials it seals
+// because they rotate (what `mesh why` shows as the cause).
+func rotations(secrets []Secret) string {
+	var ps []string
+	for _, s := range secrets {
+		if s.Reason != "" && s.Reason != "new" {
+			ps = append(ps, s.Consumer+" -> "+s.Provider+": "+s.Reason)
+		}
+	}
+	if len(ps) == 0 {
+		return ""
+	}
+	return " (credential rotated: " + strings.Join(ps, "; ") + ")"
+}

@@ -1,0 +1,180 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+)
+
+// sealedFor is what a proposer would carry: the FSM never opens a sealed
+// secret, so a test stands for one with a marked string.
+func sealedFor(p Pair, plain, reason string, keys ...string) Secret {
+	return Secret{Pair: p, Sealed: "SEALED:" + SecretDigest(plain)[:12], Digest: SecretDigest(plain), Recipients: keys, Reason: reason}
+}
+
+func mustApply(t *testing.T, s *Store, idx *uint64, r Request) {
+	t.Helper()
+	*idx++
+	if err := s.Apply(*idx, encodeAt(r, t0)); err != nil {
+		t.Fatalf("%s: %v", r.describe(), err)
+	}
+}
+
+func needsOf(t *testing.T, s *Store, extra *Assignment) map[Pair]SealNeed {
+	t.Helper()
+	ns, err := s.SealNeeds(context.Background(), extra, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[Pair]SealNeed{}
+	for _, n := range ns {
+		out[n.Pair] = n
+	}
+	return out
+}
+
+func digestIn(t *testing.T, s *Store, node string) string {
+	t.Helper()
+	pv, err := s.Plan(context.Background(), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range pv.Plan.Resources {
+		if r.Credential != nil {
+			return r.Digest
+		}
+	}
+	return ""
+}
+
+// A credential is sealed to the nodes that deliver it; moving the provider
+// (or the consumer) to a node that cannot open it rotates it; removing a
+// node it was sealed to rotates it; a stale proposer cannot undo a newer
+// seal; no plain secret is ever stored.
+func TestSealedCredentials(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	app := Pair{Consumer: "app", Provider: "postgres"}
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1", SealKey: "kA"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2", SealKey: "kB"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "cat", Address: "10.0.0.3", SealKey: "kC"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("pg.yaml", pgSrc), spec("app.yaml", appSrc)}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "postgres"}})
+
+	// The proposer of `assign ace app` sees that app -> postgres needs a
+	// secret for ace (consumer) and bee (provider).
+	n := needsOf(t, s, &Assignment{Node: "ace", Module: "app"})[app]
+	if n.Reason != "new" || strings.Join(n.Nodes, ",") != "ace,bee" || strings.Join(n.Keys, ",") != "kA,kB" || !n.Rotates() {
+		t.Fatalf("need before the first assign: %+v", n)
+	}
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}, Secrets: []Secret{sealedFor(app, "one", "new", "kA", "kB")}})
+	if got := needsOf(t, s, nil); len(got) != 0 {
+		t.Fatalf("still needed after sealing: %+v", got)
+	}
+	first := digestIn(t, s, "ace")
+	if first != SecretDigest("one") {
+		t.Fatalf("ace's plan carries %q", first)
+	}
+	row, err := s.SealedSecret(ctx, app)
+	if err != nil || row.Sealed != "SEALED:"+SecretDigest("one")[:12] || row.Plain != "" || strings.Join(row.Recipients, ",") != "kA,kB" {
+		t.Fatalf("stored: %+v %v", row, err)
+	}
+
+	// A second proposer that raced the first (its replica was behind) sends
+	// another secret for the same pair: it is not stale, so it is ignored.
+	mustApply(t, s, &idx, &SealRequest{Secrets: []Secret{sealedFor(app, "racer", "new", "kA", "kB")}})
+	if d := digestIn(t, s, "ace"); d != first {
+		t.Fatal("a secret that was not stale was replaced")
+	}
+
+	// Move the provider to cat: cat cannot open the secret, so it rotates.
+	mustApply(t, s, &idx, &UnassignRequest{Assignment: Assignment{Node: "bee", Module: "postgres"}})
+	n = needsOf(t, s, &Assignment{Node: "cat", Module: "postgres"})[app]
+	if !strings.Contains(n.Reason, "node cat delivers it and cannot open it") || strings.Join(n.Keys, ",") != "kA,kC" {
+		t.Fatalf("need when the provider moves: %+v", n)
+	}
+	// Sealed to a key no node holds: refused (kept stale).
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "cat", Module: "postgres"}, Secrets: []Secret{sealedFor(app, "rogue", n.Reason, "kA", "kX")}})
+	if d := digestIn(t, s, "ace"); d != first {
+		t.Fatal("a secret sealed to an unknown key was taken")
+	}
+	mustApply(t, s, &idx, &SealRequest{Secrets: []Secret{sealedFor(app, "two", n.Reason, n.Keys...)}})
+	second := digestIn(t, s, "ace")
+	if second != SecretDigest("two") || digestIn(t, s, "cat") != second {
+		t.Fatalf("after the move the plans carry %q and %q", second, digestIn(t, s, "cat"))
+	}
+	pv, _ := s.Plan(ctx, "ace")
+	if !strings.Contains(pv.Cause, "credentials sealed again: app -> postgres (node cat delivers it and cannot open it)") {
+		t.Fatalf("the plan's cause does not say the credential rotated: %q", pv.Cause)
+	}
+
+	// Run the provider on ace too (ace already opens the secret), then
+	// remove cat: the secret is still sealed to cat's key, which no node
+	// holds now, so it goes stale although every node that delivers it can
+	// open it.
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "postgres"}})
+	if got := needsOf(t, s, nil); len(got) != 0 {
+		t.Fatalf("a node that can open it made it stale: %+v", got)
+	}
+	mustApply(t, s, &idx, &NodeRemoveRequest{Name: "cat", Force: true})
+	n = needsOf(t, s, nil)[app]
+	if !strings.Contains(n.Reason, "a key no node holds") || strings.Join(n.Keys, ",") != "kA" {
+		t.Fatalf("need after removing a node it was sealed to: %+v", n)
+	}
+
+	// A node key is unique.
+	idx++
+	if err := s.Apply(idx, encodeAt(&NodeKeyRequest{Node: "bee", SealKey: "kA"}, t0)); !errors.Is(err, ErrConflict) {
+		t.Fatalf("a node took another's key: %v", err)
+	}
+	// A sealed secret that also carries a plain value is refused.
+	bad := sealedFor(app, "x", "new", "kA")
+	bad.Value = "x"
+	idx++
+	if err := s.Apply(idx, encodeAt(&SealRequest{Secrets: []Secret{bad}}, t0)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a sealed secret with a plain value: %v", err)
+	}
+}
+
+// A secret an older mesh kept in plain text is sealed as it is: no
+// rotation, the digest stays, and the plain copy is gone afterwards.
+func TestPlainSecretsAreSealedAsTheyAre(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	app := Pair{Consumer: "app", Provider: "postgres"}
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	const old = "plain-secret-of-an-older-mesh-7f3a"
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("pg.yaml", pgSrc), spec("app.yaml", appSrc)}, Secrets: []Secret{{Pair: app, Value: old}}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "postgres"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}})
+	if got := needsOf(t, s, nil); len(got) != 0 {
+		t.Fatalf("a node without a key got a need: %+v", got)
+	}
+	mustApply(t, s, &idx, &NodeKeyRequest{Node: "ace", SealKey: "kA"})
+	n := needsOf(t, s, nil)[app]
+	if n.Plain != old || n.Rotates() || !strings.Contains(n.Reason, "plain text") {
+		t.Fatalf("need of a plain secret: %+v", n)
+	}
+	mustApply(t, s, &idx, &SealRequest{Secrets: []Secret{sealedFor(app, n.Plain, n.Reason, n.Keys...)}})
+	row, err := s.SealedSecret(ctx, app)
+	if err != nil || row.Plain != "" || row.Digest != SecretDigest(old) {
+		t.Fatalf("after sealing: %+v %v", row, err)
+	}
+	// The old plain copy is gone from the file too, once the write-ahead
+	// log is checkpointed into it (the store also runs with secure_delete,
+	// so freed space is zeroed).
+	if _, err := s.db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(s.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), old) {
+		t.Fatal("the state db still holds the plain secret after it was sealed")
+	}
+}
