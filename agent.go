@@ -21,7 +21,6 @@ import (
 	"mesh/cluster/api"
 	"mesh/dnsd"
 	"mesh/internal/metrics"
-	"mesh/internal/seal"
 	"mesh/podman"
 	"mesh/reconciler"
 	"mesh/state"
@@ -133,11 +132,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 	}
 	defer resolver.Close()
 
-	sk, err := seal.LoadOrCreate(dir)
-	if err != nil {
-		return err
-	}
-	sealing := &sealer{id: sk, store: m.Store, node: m.Node, name: m.ID.Name, log: log}
+	sealing := &sealer{id: m.Node.Seal(), store: m.Store, node: m.Node, name: m.ID.Name, log: log}
 
 	self, err := os.Executable()
 	if err != nil {

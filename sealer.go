@@ -97,6 +97,11 @@ func (s *sealer) pass(ctx context.Context) error {
 		}
 		s.log.Info("gave this node's sealing key to the mesh", "replaced", me.SealKey != "")
 	}
+	if me.Voter {
+		if err := s.sealVoterSecrets(ctx); err != nil {
+			return err
+		}
+	}
 	if s.node.State() != "Leader" {
 		return nil
 	}
@@ -120,5 +125,49 @@ func (s *sealer) pass(ctx context.Context) error {
 		}
 		s.log.Info("credential "+verb, "credential", n.Consumer+" -> "+n.Provider, "reason", n.Reason, "sealed_to", strings.Join(n.Nodes, ","))
 	}
+	return nil
+}
+
+// sealVoterSecrets seals the CA key and the join secret again when the
+// voters changed (or an older mesh kept them in plain text). Any voter that
+// can open them does it; the first command to land wins and the others are
+// ignored, as the secrets are no longer stale then.
+func (s *sealer) sealVoterSecrets(ctx context.Context) error {
+	stale, err := s.store.VoterSealStale(ctx)
+	if err != nil || len(stale) == 0 {
+		return err
+	}
+	id, err := s.store.Identity(ctx)
+	if err != nil {
+		return err
+	}
+	caKey, joinSecret, err := s.node.OpenIdentity(id)
+	if errors.Is(err, cluster.ErrNotAVoter) {
+		return nil // sealed before this voter gave its key: another voter seals it in
+	}
+	if err != nil {
+		return err
+	}
+	keys, err := s.store.VoterKeys(ctx)
+	if err != nil {
+		return err
+	}
+	req := &state.SealRequest{}
+	if stale["ca_key"] {
+		if req.CAKey, err = s.node.SealToVoters(caKey, keys); err != nil {
+			return err
+		}
+	}
+	if stale["join_secret"] {
+		if req.JoinSecret, err = s.node.SealToVoters(joinSecret, keys); err != nil {
+			return err
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := s.node.Propose(pctx, req); err != nil {
+		return fmt.Errorf("seal the CA key and the join secret to the voters: %w", err)
+	}
+	s.log.Info("sealed the mesh's CA key and join secret to the voters", "voters", len(keys))
 	return nil
 }

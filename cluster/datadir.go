@@ -154,13 +154,21 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	sk, err := seal.LoadOrCreate(cfg.DataDir)
+	// The CA key and the join secret are sealed to the first node, the
+	// only voter yet; each voter that joins is sealed in by a voter.
+	sk := n.Seal()
+	me := []string{sk.Recipient()}
+	sealedKey, err := n.SealToVoters(string(ca.KeyPEM), me)
+	if err != nil {
+		return err
+	}
+	sealedSecret, err := n.SealToVoters(NewSecret(), me)
 	if err != nil {
 		return err
 	}
 	c := state.NewCommand(&state.InitRequest{MeshID: id.MeshID, Domain: cfg.Domain,
 		Node:   state.Node{Name: cfg.Name, Address: addr.String(), Voter: true, Port: cfg.Port, SealKey: sk.Recipient()},
-		CACert: string(ca.CertPEM), CAKey: string(ca.KeyPEM), JoinSecret: NewSecret(), Voters: cfg.Voters})
+		CACert: string(ca.CertPEM), SealedCAKey: sealedKey, SealedJoinSecret: sealedSecret, Voters: cfg.Voters})
 	c.Time = cfg.Now().UTC()
 	if _, err := n.Apply(wctx, c); err != nil {
 		return err

@@ -24,6 +24,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	raftwal "github.com/hashicorp/raft-wal"
 
+	"mesh/internal/seal"
 	"mesh/state"
 )
 
@@ -76,6 +77,7 @@ type Node struct {
 	transport *raft.NetworkTransport
 	mux       *mux
 	tls       *nodeTLS
+	seal      *seal.Identity
 	peers     *http.Client
 	peerAPI   *http.Server
 	logs      io.Closer
@@ -127,6 +129,13 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 			return nil, fmt.Errorf("advertise address %q: %w", cfg.Advertise, err)
 		}
 	}
+	// The node's sealing key (credentials, and on voters the CA key and
+	// the join secret, are sealed to it) is in the same dir as its TLS key.
+	sk, err := seal.LoadOrCreate(cfg.TLSDir)
+	if err != nil {
+		closer.Close()
+		return nil, err
+	}
 	nt, err := loadNodeTLS(cfg.TLSDir)
 	if err != nil {
 		closer.Close()
@@ -166,7 +175,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		closer.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
-	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, logs: closer, log: log, live: liveness{seen: map[string]Seen{}},
+	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, seal: sk, logs: closer, log: log, live: liveness{seen: map[string]Seen{}},
 		nudge: make(chan struct{}, 1), stop: make(chan struct{})}
 	go n.nudgeFollowers()
 	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{

@@ -286,7 +286,11 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 	if req.MeshID != id.MeshID {
 		return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this is mesh %s; the token is for mesh %s", id.MeshID, req.MeshID)}
 	}
-	if !secretEqual(req.Secret, id.JoinSecret) {
+	caKey, joinSecret, err := n.OpenIdentity(id)
+	if err != nil {
+		return JoinReply{}, err
+	}
+	if !secretEqual(req.Secret, joinSecret) {
 		return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "the join token's secret is not valid (was it rotated? get a new one with `mesh token`)"}
 	}
 	if !nodeNameRE.MatchString(req.Name) || net.ParseIP(req.Address) == nil || req.Port <= 0 || req.Port > 65535 {
@@ -297,7 +301,7 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 			return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "the joining node's sealing key is not an age recipient: " + err.Error()}
 		}
 	}
-	ca, err := ParseCA([]byte(id.CACert), []byte(id.CAKey))
+	ca, err := ParseCA([]byte(id.CACert), []byte(caKey))
 	if err != nil {
 		return JoinReply{}, fmt.Errorf("read the mesh CA: %w", err)
 	}

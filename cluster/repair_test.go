@@ -77,7 +77,11 @@ func TestMembershipRepairAddsWhatRaftLacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	token := Token{MeshID: tok.MeshID, CADigest: CADigest([]byte(tok.CACert)), Secret: tok.JoinSecret}.String()
+	secret, err := a.Node.JoinSecret(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := Token{MeshID: tok.MeshID, CADigest: CADigest([]byte(tok.CACert)), Secret: secret}.String()
 	port := freePort(t)
 	for i := 0; i < 2; i++ {
 		err := Join(ctx, JoinConfig{DataDir: filepath.Join(t.TempDir(), "novox"), Peer: fmt.Sprintf("127.0.0.1:%d", id.Port), Token: token, Name: "novox", Address: "127.0.0.2", Port: port})

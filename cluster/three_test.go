@@ -23,7 +23,12 @@ func TestThreeNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: id.JoinSecret}.String()
+	// The join secret is sealed to the voters: the first node opens it.
+	secret, err := a.Node.JoinSecret(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
 	nodes := map[string]*Member{"ace": a}
 	dirs := map[string]string{"ace": dirA}
 	for i, name := range []string{"novox", "g14"} {

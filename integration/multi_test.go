@@ -219,6 +219,25 @@ func TestMultiNode(t *testing.T) {
 	if len(nodes) != 4 || nodes[3].Name != "n4" || nodes[3].Voter || !nodes[2].Voter {
 		t.Fatalf("voters: %+v", nodes)
 	}
+	// Only voters hold the CA key and the join secret (issue 14): n4
+	// cannot print the token; n2, a voter that joined after n1, can once a
+	// voter has sealed them to it; no data dir holds the CA key in plain.
+	if out := n4.meshFails("token"); !strings.Contains(out, "only voters hold the mesh's CA key and join secret") {
+		t.Fatalf("mesh token on a non-voter: %s", out)
+	}
+	eventually(t, 15*time.Second, "n2, a voter, prints the token", func() (bool, string) {
+		out, err := n[2].command("token", "--data-dir", n[2].n.dir).CombinedOutput()
+		return err == nil && strings.TrimSpace(string(out)) == token, string(out)
+	})
+	caKey, sealedCA := caKeyOf(t, n[1])
+	for _, a := range []*agent{n[1], n[2], n[3], n4} {
+		if hits := grepTree(t, a.n.dir, caKey); len(hits) > 0 {
+			t.Fatalf("%s's data dir holds the CA key in plain text in %v", a.name, hits)
+		}
+	}
+	if hits := grepTree(t, n4.n.dir, sealedCA); len(hits) == 0 {
+		t.Fatal("n4 does not even replicate the sealed CA key (is the search blind?)")
+	}
 	rotated := strings.TrimSpace(n[2].mesh("token", "--rotate"))
 	if rotated == token {
 		t.Fatal("rotation kept the token")

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"mesh/internal/seal"
+	"mesh/state"
 )
 
 // Issue 14: a credential's secret is sealed to the nodes that deliver it.
@@ -132,6 +135,40 @@ func TestSealedSecrets(t *testing.T) {
 	if !strings.Contains(leaderLogs, "credential rotated") || !strings.Contains(leaderLogs, "a key no node holds") {
 		t.Fatalf("no log line says the credential rotated after the removal:\n%s\n%s", tail(n[1].log(), 20), tail(n[2].log(), 20))
 	}
+}
+
+// caKeyOf opens the mesh's CA key with a's sealing key (a is a voter) and
+// returns a line of its PEM body, and a piece of its sealed form.
+func caKeyOf(t *testing.T, a *agent) (pemLine, sealed string) {
+	t.Helper()
+	f := filepath.Join(a.h.dir, "ca-snapshot.json")
+	a.mesh("snapshot", "save", f)
+	b, err := os.Open(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sn, err := state.ReadSnapshot(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed = sn.Setting("ca_key_sealed")
+	if sn.Setting("ca_key") != "" || len(sealed) < 64 {
+		t.Fatalf("the snapshot's CA key: plain %d bytes, sealed %d bytes", len(sn.Setting("ca_key")), len(sealed))
+	}
+	id, err := seal.LoadOrCreate(a.n.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := id.Open(sealed)
+	if err != nil || !strings.Contains(key, "PRIVATE KEY") {
+		t.Fatalf("%s cannot open the CA key: %v", a.name, err)
+	}
+	lines := strings.Split(key, "\n")
+	if len(lines) < 3 || len(lines[1]) < 40 {
+		t.Fatalf("the CA key is not a PEM block")
+	}
+	return lines[1], sealed[len(sealed)-64:]
 }
 
 func readFile(t *testing.T, p string) string {

@@ -175,10 +175,14 @@ type InitRequest struct {
 	MeshID     string `json:"mesh_id"`
 	Domain     string `json:"domain,omitempty"`
 	Node       Node   `json:"node"`
-	CACert     string `json:"ca_cert"`
-	CAKey      string `json:"ca_key"`
-	JoinSecret string `json:"join_secret"`
-	Voters     int    `json:"voters,omitempty"`
+	CACert string `json:"ca_cert"`
+	// CAKey and JoinSecret in plain text are in commands of older meshes;
+	// this one seals them to the first node (SealedCAKey, SealedJoinSecret).
+	CAKey            string       `json:"ca_key,omitempty"`
+	JoinSecret       string       `json:"join_secret,omitempty"`
+	SealedCAKey      *VoterSecret `json:"sealed_ca_key,omitempty"`
+	SealedJoinSecret *VoterSecret `json:"sealed_join_secret,omitempty"`
+	Voters           int          `json:"voters,omitempty"`
 }
 
 // NodeAddRequest admits a node.
@@ -233,9 +237,11 @@ type ReportRequest struct {
 	Report Report `json:"report"`
 }
 
-// TokenRotateRequest replaces the join secret.
+// TokenRotateRequest replaces the join secret: sealed to the voters (the
+// plain JoinSecret is in commands of older meshes).
 type TokenRotateRequest struct {
-	JoinSecret string `json:"join_secret"`
+	JoinSecret string       `json:"join_secret,omitempty"`
+	Sealed     *VoterSecret `json:"sealed,omitempty"`
 }
 
 func (*InitRequest) Op() string         { return OpInit }

@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -342,6 +344,12 @@ func (ap *applier) init(r *InitRequest) (bool, error) {
 	}
 	mustExec(tx, `INSERT INTO settings VALUES ('mesh_id', ?), ('domain', ?), ('created_at', ?), ('ca_cert', ?), ('ca_key', ?), ('join_secret', ?), ('voters', ?)`,
 		r.MeshID, domain, ap.at, r.CACert, r.CAKey, r.JoinSecret, fmt.Sprint(voters))
+	if v := r.SealedCAKey; v != nil {
+		ap.setVoterSecret("ca_key", v.Sealed, v.Recipients)
+	}
+	if v := r.SealedJoinSecret; v != nil {
+		ap.setVoterSecret("join_secret", v.Sealed, v.Recipients)
+	}
 	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key) VALUES (?, ?, 1, ?, ?, ?)`, r.Node.Name, r.Node.Address, ap.at, r.Node.Port, r.Node.SealKey)
 	return true, nil
 }
@@ -482,6 +490,17 @@ func (ap *applier) unassign(r *UnassignRequest) (bool, error) {
 }
 
 func (ap *applier) tokenRotate(r *TokenRotateRequest) (bool, error) {
+	if r.Sealed != nil {
+		if r.Sealed.Sealed == "" || len(r.Sealed.Recipients) == 0 {
+			return false, ruleErr(ErrInvalid, "token rotation with a malformed sealed secret")
+		}
+		// Sealed to the voters as the proposer saw them; if that is not
+		// the voters now, a voter seals it again.
+		rec := slices.Clone(r.Sealed.Recipients)
+		sort.Strings(rec)
+		ap.setVoterSecret("join_secret", r.Sealed.Sealed, rec)
+		return false, nil
+	}
 	if r.JoinSecret == "" {
 		return false, ruleErr(ErrInvalid, "token rotation without a new secret")
 	}

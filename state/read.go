@@ -47,8 +47,10 @@ type Settings struct {
 }
 
 // settings reads the settings table; ErrNotFound before init.
-func (s *Store) settings(ctx context.Context) (map[string]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT key, value FROM settings`)
+func (s *Store) settings(ctx context.Context) (map[string]string, error) { return readSettings(ctx, s.db) }
+
+func readSettings(ctx context.Context, q queryer) (map[string]string, error) {
+	rows, err := q.QueryContext(ctx, `SELECT key, value FROM settings`)
 	if err != nil {
 		return nil, err
 	}
@@ -270,13 +272,17 @@ func (s *Store) CredentialDigests(ctx context.Context) (map[Pair]string, error) 
 	return in, rows.Err()
 }
 
-// Identity is the mesh's CA and join secret, for admitting nodes. Never printed.
+// Identity is the mesh's CA and join secret, for admitting nodes, as this
+// replica holds them: sealed to the voters (seal.go), or in plain text in
+// a mesh made by an older binary until a voter seals them. Never printed.
 type Identity struct {
-	MeshID     string
-	CACert     string
-	CAKey      string
-	JoinSecret string
-	Voters     int
+	MeshID           string
+	CACert           string
+	CAKey            string // plain, older meshes only
+	JoinSecret       string // plain, older meshes only
+	CAKeySealed      string
+	JoinSecretSealed string
+	Voters           int
 }
 
 // Identity reads the mesh's identity from the replica.
@@ -285,7 +291,8 @@ func (s *Store) Identity(ctx context.Context) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	id := Identity{MeshID: kv["mesh_id"], CACert: kv["ca_cert"], CAKey: kv["ca_key"], JoinSecret: kv["join_secret"]}
+	id := Identity{MeshID: kv["mesh_id"], CACert: kv["ca_cert"], CAKey: kv["ca_key"], JoinSecret: kv["join_secret"],
+		CAKeySealed: kv["ca_key_sealed"], JoinSecretSealed: kv["join_secret_sealed"]}
 	fmt.Sscan(kv["voters"], &id.Voters)
 	return id, nil
 }

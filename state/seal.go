@@ -230,7 +230,11 @@ func (ap *applier) allNodeKeys(keys []string) bool {
 // gone stale without a command that sealed them (a removed node, a replaced
 // key, a secret kept in plain text by an older mesh, a restore).
 type SealRequest struct {
-	Secrets []Secret `json:"secrets"`
+	Secrets []Secret `json:"secrets,omitempty"`
+	// CAKey and JoinSecret seal the mesh's CA key and join secret to the
+	// voters (again); a voter proposes them.
+	CAKey      *VoterSecret `json:"ca_key,omitempty"`
+	JoinSecret *VoterSecret `json:"join_secret,omitempty"`
 }
 
 // NodeKeyRequest records a node's sealing key (a node that joined before
@@ -246,20 +250,32 @@ func (*NodeKeyRequest) Op() string { return OpNodeKey }
 func (r *SealRequest) describe() string {
 	var ps []string
 	for _, s := range r.Secrets {
-		d := s.Consumer + " -> " + s.Provider
+		d := "credential " + s.Consumer + " -> " + s.Provider
 		if s.Reason != "" {
 			d += " (" + s.Reason + ")"
 		}
 		ps = append(ps, d)
 	}
-	return "credentials sealed again: " + strings.Join(ps, ", ")
+	if r.CAKey != nil {
+		ps = append(ps, "the CA key")
+	}
+	if r.JoinSecret != nil {
+		ps = append(ps, "the join secret")
+	}
+	return "sealed again: " + strings.Join(ps, ", ")
 }
 
 func (r *NodeKeyRequest) describe() string { return "node " + r.Node + " gave its sealing key" }
 
 func (ap *applier) seal(r *SealRequest) (bool, error) {
-	if len(r.Secrets) == 0 {
+	if len(r.Secrets) == 0 && r.CAKey == nil && r.JoinSecret == nil {
 		return false, ruleErr(ErrInvalid, "credential.seal without a secret")
+	}
+	if _, err := ap.takeVoterSecret("ca_key", r.CAKey); err != nil {
+		return false, err
+	}
+	if _, err := ap.takeVoterSecret("join_secret", r.JoinSecret); err != nil {
+		return false, err
 	}
 	before := ap.credentialDigests()
 	if err := ap.takeSecrets(r.Secrets); err != nil {
@@ -322,4 +338,98 @@ func rotations(secrets []Secret) string {
 		return ""
 	}
 	return " (credential rotated: " + strings.Join(ps, "; ") + ")"
+}
+
+// The mesh's CA private key and its join secret live on voters only (issue
+// 14): each is kept sealed to the voters' keys, in the settings ca_key_sealed
+// and join_secret_sealed, with the keys it is sealed to in ca_key_to and
+// join_secret_to. Non-voters replicate the ciphertext and cannot open it.
+// The plain settings ca_key and join_secret are those of older meshes, kept
+// until a voter seals them.
+
+// VoterSecret is the CA key or the join secret, sealed to the voters.
+type VoterSecret struct {
+	Sealed     string   `json:"sealed"`
+	Recipients []string `json:"recipients"`
+}
+
+// VoterKeys are the sealing keys of the voters the state knows, sorted.
+func (s *Store) VoterKeys(ctx context.Context) ([]string, error) { return voterKeys(ctx, s.db) }
+
+func voterKeys(ctx context.Context, q queryer) ([]string, error) {
+	rows, err := q.QueryContext(ctx, `SELECT seal_key FROM nodes WHERE voter = 1 AND seal_key != '' ORDER BY seal_key`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var k string
+		rows.Scan(&k)
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// voterSecretNames are the settings sealed to the voters.
+var voterSecretNames = []string{"ca_key", "join_secret"}
+
+// VoterSealStale says which of the CA key and the join secret must be
+// sealed (again): kept in plain text by an older mesh, or sealed to other
+// keys than the voters' now (a voter joined, gave a new key, or was
+// removed). Nothing is stale while no voter has a key.
+func (s *Store) VoterSealStale(ctx context.Context) (map[string]bool, error) {
+	return voterSealStale(ctx, s.db)
+}
+
+func voterSealStale(ctx context.Context, q queryer) (map[string]bool, error) {
+	keys, err := voterKeys(ctx, q)
+	if err != nil || len(keys) == 0 {
+		return nil, err
+	}
+	kv, err := readSettings(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	want := strings.Join(keys, ",")
+	for _, name := range voterSecretNames {
+		if kv[name] != "" || kv[name+"_to"] != want {
+			out[name] = true
+		}
+	}
+	return out, nil
+}
+
+// takeVoterSecret keeps a sealed CA key or join secret when what is stored
+// is stale and the new one is sealed to the voters' keys exactly.
+func (ap *applier) takeVoterSecret(name string, v *VoterSecret) (bool, error) {
+	if v == nil {
+		return false, nil
+	}
+	if v.Sealed == "" || len(v.Recipients) == 0 {
+		return false, ruleErr(ErrInvalid, "the sealed %s is malformed", name)
+	}
+	stale, err := voterSealStale(ap.ctx, ap.tx)
+	if err != nil {
+		panic(err)
+	}
+	keys, err := voterKeys(ap.ctx, ap.tx)
+	if err != nil {
+		panic(err)
+	}
+	rec := slices.Clone(v.Recipients)
+	sort.Strings(rec)
+	if !stale[name] || !slices.Equal(rec, keys) {
+		return false, nil
+	}
+	ap.setVoterSecret(name, v.Sealed, rec)
+	return true, nil
+}
+
+// setVoterSecret stores a sealed voter secret and drops any plain copy.
+func (ap *applier) setVoterSecret(name, sealed string, recipients []string) {
+	for _, kv := range [][2]string{{name, ""}, {name + "_sealed", sealed}, {name + "_to", strings.Join(recipients, ",")}} {
+		mustExec(ap.tx, `INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value`, kv[0], kv[1])
+	}
 }

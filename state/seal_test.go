@@ -107,7 +107,7 @@ func TestSealedCredentials(t *testing.T) {
 		t.Fatalf("after the move the plans carry %q and %q", second, digestIn(t, s, "cat"))
 	}
 	pv, _ := s.Plan(ctx, "ace")
-	if !strings.Contains(pv.Cause, "credentials sealed again: app -> postgres (node cat delivers it and cannot open it)") {
+	if !strings.Contains(pv.Cause, "sealed again: credential app -> postgres (node cat delivers it and cannot open it)") {
 		t.Fatalf("the plan's cause does not say the credential rotated: %q", pv.Cause)
 	}
 
@@ -176,5 +176,80 @@ func TestPlainSecretsAreSealedAsTheyAre(t *testing.T) {
 	}
 	if strings.Contains(string(raw), old) {
 		t.Fatal("the state db still holds the plain secret after it was sealed")
+	}
+}
+
+// The CA key and the join secret are sealed to the voters: a voter that
+// joins, or a token rotated by a node that saw fewer voters, makes them
+// stale until a voter seals them to exactly the voters' keys; non-voters
+// never count; an older mesh's plain copies are stale until sealed, and
+// then gone.
+func TestVoterSecrets(t *testing.T) {
+	ctx := context.Background()
+	stale := func(s *Store) string {
+		t.Helper()
+		m, err := s.VoterSealStale(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, n := range voterSecretNames {
+			if m[n] {
+				out = append(out, n)
+			}
+		}
+		return strings.Join(out, ",")
+	}
+	vs := func(v string, keys ...string) *VoterSecret { return &VoterSecret{Sealed: "SEALED:" + v, Recipients: keys} }
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1", SealKey: "kA"}, SealedCAKey: vs("ca", "kA"), SealedJoinSecret: vs("js", "kA")})
+	if got := stale(s); got != "" {
+		t.Fatalf("stale right after init: %q", got)
+	}
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2", Voter: true, SealKey: "kB"}})
+	if got := stale(s); got != "ca_key,join_secret" {
+		t.Fatalf("a voter joined: stale %q", got)
+	}
+	// Sealed to fewer keys than the voters': ignored.
+	mustApply(t, s, &idx, &SealRequest{CAKey: vs("ca", "kA")})
+	if got := stale(s); got != "ca_key,join_secret" {
+		t.Fatalf("a seal to too few voters was taken: %q", got)
+	}
+	mustApply(t, s, &idx, &SealRequest{CAKey: vs("ca2", "kB", "kA")})
+	if got := stale(s); got != "join_secret" {
+		t.Fatalf("after sealing the CA key: stale %q", got)
+	}
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "cat", Address: "10.0.0.3", SealKey: "kC"}})
+	mustApply(t, s, &idx, &SealRequest{JoinSecret: vs("js", "kA", "kB")})
+	if got := stale(s); got != "" {
+		t.Fatalf("a non-voter joined: stale %q", got)
+	}
+	id, _ := s.Identity(ctx)
+	if id.CAKey != "" || id.JoinSecret != "" || id.CAKeySealed != "SEALED:ca2" || id.JoinSecretSealed != "SEALED:js" {
+		t.Fatalf("identity: %+v", id)
+	}
+	// A rotation proposed by a node that knew ace alone is taken, and is
+	// stale until sealed to both voters.
+	mustApply(t, s, &idx, &TokenRotateRequest{Sealed: vs("js2", "kA")})
+	if got := stale(s); got != "join_secret" {
+		t.Fatalf("after a rotation sealed to one voter: stale %q", got)
+	}
+
+	// An older mesh: plain copies, stale as soon as a voter has a key.
+	old := openStore(t)
+	idx = 0
+	mustApply(t, old, &idx, &InitRequest{MeshID: "m-2", Node: Node{Name: "ace", Address: "10.0.0.1"}, CAKey: "PLAIN-CA-KEY", JoinSecret: "PLAIN-JOIN"})
+	if got := stale(old); got != "" {
+		t.Fatalf("no voter has a key yet, and %q is stale", got)
+	}
+	mustApply(t, old, &idx, &NodeKeyRequest{Node: "ace", SealKey: "kA"})
+	if got := stale(old); got != "ca_key,join_secret" {
+		t.Fatalf("plain copies are not stale: %q", got)
+	}
+	mustApply(t, old, &idx, &SealRequest{CAKey: vs("ca", "kA"), JoinSecret: vs("js", "kA")})
+	id, _ = old.Identity(ctx)
+	if got := stale(old); got != "" || id.CAKey != "" || id.JoinSecret != "" {
+		t.Fatalf("after sealing an older mesh's secrets: stale %q, %+v", got, id)
 	}
 }

@@ -349,11 +349,37 @@ func (a *API) token(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	reply(w, TokenReply{Token: cluster.Token{MeshID: id.MeshID, CADigest: cluster.CADigest([]byte(id.CACert)), Secret: id.JoinSecret}.String()})
+	secret, err := a.node.JoinSecret(id)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, TokenReply{Token: cluster.Token{MeshID: id.MeshID, CADigest: cluster.CADigest([]byte(id.CACert)), Secret: secret}.String()})
 }
 
+// rotateToken seals a new join secret to the voters; any node may propose
+// it, and only a voter can print the new token.
 func (a *API) rotateToken(w http.ResponseWriter, r *http.Request) {
-	if _, err := a.propose(r.Context(), &state.TokenRotateRequest{JoinSecret: cluster.NewSecret()}); err != nil {
+	// A node that could not print the new token does not rotate it.
+	id, err := a.store.Identity(r.Context())
+	if err == nil {
+		_, err = a.node.JoinSecret(id)
+	}
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	keys, err := a.store.VoterKeys(r.Context())
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	sealed, err := a.node.SealToVoters(cluster.NewSecret(), keys)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	if _, err := a.propose(r.Context(), &state.TokenRotateRequest{Sealed: sealed}); err != nil {
 		fail(w, err)
 		return
 	}

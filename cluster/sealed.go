@@ -1,0 +1,65 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+
+	"mesh/internal/seal"
+	"mesh/state"
+)
+
+// Seal is this node's sealing key.
+func (n *Node) Seal() *seal.Identity { return n.seal }
+
+// ErrNotAVoter: this node does not hold the CA key or the join secret.
+var ErrNotAVoter = errors.New("only voters hold the mesh's CA key and join secret")
+
+// OpenIdentity opens the CA key and the join secret of the mesh, which are
+// sealed to the voters (state/seal.go). A mesh made by an older binary may
+// still hold them in plain text, until a voter seals them.
+func (n *Node) OpenIdentity(id state.Identity) (caKey, joinSecret string, err error) {
+	open := func(plain, sealed, what string) (string, error) {
+		if plain != "" {
+			return plain, nil
+		}
+		if sealed == "" {
+			return "", fmt.Errorf("this replica holds no %s (is the mesh initialised?)", what)
+		}
+		v, err := n.seal.Open(sealed)
+		if errors.Is(err, seal.ErrNotForUs) {
+			return "", &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%v: node %s cannot open the %s (a non-voter, or a voter it was not sealed to yet: a voter seals it again within seconds); ask a voter (mesh node list shows them)", ErrNotAVoter, n.cfg.ID, what)}
+		}
+		return v, err
+	}
+	if caKey, err = open(id.CAKey, id.CAKeySealed, "CA key"); err != nil {
+		return "", "", err
+	}
+	if joinSecret, err = open(id.JoinSecret, id.JoinSecretSealed, "join secret"); err != nil {
+		return "", "", err
+	}
+	return caKey, joinSecret, nil
+}
+
+// JoinSecret opens the join secret alone (for `mesh token`).
+func (n *Node) JoinSecret(id state.Identity) (string, error) {
+	if id.JoinSecret != "" {
+		return id.JoinSecret, nil
+	}
+	v, err := n.seal.Open(id.JoinSecretSealed)
+	if errors.Is(err, seal.ErrNotForUs) {
+		return "", &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%v: node %s cannot open the join secret; run `mesh token` on a voter (mesh node list shows them)", ErrNotAVoter, n.cfg.ID)}
+	}
+	return v, err
+}
+
+// SealToVoters seals a secret to the voters' keys as this replica knows them.
+func (n *Node) SealToVoters(secret string, keys []string) (*state.VoterSecret, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("no voter has given its sealing key yet")
+	}
+	s, err := seal.Seal(secret, keys)
+	if err != nil {
+		return nil, err
+	}
+	return &state.VoterSecret{Sealed: s, Recipients: keys}, nil
+}
