@@ -117,7 +117,7 @@ func statusKey(st api.Status) string {
 func renderStatus(w io.Writer, st api.Status) error {
 	fmt.Fprintf(w, "mesh %s, domain %s; this node: %s (%s), leader: %s, applied index %d\n\n", st.MeshID, st.Domain, st.Node, strings.ToLower(st.RaftState), dash(st.Leader), st.AppliedIndex)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tPUBLIC DOMAIN\tVERSION\tPLAN\tAPPLIED\tSTATE")
+	fmt.Fprintln(tw, "NODE\tADDRESS\tPUBLIC DOMAIN\tVERSION\tCERT EXPIRES\tPLAN\tAPPLIED\tSTATE")
 	for _, n := range st.Nodes {
 		plan, applied := "-", "-"
 		if n.PlanVersion > 0 {
@@ -143,7 +143,7 @@ func renderStatus(w io.Writer, st api.Status) error {
 		case n.Report != nil && len(n.Report.Exits) > 0:
 			stateText = "containers exited (below)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), dash(n.Version), plan, applied, stateText)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), dash(n.Version), certText(n.CertExpires), plan, applied, stateText)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -182,4 +182,16 @@ func renderStatus(w io.Writer, st api.Status) error {
 		}
 	}
 	return nil
+}
+
+// certText is when a node's certificate expires, as status shows it (it is
+// renewed a third of its life before; an expired one is refused by peers).
+func certText(exp *time.Time) string {
+	switch {
+	case exp == nil:
+		return "-"
+	case time.Until(*exp) <= 0:
+		return "EXPIRED " + exp.Local().Format("2006-01-02 15:04")
+	}
+	return exp.Local().Format("2006-01-02 15:04")
 }

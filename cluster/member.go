@@ -86,6 +86,7 @@ func StartMember(cfg MemberConfig) (_ *Member, err error) {
 	go n.EnsureVoter(lctx)
 	go n.probe(lctx)
 	go n.repairMembership(lctx)
+	go n.keepCertificate(lctx)
 	log.Info("raft running", "data_dir", cfg.DataDir, "raft", n.Addr(), "state", n.State())
 	return m, nil
 }

@@ -79,6 +79,7 @@ type Node struct {
 	tls       *nodeTLS
 	seal      *seal.Identity
 	peers     *http.Client
+	peerConns *peerTransport
 	peerAPI   *http.Server
 	logs      io.Closer
 	log       *slog.Logger
@@ -178,9 +179,9 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, seal: sk, logs: closer, log: log, live: liveness{seen: map[string]Seen{}},
 		nudge: make(chan struct{}, 1), stop: make(chan struct{})}
 	go n.nudgeFollowers()
-	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: nt.clientConfig(alpnAPI), DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, TLSHandshakeTimeout: 2 * time.Second,
-	}}
+	n.peerConns = &peerTransport{cfg: nt.clientConfig(alpnAPI)}
+	n.peerConns.fresh()
+	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: n.peerConns}
 	n.peerAPI = &http.Server{Handler: n.peerHandler(), ReadHeaderTimeout: 10 * time.Second}
 	go n.peerAPI.Serve(m.api)
 	log.Info("raft started", "id", cfg.ID, "addr", trans.LocalAddr(), "log_store", cfg.LogStore)

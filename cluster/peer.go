@@ -124,6 +124,7 @@ func (n *Node) peerHandler() http.Handler {
 	mux.HandleFunc("GET /v1/binary", n.serveBinary)
 	mux.HandleFunc("POST /v1/promote", member(n.servePromote))
 	mux.HandleFunc("POST /v1/members/remove", member(n.serveRemoveMember))
+	mux.HandleFunc("POST /v1/renew", member(n.serveRenew))
 	return mux
 }
 

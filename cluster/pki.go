@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"mesh/internal/safefs"
@@ -32,8 +33,24 @@ const (
 	KeyFile  = "node.key"
 )
 
-// certLife is how long CA and node certificates are valid.
+// certLife is how long the CA certificate is valid.
 const certLife = 20 * 365 * 24 * time.Hour
+
+// NodeCertLifeEnv shortens node certificates' life (a Go duration), so that
+// a bed sees them renewed; unset, a node certificate lasts a year.
+const NodeCertLifeEnv = "MESH_CERT_LIFETIME"
+
+// nodeCertLife is how long a node certificate is valid.
+func nodeCertLife() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(NodeCertLifeEnv)); err == nil && d >= 10*time.Second {
+		return d
+	}
+	return 365 * 24 * time.Hour
+}
+
+// backdate is how far before its signing a certificate is valid, for
+// clocks a little behind: an hour, or a tenth of a short life.
+func backdate(life time.Duration) time.Duration { return min(time.Hour, life/10) }
 
 // CA is the mesh's certificate authority.
 type CA struct {
@@ -104,19 +121,27 @@ func NewKey(name, address string) (keyPEM, csrPEM []byte, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	csr := &x509.CertificateRequest{Subject: pkix.Name{CommonName: name}}
-	if ip := net.ParseIP(address); ip != nil {
-		csr.IPAddresses = []net.IP{ip}
-	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, csr, key)
-	if err != nil {
+	if csrPEM, err = certRequest(key, name, address); err != nil {
 		return nil, nil, err
 	}
 	kd, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
 		return nil, nil, err
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd}), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd}), csrPEM, nil
+}
+
+// certRequest is a CSR for key, for name at address.
+func certRequest(key *ecdsa.PrivateKey, name, address string) ([]byte, error) {
+	csr := &x509.CertificateRequest{Subject: pkix.Name{CommonName: name}}
+	if ip := net.ParseIP(address); ip != nil {
+		csr.IPAddresses = []net.IP{ip}
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, csr, key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
 }
 
 // Sign issues a node certificate for a CSR whose name must be name.
@@ -135,9 +160,10 @@ func (ca *CA) Sign(csrPEM []byte, name, address string) ([]byte, error) {
 	if csr.Subject.CommonName != name {
 		return nil, fmt.Errorf("certificate request is for %q, not %q", csr.Subject.CommonName, name)
 	}
+	life := nodeCertLife()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(), Subject: pkix.Name{CommonName: name, Organization: ca.Cert.Subject.Organization},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(certLife),
+		NotBefore: time.Now().Add(-backdate(life)), NotAfter: time.Now().Add(life),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
@@ -165,12 +191,30 @@ func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
 	return safefs.WriteFile(path, b, mode)
 }
 
-// nodeTLS is a node's TLS material: its certificate and the mesh CA.
+// nodeTLS is a node's TLS material: its certificate (replaced when it is
+// renewed, without a restart) and the mesh CA.
 type nodeTLS struct {
-	cert   tls.Certificate
+	cert   atomic.Pointer[tls.Certificate]
 	pool   *x509.CertPool
 	caPEM  []byte
 	meshID string
+}
+
+// current is the certificate the node presents now.
+func (t *nodeTLS) current() *tls.Certificate { return t.cert.Load() }
+
+// pair reads a certificate for the node's key, with the CA appended to the
+// chain it presents.
+func (t *nodeTLS) pair(certPEM, keyPEM []byte) (*tls.Certificate, error) {
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+		return nil, err
+	}
+	cert.Certificate = append(cert.Certificate, pemDER(t.caPEM))
+	return &cert, nil
 }
 
 func loadNodeTLS(dir string) (*nodeTLS, error) {
@@ -178,16 +222,25 @@ func loadNodeTLS(dir string) (*nodeTLS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the mesh CA: %w", err)
 	}
-	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile))
+	certPEM, err := os.ReadFile(filepath.Join(dir, CertFile))
 	if err != nil {
 		return nil, fmt.Errorf("read this node's certificate: %w", err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, KeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("read this node's key: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, errors.New("the mesh CA file holds no certificate")
 	}
-	cert.Certificate = append(cert.Certificate, pemDER(caPEM))
-	return &nodeTLS{cert: cert, pool: pool, caPEM: caPEM}, nil
+	t := &nodeTLS{pool: pool, caPEM: caPEM}
+	cert, err := t.pair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("read this node's certificate: %w", err)
+	}
+	t.cert.Store(cert)
+	return t, nil
 }
 
 func pemDER(p []byte) []byte {

@@ -46,10 +46,10 @@ func newMux(ln net.Listener, t *nodeTLS, member func(string) bool, log *slog.Log
 
 func (m *mux) serverConfig() *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{m.tls.cert},
-		ClientAuth:   tls.RequestClientCert,
-		NextProtos:   []string{alpnRaft, alpnAPI},
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return m.tls.current(), nil },
+		ClientAuth:     tls.RequestClientCert,
+		NextProtos:     []string{alpnRaft, alpnAPI},
 	}
 }
 
@@ -109,10 +109,10 @@ func (m *mux) Close() error {
 // clientConfig dials a peer of the mesh with this node's certificate.
 func (t *nodeTLS) clientConfig(proto string) *tls.Config {
 	return &tls.Config{
-		MinVersion:         tls.VersionTLS13,
-		Certificates:       []tls.Certificate{t.cert},
-		NextProtos:         []string{proto},
-		InsecureSkipVerify: true, // the chain is checked against the mesh CA below, not a host name
+		MinVersion:           tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return t.current(), nil },
+		NextProtos:           []string{proto},
+		InsecureSkipVerify:   true, // the chain is checked against the mesh CA below, not a host name
 		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
 			certs, err := parseCerts(raw)
 			if err != nil {

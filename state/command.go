@@ -26,6 +26,7 @@ const (
 	OpModulePull   = "module.pull"
 	OpSeal         = "credential.seal"
 	OpNodeKey      = "node.key"
+	OpNodeCert     = "node.cert"
 
 	timeLayout = time.RFC3339Nano
 )
@@ -39,7 +40,7 @@ const (
 // Formats: 1, flat commands that carried manifest text; 2, the restore op;
 // 3, the envelope below with one typed request per op, manifests parsed by
 // the proposer; 4, the module.pull op; 5, sealed credentials (seal.go): the
-// credential.seal and node.key ops, nodes with a sealing key, and secrets
+// credential.seal, node.key and node.cert ops, nodes with a sealing key, and secrets
 // carried sealed. Entries of formats 1 and 2 still in a log are converted on
 // replay (legacy.go).
 const CommandVersion = 5
@@ -48,7 +49,7 @@ const CommandVersion = 5
 var opVersion = map[string]int{
 	OpInit: 5, OpNodeAdd: 5, OpNodeRemove: 3, OpPublicDomain: 3, OpModuleAdd: 5,
 	OpModuleRemove: 3, OpAssign: 5, OpUnassign: 3, OpReport: 3, OpTokenRotate: 3,
-	OpRestore: 5, OpModulePull: 4, OpSeal: 5, OpNodeKey: 5,
+	OpRestore: 5, OpModulePull: 4, OpSeal: 5, OpNodeKey: 5, OpNodeCert: 5,
 }
 
 // Command is one replicated change: an envelope of the op, the format it
@@ -148,6 +149,8 @@ func (c *Command) Request() (Request, error) {
 		r = &SealRequest{}
 	case OpNodeKey:
 		r = &NodeKeyRequest{}
+	case OpNodeCert:
+		r = &NodeCertRequest{}
 	default:
 		return nil, fmt.Errorf("%w: a %q command of format v%d", ErrUnknownCommand, c.Op, c.V)
 	}
@@ -172,9 +175,9 @@ func (c *Command) Describe() string {
 // InitRequest starts a mesh: its identity, chosen by the proposer so that
 // any node can admit a joining one, and its first node.
 type InitRequest struct {
-	MeshID     string `json:"mesh_id"`
-	Domain     string `json:"domain,omitempty"`
-	Node       Node   `json:"node"`
+	MeshID string `json:"mesh_id"`
+	Domain string `json:"domain,omitempty"`
+	Node   Node   `json:"node"`
 	CACert string `json:"ca_cert"`
 	// CAKey and JoinSecret in plain text are in commands of older meshes;
 	// this one seals them to the first node (SealedCAKey, SealedJoinSecret).

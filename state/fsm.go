@@ -319,6 +319,8 @@ func (ap *applier) apply(req Request) (bool, error) {
 		return ap.seal(r)
 	case *NodeKeyRequest:
 		return ap.nodeKey(r)
+	case *NodeCertRequest:
+		return ap.nodeCert(r)
 	case *RestoreBody:
 		ap.catalogueChanges()
 		return ap.s.applyRestore(ap.tx, r)

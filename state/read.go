@@ -16,6 +16,9 @@ type NodeInfo struct {
 	Node
 	AddedAt      time.Time `json:"added_at"`
 	ComposeError string    `json:"compose_error,omitempty"`
+	// CertExpires is when the node's certificate expires, as the node last
+	// said (it renews it a third of its life before).
+	CertExpires *time.Time `json:"cert_expires,omitempty"`
 }
 
 // ModuleInfo is a catalogue entry.
@@ -47,7 +50,9 @@ type Settings struct {
 }
 
 // settings reads the settings table; ErrNotFound before init.
-func (s *Store) settings(ctx context.Context) (map[string]string, error) { return readSettings(ctx, s.db) }
+func (s *Store) settings(ctx context.Context) (map[string]string, error) {
+	return readSettings(ctx, s.db)
+}
 
 func readSettings(ctx context.Context, q queryer) (map[string]string, error) {
 	rows, err := q.QueryContext(ctx, `SELECT key, value FROM settings`)
@@ -82,7 +87,7 @@ func (s *Store) Settings(ctx context.Context) (Settings, error) {
 }
 
 func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key FROM nodes ORDER BY name`)
+	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -90,11 +95,14 @@ func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
 	var out []NodeInfo
 	for rows.Next() {
 		var n NodeInfo
-		var at string
-		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey); err != nil {
+		var at, exp string
+		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp); err != nil {
 			return nil, err
 		}
 		n.AddedAt, _ = time.Parse(timeLayout, at)
+		if t, err := time.Parse(timeLayout, exp); err == nil {
+			n.CertExpires = &t
+		}
 		out = append(out, n)
 	}
 	return out, rows.Err()

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"mesh/state/manifest"
 )
@@ -244,8 +245,28 @@ type NodeKeyRequest struct {
 	SealKey string `json:"seal_key"`
 }
 
-func (*SealRequest) Op() string    { return OpSeal }
-func (*NodeKeyRequest) Op() string { return OpNodeKey }
+// NodeCertRequest records when a node's certificate expires (the node says
+// so after it got or renewed one).
+type NodeCertRequest struct {
+	Node    string    `json:"node"`
+	Expires time.Time `json:"expires"`
+}
+
+func (*SealRequest) Op() string     { return OpSeal }
+func (*NodeKeyRequest) Op() string  { return OpNodeKey }
+func (*NodeCertRequest) Op() string { return OpNodeCert }
+
+func (r *NodeCertRequest) describe() string {
+	return "node " + r.Node + "'s certificate valid until " + r.Expires.UTC().Format(time.RFC3339)
+}
+
+func (ap *applier) nodeCert(r *NodeCertRequest) (bool, error) {
+	if err := needNode(ap.tx, r.Node); err != nil {
+		return false, err
+	}
+	mustExec(ap.tx, `UPDATE nodes SET cert_expires = ? WHERE name = ?`, r.Expires.UTC().Format(timeLayout), r.Node)
+	return false, nil
+}
 
 func (r *SealRequest) describe() string {
 	var ps []string

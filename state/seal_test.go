@@ -200,7 +200,9 @@ func TestVoterSecrets(t *testing.T) {
 		}
 		return strings.Join(out, ",")
 	}
-	vs := func(v string, keys ...string) *VoterSecret { return &VoterSecret{Sealed: "SEALED:" + v, Recipients: keys} }
+	vs := func(v string, keys ...string) *VoterSecret {
+		return &VoterSecret{Sealed: "SEALED:" + v, Recipients: keys}
+	}
 	s := openStore(t)
 	var idx uint64
 	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1", SealKey: "kA"}, SealedCAKey: vs("ca", "kA"), SealedJoinSecret: vs("js", "kA")})

@@ -176,8 +176,10 @@ var migrations = []string{
 	`CREATE TABLE pulls (module TEXT PRIMARY KEY, idx INTEGER NOT NULL);`,
 	// 7: sealed credentials (seal.go): each node's sealing key, and each
 	// credential's sealed form and recipients. The secret column is kept
-	// only for rows of older meshes until they are sealed.
+	// only for rows of older meshes until they are sealed. And when each
+	// node's certificate expires, as the node last said.
 	`ALTER TABLE nodes ADD COLUMN seal_key TEXT NOT NULL DEFAULT '';
+	 ALTER TABLE nodes ADD COLUMN cert_expires TEXT NOT NULL DEFAULT '';
 	 ALTER TABLE credentials ADD COLUMN sealed TEXT NOT NULL DEFAULT '';
 	 ALTER TABLE credentials ADD COLUMN recipients TEXT NOT NULL DEFAULT '';`,
 }
