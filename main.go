@@ -118,7 +118,7 @@ type CLI struct {
 	Init       InitCmd       `cmd:"" help:"Create a new mesh with this machine as its first node, then exit."`
 	Join       JoinCmd       `cmd:"" help:"Join this machine to a mesh through any of its nodes, then exit."`
 	Agent      AgentCmd      `cmd:"" help:"Run this node until stopped: raft, the resolver, the reconciler and the local API."`
-	Token      TokenCmd      `cmd:"" help:"Print the token that lets a machine join (MESH_TOKEN=TOKEN mesh join ADDRESS ...)."`
+	Token      TokenCmd      `cmd:"" help:"Print the token that lets a machine join (MESH_TOKEN=TOKEN mesh join ADDRESS ...); on a voter, which alone holds the join secret."`
 	Node       NodeCmd       `cmd:"" help:"List, configure and remove nodes."`
 	Module     ModuleCmd     `cmd:"" help:"Manage the catalogue of modules."`
 	Assign     AssignCmd     `cmd:"" help:"Run MODULE on NODE."`
