@@ -145,6 +145,12 @@ func (c *AgentCmd) Run(g *Globals) error {
 	rec, err := reconciler.New(reconciler.Config{
 		Node: m.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(dir, "ledger.json"), DataDir: dir,
 		Secret: sealing.Secret, Logger: log, Observe: observeApply,
+		Domain: func(ctx context.Context) string {
+			if st, err := m.Store.Settings(ctx); err == nil {
+				return st.Domain
+			}
+			return ""
+		},
 		Probe: &reconciler.ProbeConfig{Binary: self, Name: func(ctx context.Context) string {
 			domain := state.DefaultDomain
 			if st, err := m.Store.Settings(ctx); err == nil {

@@ -457,6 +457,13 @@ func (a *agent) log() string {
 	return strings.Join(a.lines, "\n")
 }
 
+// linesAfter is the agent's log from line i on.
+func (a *agent) linesAfter(i int) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.lines[min(i, len(a.lines)):]...)
+}
+
 func (a *agent) logLen() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -314,12 +314,43 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 	if s.DNS.IsValid() {
 		g.DNSServers = []net.IP{net.IP(s.DNS.AsSlice())}
 	}
+	g.DNSSearch = s.DNSSearch
 	for _, m := range s.Mounts {
 		g.Mounts = append(g.Mounts, spec.Mount{Type: "bind", Source: m.Source, Destination: m.Destination, Options: append([]string{"rbind"}, m.Options...)})
 	}
 	for _, p := range s.Ports {
 		g.PortMappings = append(g.PortMappings, nettypes.PortMapping{HostIP: p.HostIP, HostPort: p.HostPort, ContainerPort: p.ContainerPort, Protocol: p.Protocol})
 	}
+	g.User = s.User
+	g.WorkDir = s.WorkingDir
+	g.CapAdd, g.CapDrop = s.CapAdd, s.CapDrop
+	for _, d := range s.Devices {
+		g.Devices = append(g.Devices, spec.LinuxDevice{Path: d.Host + ":" + d.Container + ":" + d.Permissions})
+	}
+	if s.ReadOnly {
+		ro := true
+		g.ReadOnlyFilesystem = &ro
+	}
+	for _, t := range s.Tmpfs {
+		g.Mounts = append(g.Mounts, spec.Mount{Type: "tmpfs", Source: "tmpfs", Destination: t.Path, Options: t.Options})
+	}
+	if s.Memory > 0 || s.CPUs > 0 {
+		g.ResourceLimits = &spec.LinuxResources{}
+		if s.Memory > 0 {
+			m := s.Memory
+			g.ResourceLimits.Memory = &spec.LinuxMemory{Limit: &m}
+		}
+		if s.CPUs > 0 {
+			period := uint64(100000)
+			quota := int64(s.CPUs * float64(period))
+			g.ResourceLimits.CPU = &spec.LinuxCPU{Period: &period, Quota: &quota}
+		}
+	}
+	if s.StopSignal > 0 {
+		sig := syscall.Signal(s.StopSignal)
+		g.StopSignal = &sig
+	}
+	g.StopTimeout = s.StopTimeout
 	if h := s.Health; h != nil {
 		// Podman schedules runs through systemd timers, which hosts without
 		// systemd lack; the agent runs the check itself (HealthCheck), and
@@ -419,7 +450,9 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 		return err
 	}
 	defer cancel()
-	_, err = containers.Remove(cx, id, new(containers.RemoveOptions).WithForce(true).WithTimeout(10))
+	// The stop waits the container's own stop timeout (10 s, or its
+	// declared stop-timeout) before it kills.
+	_, err = containers.Remove(cx, id, new(containers.RemoveOptions).WithForce(true))
 	if err != nil && !errors.Is(err, define.ErrNoSuchCtr) && !strings.Contains(err.Error(), "no such container") {
 		return fmt.Errorf("remove container %s: %w", short(id), err)
 	}

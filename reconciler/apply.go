@@ -53,6 +53,10 @@ type Config struct {
 	Node string
 	// DNS is the node's resolver address, every container's only DNS server.
 	DNS netip.Addr
+	// Domain, when set, gives the mesh's domain: every container's resolver
+	// search domain, so a short name (`db`) resolves as `db.internal`. It is
+	// not part of a container's digest (a mesh's domain never changes).
+	Domain func(ctx context.Context) string
 	// LedgerPath is the node-local ledger file.
 	LedgerPath string
 	// DataDir is the node's data dir: no resource may be inside it, and the
@@ -534,9 +538,21 @@ func labels(want desired) map[string]string {
 	}
 }
 
-func (x *run) spec(res state.Resource, want desired) Spec {
+func (x *run) spec(ctx context.Context, res state.Resource, want desired) Spec {
 	d := res.Decl
-	s := Spec{Name: want.Name, Image: d.Image, Command: d.Command, Env: d.Env, Labels: labels(want), DNS: x.r.cfg.DNS, Restart: d.Restart, Health: res.Typed.Health}
+	s := Spec{Name: want.Name, Image: d.Image, Command: d.Command, Env: d.Env, Labels: labels(want), DNS: x.r.cfg.DNS, Restart: d.Restart, Health: res.Typed.Health,
+		Entrypoint: d.Entrypoint, User: d.User, WorkingDir: d.WorkingDir, CapAdd: d.CapAdd, CapDrop: d.CapDrop, Devices: res.Typed.Devices, ReadOnly: d.ReadOnly,
+		Tmpfs: res.Typed.Tmpfs, Memory: res.Typed.Memory, CPUs: d.CPUs, StopSignal: res.Typed.StopSignal, StopTimeout: res.Typed.StopTimeout}
+	for k, v := range d.Labels {
+		if _, ours := s.Labels[k]; !ours {
+			s.Labels[k] = v
+		}
+	}
+	if x.r.cfg.Domain != nil {
+		if dom := x.r.cfg.Domain(ctx); dom != "" {
+			s.DNSSearch = []string{dom}
+		}
+	}
 	if res.Kind == manifest.KindContainer && s.Restart == "" {
 		s.Restart = "always"
 	}
@@ -564,6 +580,29 @@ func (x *run) mountsOK(res state.Resource) string {
 		case have.isDir != (x.kinds[m.Source] == manifest.KindDirectory):
 			return fmt.Sprintf("mount source %s is no longer what was declared (a %s)", m.Source, x.kinds[m.Source])
 		}
+	}
+	for _, d := range res.Typed.Devices {
+		if msg := deviceOK(d.Host); msg != "" {
+			return msg
+		}
+	}
+	return ""
+}
+
+// deviceOK says what is wrong with a declared device: the mesh never makes
+// one, and never follows a link to one.
+func deviceOK(p string) string {
+	dfd, base, err := safefs.OpenParent(p)
+	if err != nil {
+		return fmt.Sprintf("device %s: %v", p, err)
+	}
+	defer unix.Close(dfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Sprintf("device %s does not exist on this host (%v)", p, err)
+	}
+	if f := st.Mode & unix.S_IFMT; f != unix.S_IFCHR && f != unix.S_IFBLK {
+		return fmt.Sprintf("device %s is not a device node (a link or a file); name the device itself", p)
 	}
 	return ""
 }
@@ -620,7 +659,7 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 			return report(res, Failed, msg)
 		}
 		var err error
-		id, err = x.rt.Create(ctx, x.spec(res, want))
+		id, err = x.rt.Create(ctx, x.spec(ctx, res, want))
 		if err != nil {
 			return report(res, Failed, err.Error())
 		}
@@ -768,7 +807,7 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 	if msg := x.reachable(ctx, res.Decl.Image); msg != "" {
 		return report(res, Failed, msg)
 	}
-	id, err := x.rt.Create(ctx, x.spec(res, want))
+	id, err := x.rt.Create(ctx, x.spec(ctx, res, want))
 	if err != nil {
 		return report(res, Failed, err.Error())
 	}

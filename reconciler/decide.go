@@ -42,13 +42,30 @@ type declFields struct {
 	// Health is the health check with its defaults (absent when none is
 	// declared, so declaring none changes no container's digest).
 	Health *manifest.HealthCheck `json:"health,omitempty"`
+	// The container fields compose users rely on, each absent when unset
+	// (so a manifest without them keeps its containers' digests).
+	User        string            `json:"user,omitempty"`
+	Entrypoint  []string          `json:"entrypoint,omitempty"`
+	WorkingDir  string            `json:"working-dir,omitempty"`
+	CapAdd      []string          `json:"cap-add,omitempty"`
+	CapDrop     []string          `json:"cap-drop,omitempty"`
+	Devices     []string          `json:"devices,omitempty"`
+	ReadOnly    bool              `json:"read-only,omitempty"`
+	Tmpfs       []string          `json:"tmpfs,omitempty"`
+	Memory      int64             `json:"memory,omitempty"`
+	CPUs        float64           `json:"cpus,omitempty"`
+	StopSignal  int               `json:"stop-signal,omitempty"`
+	StopTimeout *uint             `json:"stop-timeout,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
 }
 
 // describe computes a step's or container's declaration and digest. inputs
 // holds the digest of every resource applied before it in this plan.
 func describe(r state.Resource, dnsAddr netip.Addr, inputs map[string]string) desired {
 	d := r.Decl
-	f := declFields{Image: d.Image, Command: d.Command, Env: d.Env, Mounts: d.Mounts, Ports: d.Ports, Restart: d.Restart, RestartOn: d.RestartOn, Health: r.Typed.Health}
+	f := declFields{Image: d.Image, Command: d.Command, Env: d.Env, Mounts: d.Mounts, Ports: d.Ports, Restart: d.Restart, RestartOn: d.RestartOn, Health: r.Typed.Health,
+		User: d.User, Entrypoint: d.Entrypoint, WorkingDir: d.WorkingDir, CapAdd: d.CapAdd, CapDrop: d.CapDrop, Devices: d.Devices, ReadOnly: d.ReadOnly,
+		Tmpfs: d.Tmpfs, Memory: r.Typed.Memory, CPUs: d.CPUs, StopSignal: r.Typed.StopSignal, StopTimeout: r.Typed.StopTimeout, Labels: d.Labels}
 	if dnsAddr.IsValid() {
 		f.DNS = dnsAddr.String()
 	}

@@ -85,11 +85,28 @@ type Spec struct {
 	Mounts     []Mount
 	Ports      []Port
 	Labels     map[string]string
-	// DNS is the node's resolver: the container's only DNS server.
-	DNS     netip.Addr
-	Restart string
+	// DNS is the node's resolver: the container's only DNS server; DNSSearch
+	// its search domains (the mesh's domain).
+	DNS       netip.Addr
+	DNSSearch []string
+	Restart   string
 	// Health is the container's health check (nil: none).
 	Health *manifest.HealthCheck
+	// What compose users set (each zero when unset): the user, working
+	// directory, capabilities, devices, a read-only root, tmpfs mounts,
+	// limits (bytes; cores) and how the container is stopped (signal
+	// number; seconds). Labels holds the mesh's labels and the manifest's.
+	User        string
+	WorkingDir  string
+	CapAdd      []string
+	CapDrop     []string
+	Devices     []manifest.Device
+	ReadOnly    bool
+	Tmpfs       []manifest.Tmpfs
+	Memory      int64
+	CPUs        float64
+	StopSignal  int
+	StopTimeout *uint
 }
 
 // Mount is a bind mount of a declared host path.

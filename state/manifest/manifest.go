@@ -119,6 +119,22 @@ type Resource struct {
 	// Health is the container's health check, run by Podman.
 	Health *Health `yaml:"health,omitempty" json:"health,omitempty" jsonschema:"description=A health check: --wait waits for it and the resolver leaves out instances that fail it"`
 
+	// What compose users set on a container (container.go). Each is part of
+	// the container's digest; unset, it changes no digest.
+	User        string            `yaml:"user,omitempty" json:"user,omitempty" jsonschema:"description=The user the process runs as: UID[:GID] or a name the image knows"`
+	Entrypoint  []string          `yaml:"entrypoint,omitempty" json:"entrypoint,omitempty" jsonschema:"description=Replaces the image's entrypoint"`
+	WorkingDir  string            `yaml:"working-dir,omitempty" json:"working-dir,omitempty" jsonschema:"description=The process's working directory in the container (absolute)"`
+	CapAdd      []string          `yaml:"cap-add,omitempty" json:"cap-add,omitempty" jsonschema:"description=Capabilities to add, e.g. NET_ADMIN"`
+	CapDrop     []string          `yaml:"cap-drop,omitempty" json:"cap-drop,omitempty" jsonschema:"description=Capabilities to drop, e.g. ALL"`
+	Devices     []string          `yaml:"devices,omitempty" json:"devices,omitempty" jsonschema:"description=Host devices: /dev/PATH[:CONTAINER_PATH[:rwm]]; each must be a device node on the host (never created, never a link)"`
+	ReadOnly    bool              `yaml:"read-only,omitempty" json:"read-only,omitempty" jsonschema:"description=Mount the container's root filesystem read-only"`
+	Tmpfs       []string          `yaml:"tmpfs,omitempty" json:"tmpfs,omitempty" jsonschema:"description=tmpfs mounts: PATH[:OPTIONS], e.g. /run:size=64m"`
+	Memory      string            `yaml:"memory,omitempty" json:"memory,omitempty" jsonschema:"description=Memory limit: a number of bytes with an optional unit b k m g, e.g. 512m"`
+	CPUs        float64           `yaml:"cpus,omitempty" json:"cpus,omitempty" jsonschema:"description=CPU limit in cores, e.g. 1.5"`
+	StopSignal  string            `yaml:"stop-signal,omitempty" json:"stop-signal,omitempty" jsonschema:"description=The signal that stops the container, e.g. SIGQUIT"`
+	StopTimeout string            `yaml:"stop-timeout,omitempty" json:"stop-timeout,omitempty" jsonschema:"description=How long a stop waits before it kills (a Go duration up to 90s, e.g. 30s; default 10s)"`
+	Labels      map[string]string `yaml:"labels,omitempty" json:"labels,omitempty" jsonschema:"description=Container labels; keys starting with mesh. are the mesh's own"`
+
 	// Typed holds the values parsed from the strings above. It travels in
 	// the log with the rest (the FSM never parses a manifest's text).
 	Typed Typed `yaml:"-" json:"typed"`
@@ -420,8 +436,8 @@ var fields = map[string][]string{
 	KindRoutesFile: {"owner", "mode", "template", "take-over"},
 	KindBinding:    {"owner", "mode", "provider", "take-over"},
 	KindCredential: {"owner", "mode", "provider", "take-over"},
-	KindStep:       {"image", "command", "env", "mounts", "restart-on", "pull"},
-	KindContainer:  {"image", "command", "env", "mounts", "ports", "restart", "restart-on", "health", "pull"},
+	KindStep:       append([]string{"image", "command", "env", "mounts", "restart-on", "pull"}, containerFields...),
+	KindContainer:  append([]string{"image", "command", "env", "mounts", "ports", "restart", "restart-on", "health", "pull"}, containerFields...),
 }
 
 func (r *Resource) setFields() []string {
@@ -446,6 +462,19 @@ func (r *Resource) setFields() []string {
 	add("take-over", r.TakeOver)
 	add("health", r.Health != nil)
 	add("pull", r.Pull != "")
+	add("user", r.User != "")
+	add("entrypoint", r.Entrypoint != nil)
+	add("working-dir", r.WorkingDir != "")
+	add("cap-add", r.CapAdd != nil)
+	add("cap-drop", r.CapDrop != nil)
+	add("devices", r.Devices != nil)
+	add("read-only", r.ReadOnly)
+	add("tmpfs", r.Tmpfs != nil)
+	add("memory", r.Memory != "")
+	add("cpus", r.CPUs != 0)
+	add("stop-signal", r.StopSignal != "")
+	add("stop-timeout", r.StopTimeout != "")
+	add("labels", r.Labels != nil)
 	return s
 }
 
@@ -592,6 +621,9 @@ func (m *Manifest) check(p *positions) Errors {
 				if _, err := ParsePort(pt); err != nil {
 					add(p.at(i, "ports", j), "port %q: %s", pt, err)
 				}
+			}
+			for _, e := range checkContainerFields(r) {
+				add(p.at(i, e.key, e.index), "%s %q: %s", kind, name, e.msg)
 			}
 			for j, on := range r.RestartOn {
 				if _, ok := declared[on]; !ok || on == name {

@@ -15,7 +15,7 @@ import (
 // known key for a misspelt one.
 
 type shape struct {
-	kind    string // text, number, bool, list, map (of text), object
+	kind    string // text, number (whole), decimal, bool, list, map (of text), object
 	example string
 	elem    *shape
 	fields  map[string]*shape
@@ -34,15 +34,28 @@ var (
 	resourceShape = &shape{kind: "object", fields: map[string]*shape{
 		"directory": text, "file": text, "routes-file": text, "binding": text, "credential": text, "step": text, "container": text,
 		"owner": text, "mode": text, "content": text, "provider": text, "template": text, "image": text,
-		"command":    texts(`["httpd", "-f"]`),
-		"env":        {kind: "map", example: `{KEY: "value"}`},
-		"mounts":     texts(`["/srv/web/data:/data"]`),
-		"ports":      texts(`["8080:8080"]`),
-		"restart":    text,
-		"restart-on": texts(`[/srv/web/app.ini]`),
-		"take-over":  flag,
-		"pull":       text,
-		"health":     healthShape,
+		"command":      texts(`["httpd", "-f"]`),
+		"env":          {kind: "map", example: `{KEY: "value"}`},
+		"mounts":       texts(`["/srv/web/data:/data"]`),
+		"ports":        texts(`["8080:8080"]`),
+		"restart":      text,
+		"restart-on":   texts(`[/srv/web/app.ini]`),
+		"take-over":    flag,
+		"pull":         text,
+		"health":       healthShape,
+		"user":         text,
+		"entrypoint":   texts(`["/bin/sh", "-c"]`),
+		"working-dir":  text,
+		"cap-add":      texts(`[NET_ADMIN]`),
+		"cap-drop":     texts(`[ALL]`),
+		"devices":      texts(`["/dev/fuse"]`),
+		"read-only":    flag,
+		"tmpfs":        texts(`["/run:size=64m"]`),
+		"memory":       text,
+		"cpus":         {kind: "decimal", example: "1.5"},
+		"stop-signal":  text,
+		"stop-timeout": text,
+		"labels":       {kind: "map", example: `{com.example.team: "web"}`},
 	}}
 	manifestShape = &shape{kind: "object", fields: map[string]*shape{
 		"module":              text,
@@ -84,6 +97,11 @@ func walkShape(file string, n ast.Node, s *shape, key string, errs *Errors) {
 	case "number":
 		if _, ok := n.(*ast.IntegerNode); !ok {
 			add("`%s` must be a whole number, e.g. %s: %s; got %s", key, key, s.example, what)
+		}
+	case "decimal":
+		_, isInt := n.(*ast.IntegerNode)
+		if _, isFloat := n.(*ast.FloatNode); !isInt && !isFloat {
+			add("`%s` must be a number, e.g. %s: %s; got %s", key, key, s.example, what)
 		}
 	case "bool":
 		if _, ok := n.(*ast.BoolNode); !ok {

@@ -24,6 +24,12 @@ type Typed struct {
 	Ports    []Port  `json:"ports,omitempty"`
 	// Health is the container's health check with its defaults filled in.
 	Health *HealthCheck `json:"health,omitempty"`
+	// The container fields (container.go), parsed; all absent when unset.
+	Devices     []Device `json:"devices,omitempty"`
+	Tmpfs       []Tmpfs  `json:"tmpfs,omitempty"`
+	Memory      int64    `json:"memory,omitempty"`
+	StopSignal  int      `json:"stop_signal,omitempty"`
+	StopTimeout *uint    `json:"stop_timeout,omitempty"`
 }
 
 // Health is a container's health check as declared: Podman's own health
@@ -161,6 +167,9 @@ func TypeOf(r *Resource) (Typed, error) {
 			return t, err
 		}
 		t.Health = h
+	}
+	if err := typeContainer(r, &t); err != nil {
+		return t, err
 	}
 	return t, nil
 }

@@ -1,0 +1,96 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Issue 15, items 2 and 4, on real Podman: a container with the fields
+// compose users rely on, which reaches another module by its short name
+// (the mesh's domain is its resolver's search domain) through a port that
+// module publishes on its node.
+const (
+	bedServe = `module: bedserve
+resources:
+  - directory: {{root}}/bedserve
+  - file: {{root}}/bedserve/index.html
+    content: served-by-short-name
+  - container: bedserve.httpd
+    image: localhost/mesh-bed-busybox:1
+    command: ["httpd", "-f", "-p", "80", "-h", "/www"]
+    mounts: ["{{root}}/bedserve:/www:ro"]
+    ports: ["18081:80"]
+`
+	bedFields = `module: bedfields
+resources:
+  - directory: {{root}}/bedfields
+    owner: "1000:1000"
+  - container: bedfields.app
+    image: localhost/mesh-bed-busybox:1
+    user: "1000:1000"
+    entrypoint: ["/bin/sh", "-c"]
+    command: ["trap 'echo quit > stopped; exit 0' QUIT; while true; do wget -q -O fetched.tmp http://bedserve:18081/ && mv fetched.tmp fetched; touch /run/alive; sleep 1; done"]
+    working-dir: /data
+    mounts: ["{{root}}/bedfields:/data"]
+    read-only: true
+    tmpfs: ["/run:size=8m"]
+    cap-drop: [ALL]
+    devices: ["/dev/null:/dev/mynull:rw"]
+    memory: 64m
+    cpus: 0.5
+    stop-signal: SIGQUIT
+    stop-timeout: 20s
+    labels: {com.example.team: web}
+`
+)
+
+func TestContainerFieldsBed(t *testing.T) {
+	n, _ := startThree(t)
+	srv := filepath.Join(n[1].h.dir, "srv")
+	n[1].mesh("module", "add", n[1].manifest("bedserve", bedServe, nil), n[1].manifest("bedfields", bedFields, nil))
+	n[1].mesh("assign", "n2", "bedserve", "--wait")
+	n[1].mesh("assign", "n1", "bedfields", "--wait")
+
+	// By its short name, from a container on another node.
+	eventually(t, 30*time.Second, "bedfields.app fetched bedserve's page by its short name", func() (bool, string) {
+		b, err := os.ReadFile(filepath.Join(srv, "bedfields/fetched"))
+		return err == nil && string(b) == "served-by-short-name", string(b) + errString(err)
+	})
+	if rc := n[1].h.podman("exec", "bedfields.app", "cat", "/etc/resolv.conf"); !strings.Contains(rc, "search internal") || !strings.Contains(rc, "nameserver 169.254.53.53") {
+		t.Fatalf("resolv.conf:\n%s", rc)
+	}
+	// Each field, as Podman has it.
+	for format, want := range map[string]string{
+		"{{.Config.User}}":                            "1000:1000",
+		"{{.Config.WorkingDir}}":                      "/data",
+		"{{.HostConfig.ReadonlyRootfs}}":              "true",
+		"{{.HostConfig.Memory}}":                      "67108864",
+		"{{.HostConfig.CpuQuota}}":                    "50000",
+		"{{.Config.StopTimeout}}":                     "20",
+		`{{index .Config.Labels "com.example.team"}}`: "web",
+		"{{.EffectiveCaps}}":                          "[]",
+		"{{json .Config.Entrypoint}}":                 `["/bin/sh","-c"]`,
+	} {
+		if got := strings.TrimSpace(n[1].h.podman("inspect", "--format", format, "bedfields.app")); got != want {
+			t.Errorf("%s: %q, want %q", format, got, want)
+		}
+	}
+	if out := n[1].h.podman("exec", "bedfields.app", "sh", "-c", "test -c /dev/mynull && test -f /run/alive && ! touch /etc/x 2>/dev/null && echo ok"); strings.TrimSpace(out) != "ok" {
+		t.Fatalf("device, tmpfs or read-only root: %q", out)
+	}
+	// A changed field replaces the container, and says which.
+	mark := n[1].logLen()
+	n[1].mesh("module", "add", n[1].manifest("bedfields", strings.Replace(bedFields, "memory: 64m", "memory: 96m", 1), nil), "--wait")
+	if !strings.Contains(strings.Join(n[1].linesAfter(mark), "\n"), "memory changed") {
+		t.Fatalf("the replacement does not say memory changed:\n%s", tail(n[1].log(), 20))
+	}
+	// The stop signal is the one declared: unassigned, the container gets
+	// SIGQUIT, which its trap writes down.
+	n[1].mesh("unassign", "n1", "bedfields", "--wait")
+	if b, _ := os.ReadFile(filepath.Join(srv, "bedfields/stopped")); strings.TrimSpace(string(b)) != "quit" {
+		t.Fatalf("the container was not stopped with SIGQUIT: %q", b)
+	}
+}
