@@ -128,6 +128,7 @@ type CLI struct {
 	Roster     RosterCmd     `cmd:"" help:"Show every name the mesh answers and its addresses."`
 	Resolve    ResolveCmd    `cmd:"" help:"Ask this node's resolver for NAME (A and AAAA)."`
 	Check      CheckCmd      `cmd:"" help:"Check manifests offline; exit 1 on any error."`
+	Import     ImportCmd     `cmd:"" help:"Write manifests from the files of other tools (docker-compose)."`
 	Provision  ProvisionCmd  `cmd:"" help:"Run a provisioner: make a provider accept the credentials delivered to it."`
 	Setup      SetupCmd      `cmd:"" help:"Once, as root: prepare this host for a rootless agent (resolver address, port 53, /dev/net/tun)."`
 	Schema     SchemaCmd     `cmd:"" help:"Print the JSON Schema of a manifest."`
