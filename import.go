@@ -21,7 +21,7 @@ type ImportComposeCmd struct {
 	File    string `arg:"" type:"existingfile" help:"The compose file (its .env, env files, extends and profiles resolve as docker compose resolves them)."`
 	Output  string `placeholder:"DIR" help:"Where to write the manifests (default: ./PROJECT)."`
 	Project string `placeholder:"NAME" help:"The project name (default: the file's name: key, else its directory's name); host paths go under ROOT/PROJECT-SERVICE."`
-	Root    string `default:"/srv" placeholder:"DIR" help:"Where the services' host paths go: DIR/PROJECT-SERVICE."`
+	Root    string `default:"/srv" placeholder:"DIR" help:"Where the services' host paths go: DIR/PROJECT-SERVICE (default /srv)."`
 	Force   bool   `help:"Overwrite manifests already in the output directory."`
 }
 

@@ -916,6 +916,7 @@ func waitApplied(g *Globals, node, module string, version uint64, limit time.Dur
 	fmt.Fprintf(g.out, "waiting for %s to apply plan v%d ...\n", node, version)
 	start := time.Now().Add(-time.Second) // a little slack for clocks
 	deadline := time.Now().Add(limit)
+	gated := ""
 	for {
 		st, err := g.status()
 		if err != nil {
@@ -927,6 +928,18 @@ func waitApplied(g *Globals, node, module string, version uint64, limit time.Dur
 			}
 			if n.Report.Error != "" && n.Report.AppliedAt.Before(start) {
 				continue // a failure from before this command; wait for the retry
+			}
+			if f := n.Report.Failed(module); n.Report.OnlyGates() && (module == "" || f != nil) {
+				// A health gate: the node goes on as the provider's health
+				// changes; say so once per reason.
+				if n.Report.Error != gated {
+					gated = n.Report.Error
+					fmt.Fprintf(g.out, "%s: %s\n", node, strings.ReplaceAll(gated, "\n", "\n  "))
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("%s still waits at a health gate after %s:\n  %s", node, limit, strings.ReplaceAll(gated, "\n", "\n  "))
+				}
+				continue
 			}
 			if n.Report.Error != "" && (module == "" || n.Report.Failed(module) != nil || len(n.Report.Failures) == 0) {
 				return fmt.Errorf("%s failed to apply plan v%d:\n  %s", node, n.Report.Version, strings.ReplaceAll(n.Report.Error, "\n", "\n  "))

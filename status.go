@@ -134,6 +134,8 @@ func renderStatus(w io.Writer, st api.Status) error {
 			stateText = fmt.Sprintf("unreachable (last seen %s ago)", time.Since(*n.LastSeen).Round(time.Second))
 		case n.ComposeError != "":
 			stateText = "plan does not compose: " + n.ComposeError
+		case n.ApplyError != "" && n.Report != nil && n.Report.OnlyGates():
+			stateText = "waiting: " + strings.ReplaceAll(n.ApplyError, "\n", " | ")
 		case n.ApplyError != "":
 			stateText = "apply failed: " + strings.ReplaceAll(n.ApplyError, "\n", " | ")
 		case n.PlanVersion > n.AppliedVersion:

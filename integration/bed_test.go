@@ -314,10 +314,13 @@ type agent struct {
 	bin string
 }
 
-func (h *host) newAgent(t testing.TB) *agent {
+func (h *host) newAgent(t testing.TB) *agent { return h.newAgentAt(t, "127.0.0.1") }
+
+// newAgentAt is a node whose mesh address is addr: what its names answer.
+func (h *host) newAgentAt(t testing.TB, addr string) *agent {
 	n := &node{t: t, dir: filepath.Join(h.dir, "data")}
 	a := &agent{name: "ace", h: h, n: n}
-	args := []string{"init", "--name", "ace", "--address", "127.0.0.1", "--port", freePort(t), "--data-dir", n.dir}
+	args := []string{"init", "--name", "ace", "--address", addr, "--port", freePort(t), "--data-dir", n.dir}
 	a.run(args...)
 	a.start()
 	return a

@@ -3,7 +3,9 @@ package integration
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -19,10 +21,16 @@ services:
     expose: ["18083"]
     volumes:
       - ./site:/www:ro
+    healthcheck:
+      test: ["CMD", "test", "-f", "/www/index.html"]
+      interval: 1s
+      start_period: 5m
   bedcclient:
     image: localhost/mesh-bed-busybox:1
     command: ["sh", "-c", "while true; do wget -q -O /data/page.tmp http://bedcweb:18083/ && mv /data/page.tmp /data/page; sleep 1; done"]
-    depends_on: [bedcweb]
+    depends_on:
+      bedcweb:
+        condition: service_healthy
     volumes:
       - pages:/data
 volumes:
@@ -49,15 +57,38 @@ func TestComposeImportBed(t *testing.T) {
 	}
 	n[1].run("check", filepath.Join(dir, "mesh", "bedcweb.yaml"), filepath.Join(dir, "mesh", "bedcclient.yaml"))
 	n[1].mesh("module", "add", filepath.Join(dir, "mesh", "bedcweb.yaml"), filepath.Join(dir, "mesh", "bedcclient.yaml"))
-	n[1].mesh("assign", "n2", "bedcweb", "--wait")
+	n[1].mesh("assign", "n2", "bedcweb")
 	// The bind mount became a declared directory; its contents are the
-	// operator's to copy (the import said so).
+	// operator's to copy (the import said so). Until they are there,
+	// bedcweb's health check fails (it is starting).
 	site := filepath.Join(root, "bedproj-bedcweb", "site")
-	if st, err := os.Stat(site); err != nil || !st.IsDir() {
-		t.Fatalf("the bind mount's directory was not made: %v", err)
+	eventually(t, 30*time.Second, "bedcweb's site directory is made", func() (bool, string) {
+		st, err := os.Stat(site)
+		return err == nil && st.IsDir(), errString(err)
+	})
+	// service_healthy: bedcclient waits at its binding's health gate,
+	// `assign --wait` waits through it, and nothing after the gate is made.
+	waited := make(chan string, 1)
+	go func() {
+		out, err := n[1].command("assign", "n1", "bedcclient", "--wait", "--timeout", "2m", "--data-dir", n[1].n.dir).CombinedOutput()
+		waited <- string(out) + errString(err)
+	}()
+	eventually(t, 30*time.Second, "n1 says bedcclient waits for bedcweb to be healthy", func() (bool, string) {
+		st := n[1].mesh("status")
+		return strings.Contains(st, "waiting: bedcclient: binding") && strings.Contains(st, "waits for bedcweb on n2 to be healthy"), st
+	})
+	if id := n[1].h.containerID("bedcclient.main"); id != "" {
+		t.Fatal("bedcclient.main was made behind a closed health gate")
 	}
 	os.WriteFile(filepath.Join(site, "index.html"), []byte("from-compose"), 0o644)
-	n[1].mesh("assign", "n1", "bedcclient", "--wait")
+	select {
+	case out := <-waited:
+		if !strings.Contains(out, "waits for bedcweb on n2 to be healthy") || !strings.Contains(out, "n1 applied plan") {
+			t.Fatalf("assign --wait through the gate:\n%s", out)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("assign --wait did not return within 90s of bedcweb turning healthy")
+	}
 	if out := n[1].resolve("bedcweb.internal"); !strings.Contains(out, n[2].addr()) {
 		t.Fatalf("bedcweb.internal: %s", out)
 	}
@@ -68,5 +99,48 @@ func TestComposeImportBed(t *testing.T) {
 	})
 	if st, err := os.Stat(filepath.Dir(page)); err != nil || st.Mode().Perm() != 0o750 {
 		t.Fatalf("the named volume's directory: %v %v", st, err)
+	}
+}
+
+// TestComposeImportRootless: the same file on a rootless host, one node
+// whose mesh address is the bed's resolver address (reachable from rootless
+// containers): imported by the bed's user, both services on the node, the
+// named volume's directory owned by the container's root as mapped.
+func TestComposeImportRootless(t *testing.T) {
+	h := newHost(t, true)
+	a := h.newAgentAt(t, h.dnsAddr)
+	dir := filepath.Join(h.dir, "compose")
+	uid, _ := strconv.Atoi(h.usr.Uid)
+	gid, _ := strconv.Atoi(h.usr.Gid)
+	for _, d := range []string{dir, filepath.Join(dir, "site")} {
+		os.MkdirAll(d, 0o755)
+		os.Chown(d, uid, gid)
+	}
+	os.WriteFile(filepath.Join(dir, "compose.yaml"), []byte(bedCompose), 0o644)
+	os.WriteFile(filepath.Join(dir, "site", "index.html"), []byte("from-compose"), 0o644)
+	root := filepath.Join(h.dir, "srv")
+	out := a.run("import", "compose", filepath.Join(dir, "compose.yaml"), "--output", filepath.Join(dir, "mesh"), "--root", root)
+	if !strings.Contains(out, "wrote 2 manifests for project bedproj") {
+		t.Fatalf("import:\n%s", out)
+	}
+	a.mesh("module", "add", filepath.Join(dir, "mesh", "bedcweb.yaml"), filepath.Join(dir, "mesh", "bedcclient.yaml"))
+	a.mesh("assign", "ace", "bedcweb")
+	site := filepath.Join(root, "bedproj-bedcweb", "site")
+	eventually(t, 30*time.Second, "bedcweb's site directory is made", func() (bool, string) {
+		st, err := os.Stat(site)
+		return err == nil && st.IsDir(), errString(err)
+	})
+	if err := os.WriteFile(filepath.Join(site, "index.html"), []byte("from-compose"), 0o644); err != nil {
+		t.Fatalf("the bind mount's directory: %v", err)
+	}
+	a.mesh("assign", "ace", "bedcclient", "--wait", "--timeout", "2m")
+	page := filepath.Join(root, "bedproj-bedcclient", "pages", "page")
+	eventually(t, 30*time.Second, "bedcclient fetched bedcweb's page by its short compose name", func() (bool, string) {
+		b, err := os.ReadFile(page)
+		return err == nil && string(b) == "from-compose", string(b) + errString(err)
+	})
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Dir(page), &st); err != nil || int(st.Uid) != h.hostID(0) || st.Mode&0o7777 != 0o750 {
+		t.Fatalf("the named volume's directory: uid %d (want %d, the container's root as mapped), mode %o, %v", st.Uid, h.hostID(0), st.Mode&0o7777, err)
 	}
 }

@@ -62,6 +62,10 @@ type Config struct {
 	// DataDir is the node's data dir: no resource may be inside it, and the
 	// originals of files taken over are kept under it.
 	DataDir string
+	// ProviderHealthy says whether a provider's instance on a node passes
+	// its health checks, and if not why (a binding's health gate). Unset:
+	// gates are open.
+	ProviderHealthy func(ctx context.Context, provider, node string) (bool, string)
 	// Secret returns a credential's secret from the local replica.
 	Secret      func(ctx context.Context, p state.Pair) (string, error)
 	StepTimeout time.Duration

@@ -56,3 +56,47 @@ func TestContainerFieldsAreDeclared(t *testing.T) {
 		t.Fatalf("spec: %+v", s)
 	}
 }
+
+// Issue 15 item 3: a binding with `healthy: true` holds the rest of its
+// module until the provider's instance it points at is healthy. The wait is
+// a gate, not a failure: the binding is written, nothing after it is made,
+// and once the provider is healthy the next pass makes the rest.
+func TestHealthGateHoldsTheRest(t *testing.T) {
+	b := newBed(t)
+	b.vars["gate"] = "\n    healthy: true"
+	healthy := false
+	var asked []string
+	b.r.cfg.ProviderHealthy = func(ctx context.Context, provider, node string) (bool, string) {
+		asked = append(asked, provider+"@"+node)
+		if healthy {
+			return true, ""
+		}
+		return false, "container db.main is starting"
+	}
+	rep := b.apply()
+	if !rep.OnlyGates() || !strings.Contains(rep.Error, "waits for db on ace to be healthy: container db.main is starting") {
+		t.Fatalf("report: only gates %v, error %q", rep.OnlyGates(), rep.Error)
+	}
+	if o := outcome(rep, "app/db.binding").Outcome; o != Created {
+		t.Fatalf("the binding: %s", o)
+	}
+	for _, n := range []string{"app.server", "app.sidecar", "app.migrate", "app/db.password"} {
+		if o := outcome(rep, n); o.Outcome != Waiting || !strings.Contains(o.Reason, "waits for its provider db to be healthy") {
+			t.Fatalf("%s: %+v", n, o)
+		}
+	}
+	if b.rt.byName("app.server") != nil || len(asked) != 1 || asked[0] != "db@ace" {
+		t.Fatalf("server made behind a closed gate, or the gate asked %v", asked)
+	}
+	healthy = true
+	rep = b.apply()
+	if rep.Error != "" || outcome(rep, "app.server").Outcome != Created || outcome(rep, "app.migrate").Outcome != Ran {
+		t.Fatalf("after the provider is healthy: %q, server %+v", rep.Error, outcome(rep, "app.server"))
+	}
+	// A gate on a failed module is a failure, not a gate.
+	var r state.Report
+	r.Failures = []state.ModuleFailure{{Module: "a", HealthGate: true}, {Module: "b"}}
+	if r.OnlyGates() {
+		t.Fatal("a report with a real failure counts as only gates")
+	}
+}

@@ -152,7 +152,13 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 		if r.cfg.Observe != nil {
 			r.cfg.Observe(&rep, time.Since(began))
 		}
-		if rep.Error != "" {
+		if rep.OnlyGates() {
+			// Waiting at a health gate is not a failure: try again soon, and
+			// at every change (the provider's node reports its health).
+			backoff = 0
+			r.log.Info(fmt.Sprintf("plan v%d waits at a health gate; trying again as health changes", version), "wait", rep.Error)
+			next.Reset(cfg.MinBackoff)
+		} else if rep.Error != "" {
 			backoff = min(max(cfg.MinBackoff, backoff*2), cfg.MaxBackoff)
 			r.log.Warn(fmt.Sprintf("apply of plan v%d failed; retrying in %s", version, backoff), "err", rep.Error)
 			next.Reset(backoff)
@@ -183,7 +189,7 @@ func sentVersion(r *state.Report) uint64 {
 // quiet periodic pass writes nothing. Every failed attempt is sent (they are
 // spaced by the backoff), so a waiting `mesh assign --wait` sees a fresh one.
 func worthSending(last, rep *state.Report) bool {
-	if last == nil || last.Version != rep.Version || last.Error != rep.Error || rep.Error != "" {
+	if last == nil || last.Version != rep.Version || last.Error != rep.Error || rep.Error != "" && !rep.OnlyGates() {
 		return true
 	}
 	if healthKey(last) != healthKey(rep) {

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 
@@ -129,8 +130,32 @@ func (x *run) applyOne(ctx context.Context, res state.Resource) state.ResourceRe
 	}
 	if out.Outcome == Failed {
 		x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.RuntimeName(), Reason: out.Reason}
+	} else if out.Outcome != Waiting && res.Kind == manifest.KindBinding && res.Decl.Healthy {
+		x.gate(ctx, res)
 	}
 	return out
+}
+
+// gate holds the rest of a module at a binding with `healthy: true` until
+// the provider's instance it points at is healthy. The wait is a failure of
+// its own kind (HealthGate): the node tries again as health changes,
+// without backing off, and --wait waits through it.
+func (x *run) gate(ctx context.Context, res state.Resource) {
+	if x.r.cfg.ProviderHealthy == nil {
+		return
+	}
+	node := ""
+	for _, l := range strings.Split(res.Content, "\n") {
+		if v, ok := strings.CutPrefix(l, "node="); ok {
+			node = v
+		}
+	}
+	ok, why := x.r.cfg.ProviderHealthy(ctx, res.Decl.Provider, node)
+	if ok {
+		return
+	}
+	x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.Name,
+		Reason: fmt.Sprintf("waits for %s on %s to be healthy: %s", res.Decl.Provider, node, why), Provider: res.Decl.Provider, HealthGate: true}
 }
 
 // moduleRefs is what a module's resources touch outside Podman: the paths

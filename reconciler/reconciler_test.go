@@ -198,7 +198,7 @@ resources:
     mode: "0640"
     content: "{{content}}"
   - binding: {{d}}/app/db.binding
-    provider: db
+    provider: db{{gate}}
   - credential: {{d}}/app/db.password
     provider: db
   - step: migrate
@@ -234,7 +234,7 @@ type bed struct {
 
 func newBed(t *testing.T) *bed {
 	b := &bed{t: t, dir: t.TempDir(), rt: newFake(), secret: "s3cret",
-		vars: map[string]string{"content": "x = 1", "stepcmd": "true"}}
+		vars: map[string]string{"content": "x = 1", "stepcmd": "true", "gate": ""}}
 	r, err := New(Config{
 		Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(b.dir, "ledger.json"),
 		Secret: func(ctx context.Context, p state.Pair) (string, error) { return b.secret, nil },

@@ -101,13 +101,29 @@ type ModuleFailure struct {
 	Module   string `json:"module"`
 	Resource string `json:"resource"` // "KIND NAME" of the resource that failed
 	Reason   string `json:"reason"`
-	// Provider is set when the module waits for a provider that failed.
-	Provider string   `json:"provider,omitempty"`
-	Waiting  []string `json:"waiting,omitempty"`
+	// Provider is set when the module waits for a provider that failed, or,
+	// with HealthGate, for a provider to be healthy (a binding's gate:
+	// not an error, the node tries again as the provider's health changes).
+	Provider   string   `json:"provider,omitempty"`
+	HealthGate bool     `json:"health_gate,omitempty"`
+	Waiting    []string `json:"waiting,omitempty"`
+}
+
+// OnlyGates says whether every failure of the report is a health gate.
+func (r *Report) OnlyGates() bool {
+	for _, f := range r.Failures {
+		if !f.HealthGate {
+			return false
+		}
+	}
+	return len(r.Failures) > 0
 }
 
 // WaitReason is what a resource of module that waits behind f says.
 func (f *ModuleFailure) WaitReason(module string) string {
+	if f.HealthGate && f.Module == module {
+		return "waits for its provider " + f.Provider + " to be healthy"
+	}
 	if f.Module != module || f.Provider != "" {
 		p := f.Provider
 		if f.Module != module {

@@ -298,13 +298,14 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 	var restartOn []string
 	for _, d := range sortedKeys(w.deps) {
 		p := filepath.Join(w.root, w.deps[d]+".binding")
-		w.res("binding", p, "provider", w.deps[d])
 		restartOn = append(restartOn, p)
 		cond := svc.DependsOn[d].Condition
 		switch cond {
 		case types.ServiceConditionHealthy:
-			w.note("depends_on %s (service_healthy) -> binding %s: it starts after %s's module is applied on its node; it does not wait for %s to be healthy (the resolver leaves out %s while its check fails)", d, p, d, d, d)
+			w.res("binding", p, "provider", w.deps[d], "healthy", true)
+			w.note("depends_on %s (service_healthy) -> binding %s with healthy: true: the container starts once %s's instance it points at passes its health check", d, p, d)
 		default:
+			w.res("binding", p, "provider", w.deps[d])
 			w.note("depends_on %s -> binding %s (applied after it, recreated when it moves)", d, p)
 		}
 	}

@@ -20,7 +20,7 @@ func TestImportRealWorldFiles(t *testing.T) {
 	env := []string{"PATH=/usr/bin"} // no GITEA_VERSION: its default applies
 	notes := map[string][]string{
 		"nextcloud": {
-			"app: depends_on db (service_healthy) -> binding /srv/cloud-app/db.binding: it starts after db's module is applied on its node; it does not wait for db to be healthy",
+			"app: depends_on db (service_healthy) -> binding /srv/cloud-app/db.binding with healthy: true: the container starts once db's instance it points at passes its health check",
 			"app: named volume html -> directory /srv/cloud-app/html (owner 0:0, mode 0750)",
 			"app: bind mount of the file ",
 			"app: env_file read into env",

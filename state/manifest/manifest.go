@@ -116,6 +116,10 @@ type Resource struct {
 	// file makes the module fail, and nothing is written.
 	TakeOver bool `yaml:"take-over,omitempty" json:"take-over,omitempty" jsonschema:"description=Take over a file that exists and that the mesh did not write; its original is kept in the node's data dir and put back when the module lets go of it"`
 
+	// Healthy, on a binding, holds the resources after it until the
+	// provider's instance it points at is healthy (a health gate).
+	Healthy bool `yaml:"healthy,omitempty" json:"healthy,omitempty" jsonschema:"description=On a binding: the resources after it wait until the provider's instance it points at passes its health check"`
+
 	// Health is the container's health check, run by Podman.
 	Health *Health `yaml:"health,omitempty" json:"health,omitempty" jsonschema:"description=A health check: --wait waits for it and the resolver leaves out instances that fail it"`
 
@@ -434,7 +438,7 @@ var fields = map[string][]string{
 	KindDirectory:  {"owner", "mode"},
 	KindFile:       {"owner", "mode", "content", "take-over"},
 	KindRoutesFile: {"owner", "mode", "template", "take-over"},
-	KindBinding:    {"owner", "mode", "provider", "take-over"},
+	KindBinding:    {"owner", "mode", "provider", "take-over", "healthy"},
 	KindCredential: {"owner", "mode", "provider", "take-over"},
 	KindStep:       append([]string{"image", "command", "env", "mounts", "restart-on", "pull"}, containerFields...),
 	KindContainer:  append([]string{"image", "command", "env", "mounts", "ports", "restart", "restart-on", "health", "pull"}, containerFields...),
@@ -475,6 +479,7 @@ func (r *Resource) setFields() []string {
 	add("stop-signal", r.StopSignal != "")
 	add("stop-timeout", r.StopTimeout != "")
 	add("labels", r.Labels != nil)
+	add("healthy", r.Healthy)
 	return s
 }
 

@@ -56,6 +56,7 @@ var (
 		"stop-signal":  text,
 		"stop-timeout": text,
 		"labels":       {kind: "map", example: `{com.example.team: "web"}`},
+		"healthy":      flag,
 	}}
 	manifestShape = &shape{kind: "object", fields: map[string]*shape{
 		"module":              text,
