@@ -331,7 +331,7 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		// proved it may; it keeps its row, and Raft gets it (back) below.
 		voter = again.Voter
 		n.log.Warn("a node that is already in the state joins again", "name", req.Name, "address", req.Address)
-	} else if _, err := n.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey}}); err != nil {
+	} else if _, err := n.Propose(ctx, n.nodeAdd(state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey})); err != nil {
 		return JoinReply{}, err
 	}
 	addr := net.JoinHostPort(req.Address, strconv.Itoa(req.Port))
@@ -350,6 +350,17 @@ func (n *Node) servePromote(w http.ResponseWriter, r *http.Request) {
 		rep.Error, rep.Kind = err.Error(), kindOf(err)
 	}
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// nodeAdd is the command that records a joining node. In a mesh halfway
+// through an upgrade, whose older nodes cannot apply a node with a sealing
+// key yet, the key is left out: the node gives it (node.key) once they can.
+func (n *Node) nodeAdd(nd state.Node) *state.NodeAddRequest {
+	r := &state.NodeAddRequest{Node: nd}
+	if nd.SealKey != "" && n.canApply(state.NewCommand(r)) != nil {
+		r.Node.SealKey = ""
+	}
+	return r
 }
 
 // promote makes a node that the state says is a voter a Raft voter (leader only).

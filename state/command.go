@@ -47,9 +47,9 @@ const CommandVersion = 5
 
 // opVersion is the format each op needs when this binary writes it.
 var opVersion = map[string]int{
-	OpInit: 5, OpNodeAdd: 5, OpNodeRemove: 3, OpPublicDomain: 3, OpModuleAdd: 5,
-	OpModuleRemove: 3, OpAssign: 5, OpUnassign: 3, OpReport: 3, OpTokenRotate: 3,
-	OpRestore: 5, OpModulePull: 4, OpSeal: 5, OpNodeKey: 5, OpNodeCert: 5,
+	OpInit: 5, OpNodeAdd: 3, OpNodeRemove: 3, OpPublicDomain: 3, OpModuleAdd: 3,
+	OpModuleRemove: 3, OpAssign: 3, OpUnassign: 3, OpReport: 3, OpTokenRotate: 3,
+	OpRestore: 3, OpModulePull: 4, OpSeal: 5, OpNodeKey: 5, OpNodeCert: 5,
 }
 
 // Command is one replicated change: an envelope of the op, the format it
@@ -75,7 +75,38 @@ func NewCommand(r Request) *Command {
 	if err != nil {
 		panic(fmt.Sprintf("state: encode a %s request: %v", r.Op(), err))
 	}
-	return &Command{Op: r.Op(), V: opVersion[r.Op()], Body: b}
+	v := opVersion[r.Op()]
+	if x, ok := r.(interface{ formatNeeded() int }); ok {
+		v = max(v, x.formatNeeded())
+	}
+	return &Command{Op: r.Op(), V: v, Body: b}
+}
+
+// Requests whose format depends on what they carry: one that carries
+// something sealed (seal.go) needs format 5, so a node whose binary is
+// older is never asked to apply what it would read differently; one that
+// does not stays at its op's format, so a rolling upgrade can go on
+// assigning.
+func (r *AssignRequest) formatNeeded() int      { return sealedFormat(r.Secrets) }
+func (r *ModuleAddRequest) formatNeeded() int   { return sealedFormat(r.Secrets) }
+func (r *RestoreBody) formatNeeded() int        { return sealedFormat(r.Credentials) }
+func (r *NodeAddRequest) formatNeeded() int     { return iff(r.Node.SealKey != "", 5) }
+func (r *TokenRotateRequest) formatNeeded() int { return iff(r.Sealed != nil, 5) }
+
+func sealedFormat(secrets []Secret) int {
+	for _, s := range secrets {
+		if s.Sealed != "" {
+			return 5
+		}
+	}
+	return 0
+}
+
+func iff(cond bool, v int) int {
+	if cond {
+		return v
+	}
+	return 0
 }
 
 // NeedsVersion is the command format c needs (0 for an unknown op).

@@ -255,3 +255,35 @@ func TestVoterSecrets(t *testing.T) {
 		t.Fatalf("after sealing an older mesh's secrets: stale %q, %+v", got, id)
 	}
 }
+
+// A command needs format 5 only when it carries something sealed: during a
+// rolling upgrade, assigns without credentials still go through, and an
+// older node is never asked to apply a sealed secret it would read as an
+// empty plain one (a token rotation above all: it would diverge).
+func TestSealedCommandsNeedFormat5(t *testing.T) {
+	sealed := []Secret{{Pair: Pair{"app", "db"}, Sealed: "x", Digest: "d", Recipients: []string{"k"}}}
+	for _, tc := range []struct {
+		r    Request
+		want int
+	}{
+		{&AssignRequest{Assignment: Assignment{Node: "a", Module: "m"}}, 3},
+		{&AssignRequest{Assignment: Assignment{Node: "a", Module: "m"}, Secrets: sealed}, 5},
+		{&AssignRequest{Assignment: Assignment{Node: "a", Module: "m"}, Secrets: []Secret{{Pair: Pair{"app", "db"}, Value: "plain"}}}, 3},
+		{&ModuleAddRequest{}, 3},
+		{&ModuleAddRequest{Secrets: sealed}, 5},
+		{&NodeAddRequest{Node: Node{Name: "n"}}, 3},
+		{&NodeAddRequest{Node: Node{Name: "n", SealKey: "k"}}, 5},
+		{&TokenRotateRequest{JoinSecret: "plain"}, 3},
+		{&TokenRotateRequest{Sealed: &VoterSecret{Sealed: "x", Recipients: []string{"k"}}}, 5},
+		{&RestoreBody{Credentials: sealed}, 5},
+		{&RestoreBody{}, 3},
+		{&SealRequest{}, 5},
+		{&NodeKeyRequest{}, 5},
+		{&NodeCertRequest{}, 5},
+		{&InitRequest{}, 5},
+	} {
+		if got := NewCommand(tc.r).NeedsVersion(); got != tc.want {
+			t.Errorf("%T %s: format %d, want %d", tc.r, tc.r.describe(), got, tc.want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"fmt"
+	"math"
 	"path"
 	"regexp"
 	"strconv"
@@ -79,7 +80,7 @@ func checkContainerFields(r *Resource) []fieldErr {
 			add("memory", -1, "%s", err)
 		}
 	}
-	if r.CPUs < 0 || r.CPUs > 1024 {
+	if math.IsNaN(r.CPUs) || math.IsInf(r.CPUs, 0) || r.CPUs < 0 || r.CPUs > 1024 {
 		add("cpus", -1, "cpus %v is not between 0.01 and 1024", r.CPUs)
 	} else if r.CPUs != 0 && r.CPUs < 0.01 {
 		add("cpus", -1, "cpus %v is below 0.01", r.CPUs)
