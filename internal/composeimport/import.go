@@ -55,7 +55,10 @@ type Result struct {
 	Notes []string
 }
 
-var labelRE = regexp.MustCompile(`[^a-z0-9-]+`)
+var (
+	labelRE   = regexp.MustCompile(`[^a-z0-9-]+`)
+	secretish = regexp.MustCompile(`(?i)(pass(word|wd)?|secret|token|api_?key|private_?key)`)
+)
 
 // moduleName makes a DNS label of a service name.
 func moduleName(s string) string {
@@ -256,7 +259,7 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 					continue
 				}
 				w.res("file", p, "mode", "0644", "content", string(b))
-				w.note("bind mount of the file %s -> file %s with its content (mode 0644)", v.Source, p)
+				w.note("bind mount of the file %s -> file %s with its content (mode 0644); the content is now in the manifest, which every node replicates: keep secrets out of it", v.Source, p)
 			case err == nil && st.Mode().IsRegular():
 				w.note("bind mount %s is a file over 64 KiB: not carried over; copy it into a declared directory", v.Source)
 				continue
@@ -330,6 +333,11 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 		if !manifest.ValidEnvKey(k) {
 			w.note("environment %s: dropped; a mesh env key is a variable name (letters, digits, _)", k)
 			delete(env, k)
+		}
+	}
+	for _, k := range sortedKeys(env) {
+		if secretish.MatchString(k) && env[k] != "" && !strings.HasSuffix(strings.ToUpper(k), "_FILE") {
+			w.note("environment %s looks like a secret: its value is now in the manifest, which every node replicates; give it as a file under /run/secrets (secrets:) or, for a database, as a mesh credential", k)
 		}
 	}
 	if len(env) > 0 {

@@ -37,6 +37,7 @@ func TestImportRealWorldFiles(t *testing.T) {
 			"db: shm_size: dropped",
 			"runner: not imported: its profile is not active",
 			"db: expose 5432 -> published at 5432 on the node",
+			"db: environment POSTGRES_PASSWORD looks like a secret",
 		},
 		"traefik": {
 			"traefik: bind mount /var/run/docker.sock: not carried over",
