@@ -10,35 +10,35 @@ import (
 	"time"
 )
 
-const crashMod = `module: bedcrash
+const crashMod = `module: {{name}}
 resources:
-  - directory: {{root}}/bedcrash
+  - directory: {{root}}/{{name}}
     mode: "0755"
-  - directory: {{root}}/bedcrash/data
+  - directory: {{root}}/{{name}}/data
     mode: "0777"
-  - directory: {{root}}/bedcrash/www
+  - directory: {{root}}/{{name}}/www
     mode: "0755"
-  - file: {{root}}/bedcrash/www/index.html
+  - file: {{root}}/{{name}}/www/index.html
     mode: "0644"
     content: "{{v}}"
-  - file: {{root}}/bedcrash/conf
+  - file: {{root}}/{{name}}/conf
     mode: "0644"
     content: "{{v}}"
   - step: init
     image: localhost/mesh-bed-busybox:1
     command: ["sh", "-c", "sleep 0.3; cat /conf >> /data/steps.log; echo >> /data/steps.log"]
-    mounts: ["{{root}}/bedcrash/data:/data", "{{root}}/bedcrash/conf:/conf:ro"]
-    restart-on: [{{root}}/bedcrash/conf]
-  - container: bedcrash.web
+    mounts: ["{{root}}/{{name}}/data:/data", "{{root}}/{{name}}/conf:/conf:ro"]
+    restart-on: [{{root}}/{{name}}/conf]
+  - container: {{name}}.web
     image: localhost/mesh-bed-busybox:1
-    command: ["sh", "-c", "trap 'exit 0' TERM; httpd -f -p 18471 -h /www & wait"]
-    ports: ["18471:18471"]
-    mounts: ["{{root}}/bedcrash/www:/www:ro"]
-    restart-on: [{{root}}/bedcrash/www/index.html]
-  - container: bedcrash.worker
+    command: ["sh", "-c", "trap 'exit 0' TERM; httpd -f -p {{port}} -h /www & wait"]
+    ports: ["{{port}}:{{port}}"]
+    mounts: ["{{root}}/{{name}}/www:/www:ro"]
+    restart-on: [{{root}}/{{name}}/www/index.html]
+  - container: {{name}}.worker
     image: localhost/mesh-bed-busybox:1
     command: ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
-    mounts: ["{{root}}/bedcrash/data:/data"]
+    mounts: ["{{root}}/{{name}}/data:/data"]
     restart-on: [init]
 `
 
@@ -48,14 +48,24 @@ resources:
 // TestCrashBed kills the agent with SIGKILL at 20 points of an apply (a
 // growing delay after the change is committed), restarts it, and checks the
 // node converges, the step ran exactly once per input change, and an
-// unassign then leaves no path the mesh created.
+// unassign then leaves no path the mesh created. Each change is to two
+// unrelated modules in one command, so the kills land while both apply at
+// once (reconciler/modules.go).
 func TestCrashBed(t *testing.T) {
 	h := newHost(t, false)
 	srv := filepath.Join(h.dir, "srv")
 	a := h.newAgent(t)
-	mod := func(v string) string { return a.manifest("bedcrash", crashMod, map[string]string{"v": v}) }
-	a.mesh("module", "add", mod("v0"))
+	mods := map[string]string{"bedcrash": "18471", "bedcrash2": "18472"}
+	mod := func(v string) []string {
+		var files []string
+		for _, name := range sortedKeys(mods) {
+			files = append(files, a.manifest(name, crashMod, map[string]string{"v": v, "name": name, "port": mods[name]}))
+		}
+		return files
+	}
+	a.mesh(append([]string{"module", "add"}, mod("v0")...)...)
 	a.mesh("assign", "ace", "bedcrash")
+	a.mesh("assign", "ace", "bedcrash2")
 	want := []string{}
 	points := 20
 	if n, err := strconv.Atoi(os.Getenv("MESH_CRASH_POINTS")); err == nil {
@@ -67,7 +77,7 @@ func TestCrashBed(t *testing.T) {
 		if i == 0 {
 			v = "v0"
 		} else {
-			a.mesh("module", "add", mod(v))
+			a.mesh(append([]string{"module", "add"}, mod(v)...)...)
 		}
 		want = append(want, v)
 		delay := time.Duration(i) * 180 * time.Millisecond
@@ -79,27 +89,31 @@ func TestCrashBed(t *testing.T) {
 		started := time.Since(t0)
 		a.waitConverged(t, "after a kill at "+delay.String())
 		t.Logf("kill %d at %s: agent ready after %s, converged after %s; re-attached to a step: %v", i, delay, started.Round(time.Millisecond), time.Since(t0).Round(time.Millisecond), strings.Contains(a.log(), "re-attached"))
-		b, _ := os.ReadFile(srv + "/bedcrash/data/steps.log")
-		got := strings.Fields(string(b))
-		if strings.Join(got, " ") != strings.Join(want, " ") {
-			t.Fatalf("kill %d (%s into the apply): the step ran for %v, want once for each of %v\n%s", i, delay, got, want, a.log())
+		for _, name := range sortedKeys(mods) {
+			b, _ := os.ReadFile(srv + "/" + name + "/data/steps.log")
+			got := strings.Fields(string(b))
+			if strings.Join(got, " ") != strings.Join(want, " ") {
+				t.Fatalf("kill %d (%s into the apply): %s's step ran for %v, want once for each of %v\n%s", i, delay, name, got, want, a.log())
+			}
+			eventually(t, 20*time.Second, name+"'s web serves "+v, func() (bool, string) {
+				body, err := httpGet("127.0.0.1:" + mods[name])
+				return err == nil && strings.HasSuffix(body, v), body + errString(err)
+			})
 		}
-		eventually(t, 20*time.Second, "web serves "+v, func() (bool, string) {
-			body, err := httpGet("127.0.0.1:18471")
-			return err == nil && strings.HasSuffix(body, v), body + errString(err)
-		})
 	}
 	// The step's own output is the operator's to clean; then unassign leaves
 	// nothing the mesh created.
-	os.Remove(srv + "/bedcrash/data/steps.log")
-	a.mesh("unassign", "ace", "bedcrash", "--wait")
-	if exists(srv + "/bedcrash") {
-		entries, _ := filepath.Glob(srv + "/bedcrash/*")
-		t.Fatalf("unassign left %s: %v", srv+"/bedcrash", entries)
-	}
-	for _, c := range []string{"bedcrash.web", "bedcrash.worker", "bedcrash.init"} {
-		if h.containerID(c) != "" {
-			t.Fatalf("container %s left", c)
+	for _, name := range sortedKeys(mods) {
+		os.Remove(srv + "/" + name + "/data/steps.log")
+		a.mesh("unassign", "ace", name, "--wait")
+		if exists(srv + "/" + name) {
+			entries, _ := filepath.Glob(srv + "/" + name + "/*")
+			t.Fatalf("unassign left %s: %v", srv+"/"+name, entries)
+		}
+		for _, c := range []string{name + ".web", name + ".worker", name + ".init"} {
+			if h.containerID(c) != "" {
+				t.Fatalf("container %s left", c)
+			}
 		}
 	}
 }
