@@ -47,6 +47,23 @@ resources:
 `
 )
 
+// muslResolve prints the first IPv4 address getaddrinfo gives for argv[1].
+const muslResolve = `#include <netdb.h>
+#include <stdio.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+int main(int argc, char **argv) {
+	struct addrinfo hints = {0}, *res;
+	hints.ai_family = AF_INET;
+	int rc = getaddrinfo(argv[1], NULL, &hints, &res);
+	if (rc != 0) { printf("error %s\n", gai_strerror(rc)); return 1; }
+	char buf[64];
+	inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, buf, sizeof buf);
+	printf("%s\n", buf);
+	return 0;
+}
+`
+
 func TestContainerFieldsBed(t *testing.T) {
 	n, _ := startThree(t)
 	srv := filepath.Join(n[1].h.dir, "srv")
@@ -61,6 +78,14 @@ func TestContainerFieldsBed(t *testing.T) {
 	})
 	if rc := n[1].h.podman("exec", "bedfields.app", "cat", "/etc/resolv.conf"); !strings.Contains(rc, "search internal") || !strings.Contains(rc, "nameserver 169.254.53.53") {
 		t.Fatalf("resolv.conf:\n%s", rc)
+	}
+	// busybox resolves with (static) glibc; a program built against musl
+	// resolves the short name too.
+	src := filepath.Join(t.TempDir(), "mresolve.c")
+	os.WriteFile(src, []byte(muslResolve), 0o644)
+	sh(t, "musl-gcc", "-static", "-O2", "-o", filepath.Join(srv, "bedfields", "mresolve"), src)
+	if out := strings.TrimSpace(n[1].h.podman("exec", "bedfields.app", "/data/mresolve", "bedserve")); out != n[2].addr() {
+		t.Fatalf("musl getaddrinfo(bedserve) in the container: %q, want %s", out, n[2].addr())
 	}
 	// Each field, as Podman has it.
 	for format, want := range map[string]string{
