@@ -34,6 +34,11 @@ func (s *sealer) Secret(ctx context.Context, p state.Pair) (string, error) {
 		return "", err
 	}
 	if row.Sealed == "" {
+		if row.Plain == "" {
+			// Never deliver an empty secret (a provider would take it as
+			// the password); a restore of a damaged snapshot could hold one.
+			return "", fmt.Errorf("the state holds no secret for it; the leader seals a new one")
+		}
 		return row.Plain, nil // from an older mesh, until the leader seals it
 	}
 	plain, err := s.id.Open(row.Sealed)

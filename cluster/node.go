@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -78,6 +79,7 @@ type Node struct {
 	mux       *mux
 	tls       *nodeTLS
 	seal      *seal.Identity
+	stopOnce  sync.Once
 	peers     *http.Client
 	peerConns *peerTransport
 	peerAPI   *http.Server
@@ -421,11 +423,7 @@ func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
 
 // Shutdown stops Raft and closes the stores.
 func (n *Node) Shutdown() error {
-	select {
-	case <-n.stop:
-	default:
-		close(n.stop)
-	}
+	n.stopOnce.Do(func() { close(n.stop) })
 	err := n.raft.Shutdown().Error()
 	n.peerAPI.Close()
 	n.transport.Close()

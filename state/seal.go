@@ -122,6 +122,8 @@ func sealNeeds(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 			switch {
 			case !ok:
 				need.Reason = "new"
+			case row.sealed == "" && row.plain == "":
+				need.Reason = "the state holds no secret for it (a damaged restore?)"
 			case row.sealed == "":
 				need.Plain, need.Reason = row.plain, "kept in plain text by an older mesh"
 			default:

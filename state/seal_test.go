@@ -287,3 +287,19 @@ func TestSealedCommandsNeedFormat5(t *testing.T) {
 		}
 	}
 }
+
+// A credential row with neither a sealed nor a plain secret (a damaged
+// restore) is stale and rotates: a new secret, never an empty one.
+func TestEmptySecretRotates(t *testing.T) {
+	s := openStore(t)
+	var idx uint64
+	app := Pair{Consumer: "app", Provider: "postgres"}
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1", SealKey: "kA"}})
+	mustApply(t, s, &idx, &RestoreBody{MeshID: "m-1", Modules: []RestoredModule{{ModuleSpec: spec("pg.yaml", pgSrc)}, {ModuleSpec: spec("app.yaml", appSrc)}},
+		Assignments: []Assignment{{Node: "ace", Module: "postgres"}, {Node: "ace", Module: "app"}},
+		Credentials: []Secret{{Pair: app, Sealed: "", Digest: "d"}}})
+	n := needsOf(t, s, nil)[app]
+	if !n.Rotates() || !strings.Contains(n.Reason, "holds no secret") {
+		t.Fatalf("need of an empty secret: %+v", n)
+	}
+}
