@@ -162,7 +162,7 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 	if err != nil {
 		return err
 	}
-	sealedSecret, err := n.SealToVoters(NewSecret(), me)
+	sealedSecret, err := n.SealToVoters(seal.NewSecret(), me)
 	if err != nil {
 		return err
 	}

@@ -296,10 +296,3 @@ func ParseToken(s string) (Token, error) {
 
 // secretEqual compares secrets in constant time.
 func secretEqual(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
-
-// NewSecret is a random secret (join secrets and credentials).
-func NewSecret() string {
-	b := make([]byte, 24)
-	rand.Read(b)
-	return base64.RawURLEncoding.EncodeToString(b)
-}

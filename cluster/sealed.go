@@ -18,23 +18,10 @@ var ErrNotAVoter = errors.New("only voters hold the mesh's CA key and join secre
 // sealed to the voters (state/seal.go). A mesh made by an older binary may
 // still hold them in plain text, until a voter seals them.
 func (n *Node) OpenIdentity(id state.Identity) (caKey, joinSecret string, err error) {
-	open := func(plain, sealed, what string) (string, error) {
-		if plain != "" {
-			return plain, nil
-		}
-		if sealed == "" {
-			return "", fmt.Errorf("this replica holds no %s (is the mesh initialised?)", what)
-		}
-		v, err := n.seal.Open(sealed)
-		if errors.Is(err, seal.ErrNotForUs) {
-			return "", &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%v: node %s cannot open the %s (a non-voter, or a voter it was not sealed to yet: a voter seals it again within seconds); ask a voter (mesh node list shows them)", ErrNotAVoter, n.cfg.ID, what)}
-		}
-		return v, err
-	}
-	if caKey, err = open(id.CAKey, id.CAKeySealed, "CA key"); err != nil {
+	if caKey, err = n.openVoterSecret(id.CAKey, id.CAKeySealed, "CA key"); err != nil {
 		return "", "", err
 	}
-	if joinSecret, err = open(id.JoinSecret, id.JoinSecretSealed, "join secret"); err != nil {
+	if joinSecret, err = n.JoinSecret(id); err != nil {
 		return "", "", err
 	}
 	return caKey, joinSecret, nil
@@ -42,12 +29,21 @@ func (n *Node) OpenIdentity(id state.Identity) (caKey, joinSecret string, err er
 
 // JoinSecret opens the join secret alone (for `mesh token`).
 func (n *Node) JoinSecret(id state.Identity) (string, error) {
-	if id.JoinSecret != "" {
-		return id.JoinSecret, nil
+	return n.openVoterSecret(id.JoinSecret, id.JoinSecretSealed, "join secret")
+}
+
+// openVoterSecret is a plain copy of an older mesh, else the sealed form
+// opened with this node's key.
+func (n *Node) openVoterSecret(plain, sealed, what string) (string, error) {
+	if plain != "" {
+		return plain, nil
 	}
-	v, err := n.seal.Open(id.JoinSecretSealed)
+	if sealed == "" {
+		return "", fmt.Errorf("this replica holds no %s (is the mesh initialised?)", what)
+	}
+	v, err := n.seal.Open(sealed)
 	if errors.Is(err, seal.ErrNotForUs) {
-		return "", &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%v: node %s cannot open the join secret; run `mesh token` on a voter (mesh node list shows them)", ErrNotAVoter, n.cfg.ID)}
+		return "", &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%v: node %s cannot open the %s (a non-voter, or a voter it was not sealed to yet: a voter seals it again within seconds); ask a voter, e.g. run `mesh token` there (mesh node list shows them)", ErrNotAVoter, n.cfg.ID, what)}
 	}
 	return v, err
 }

@@ -374,7 +374,7 @@ func (a *API) rotateToken(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	sealed, err := a.node.SealToVoters(cluster.NewSecret(), keys)
+	sealed, err := a.node.SealToVoters(seal.NewSecret(), keys)
 	if err != nil {
 		fail(w, err)
 		return

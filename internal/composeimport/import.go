@@ -11,11 +11,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -146,14 +148,7 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	return res, nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // writer builds one module's manifest.
 type writer struct {
@@ -218,7 +213,7 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 	w.res("directory", w.root)
 	w.declared[w.root] = true
 
-	var mounts []string
+	var mounts, tmpfs []string
 	for _, v := range svc.Volumes {
 		ro := ""
 		if v.ReadOnly {
@@ -236,9 +231,9 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 			}
 			p := filepath.Join(w.root, safeBase(v.Source))
 			if !w.declared[p] {
-				w.res("directory", p, "owner", w.ownerOf(svc), "mode", "0750")
+				w.res("directory", p, "owner", owner, "mode", "0750")
 				w.declared[p] = true
-				w.note("named volume %s -> directory %s (owner %s, mode 0750)", v.Source, p, w.ownerOf(svc))
+				w.note("named volume %s -> directory %s (owner %s, mode 0750)", v.Source, p, owner)
 			}
 			mounts = append(mounts, p+":"+path.Clean(v.Target)+ro)
 		case types.VolumeTypeBind:
@@ -264,31 +259,24 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 				w.note("bind mount %s is a file over 64 KiB: not carried over; copy it into a declared directory", v.Source)
 				continue
 			default:
-				w.res("directory", p, "owner", w.ownerOf(svc), "mode", "0750")
+				w.res("directory", p, "owner", owner, "mode", "0750")
 				if err == nil {
-					w.note("bind mount of the directory %s -> directory %s (owner %s, mode 0750); copy its contents there before the first start", v.Source, p, w.ownerOf(svc))
+					w.note("bind mount of the directory %s -> directory %s (owner %s, mode 0750); copy its contents there before the first start", v.Source, p, owner)
 				} else {
-					w.note("bind mount %s (absent here) -> directory %s (owner %s, mode 0750)", v.Source, p, w.ownerOf(svc))
+					w.note("bind mount %s (absent here) -> directory %s (owner %s, mode 0750)", v.Source, p, owner)
 				}
 			}
 			w.declared[p] = true
 			mounts = append(mounts, p+":"+path.Clean(v.Target)+ro)
 		case types.VolumeTypeTmpfs:
-			mounts = append(mounts, "tmpfs:"+path.Clean(v.Target))
+			tmpfs = append(tmpfs, path.Clean(v.Target))
 		default:
 			w.note("volume of type %s at %s: not carried over", v.Type, v.Target)
 		}
 	}
-	var tmpfs []string
-	for _, m := range mounts {
-		if strings.HasPrefix(m, "tmpfs:") {
-			tmpfs = append(tmpfs, strings.TrimPrefix(m, "tmpfs:"))
-		}
-	}
-	mounts = slicesDelete(mounts, func(m string) bool { return strings.HasPrefix(m, "tmpfs:") })
 	if len(svc.Secrets) > 0 {
 		p := filepath.Join(w.root, "secrets")
-		w.res("directory", p, "owner", w.ownerOf(svc), "mode", "0700")
+		w.res("directory", p, "owner", owner, "mode", "0700")
 		mounts = append(mounts, p+":/run/secrets:ro")
 		var names []string
 		for _, s := range svc.Secrets {
@@ -416,7 +404,7 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 		add("read-only", true)
 	}
 	tmpfs = append(tmpfs, svc.Tmpfs...)
-	tmpfs = slicesDelete(tmpfs, func(t string) bool {
+	tmpfs = slices.DeleteFunc(tmpfs, func(t string) bool {
 		if _, err := manifest.ParseTmpfs(t); err != nil {
 			w.note("tmpfs %s: dropped (%v)", t, err)
 			return true
@@ -601,8 +589,6 @@ func onlyDefault(n map[string]*types.ServiceNetworkConfig) bool {
 	return true
 }
 
-func (w *writer) ownerOf(svc types.ServiceConfig) string { return w.owner(svc.User) }
-
 func envOf(m types.MappingWithEquals) map[string]string {
 	out := map[string]string{}
 	for k, v := range m {
@@ -630,14 +616,4 @@ func isText(b []byte) bool {
 		}
 	}
 	return true
-}
-
-func slicesDelete(s []string, drop func(string) bool) []string {
-	out := s[:0]
-	for _, v := range s {
-		if !drop(v) {
-			out = append(out, v)
-		}
-	}
-	return out
 }

@@ -8,6 +8,14 @@ import (
 	"mesh/state"
 )
 
+// NewSecret is a random secret: 24 bytes from crypto/rand, base64url
+// (credentials and the join secret). crypto/rand.Read never fails.
+func NewSecret() string {
+	b := make([]byte, 24)
+	rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
 // Secrets makes what a command carries for each need: a new random secret
 // (or, for one an older mesh kept in plain text, that secret), sealed to the
 // need's keys, with its digest. Only the proposer calls it; the plain
@@ -17,11 +25,7 @@ func Secrets(needs []state.SealNeed) ([]state.Secret, error) {
 	for _, n := range needs {
 		plain := n.Plain
 		if plain == "" {
-			b := make([]byte, 24)
-			if _, err := rand.Read(b); err != nil {
-				return nil, fmt.Errorf("generate a secret: %w", err)
-			}
-			plain = base64.RawURLEncoding.EncodeToString(b)
+			plain = NewSecret()
 		}
 		sealed, err := Seal(plain, n.Keys)
 		if err != nil {
