@@ -3,6 +3,8 @@ package reconciler
 import (
 	"context"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -98,5 +100,23 @@ func TestHealthGateHoldsTheRest(t *testing.T) {
 	r.Failures = []state.ModuleFailure{{Module: "a", HealthGate: true}, {Module: "b"}}
 	if r.OnlyGates() {
 		t.Fatal("a report with a real failure counts as only gates")
+	}
+}
+
+// A declared device is used only if it is a device node reached without a
+// link: a link planted at the device's path or at a directory above it, or
+// a regular file, is refused.
+func TestDeviceMustBeANode(t *testing.T) {
+	if msg := deviceOK("/dev/null"); msg != "" {
+		t.Fatalf("/dev/null: %s", msg)
+	}
+	d := t.TempDir()
+	os.Symlink("/dev/null", filepath.Join(d, "null"))
+	os.Symlink("/dev", filepath.Join(d, "dev"))
+	os.WriteFile(filepath.Join(d, "file"), nil, 0o644)
+	for _, p := range []string{filepath.Join(d, "null"), filepath.Join(d, "dev", "null"), filepath.Join(d, "file"), filepath.Join(d, "none")} {
+		if msg := deviceOK(p); msg == "" {
+			t.Errorf("%s was taken for a device", p)
+		}
 	}
 }
