@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -87,9 +88,18 @@ type Node struct {
 	log       *slog.Logger
 
 	live liveness
-	// nudge asks nudgeFollowers to tell the followers of a commit now.
-	nudge chan struct{}
-	stop  chan struct{}
+	stop chan struct{}
+
+	// Commit notices (committed.go): logStore is Raft's log, read for a
+	// notice's term and a catch-up's entries; notices are the leader's to
+	// send; caughtUp is the newest notice taken as a follower.
+	logStore    raft.LogStore
+	notices     commitNotices
+	caughtUp    atomic.Pointer[committedNotice]
+	catchUpWake chan struct{}
+	// catchingUp is done once catchUp has returned: Shutdown waits for it,
+	// so no catch-up touches the replica after the node stops.
+	catchingUp sync.WaitGroup
 }
 
 // New opens (or creates) the Raft data in cfg.Dir and starts the node. It does
@@ -167,7 +177,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	rc.HeartbeatTimeout = heartbeatTimeout
 	rc.ElectionTimeout = 500 * time.Millisecond
 	rc.LeaderLeaseTimeout = 250 * time.Millisecond
-	rc.CommitTimeout = 20 * time.Millisecond
+	rc.CommitTimeout = commitTimeout
 	rc.SnapshotThreshold = 2048
 	rc.TrailingLogs = 4096
 	rc.NoSnapshotRestoreOnStart = true
@@ -179,8 +189,9 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, seal: sk, logs: closer, log: log, live: liveness{seen: map[string]Seen{}},
-		nudge: make(chan struct{}, 1), stop: make(chan struct{})}
-	go n.nudgeFollowers()
+		stop: make(chan struct{}), logStore: logStore, catchUpWake: make(chan struct{}, 1)}
+	n.catchingUp.Add(1)
+	go func() { defer n.catchingUp.Done(); n.catchUp() }()
 	n.peerConns = &peerTransport{cfg: nt.clientConfig(alpnAPI)}
 	n.peerConns.fresh()
 	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: n.peerConns}
@@ -369,10 +380,7 @@ func (n *Node) commit(c *state.Command, timeout time.Duration) (uint64, error) {
 	err := f.Error()
 	switch {
 	case err == nil:
-		select {
-		case n.nudge <- struct{}{}:
-		default: // one is pending already; it covers this commit too
-		}
+		n.tellCommitted(f.Index())
 		if err, ok := f.Response().(error); ok && err != nil {
 			return f.Index(), err
 		}
@@ -386,6 +394,11 @@ func (n *Node) commit(c *state.Command, timeout time.Duration) (uint64, error) {
 	}
 	return 0, fmt.Errorf("commit %s: %w", c.Op, err)
 }
+
+// commitTimeout is how often Raft sends each follower the leader's commit
+// index when there is nothing new to send; commit notices (committed.go) tell
+// followers sooner. A variable for tests.
+var commitTimeout = 20 * time.Millisecond
 
 // heartbeatTimeout is Raft's; a follower hears from a healthy leader well
 // within it.
@@ -424,6 +437,7 @@ func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
 // Shutdown stops Raft and closes the stores.
 func (n *Node) Shutdown() error {
 	n.stopOnce.Do(func() { close(n.stop) })
+	n.catchingUp.Wait()
 	err := n.raft.Shutdown().Error()
 	n.peerAPI.Close()
 	n.transport.Close()
@@ -432,27 +446,6 @@ func (n *Node) Shutdown() error {
 		err = cerr
 	}
 	return err
-}
-
-// nudgeFollowers tells the followers of a commit at once. hashicorp/raft
-// sends a follower the leader's commit index only with the next entries, or
-// with an empty append every CommitTimeout (20-40 ms here): without a nudge a
-// committed change waits that long before any other node applies it, and
-// every other resolver answers the old names meanwhile. A barrier is the
-// lightest entry there is (the FSM never sees it): appending it sends the
-// new commit index to every follower now. Commits in a burst share one
-// barrier.
-func (n *Node) nudgeFollowers() {
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-n.nudge:
-		}
-		if n.raft.State() == raft.Leader {
-			n.raft.Barrier(heartbeatTimeout).Error()
-		}
-	}
 }
 
 // fsm adapts state.Store to raft.FSM.

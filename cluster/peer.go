@@ -125,6 +125,7 @@ func (n *Node) peerHandler() http.Handler {
 	mux.HandleFunc("POST /v1/promote", member(n.servePromote))
 	mux.HandleFunc("POST /v1/members/remove", member(n.serveRemoveMember))
 	mux.HandleFunc("POST /v1/renew", member(n.serveRenew))
+	mux.HandleFunc("POST /v1/committed", n.serveCommitted)
 	return mux
 }
 

@@ -85,3 +85,35 @@ func fleet(b *testing.B, nodes, modules int) {
 	b.ReportMetric(float64(planBytes)/1e6, "plans-MB")
 	b.ReportMetric(float64(snap.Len())/1e6, "snapshot-MB")
 }
+
+// BenchmarkAssignSmallMesh is bench/multi.sh's workload in the FSM alone:
+// three nodes, 100 modules with one route each, assigned one at a time to
+// the second node. It is the CPU each replica spends per assign.
+func BenchmarkAssignSmallMesh(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		s := openStore(b)
+		at := t0
+		index := uint64(0)
+		apply := func(r Request) {
+			index++
+			at = at.Add(time.Second)
+			if err := s.Apply(index, encodeAt(r, at)); err != nil {
+				b.Fatalf("%s: %v", r.Op(), err)
+			}
+		}
+		apply(&InitRequest{MeshID: "m-small", Domain: "internal", Node: Node{Name: "n1", Address: "10.1.0.1", Voter: true}})
+		apply(&NodeAddRequest{Node: Node{Name: "n2", Address: "10.1.0.2", Voter: true}})
+		apply(&NodeAddRequest{Node: Node{Name: "n3", Address: "10.1.0.3", Voter: true}})
+		var specs []ModuleSpec
+		for j := 0; j < 100; j++ {
+			name := fmt.Sprintf("bedb%04d", j)
+			specs = append(specs, spec(name+".yaml", "module: "+name+"\n"))
+		}
+		apply(&ModuleAddRequest{Modules: specs})
+		b.StartTimer()
+		for j := 0; j < 100; j++ {
+			apply(&AssignRequest{Assignment: Assignment{Node: "n2", Module: fmt.Sprintf("bedb%04d", j)}})
+		}
+	}
+}
