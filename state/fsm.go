@@ -328,6 +328,12 @@ func (s *Store) applyTx(index uint64, at time.Time, req Request) error {
 	if err := tx.Commit(); err != nil {
 		panic(fmt.Sprintf("state: commit apply %d: %v", index, err))
 	}
+	if ruleErr == nil && ap.roster != nil {
+		s.roster.Store(&ap.roster)
+	}
+	if cat := s.cat; cat != nil {
+		s.catPub.Store(&cat)
+	}
 	s.notify()
 	return ruleErr
 }
@@ -357,6 +363,18 @@ type applier struct {
 	at    string // the proposer's time
 	// catChanged: this command writes the catalogue.
 	catChanged bool
+	// rosterChanged: this command writes the roster table itself (besides
+	// recompose), so the kept roster is not what it diffs against.
+	rosterChanged bool
+	// roster is the roster recompose wrote, kept once the command commits.
+	roster []Name
+}
+
+// rosterChanges says the command being applied writes the roster table
+// outside recompose: what the store keeps of it is no longer the truth.
+func (ap *applier) rosterChanges() {
+	ap.rosterChanged = true
+	ap.s.roster.Store(nil)
 }
 
 func (ap *applier) apply(req Request) (bool, error) {
@@ -391,6 +409,7 @@ func (ap *applier) apply(req Request) (bool, error) {
 		return ap.nodeCert(r)
 	case *RestoreBody:
 		ap.catalogueChanges()
+		ap.rosterChanges()
 		return ap.s.applyRestore(ap.tx, r)
 	}
 	panic(fmt.Sprintf("state: no apply function for %T", req))
@@ -453,6 +472,7 @@ func (ap *applier) nodeRemove(r *NodeRemoveRequest) (bool, error) {
 	}
 	mustExec(tx, `DELETE FROM assignments WHERE node = ?`, r.Name)
 	mustExec(tx, `DELETE FROM nodes WHERE name = ?`, r.Name)
+	ap.rosterChanges()
 	mustExec(tx, `DELETE FROM roster WHERE node = ?`, r.Name)
 	mustExec(tx, `DELETE FROM reports WHERE node = ?`, r.Name)
 	return true, nil
@@ -681,7 +701,7 @@ func validDomain(d string) bool {
 func (s *Store) catalogue(ctx context.Context, q queryer) (map[string]*manifest.Manifest, error) {
 	// The FSM reads the catalogue it keeps, unless the command being
 	// applied changes it (then its transaction is the truth).
-	ap, _ := ctx.Value(applyingKey{}).(*applier)
+	ap := applying(ctx)
 	if ap != nil && !ap.catChanged && s.cat != nil {
 		return s.cat, nil
 	}
@@ -690,6 +710,12 @@ func (s *Store) catalogue(ctx context.Context, q queryer) (map[string]*manifest.
 		s.cat = cat
 	}
 	return cat, err
+}
+
+// applying is the command being applied in ctx, nil outside the FSM.
+func applying(ctx context.Context) *applier {
+	ap, _ := ctx.Value(applyingKey{}).(*applier)
+	return ap
 }
 
 // applyingKey marks the context of a command being applied; its value is
@@ -702,6 +728,7 @@ type applyingKey struct{}
 func (ap *applier) catalogueChanges() {
 	ap.catChanged = true
 	ap.s.cat = nil
+	ap.s.catPub.Store(nil)
 }
 
 func (s *Store) readCatalogue(ctx context.Context, q queryer) (map[string]*manifest.Manifest, error) {
@@ -873,8 +900,12 @@ func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, at, cau
 		}
 	}
 	SortRoster(roster)
-	old, err := readRoster(ctx, tx)
-	if err != nil {
+	roster = slices.Compact(roster) // the table's key is the whole row
+	var old []Name
+	a := applying(ctx)
+	if kept := s.roster.Load(); kept != nil && a != nil && !a.rosterChanged {
+		old = *kept
+	} else if old, err = readRoster(ctx, tx); err != nil {
 		return err
 	}
 	for _, c := range RosterChanges(old, roster) {
@@ -897,6 +928,9 @@ func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, at, cau
 		if !now[r] {
 			mustExec(tx, `DELETE FROM roster WHERE name = ? AND address = ? AND node = ?`, r.Name, r.Address, r.Node)
 		}
+	}
+	if a != nil {
+		a.roster = roster
 	}
 	// Drop parsed manifests that left the catalogue.
 	keep := map[string]bool{}

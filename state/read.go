@@ -1,6 +1,7 @@
 package state
 
 import (
+	"slices"
 	"context"
 
 	"database/sql"
@@ -180,7 +181,12 @@ func (s *Store) Manifest(ctx context.Context, name string) (*manifest.Manifest, 
 }
 
 // Roster reads the derived names.
-func (s *Store) Roster(ctx context.Context) ([]Name, error) { return readRoster(ctx, s.db) }
+func (s *Store) Roster(ctx context.Context) ([]Name, error) {
+	if r := s.roster.Load(); r != nil {
+		return slices.Clone(*r), nil
+	}
+	return readRoster(ctx, s.db)
+}
 
 func readRoster(ctx context.Context, q queryer) ([]Name, error) {
 	rows, err := q.QueryContext(ctx, `SELECT name, address, node FROM roster ORDER BY name, address, node`)

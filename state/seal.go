@@ -151,8 +151,11 @@ func sealNeeds(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 // that adds extra (an assignment; may be nil) or the manifests added (which
 // replace those of the same name), in a stable order.
 func (s *Store) SealNeeds(ctx context.Context, extra *Assignment, added []*manifest.Manifest) ([]SealNeed, error) {
-	cat, err := s.readCatalogue(ctx, s.db)
-	if err != nil {
+	var cat map[string]*manifest.Manifest
+	var err error
+	if kept := s.catPub.Load(); kept != nil {
+		cat = *kept
+	} else if cat, err = s.readCatalogue(ctx, s.db); err != nil {
 		return nil, err
 	}
 	if len(added) > 0 {

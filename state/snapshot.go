@@ -248,6 +248,8 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) error {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	s.cat = nil // whatever happens below, the kept catalogue is not the truth
+	s.roster.Store(nil)
+	s.catPub.Store(nil)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"mesh/state/manifest"
 
@@ -49,6 +50,15 @@ type Store struct {
 	// recomposes, and reading the catalogue's rows each time cost more than
 	// the rest of an assign with a thousand modules.
 	cat map[string]*manifest.Manifest
+	// roster is the roster table as the last committed command left it,
+	// sorted and without duplicates, nil when not known. It is set only
+	// under applyMu, after a commit, and never changed in place: the FSM
+	// diffs against it and the resolver reads it after every change,
+	// instead of reading every row twice per command.
+	roster atomic.Pointer[[]Name]
+	// catPub is cat published for readers outside the FSM (a proposer's
+	// SealNeeds), as of the last commit; nil when not known.
+	catPub atomic.Pointer[map[string]*manifest.Manifest]
 
 	// OnDiskFull, when set, is told once per command that waits for space.
 	OnDiskFull func(index uint64)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mesh/state/manifest"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -521,19 +522,46 @@ func TestKeptCatalogueIsTheTruth(t *testing.T) {
 		&UnassignRequest{Assignment: Assignment{Node: "novox", Module: "app"}},
 		&ModuleRemoveRequest{Name: "app"},
 		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "postgres"}},
+		// A removal deletes the node's names itself, before recompose.
+		&NodeAddRequest{Node: Node{Name: "g14", Address: "10.0.0.3"}},
+		&AssignRequest{Assignment: Assignment{Node: "g14", Module: "web"}},
+		&NodeRemoveRequest{Name: "g14", Force: true},
+		&AssignRequest{Assignment: Assignment{Node: "novox", Module: "web"}},
 	)
 	kept, afresh := openStore(t), openStore(t)
+	forget := func() { afresh.cat = nil; afresh.roster.Store(nil) }
+	ctx := context.Background()
 	for i, r := range reqs {
 		e := encodeAt(r, t0.Add(time.Duration(i)*time.Second))
 		ek := kept.Apply(uint64(i+1), e)
-		afresh.cat = nil
+		forget()
 		ef := afresh.Apply(uint64(i+1), e)
-		afresh.cat = nil
+		forget()
 		if fmt.Sprint(ek) != fmt.Sprint(ef) {
 			t.Fatalf("command %d (%s): %v with the kept catalogue, %v without", i+1, r.Op(), ek, ef)
 		}
 		if dk, df := dumpJSON(t, kept), dumpJSON(t, afresh); dk != df {
 			t.Fatalf("after command %d (%s) the replicas differ:\n%s\n%s", i+1, r.Op(), dk, df)
+		}
+		// The roster the resolver reads is the table's.
+		got, _ := kept.Roster(ctx)
+		want, _ := readRoster(ctx, kept.db)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("after command %d (%s) the kept roster is\n%v\nthe table\n%v", i+1, r.Op(), got, want)
+		}
+		// So is the catalogue a proposer's SealNeeds reads, when published.
+		if pub := kept.catPub.Load(); pub != nil {
+			fresh, _ := kept.readCatalogue(ctx, kept.db)
+			digests := func(c map[string]*manifest.Manifest) map[string]string {
+				d := map[string]string{}
+				for k, m := range c {
+					d[k] = m.Digest
+				}
+				return d
+			}
+			if g, w := fmt.Sprint(digests(*pub)), fmt.Sprint(digests(fresh)); g != w {
+				t.Fatalf("after command %d (%s) the published catalogue is %s, the table %s", i+1, r.Op(), g, w)
+			}
 		}
 	}
 	if !strings.Contains(dumpJSON(t, kept), "localhost/busybox:2") || strings.Contains(dumpJSON(t, kept), "localhost/busybox:3") {
