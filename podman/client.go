@@ -110,9 +110,10 @@ func (c *Client) connect(ctx context.Context) (context.Context, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to Podman at %s: %w", c.socket, err)
 	}
-	if v, err := system.Version(conn, nil); err == nil && v.Server != nil {
-		c.log.Info("connected to podman", "socket", c.socket, "version", v.Server.Version)
-	}
+	// The version the connection's ping reported: asking /version instead
+	// makes Podman gather its whole `info`, which runs dpkg-query or rpm
+	// several times (seconds of CPU on a small host) at every connect.
+	c.log.Info("connected to podman", "socket", c.socket, "api_version", bindings.ServiceVersion(conn).String())
 	c.conn = conn
 	return conn, nil
 }
