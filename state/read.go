@@ -1,15 +1,15 @@
 package state
 
 import (
-	"slices"
 	"context"
-
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"mesh/state/manifest"
+	"slices"
 	"strings"
 	"time"
+
+	"mesh/state/manifest"
 )
 
 // NodeInfo is a node as `mesh node list` and `mesh status` show it.

@@ -15,6 +15,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -674,7 +675,7 @@ var Forbidden = []string{
 
 // Within reports whether p is dir or inside it.
 func Within(p, dir string) bool {
-	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
+	return p == dir || dir == "/" || len(p) > len(dir) && p[len(dir)] == '/' && strings.HasPrefix(p, dir)
 }
 
 func checkPath(p string) string {
@@ -763,16 +764,41 @@ func (n Nesting) String() string {
 // host path of a writable mount (of the same container or another). Such a
 // pair lets one container replace the other's mount source with a link; the
 // mesh refuses it (DESIGN section 5).
+//
+// The pairs come in the order of the outer mount, then of the inner one, as
+// ms lists them. Composition runs this over every mount of a node at every
+// command, so the inner mounts of each outer are found by a binary search
+// over the sources sorted, not by comparing every pair.
 func NestedMounts(ms []MountAt) []Nesting {
+	bySource := make([]int, len(ms))
+	for i := range bySource {
+		bySource[i] = i
+	}
+	sort.SliceStable(bySource, func(a, b int) bool { return ms[bySource[a]].Mount.Source < ms[bySource[b]].Mount.Source })
 	var out []Nesting
+	var inner []int
 	for _, outer := range ms {
 		if outer.Mount.ReadOnly {
 			continue
 		}
-		for _, inner := range ms {
-			if inner.Mount.Source != outer.Mount.Source && Within(inner.Mount.Source, outer.Mount.Source) {
-				out = append(out, Nesting{Outer: outer, Inner: inner})
+		inner = inner[:0]
+		if dir := outer.Mount.Source; dir == "/" {
+			for i, m := range ms {
+				if m.Mount.Source != dir {
+					inner = append(inner, i)
+				}
 			}
+		} else {
+			// Every source under dir+"/" sorts at or after it and before
+			// dir+"0" ('0' follows '/').
+			lo := sort.Search(len(bySource), func(k int) bool { return ms[bySource[k]].Mount.Source >= dir+"/" })
+			for k := lo; k < len(bySource) && strings.HasPrefix(ms[bySource[k]].Mount.Source, dir+"/"); k++ {
+				inner = append(inner, bySource[k])
+			}
+			slices.Sort(inner)
+		}
+		for _, i := range inner {
+			out = append(out, Nesting{Outer: outer, Inner: ms[i]})
 		}
 	}
 	return out

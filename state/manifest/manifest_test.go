@@ -3,8 +3,10 @@ package manifest
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -324,5 +326,51 @@ func BenchmarkParseResources(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// NestedMounts finds exactly the pairs, in exactly the order, that comparing
+// every pair finds: composition errors (and so replicas) depend on both.
+func TestNestedMountsIsEveryPair(t *testing.T) {
+	naive := func(ms []MountAt) []Nesting {
+		var out []Nesting
+		for _, outer := range ms {
+			if outer.Mount.ReadOnly {
+				continue
+			}
+			for _, inner := range ms {
+				if inner.Mount.Source != outer.Mount.Source && Within(inner.Mount.Source, outer.Mount.Source) {
+					out = append(out, Nesting{Outer: outer, Inner: inner})
+				}
+			}
+		}
+		return out
+	}
+	parts := []string{"srv", "srv-a", "a", "a.b", "b", "srv0", "x"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 2000; round++ {
+		var ms []MountAt
+		for i := rng.IntN(12); i > 0; i-- {
+			p := ""
+			for d := rng.IntN(4); d >= 0; d-- {
+				p += "/" + parts[rng.IntN(len(parts))]
+			}
+			if rng.IntN(20) == 0 {
+				p = "/"
+			}
+			ms = append(ms, MountAt{Module: "m", Resource: len(ms), Mount: Mount{Source: p, ReadOnly: rng.IntN(3) == 0}})
+		}
+		if got, want := NestedMounts(ms), naive(ms); !reflect.DeepEqual(got, want) {
+			t.Fatalf("mounts %+v:\n got %+v\nwant %+v", ms, got, want)
+		}
+	}
+	// Within, allocation-free, still means "is or is inside".
+	for _, c := range []struct {
+		p, dir string
+		want   bool
+	}{{"/srv", "/srv", true}, {"/srv/a", "/srv", true}, {"/srv-a", "/srv", false}, {"/srv", "/srv/a", false}, {"/sr", "/srv", false}, {"/x", "/", true}, {"/srvx/a", "/srv", false}} {
+		if got := Within(c.p, c.dir); got != c.want {
+			t.Errorf("Within(%q, %q) = %v", c.p, c.dir, got)
+		}
 	}
 }
