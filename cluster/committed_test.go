@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,22 +21,7 @@ func TestCommitNoticeAppliesAtOnce(t *testing.T) {
 	defer func(d time.Duration) { commitTimeout = d }(commitTimeout)
 	commitTimeout = 3 * time.Second
 	ctx := context.Background()
-	dirA := initDir(t, LogStoreWAL)
-	a := startAgent(t, dirA)
-	defer a.Stop()
-	waitLeader(t, a)
-	id, _ := a.Store.Identity(ctx)
-	secret, err := a.Node.JoinSecret(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
-	dirB := filepath.Join(t.TempDir(), "novox")
-	if err := Join(ctx, JoinConfig{DataDir: dirB, Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t)}); err != nil {
-		t.Fatal(err)
-	}
-	b := startAgent(t, dirB)
-	defer b.Stop()
+	a, b := twoNodes(t)
 	caughtUp := func(within time.Duration) bool {
 		want, _ := a.Store.AppliedIndex()
 		for deadline := time.Now().Add(within); ; time.Sleep(5 * time.Millisecond) {

@@ -172,3 +172,26 @@ func BenchmarkApply(b *testing.B) {
 		})
 	}
 }
+
+// twoNodes starts a mesh of ace (its leader) and novox, joined with a token
+// as `mesh join` would; both stop when the test ends.
+func twoNodes(t *testing.T) (a, b *Member) {
+	t.Helper()
+	ctx := context.Background()
+	a = startAgent(t, initDir(t, LogStoreWAL))
+	t.Cleanup(func() { a.Stop() })
+	waitLeader(t, a)
+	id, _ := a.Store.Identity(ctx)
+	secret, err := a.Node.JoinSecret(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
+	dirB := filepath.Join(t.TempDir(), "novox")
+	if err := Join(ctx, JoinConfig{DataDir: dirB, Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t)}); err != nil {
+		t.Fatal(err)
+	}
+	b = startAgent(t, dirB)
+	t.Cleanup(func() { b.Stop() })
+	return a, b
+}

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -17,22 +16,7 @@ import (
 func TestCertificateRenewsWithoutARestart(t *testing.T) {
 	t.Setenv(NodeCertLifeEnv, "12s")
 	ctx := context.Background()
-	dirA := initDir(t, LogStoreWAL)
-	a := startAgent(t, dirA)
-	defer a.Stop()
-	waitLeader(t, a)
-	id, _ := a.Store.Identity(ctx)
-	secret, err := a.Node.JoinSecret(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
-	dirB := filepath.Join(t.TempDir(), "novox")
-	if err := Join(ctx, JoinConfig{DataDir: dirB, Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t)}); err != nil {
-		t.Fatal(err)
-	}
-	b := startAgent(t, dirB)
-	defer b.Stop()
+	a, b := twoNodes(t)
 	first := map[string]time.Time{"ace": a.Node.tls.current().Leaf.NotAfter, "novox": b.Node.tls.current().Leaf.NotAfter}
 
 	// Writes through novox (forwarded to the leader) all along.

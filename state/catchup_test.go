@@ -18,19 +18,24 @@ func raftLog() (entries [][]byte, command []bool) {
 	return entries, command
 }
 
-// CatchUp applies what a leader's notice says is committed, from the log;
-// Raft's own Apply of the same entries afterwards changes nothing, and the
-// replica ends as one that only Raft fed. A hole in the log stops it there,
-// and a replica too far behind is left to Raft.
-func TestCatchUpThenRaftApply(t *testing.T) {
-	entries, command := raftLog()
+// raftAlone is the replica Raft's Apply alone makes of the log.
+func raftAlone(t *testing.T, entries [][]byte, command []bool) string {
 	ref := openStore(t)
 	for i, e := range entries {
 		if command[i] {
 			ref.Apply(uint64(i+1), e)
 		}
 	}
-	want := dumpJSON(t, ref)
+	return dumpJSON(t, ref)
+}
+
+// CatchUp applies what a leader's notice says is committed, from the log;
+// Raft's own Apply of the same entries afterwards changes nothing, and the
+// replica ends as one that only Raft fed. A hole in the log stops it there,
+// and a replica too far behind is left to Raft.
+func TestCatchUpThenRaftApply(t *testing.T) {
+	entries, command := raftLog()
+	want := raftAlone(t, entries, command)
 
 	s := openStore(t)
 	hole := uint64(0)
@@ -83,13 +88,7 @@ func TestCatchUpThenRaftApply(t *testing.T) {
 // command applies exactly once, in order, whoever gets there first.
 func TestCatchUpRacesRaftApply(t *testing.T) {
 	entries, command := raftLog()
-	ref := openStore(t)
-	for i, e := range entries {
-		if command[i] {
-			ref.Apply(uint64(i+1), e)
-		}
-	}
-	want := dumpJSON(t, ref)
+	want := raftAlone(t, entries, command)
 	for round := 0; round < 10; round++ {
 		s := openStore(t)
 		var wg sync.WaitGroup
