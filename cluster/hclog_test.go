@@ -2,13 +2,13 @@ package cluster
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"log/slog"
-	"strings"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
+
+	"mesh/internal/testutil"
 )
 
 // Raft's lines through the adapter into a JSON handler: one object a line,
@@ -19,19 +19,11 @@ func TestHclogAdapterJSON(t *testing.T) {
 	l.Warn("heartbeat timeout reached, starting election", "last-leader-addr", hclog.Fmt("%s:%d", "10.0.0.1", 7430), "err", errors.New("boom"))
 	l.Debug("not shown at the default level")
 	l.Info("entering follower state", "follower", stringer("Node at 10.0.0.2 [Follower]"))
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("want 2 lines, got %q", buf.String())
-	}
-	var w map[string]any
-	if err := json.Unmarshal([]byte(lines[0]), &w); err != nil {
-		t.Fatal(err)
-	}
+	lines := testutil.JSONLines(t, buf.String(), 2)
+	w, i := lines[0], lines[1]
 	if w["level"] != "WARN" || w["component"] != "raft" || w["last-leader-addr"] != "10.0.0.1:7430" || w["err"] != "boom" {
 		t.Fatalf("warn line: %v", w)
 	}
-	var i map[string]any
-	json.Unmarshal([]byte(lines[1]), &i)
 	if i["level"] != "INFO" || i["follower"] != "Node at 10.0.0.2 [Follower]" {
 		t.Fatalf("info line: %v", i)
 	}

@@ -2,12 +2,12 @@ package podman
 
 import (
 	"bytes"
-	"encoding/json"
 	"log/slog"
-	"strings"
 	"testing"
 
 	"github.com/sirupsen/logrus"
+
+	"mesh/internal/testutil"
 )
 
 // What the bindings log through logrus comes out of the agent's logger, at
@@ -17,14 +17,7 @@ func TestRouteLogs(t *testing.T) {
 	RouteLogs(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	logrus.WithField("alias", "x").Warnf("ssh_config alias found: %s", "x")
 	logrus.Debug("a debug line")
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("want 2 lines, got %q", buf.String())
-	}
-	var w map[string]any
-	if err := json.Unmarshal([]byte(lines[0]), &w); err != nil {
-		t.Fatal(err)
-	}
+	w := testutil.JSONLines(t, buf.String(), 2)[0]
 	if w["level"] != "WARN" || w["msg"] != "ssh_config alias found: x" || w["alias"] != "x" || w["component"] != "podman-bindings" {
 		t.Fatalf("%v", w)
 	}

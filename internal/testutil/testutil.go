@@ -4,6 +4,7 @@
 package testutil
 
 import (
+	"encoding/json"
 	"log/slog"
 	"net"
 	"strings"
@@ -31,4 +32,21 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// JSONLines decodes a JSON log of exactly want lines, one object per line,
+// failing t if it holds another number of lines or one does not decode.
+func JSONLines(t testing.TB, log string, want int) []map[string]any {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	if len(lines) != want {
+		t.Fatalf("want %d log lines, got %q", want, log)
+	}
+	out := make([]map[string]any, len(lines))
+	for i, l := range lines {
+		if err := json.Unmarshal([]byte(l), &out[i]); err != nil {
+			t.Fatalf("log line %d is not JSON (%v): %s", i+1, err, l)
+		}
+	}
+	return out
 }
