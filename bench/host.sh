@@ -2,7 +2,9 @@
 # Host benchmarks (issue: the host), against real Podman, as root:
 #  1. first apply of 20 containers by mesh vs a shell loop of the same 20
 #     `podman run -d`, on the same Podman service: wall time and ratio;
-#  2. a no-op apply with 50 containers on the node: wall time and Podman calls.
+#  2. a no-op apply with 50 containers on the node: wall time and Podman calls;
+#  3. how much of a start Podman itself does at once (bench/podinit), which
+#     bounds a single module, whose containers start in the order written.
 # Usage: sudo bash bench/host.sh      (prints figures; cleans up after itself)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,7 @@ printf '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger =
 pm() { podman --root "$B/root" --runroot "$B/runroot" "$@"; }
 
 go build -o "$B/mesh" .
+go build -o "$B/podinit" ./bench/podinit
 ip link add "$LINK" type bridge && ip addr add "$DNS/32" dev "$LINK" && ip link set "$LINK" up
 
 # The test image, from busybox.
@@ -84,6 +87,11 @@ parts_ms=$((t1 - t0))
 echo "  the same 20 as 5 modules of 4, mesh assign x5: ${parts_ms} ms"
 awk -v a="$parts_ms" -v b="$loop_ms" 'BEGIN { printf "  ratio mesh (5 modules) / loop: %.2f\n", a / b }'
 grep -o 'msg="applied plan" node=bench component=reconciler version=[0-9]* mutations=[0-9]*' "$B/agent.log" | tail -3 | sed 's/^/  /'
+# What bounds a single module, whose containers start one after the other:
+# how much of its start work Podman does at once when asked to (podinit).
+echo "Podman's own start work, 8 containers on the same service:"
+"$B/podinit" "$B/podman.sock" localhost/mesh-bench:1 8
+pm rm -af -t 0 --filter name=podinit >/dev/null
 for m in 1 2 3 4; do "$B/mesh" unassign bench "part$m" >/dev/null; done
 "$B/mesh" unassign bench part5 --wait --timeout 5m >/dev/null
 echo "unassign of the 20 (each stop waits out a 10 s timeout):"

@@ -395,6 +395,7 @@ func TestMultiNode(t *testing.T) {
 	var acked []string
 	failed := 0
 	reasons := map[string]int{}
+	var victim *agent
 	for i := 0; i < 200; i++ {
 		switch i {
 		case 20:
@@ -405,6 +406,23 @@ func TestMultiNode(t *testing.T) {
 			leader.cmd.Process.Kill() // SIGKILL: no goodbye
 			leader.cmd.Wait()
 			leader.cmd = nil
+		case 100:
+			leader.start()
+		case 120:
+			// A follower (not the client), which applies commits from the
+			// leader's notices ahead of Raft, is killed mid-stream and back
+			// at 150: it must end with every acknowledged assign.
+			var now struct{ Leader string }
+			json.Unmarshal([]byte(client.mesh("status", "--json")), &now)
+			victim = third
+			if third.name == now.Leader {
+				victim = leader
+			}
+			victim.cmd.Process.Kill()
+			victim.cmd.Wait()
+			victim.cmd = nil
+		case 150:
+			victim.start()
 		}
 		node, module := fmt.Sprintf("n%d", i%3+1), fmt.Sprintf("bedk%02d", i/3)
 		out, err := client.command("assign", node, module, "--data-dir", client.n.dir).CombinedOutput()
@@ -424,7 +442,7 @@ func TestMultiNode(t *testing.T) {
 		}
 		reasons[said]++
 	}
-	t.Logf("%s cut off for assigns 20-50, kill -9 of %s at assign 60: %d of 200 acknowledged, %d refused (%v)", third.name, leader.name, len(acked), failed, reasons)
+	t.Logf("%s cut off for assigns 20-50, kill -9 of %s at assign 60, back at 100, kill -9 of the follower %s at 120 and back at 150: %d of 200 acknowledged, %d refused (%v)", third.name, leader.name, victim.name, len(acked), failed, reasons)
 	raftWarns := 0
 	for _, l := range strings.Split(client.log(), "\n") {
 		var line struct{ Time, Level, Msg, Component string }
@@ -442,7 +460,6 @@ func TestMultiNode(t *testing.T) {
 	if len(acked) < 150 {
 		t.Fatalf("only %d assigns acknowledged: the mesh did not recover from losing its leader", len(acked))
 	}
-	leader.start()
 	for i := 1; i <= 3; i++ {
 		i := i
 		eventually(t, 30*time.Second, fmt.Sprintf("n%d holds every acknowledged assign", i), func() (bool, string) {
