@@ -49,5 +49,7 @@ say "fuzz: resolver query handler"
 go test -run '^$' -fuzz '^FuzzAnswer$' -fuzztime "${MESH_FUZZTIME:-30s}" ./dnsd
 say "fuzz: the resolver's fast path agrees with its general path"
 go test -run '^$' -fuzz '^FuzzFastPathAgrees$' -fuzztime "${MESH_FUZZTIME_FAST:-60s}" ./dnsd
+say "fuzz: mesh import compose"
+go test -run '^$' -fuzz '^FuzzImport$' -fuzztime "${MESH_FUZZTIME:-30s}" ./internal/composeimport
 
 say "all checks passed"

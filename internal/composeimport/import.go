@@ -85,6 +85,9 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if env == nil {
 		env = os.Environ()
 	}
+	if err := guardFiles(abs, env); err != nil {
+		return nil, err
+	}
 	fns := []cli.ProjectOptionsFn{
 		cli.WithWorkingDirectory(filepath.Dir(abs)), cli.WithEnv(env), cli.WithDotEnv,
 		cli.WithResolvedPaths(true), cli.WithInterpolation(true), cli.WithNormalization(true),
@@ -135,6 +138,9 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 			w.deps[d] = moduleName(d)
 		}
 		w.service(svc, volOwner)
+		if w.err != nil {
+			return nil, w.err
+		}
 		text := w.text()
 		if _, err := manifest.Parse(m+".yaml", []byte(text)); err != nil {
 			return nil, fmt.Errorf("the manifest made from service %s does not pass mesh check (a bug of the import; please report it with the compose file):\n%v\n---\n%s", n, err, text)
@@ -157,6 +163,16 @@ type writer struct {
 	lines                      []string
 	notes                      []string
 	declared                   map[string]bool
+	// err is the first thing of the service that has no manifest form.
+	err error
+}
+
+// refuse records what of the service the import cannot carry over and
+// must not drop silently; the import then fails with it.
+func (w *writer) refuse(format string, a ...any) {
+	if w.err == nil {
+		w.err = fmt.Errorf("service %s: %s", w.svc, fmt.Sprintf(format, a...))
+	}
 }
 
 func (w *writer) note(format string, a ...any) {
@@ -218,6 +234,10 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 		ro := ""
 		if v.ReadOnly {
 			ro = ":ro"
+		}
+		if !path.IsAbs(v.Target) {
+			w.refuse("volume %s: its container path %q is not absolute; fix the compose file", v.Source, v.Target)
+			continue
 		}
 		switch v.Type {
 		case types.VolumeTypeVolume:

@@ -1,0 +1,121 @@
+package composeimport
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"mesh/state/manifest"
+)
+
+// compose-go reads every file a compose file names whole: one naming a
+// device, a FIFO, a directory or a huge file, directly, through a link,
+// through interpolation, or from a file an extends or include names, must
+// get an error that names it, at once, instead of a hang that eats memory.
+func TestImportRefusesFilesItCannotReadWhole(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(dir, "huge.env")
+	f, err := os.Create(huge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(maxComposeFile + 1) // sparse
+	f.Close()
+	link := filepath.Join(dir, "zero-link")
+	os.Symlink("/dev/zero", link)
+	nestedBad := filepath.Join(dir, "base.yaml")
+	os.WriteFile(nestedBad, []byte("services:\n  b:\n    image: busybox\n    env_file: /dev/zero\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "good.yaml"), []byte("services:\n  g:\n    image: busybox\n"), 0o644)
+
+	cases := []struct{ name, compose, dotEnv, want string }{
+		{"env_file a device", "services:\n  a:\n    image: busybox\n    env_file: /dev/zero\n", "", "env_file of service a: /dev/zero is a device"},
+		{"env_file long form, a FIFO", "services:\n  a:\n    image: busybox\n    env_file:\n      - path: " + fifo + "\n", "", "is a named pipe"},
+		{"label_file a link to a device", "services:\n  a:\n    image: busybox\n    label_file: " + link + "\n", "", "is a device"},
+		{"env_file too big", "services:\n  a:\n    image: busybox\n    env_file: huge.env\n", "", "more than the import reads"},
+		{"extends a directory", "services:\n  a:\n    image: busybox\n    extends:\n      file: " + dir + "\n      service: b\n", "", "is a directory"},
+		{"extends through interpolation", "services:\n  a:\n    extends:\n      file: ${NOPE:-/dev/zero}\n      service: b\n", "", "is a device"},
+		{"extends a file that names a device", "services:\n  a:\n    extends:\n      file: base.yaml\n      service: b\n", "", "env_file of service b: /dev/zero is a device"},
+		{"include a device", "include:\n  - /dev/zero\nservices:\n  a:\n    image: busybox\n", "", "is a device"},
+		{"include's env_file a FIFO", "include:\n  - path: good.yaml\n    env_file: " + fifo + "\nservices:\n  a:\n    image: busybox\n", "", "is a named pipe"},
+		{"path from .env", "services:\n  a:\n    image: busybox\n    env_file: ${WHERE}\n", "WHERE=/dev/zero\n", "is a device"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := t.TempDir()
+			for _, p := range []string{"huge.env", "base.yaml", "good.yaml"} {
+				os.Symlink(filepath.Join(dir, p), filepath.Join(d, p))
+			}
+			file := filepath.Join(d, "compose.yaml")
+			os.WriteFile(file, []byte(c.compose), 0o644)
+			if c.dotEnv != "" {
+				os.WriteFile(filepath.Join(d, ".env"), []byte(c.dotEnv), 0o644)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := Import(context.Background(), Options{File: file, Env: []string{}})
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("got %v, want an error saying %q", err, c.want)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the import hung")
+			}
+		})
+	}
+	// The compose file and its .env themselves.
+	d := t.TempDir()
+	os.Symlink(fifo, filepath.Join(d, ".env"))
+	os.WriteFile(filepath.Join(d, "compose.yaml"), []byte("services:\n  a:\n    image: busybox\n"), 0o644)
+	if _, err := Import(context.Background(), Options{File: filepath.Join(d, "compose.yaml"), Env: []string{}}); err == nil || !strings.Contains(err.Error(), "the .env beside it") {
+		t.Fatalf("a FIFO for .env: %v", err)
+	}
+	if _, err := Import(context.Background(), Options{File: "/dev/zero", Env: []string{}}); err == nil || !strings.Contains(err.Error(), "the compose file /dev/zero is a device") {
+		t.Fatalf("/dev/zero as the compose file: %v", err)
+	}
+}
+
+// Any compose file: the import returns manifests that pass mesh check, or an
+// error; it never panics and never hangs on what the file names.
+func FuzzImport(f *testing.F) {
+	for _, seed := range []string{
+		"services:\n  a:\n    image: busybox\n",
+		"services:\n  db:\n    image: postgres:16\n    volumes: [data:/var/lib/postgresql/data]\n    healthcheck: {test: [CMD, pg_isready], interval: 5s}\n  app:\n    image: app\n    depends_on: {db: {condition: service_healthy}}\n    ports: [\"8080:80\"]\n    environment: [A=1, B]\nvolumes:\n  data: {}\n",
+		"services:\n  a:\n    image: ${IMG:-busybox}\n    env_file: [x.env]\n    extends: {file: other.yaml, service: b}\n",
+		"include: [other.yaml]\nservices: {}\n",
+		"services:\n  a: !!binary aGVsbG8=\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dir := t.TempDir()
+		file := filepath.Join(dir, "compose.yaml")
+		if err := os.WriteFile(file, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := Import(ctx, Options{File: file, Env: []string{}, Root: "/srv"})
+		if err != nil {
+			if strings.Contains(err.Error(), "a bug of the import") {
+				t.Fatal(err)
+			}
+			return
+		}
+		for _, m := range res.Manifests {
+			if _, err := manifest.Parse(m.File, []byte(m.Text)); err != nil {
+				t.Fatalf("service %s: %v\n%s", m.Service, err, m.Text)
+			}
+		}
+	})
+}
