@@ -48,9 +48,18 @@ type commitNotices struct {
 }
 
 type noticeSlot struct {
-	addr   atomic.Value // string: the server's address, as the configuration has it
 	latest atomic.Pointer[committedNotice]
 	wake   chan struct{}
+}
+
+// raise makes p hold c unless it holds a notice of that index or later.
+func raise(p *atomic.Pointer[committedNotice], c *committedNotice) {
+	for {
+		old := p.Load()
+		if old != nil && old.Index >= c.Index || p.CompareAndSwap(old, c) {
+			return
+		}
+	}
 }
 
 // tellCommitted queues a notice of the command committed at index for every
@@ -84,13 +93,7 @@ func (n *Node) tellCommitted(index uint64) {
 			n.notices.peers[s.ID] = slot
 			go n.sendNotices(s.ID, slot)
 		}
-		slot.addr.Store(string(s.Address))
-		for {
-			old := slot.latest.Load()
-			if old != nil && old.Index >= index || slot.latest.CompareAndSwap(old, notice) {
-				break
-			}
-		}
+		raise(&slot.latest, notice)
 		select {
 		case slot.wake <- struct{}{}:
 		default:
@@ -112,7 +115,8 @@ func (n *Node) sendNotices(id raft.ServerID, slot *noticeSlot) {
 		if notice == nil || notice.Index <= sent {
 			continue
 		}
-		if !n.inConfiguration(id) {
+		addr := n.peerAddr(string(id))
+		if addr == "" { // no longer in the configuration
 			n.notices.mu.Lock()
 			delete(n.notices.peers, id)
 			n.notices.mu.Unlock()
@@ -120,7 +124,7 @@ func (n *Node) sendNotices(id raft.ServerID, slot *noticeSlot) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), noticeTimeout)
 		var out struct{}
-		if err := n.call(ctx, slot.addr.Load().(string), "/v1/committed", notice, &out); err != nil {
+		if err := n.call(ctx, addr, "/v1/committed", notice, &out); err != nil {
 			n.log.Debug("commit notice not delivered; Raft delivers the commit", "peer", id, "index", notice.Index, "err", err)
 		}
 		cancel()
@@ -136,19 +140,6 @@ func init() { noticesOn.Store(true) }
 // noticeTimeout bounds one notice: past it, Raft's own commit timeout has
 // delivered the commit anyway.
 const noticeTimeout = time.Second
-
-func (n *Node) inConfiguration(id raft.ServerID) bool {
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil {
-		return true
-	}
-	for _, s := range f.Configuration().Servers {
-		if s.ID == id {
-			return true
-		}
-	}
-	return false
-}
 
 // serveCommitted takes a leader's notice of a commit. It answers at once;
 // the entries are applied by catchUp.
@@ -168,12 +159,7 @@ func (n *Node) serveCommitted(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("%s is not the leader this node follows", from), http.StatusConflict)
 		return
 	}
-	for {
-		old := n.caughtUp.Load()
-		if old != nil && old.Index >= c.Index || n.caughtUp.CompareAndSwap(old, &c) {
-			break
-		}
-	}
+	raise(&n.caughtUp, &c)
 	select {
 	case n.catchUpWake <- struct{}{}:
 	default:
