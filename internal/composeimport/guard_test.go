@@ -2,6 +2,7 @@ package composeimport
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,4 +119,37 @@ func FuzzImport(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Files that extend each other in a cycle, or in a chain deeper than the
+// guard follows, get an answer at once (compose-go's, or the guard's), never
+// a loop; a device at the end of a deep chain is not reached by compose-go.
+func TestImportGuardsCyclesAndDepth(t *testing.T) {
+	d := t.TempDir()
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(d, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "services:\n  a:\n    image: busybox\n    extends: {file: b.yaml, service: b}\n")
+	write("b.yaml", "services:\n  b:\n    image: busybox\n    extends: {file: a.yaml, service: a}\n")
+	for i := 0; i < maxGuardDepth+3; i++ {
+		write(fmt.Sprintf("d%d.yaml", i), fmt.Sprintf("services:\n  s:\n    image: busybox\n    extends: {file: d%d.yaml, service: s}\n", i+1))
+	}
+	write(fmt.Sprintf("d%d.yaml", maxGuardDepth+3), "services:\n  s:\n    image: busybox\n    env_file: /dev/zero\n")
+	for file, want := range map[string]string{"a.yaml": "", "d0.yaml": "nest more than"} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := Import(context.Background(), Options{File: filepath.Join(d, file), Env: []string{}})
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("%s: %v, want an error saying %q", file, err, want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: the import hung", file)
+		}
+	}
 }
