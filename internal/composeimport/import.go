@@ -488,21 +488,41 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 // ports: published ports become ports on the node's addresses; exposed
 // ones are published too, at the same number, since another module reaches
 // this one at its node's address (the name answers that).
+// port says whether a port and protocol have a manifest form, refusing the
+// service when not.
+func (w *writer) port(what, port, proto string) bool {
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		w.refuse("%s port %q is not a port between 1 and 65535", what, port)
+		return false
+	}
+	if proto != "tcp" && proto != "udp" {
+		w.refuse("%s port %s: protocol %q; the mesh publishes tcp and udp", what, port, proto)
+		return false
+	}
+	return true
+}
+
 func (w *writer) ports(svc types.ServiceConfig) []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, p := range svc.Ports {
-		proto := p.Protocol
+		proto := strings.ToLower(p.Protocol)
 		if proto == "" {
 			proto = "tcp"
 		}
+		if !w.port("ports: target", strconv.FormatUint(uint64(p.Target), 10), "tcp") {
+			continue
+		}
 		pub := p.Published
-		if pub == "" {
+		if pub == "" || pub == "0" { // compose picks a free port for either
 			pub = strconv.Itoa(int(p.Target))
 			w.note("port %d has no published port; published at %s on the node (compose would pick one at random)", p.Target, pub)
 		}
 		if strings.Contains(pub, "-") {
 			w.note("port range %s: not carried over; list each port", pub)
+			continue
+		}
+		if !w.port("ports: published", pub, proto) {
 			continue
 		}
 		s := pub + ":" + strconv.Itoa(int(p.Target)) + "/" + proto
@@ -516,11 +536,15 @@ func (w *writer) ports(svc types.ServiceConfig) []string {
 	}
 	for _, e := range svc.Expose {
 		port, proto, _ := strings.Cut(e, "/")
+		proto = strings.ToLower(proto)
 		if proto == "" {
 			proto = "tcp"
 		}
 		if strings.Contains(port, "-") {
 			w.note("expose range %s: not carried over; list each port", e)
+			continue
+		}
+		if !w.port("expose", port, proto) {
 			continue
 		}
 		s := port + ":" + port + "/" + proto

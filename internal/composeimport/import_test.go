@@ -146,3 +146,35 @@ func TestImportOddFile(t *testing.T) {
 		t.Fatal("a broken compose file imported")
 	}
 }
+
+// A port compose leaves to chance ("0:8") is published at its target, as one
+// with no host port is; one with no manifest form (0, past 65535, sctp) is an
+// error naming it, never a manifest that fails mesh check.
+func TestImportPorts(t *testing.T) {
+	for _, c := range []struct{ ports, want, err string }{
+		{`ports: ["0:8"]`, `ports: ["8:8/tcp"]`, ""},
+		{`ports: ["127.0.0.1:0:80/UDP"]`, `ports: ["127.0.0.1:80:80/udp"]`, ""},
+		{`ports: [{target: 80, published: "0"}]`, `ports: ["80:80/tcp"]`, ""},
+		{`expose: ["53/UDP"]`, `ports: ["53:53/udp"]`, ""},
+		{`ports: [{target: 0}]`, "", `target port "0" is not a port`},
+		{`ports: [{target: 70000}]`, "", `target port "70000" is not a port`},
+		{`ports: [{target: 80, published: "x"}]`, "", `published port "x" is not a port`},
+		{`ports: ["80:80/sctp"]`, "", `protocol "sctp"`},
+		{`expose: ["0"]`, "", `expose port "0" is not a port`},
+		{`expose: [70000]`, "", `expose port "70000" is not a port`},
+	} {
+		d := t.TempDir()
+		f := filepath.Join(d, "compose.yaml")
+		os.WriteFile(f, []byte("services:\n  a:\n    image: busybox\n    "+c.ports+"\n"), 0o644)
+		res, err := Import(context.Background(), Options{File: f, Env: []string{}})
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) || strings.Contains(err.Error(), "a bug of the import") {
+				t.Errorf("%s: %v, want an error saying %q", c.ports, err, c.err)
+			}
+			continue
+		}
+		if err != nil || !strings.Contains(res.Manifests[0].Text, c.want) {
+			t.Errorf("%s: %v, want %s in\n%v", c.ports, err, c.want, res)
+		}
+	}
+}
