@@ -1,16 +1,19 @@
 package composeimport
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/compose-spec/compose-go/v2/dotenv"
 	"github.com/compose-spec/compose-go/v2/template"
-	"github.com/goccy/go-yaml"
+	"go.yaml.in/yaml/v4"
 )
 
 // Every file compose-go reads while loading a project (the compose file, its
@@ -21,10 +24,25 @@ import (
 // at most maxComposeFile bytes. Paths are interpolated as compose-go would,
 // with the same environment and .env, and files named by extends and include
 // are checked the same way, to a bounded depth.
+//
+// compose-go's time also grows with what a small file expands to: each YAML
+// node costs it tens of microseconds, and it copies nodes for every alias, for
+// every service an extends copies, and for every port of a range ("1-65535"
+// in a ports entry is 65,535 ports, three seconds; three of them in one file
+// took fifteen). So the guard counts the nodes the
+// whole walk will expand to (aliases, extends copies and port ranges
+// included, from the YAML nodes, before anything is expanded) and refuses a
+// compose file past maxComposeNodes: under a second of compose-go's time on a
+// 2-core machine, and about ten times what a 650-line compose file such as
+// mailcow's has (the real files in testdata have 50 to 130).
 
 const (
-	maxComposeFile = 4 << 20
-	maxGuardDepth  = 8
+	maxComposeFile  = 4 << 20
+	maxGuardDepth   = 8
+	maxComposeNodes = 10000
+	// maxServicePorts bounds the ports one service publishes: a manifest
+	// lists each, and Podman sets each up.
+	maxServicePorts = 1024
 )
 
 func guardFiles(file string, env []string) error {
@@ -51,8 +69,37 @@ func guardFiles(file string, env []string) error {
 			}
 		}
 	}
-	return guardComposeFile(file, vars, map[string]bool{}, 0)
+	g := &guard{vars: vars, files: map[string]*guarded{}}
+	if _, err := g.file(file, 0, false); err != nil {
+		return err
+	}
+	if g.nodes > maxComposeNodes {
+		return fmt.Errorf("the compose file %s expands to more than %d YAML nodes (counting what anchors, extends, include and port ranges copy); the import reads compose files up to that size: split it, or import its services from smaller files", file, maxComposeNodes)
+	}
+	return nil
 }
+
+// guard walks a compose file and the files it names, once each.
+type guard struct {
+	vars  map[string]string
+	files map[string]*guarded // nil while the file is being walked (a cycle)
+	nodes int                 // what compose-go will expand, so far
+}
+
+// guarded is what one walked file costs and what each of its services
+// weighs once its extends are copied in.
+type guarded struct {
+	cost     int
+	services map[string]int
+}
+
+// spend adds n to the nodes counted, saturating well past the limit so no
+// sum of hostile numbers wraps.
+func (g *guard) spend(n int) {
+	g.nodes = min(g.nodes+n, 4*maxComposeNodes)
+}
+
+func (g *guard) over() bool { return g.nodes > maxComposeNodes }
 
 // regularFile says why p is not a regular file of a bounded size.
 func regularFile(p, what string) error {
@@ -83,28 +130,54 @@ func regularFile(p, what string) error {
 	return nil
 }
 
-func guardComposeFile(file string, vars map[string]string, seen map[string]bool, depth int) error {
-	if seen[file] {
-		return nil
+// file walks one compose file and adds what it costs to g.nodes. A file
+// walked before costs again when again is set: compose-go loads an included
+// file for each include of it, but an extended one once.
+func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
+	if done, seen := g.files[file]; seen {
+		if done != nil && again {
+			g.spend(done.cost)
+		}
+		return done, nil // nil: a cycle, which compose-go reports
 	}
-	seen[file] = true
 	if depth > maxGuardDepth {
-		return fmt.Errorf("%s: extends and include nest more than %d files deep", file, maxGuardDepth)
+		return nil, fmt.Errorf("%s: extends and include nest more than %d files deep", file, maxGuardDepth)
 	}
 	if err := regularFile(file, "compose file"); err != nil {
-		return err
+		return nil, err
 	}
 	raw, err := os.ReadFile(file)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var doc map[string]any
-	if yaml.Unmarshal(raw, &doc) != nil {
-		return nil // compose-go says what is wrong with it
+	g.files[file] = nil
+	out := &guarded{services: map[string]int{}}
+	before := g.nodes
+	defer func() {
+		out.cost = g.nodes - before
+		g.files[file] = out
+	}()
+	// Count every document's nodes as compose-go will expand them (it reads
+	// with this YAML library too), before anything is expanded.
+	var docs []*yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	for {
+		var n yaml.Node
+		if err := dec.Decode(&n); err != nil {
+			break // io.EOF, or an error compose-go reports
+		}
+		docs = append(docs, &n)
+	}
+	w := map[*yaml.Node]int{}
+	for _, d := range docs {
+		g.spend(expanded(d, w))
+	}
+	if g.over() {
+		return out, nil
 	}
 	dir := filepath.Dir(file)
 	resolve := func(p string) (string, bool) {
-		s, err := template.Substitute(p, func(k string) (string, bool) { v, ok := vars[k]; return v, ok })
+		s, err := template.Substitute(p, g.lookup)
 		if err != nil || s == "" {
 			return "", false
 		}
@@ -123,56 +196,210 @@ func guardComposeFile(file string, vars map[string]string, seen map[string]bool,
 		}
 		return nil
 	}
-	nested := func(p any, what string) error {
+	nested := func(p any, what string, again bool) (*guarded, error) {
 		s, ok := p.(string)
 		if !ok {
-			return nil
+			return nil, nil
 		}
 		if path, ok := resolve(s); ok && !strings.Contains(path, "://") {
 			if err := regularFile(path, what); err != nil {
-				return err
+				return nil, err
 			}
-			return guardComposeFile(path, vars, seen, depth+1)
+			return g.file(path, depth+1, again)
 		}
-		return nil
+		return nil, nil
 	}
-	services, _ := doc["services"].(map[string]any)
-	for name, s := range services {
-		svc, _ := s.(map[string]any)
-		for _, key := range []string{"env_file", "label_file"} {
-			for _, p := range pathsOf(svc[key]) {
-				if err := check(p, fmt.Sprintf("%s of service %s:", key, name)); err != nil {
-					return err
+	for _, d := range docs {
+		// Small enough now to expand: at most maxComposeNodes nodes.
+		var doc map[string]any
+		if d.Decode(&doc) != nil {
+			continue // compose-go says what is wrong with it
+		}
+		services, _ := doc["services"].(map[string]any)
+		for _, name := range sortedKeys(services) {
+			svc, _ := services[name].(map[string]any)
+			for _, key := range []string{"env_file", "label_file"} {
+				for _, p := range pathsOf(svc[key]) {
+					if err := check(p, fmt.Sprintf("%s of service %s:", key, name)); err != nil {
+						return out, err
+					}
 				}
 			}
+			if err := g.ports(name, svc); err != nil {
+				return out, err
+			}
 		}
-		if ext, ok := svc["extends"].(map[string]any); ok {
-			if err := nested(ext["file"], fmt.Sprintf("extends file of service %s:", name)); err != nil {
-				return err
+		// What each extends copies: the service it names, as that one
+		// weighs with its own extends.
+		weighing := map[string]bool{}
+		var weigh func(name string) (int, error)
+		weigh = func(name string) (int, error) {
+			if n, ok := out.services[name]; ok {
+				return n, nil
+			}
+			if weighing[name] || g.over() {
+				return 0, nil // a cycle (compose-go reports it), or already refused
+			}
+			weighing[name] = true
+			svc, _ := services[name].(map[string]any)
+			n := nodesOf(svc) + g.portCount(svc)
+			var base int
+			switch ext := svc["extends"].(type) {
+			case string:
+				b, err := weigh(ext)
+				if err != nil {
+					return 0, err
+				}
+				base = b
+			case map[string]any:
+				bname, _ := ext["service"].(string)
+				if ext["file"] == nil {
+					b, err := weigh(bname)
+					if err != nil {
+						return 0, err
+					}
+					base = b
+				} else {
+					other, err := nested(ext["file"], fmt.Sprintf("extends file of service %s:", name), false)
+					if err != nil {
+						return 0, err
+					}
+					if other != nil {
+						base = other.services[bname]
+					}
+				}
+			}
+			g.spend(base + g.portCount(svc)) // its own nodes are counted already
+			out.services[name] = n + base
+			return n + base, nil
+		}
+		for _, name := range sortedKeys(services) {
+			if _, err := weigh(name); err != nil {
+				return out, err
+			}
+		}
+		includes, _ := doc["include"].([]any)
+		for _, inc := range includes {
+			switch v := inc.(type) {
+			case string:
+				if _, err := nested(v, "include", true); err != nil {
+					return out, err
+				}
+			case map[string]any:
+				for _, p := range pathsOf(v["path"]) {
+					if _, err := nested(p, "include", true); err != nil {
+						return out, err
+					}
+				}
+				for _, p := range pathsOf(v["env_file"]) {
+					if err := check(p, "env_file of an include:"); err != nil {
+						return out, err
+					}
+				}
 			}
 		}
 	}
-	includes, _ := doc["include"].([]any)
-	for _, inc := range includes {
-		switch v := inc.(type) {
-		case string:
-			if err := nested(v, "include"); err != nil {
-				return err
-			}
-		case map[string]any:
-			for _, p := range pathsOf(v["path"]) {
-				if err := nested(p, "include"); err != nil {
-					return err
-				}
-			}
-			for _, p := range pathsOf(v["env_file"]) {
-				if err := check(p, "env_file of an include:"); err != nil {
-					return err
-				}
-			}
+	return out, nil
+}
+
+func (g *guard) lookup(k string) (string, bool) { v, ok := g.vars[k]; return v, ok }
+
+// expanded counts the nodes n stands for once its aliases are copied,
+// computing each anchored node once (so a "billion laughs" is counted, not
+// walked). An alias to a node that contains it counts nothing more: compose-go
+// refuses it.
+func expanded(n *yaml.Node, w map[*yaml.Node]int) int {
+	if n == nil {
+		return 0
+	}
+	if c, ok := w[n]; ok {
+		return c
+	}
+	w[n] = 0 // in progress
+	c := 1
+	if n.Kind == yaml.AliasNode {
+		c = expanded(n.Alias, w)
+	}
+	for _, k := range n.Content {
+		c = min(c+expanded(k, w), 4*maxComposeNodes)
+	}
+	w[n] = c
+	return c
+}
+
+// nodesOf counts the nodes of a decoded (already small) value.
+func nodesOf(v any) int {
+	switch v := v.(type) {
+	case map[string]any:
+		n := 1
+		for _, e := range v {
+			n += 1 + nodesOf(e)
+		}
+		return n
+	case []any:
+		n := 1
+		for _, e := range v {
+			n += nodesOf(e)
+		}
+		return n
+	}
+	return 1
+}
+
+// portRange matches a range of a ports entry's short form ("8000-8010").
+var portRange = regexp.MustCompile(`(\d+)-(\d+)`)
+
+// portCount is how many ports a service's ports entries become once
+// compose-go expands their ranges, beyond one node per entry (counted with
+// the file's nodes already).
+func (g *guard) portCount(svc map[string]any) int {
+	n := 0
+	for _, e := range portEntries(svc) {
+		n += g.portSpan(e) - 1
+	}
+	return n
+}
+
+func (g *guard) ports(name string, svc map[string]any) error {
+	n := 0
+	for _, e := range portEntries(svc) {
+		span := g.portSpan(e)
+		n += span
+		if n > maxServicePorts {
+			return fmt.Errorf("service %s: its ports entries publish more than %d ports (%q alone is %d); the import carries at most that many ports per service, each of which the manifest lists: publish the ports it listens on, not a range", name, maxServicePorts, fmt.Sprint(e), span)
 		}
 	}
 	return nil
+}
+
+func portEntries(svc map[string]any) []any {
+	l, _ := svc["ports"].([]any)
+	return l
+}
+
+// portSpan is how many ports one short-form entry ("[ip:]a-b:c-d/proto",
+// interpolated) publishes: its widest range (compose-go pairs a host range
+// with a container range of the same width). Long-form entries are one.
+func (g *guard) portSpan(e any) int {
+	var s string
+	switch e := e.(type) {
+	case string:
+		s = e
+		if sub, err := template.Substitute(e, g.lookup); err == nil {
+			s = sub
+		}
+	default:
+		return 1
+	}
+	span := 1
+	for _, m := range portRange.FindAllStringSubmatch(s, -1) {
+		lo, err1 := strconv.Atoi(m[1])
+		hi, err2 := strconv.Atoi(m[2])
+		if err1 == nil && err2 == nil && hi >= lo {
+			span = max(span, min(hi-lo+1, 1<<20))
+		}
+	}
+	return span
 }
 
 // pathsOf lists the paths of a field that is a path, a list of paths, or a

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v4"
+
 	"mesh/state/manifest"
 )
 
@@ -104,9 +106,25 @@ func FuzzImport(f *testing.F) {
 		if err := os.WriteFile(file, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		res, err := Import(ctx, Options{File: file, Env: []string{}, Root: "/srv"})
+		// The guard bounds an import near a second; an input that takes
+		// far longer fails here, so the fuzzer keeps it, instead of
+		// stalling the run past its deadline with nothing kept.
+		type result struct {
+			res *Result
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			res, err := Import(context.Background(), Options{File: file, Env: []string{}, Root: "/srv"})
+			done <- result{res, err}
+		}()
+		var r result
+		select {
+		case r = <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the import took more than 10 s on this input (the guard bounds it near a second):\n%q", data)
+		}
+		res, err := r.res, r.err
 		if err != nil {
 			if strings.Contains(err.Error(), "a bug of the import") {
 				t.Fatal(err)
@@ -151,5 +169,81 @@ func TestImportGuardsCyclesAndDepth(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatalf("%s: the import hung", file)
 		}
+	}
+}
+
+// What a small file expands to in compose-go (aliases, merge keys, the
+// services an extends copies, port ranges) is counted before compose-go
+// reads it, and a file past the budget gets an error at once; files under it,
+// of the same shapes, import.
+func TestImportGuardsExpansion(t *testing.T) {
+	services := func(n int, body string) string {
+		var b strings.Builder
+		b.WriteString("services:\n")
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&b, "  s%d:\n%s", i, body)
+		}
+		return b.String()
+	}
+	env := func(n int) string {
+		var b strings.Builder
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&b, "      V%d: x\n", i)
+		}
+		return b.String()
+	}
+	laughs := "x-a: &a [x, x, x, x, x, x, x, x, x, x]\nx-b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\nx-c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+	for _, c := range []struct {
+		name, compose, want string
+	}{
+		{"many nodes", "services:\n  a:\n    image: busybox\n    environment:\n" + env(6000), "expands to more than"},
+		{"few nodes", "services:\n  a:\n    image: busybox\n    environment:\n" + env(100), ""},
+		{"aliases", laughs + "x-d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\nx-e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nservices:\n  a:\n    image: busybox\n", "expands to more than"},
+		{"fewer aliases", laughs + "services:\n  a:\n    image: busybox\n", ""},
+		{"extends copies", "x-env: &env\n" + strings.ReplaceAll(env(300), "      ", "  ") + "services:\n  base:\n    image: busybox\n    environment: *env\n" + strings.TrimPrefix(services(20, "    extends: base\n"), "services:\n"), "expands to more than"},
+		{"fewer extends copies", "services:\n  base:\n    image: busybox\n    environment:\n" + env(100) + strings.TrimPrefix(services(20, "    extends: base\n"), "services:\n"), ""},
+		{"merge keys with port ranges", "x-base: &base\n  image: busybox\n  ports: [\"8000-8999:8000-8999\"]\n" + services(12, "    <<: *base\n"), "expands to more than"},
+		{"one wide range", "services:\n  a:\n    image: busybox\n    ports: [\"1-65535:1-65535\"]\n", `publish more than 1024 ports ("1-65535:1-65535" alone is 65535)`},
+		{"a wide range through a variable", "services:\n  a:\n    image: busybox\n    ports: [\"${R:-1-65535}:${R:-1-65535}\"]\n", "publish more than 1024 ports"},
+		{"a narrow range", "services:\n  a:\n    image: busybox\n    ports: [\"8000-8009:8000-8009\"]\n", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := t.TempDir()
+			f := filepath.Join(d, "compose.yaml")
+			os.WriteFile(f, []byte(c.compose), 0o644)
+			done := make(chan error, 1)
+			go func() {
+				_, err := Import(context.Background(), Options{File: f, Env: []string{}})
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(60 * time.Second):
+				t.Fatal("the import hung")
+			}
+			if c.want == "" {
+				if err != nil {
+					t.Fatalf("refused a file under the budget: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error saying %q", err, c.want)
+			}
+		})
+	}
+}
+
+// The count is what compose-go expands: an anchored node is counted once
+// however often it is aliased, and an alias of it as often as it appears.
+func TestExpandedCountsAliases(t *testing.T) {
+	var n yaml.Node
+	if err := yaml.Unmarshal([]byte("a: &a [x, y]\nb: [*a, *a, *a]\n"), &n); err != nil {
+		t.Fatal(err)
+	}
+	// document 1 + mapping 1 + keys a,b 2 + seq a 3 + seq b 1 + 3 copies of 3.
+	if got := expanded(&n, map[*yaml.Node]int{}); got != 1+1+2+3+1+9 {
+		t.Fatalf("expanded = %d, want 17", got)
 	}
 }
