@@ -24,7 +24,6 @@ import (
 	"mesh/podman"
 	"mesh/reconciler"
 	"mesh/state"
-	"mesh/state/manifest"
 
 	"golang.org/x/sys/unix"
 )
@@ -146,9 +145,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 	rec, err := reconciler.New(reconciler.Config{
 		Node: m.ID.Name, DNS: dnsAddr, LedgerPath: filepath.Join(dir, "ledger.json"), DataDir: dir,
 		Secret: sealing.Secret, Logger: log, Observe: observeApply,
-		ProviderHealthy: func(ctx context.Context, provider, node string) (bool, string) {
-			return providerHealthy(ctx, m.Store, provider, node)
-		},
+		ProviderHealthy: m.Store.ProviderHealthy,
 		Domain: func(ctx context.Context) string {
 			if st, err := m.Store.Settings(ctx); err == nil {
 				return st.Domain
@@ -405,42 +402,4 @@ func newLogger(w io.Writer, format string, lvl slog.Level) *slog.Logger {
 	slog.SetDefault(log)
 	podman.RouteLogs(log)
 	return log
-}
-
-// providerHealthy is a binding's health gate: the provider's instance on
-// node passes every health check it declares, as that node last reported.
-// A provider that declares none passes once its node reported an apply
-// without a failure of it.
-func providerHealthy(ctx context.Context, st *state.Store, provider, node string) (bool, string) {
-	man, err := st.Manifest(ctx, provider)
-	if err != nil {
-		return false, err.Error()
-	}
-	reps, err := st.Reports(ctx)
-	if err != nil {
-		return false, err.Error()
-	}
-	rep, ok := reps[node]
-	if !ok {
-		return false, node + " has not reported an apply yet"
-	}
-	if f := rep.Failed(provider); f != nil {
-		return false, "it failed on " + node + ": " + f.Reason
-	}
-	for i := range man.Resources {
-		r := &man.Resources[i]
-		if r.Kind() != manifest.KindContainer || r.Health == nil {
-			continue
-		}
-		status := "not checked yet"
-		for _, h := range rep.Health {
-			if h.Module == provider && h.Container == r.Name() {
-				status = h.Status
-			}
-		}
-		if status != state.HealthHealthy {
-			return false, "container " + r.Name() + " is " + status
-		}
-	}
-	return true, ""
 }

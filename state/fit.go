@@ -1,8 +1,11 @@
 package state
 
 import (
+	"context"
 	"strings"
 	"time"
+
+	"mesh/state/manifest"
 )
 
 // Reach is what a node knows of the others' reachability: when it last
@@ -37,4 +40,48 @@ func Fit(reports map[string]Report, r Reach, domain string) func(Name) bool {
 		}
 		return !rep.Unhealthy()[strings.TrimSuffix(n.Name, "."+domain)]
 	}
+}
+
+// ProviderHealthy is a binding's health gate: the provider's instance on
+// node passes every health check its manifest declares, as that node last
+// reported. A provider that declares none passes once its node reported an
+// apply without a failure of it. The string says why not.
+func ProviderHealthy(man *manifest.Manifest, reports map[string]Report, node string) (bool, string) {
+	rep, ok := reports[node]
+	if !ok {
+		return false, node + " has not reported an apply yet"
+	}
+	if f := rep.Failed(man.Module); f != nil {
+		return false, "it failed on " + node + ": " + f.Reason
+	}
+	for i := range man.Resources {
+		r := &man.Resources[i]
+		if r.Kind() != manifest.KindContainer || r.Health == nil {
+			continue
+		}
+		status := "not checked yet"
+		for _, h := range rep.Health {
+			if h.Module == man.Module && h.Container == r.Name() {
+				status = h.Status
+			}
+		}
+		if status != HealthHealthy {
+			return false, "container " + r.Name() + " is " + status
+		}
+	}
+	return true, ""
+}
+
+// ProviderHealthy reads the provider's manifest and the reports and says
+// whether its instance on node passes (see the function of that name).
+func (s *Store) ProviderHealthy(ctx context.Context, provider, node string) (bool, string) {
+	man, err := s.Manifest(ctx, provider)
+	if err != nil {
+		return false, err.Error()
+	}
+	reps, err := s.Reports(ctx)
+	if err != nil {
+		return false, err.Error()
+	}
+	return ProviderHealthy(man, reps, node)
 }

@@ -1,8 +1,11 @@
 package state
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"mesh/state/manifest"
 )
 
 // Issue 10: which roster entries the resolver may answer with. An instance
@@ -34,6 +37,43 @@ func TestFit(t *testing.T) {
 		up := Fit(reports, Reach{Self: "n1", LastSeen: seen, Now: now, Started: tc.started, Within: 6 * time.Second}, "internal")
 		if got := up(tc.entry); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A binding's health gate: the provider on that node passes every health
+// check it declares, as that node last reported; one with none passes once
+// its node reported an apply without a failure of it.
+func TestProviderHealthy(t *testing.T) {
+	checked, err := manifest.Parse("db.yaml", []byte("module: db\nresources:\n  - container: db.main\n    image: postgres:16\n    health:\n      command: [pg_isready]\n      interval: 5s\n  - container: db.side\n    image: busybox\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := manifest.Parse("cache.yaml", []byte("module: cache\nresources:\n  - container: cache.main\n    image: redis\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthy := ContainerHealth{Module: "db", Container: "db.main", Status: HealthHealthy}
+	for _, tc := range []struct {
+		name    string
+		man     *manifest.Manifest
+		reports map[string]Report
+		want    bool
+		why     string
+	}{
+		{"no report from the node", checked, map[string]Report{"n2": {Health: []ContainerHealth{healthy}}}, false, "n1 has not reported an apply yet"},
+		{"healthy there", checked, map[string]Report{"n1": {Health: []ContainerHealth{healthy}}}, true, ""},
+		{"healthy on another node only", checked, map[string]Report{"n1": {}, "n2": {Health: []ContainerHealth{healthy}}}, false, "container db.main is not checked yet"},
+		{"unhealthy", checked, map[string]Report{"n1": {Health: []ContainerHealth{{Module: "db", Container: "db.main", Status: HealthUnhealthy}}}}, false, "container db.main is " + HealthUnhealthy},
+		{"another module's container of that name", checked, map[string]Report{"n1": {Health: []ContainerHealth{{Module: "x", Container: "db.main", Status: HealthHealthy}}}}, false, "not checked yet"},
+		{"failed there", checked, map[string]Report{"n1": {Health: []ContainerHealth{healthy}, Failures: []ModuleFailure{{Module: "db", Reason: "pull failed"}}}}, false, "it failed on n1: pull failed"},
+		{"no checks, applied", plain, map[string]Report{"n1": {}}, true, ""},
+		{"no checks, another module failed", plain, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "db", Reason: "x"}}}}, true, ""},
+		{"no checks, failed", plain, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "cache", Reason: "x"}}}}, false, "it failed on n1: x"},
+	} {
+		ok, why := ProviderHealthy(tc.man, tc.reports, "n1")
+		if ok != tc.want || !strings.Contains(why, tc.why) || (tc.want && why != "") {
+			t.Errorf("%s: %v %q, want %v %q", tc.name, ok, why, tc.want, tc.why)
 		}
 	}
 }
