@@ -73,7 +73,25 @@ func Open(path string) (*Store, error) {
 	if !strings.HasPrefix(filepath.Base(path), scratchPrefix) {
 		removeScratches(filepath.Dir(path))
 	}
-	return openDSN("file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=secure_delete(ON)&_txlock=immediate", path)
+	return openDSN(fileURI(path)+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=secure_delete(ON)&_txlock=immediate", path)
+}
+
+// fileURI makes path a SQLite URI filename: SQLite decodes %HH in it and
+// ends the path at '?' or '#', so those three are escaped. Unescaped, a data
+// directory named "mesh#2" opened the file "mesh" in its parent, and one
+// with a '?' did that without the pragmas (no WAL, no busy timeout).
+func fileURI(path string) string {
+	var b strings.Builder
+	b.WriteString("file:")
+	for i := 0; i < len(path); i++ {
+		switch c := path[i]; c {
+		case '%', '?', '#':
+			fmt.Fprintf(&b, "%%%02X", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 func openDSN(dsn, path string) (*Store, error) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"mesh/state/manifest"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -580,5 +581,30 @@ func TestKeptCatalogueIsTheTruth(t *testing.T) {
 	c.Apply(n, next)
 	if dk, dc := dumpJSON(t, kept), dumpJSON(t, c); dk != dc {
 		t.Fatalf("after a restore the kept catalogue is stale:\n%s\n%s", dk, dc)
+	}
+}
+
+// The state database is the file in the data directory whatever the
+// directory is named, with its pragmas: SQLite reads the path as a URI, in
+// which '#' and '?' end it and '%' escapes. (A directory "mesh#2" once made
+// every store open the file "mesh" in its parent; one with '?' lost WAL.)
+func TestOpenAnyDirectoryName(t *testing.T) {
+	for _, d := range []string{"mesh#2", "mesh?x=1", "a%23b", "with space", "ä"} {
+		dir := filepath.Join(t.TempDir(), d)
+		s, err := Open(filepath.Join(dir, "state.db"))
+		if err != nil {
+			t.Fatalf("%q: %v", d, err)
+		}
+		var mode string
+		if err := s.db.QueryRowContext(context.Background(), "PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
+			t.Errorf("%q: journal mode %q (%v), want wal", d, mode, err)
+		}
+		s.Close()
+		if _, err := os.Stat(filepath.Join(dir, "state.db")); err != nil {
+			t.Errorf("%q: the database is not in its directory: %v", d, err)
+		}
+		if ents, _ := os.ReadDir(filepath.Dir(dir)); len(ents) != 1 {
+			t.Errorf("%q: files beside the directory: %v", d, ents)
+		}
 	}
 }
