@@ -97,7 +97,7 @@ func fromLegacy(data []byte) (*Command, error) {
 			return nil, fmt.Errorf("a restore command without a snapshot")
 		}
 		// A module that no longer parses is refused by the FSM, as before.
-		_ = l.Restore.FillSpecs()
+		_ = l.Restore.ParseSpecs()
 		r = l.Restore
 	default:
 		// Unknown to this binary: keep op and format, so the FSM stops on it.

@@ -32,17 +32,17 @@ type RestoredModule struct {
 	AddedAt string `json:"added_at"`
 }
 
-// FillSpecs parses each module that came without its parsed form (a
-// snapshot is text on disk; the proposer parses it before it proposes). A
+// ParseSpecs parses each module's text into the parsed form the FSM reads
+// (a snapshot is text on disk; the proposer parses it before it proposes).
+// A parsed form that came with the request is replaced, not trusted: it
+// could say what its text does not, past every check the parser makes. A
 // module that does not parse keeps none, which the FSM refuses as a rule
 // error; the first such is returned.
-func (b *RestoreBody) FillSpecs() error {
+func (b *RestoreBody) ParseSpecs() error {
 	var first error
 	for i := range b.Modules {
 		m := &b.Modules[i]
-		if m.Manifest != nil {
-			continue
-		}
+		m.Manifest = nil
 		sp, err := SpecOf(m.File, m.Text)
 		if err != nil {
 			if first == nil {
@@ -153,7 +153,11 @@ func (s *Store) applyRestore(tx *sql.Tx, b *RestoreBody) (bool, error) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		mustExec(tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, b.PublicDomains[n], n)
+		d := b.PublicDomains[n]
+		if d != "" && !validDomain(d) {
+			return false, ruleErr(ErrInvalid, "the snapshot gives node %s the public domain %q, which is not a domain name", n, d)
+		}
+		mustExec(tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, d, n)
 	}
 	return true, nil
 }

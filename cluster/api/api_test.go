@@ -58,6 +58,12 @@ func TestSnapshotSaveAndRestore(t *testing.T) {
 	if _, err := c.Restore(ctx, RestoreRequest{Restore: &other}); err == nil || !strings.Contains(err.Error(), "pass --force") {
 		t.Fatalf("restore of another mesh: %v", err)
 	}
+	// A parsed form sent with a module is not trusted: the proposer parses
+	// the text (here web's text comes with db's parsed form).
+	forged, err := state.SpecOf("db.yaml", dbManifest)
+	must(err)
+	body.Modules = append([]state.RestoredModule(nil), body.Modules...)
+	body.Modules[0].Manifest = forged.Manifest
 	r, err := c.Restore(ctx, RestoreRequest{Restore: body})
 	must(err)
 	mods, err := a.Store.Modules(ctx)

@@ -587,7 +587,7 @@ func (a *API) restore(w http.ResponseWriter, r *http.Request) {
 		names = append(names, n.Name)
 	}
 	// A snapshot is text on disk: the proposer parses its manifests.
-	if err := req.Restore.FillSpecs(); err != nil {
+	if err := req.Restore.ParseSpecs(); err != nil {
 		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: err.Error()})
 		return
 	}
