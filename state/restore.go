@@ -118,6 +118,9 @@ func (s *Store) applyRestore(tx *sql.Tx, b *RestoreBody) (bool, error) {
 			return false, err
 		}
 		name := m.Manifest.Module
+		if m.Version < 0 {
+			return false, ruleErr(ErrInvalid, "the snapshot gives module %q the version %d", name, m.Version)
+		}
 		if mods[name] {
 			return false, ruleErr(ErrInvalid, "the snapshot holds module %q twice", name)
 		}
