@@ -49,8 +49,8 @@ go test -count=1 -timeout 30m ./...
 # crasher found is kept in testdata/fuzz (FuzzImport also fails, and so keeps,
 # an input that takes more than 10 s). MESH_FUZZ_* take a count (Nx) or a
 # duration.
-fuzz() { # target package count
-	go test -run '^$' -fuzz "^$1\$" -fuzztime "$3" -fuzzminimizetime 10s "$2"
+fuzz() { # target package count [minimize budget]
+	go test -run '^$' -fuzz "^$1\$" -fuzztime "$3" -fuzzminimizetime "${4:-10s}" "$2"
 }
 say "fuzz: manifest parser"
 # About 100 s: long enough to find again the class of input that once
@@ -62,5 +62,10 @@ say "fuzz: the resolver's fast path agrees with its general path"
 fuzz FuzzFastPathAgrees ./dnsd "${MESH_FUZZ_FAST:-900000x}" # about 60 s
 say "fuzz: mesh import compose"
 fuzz FuzzImport ./internal/composeimport "${MESH_FUZZ_IMPORT:-20000x}" # about 30 s
+say "fuzz: snapshot restore (damaged files, then odd rows)"
+fuzz FuzzRestore ./state "${MESH_FUZZ_RESTORE:-100000x}" # about 20 s
+# Each input applies a restore and six commands on two replicas (about 30
+# inputs a second): minimization gets a count, not seconds per new input.
+fuzz FuzzRestoreFields ./state "${MESH_FUZZ_RESTORE_FIELDS:-1200x}" 20x # about 45 s
 
 say "all checks passed"
