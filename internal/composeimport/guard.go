@@ -26,15 +26,15 @@ import (
 // are checked the same way, to a bounded depth.
 //
 // compose-go's time also grows with what a small file expands to: each YAML
-// node costs it tens of microseconds, and it copies nodes for every alias, for
-// every service an extends copies, and for every port of a range ("1-65535"
-// in a ports entry is 65,535 ports, three seconds; three of them in one file
-// took fifteen). So the guard counts the nodes the
-// whole walk will expand to (aliases, extends copies and port ranges
-// included, from the YAML nodes, before anything is expanded) and refuses a
-// compose file past maxComposeNodes: under a second of compose-go's time on a
-// 2-core machine, and about ten times what a 650-line compose file such as
-// mailcow's has (the real files in testdata have 50 to 130).
+// node costs it tens of microseconds, and it copies nodes for every alias,
+// for every service an extends copies, and for every port of a range
+// ("1-65535" in a ports entry is 65,535 ports, three seconds; three of them
+// in one file took fifteen). So the guard counts the nodes the whole walk
+// will expand to (aliases, extends copies and port ranges included, from the
+// YAML nodes, before anything is expanded) and refuses a compose file past
+// maxComposeNodes: under a second of compose-go's time on a 2-core machine,
+// and about ten times what a 650-line compose file such as mailcow's has
+// (the real files in testdata have 50 to 130).
 
 const (
 	maxComposeFile  = 4 << 20
