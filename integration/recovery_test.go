@@ -85,6 +85,22 @@ func TestRecoveryBed(t *testing.T) {
 		o := n[3].resolve("bedrec.internal")
 		return strings.Contains(o, "NXDOMAIN"), o
 	})
+	// A damaged copy (a public domain that is not a domain name) is
+	// refused whole, through the CLI, and changes nothing.
+	raw, err := os.ReadFile(snap)
+	if err != nil || !strings.Contains(string(raw), `"public_domain":""`) {
+		t.Fatalf("snapshot without public domains (%v):\n%.300s", err, raw)
+	}
+	damaged := filepath.Join(multiDir, "damaged.json")
+	if err := os.WriteFile(damaged, []byte(strings.Replace(string(raw), `"public_domain":""`, `"public_domain":"not a domain!"`, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := n[2].meshFails("snapshot", "restore", damaged); !strings.Contains(out, "is not a domain name") {
+		t.Fatalf("restore of a damaged snapshot: %s", out)
+	}
+	if o := n[3].resolve("bedrec.internal"); !strings.Contains(o, "NXDOMAIN") {
+		t.Fatalf("a refused restore changed the names: %s", o)
+	}
 	if out := n[2].mesh("snapshot", "restore", snap); !strings.Contains(out, "restored the state") {
 		t.Fatalf("restore: %s", out)
 	}
