@@ -173,12 +173,8 @@ func openAfterHistory(t *testing.T) *Store {
 // tablesOf is the replica's state without its applied index.
 func tablesOf(t *testing.T, s *Store) string {
 	t.Helper()
-	var b bytes.Buffer
-	if err := s.WriteSnapshot(context.Background(), &b); err != nil {
-		t.Fatal(err)
-	}
 	var sn Snapshot
-	if err := json.Unmarshal(b.Bytes(), &sn); err != nil {
+	if err := json.Unmarshal([]byte(dumpJSON(t, s)), &sn); err != nil {
 		t.Fatal(err)
 	}
 	out, _ := json.Marshal(sn.Tables)
