@@ -20,10 +20,7 @@ import (
 // and the names the resolver reads are names. The FSM must never panic on
 // it: every node would replay the entry and panic again.
 func FuzzRestore(f *testing.F) {
-	src := openStore(f)
-	for i, r := range history() {
-		src.Apply(uint64(i+1), encodeAt(r, t0.Add(time.Duration(i)*time.Second)))
-	}
+	src := openAfterHistory(f)
 	var b bytes.Buffer
 	if err := src.WriteSnapshot(context.Background(), &b); err != nil {
 		f.Fatal(err)
@@ -97,11 +94,7 @@ func checkRestore(t *testing.T, body *RestoreBody) {
 // numbers and times) is refused whole or restores a state the mesh works
 // with.
 func FuzzRestoreFields(f *testing.F) {
-	src := openStore(f)
-	for i, r := range history() {
-		src.Apply(uint64(i+1), encodeAt(r, t0.Add(time.Duration(i)*time.Second)))
-	}
-	sn, err := src.Dump(context.Background())
+	sn, err := openAfterHistory(f).Dump(context.Background())
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -136,12 +129,15 @@ var (
 // openAfterHistory opens a replica that applied history(), from a copy of
 // one database that did (replaying it for every fuzz input is most of the
 // time of one).
-func openAfterHistory(t *testing.T) *Store {
+func openAfterHistory(t testing.TB) *Store {
 	t.Helper()
 	historyOnce.Do(func() {
-		p := filepath.Join(os.TempDir(), fmt.Sprintf("mesh-fuzz-history-%d.db", os.Getpid()))
-		defer os.Remove(p)
-		s, err := Open(p)
+		dir, err := os.MkdirTemp("", "mesh-fuzz-history")
+		if err != nil {
+			panic(err)
+		}
+		defer os.RemoveAll(dir)
+		s, err := Open(filepath.Join(dir, "state.db"))
 		if err != nil {
 			panic(err)
 		}
@@ -152,22 +148,15 @@ func openAfterHistory(t *testing.T) *Store {
 			panic(err)
 		}
 		s.Close()
-		if historyDB, err = os.ReadFile(p); err != nil {
+		if historyDB, err = os.ReadFile(filepath.Join(dir, "state.db")); err != nil {
 			panic(err)
 		}
-		os.Remove(p + "-wal")
-		os.Remove(p + "-shm")
 	})
 	p := filepath.Join(t.TempDir(), "state.db")
 	if err := os.WriteFile(p, historyDB, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err := Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
+	return openStoreAt(t, p)
 }
 
 // tablesOf is the replica's state without its applied index.

@@ -19,7 +19,13 @@ var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
 func openStore(t testing.TB) *Store {
 	t.Helper()
-	s, err := Open(filepath.Join(t.TempDir(), "state.db"))
+	return openStoreAt(t, filepath.Join(t.TempDir(), "state.db"))
+}
+
+// openStoreAt opens the store at path, closed when the test ends.
+func openStoreAt(t testing.TB, path string) *Store {
+	t.Helper()
+	s, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

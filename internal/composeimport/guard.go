@@ -242,7 +242,8 @@ func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
 			}
 			weighing[name] = true
 			svc, _ := services[name].(map[string]any)
-			n := nodesOf(svc) + g.portCount(svc)
+			ports := g.portCount(svc)
+			n := nodesOf(svc) + ports
 			var base int
 			switch ext := svc["extends"].(type) {
 			case string:
@@ -269,7 +270,7 @@ func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
 					}
 				}
 			}
-			g.spend(base + g.portCount(svc)) // its own nodes are counted already
+			g.spend(base + ports) // its own nodes are counted already
 			out.services[name] = n + base
 			return n + base, nil
 		}
