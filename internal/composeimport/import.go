@@ -485,9 +485,6 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 	w.dropped(svc)
 }
 
-// ports: published ports become ports on the node's addresses; exposed
-// ones are published too, at the same number, since another module reaches
-// this one at its node's address (the name answers that).
 // port says whether a port and protocol have a manifest form, refusing the
 // service when not.
 func (w *writer) port(what, port, proto string) bool {
@@ -502,6 +499,9 @@ func (w *writer) port(what, port, proto string) bool {
 	return true
 }
 
+// ports: published ports become ports on the node's addresses; exposed
+// ones are published too, at the same number, since another module reaches
+// this one at its node's address (the name answers that).
 func (w *writer) ports(svc types.ServiceConfig) []string {
 	var out []string
 	seen := map[string]bool{}
