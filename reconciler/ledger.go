@@ -103,10 +103,22 @@ func (l *Ledger) Save() error {
 	return nil
 }
 
-// Put records a path and saves, before the caller makes or writes it.
+// Put records a path and saves, before the caller makes or writes it. When
+// the save fails (a full disk), the caller does not make the path, so the
+// entry is taken back: the ledger in memory never claims more than the one
+// on disk, and a later save must not record a path the mesh never made.
 func (l *Ledger) Put(path string, e PathEntry) error {
+	old, had := l.Paths[path]
 	l.Paths[path] = e
-	return l.Save()
+	if err := l.Save(); err != nil {
+		if had {
+			l.Paths[path] = old
+		} else {
+			delete(l.Paths, path)
+		}
+		return err
+	}
+	return nil
 }
 
 // Drop forgets a path and saves, after the caller removed it.
