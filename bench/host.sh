@@ -54,20 +54,24 @@ module() { # NAME COUNT
 	done
 }
 ms() { date +%s%N | cut -c1-13; }
+# CPU time the whole machine was busy since boot, in ms (/proc/stat: all but
+# idle and iowait, in USER_HZ ticks of 10 ms).
+busy() { awk '/^cpu / { print ($2 + $3 + $4 + $7 + $8) * 10; exit }' /proc/stat; }
+cores() { awk -v c="$1" -v w="$2" 'BEGIN { printf "%.1f", c / w }'; }
 
 module bench20 20 > "$B/bench20.yaml"; module bench50 50 > "$B/bench50.yaml"
 for m in 1 2 3 4 5; do module "part$m" 4 > "$B/part$m.yaml"; done
 "$B/mesh" module add "$B/bench20.yaml" "$B/bench50.yaml" "$B"/part?.yaml >/dev/null
 
-t0=$(ms); "$B/mesh" assign bench bench20 --wait --timeout 5m >/dev/null; t1=$(ms)
-mesh_ms=$((t1 - t0))
-t0=$(ms)
+t0=$(ms); c0=$(busy); "$B/mesh" assign bench bench20 --wait --timeout 5m >/dev/null; t1=$(ms)
+mesh_ms=$((t1 - t0)) mesh_cpu=$(($(busy) - c0))
+t0=$(ms); c0=$(busy)
 for i in $(seq 1 20); do
 	podman --remote --url "unix://$B/podman.sock" run -d --name "$(printf 'peer.c%02d' "$i")" --dns "$DNS" \
 		--ulimit nofile=1024:1024 --ulimit nproc=1024:1024 localhost/mesh-bench:1 sleep 100000 >/dev/null
 done
 t1=$(ms)
-loop_ms=$((t1 - t0))
+loop_ms=$((t1 - t0)) loop_cpu=$(($(busy) - c0))
 pm rm -af -t 0 --filter name=peer >/dev/null
 # busybox sleep as PID 1 ignores SIGTERM: each removal waits out Podman's
 # 10 s stop timeout, so this measures how removals overlap.
@@ -75,16 +79,16 @@ t0=$(ms); "$B/mesh" unassign bench bench20 --wait --timeout 10m >/dev/null; t1=$
 unassign_ms=$((t1 - t0))
 
 echo "first apply of 20 containers:"
-echo "  one module of 20 (applied in the order written), mesh assign --wait: ${mesh_ms} ms"
-echo "  shell loop of podman run:  ${loop_ms} ms"
+echo "  one module of 20 (applied in the order written), mesh assign --wait: ${mesh_ms} ms (machine busy $(cores "$mesh_cpu" "$mesh_ms") of $(nproc) cores)"
+echo "  shell loop of podman run:  ${loop_ms} ms (machine busy $(cores "$loop_cpu" "$loop_ms") of $(nproc) cores)"
 awk -v a="$mesh_ms" -v b="$loop_ms" 'BEGIN { printf "  ratio mesh / loop:         %.2f\n", a / b }'
 # The same 20 containers as five modules of four, assigned together (the
 # agent's debounce makes one apply of them): unrelated modules apply at once.
-t0=$(ms)
+t0=$(ms); c0=$(busy)
 for m in 1 2 3 4; do "$B/mesh" assign bench "part$m" >/dev/null; done
 "$B/mesh" assign bench part5 --wait --timeout 5m >/dev/null; t1=$(ms)
-parts_ms=$((t1 - t0))
-echo "  the same 20 as 5 modules of 4, mesh assign x5: ${parts_ms} ms"
+parts_ms=$((t1 - t0)) parts_cpu=$(($(busy) - c0))
+echo "  the same 20 as 5 modules of 4, mesh assign x5: ${parts_ms} ms (machine busy $(cores "$parts_cpu" "$parts_ms") of $(nproc) cores)"
 awk -v a="$parts_ms" -v b="$loop_ms" 'BEGIN { printf "  ratio mesh (5 modules) / loop: %.2f\n", a / b }'
 grep -o 'msg="applied plan" node=bench component=reconciler version=[0-9]* mutations=[0-9]*' "$B/agent.log" | tail -3 | sed 's/^/  /'
 # What bounds a single module, whose containers start one after the other:

@@ -1,8 +1,10 @@
 // Command podinit measures how much of Podman's start work Podman itself
 // does at once, for bench/host.sh: N containers started one by one, against
 // N more initialised all at once (runc create, conmon, the network: all of a
-// start but the process's exec) and then started in order. Their image and
-// command are the arguments; the containers are named podinit-*.
+// start but the process's exec) and then started in order, each with the CPU
+// time the whole machine was busy meanwhile: when starts one by one already
+// keep the cores busy, starting at once cannot be much faster. Their image
+// and command are the arguments; the containers are named podinit-*.
 // Usage: podinit SOCKET IMAGE N
 package main
 
@@ -11,7 +13,9 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,11 +60,11 @@ func main() {
 		}
 	}
 	ids := create("serial")
-	t0 := time.Now()
+	t0, c0 := time.Now(), busy()
 	start(ids)
-	serial := time.Since(t0)
+	serial, serialCPU := time.Since(t0), busy()-c0
 	ids = create("atonce")
-	t0 = time.Now()
+	t0, c0 = time.Now(), busy()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for _, id := range ids {
@@ -76,7 +80,36 @@ func main() {
 	}
 	inits := time.Since(t0)
 	start(ids)
-	both := time.Since(t0)
-	fmt.Printf("  %d starts one by one:                     %5d ms\n", n, serial.Milliseconds())
-	fmt.Printf("  %d inits at once, then %d starts in order: %5d ms (the inits %d ms)\n", n, n, both.Milliseconds(), inits.Milliseconds())
+	both, bothCPU := time.Since(t0), busy()-c0
+	fmt.Printf("  %d starts one by one:                     %5d ms, the machine's CPU busy %5d ms (%.1f of %d cores)\n",
+		n, serial.Milliseconds(), serialCPU.Milliseconds(), serialCPU.Seconds()/serial.Seconds(), runtime.NumCPU())
+	fmt.Printf("  %d inits at once, then %d starts in order: %5d ms, the machine's CPU busy %5d ms (%.1f of %d cores; the inits %d ms)\n",
+		n, n, both.Milliseconds(), bothCPU.Milliseconds(), bothCPU.Seconds()/both.Seconds(), runtime.NumCPU(), inits.Milliseconds())
+}
+
+// busy is the CPU time all of the machine's cores have spent busy since boot
+// (/proc/stat: all but idle and iowait): a start's cost is spread over
+// Podman, conmon, runc and netavark's iptables, so it is counted machine-wide.
+func busy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		log.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		log.Fatalf("/proc/stat: unexpected first line %q", line)
+	}
+	var ticks int64
+	for i, v := range f[1:8] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			log.Fatalf("/proc/stat: %v", err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
 }
