@@ -4,7 +4,8 @@
 #     are retried, the rest runs), idle, after a million queries for mesh
 #     names, and during and after a flood of 50,000 queries for names that
 #     go upstream to a resolver that never answers, with its open file
-#     descriptors and its local API checked after the flood;
+#     descriptors and its local API checked after the flood; what its idle
+#     RSS is made of (bench/residency: the binary's pages, anonymous memory);
 #  2. the resolver as the agent runs it (bench/dnsserve, dnsd.Server) with
 #     100 and with 10,000 names, before and after a million queries.
 # Usage: sudo bash bench/memory.sh     (prints figures; cleans up after itself)
@@ -23,6 +24,7 @@ trap cleanup EXIT
 mkdir -p "$B"
 go build -o "$B/mesh" .
 go build -o "$B/dnsserve" ./bench/dnsserve
+go build -o "$B/residency" ./bench/residency
 
 rss() { awk '/^VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 hwm() { awk '/^VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
@@ -59,6 +61,9 @@ echo "agent (one node, resolver on $DNS):"
 idle=$(settled "$AGENT")
 idlefd=$(fds "$AGENT")
 printf "  idle                               RSS %6s MB   fds %s\n" "$idle" "$idlefd"
+# What the idle RSS is made of: the binary's own pages (clean, shared with
+# the page cache) and anonymous memory (what the agent allocated).
+"$B/residency" "$AGENT" | sed 's/^/  /'
 out=$(dnsperf -s "$DNS" -d "$B/mesh-queries" -n 334 -c 4 -T 1 2>&1) # 334 x 3000 = 1,002,000 queries
 printf "  after %s mesh-name queries  RSS %6s MB   (%s qps)\n" "$(echo "$out" | sed -n 's/.*Queries completed: *\([0-9]*\).*/\1/p')" "$(settled "$AGENT")" \
 	"$(echo "$out" | sed -n 's/.*Queries per second: *\([0-9.]*\).*/\1/p' | cut -d. -f1)"
