@@ -633,7 +633,14 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 	}
 	if !run {
 		if found {
-			// The run finished and was recorded; only its container was left.
+			// The run finished; only its container was left. Its marker may
+			// be in memory only (the disk was full when it was recorded):
+			// the container is then the only record on this host that the
+			// step ran, which a restarted agent re-attaches to, so it goes
+			// only once the marker is on disk.
+			if err := x.r.ledger.Save(); err != nil {
+				return report(res, Failed, "the step ran, but its marker could not be recorded: "+err.Error())
+			}
 			x.rt.Remove(ctx, leftover.ID)
 			delete(x.managed, want.Name)
 		}

@@ -83,3 +83,63 @@ func TestFullDiskClaimsNothing(t *testing.T) {
 		t.Fatal("the ledger on disk claims the operator's directory")
 	}
 }
+
+const migTmpl = `module: mig
+resources:
+  - step: migrate
+    image: localhost/busybox:1
+    command: ["true"]
+  - container: mig.server
+    image: localhost/busybox:1
+    restart-on: [migrate]
+`
+
+// A step that ran while the ledger's disk was full: its marker is not on
+// disk, so its exited container is the only record that it ran. The mesh
+// keeps that container until the marker is recorded, so an agent killed in
+// the meantime re-attaches to the run instead of running the step again.
+func TestFullDiskNeverRerunsAStep(t *testing.T) {
+	h := newHost(t)
+	free := fillDisk(t, filepath.Join(h.dir, "data"))
+	h.src["mig"] = migTmpl
+	h.assign("mig")
+	runs := 0
+	count := func() {
+		for _, c := range h.rt.calls {
+			if c == "create mig.migrate" {
+				runs++
+			}
+		}
+	}
+	rep := h.apply()
+	count()
+	if o := outcome(rep, "mig.migrate"); o.Outcome != Failed || !strings.Contains(o.Reason, "marker could not be recorded") {
+		t.Fatalf("step with the ledger's disk full: %+v", o)
+	}
+	h.apply()
+	count()
+	if h.rt.byName("mig.migrate") == nil {
+		t.Fatal("the step's container, the only record that it ran, was removed before its marker was recorded")
+	}
+	h.open() // the agent is killed and starts again, the disk still full
+	h.apply()
+	count()
+	free()
+	rep = h.apply()
+	count()
+	if o := outcome(rep, "mig.migrate"); o.Outcome == Failed {
+		t.Fatalf("step once the disk has room: %+v", o)
+	}
+	h.open()
+	rep = h.apply()
+	count()
+	if o := outcome(rep, "mig.migrate"); o.Outcome != Unchanged {
+		t.Fatalf("step after a restart: %+v", o)
+	}
+	if runs != 1 {
+		t.Fatalf("the step ran %d times", runs)
+	}
+	if h.rt.byName("mig.migrate") != nil {
+		t.Fatal("the step's container is left once its marker is recorded")
+	}
+}
