@@ -376,6 +376,13 @@ func (x *run) directory(res state.Resource) state.ResourceReport {
 	}
 	outcome, drift, err := ensureDir(res.Name, uid, gid, mode)
 	if err != nil {
+		if !have.exists {
+			// Not made (a full disk, say): not the mesh's either, whoever
+			// makes it later.
+			if now, lerr := look(res.Name); lerr == nil && !now.exists {
+				x.r.ledger.Drop(res.Name)
+			}
+		}
 		return report(res, Failed, err.Error())
 	}
 	x.inputsOf(res.Module)[res.Name] = digestBytes([]byte(fmt.Sprintf("dir %d:%d %o", uid, gid, mode)))

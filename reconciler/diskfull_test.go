@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -141,5 +142,38 @@ func TestFullDiskNeverRerunsAStep(t *testing.T) {
 	}
 	if h.rt.byName("mig.migrate") != nil {
 		t.Fatal("the step's container is left once its marker is recorded")
+	}
+}
+
+// A directory the mesh could not make (its disk has no inode left) is not
+// the mesh's: one an operator makes there later stays when the module goes.
+func TestDirectoryNotMadeIsNotClaimed(t *testing.T) {
+	h := newHost(t)
+	srv := filepath.Join(h.dir, "srv")
+	os.MkdirAll(srv, 0o755)
+	if os.Geteuid() != 0 {
+		t.Fatal("this test mounts a small tmpfs: run it as root (contrib/test.sh does)")
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=2", "tmpfs", srv).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", srv).Run() })
+	for i := 0; ; i++ { // use up the inodes
+		if err := os.Mkdir(filepath.Join(srv, fmt.Sprint("fill", i)), 0o755); err != nil {
+			break
+		}
+	}
+	h.src["keep"] = keepTmpl
+	h.assign("keep")
+	rep := h.apply()
+	if o := outcome(rep, h.dir+"/srv/keep"); o.Outcome != Failed || !strings.Contains(o.Reason, "no space left") {
+		t.Fatalf("directory on a disk with no inode left: %+v", o)
+	}
+	if _, ok := h.r.ledger.Paths[h.dir+"/srv/keep"]; ok {
+		t.Fatal("the ledger claims the directory the mesh could not make")
+	}
+	h.open()
+	if _, ok := h.r.ledger.Paths[h.dir+"/srv/keep"]; ok {
+		t.Fatal("the ledger on disk claims the directory the mesh could not make")
 	}
 }
