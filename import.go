@@ -1,13 +1,13 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"mesh/internal/composeimport"
+	"mesh/internal/safefs"
 	"mesh/state/manifest"
 )
 
@@ -26,7 +26,8 @@ type ImportComposeCmd struct {
 }
 
 // Run imports: every manifest is checked (as mesh check would) before any
-// is written, and nothing is overwritten without --force.
+// is written, nothing is overwritten without --force, and all are written or
+// none (writeAll).
 func (c *ImportComposeCmd) Run(g *Globals) error {
 	ctx, cancel := timeout()
 	defer cancel()
@@ -65,13 +66,13 @@ func (c *ImportComposeCmd) Run(g *Globals) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	var written []string
+	var files []outFile
 	for _, m := range res.Manifests {
-		p := filepath.Join(out, m.File)
-		if err := os.WriteFile(p, []byte(m.Text), 0o644); err != nil {
-			return errors.Join(fmt.Errorf("write %s: %w", p, err), fmt.Errorf("written before it: %s", strings.Join(written, ", ")))
-		}
-		written = append(written, p)
+		files = append(files, outFile{m.File, []byte(m.Text)})
+	}
+	written, err := writeAll(out, files)
+	if err != nil {
+		return err
 	}
 	for _, n := range res.Notes {
 		fmt.Fprintln(g.out, n)
@@ -79,4 +80,61 @@ func (c *ImportComposeCmd) Run(g *Globals) error {
 	fmt.Fprintf(g.out, "wrote %d manifests for project %s to %s: %s\n", len(written), res.Project, out, strings.Join(written, " "))
 	fmt.Fprintf(g.out, "next: mesh check %s/*.yaml; mesh module add %s/*.yaml --dry-run (a module of the same name from another project would be replaced); then mesh assign NODE MODULE\n", out, out)
 	return nil
+}
+
+// outFile is a file writeAll writes: its name in the directory, its bytes.
+type outFile struct {
+	name string
+	data []byte
+}
+
+// writeAll writes every file into dir, or none: each is written to a
+// temporary file there first, and only once all of them are on disk are they
+// renamed into place, so a full disk or a failed write leaves dir as it was
+// (an earlier import's manifests, which the operator may have edited, are not
+// cut short). A rename replaces a link at a name rather than following it.
+func writeAll(dir string, files []outFile) ([]string, error) {
+	temps := map[string]string{}
+	cleanup := func() {
+		for _, tmp := range temps {
+			os.Remove(tmp)
+		}
+	}
+	for _, file := range files {
+		name := file.name
+		f, err := os.CreateTemp(dir, "."+name+".mesh-*")
+		if err != nil {
+			cleanup()
+			return nil, fmt.Errorf("write %s: %w; nothing was written", filepath.Join(dir, name), err)
+		}
+		temps[name] = f.Name()
+		_, err = f.Write(file.data)
+		if err == nil {
+			err = f.Chmod(0o644)
+		}
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			cleanup()
+			return nil, fmt.Errorf("write %s: %w; nothing was written", filepath.Join(dir, name), err)
+		}
+	}
+	var written []string
+	for _, file := range files {
+		name, p := file.name, filepath.Join(dir, file.name)
+		if err := os.Rename(temps[name], p); err != nil {
+			cleanup()
+			return nil, fmt.Errorf("write %s: %w; written before it: %s", p, err, strings.Join(written, ", "))
+		}
+		delete(temps, name)
+		written = append(written, p)
+	}
+	if err := safefs.SyncDir(dir); err != nil {
+		return nil, fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return written, nil
 }

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// A full disk while the manifests are written leaves the output directory
+// as it was: no manifest cut short, none of a half-done import, no
+// temporary file, and an earlier import's manifests (perhaps edited since)
+// untouched under --force.
+func TestImportWritesAllOrNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test mounts a small tmpfs: run it as root (contrib/test.sh does)")
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "compose.yaml")
+	os.WriteFile(file, []byte("name: shop\nservices:\n  a:\n    image: busybox\n  b:\n    image: busybox\n  c:\n    image: busybox\n"), 0o644)
+	out := filepath.Join(dir, "out")
+	os.MkdirAll(out, 0o755)
+	// Three pages: one for the filler, room for two manifests of three.
+	if o, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", out).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v %s", err, o)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", out).Run() })
+	if err := os.WriteFile(filepath.Join(out, ".filler"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	list := func() []string {
+		ents, _ := os.ReadDir(out)
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		sort.Strings(names)
+		return names
+	}
+	g := &Globals{out: &bytes.Buffer{}}
+	err := (&ImportComposeCmd{File: file, Output: out, Root: "/srv"}).Run(g)
+	if err == nil || !strings.Contains(err.Error(), "no space left") || !strings.Contains(err.Error(), "nothing was written") {
+		t.Fatalf("import onto a full disk: %v", err)
+	}
+	if got := strings.Join(list(), " "); got != ".filler" {
+		t.Fatalf("after a failed import the output holds: %s", got)
+	}
+	// An earlier import's manifests, edited by the operator, and --force.
+	os.Remove(filepath.Join(out, ".filler"))
+	if err := (&ImportComposeCmd{File: file, Output: out, Root: "/srv"}).Run(g); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(out, "a.yaml"), []byte("# edited\n"), 0o644)
+	if err := os.WriteFile(filepath.Join(out, ".filler"), bytes.Repeat([]byte("x"), 100), 0o600); err == nil {
+		t.Fatal("the tmpfs has room for a fourth page")
+	}
+	before := list()
+	err = (&ImportComposeCmd{File: file, Output: out, Root: "/srv", Force: true}).Run(g)
+	if err == nil || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("import --force onto a full disk: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "a.yaml")); string(b) != "# edited\n" {
+		t.Fatalf("an edited manifest was replaced by a failed import: %q", b)
+	}
+	if got, want := strings.Join(list(), " "), strings.Join(before, " "); got != want {
+		t.Fatalf("after a failed import --force the output holds %s, not %s", got, want)
+	}
+}
