@@ -21,6 +21,7 @@ import (
 	"mesh/cluster/api"
 	"mesh/dnsd"
 	"mesh/internal/metrics"
+	"mesh/internal/safefs"
 	"mesh/podman"
 	"mesh/reconciler"
 	"mesh/state"
@@ -366,7 +367,7 @@ func (c *SetupCmd) Run(g *Globals) error {
 	}
 	fmt.Fprintf(g.out, "resolver address %s is on %s\n", addr, dnsd.DefaultLink)
 	// Persisted for the next boot; applied now.
-	if err := os.WriteFile("/etc/sysctl.d/50-mesh.conf", []byte("# mesh: a rootless agent's resolver binds port 53\nnet.ipv4.ip_unprivileged_port_start=53\n"), 0o644); err != nil {
+	if err := safefs.WriteFile("/etc/sysctl.d/50-mesh.conf", []byte("# mesh: a rootless agent's resolver binds port 53\nnet.ipv4.ip_unprivileged_port_start=53\n"), 0o644); err != nil {
 		return err
 	}
 	if out, err := exec.Command("sysctl", "-qw", "net.ipv4.ip_unprivileged_port_start=53").CombinedOutput(); err != nil {
