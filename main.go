@@ -649,12 +649,6 @@ type NodeRemoveCmd struct {
 func (c *NodeRemoveCmd) Run(g *Globals) error {
 	ctx, cancel := timeout()
 	defer cancel()
-	voter := false
-	if nodes, err := g.client().Nodes(ctx); err == nil {
-		for _, n := range nodes {
-			voter = voter || n.Name == c.Node && n.Voter
-		}
-	}
 	r, err := g.client().RemoveNode(ctx, c.Node, c.Force)
 	if err != nil {
 		return err
@@ -662,9 +656,6 @@ func (c *NodeRemoveCmd) Run(g *Globals) error {
 	fmt.Fprintf(g.out, "removed node %s (log index %d)\n", c.Node, r.Index)
 	// What removal does not undo (README, More nodes).
 	fmt.Fprintf(g.out, "its certificate is refused from now on; the machine may still hold the join token: mesh token --rotate\n")
-	if voter {
-		fmt.Fprintf(g.out, "%s was a voter and held the mesh CA's key, which is not rotated: if that machine is not to be trusted, build a new mesh\n", c.Node)
-	}
 	return nil
 }
 

@@ -258,7 +258,7 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 	if err != nil {
 		return err
 	}
-	rep, err := joinClient(ctx, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient()})
+	rep, err := joinClient(ctx, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient(), Commands: state.CommandVersion})
 	if err != nil {
 		return fmt.Errorf("join through %s: %w", peer, err)
 	}

@@ -136,6 +136,11 @@ func (n *Node) peerAddr(name string) string {
 // against the write.
 func (n *Node) canApply(c *state.Command) error {
 	need := c.NeedsVersion()
+	if need > state.CommandVersion {
+		// A newer follower's command, sent to this older leader: appended,
+		// it would stop every node of this binary.
+		return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("node %s runs mesh %s, which cannot apply a %s command of format %d yet; upgrade %s first", n.cfg.ID, n.cfg.Version, c.Op, need, n.cfg.ID)}
+	}
 	nodes, err := n.store.Nodes(context.Background())
 	if err != nil {
 		return nil
@@ -147,4 +152,29 @@ func (n *Node) canApply(c *state.Command) error {
 		}
 	}
 	return nil
+}
+
+// allCanApply is canApply for what may wait: every other node of the
+// replica has said hello since this node started, with a format that
+// applies c. A command that only adds to what the mesh knows (a node's
+// certificate key) waits for that rather than risk a node of an older
+// binary, not heard from yet, leading. A node being admitted (joining)
+// has said its format in its join request instead.
+func (n *Node) allCanApply(c *state.Command, joining string, joiningFormat int) bool {
+	need := c.NeedsVersion()
+	nodes, err := n.store.Nodes(context.Background())
+	if err != nil || need > state.CommandVersion {
+		return false
+	}
+	seen := n.Seen()
+	for _, nd := range nodes {
+		s, ok := seen[nd.Name]
+		if nd.Name == joining {
+			s, ok = Seen{Commands: joiningFormat}, true
+		}
+		if nd.Name != n.cfg.ID && (!ok || s.Commands < need) {
+			return false
+		}
+	}
+	return true
 }

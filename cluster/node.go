@@ -9,6 +9,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -162,12 +163,18 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	// A peer must be a node of the replica. A node that just joined has an
 	// empty replica; until it knows any node, the mesh CA (whose digest its
 	// token pinned) vouches for the leader that brings it the state.
-	member := func(name string) bool {
-		if _, err := store.Node(context.Background(), name); err == nil {
+	member := func(name string, cert *x509.Certificate) bool {
+		if pinned(context.Background(), store, name, cert) {
 			return true
 		}
 		nodes, err := store.Nodes(context.Background())
 		return err == nil && len(nodes) == 0
+	}
+	nt.peerOK = func(name string, cert *x509.Certificate) error {
+		if !member(name, cert) {
+			return fmt.Errorf("the peer's certificate for %s is not the one the mesh recorded for it (another key, or no such node)", name)
+		}
+		return nil
 	}
 	m := newMux(ln, nt, member, log)
 	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv}, 3, 10*time.Second, hl)

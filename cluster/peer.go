@@ -44,6 +44,9 @@ type JoinRequest struct {
 	CSR     string `json:"csr"`
 	// SealKey is the key credentials are sealed to for the new node.
 	SealKey string `json:"seal_key,omitempty"`
+	// Commands is the newest command format the new node's binary applies
+	// (state.CommandVersion; absent from older binaries).
+	Commands int `json:"commands,omitempty"`
 }
 
 // JoinReply admits it.
@@ -100,7 +103,8 @@ func (n *Node) peerName(r *http.Request) string {
 	if err != nil {
 		return ""
 	}
-	if _, err := n.store.Node(r.Context(), name); err != nil {
+	if !pinned(r.Context(), n.store, name, r.TLS.PeerCertificates[0]) {
+		n.log.Warn("refused a peer's request: its certificate is not the one recorded for that node", "from", r.RemoteAddr, "peer", name, "key", CertKey(r.TLS.PeerCertificates[0]))
 		return ""
 	}
 	return name
@@ -334,6 +338,9 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		n.log.Warn("a node that is already in the state joins again", "name", req.Name, "address", req.Address)
 	} else if _, err := n.Propose(ctx, n.nodeAdd(state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey})); err != nil {
 		return JoinReply{}, err
+	}
+	if err := n.pinCert(ctx, req.Name, req.Commands, cert); err != nil {
+		return JoinReply{}, fmt.Errorf("record %s's certificate: %w", req.Name, err)
 	}
 	addr := net.JoinHostPort(req.Address, strconv.Itoa(req.Port))
 	if err := n.raft.AddNonvoter(raft.ServerID(req.Name), raft.ServerAddress(addr), 0, ApplyTimeout).Error(); err != nil {

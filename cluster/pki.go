@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"mesh/internal/safefs"
+	"mesh/state"
 )
 
 // Files of a node's identity in its data dir.
@@ -198,6 +200,10 @@ type nodeTLS struct {
 	pool   *x509.CertPool
 	caPEM  []byte
 	meshID string
+	// peerOK, when set (by the node, before it dials anyone), also checks
+	// a peer this node dials: a node of the replica, with the key recorded
+	// for it (pinned).
+	peerOK func(name string, cert *x509.Certificate) error
 }
 
 // current is the certificate the node presents now.
@@ -249,6 +255,28 @@ func pemDER(p []byte) []byte {
 		return nil
 	}
 	return b.Bytes
+}
+
+// CertKey is the digest the state pins a node's certificate by: the hex
+// SHA-256 of its public key (SubjectPublicKeyInfo), which stays the same
+// across renewals (a renewal signs the node's same key again).
+func CertKey(c *x509.Certificate) string {
+	d := sha256.Sum256(c.RawSubjectPublicKeyInfo)
+	return hex.EncodeToString(d[:])
+}
+
+// pinned says whether cert may speak for node name: the node is in the
+// replica, and the key its peers recorded for it (state node.cert) is this
+// certificate's, or none is recorded yet (a node that joined before keys
+// were pinned and has not said its own yet). The mesh CA alone is not
+// enough: a voter since removed still holds the CA key, and could sign a
+// certificate under the name of a node still in the mesh.
+func pinned(ctx context.Context, store *state.Store, name string, cert *x509.Certificate) bool {
+	node, err := store.Node(ctx, name)
+	if err != nil {
+		return false
+	}
+	return node.CertKey == "" || node.CertKey == CertKey(cert)
 }
 
 // verifyPeer checks a peer's chain against the mesh CA and returns its name.

@@ -51,7 +51,6 @@ type RenewReply struct {
 // least every second, at most every hour); a failed renewal is tried again
 // sooner.
 func (n *Node) keepCertificate(ctx context.Context) {
-	told := time.Time{}
 	for {
 		leaf := n.tls.current().Leaf
 		wait := min(max(time.Until(leaf.NotAfter)/10, time.Second), time.Hour)
@@ -65,12 +64,11 @@ func (n *Node) keepCertificate(ctx context.Context) {
 			}
 			leaf = n.tls.current().Leaf
 		}
-		if !leaf.NotAfter.Equal(told) {
-			if n.tellExpiry(ctx, leaf.NotAfter) == nil {
-				told = leaf.NotAfter
-			} else {
-				wait = min(wait, 5*time.Second)
-			}
+		switch whole, err := n.tellCert(ctx, leaf); {
+		case err != nil:
+			wait = min(wait, 5*time.Second)
+		case !whole: // a node of the mesh cannot apply a key yet
+			wait = min(wait, 30*time.Second)
 		}
 		select {
 		case <-ctx.Done():
@@ -80,19 +78,55 @@ func (n *Node) keepCertificate(ctx context.Context) {
 	}
 }
 
-// tellExpiry records this node's certificate expiry in the state, if it
-// says otherwise.
-func (n *Node) tellExpiry(ctx context.Context, exp time.Time) error {
+// tellCert records this node's certificate in the state, expiry and key,
+// if the state says otherwise. whole is false while a node of the mesh
+// cannot apply a key yet (halfway through an upgrade): the expiry is told
+// alone, and the key once they can.
+func (n *Node) tellCert(ctx context.Context, leaf *x509.Certificate) (whole bool, err error) {
 	me, err := n.store.Node(ctx, n.cfg.ID)
 	if err != nil {
-		return err
+		return false, err
 	}
-	if me.CertExpires != nil && me.CertExpires.Equal(exp) {
-		return nil
+	key := CertKey(leaf)
+	if me.CertExpires != nil && me.CertExpires.Equal(leaf.NotAfter) && me.CertKey == key {
+		return true, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err = n.Propose(pctx, &state.NodeCertRequest{Node: n.cfg.ID, Expires: exp.UTC()})
+	r := &state.NodeCertRequest{Node: n.cfg.ID, Expires: leaf.NotAfter.UTC(), Key: key}
+	if n.allCanApply(state.NewCommand(r), "", 0) {
+		if _, err := n.Propose(pctx, r); err == nil || !errors.Is(err, state.ErrConflict) {
+			return err == nil, err
+		}
+	}
+	// Not every node is known to apply a key: the expiry alone, which every
+	// node applies.
+	r.Key = ""
+	if me.CertExpires != nil && me.CertExpires.Equal(leaf.NotAfter) {
+		return false, nil
+	}
+	_, err = n.Propose(pctx, r)
+	return false, err
+}
+
+// pinCert records the expiry and key of a node's certificate (PEM) as the
+// leader admits it: its peers require that key of it from its first
+// connection (a node that joins again comes with a new key). In a mesh
+// halfway through an upgrade the key is left out; the node tells it itself
+// once every node can apply it (tellCert).
+func (n *Node) pinCert(ctx context.Context, name string, format int, certPEM []byte) error {
+	c, err := x509.ParseCertificate(pemDER(certPEM))
+	if err != nil {
+		return fmt.Errorf("read the certificate just signed: %w", err)
+	}
+	r := &state.NodeCertRequest{Node: name, Expires: c.NotAfter.UTC(), Key: CertKey(c)}
+	// A node that joins again replaces the key recorded for it, which every
+	// node then applied; it must, or its peers refuse its new certificate.
+	was, err := n.store.Node(ctx, name)
+	if (err != nil || was.CertKey == "") && !n.allCanApply(state.NewCommand(r), name, format) {
+		r.Key = ""
+	}
+	_, err = n.Propose(ctx, r)
 	return err
 }
 

@@ -28,7 +28,7 @@ const (
 type mux struct {
 	ln      net.Listener
 	tls     *nodeTLS
-	member  func(name string) bool
+	member  func(name string, cert *x509.Certificate) bool
 	raftCh  chan net.Conn
 	api     *chanListener
 	log     *slog.Logger
@@ -36,7 +36,7 @@ type mux struct {
 	closing chan struct{}
 }
 
-func newMux(ln net.Listener, t *nodeTLS, member func(string) bool, log *slog.Logger) *mux {
+func newMux(ln net.Listener, t *nodeTLS, member func(string, *x509.Certificate) bool, log *slog.Logger) *mux {
 	m := &mux{tls: t, member: member, raftCh: make(chan net.Conn, 16), log: log, closing: make(chan struct{})}
 	m.api = &chanListener{ch: make(chan net.Conn, 16), addr: ln.Addr(), closing: m.closing}
 	m.ln = tls.NewListener(ln, m.serverConfig())
@@ -82,7 +82,7 @@ func (m *mux) route(c *tls.Conn) {
 	switch st.NegotiatedProtocol {
 	case alpnRaft:
 		name, err := m.tls.verifyPeer(st.PeerCertificates)
-		if err != nil || !m.member(name) {
+		if err != nil || !m.member(name, st.PeerCertificates[0]) {
 			m.log.Warn("refused a raft connection", "from", c.RemoteAddr(), "peer", name, "err", err)
 			c.Close()
 			return
@@ -118,7 +118,10 @@ func (t *nodeTLS) clientConfig(proto string) *tls.Config {
 			if err != nil {
 				return err
 			}
-			_, err = t.verifyPeer(certs)
+			name, err := t.verifyPeer(certs)
+			if err == nil && t.peerOK != nil {
+				err = t.peerOK(name, certs[0])
+			}
 			return err
 		},
 	}

@@ -3,8 +3,11 @@ package integration
 import (
 	"bytes"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"os/exec"
@@ -219,6 +222,25 @@ func TestMultiNode(t *testing.T) {
 	if len(nodes) != 4 || nodes[3].Name != "n4" || nodes[3].Voter || !nodes[2].Voter {
 		t.Fatalf("voters: %+v", nodes)
 	}
+	// Each node's certificate key is recorded in the state (the leader
+	// records a joiner's as it admits it), and it is the key of the
+	// certificate in that node's data dir: a certificate for its name with
+	// another key is refused (cluster.TestPinnedCertificateKey).
+	all := map[string]*agent{"n1": n[1], "n2": n[2], "n3": n[3], "n4": n4}
+	eventually(t, 60*time.Second, "every node's certificate key recorded", func() (bool, string) {
+		out := n[1].mesh("node", "list", "--json")
+		var keys []struct {
+			Name    string
+			CertKey string `json:"cert_key"`
+		}
+		json.Unmarshal([]byte(out), &keys)
+		for _, k := range keys {
+			if a := all[k.Name]; a == nil || k.CertKey != certKeyOf(t, filepath.Join(a.n.dir, "node.crt")) {
+				return false, out
+			}
+		}
+		return len(keys) == 4, out
+	})
 	// Only voters hold the CA key and the join secret (issue 14): n4
 	// cannot print the token; n2, a voter that joined after n1, can once a
 	// voter has sealed them to it; no data dir holds the CA key in plain.
@@ -543,4 +565,24 @@ func tail(s string, n int) string {
 		l = l[len(l)-n:]
 	}
 	return strings.Join(l, "\n")
+}
+
+// certKeyOf is the hex SHA-256 of the public key of the certificate in file,
+// as the state records a node's.
+func certKeyOf(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatalf("%s holds no PEM block", file)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := sha256.Sum256(c.RawSubjectPublicKeyInfo)
+	return hex.EncodeToString(d[:])
 }

@@ -41,9 +41,10 @@ const (
 // 3, the envelope below with one typed request per op, manifests parsed by
 // the proposer; 4, the module.pull op; 5, sealed credentials (seal.go): the
 // credential.seal, node.key and node.cert ops, nodes with a sealing key, and secrets
-// carried sealed. Entries of formats 1 and 2 still in a log are converted on
-// replay (legacy.go).
-const CommandVersion = 5
+// carried sealed; 6, node.cert with the key of the node's certificate, which
+// its peers then require of it (a key pinned per node). Entries of formats 1
+// and 2 still in a log are converted on replay (legacy.go).
+const CommandVersion = 6
 
 // opVersion is the format each op needs when this binary writes it.
 var opVersion = map[string]int{
@@ -92,6 +93,7 @@ func (r *ModuleAddRequest) formatNeeded() int   { return sealedFormat(r.Secrets)
 func (r *RestoreBody) formatNeeded() int        { return sealedFormat(r.Credentials) }
 func (r *NodeAddRequest) formatNeeded() int     { return iff(r.Node.SealKey != "", 5) }
 func (r *TokenRotateRequest) formatNeeded() int { return iff(r.Sealed != nil, 5) }
+func (r *NodeCertRequest) formatNeeded() int    { return iff(r.Key != "", 6) }
 
 func sealedFormat(secrets []Secret) int {
 	for _, s := range secrets {

@@ -20,6 +20,11 @@ type NodeInfo struct {
 	// CertExpires is when the node's certificate expires, as the node last
 	// said (it renews it a third of its life before).
 	CertExpires *time.Time `json:"cert_expires,omitempty"`
+	// CertKey is the digest of the public key of the node's certificate
+	// (hex SHA-256 of its SubjectPublicKeyInfo), "" until the node or the
+	// leader that admitted it recorded it. Its peers refuse a certificate
+	// for its name with another key.
+	CertKey string `json:"cert_key,omitempty"`
 }
 
 // ModuleInfo is a catalogue entry.
@@ -88,7 +93,7 @@ func (s *Store) Settings(ctx context.Context) (Settings, error) {
 }
 
 func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires FROM nodes ORDER BY name`)
+	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +102,7 @@ func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
 	for rows.Next() {
 		var n NodeInfo
 		var at, exp string
-		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp); err != nil {
+		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp, &n.CertKey); err != nil {
 			return nil, err
 		}
 		n.AddedAt, _ = time.Parse(timeLayout, at)

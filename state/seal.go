@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -251,10 +252,13 @@ type NodeKeyRequest struct {
 }
 
 // NodeCertRequest records when a node's certificate expires (the node says
-// so after it got or renewed one).
+// so after it got or renewed one) and, from format 6, its key (the node, or
+// the leader that admits it): its peers then refuse a certificate for its
+// name with any other key.
 type NodeCertRequest struct {
 	Node    string    `json:"node"`
 	Expires time.Time `json:"expires"`
+	Key     string    `json:"key,omitempty"`
 }
 
 func (*SealRequest) Op() string     { return OpSeal }
@@ -262,16 +266,31 @@ func (*NodeKeyRequest) Op() string  { return OpNodeKey }
 func (*NodeCertRequest) Op() string { return OpNodeCert }
 
 func (r *NodeCertRequest) describe() string {
-	return "node " + r.Node + "'s certificate valid until " + r.Expires.UTC().Format(time.RFC3339)
+	d := "node " + r.Node + "'s certificate valid until " + r.Expires.UTC().Format(time.RFC3339)
+	if r.Key != "" {
+		d += ", key " + r.Key[:min(len(r.Key), 12)]
+	}
+	return d
 }
 
 func (ap *applier) nodeCert(r *NodeCertRequest) (bool, error) {
 	if err := needNode(ap.tx, r.Node); err != nil {
 		return false, err
 	}
+	if r.Key != "" {
+		if !certKeyRE.MatchString(r.Key) {
+			return false, ruleErr(ErrInvalid, "node %s's certificate key %q is not a hex SHA-256 digest", r.Node, r.Key)
+		}
+		if has(ap.tx, `SELECT 1 FROM nodes WHERE cert_key = ? AND name != ?`, r.Key, r.Node) {
+			return false, ruleErr(ErrConflict, "another node's certificate already has that key")
+		}
+		mustExec(ap.tx, `UPDATE nodes SET cert_key = ? WHERE name = ?`, r.Key, r.Node)
+	}
 	mustExec(ap.tx, `UPDATE nodes SET cert_expires = ? WHERE name = ?`, r.Expires.UTC().Format(timeLayout), r.Node)
 	return false, nil
 }
+
+var certKeyRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 func (r *SealRequest) describe() string {
 	var ps []string

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // sealedFor is what a proposer would carry: the FSM never opens a sealed
@@ -280,6 +281,7 @@ func TestSealedCommandsNeedFormat5(t *testing.T) {
 		{&SealRequest{}, 5},
 		{&NodeKeyRequest{}, 5},
 		{&NodeCertRequest{}, 5},
+		{&NodeCertRequest{Key: strings.Repeat("0", 64)}, 6},
 		{&InitRequest{}, 5},
 	} {
 		if got := NewCommand(tc.r).NeedsVersion(); got != tc.want {
@@ -301,5 +303,53 @@ func TestEmptySecretRotates(t *testing.T) {
 	n := needsOf(t, s, nil)[app]
 	if !n.Rotates() || !strings.Contains(n.Reason, "holds no secret") {
 		t.Fatalf("need of an empty secret: %+v", n)
+	}
+}
+
+// node.cert records the key of a node's certificate; a key that is not a
+// digest, or another node's, is refused and changes nothing; one without a
+// key (a node of an older format) leaves the key as it was.
+func TestNodeCertKey(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	keyA, keyB := strings.Repeat("a1", 32), strings.Repeat("b2", 32)
+	mustApply(t, s, &idx, &NodeCertRequest{Node: "ace", Expires: t0.Add(time.Hour), Key: keyA})
+	keyOf := func(name string) string {
+		n, err := s.Node(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.CertKey
+	}
+	if got := keyOf("ace"); got != keyA {
+		t.Fatalf("ace's key: %q", got)
+	}
+	for _, bad := range []*NodeCertRequest{
+		{Node: "bee", Expires: t0, Key: keyA},                  // ace's
+		{Node: "bee", Expires: t0, Key: "not a digest"},        // not hex
+		{Node: "bee", Expires: t0, Key: strings.ToUpper(keyB)}, // not lower-case hex
+		{Node: "cat", Expires: t0, Key: keyB},                  // no such node
+		{Node: "bee", Expires: t0, Key: keyB[:62]},             // too short
+	} {
+		idx++
+		err := s.Apply(idx, encodeAt(bad, t0))
+		var re *RuleError
+		if !errors.As(err, &re) {
+			t.Fatalf("%s: %v", bad.describe(), err)
+		}
+		if keyOf("bee") != "" {
+			t.Fatalf("%s changed bee's key", bad.describe())
+		}
+	}
+	mustApply(t, s, &idx, &NodeCertRequest{Node: "ace", Expires: t0.Add(2 * time.Hour)})
+	if got := keyOf("ace"); got != keyA {
+		t.Fatalf("a node.cert without a key changed ace's: %q", got)
+	}
+	mustApply(t, s, &idx, &NodeCertRequest{Node: "ace", Expires: t0.Add(3 * time.Hour), Key: keyB})
+	if got := keyOf("ace"); got != keyB {
+		t.Fatalf("ace's new key (it joined again): %q", got)
 	}
 }

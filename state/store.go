@@ -210,6 +210,10 @@ var migrations = []string{
 	 ALTER TABLE nodes ADD COLUMN cert_expires TEXT NOT NULL DEFAULT '';
 	 ALTER TABLE credentials ADD COLUMN sealed TEXT NOT NULL DEFAULT '';
 	 ALTER TABLE credentials ADD COLUMN recipients TEXT NOT NULL DEFAULT '';`,
+	// 8: the key of each node's certificate (node.cert), which its peers
+	// require of it: a certificate for its name with another key, signed by
+	// whoever holds the CA key (a voter since removed), is refused.
+	`ALTER TABLE nodes ADD COLUMN cert_key TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate() error {

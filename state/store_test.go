@@ -387,10 +387,14 @@ func TestUnknownCommandStopsTheNode(t *testing.T) {
 	if b := NewCommand(&RestoreBody{MeshID: "m-1"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, opVersion[OpRestore])) {
 		t.Fatalf("restore encoded without its format: %s", b)
 	}
-	// The newest op needs the newest format: a node that cannot apply it
-	// is told so before it is proposed.
-	if b := NewCommand(&SealRequest{}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
-		t.Fatalf("credential.seal encoded without its format: %s", b)
+	// The newest format is needed by what only it carries: a node that
+	// cannot apply it is told so before it is proposed. Without it the
+	// command keeps its op's format, so a rolling upgrade goes on.
+	if b := NewCommand(&NodeCertRequest{Node: "ace", Key: strings.Repeat("ab", 32)}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
+		t.Fatalf("node.cert with a key encoded without its format: %s", b)
+	}
+	if b := NewCommand(&NodeCertRequest{Node: "ace"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, opVersion[OpNodeCert])) {
+		t.Fatalf("node.cert without a key encoded with a newer format: %s", b)
 	}
 }
 

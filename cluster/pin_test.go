@@ -1,0 +1,162 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// peerAs is how a client holding tlsID fares against the node at addr: the
+// status of GET /v1/hello on the peer API, and whether a Raft connection
+// stays open (a refused one is closed at once after its handshake).
+func peerAs(t *testing.T, tlsID *nodeTLS, addr string) (hello int, raftOpen bool) {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsID.clientConfig(alpnAPI)}}
+	resp, err := c.Get("https://" + addr + "/v1/hello")
+	if err != nil {
+		t.Fatalf("hello: %v", err)
+	}
+	resp.Body.Close()
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, tlsID.clientConfig(alpnRaft))
+	if err != nil {
+		t.Fatalf("dial raft: %v", err)
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(time.Second))
+	_, err = conn.Read(make([]byte, 1))
+	var ne net.Error
+	return resp.StatusCode, errors.As(err, &ne) && ne.Timeout()
+}
+
+// dialAs is a TLS handshake from client to a server that presents server's
+// certificate.
+func dialAs(t *testing.T, client, server *nodeTLS) error {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
+		MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*server.current()}, NextProtos: []string{alpnAPI},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", ln.Addr().String(), client.clientConfig(alpnAPI))
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
+
+// waitKey waits until the state records want as node name's certificate key.
+func waitKey(t *testing.T, m *Member, name, want string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		n, err := m.Store.Node(context.Background(), name)
+		if err == nil && n.CertKey == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's certificate key in %s's replica: %q, want %q", name, m.ID.Name, n.CertKey, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A certificate from the mesh CA under a node's name but with another key
+// (what a voter since removed, which still holds the CA key, could sign) is
+// refused by Raft and by the peer API once the node's key is recorded; the
+// node's own certificate goes on working. A node that joins again, with a
+// new key, is let in with that one, and its old one is refused.
+func TestPinnedCertificateKey(t *testing.T) {
+	ctx := context.Background()
+	a, b := twoNodes(t)
+	waitKey(t, a, "ace", CertKey(a.Node.tls.current().Leaf))
+	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
+	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+
+	id, err := a.Store.Identity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caKey, _, err := a.Node.OpenIdentity(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := ParseCA([]byte(id.CACert), []byte(caKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	forge := func(name, address string) *nodeTLS {
+		keyPEM, csrPEM, err := NewKey(name, address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		certPEM, err := ca.Sign(csrPEM, name, address)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &nodeTLS{pool: a.Node.tls.pool, caPEM: a.Node.tls.caPEM}
+		c, err := f.pair(certPEM, keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.cert.Store(c)
+		return f
+	}
+	if hello, open := peerAs(t, b.Node.tls, addr); hello != http.StatusOK || !open {
+		t.Fatalf("novox's own certificate: hello %d, raft open %v", hello, open)
+	}
+	forged := forge("novox", "127.0.0.2")
+	if hello, open := peerAs(t, forged, addr); hello != http.StatusForbidden || open {
+		t.Fatalf("a certificate for novox with another key: hello %d, raft open %v", hello, open)
+	}
+	// And ace, dialling what poses as novox, refuses its certificate.
+	if err := dialAs(t, a.Node.tls, b.Node.tls); err != nil {
+		t.Fatalf("ace dialling novox: %v", err)
+	}
+	if err := dialAs(t, a.Node.tls, forged); err == nil || !strings.Contains(err.Error(), "not the one the mesh recorded") {
+		t.Fatalf("ace dialling a server with a certificate for novox with another key: %v", err)
+	}
+
+	// novox loses its data dir and joins again, with a new key.
+	b.Stop()
+	oldTLS := &nodeTLS{pool: b.Node.tls.pool, caPEM: b.Node.tls.caPEM} // its certificate, without its stopped node's checks
+	oldTLS.cert.Store(b.Node.tls.current())
+	secret, err := a.Node.JoinSecret(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
+	dir := filepath.Join(t.TempDir(), "novox-again")
+	if err := Join(ctx, JoinConfig{DataDir: dir, Peer: addr, Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t)}); err != nil {
+		t.Fatal(err)
+	}
+	newTLS, err := loadNodeTLS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitKey(t, a, "novox", CertKey(newTLS.current().Leaf))
+	b2 := startAgent(t, dir)
+	t.Cleanup(func() { b2.Stop() })
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := b2.Node.Propose(wctx, addModule(t, "again.yaml", "module: again\n")); err != nil {
+		t.Fatalf("a write from novox after it joined again: %v", err)
+	}
+	if hello, _ := peerAs(t, oldTLS, addr); hello != http.StatusForbidden {
+		t.Fatalf("novox's certificate from before it joined again: hello %d", hello)
+	}
+}
