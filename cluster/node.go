@@ -163,12 +163,11 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	// A peer must be a node of the replica. A node that just joined has an
 	// empty replica; until it knows any node, the mesh CA (whose digest its
 	// token pinned) vouches for the leader that brings it the state.
+	// One read: the replica fills while a node catches up, and two reads
+	// could see it empty and then without the peer.
 	member := func(name string, cert *x509.Certificate) bool {
-		if pinned(context.Background(), store, name, cert) {
-			return true
-		}
 		nodes, err := store.Nodes(context.Background())
-		return err == nil && len(nodes) == 0
+		return err == nil && (len(nodes) == 0 || pinnedIn(nodes, name, cert))
 	}
 	nt.peerOK = func(name string, cert *x509.Certificate) error {
 		if !member(name, cert) {

@@ -272,11 +272,17 @@ func CertKey(c *x509.Certificate) string {
 // enough: a voter since removed still holds the CA key, and could sign a
 // certificate under the name of a node still in the mesh.
 func pinned(ctx context.Context, store *state.Store, name string, cert *x509.Certificate) bool {
-	node, err := store.Node(ctx, name)
-	if err != nil {
-		return false
+	nodes, err := store.Nodes(ctx)
+	return err == nil && pinnedIn(nodes, name, cert)
+}
+
+func pinnedIn(nodes []state.NodeInfo, name string, cert *x509.Certificate) bool {
+	for _, n := range nodes {
+		if n.Name == name {
+			return n.CertKey == "" || n.CertKey == CertKey(cert)
+		}
 	}
-	return node.CertKey == "" || node.CertKey == CertKey(cert)
+	return false
 }
 
 // verifyPeer checks a peer's chain against the mesh CA and returns its name.
