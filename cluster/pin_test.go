@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -158,5 +159,24 @@ func TestPinnedCertificateKey(t *testing.T) {
 	}
 	if hello, _ := peerAs(t, oldTLS, addr); hello != http.StatusForbidden {
 		t.Fatalf("novox's certificate from before it joined again: hello %d", hello)
+	}
+	// The leader renews a certificate only for the key recorded.
+	_, otherCSR, err := NewKey("novox", "127.0.0.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Node.signRenewal(ctx, "novox", otherCSR); err == nil || !strings.Contains(err.Error(), "must be for the key recorded") {
+		t.Fatalf("a renewal for novox with another key: %v", err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownCSR, err := csrFor(keyPEM, "novox", "127.0.0.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Node.signRenewal(ctx, "novox", ownCSR); err != nil {
+		t.Fatalf("a renewal for novox's own key: %v", err)
 	}
 }
