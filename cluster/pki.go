@@ -272,10 +272,11 @@ func CertKey(c *x509.Certificate) string {
 // enough: a voter since removed still holds the CA key, and could sign a
 // certificate under the name of a node still in the mesh.
 func pinned(ctx context.Context, store *state.Store, name string, cert *x509.Certificate) bool {
-	nodes, err := store.Nodes(ctx)
-	return err == nil && pinnedIn(nodes, name, cert)
+	node, err := store.Node(ctx, name)
+	return err == nil && (node.CertKey == "" || node.CertKey == CertKey(cert))
 }
 
+// pinnedIn is pinned against nodes read once.
 func pinnedIn(nodes []state.NodeInfo, name string, cert *x509.Certificate) bool {
 	for _, n := range nodes {
 		if n.Name == name {
