@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"mesh/state"
 )
 
@@ -154,27 +156,21 @@ func (n *Node) canApply(c *state.Command) error {
 	return nil
 }
 
-// allCanApply is canApply for what may wait: every other node of the
-// replica has said hello since this node started, with a format that
-// applies c. A command that only adds to what the mesh knows (a node's
-// certificate key) waits for that rather than risk a node of an older
-// binary, not heard from yet, leading. A node being admitted (joining)
-// has said its format in its join request instead.
-func (n *Node) allCanApply(c *state.Command, joining string, joiningFormat int) bool {
+// keyMayGo says whether a command only this binary's format carries (a
+// certificate key) may be proposed from this node now. The leader that will
+// append it must be known to apply it: this node, or a leader that said so
+// in its hello; an older leader would append it without a look and stop
+// every node of its binary. For the other nodes canApply's rule holds; a
+// node being admitted (joining) said its format in its join request.
+func (n *Node) keyMayGo(c *state.Command, joining string, joiningFormat int) bool {
 	need := c.NeedsVersion()
-	nodes, err := n.store.Nodes(context.Background())
-	if err != nil || need > state.CommandVersion {
+	if n.canApply(c) != nil || joining != "" && joiningFormat < need {
 		return false
 	}
-	seen := n.Seen()
-	for _, nd := range nodes {
-		s, ok := seen[nd.Name]
-		if nd.Name == joining {
-			s, ok = Seen{Commands: joiningFormat}, true
-		}
-		if nd.Name != n.cfg.ID && (!ok || s.Commands < need) {
-			return false
-		}
+	if n.raft.State() == raft.Leader {
+		return true
 	}
-	return true
+	_, leader := n.raft.LeaderWithID()
+	s, ok := n.Seen()[string(leader)]
+	return ok && s.Commands >= need
 }

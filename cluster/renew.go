@@ -67,8 +67,8 @@ func (n *Node) keepCertificate(ctx context.Context) {
 		switch whole, err := n.tellCert(ctx, leaf); {
 		case err != nil:
 			wait = min(wait, 5*time.Second)
-		case !whole: // a node of the mesh cannot apply a key yet
-			wait = min(wait, 30*time.Second)
+		case !whole: // the leader is not known to apply a key yet
+			wait = min(wait, 5*time.Second)
 		}
 		select {
 		case <-ctx.Done():
@@ -94,13 +94,14 @@ func (n *Node) tellCert(ctx context.Context, leaf *x509.Certificate) (whole bool
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	r := &state.NodeCertRequest{Node: n.cfg.ID, Expires: leaf.NotAfter.UTC(), Key: key}
-	if n.allCanApply(state.NewCommand(r), "", 0) {
+	n.WaitLeader(pctx) // which leader appends it decides whether the key may go
+	if n.keyMayGo(state.NewCommand(r), "", 0) {
 		if _, err := n.Propose(pctx, r); err == nil || !errors.Is(err, state.ErrConflict) {
 			return err == nil, err
 		}
 	}
-	// Not every node is known to apply a key: the expiry alone, which every
-	// node applies.
+	// Not every node is known to apply a key yet: the expiry alone, which
+	// every node applies.
 	r.Key = ""
 	if me.CertExpires != nil && me.CertExpires.Equal(leaf.NotAfter) {
 		return false, nil
@@ -123,7 +124,7 @@ func (n *Node) pinCert(ctx context.Context, name string, format int, certPEM []b
 	// A node that joins again replaces the key recorded for it, which every
 	// node then applied; it must, or its peers refuse its new certificate.
 	was, err := n.store.Node(ctx, name)
-	if (err != nil || was.CertKey == "") && !n.allCanApply(state.NewCommand(r), name, format) {
+	if (err != nil || was.CertKey == "") && !n.keyMayGo(state.NewCommand(r), name, format) {
 		r.Key = ""
 	}
 	_, err = n.Propose(ctx, r)
