@@ -3,11 +3,12 @@ package main
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+
+	"mesh/internal/testutil"
 )
 
 // A full disk while the manifests are written leaves the output directory
@@ -15,19 +16,12 @@ import (
 // temporary file, and an earlier import's manifests (perhaps edited since)
 // untouched under --force.
 func TestImportWritesAllOrNothing(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test mounts a small tmpfs: run it as root (contrib/test.sh does)")
-	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "compose.yaml")
 	os.WriteFile(file, []byte("name: shop\nservices:\n  a:\n    image: busybox\n  b:\n    image: busybox\n  c:\n    image: busybox\n"), 0o644)
 	out := filepath.Join(dir, "out")
-	os.MkdirAll(out, 0o755)
 	// Three pages: one for the filler, room for two manifests of three.
-	if o, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", out).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v %s", err, o)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", out).Run() })
+	testutil.Tmpfs(t, out, "size=12k")
 	if err := os.WriteFile(filepath.Join(out, ".filler"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -3,11 +3,12 @@ package cluster
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"mesh/internal/testutil"
 )
 
 // fill writes zeros to path until the filesystem is full, or until it leaves
@@ -42,15 +43,8 @@ func fill(t *testing.T, path string, keep uint64) {
 // writes fail with "disk full on NODE" (or wait), and everything works again
 // once space returns, restart included.
 func TestDiskFull(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("TestDiskFull mounts a small tmpfs: run it as root (contrib/test.sh does)")
-	}
 	disk := filepath.Join(t.TempDir(), "disk")
-	os.MkdirAll(disk, 0o700)
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=192m", "tmpfs", disk).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", disk).Run() })
+	testutil.Tmpfs(t, disk, "size=192m")
 	dir := filepath.Join(disk, "node")
 	if err := Init(context.Background(), InitConfig{DataDir: dir, Name: "ace", Address: "127.0.0.1", Port: freePort(t)}); err != nil {
 		t.Fatal(err)

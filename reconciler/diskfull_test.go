@@ -3,24 +3,18 @@ package reconciler
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"mesh/internal/testutil"
 )
 
 // fillDisk mounts a small tmpfs on dir and fills it, so every write there
 // fails with "no space left on device". The returned func frees it again.
 func fillDisk(t *testing.T, dir string) (free func()) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("this test mounts a small tmpfs: run it as root (contrib/test.sh does)")
-	}
-	os.MkdirAll(dir, 0o700)
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	testutil.Tmpfs(t, dir, "size=64k")
 	filler := filepath.Join(dir, "filler")
 	f, err := os.Create(filler)
 	if err != nil {
@@ -150,14 +144,7 @@ func TestFullDiskNeverRerunsAStep(t *testing.T) {
 func TestDirectoryNotMadeIsNotClaimed(t *testing.T) {
 	h := newHost(t)
 	srv := filepath.Join(h.dir, "srv")
-	os.MkdirAll(srv, 0o755)
-	if os.Geteuid() != 0 {
-		t.Fatal("this test mounts a small tmpfs: run it as root (contrib/test.sh does)")
-	}
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=2", "tmpfs", srv).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", srv).Run() })
+	testutil.Tmpfs(t, srv, "size=64k,nr_inodes=2")
 	for i := 0; ; i++ { // use up the inodes
 		if err := os.Mkdir(filepath.Join(srv, fmt.Sprint("fill", i)), 0o755); err != nil {
 			break

@@ -1,12 +1,15 @@
 // Package testutil holds what the in-process tests of several packages
 // share (cluster and cluster/api cannot share test files across their
-// boundary): a logger that writes to the test's log, and a free port.
+// boundary): a logger that writes to the test's log, a free port, and a
+// small tmpfs for tests of a full disk.
 package testutil
 
 import (
 	"encoding/json"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -49,4 +52,21 @@ func JSONLines(t testing.TB, log string, want int) []map[string]any {
 		}
 	}
 	return out
+}
+
+// Tmpfs mounts a tmpfs with options (size=64k, nr_inodes=2, ...) on dir,
+// made if missing, for tests of a full disk; it is unmounted when the test
+// ends. It needs root (contrib/test.sh runs the tests as root).
+func Tmpfs(t testing.TB, dir, options string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test mounts a small tmpfs: run it as root (contrib/test.sh does)")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", options, "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs on %s: %v %s", dir, err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
 }
