@@ -103,8 +103,12 @@ func (n *Node) peerName(r *http.Request) string {
 	if err != nil {
 		return ""
 	}
-	if !pinned(r.Context(), n.store, name, r.TLS.PeerCertificates[0]) {
-		n.log.Warn("refused a peer's request: its certificate is not the one recorded for that node", "from", r.RemoteAddr, "peer", name, "key", CertKey(r.TLS.PeerCertificates[0]))
+	node, err := n.store.Node(r.Context(), name)
+	if err != nil {
+		return ""
+	}
+	if cert := r.TLS.PeerCertificates[0]; !keyFits(node, cert) {
+		n.log.Warn("refused a peer's request: its certificate for that node has another key than the one recorded for it", "from", r.RemoteAddr, "peer", name, "key", CertKey(cert))
 		return ""
 	}
 	return name

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -265,22 +264,21 @@ func CertKey(c *x509.Certificate) string {
 	return hex.EncodeToString(d[:])
 }
 
-// pinned says whether cert may speak for node name: the node is in the
-// replica, and the key its peers recorded for it (state node.cert) is this
-// certificate's, or none is recorded yet (a node that joined before keys
-// were pinned and has not said its own yet). The mesh CA alone is not
-// enough: a voter since removed still holds the CA key, and could sign a
-// certificate under the name of a node still in the mesh.
-func pinned(ctx context.Context, store *state.Store, name string, cert *x509.Certificate) bool {
-	node, err := store.Node(ctx, name)
-	return err == nil && (node.CertKey == "" || node.CertKey == CertKey(cert))
+// keyFits says whether cert may speak for node: the key its peers recorded
+// for it (state node.cert) is this certificate's, or none is recorded yet (a
+// node that joined before keys were recorded and has not said its own yet).
+// The mesh CA alone is not enough: a voter since removed still holds the CA
+// key, and could sign a certificate under the name of a node still in the
+// mesh.
+func keyFits(node state.NodeInfo, cert *x509.Certificate) bool {
+	return node.CertKey == "" || node.CertKey == CertKey(cert)
 }
 
-// pinnedIn is pinned against nodes read once.
+// pinnedIn says whether cert may speak for node name of nodes.
 func pinnedIn(nodes []state.NodeInfo, name string, cert *x509.Certificate) bool {
 	for _, n := range nodes {
 		if n.Name == name {
-			return n.CertKey == "" || n.CertKey == CertKey(cert)
+			return keyFits(n, cert)
 		}
 	}
 	return false
