@@ -160,7 +160,8 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		closer.Close()
 		return nil, fmt.Errorf("listen for peers on %s: %w", cfg.Bind, err)
 	}
-	// A peer must be a node of the replica. A node that just joined has an
+	// A peer must be a node of the replica, with the key recorded for it
+	// (keyFits). A node that just joined has an
 	// empty replica; until it knows any node, the mesh CA (whose digest its
 	// token pinned) vouches for the leader that brings it the state.
 	// One read: the replica fills while a node catches up, and two reads

@@ -201,7 +201,7 @@ type nodeTLS struct {
 	meshID string
 	// peerOK, when set (by the node, before it dials anyone), also checks
 	// a peer this node dials: a node of the replica, with the key recorded
-	// for it (pinned).
+	// for it (keyFits).
 	peerOK func(name string, cert *x509.Certificate) error
 }
 
@@ -259,8 +259,10 @@ func pemDER(p []byte) []byte {
 // CertKey is the digest the state pins a node's certificate by: the hex
 // SHA-256 of its public key (SubjectPublicKeyInfo), which stays the same
 // across renewals (a renewal signs the node's same key again).
-func CertKey(c *x509.Certificate) string {
-	d := sha256.Sum256(c.RawSubjectPublicKeyInfo)
+func CertKey(c *x509.Certificate) string { return spkiKey(c.RawSubjectPublicKeyInfo) }
+
+func spkiKey(spki []byte) string {
+	d := sha256.Sum256(spki)
 	return hex.EncodeToString(d[:])
 }
 

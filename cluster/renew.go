@@ -226,15 +226,15 @@ func (n *Node) signRenewal(ctx context.Context, name string, csrPEM []byte) ([]b
 	if err != nil {
 		return nil, fmt.Errorf("read the mesh CA: %w", err)
 	}
-	cert, err := ca.Sign(csrPEM, name, node.Address)
-	if err != nil {
-		return nil, &state.RuleError{Kind: state.ErrInvalid, Msg: err.Error()}
-	}
 	// A renewal is for the key recorded for the node: a certificate for
 	// another key would be refused by every peer (joining again is how a
 	// node changes its key).
-	if c, err := x509.ParseCertificate(pemDER(cert)); err != nil || node.CertKey != "" && CertKey(c) != node.CertKey {
+	if csr, err := x509.ParseCertificateRequest(pemDER(csrPEM)); err == nil && node.CertKey != "" && spkiKey(csr.RawSubjectPublicKeyInfo) != node.CertKey {
 		return nil, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("a renewal for %s must be for the key recorded for it; to change a node's key, join it again", name)}
+	}
+	cert, err := ca.Sign(csrPEM, name, node.Address)
+	if err != nil {
+		return nil, &state.RuleError{Kind: state.ErrInvalid, Msg: err.Error()}
 	}
 	n.log.Info("signed a renewed certificate", "name", name)
 	return cert, nil
