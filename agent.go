@@ -181,6 +181,10 @@ func (c *AgentCmd) Run(g *Globals) error {
 		}
 		log.Info("metrics listening", "addr", "http://"+at.String()+"/metrics")
 	}
+	// Start-up (replaying the log, migrations, the manifest schema) leaves
+	// garbage that the runtime would keep until the heap grows into it: give
+	// it back now, so an idle node holds only what it uses.
+	debug.FreeOSMemory()
 	log.Info("agent ready", "data_dir", dir, "raft", m.Node.Addr(), "resolver", resolverAddr)
 	if err := sdNotify("READY=1\nSTATUS=serving " + m.ID.Name); err != nil {
 		log.Warn("could not tell systemd the agent is ready", "err", err)

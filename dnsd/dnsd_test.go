@@ -483,3 +483,48 @@ func TestNSTargetResolves(t *testing.T) {
 		t.Fatalf("%s: %v", target, r)
 	}
 }
+
+// A datagram longer than the resolver reads (the 4096 bytes it advertises)
+// arrives cut short; it is dropped whole rather than answered from its first
+// part, and the next query is answered as usual.
+func TestDropsDatagramsLongerThanItReads(t *testing.T) {
+	_, addr := startServer(t)
+	conn, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func(id uint16, pad int) *dns.Msg {
+		m := new(dns.Msg)
+		m.SetQuestion("ace.internal.", dns.TypeA)
+		m.Id = id
+		b, err := m.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Write(append(b, make([]byte, pad)...)); err != nil {
+			t.Fatal(err)
+		}
+		conn.SetReadDeadline(time.Now().Add(time.Second))
+		buf := make([]byte, 4096)
+		n, err := conn.Read(buf)
+		if err != nil {
+			return nil
+		}
+		r := new(dns.Msg)
+		if err := r.Unpack(buf[:n]); err != nil {
+			t.Fatalf("answer does not unpack: %v", err)
+		}
+		return r
+	}
+	// Trailing bytes within what it reads are no reason to drop a query.
+	if r := ask(1, 100); r == nil || r.Id != 1 {
+		t.Fatalf("query with 100 trailing bytes: got %v, want an answer", r)
+	}
+	if r := ask(2, 5000); r != nil {
+		t.Fatalf("datagram of %d bytes answered (id %d), want it dropped", 5000, r.Id)
+	}
+	if r := ask(3, 0); r == nil || r.Id != 3 || len(r.Answer) == 0 {
+		t.Fatalf("query after the long datagram: got %v, want an answer", r)
+	}
+}

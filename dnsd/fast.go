@@ -141,7 +141,7 @@ func (s *Server) fastReply(ix *Index, q []byte, src netip.Addr, out []byte) (rep
 		if do {
 			flags = 0x80
 		}
-		out = append(out, 0, 0, typeOPT, 4096>>8, 4096&0xff, 0, 0, flags, 0, 0, 0)
+		out = append(out, 0, 0, typeOPT, maxQuery>>8, maxQuery&0xff, 0, 0, flags, 0, 0, 0)
 		out[11] = 1
 	}
 	if len(out) > size {
