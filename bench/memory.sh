@@ -25,6 +25,7 @@ mkdir -p "$B"
 go build -o "$B/mesh" .
 go build -o "$B/dnsserve" ./bench/dnsserve
 go build -o "$B/residency" ./bench/residency
+go build -o "$B/podlink" ./bench/podlink
 
 rss() { awk '/^VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 hwm() { awk '/^VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
@@ -64,6 +65,14 @@ printf "  idle                               RSS %6s MB   fds %s\n" "$idle" "$id
 # What the idle RSS is made of: the binary's own pages (clean, shared with
 # the page cache) and anonymous memory (what the agent allocated).
 "$B/residency" "$AGENT" | sed 's/^/  /'
+# For comparison, a program that links only mesh's Podman client (Podman's
+# Go bindings) and does nothing: what those packages alone cost at start.
+"$B/podlink" >"$B/podlink.out" &
+POD=$!
+within 10 grep -q ready "$B/podlink.out"
+printf "  a program that only links mesh/podman and sleeps: RSS %6s MB\n" "$(settled "$POD")"
+"$B/residency" "$POD" | sed -n 's/^/  /; /pages/p'
+kill "$POD"
 out=$(dnsperf -s "$DNS" -d "$B/mesh-queries" -n 334 -c 4 -T 1 2>&1) # 334 x 3000 = 1,002,000 queries
 printf "  after %s mesh-name queries  RSS %6s MB   (%s qps)\n" "$(echo "$out" | sed -n 's/.*Queries completed: *\([0-9]*\).*/\1/p')" "$(settled "$AGENT")" \
 	"$(echo "$out" | sed -n 's/.*Queries per second: *\([0-9.]*\).*/\1/p' | cut -d. -f1)"
