@@ -203,7 +203,7 @@ func (s *Server) serveUDP(conn *net.UDPConn) {
 	bufs := make([][]byte, batch)
 	for i := range in {
 		in[i].Buffers = [][]byte{make([]byte, maxQuery)}
-		bufs[i] = make([]byte, 0, 512) // grows for a larger answer
+		bufs[i] = make([]byte, 0, maxQuery) // any answer of ours fits: no allocation
 		out[i].Buffers = [][]byte{nil}
 	}
 	for {
