@@ -203,7 +203,7 @@ func (s *Server) serveUDP(conn *net.UDPConn) {
 	bufs := make([][]byte, batch)
 	for i := range in {
 		in[i].Buffers = [][]byte{make([]byte, maxQuery)}
-		bufs[i] = make([]byte, 0, maxQuery) // any answer of ours fits: no allocation
+		bufs[i] = make([]byte, 0, maxQuery) // answers up to 4 KB need no allocation
 		out[i].Buffers = [][]byte{nil}
 	}
 	for {
