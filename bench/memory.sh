@@ -4,7 +4,8 @@
 #     are retried, the rest runs), idle, after a million queries for mesh
 #     names, and during and after a flood of 50,000 queries for names that
 #     go upstream to a resolver that never answers, with its open file
-#     descriptors and its local API checked after the flood; what its idle
+#     descriptors and its local API checked after the flood, and with a
+#     flood of TCP connections held open; what its idle
 #     RSS is made of (bench/residency: the binary's pages, anonymous memory);
 #  2. the resolver as the agent runs it (bench/dnsserve, dnsd.Server) with
 #     100 and with 10,000 names, before and after a million queries.
@@ -26,6 +27,7 @@ go build -o "$B/mesh" .
 go build -o "$B/dnsserve" ./bench/dnsserve
 go build -o "$B/residency" ./bench/residency
 go build -o "$B/podlink" ./bench/podlink
+go build -o "$B/tcpflood" ./bench/tcpflood
 
 rss() { awk '/^VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 hwm() { awk '/^VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
@@ -97,6 +99,23 @@ after=$(settled "$AGENT")
 printf "  after the flood                    RSS %6s MB   fds %s\n" "$after" "$(fds "$AGENT")"
 "$B/mesh" status --data-dir "$B/data" >/dev/null && echo "  the local API answers after the flood"
 answers "$DNS:53" mem1.internal && echo "  mesh names are answered after the flood"
+# A TCP flood, as a container could send one: 3,000 connections from 20
+# source addresses, each asking one query, the answered ones held open. The
+# resolver keeps at most 32 from a source and 256 in all open
+# (dnsd.DefaultMaxTCP...) and closes the others at once.
+peakfd=0
+"$B/tcpflood" -addr "$DNS:53" -n 3000 -sources 20 -hold 5s >"$B/tcpflood.out" 2>&1 &
+TF=$!
+until [ -s "$B/tcpflood.out" ] || ! kill -0 $TF 2>/dev/null; do
+	f=$(fds "$AGENT"); [ "$f" -gt "$peakfd" ] && peakfd=$f
+	sleep 0.05
+done
+f=$(fds "$AGENT"); [ "$f" -gt "$peakfd" ] && peakfd=$f
+printf "  TCP flood: %s\n" "$(cat "$B/tcpflood.out")"
+printf "  during the TCP flood               fds peak %s\n" "$peakfd"
+"$B/mesh" status --data-dir "$B/data" >/dev/null && echo "  the local API answers with the flood's connections open"
+answers "$DNS:53" mem1.internal && echo "  mesh names are answered with the flood's connections open"
+wait $TF
 pkill -f "$B/mesh agent" || true
 
 echo "resolver (dnsd.Server as the agent runs it, bench/dnsserve):"

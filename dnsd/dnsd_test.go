@@ -528,3 +528,90 @@ func TestDropsDatagramsLongerThanItReads(t *testing.T) {
 		t.Fatalf("query after the long datagram: got %v, want an answer", r)
 	}
 }
+
+// TCP connections are bounded from one source and in all: past either bound
+// a new connection is closed before anything is read, the ones open keep
+// being answered, and a place given back is taken again.
+func TestTCPConnectionsAreBounded(t *testing.T) {
+	_, addr := startServerWith(t, Config{Addr: "127.0.0.1:0", MaxTCP: 5, MaxTCPPerSource: 3})
+	// dial opens a connection from the loopback address from and asks one
+	// query on it; it returns the connection if the query was answered.
+	dial := func(from string) (*dns.Conn, error) {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 2 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		dc := &dns.Conn{Conn: c}
+		m := new(dns.Msg)
+		m.SetQuestion("ace.internal.", dns.TypeA)
+		dc.SetDeadline(time.Now().Add(2 * time.Second))
+		if err := dc.WriteMsg(m); err != nil {
+			c.Close()
+			return nil, err
+		}
+		r, err := dc.ReadMsg()
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		if r.Id != m.Id || len(r.Answer) == 0 {
+			c.Close()
+			return nil, fmt.Errorf("answer %v", r)
+		}
+		return dc, nil
+	}
+	var open []*dns.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 3; i++ {
+		c, err := dial("127.0.0.1")
+		if err != nil {
+			t.Fatalf("connection %d from 127.0.0.1: %v", i+1, err)
+		}
+		open = append(open, c)
+	}
+	if c, err := dial("127.0.0.1"); err == nil {
+		c.Close()
+		t.Fatal("a 4th connection from one source was answered, want it closed (3 per source)")
+	}
+	for i := 0; i < 2; i++ {
+		c, err := dial("127.0.0.2")
+		if err != nil {
+			t.Fatalf("connection %d from 127.0.0.2: %v", i+1, err)
+		}
+		open = append(open, c)
+	}
+	if c, err := dial("127.0.0.3"); err == nil {
+		c.Close()
+		t.Fatal("a 6th connection in all was answered, want it closed (5 in all)")
+	}
+	// The connections open are still answered.
+	m := new(dns.Msg)
+	m.SetQuestion("novox.internal.", dns.TypeA)
+	open[0].SetDeadline(time.Now().Add(2 * time.Second))
+	if err := open[0].WriteMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := open[0].ReadMsg(); err != nil || len(r.Answer) == 0 {
+		t.Fatalf("open connection: %v %v", r, err)
+	}
+	// One closed: its place is taken again (once the server has seen it go).
+	open[0].Close()
+	open = open[1:]
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := dial("127.0.0.3")
+		if err == nil {
+			open = append(open, c)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a place given back was not taken again: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

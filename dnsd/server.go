@@ -54,6 +54,10 @@ type Config struct {
 	// after the last query turned away at the MaxForwarding cap. The agent
 	// gives the memory the flood took back to the system there.
 	AfterFlood func()
+	// MaxTCP and MaxTCPPerSource bound the TCP connections open at once, in
+	// all and from one source; a connection past either is closed at once.
+	// 0 means DefaultMaxTCP and DefaultMaxTCPPerSource.
+	MaxTCP, MaxTCPPerSource int
 	// Observe, when set, is told of every answered query: its rcode,
 	// whether it went upstream, and how long answering took.
 	Observe func(rcode int, forwarded bool, took time.Duration)
@@ -151,7 +155,18 @@ func (s *Server) Start() (string, error) {
 		s.udp = append(s.udp, u)
 		go s.serveUDP(u)
 	}
-	s.tcp = &dns.Server{Listener: l, Handler: s, ReadTimeout: 5 * time.Second}
+	total, perSource := s.cfg.MaxTCP, s.cfg.MaxTCPPerSource
+	if total <= 0 {
+		total = DefaultMaxTCP
+	}
+	if perSource <= 0 {
+		perSource = DefaultMaxTCPPerSource
+	}
+	limited := newTCPLimit(l, total, perSource, func(src netip.Addr, open, perSource, total int) {
+		s.log.Warn("resolver: TCP connection turned away (logged once a minute at most)",
+			"from", src, "open_from_it", open, "max_per_source", perSource, "max", total)
+	})
+	s.tcp = &dns.Server{Listener: limited, Handler: s, ReadTimeout: 5 * time.Second}
 	go s.tcp.ActivateAndServe()
 	if s.cfg.AfterFlood != nil {
 		go s.watchFloods()
