@@ -560,7 +560,9 @@ func joinClient(ctx context.Context, address string, tok Token, req JoinRequest)
 			return verifyPinned(raw, tok.CADigest)
 		},
 	}
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+	// One request: no connection is kept, neither here nor as a guest at the
+	// node (which bounds connections without a node's certificate).
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}
 	b, _ := json.Marshal(req)
 	hreq, err := http.NewRequestWithContext(ctx, "POST", "https://"+address+"/v1/join", bytes.NewReader(b))
 	if err != nil {

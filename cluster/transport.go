@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -31,13 +34,15 @@ type mux struct {
 	member  func(name string, cert *x509.Certificate) bool
 	raftCh  chan net.Conn
 	api     *chanListener
+	guests  *guests
 	log     *slog.Logger
 	once    sync.Once
 	closing chan struct{}
 }
 
 func newMux(ln net.Listener, t *nodeTLS, member func(string, *x509.Certificate) bool, log *slog.Logger) *mux {
-	m := &mux{tls: t, member: member, raftCh: make(chan net.Conn, 16), log: log, closing: make(chan struct{})}
+	m := &mux{tls: t, member: member, raftCh: make(chan net.Conn, 16), log: log, closing: make(chan struct{}),
+		guests: newGuests(guestsInAll, guestsPerSource)}
 	m.api = &chanListener{ch: make(chan net.Conn, 16), addr: ln.Addr(), closing: m.closing}
 	m.ln = tls.NewListener(ln, m.serverConfig())
 	go m.serve()
@@ -93,11 +98,39 @@ func (m *mux) route(c *tls.Conn) {
 			c.Close()
 		}
 	default:
+		if !m.fromNode(st) {
+			if open, ok := m.guests.admit(c); !ok {
+				if m.guests.warnNow() {
+					m.log.Warn("closed a connection to the node port without a node's certificate: too many open (logged once a minute at most)",
+						"from", c.RemoteAddr(), "open_from_it", open, "max_per_source", m.guests.perSource, "max", m.guests.total)
+				}
+				c.Close()
+				return
+			}
+		}
 		select {
 		case m.api.ch <- c:
 		case <-m.closing:
 			c.Close()
 		}
+	}
+}
+
+// fromNode says whether the peer of a connection showed the certificate of
+// a current node of the mesh.
+func (m *mux) fromNode(st tls.ConnectionState) bool {
+	if len(st.PeerCertificates) == 0 {
+		return false
+	}
+	name, err := m.tls.verifyPeer(st.PeerCertificates)
+	return err == nil && m.member(name, st.PeerCertificates[0])
+}
+
+// connState is the API server's ConnState: a guest's place is given back
+// when its connection ends.
+func (m *mux) connState(c net.Conn, s http.ConnState) {
+	if s == http.StateClosed || s == http.StateHijacked {
+		m.guests.gone(c)
 	}
 }
 
@@ -190,3 +223,72 @@ func (l *chanListener) Accept() (net.Conn, error) {
 }
 func (l *chanListener) Close() error   { return nil }
 func (l *chanListener) Addr() net.Addr { return l.addr }
+
+// Connections to the node port without the certificate of a current node
+// are guests: a machine joining, the install line fetching the CA and the
+// binary, or anyone at all, since every container can reach the port. At
+// most guestsPerSource from one address and guestsInAll in all are open at
+// once; past that a guest is closed once its handshake is done, so a
+// container cannot take the agent's descriptors by opening connections and
+// keeping them. Nodes of the mesh are never counted: a container whose
+// traffic leaves its node with the node's address cannot crowd that node out.
+const (
+	guestsPerSource = 16
+	guestsInAll     = 128
+)
+
+type guests struct {
+	total, perSource int
+
+	mu    sync.Mutex
+	open  int
+	by    map[netip.Addr]int
+	conns map[net.Conn]netip.Addr
+	// warned is when a guest turned away was last logged (unix ns).
+	warned atomic.Int64
+}
+
+func newGuests(total, perSource int) *guests {
+	return &guests{total: total, perSource: perSource, by: map[netip.Addr]int{}, conns: map[net.Conn]netip.Addr{}}
+}
+
+// admit counts c in if the bounds allow it; it returns how many its source
+// had open.
+func (g *guests) admit(c net.Conn) (int, bool) {
+	src := netip.Addr{}
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		src = a.AddrPort().Addr().Unmap()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := g.by[src]
+	if n >= g.perSource || g.open >= g.total {
+		return n, false
+	}
+	g.by[src] = n + 1
+	g.open++
+	g.conns[c] = src
+	return n, true
+}
+
+// gone gives c's place back, if it had one.
+func (g *guests) gone(c net.Conn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	src, ok := g.conns[c]
+	if !ok {
+		return
+	}
+	delete(g.conns, c)
+	g.open--
+	if g.by[src]--; g.by[src] <= 0 {
+		delete(g.by, src)
+	}
+}
+
+// warnNow says whether to log a guest turned away: once a minute at most.
+func (g *guests) warnNow() bool {
+	now := time.Now().UnixNano()
+	last := g.warned.Load()
+	return now-last > int64(time.Minute) && g.warned.CompareAndSwap(last, now)
+}

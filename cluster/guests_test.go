@@ -1,0 +1,112 @@
+package cluster
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// guest opens a connection to the node port from the loopback address from,
+// without a certificate, and asks for the CA on it; it returns the
+// connection, kept open, if the CA came back.
+func guest(addr, from string) (net.Conn, error) {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	c, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintf(c, "GET /v1/ca HTTP/1.1\r\nHost: mesh\r\n\r\n"); err != nil {
+		c.Close()
+		return nil, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		c.Close()
+		return nil, fmt.Errorf("GET /v1/ca: %s", resp.Status)
+	}
+	c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// Connections without a node's certificate are bounded, from one address and
+// in all; past either a new one is closed after its handshake, the nodes of
+// the mesh are still served, and a place given back is taken again.
+func TestGuestsAreBounded(t *testing.T) {
+	a, b := twoNodes(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	g := a.Node.mux.guests
+	guestsOpen := func() int {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.open
+	}
+	// novox's join was a guest; it keeps no connection, and the node sees
+	// that one go.
+	for deadline := time.Now().Add(10 * time.Second); guestsOpen() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d guests open before the test's own", guestsOpen())
+		}
+	}
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	take := func(from string, n int) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			c, err := guest(addr, from)
+			if err != nil {
+				t.Fatalf("guest %d from %s: %v", i+1, from, err)
+			}
+			open = append(open, c)
+		}
+	}
+	take("127.0.2.1", guestsPerSource)
+	if c, err := guest(addr, "127.0.2.1"); err == nil {
+		c.Close()
+		t.Fatalf("guest %d from one address was served, want it closed", guestsPerSource+1)
+	}
+	// Fill the rest of the places from other addresses.
+	src := 2
+	for left := guestsInAll - guestsPerSource; left > 0; src++ {
+		n := min(left, guestsPerSource)
+		take(fmt.Sprintf("127.0.2.%d", src), n)
+		left -= n
+	}
+	last := fmt.Sprintf("127.0.2.%d", src)
+	if c, err := guest(addr, last); err == nil {
+		c.Close()
+		t.Fatalf("guest %d in all was served, want it closed", guestsInAll+1)
+	}
+	// A node of the mesh is not a guest: it is served, over the API and Raft.
+	if hello, raftOpen := peerAs(t, b.Node.tls, addr); hello != http.StatusOK || !raftOpen {
+		t.Fatalf("novox with the guests' places taken: hello %d, raft open %v", hello, raftOpen)
+	}
+	// One guest leaves; its place is taken again, once the node has seen it go.
+	open[0].Close()
+	open = open[1:]
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := guest(addr, last)
+		if err == nil {
+			open = append(open, c)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a place given back was not taken again: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
