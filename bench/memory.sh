@@ -100,39 +100,32 @@ after=$(settled "$AGENT")
 printf "  after the flood                    RSS %6s MB   fds %s\n" "$after" "$(fds "$AGENT")"
 "$B/mesh" status --data-dir "$B/data" >/dev/null && echo "  the local API answers after the flood"
 answers "$DNS:53" mem1.internal && echo "  mesh names are answered after the flood"
-# A TCP flood, as a container could send one: 3,000 connections from 20
-# source addresses, each asking one query, the answered ones held open. The
-# resolver keeps at most 32 from a source and 256 in all open
+# TCP floods, as a container could send them: 3,000 connections from 20
+# source addresses, each answered one held open, while the agent's
+# descriptors are sampled; then its API and resolver are asked.
+# held_flood LABEL TCPFLOOD-ARGS...
+held_flood() {
+	local label=$1 out="$B/flood-$1.out" peak=0 f tf; shift
+	"$B/tcpflood" -n 3000 -sources 20 -hold 5s "$@" >"$out" 2>&1 &
+	tf=$!
+	until [ -s "$out" ] || ! kill -0 $tf 2>/dev/null; do
+		f=$(fds "$AGENT"); [ "$f" -gt "$peak" ] && peak=$f
+		sleep 0.05
+	done
+	f=$(fds "$AGENT"); [ "$f" -gt "$peak" ] && peak=$f
+	printf "  %s flood: %s\n" "$label" "$(cat "$out")"
+	printf "  during the %-23s fds peak %s\n" "$label flood" "$peak"
+	"$B/mesh" status --data-dir "$B/data" >/dev/null && echo "  the local API answers with the flood's connections open"
+	answers "$DNS:53" mem1.internal && echo "  mesh names are answered with the flood's connections open"
+	wait $tf
+}
+# The resolver keeps at most 32 from a source and 256 in all open
 # (dnsd.DefaultMaxTCP...) and closes the others at once.
-peakfd=0
-"$B/tcpflood" -addr "$DNS:53" -n 3000 -sources 20 -hold 5s >"$B/tcpflood.out" 2>&1 &
-TF=$!
-until [ -s "$B/tcpflood.out" ] || ! kill -0 $TF 2>/dev/null; do
-	f=$(fds "$AGENT"); [ "$f" -gt "$peakfd" ] && peakfd=$f
-	sleep 0.05
-done
-f=$(fds "$AGENT"); [ "$f" -gt "$peakfd" ] && peakfd=$f
-printf "  TCP flood: %s\n" "$(cat "$B/tcpflood.out")"
-printf "  during the TCP flood               fds peak %s\n" "$peakfd"
-"$B/mesh" status --data-dir "$B/data" >/dev/null && echo "  the local API answers with the flood's connections open"
-answers "$DNS:53" mem1.internal && echo "  mesh names are answered with the flood's connections open"
-wait $TF
-# The same at the node port: 3,000 connections without a node's certificate,
-# each asking for the CA, the answered ones held open. At most 16 from a
-# source and 128 in all are kept (cluster: guestsPerSource, guestsInAll).
-peakfd=0
-"$B/tcpflood" -node -addr 127.0.0.1:17990 -n 3000 -sources 20 -hold 5s >"$B/nodeflood.out" 2>&1 &
-TF=$!
-until [ -s "$B/nodeflood.out" ] || ! kill -0 $TF 2>/dev/null; do
-	f=$(fds "$AGENT"); [ "$f" -gt "$peakfd" ] && peakfd=$f
-	sleep 0.05
-done
-f=$(fds "$AGENT"); [ "$f" -gt "$peakfd" ] && peakfd=$f
-printf "  node-port flood: %s\n" "$(cat "$B/nodeflood.out")"
-printf "  during the node-port flood         fds peak %s\n" "$peakfd"
-"$B/mesh" status --data-dir "$B/data" >/dev/null && echo "  the local API answers with the flood's connections open"
-answers "$DNS:53" mem1.internal && echo "  mesh names are answered with the flood's connections open"
-wait $TF
+held_flood TCP -addr "$DNS:53"
+# The node port, without a node's certificate, each asking for the CA: at
+# most 16 from a source and 128 in all are kept (cluster: guestsPerSource,
+# guestsInAll).
+held_flood node-port -node -addr 127.0.0.1:17990
 pkill -f "$B/mesh agent" || true
 
 echo "resolver (dnsd.Server as the agent runs it, bench/dnsserve):"

@@ -44,12 +44,7 @@ func guest(addr, from string) (net.Conn, error) {
 func TestGuestsAreBounded(t *testing.T) {
 	a, b := twoNodes(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
-	g := a.Node.mux.guests
-	guestsOpen := func() int {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		return g.open
-	}
+	guestsOpen := a.Node.mux.guests.Open
 	// novox's join was a guest; it keeps no connection, and the node sees
 	// that one go.
 	for deadline := time.Now().Add(10 * time.Second); guestsOpen() != 0; time.Sleep(20 * time.Millisecond) {

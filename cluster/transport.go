@@ -10,10 +10,11 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"mesh/internal/connlimit"
 )
 
 // One TCP port per node carries both Raft and the node-to-node API, told
@@ -100,9 +101,9 @@ func (m *mux) route(c *tls.Conn) {
 	default:
 		if !m.fromNode(st) {
 			if open, ok := m.guests.admit(c); !ok {
-				if m.guests.warnNow() {
+				if m.guests.WarnNow() {
 					m.log.Warn("closed a connection to the node port without a node's certificate: too many open (logged once a minute at most)",
-						"from", c.RemoteAddr(), "open_from_it", open, "max_per_source", m.guests.perSource, "max", m.guests.total)
+						"from", c.RemoteAddr(), "open_from_it", open, "max_per_source", m.guests.PerSource, "max", m.guests.Total)
 				}
 				c.Close()
 				return
@@ -237,58 +238,36 @@ const (
 	guestsInAll     = 128
 )
 
+// guests are the node port's connections without a node's certificate.
 type guests struct {
-	total, perSource int
-
+	*connlimit.Bounds
 	mu    sync.Mutex
-	open  int
-	by    map[netip.Addr]int
 	conns map[net.Conn]netip.Addr
-	// warned is when a guest turned away was last logged (unix ns).
-	warned atomic.Int64
 }
 
 func newGuests(total, perSource int) *guests {
-	return &guests{total: total, perSource: perSource, by: map[netip.Addr]int{}, conns: map[net.Conn]netip.Addr{}}
+	return &guests{Bounds: connlimit.New(total, perSource), conns: map[net.Conn]netip.Addr{}}
 }
 
 // admit counts c in if the bounds allow it; it returns how many its source
 // had open.
 func (g *guests) admit(c net.Conn) (int, bool) {
-	src := netip.Addr{}
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		src = a.AddrPort().Addr().Unmap()
-	}
+	src := connlimit.Source(c)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	n := g.by[src]
-	if n >= g.perSource || g.open >= g.total {
-		return n, false
+	open, ok := g.Take(src)
+	if ok {
+		g.conns[c] = src
 	}
-	g.by[src] = n + 1
-	g.open++
-	g.conns[c] = src
-	return n, true
+	return open, ok
 }
 
 // gone gives c's place back, if it had one.
 func (g *guests) gone(c net.Conn) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	src, ok := g.conns[c]
-	if !ok {
-		return
+	if src, ok := g.conns[c]; ok {
+		delete(g.conns, c)
+		g.Give(src)
 	}
-	delete(g.conns, c)
-	g.open--
-	if g.by[src]--; g.by[src] <= 0 {
-		delete(g.by, src)
-	}
-}
-
-// warnNow says whether to log a guest turned away: once a minute at most.
-func (g *guests) warnNow() bool {
-	now := time.Now().UnixNano()
-	last := g.warned.Load()
-	return now-last > int64(time.Minute) && g.warned.CompareAndSwap(last, now)
 }

@@ -17,6 +17,8 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
+
+	"mesh/internal/connlimit"
 )
 
 // ForwardTimeout bounds one upstream exchange.
@@ -162,10 +164,10 @@ func (s *Server) Start() (string, error) {
 	if perSource <= 0 {
 		perSource = DefaultMaxTCPPerSource
 	}
-	limited := newTCPLimit(l, total, perSource, func(src netip.Addr, open, perSource, total int) {
+	limited := &tcpLimit{Listener: l, bounds: connlimit.New(total, perSource), warn: func(src netip.Addr, open int, b *connlimit.Bounds) {
 		s.log.Warn("resolver: TCP connection turned away (logged once a minute at most)",
-			"from", src, "open_from_it", open, "max_per_source", perSource, "max", total)
-	})
+			"from", src, "open_from_it", open, "max_per_source", b.PerSource, "max", b.Total)
+	}}
 	s.tcp = &dns.Server{Listener: limited, Handler: s, ReadTimeout: 5 * time.Second}
 	go s.tcp.ActivateAndServe()
 	if s.cfg.AfterFlood != nil {

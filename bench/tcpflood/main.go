@@ -44,34 +44,12 @@ func main() {
 			for i := range work {
 				src := net.IPv4(127, 0, 1, byte(1+i%*sources))
 				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src}, Timeout: 2 * time.Second}
+				ask := askDNS
 				if *node {
-					c, err := askCA(&d, *addr)
-					if err != nil {
-						closed.Add(1)
-						continue
-					}
-					answered.Add(1)
-					mu.Lock()
-					open = append(open, c)
-					mu.Unlock()
-					continue
+					ask = askCA
 				}
-				c, err := d.Dial("tcp", *addr)
+				c, err := ask(&d, *addr, *name)
 				if err != nil {
-					closed.Add(1)
-					continue
-				}
-				dc := &dns.Conn{Conn: c}
-				m := new(dns.Msg)
-				m.SetQuestion(*name, dns.TypeA)
-				dc.SetDeadline(time.Now().Add(2 * time.Second))
-				if err := dc.WriteMsg(m); err != nil {
-					c.Close()
-					closed.Add(1)
-					continue
-				}
-				if _, err := dc.ReadMsg(); err != nil {
-					c.Close()
 					closed.Add(1)
 					continue
 				}
@@ -95,9 +73,32 @@ func main() {
 	}
 }
 
+// askDNS asks a resolver for name over TCP and returns the connection if it
+// was answered.
+func askDNS(d *net.Dialer, addr, name string) (net.Conn, error) {
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	dc := &dns.Conn{Conn: c}
+	m := new(dns.Msg)
+	m.SetQuestion(name, dns.TypeA)
+	dc.SetDeadline(time.Now().Add(2 * time.Second))
+	if err := dc.WriteMsg(m); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if _, err := dc.ReadMsg(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.SetDeadline(time.Time{})
+	return c, nil
+}
+
 // askCA asks a node port for the mesh CA over TLS, as a guest (no
 // certificate), and returns the connection if it was answered.
-func askCA(d *net.Dialer, addr string) (net.Conn, error) {
+func askCA(d *net.Dialer, addr, _ string) (net.Conn, error) {
 	c, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}})
 	if err != nil {
 		return nil, err
