@@ -102,6 +102,12 @@ func New(cfg Config, domain string) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if cfg.MaxTCP <= 0 {
+		cfg.MaxTCP = DefaultMaxTCP
+	}
+	if cfg.MaxTCPPerSource <= 0 {
+		cfg.MaxTCPPerSource = DefaultMaxTCPPerSource
+	}
 	s := &Server{cfg: cfg, self: ap.Addr(), log: cfg.Logger.With("component", "dnsd"), floodOver: floodOver}
 	s.SetIndex(NewIndex(domain, nil, 0))
 	if cfg.MaxForwarding <= 0 {
@@ -157,17 +163,7 @@ func (s *Server) Start() (string, error) {
 		s.udp = append(s.udp, u)
 		go s.serveUDP(u)
 	}
-	total, perSource := s.cfg.MaxTCP, s.cfg.MaxTCPPerSource
-	if total <= 0 {
-		total = DefaultMaxTCP
-	}
-	if perSource <= 0 {
-		perSource = DefaultMaxTCPPerSource
-	}
-	limited := &tcpLimit{Listener: l, bounds: connlimit.New(total, perSource), warn: func(src netip.Addr, open int, b *connlimit.Bounds) {
-		s.log.Warn("resolver: TCP connection turned away (logged once a minute at most)",
-			"from", src, "open_from_it", open, "max_per_source", b.PerSource, "max", b.Total)
-	}}
+	limited := &tcpLimit{Listener: l, bounds: connlimit.New(s.cfg.MaxTCP, s.cfg.MaxTCPPerSource), log: s.log}
 	s.tcp = &dns.Server{Listener: limited, Handler: s, ReadTimeout: 5 * time.Second}
 	go s.tcp.ActivateAndServe()
 	if s.cfg.AfterFlood != nil {
@@ -196,8 +192,7 @@ func (s *Server) Close() error {
 const batch = 32
 
 // maxQuery is the longest query read over UDP: the payload size the resolver
-// advertises in its EDNS answers. A longer datagram is dropped. (A buffer of
-// 64 KB per datagram held 4 MB of heap for nothing a DNS client sends.)
+// advertises in its EDNS answers. A longer datagram is dropped.
 const maxQuery = 4096
 
 // batchConn is what ipv4.PacketConn and ipv6.PacketConn share.

@@ -1,8 +1,8 @@
 package dnsd
 
 import (
+	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 
 	"mesh/internal/connlimit"
@@ -28,7 +28,7 @@ const (
 type tcpLimit struct {
 	net.Listener
 	bounds *connlimit.Bounds
-	warn   func(src netip.Addr, open int, b *connlimit.Bounds)
+	log    *slog.Logger
 }
 
 func (l *tcpLimit) Accept() (net.Conn, error) {
@@ -40,8 +40,9 @@ func (l *tcpLimit) Accept() (net.Conn, error) {
 		src := connlimit.Source(c)
 		if open, ok := l.bounds.Take(src); !ok {
 			c.Close()
-			if l.bounds.WarnNow() && l.warn != nil {
-				l.warn(src, open, l.bounds)
+			if l.bounds.WarnNow() {
+				l.log.Warn("resolver: TCP connection turned away (logged once a minute at most)",
+					"from", src, "open_from_it", open, "max_per_source", l.bounds.PerSource, "max", l.bounds.Total)
 			}
 			continue
 		}

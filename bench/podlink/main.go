@@ -1,8 +1,8 @@
 // Command podlink links what mesh's Podman client links (mesh/podman, and
 // through it Podman's Go bindings) and does nothing else: it starts, runs the
-// packages' initialisation, and sleeps until killed. bench/memory.sh prints
-// its RSS, once it says ready, beside the agent's, as the share of the agent's idle memory that
-// comes with the bindings alone.
+// packages' initialisation, says ready and sleeps until killed.
+// bench/memory.sh prints its RSS beside the agent's, as the share of the
+// agent's idle memory that comes with the bindings alone.
 package main
 
 import (

@@ -35,6 +35,10 @@ func main() {
 	var answered, closed atomic.Int64
 	var mu sync.Mutex
 	var open []net.Conn
+	ask := askDNS
+	if *node {
+		ask = askCA
+	}
 	work := make(chan int)
 	var wg sync.WaitGroup
 	for w := 0; w < 64; w++ {
@@ -44,10 +48,6 @@ func main() {
 			for i := range work {
 				src := net.IPv4(127, 0, 1, byte(1+i%*sources))
 				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src}, Timeout: 2 * time.Second}
-				ask := askDNS
-				if *node {
-					ask = askCA
-				}
 				c, err := ask(&d, *addr, *name)
 				if err != nil {
 					closed.Add(1)
