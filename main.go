@@ -821,7 +821,7 @@ func (c *ModulePullCmd) Run(g *Globals) error {
 		for _, rr := range n.Report.Resources {
 			if rr.Module == c.Name && rr.Kind == "container" {
 				what := "image unchanged, kept"
-				if rr.Outcome == "replaced" {
+				if rr.Outcome == state.Replaced {
 					what = "replaced: " + rr.Reason
 				}
 				fmt.Fprintf(g.out, "%s: %s %s\n", n.Name, rr.Name, what)
@@ -968,7 +968,7 @@ func waitApplied(g *Globals, node, module string, version uint64, limit time.Dur
 func waitHealthy(g *Globals, node, module string, rep *state.Report, deadline time.Time) error {
 	changed := map[string]bool{}
 	for _, rr := range rep.Resources {
-		if rr.Kind == "container" && (rr.Outcome == "created" || rr.Outcome == "replaced") && (module == "" || rr.Module == module) {
+		if rr.Kind == "container" && (rr.Outcome == "created" || rr.Outcome == state.Replaced) && (module == "" || rr.Module == module) {
 			changed[rr.Name] = true
 		}
 	}
@@ -1041,7 +1041,7 @@ func checkOf(g *Globals, node, container string) string {
 // printOutcomes prints a report's changes, one line each.
 func printOutcomes(w io.Writer, r *state.Report) {
 	for _, rr := range r.Resources {
-		if rr.Outcome == "unchanged" {
+		if rr.Outcome == state.Unchanged {
 			continue
 		}
 		line := fmt.Sprintf("  %s %s (%s): %s", rr.Kind, rr.Name, rr.Module, rr.Outcome)

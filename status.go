@@ -99,7 +99,7 @@ func statusKey(st api.Status) string {
 				k.Exits += fmt.Sprintf("%s=%d/%d ", e.Container, e.ExitCode, e.Restarts)
 			}
 			for _, rr := range r.Resources {
-				if rr.Outcome == "kept" {
+				if rr.Outcome == state.Kept {
 					k.Kept += rr.Name + " "
 				}
 			}
@@ -162,7 +162,7 @@ func renderStatus(w io.Writer, st api.Status) error {
 			}
 		}
 		for _, rr := range n.Report.Resources {
-			if rr.Outcome == "kept" {
+			if rr.Outcome == state.Kept {
 				fmt.Fprintf(w, "%s: kept %s (%s): %s\n", n.Name, rr.Name, rr.Module, rr.Reason)
 			}
 		}

@@ -52,7 +52,7 @@ func (c *WhyCmd) Run(g *Globals) error {
 	}
 	fmt.Fprint(g.out, e)
 	if last != nil {
-		line := last.Outcome
+		line := string(last.Outcome)
 		if last.Reason != "" {
 			line += "; " + last.Reason
 		}

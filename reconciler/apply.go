@@ -26,22 +26,6 @@ import (
 	"mesh/state/manifest"
 )
 
-// Outcomes of a resource in an apply, as reports and log lines say them.
-const (
-	Unchanged = "unchanged"
-	Created   = "created"
-	Updated   = "updated"
-	Replaced  = "replaced"
-	Started   = "started"
-	Ran       = "ran"
-	Kept      = "kept"
-	Removed   = "removed"
-	Restored  = "restored" // a taken-over file's original was put back
-	Stopped   = "stopped"  // a running container whose mount went bad
-	Failed    = "failed"
-	Waiting   = "waiting" // not applied: its module, or a provider, failed first
-)
-
 // RemoveConcurrency is how many unwanted containers are removed at once.
 const RemoveConcurrency = 8
 
@@ -223,7 +207,7 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 		rep.Failures = append(rep.Failures, *x.failed[m])
 	}
 	for _, rr := range rep.Resources {
-		if rr.Outcome == Failed && x.failed[rr.Module] == nil {
+		if rr.Outcome == state.Failed && x.failed[rr.Module] == nil {
 			// A removal that failed belongs to no module of the plan.
 			rep.Failures = append(rep.Failures, state.ModuleFailure{Module: rr.Module, Resource: rr.Kind + " " + rr.Name, Reason: rr.Reason})
 		}
@@ -245,7 +229,7 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 // left in place (not those that failed or wait): their exits, and the health
 // of those with a check.
 func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport) {
-	outcome := map[string]string{}
+	outcome := map[string]state.Outcome{}
 	for _, o := range outs {
 		if o.Kind == manifest.KindContainer {
 			outcome[o.Name] = o.Outcome
@@ -257,10 +241,10 @@ func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport) {
 			continue
 		}
 		o := outcome[res.RuntimeName()]
-		if o == Failed || o == Waiting || o == "" {
+		if o == state.Failed || o == state.Waiting || o == "" {
 			continue
 		}
-		ws = append(ws, watch{Module: res.Module, Name: res.RuntimeName(), Check: res.Typed.Health, Fresh: o == Created || o == Replaced})
+		ws = append(ws, watch{Module: res.Module, Name: res.RuntimeName(), Check: res.Typed.Health, Fresh: o == state.Created || o == state.Replaced})
 	}
 	r.health.set(ws)
 }
@@ -291,24 +275,24 @@ func (x *run) blocked(res state.Resource) *state.ModuleFailure {
 func (r *Reconciler) logLine(out state.ResourceReport) {
 	verb := "updated"
 	switch out.Outcome {
-	case Kept:
+	case state.Kept:
 		r.log.Info(fmt.Sprintf("kept %s (%s): %s", out.Name, out.Module, out.Reason))
 		return
-	case Failed:
+	case state.Failed:
 		verb = "failed"
 	}
 	line := fmt.Sprintf("%s %s (%s): %s", verb, out.Name, out.Module, out.Outcome)
 	if out.Reason != "" {
 		line += "; " + out.Reason
 	}
-	if out.Outcome == Failed {
+	if out.Outcome == state.Failed {
 		r.log.Warn(line)
 	} else {
 		r.log.Info(line)
 	}
 }
 
-func report(res state.Resource, outcome, reason string) state.ResourceReport {
+func report(res state.Resource, outcome state.Outcome, reason string) state.ResourceReport {
 	return state.ResourceReport{Module: res.Module, Kind: res.Kind, Name: res.RuntimeName(), Outcome: outcome, Reason: reason}
 }
 
@@ -317,13 +301,13 @@ func (x *run) apply(ctx context.Context, res state.Resource) state.ResourceRepor
 		// A plan written before typed values travelled in plans.
 		t, err := manifest.TypeOf(&res.Decl)
 		if err != nil {
-			return report(res, Failed, "its declaration does not parse: "+err.Error())
+			return report(res, state.Failed, "its declaration does not parse: "+err.Error())
 		}
 		res.Typed = t
 	}
 	if res.Kind != manifest.KindStep && res.Kind != manifest.KindContainer {
 		if msg := x.r.refusedPath(res.Name); msg != "" {
-			return report(res, Failed, msg)
+			return report(res, state.Failed, msg)
 		}
 	}
 	switch res.Kind {
@@ -336,7 +320,7 @@ func (x *run) apply(ctx context.Context, res state.Resource) state.ResourceRepor
 	case manifest.KindContainer:
 		return x.container(ctx, res)
 	}
-	return report(res, Failed, "unknown resource kind "+res.Kind+" (is this mesh older than the plan?)")
+	return report(res, state.Failed, "unknown resource kind "+res.Kind+" (is this mesh older than the plan?)")
 }
 
 // refusedPath says why the host will not touch a path, "" when it will.
@@ -357,21 +341,21 @@ func (x *run) directory(res state.Resource) state.ResourceReport {
 	mode := res.Typed.ModeOr(0o755)
 	have, err := look(res.Name)
 	if err != nil {
-		return report(res, Failed, err.Error())
+		return report(res, state.Failed, err.Error())
 	}
 	if have.exists && !have.isDir {
-		return report(res, Failed, "exists and is not a directory; move it aside")
+		return report(res, state.Failed, "exists and is not a directory; move it aside")
 	}
 	if !have.exists {
 		// Recorded before it is made: only a directory the mesh created is the
 		// mesh's to remove later, and a crash after mkdir must not forget it.
 		if err := x.r.ledger.Put(res.Name, PathEntry{Kind: res.Kind, Module: res.Module}); err != nil {
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
 	} else if e, ok := x.r.ledger.Paths[res.Name]; ok && e.Module != res.Module {
 		e.Module = res.Module
 		if err := x.r.ledger.Put(res.Name, e); err != nil {
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
 	}
 	outcome, drift, err := ensureDir(res.Name, uid, gid, mode)
@@ -383,7 +367,7 @@ func (x *run) directory(res state.Resource) state.ResourceReport {
 				x.r.ledger.Drop(res.Name)
 			}
 		}
-		return report(res, Failed, err.Error())
+		return report(res, state.Failed, err.Error())
 	}
 	x.inputsOf(res.Module)[res.Name] = digestBytes([]byte(fmt.Sprintf("dir %d:%d %o", uid, gid, mode)))
 	if outcome != fsUnchanged {
@@ -392,14 +376,14 @@ func (x *run) directory(res state.Resource) state.ResourceReport {
 	return report(res, outcomeOf(outcome), drift)
 }
 
-func outcomeOf(fs string) string {
+func outcomeOf(fs string) state.Outcome {
 	switch fs {
 	case fsCreated:
-		return Created
+		return state.Created
 	case fsUpdated:
-		return Updated
+		return state.Updated
 	}
-	return Unchanged
+	return state.Unchanged
 }
 
 func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport {
@@ -408,11 +392,11 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 	switch res.Kind {
 	case manifest.KindCredential, state.KindDeliveredCredential:
 		if res.Credential == nil {
-			return report(res, Failed, "the plan carries no credential for it")
+			return report(res, state.Failed, "the plan carries no credential for it")
 		}
 		secret, err := x.r.cfg.Secret(ctx, *res.Credential)
 		if err != nil {
-			return report(res, Failed, "read its secret from the replica: "+err.Error())
+			return report(res, state.Failed, "read its secret from the replica: "+err.Error())
 		}
 		if res.Kind == manifest.KindCredential {
 			content = secret + "\n"
@@ -429,10 +413,10 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 	uid, gid := res.Typed.UID, res.Typed.GID
 	have, err := look(res.Name)
 	if err != nil {
-		return report(res, Failed, err.Error())
+		return report(res, state.Failed, err.Error())
 	}
 	if have.isDir {
-		return report(res, Failed, "exists and is a directory; move it aside")
+		return report(res, state.Failed, "exists and is a directory; move it aside")
 	}
 	want := digestBytes([]byte(content))
 	e, ours := x.r.ledger.Paths[res.Name]
@@ -440,12 +424,12 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 	var note string
 	if have.exists && !mine && have.digest != want {
 		if !ours && !res.Decl.TakeOver {
-			return report(res, Failed, fmt.Sprintf("%s exists and the mesh did not write it; the mesh never overwrites bytes it did not write. Move it aside (mv %s %s.orig), or add `take-over: true` to the file in the manifest: its original is then kept in %s and put back when the module lets go of it", res.Name, res.Name, res.Name, x.r.keptDir()))
+			return report(res, state.Failed, fmt.Sprintf("%s exists and the mesh did not write it; the mesh never overwrites bytes it did not write. Move it aside (mv %s %s.orig), or add `take-over: true` to the file in the manifest: its original is then kept in %s and put back when the module lets go of it", res.Name, res.Name, res.Name, x.r.keptDir()))
 		}
 		// Someone else's bytes: keep a copy before they are replaced.
 		kept, err := x.r.keep(res, have)
 		if err != nil {
-			return report(res, Failed, "keep a copy of what is there before replacing it: "+err.Error())
+			return report(res, state.Failed, "keep a copy of what is there before replacing it: "+err.Error())
 		}
 		if !ours {
 			e = PathEntry{Original: &Original{Kept: kept, Digest: have.digest, UID: have.uid, GID: have.gid, Mode: have.mode}}
@@ -454,11 +438,11 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 			note = "it was changed since the mesh wrote it; that content is kept at " + kept
 		}
 	} else if have.exists && !ours && have.digest == want && !res.Decl.TakeOver {
-		return report(res, Failed, fmt.Sprintf("%s exists and the mesh did not write it (its content is already what the manifest says); move it aside (mv %s %s.orig), or add `take-over: true` to the file in the manifest", res.Name, res.Name, res.Name))
+		return report(res, state.Failed, fmt.Sprintf("%s exists and the mesh did not write it (its content is already what the manifest says); move it aside (mv %s %s.orig), or add `take-over: true` to the file in the manifest", res.Name, res.Name, res.Name))
 	} else if have.exists && !ours {
 		kept, err := x.r.keep(res, have)
 		if err != nil {
-			return report(res, Failed, "keep a copy of what is there before taking it over: "+err.Error())
+			return report(res, state.Failed, "keep a copy of what is there before taking it over: "+err.Error())
 		}
 		e = PathEntry{Original: &Original{Kept: kept, Digest: have.digest, UID: have.uid, GID: have.gid, Mode: have.mode}}
 		note = "taken over; the original is kept at " + kept
@@ -472,12 +456,12 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 	}
 	if !ours || ne != e {
 		if err := x.r.ledger.Put(res.Name, ne); err != nil {
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
 	}
 	outcome, drift, err := writeFile(res.Name, have, []byte(content), uid, gid, mode)
 	if err != nil {
-		return report(res, Failed, err.Error())
+		return report(res, state.Failed, err.Error())
 	}
 	if outcome != fsUnchanged {
 		x.writes++
@@ -630,11 +614,11 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 	if !found {
 		c, ok, err := x.rt.Lookup(ctx, want.Name)
 		if err != nil {
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
 		if ok && c.Labels[LabelManaged] != "1" {
 			_, _, err := decideContainer(want, &c, nil)
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
 		leftover, found = c, ok
 	}
@@ -646,15 +630,15 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 			// step ran, which a restarted agent re-attaches to, so it goes
 			// only once the marker is on disk.
 			if err := x.r.ledger.Save(); err != nil {
-				return report(res, Failed, "the step ran, but its marker could not be recorded: "+err.Error())
+				return report(res, state.Failed, "the step ran, but its marker could not be recorded: "+err.Error())
 			}
 			x.rt.Remove(ctx, leftover.ID)
 			delete(x.managed, want.Name)
 		}
-		return report(res, Unchanged, "")
+		return report(res, state.Unchanged, "")
 	}
 	if msg := x.mountsOK(res); msg != "" {
-		return report(res, Failed, msg+"; not run")
+		return report(res, state.Failed, msg+"; not run")
 	}
 	var id string
 	if found && leftover.Labels[LabelDigest] == want.Digest && (leftover.State == "running" || leftover.State == "exited" || leftover.State == "stopped") {
@@ -666,24 +650,24 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 		if found {
 			// A leftover of another declaration, or one that never started.
 			if err := x.rt.Remove(ctx, leftover.ID); err != nil {
-				return report(res, Failed, err.Error())
+				return report(res, state.Failed, err.Error())
 			}
 		}
 		delete(x.managed, want.Name)
 		if err := x.ensureImage(ctx, res); err != nil {
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
 		if msg := x.reachable(ctx, res.Decl.Image); msg != "" {
-			return report(res, Failed, msg)
+			return report(res, state.Failed, msg)
 		}
 		var err error
 		id, err = x.rt.Create(ctx, x.spec(ctx, res, want))
 		if err != nil {
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
 		if err := x.rt.Start(ctx, id); err != nil {
 			x.rt.Remove(context.WithoutCancel(ctx), id)
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
 	}
 	code, err := x.waitStep(ctx, id)
@@ -691,10 +675,10 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 		if ctx.Err() != nil {
 			// The agent is stopping: the run goes on, and the next start
 			// re-attaches to it.
-			return report(res, Failed, "the agent stopped while it ran; it is re-attached at the next start")
+			return report(res, state.Failed, "the agent stopped while it ran; it is re-attached at the next start")
 		}
 		x.rt.Remove(context.WithoutCancel(ctx), id)
-		return report(res, Failed, err.Error())
+		return report(res, state.Failed, err.Error())
 	}
 	if code != 0 {
 		logs, _ := x.rt.Logs(ctx, id, 10)
@@ -703,16 +687,16 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 		if logs != "" {
 			msg += "; last lines:\n" + logs
 		}
-		return report(res, Failed, msg)
+		return report(res, state.Failed, msg)
 	}
 	// The marker is durable before anything else happens, so a crash from
 	// here on never reruns the step.
 	if err := x.r.ledger.Mark(want.Name, Marker{Digest: want.Digest, Decl: want.Decl, Inputs: want.Inputs}); err != nil {
-		return report(res, Failed, "the step ran, but its marker could not be recorded: "+err.Error())
+		return report(res, state.Failed, "the step ran, but its marker could not be recorded: "+err.Error())
 	}
 	x.rt.Remove(context.WithoutCancel(ctx), id)
 	x.ranOf(res.Module)[res.Name] = true
-	return report(res, Ran, reason)
+	return report(res, state.Ran, reason)
 }
 
 // waitStep waits for a step's container to exit, within the step timeout. A
@@ -749,7 +733,7 @@ func (x *run) waitStep(ctx context.Context, id string) (int, error) {
 
 func (x *run) container(ctx context.Context, res state.Resource) state.ResourceReport {
 	rep := x.applyContainer(ctx, res)
-	if res.Pull > 0 && rep.Outcome != Failed {
+	if res.Pull > 0 && rep.Outcome != state.Failed {
 		x.r.ledger.MarkPulled(res.RuntimeName(), res.Pull)
 	}
 	return rep
@@ -763,7 +747,7 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 	} else {
 		c, found, err := x.rt.Lookup(ctx, want.Name)
 		if err != nil {
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
 		if found {
 			have = &c
@@ -771,18 +755,18 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 	}
 	action, reason, err := decideContainer(want, have, x.ranOf(res.Module))
 	if err != nil {
-		return report(res, Failed, err.Error())
+		return report(res, state.Failed, err.Error())
 	}
 	// mesh module pull: fetch the image now, and replace the container only
 	// if the image it runs is not the one the name now gives.
 	if res.Pull > x.r.ledger.Pulled[want.Name] {
 		if err := x.rt.Pull(ctx, res.Decl.Image, manifest.PullAlways); err != nil {
-			return report(res, Failed, err.Error()+" (mesh module pull; tried again at the next apply)")
+			return report(res, state.Failed, err.Error()+" (mesh module pull; tried again at the next apply)")
 		}
 		if have != nil {
 			id, err := x.rt.ImageID(ctx, res.Decl.Image)
 			if err != nil {
-				return report(res, Failed, err.Error())
+				return report(res, state.Failed, err.Error())
 			}
 			if have.ImageID != "" && id != have.ImageID {
 				why := fmt.Sprintf("image %s updated by mesh module pull (%s -> %s)", res.Decl.Image, shortID(have.ImageID), shortID(id))
@@ -799,44 +783,44 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 			// Running with what was there at its start; it must not start
 			// again through the link.
 			if err := x.rt.Remove(ctx, have.ID); err != nil {
-				return report(res, Failed, msg+"; and removing it failed: "+err.Error())
+				return report(res, state.Failed, msg+"; and removing it failed: "+err.Error())
 			}
 			delete(x.managed, want.Name)
-			return report(res, Failed, msg+"; stopped and removed, so Podman cannot start it through the link")
+			return report(res, state.Failed, msg+"; stopped and removed, so Podman cannot start it through the link")
 		}
-		return report(res, Failed, msg+"; not started")
+		return report(res, state.Failed, msg+"; not started")
 	}
 	switch action {
 	case actKeep:
-		return report(res, Unchanged, "")
+		return report(res, state.Unchanged, "")
 	case actStart:
 		if err := x.rt.Start(ctx, have.ID); err != nil {
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
-		return report(res, Started, reason)
+		return report(res, state.Started, reason)
 	case actReplace:
 		if err := x.rt.Remove(ctx, have.ID); err != nil {
-			return report(res, Failed, err.Error())
+			return report(res, state.Failed, err.Error())
 		}
 	}
 	if err := x.ensureImage(ctx, res); err != nil {
-		return report(res, Failed, err.Error())
+		return report(res, state.Failed, err.Error())
 	}
 	if msg := x.reachable(ctx, res.Decl.Image); msg != "" {
-		return report(res, Failed, msg)
+		return report(res, state.Failed, msg)
 	}
 	id, err := x.rt.Create(ctx, x.spec(ctx, res, want))
 	if err != nil {
-		return report(res, Failed, err.Error())
+		return report(res, state.Failed, err.Error())
 	}
 	x.managed[want.Name] = Container{ID: id, Name: want.Name}
 	if err := x.rt.Start(ctx, id); err != nil {
-		return report(res, Failed, err.Error())
+		return report(res, state.Failed, err.Error())
 	}
 	if action == actReplace {
-		return report(res, Replaced, reason)
+		return report(res, state.Replaced, reason)
 	}
-	return report(res, Created, "")
+	return report(res, state.Created, "")
 }
 
 // removeUnwanted removes the mesh's containers that the plan no longer holds,
@@ -874,9 +858,9 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 			defer crash.catch()
 			rr := state.ResourceReport{Module: c.Labels[LabelModule], Kind: c.Labels[LabelKind], Name: name}
 			if err := x.rt.Remove(ctx, c.ID); err != nil {
-				rr.Outcome, rr.Reason = Failed, err.Error()
+				rr.Outcome, rr.Reason = state.Failed, err.Error()
 			} else {
-				rr.Outcome = Removed
+				rr.Outcome = state.Removed
 			}
 			x.r.logLine(rr)
 			removed[i] = rr
@@ -896,13 +880,13 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	for _, p := range gone {
 		e := x.r.ledger.Paths[p]
 		rr := x.removePath(p, e)
-		if rr.Outcome == Removed || rr.Outcome == Restored {
+		if rr.Outcome == state.Removed || rr.Outcome == state.Restored {
 			if err := x.r.ledger.Drop(p); err != nil {
-				rr.Outcome, rr.Reason = Failed, err.Error()
+				rr.Outcome, rr.Reason = state.Failed, err.Error()
 			}
 			x.writes++
 		}
-		if rr.Outcome == Kept {
+		if rr.Outcome == state.Kept {
 			seen[p] = true
 			if x.r.kept[p] == rr.Reason {
 				out = append(out, rr)
@@ -944,7 +928,7 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 	rr := state.ResourceReport{Module: e.Module, Kind: e.Kind, Name: p}
 	if msg := x.r.refusedPath(p); msg != "" {
-		rr.Outcome, rr.Reason = Kept, msg
+		rr.Outcome, rr.Reason = state.Kept, msg
 		return rr
 	}
 	var removed bool
@@ -956,7 +940,7 @@ func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 	case e.Original != nil:
 		removed, kept, err = x.r.restore(p, e)
 		if removed {
-			rr.Outcome, rr.Reason = Restored, "the original the module took over is back"
+			rr.Outcome, rr.Reason = state.Restored, "the original the module took over is back"
 			return rr
 		}
 	default:
@@ -964,11 +948,11 @@ func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 	}
 	switch {
 	case err != nil:
-		rr.Outcome, rr.Reason = Failed, err.Error()
+		rr.Outcome, rr.Reason = state.Failed, err.Error()
 	case removed:
-		rr.Outcome = Removed
+		rr.Outcome = state.Removed
 	default:
-		rr.Outcome, rr.Reason = Kept, kept
+		rr.Outcome, rr.Reason = state.Kept, kept
 	}
 	return rr
 }

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"fmt"
+	"mesh/state"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,7 +52,7 @@ func TestFullDiskClaimsNothing(t *testing.T) {
 	h.assign("keep")
 	rep := h.apply()
 	o := outcome(rep, h.dir+"/srv/keep")
-	if o.Outcome != Failed || !strings.Contains(o.Reason, "no space left") {
+	if o.Outcome != state.Failed || !strings.Contains(o.Reason, "no space left") {
 		t.Fatalf("directory with the ledger's disk full: %+v", o)
 	}
 	if _, err := os.Stat(filepath.Join(h.dir, "srv/keep")); !os.IsNotExist(err) {
@@ -64,7 +65,7 @@ func TestFullDiskClaimsNothing(t *testing.T) {
 	free()
 	rep = h.apply()
 	o = outcome(rep, h.dir+"/srv/keep")
-	if o.Outcome == Failed {
+	if o.Outcome == state.Failed {
 		t.Fatalf("directory after space came back: %+v", o)
 	}
 	h.assign()
@@ -108,7 +109,7 @@ func TestFullDiskNeverRerunsAStep(t *testing.T) {
 	}
 	rep := h.apply()
 	count()
-	if o := outcome(rep, "mig.migrate"); o.Outcome != Failed || !strings.Contains(o.Reason, "marker could not be recorded") {
+	if o := outcome(rep, "mig.migrate"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "marker could not be recorded") {
 		t.Fatalf("step with the ledger's disk full: %+v", o)
 	}
 	h.apply()
@@ -122,13 +123,13 @@ func TestFullDiskNeverRerunsAStep(t *testing.T) {
 	free()
 	rep = h.apply()
 	count()
-	if o := outcome(rep, "mig.migrate"); o.Outcome == Failed {
+	if o := outcome(rep, "mig.migrate"); o.Outcome == state.Failed {
 		t.Fatalf("step once the disk has room: %+v", o)
 	}
 	h.open()
 	rep = h.apply()
 	count()
-	if o := outcome(rep, "mig.migrate"); o.Outcome != Unchanged {
+	if o := outcome(rep, "mig.migrate"); o.Outcome != state.Unchanged {
 		t.Fatalf("step after a restart: %+v", o)
 	}
 	if runs != 1 {
@@ -153,7 +154,7 @@ func TestDirectoryNotMadeIsNotClaimed(t *testing.T) {
 	h.src["keep"] = keepTmpl
 	h.assign("keep")
 	rep := h.apply()
-	if o := outcome(rep, h.dir+"/srv/keep"); o.Outcome != Failed || !strings.Contains(o.Reason, "no space left") {
+	if o := outcome(rep, h.dir+"/srv/keep"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "no space left") {
 		t.Fatalf("directory on a disk with no inode left: %+v", o)
 	}
 	if _, ok := h.r.ledger.Paths[h.dir+"/srv/keep"]; ok {

@@ -79,11 +79,11 @@ func TestHealthGateHoldsTheRest(t *testing.T) {
 	if !rep.OnlyGates() || !strings.Contains(rep.Error, "waits for db on ace to be healthy: container db.main is starting") {
 		t.Fatalf("report: only gates %v, error %q", rep.OnlyGates(), rep.Error)
 	}
-	if o := outcome(rep, "app/db.binding").Outcome; o != Created {
+	if o := outcome(rep, "app/db.binding").Outcome; o != state.Created {
 		t.Fatalf("the binding: %s", o)
 	}
 	for _, n := range []string{"app.server", "app.sidecar", "app.migrate", "app/db.password"} {
-		if o := outcome(rep, n); o.Outcome != Waiting || !strings.Contains(o.Reason, "waits for its provider db to be healthy") {
+		if o := outcome(rep, n); o.Outcome != state.Waiting || !strings.Contains(o.Reason, "waits for its provider db to be healthy") {
 			t.Fatalf("%s: %+v", n, o)
 		}
 	}
@@ -92,7 +92,7 @@ func TestHealthGateHoldsTheRest(t *testing.T) {
 	}
 	healthy = true
 	rep = b.apply()
-	if rep.Error != "" || outcome(rep, "app.server").Outcome != Created || outcome(rep, "app.migrate").Outcome != Ran {
+	if rep.Error != "" || outcome(rep, "app.server").Outcome != state.Created || outcome(rep, "app.migrate").Outcome != state.Ran {
 		t.Fatalf("after the provider is healthy: %q, server %+v", rep.Error, outcome(rep, "app.server"))
 	}
 	// A gate on a failed module is a failure, not a gate.

@@ -96,10 +96,10 @@ func TestHealthIsFollowed(t *testing.T) {
 	h.rt.setHealth(nil)
 	h.src["web"] = strings.ReplaceAll(healthTmpl, "{{cmd}}", `"true"`)
 	rep = h.apply()
-	if o := outcome(rep, "web.server"); o.Outcome != Replaced || !strings.Contains(o.Reason, "health changed") {
+	if o := outcome(rep, "web.server"); o.Outcome != state.Replaced || !strings.Contains(o.Reason, "health changed") {
 		t.Fatalf("a changed check: %+v", o)
 	}
-	if o := outcome(rep, "web.plain"); o.Outcome != Unchanged {
+	if o := outcome(rep, "web.plain"); o.Outcome != state.Unchanged {
 		t.Fatalf("the other container: %+v", o)
 	}
 	if got := healthOf(rep.Health, "web.server"); got == nil || got.Status != state.HealthStarting {
@@ -170,7 +170,7 @@ func TestExitsAreReported(t *testing.T) {
 	}
 	// Replaced (a new declaration): the old container's exits are history.
 	h.src["web"] = strings.ReplaceAll(strings.ReplaceAll(healthTmpl, "{{cmd}}", `"true"`), "web.plain\n    image: localhost/busybox:1", "web.plain\n    image: localhost/busybox:1\n    env: {A: b}")
-	if rep := h.apply(); len(rep.Exits) != 0 || outcome(rep, "web.plain").Outcome != Replaced {
+	if rep := h.apply(); len(rep.Exits) != 0 || outcome(rep, "web.plain").Outcome != state.Replaced {
 		t.Fatalf("after replace: %+v %+v", rep.Exits, outcome(rep, "web.plain"))
 	}
 }

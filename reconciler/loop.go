@@ -213,8 +213,8 @@ func healthKey(r *state.Report) string {
 func changes(r *state.Report) string {
 	s := ""
 	for _, rr := range r.Resources {
-		if rr.Outcome != Unchanged {
-			s += rr.Kind + " " + rr.Name + " " + rr.Outcome + " " + rr.Reason + "\n"
+		if rr.Outcome != state.Unchanged {
+			s += rr.Kind + " " + rr.Name + " " + string(rr.Outcome) + " " + rr.Reason + "\n"
 		}
 	}
 	return s

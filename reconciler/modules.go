@@ -120,17 +120,17 @@ func (p *panicked) rethrow() {
 func (x *run) applyOne(ctx context.Context, res state.Resource) state.ResourceReport {
 	var out state.ResourceReport
 	if f := x.blocked(res); f != nil {
-		out = report(res, Waiting, f.WaitReason(res.Module))
+		out = report(res, state.Waiting, f.WaitReason(res.Module))
 		f.Waiting = append(f.Waiting, res.RuntimeName())
 	} else {
 		out = x.apply(ctx, res)
 	}
-	if out.Outcome != Unchanged && out.Outcome != Waiting {
+	if out.Outcome != state.Unchanged && out.Outcome != state.Waiting {
 		x.r.logLine(out)
 	}
-	if out.Outcome == Failed {
+	if out.Outcome == state.Failed {
 		x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.RuntimeName(), Reason: out.Reason}
-	} else if out.Outcome != Waiting && res.Kind == manifest.KindBinding && res.Decl.Healthy {
+	} else if out.Outcome != state.Waiting && res.Kind == manifest.KindBinding && res.Decl.Healthy {
 		x.gate(ctx, res)
 	}
 	return out

@@ -286,11 +286,11 @@ func TestApplyThenNothingChanges(t *testing.T) {
 		t.Fatal(rep.Error)
 	}
 	for _, n := range []string{"/app", "/app/data", "/app/app.ini", "app.server", "app.sidecar"} {
-		if o := outcome(rep, n).Outcome; o != Created {
+		if o := outcome(rep, n).Outcome; o != state.Created {
 			t.Errorf("%s: %s, want created", n, o)
 		}
 	}
-	if o := outcome(rep, "app.migrate").Outcome; o != Ran {
+	if o := outcome(rep, "app.migrate").Outcome; o != state.Ran {
 		t.Errorf("step: %s", o)
 	}
 	fi, _ := os.Stat(filepath.Join(b.dir, "app/data"))
@@ -336,13 +336,13 @@ func TestFileChangeReplacesOnlyItsReader(t *testing.T) {
 	b.vars["content"] = "x = 2"
 	rep := b.apply()
 	o := outcome(rep, "app.server")
-	if o.Outcome != Replaced || o.Reason != "restart-on: "+filepath.Join(b.dir, "app/app.ini")+" changed" {
+	if o.Outcome != state.Replaced || o.Reason != "restart-on: "+filepath.Join(b.dir, "app/app.ini")+" changed" {
 		t.Fatalf("server: %+v", o)
 	}
 	if b.rt.byName("app.sidecar").ID != side {
 		t.Fatal("sidecar replaced")
 	}
-	if o := outcome(rep, "app.migrate"); o.Outcome != Unchanged {
+	if o := outcome(rep, "app.migrate"); o.Outcome != state.Unchanged {
 		t.Fatalf("step reran: %+v", o)
 	}
 }
@@ -355,11 +355,11 @@ func TestBindingChangeRerunsStepThenRecreatesServer(t *testing.T) {
 	b.in.Nodes[0].Address = "10.0.0.9"
 	rep := b.apply()
 	step := outcome(rep, "app.migrate")
-	if step.Outcome != Ran || step.Reason != "restart-on: "+filepath.Join(b.dir, "app/db.binding")+" changed" {
+	if step.Outcome != state.Ran || step.Reason != "restart-on: "+filepath.Join(b.dir, "app/db.binding")+" changed" {
 		t.Fatalf("step: %+v", step)
 	}
 	srv := outcome(rep, "app.server")
-	if srv.Outcome != Replaced || !strings.HasPrefix(srv.Reason, "step migrate ran") {
+	if srv.Outcome != state.Replaced || !strings.HasPrefix(srv.Reason, "step migrate ran") {
 		t.Fatalf("server: %+v", srv)
 	}
 	// The step ran before the server was recreated, in this one apply.
@@ -407,10 +407,10 @@ func TestUnassignKeepsForeignData(t *testing.T) {
 	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
 	rep := b.apply()
 	kept := outcome(rep, b.dir+"/app/data")
-	if kept.Outcome != Kept || !strings.Contains(kept.Reason, "holds 1 entry the mesh did not put there (user.db)") {
+	if kept.Outcome != state.Kept || !strings.Contains(kept.Reason, "holds 1 entry the mesh did not put there (user.db)") {
 		t.Fatalf("data dir: %+v", kept)
 	}
-	if o := outcome(rep, b.dir+"/app/app.ini"); o.Outcome != Removed {
+	if o := outcome(rep, b.dir+"/app/app.ini"); o.Outcome != state.Removed {
 		t.Fatalf("app.ini: %+v", o)
 	}
 	if _, err := os.Stat(filepath.Join(b.dir, "app/data/user.db")); err != nil {
@@ -438,7 +438,7 @@ func TestRemovalsRunConcurrently(t *testing.T) {
 	rep := b.apply()
 	var removed []string
 	for _, r := range rep.Resources {
-		if (r.Kind == manifest.KindContainer || r.Kind == manifest.KindStep) && r.Outcome == Removed {
+		if (r.Kind == manifest.KindContainer || r.Kind == manifest.KindStep) && r.Outcome == state.Removed {
 			removed = append(removed, r.Name)
 		}
 	}
@@ -464,7 +464,7 @@ func TestSymlinksAreNeverFollowed(t *testing.T) {
 	os.Remove(filepath.Join(b.dir, "app/app.ini"))
 	os.Symlink(filepath.Join(outside, "passwd"), filepath.Join(b.dir, "app/app.ini"))
 	rep := b.apply()
-	if o := outcome(rep, b.dir+"/app/app.ini"); o.Outcome != Failed || !strings.Contains(o.Reason, "symbolic link") {
+	if o := outcome(rep, b.dir+"/app/app.ini"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "symbolic link") {
 		t.Fatalf("app.ini: %+v", o)
 	}
 	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
@@ -515,7 +515,7 @@ func TestDriftIsCorrectedAndEditedFilesKept(t *testing.T) {
 	os.Chown(filepath.Join(b.dir, "app/data"), 0, 0)
 	rep := b.apply()
 	o := outcome(rep, b.dir+"/app/data")
-	if o.Outcome != Updated || o.Reason != "owner 0:0 -> 1000:1000, mode 0777 -> 0750" {
+	if o.Outcome != state.Updated || o.Reason != "owner 0:0 -> 1000:1000, mode 0777 -> 0750" {
 		t.Fatalf("drift: %+v", o)
 	}
 	// A file someone edited is no longer what the mesh wrote: when the module
@@ -523,7 +523,7 @@ func TestDriftIsCorrectedAndEditedFilesKept(t *testing.T) {
 	os.WriteFile(filepath.Join(b.dir, "app/app.ini"), []byte("edited by hand"), 0o640)
 	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
 	rep = b.apply()
-	if o := outcome(rep, b.dir+"/app/app.ini"); o.Outcome != Kept || !strings.Contains(o.Reason, "content changed since the mesh wrote it") {
+	if o := outcome(rep, b.dir+"/app/app.ini"); o.Outcome != state.Kept || !strings.Contains(o.Reason, "content changed since the mesh wrote it") {
 		t.Fatalf("edited file: %+v", o)
 	}
 	if got, _ := os.ReadFile(filepath.Join(b.dir, "app/app.ini")); string(got) != "edited by hand" {
@@ -553,7 +553,7 @@ func TestModulePullReplacesOnlyWhatChanged(t *testing.T) {
 	b.rt.registry = map[string]string{"localhost/busybox:1": "sha256:local-localhost/busybox:1"}
 	b.in.Pulls = map[string]uint64{"app": 5}
 	rep := b.apply()
-	if pulls() != 2 || outcome(rep, "app.server").Outcome != Unchanged || b.rt.byName("app.server").ID != srv || b.rt.byName("app.sidecar").ID != side {
+	if pulls() != 2 || outcome(rep, "app.server").Outcome != state.Unchanged || b.rt.byName("app.server").ID != srv || b.rt.byName("app.sidecar").ID != side {
 		t.Fatalf("same image: pulls %d, %+v", pulls(), rep.Resources)
 	}
 	// Handled: the next pass does not pull again.
@@ -567,11 +567,11 @@ func TestModulePullReplacesOnlyWhatChanged(t *testing.T) {
 	rep = b.apply()
 	for _, n := range []string{"app.server", "app.sidecar"} {
 		o := outcome(rep, n)
-		if o.Outcome != Replaced || !strings.Contains(o.Reason, "image localhost/busybox:1 updated by mesh module pull (local-localh -> 0123456789ab)") {
+		if o.Outcome != state.Replaced || !strings.Contains(o.Reason, "image localhost/busybox:1 updated by mesh module pull (local-localh -> 0123456789ab)") {
 			t.Fatalf("%s: %+v", n, o)
 		}
 	}
-	if o := outcome(rep, "app.migrate"); o.Outcome != Unchanged {
+	if o := outcome(rep, "app.migrate"); o.Outcome != state.Unchanged {
 		t.Fatalf("a step reran on a pull: %+v", o)
 	}
 
@@ -581,11 +581,11 @@ func TestModulePullReplacesOnlyWhatChanged(t *testing.T) {
 	b.in.Pulls["app"] = 9
 	before := b.rt.byName("app.server").ID
 	rep = b.apply()
-	if o := outcome(rep, "app.server"); o.Outcome != Failed || !strings.Contains(o.Reason, "tried again at the next apply") || b.rt.byName("app.server").ID != before {
+	if o := outcome(rep, "app.server"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "tried again at the next apply") || b.rt.byName("app.server").ID != before {
 		t.Fatalf("failed pull: %+v", o)
 	}
 	b.rt.registry = map[string]string{"localhost/busybox:1": "sha256:0123456789abcdef0123"}
-	if rep = b.apply(); pulls() == 0 || outcome(rep, "app.server").Outcome != Unchanged {
+	if rep = b.apply(); pulls() == 0 || outcome(rep, "app.server").Outcome != state.Unchanged {
 		t.Fatalf("retried pull: calls %v, %+v", b.rt.calls, outcome(rep, "app.server"))
 	}
 }

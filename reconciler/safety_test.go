@@ -138,16 +138,16 @@ func TestStepNamesDoNotBleedAcrossModules(t *testing.T) {
 	alphaID := h.rt.byName("alpha.server").ID
 	h.src["alpha"] = twin("alpha", "a2")
 	rep := h.apply()
-	if o := outcome(rep, "alpha.migrate"); o.Outcome != Ran {
+	if o := outcome(rep, "alpha.migrate"); o.Outcome != state.Ran {
 		t.Fatalf("alpha.migrate: %+v", o)
 	}
-	if o := outcome(rep, "alpha.server"); o.Outcome != Replaced || o.Reason != "step migrate ran" {
+	if o := outcome(rep, "alpha.server"); o.Outcome != state.Replaced || o.Reason != "step migrate ran" {
 		t.Fatalf("alpha.server: %+v", o)
 	}
-	if o := outcome(rep, "beta.migrate"); o.Outcome != Unchanged {
+	if o := outcome(rep, "beta.migrate"); o.Outcome != state.Unchanged {
 		t.Fatalf("beta.migrate: %+v", o)
 	}
-	if o := outcome(rep, "beta.server"); o.Outcome != Unchanged {
+	if o := outcome(rep, "beta.server"); o.Outcome != state.Unchanged {
 		t.Fatalf("beta.server: %+v", o)
 	}
 	if h.rt.byName("beta.server").ID != betaID || h.rt.byName("alpha.server").ID == alphaID {
@@ -204,13 +204,13 @@ func TestFailureIsPerModule(t *testing.T) {
 	h.src["db"] = strings.ReplaceAll(providerTmpl, "{{image}}", "example.org/missing:1")
 	h.assign("db", "app", "other")
 	rep := h.apply()
-	if o := outcome(rep, "db.server"); o.Outcome != Failed {
+	if o := outcome(rep, "db.server"); o.Outcome != state.Failed {
 		t.Fatalf("db.server: %+v", o)
 	}
-	if o := outcome(rep, "app.server"); o.Outcome != Waiting || !strings.Contains(o.Reason, "provider db") {
+	if o := outcome(rep, "app.server"); o.Outcome != state.Waiting || !strings.Contains(o.Reason, "provider db") {
 		t.Fatalf("app.server: %+v", o)
 	}
-	if o := outcome(rep, "other.server"); o.Outcome != Created {
+	if o := outcome(rep, "other.server"); o.Outcome != state.Created {
 		t.Fatalf("other.server: %+v", o)
 	}
 	if h.rt.byName("gone.server") != nil {
@@ -258,14 +258,14 @@ func TestOperatorFileIsRefusedOrTakenOverAndPutBack(t *testing.T) {
 		rep := h.apply()
 		o := outcome(rep, h.dir+"/conf/app.ini")
 		if !takeOver {
-			if o.Outcome != Failed || !strings.Contains(o.Reason, "the mesh did not write it") || !strings.Contains(o.Reason, "take-over: true") {
+			if o.Outcome != state.Failed || !strings.Contains(o.Reason, "the mesh did not write it") || !strings.Contains(o.Reason, "take-over: true") {
 				t.Fatalf("refused: %+v", o)
 			}
 			if h.read("conf/app.ini") != "operator's bytes" {
 				t.Fatal("overwritten")
 			}
 		} else {
-			if o.Outcome != Updated || !strings.Contains(o.Reason, "taken over; the original is kept at "+h.dir+"/data/kept/") {
+			if o.Outcome != state.Updated || !strings.Contains(o.Reason, "taken over; the original is kept at "+h.dir+"/data/kept/") {
 				t.Fatalf("taken over: %+v", o)
 			}
 			if h.read("conf/app.ini") != "mesh" {
@@ -296,7 +296,7 @@ func TestEditedFileIsKeptBeforeRewrite(t *testing.T) {
 	h.write("conf/app.ini", "hand edit")
 	rep := h.apply()
 	o := outcome(rep, h.dir+"/conf/app.ini")
-	if o.Outcome != Updated || !strings.Contains(o.Reason, "that content is kept at ") {
+	if o.Outcome != state.Updated || !strings.Contains(o.Reason, "that content is kept at ") {
 		t.Fatalf("%+v", o)
 	}
 	kept := o.Reason[strings.Index(o.Reason, "kept at ")+len("kept at "):]
@@ -358,7 +358,7 @@ func TestPlantedLinksAtEveryLevel(t *testing.T) {
 			}
 			linked := false
 			for _, rr := range rep.Resources {
-				linked = linked || rr.Outcome == Kept && strings.Contains(rr.Reason, "symbolic link")
+				linked = linked || rr.Outcome == state.Kept && strings.Contains(rr.Reason, "symbolic link")
 			}
 			if !linked {
 				t.Fatalf("the link was not reported: %+v", rep.Resources)
@@ -390,10 +390,10 @@ func TestSystemAndDataDirPathsAreRefused(t *testing.T) {
 		{Module: "evil2", Kind: manifest.KindFile, Name: "/etc/evil", Typed: manifest.Typed{OK: true}, Content: "x"},
 	}}
 	rep := h.r.Apply(context.Background(), 1, plan)
-	if o := outcome(rep, filepath.Join(h.dir, "data", "evil")); o.Outcome != Failed || !strings.Contains(o.Reason, "data dir") {
+	if o := outcome(rep, filepath.Join(h.dir, "data", "evil")); o.Outcome != state.Failed || !strings.Contains(o.Reason, "data dir") {
 		t.Fatalf("%+v", o)
 	}
-	if o := outcome(rep, "/etc/evil"); o.Outcome != Failed || !strings.Contains(o.Reason, "belongs to the system") {
+	if o := outcome(rep, "/etc/evil"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "belongs to the system") {
 		t.Fatalf("%+v", o)
 	}
 	if _, err := os.Stat("/etc/evil"); err == nil {
@@ -548,7 +548,7 @@ func TestPodmanLostMidStepReattaches(t *testing.T) {
 	h.assign("app")
 	h.r.rt = &lossyRT{fake: h.rt, lose: 2}
 	rep := h.apply()
-	if rep.Error != "" || outcome(rep, "app.init").Outcome != Ran || runs != 1 {
+	if rep.Error != "" || outcome(rep, "app.init").Outcome != state.Ran || runs != 1 {
 		t.Fatalf("runs %d, report %q %+v", runs, rep.Error, outcome(rep, "app.init"))
 	}
 	if strings.Count(strings.Join(h.rt.calls, "\n"), "create app.init") != 1 {
@@ -566,7 +566,7 @@ func TestKeptIsLoggedOnce(t *testing.T) {
 	h.assign()
 	for i := 0; i < 3; i++ {
 		rep := h.apply()
-		if o := outcome(rep, h.dir+"/tree/data"); o.Outcome != Kept {
+		if o := outcome(rep, h.dir+"/tree/data"); o.Outcome != state.Kept {
 			t.Fatalf("pass %d: %+v", i, o)
 		}
 	}
@@ -604,7 +604,7 @@ func TestResolverProbeGatesTheFirstStart(t *testing.T) {
 	h.src["other"] = otherTmpl
 	h.assign("other")
 	rep := h.apply()
-	if o := outcome(rep, "other.server"); o.Outcome != Failed || !strings.Contains(o.Reason, "does not answer from Podman's network") {
+	if o := outcome(rep, "other.server"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "does not answer from Podman's network") {
 		t.Fatalf("%+v", o)
 	}
 	if h.rt.byName("other.server") != nil || h.rt.byName("mesh-probe-ace") != nil {
@@ -630,7 +630,7 @@ func TestCreatedDirectoryReportsNoDrift(t *testing.T) {
 	h.src["other"] = otherTmpl
 	h.assign("other")
 	rep := h.apply()
-	if o := outcome(rep, h.dir+"/other"); o.Outcome != Created || o.Reason != "" {
+	if o := outcome(rep, h.dir+"/other"); o.Outcome != state.Created || o.Reason != "" {
 		t.Fatalf("%+v", o)
 	}
 	if fi, _ := os.Stat(filepath.Join(h.dir, "other")); fi.Mode().Perm() != 0o755 {

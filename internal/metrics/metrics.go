@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"mesh/reconciler"
 	"mesh/state"
+	"mesh/state/manifest"
 )
 
 // Metrics holds the agent's collectors in a registry of its own.
@@ -102,13 +102,13 @@ func (m *Metrics) ObserveApply(rep *state.Report, took time.Duration) {
 	kept := 0
 	for _, r := range rep.Resources {
 		switch r.Outcome {
-		case reconciler.Replaced:
-			if r.Kind == "container" {
+		case state.Replaced:
+			if r.Kind == manifest.KindContainer {
 				m.replacements.WithLabelValues(reasonClass(r.Reason)).Inc()
 			}
-		case reconciler.Ran:
+		case state.Ran:
 			m.stepsRun.Inc()
-		case reconciler.Kept:
+		case state.Kept:
 			kept++
 		}
 	}

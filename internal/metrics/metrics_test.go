@@ -31,11 +31,11 @@ func TestMetricsMove(t *testing.T) {
 	m.ObserveQuery(dns.RcodeNameError, false, time.Millisecond)
 	m.ObserveQuery(dns.RcodeServerFailure, true, time.Second)
 	m.ObserveApply(&state.Report{Mutations: 5, Resources: []state.ResourceReport{
-		{Kind: "container", Name: "a", Outcome: reconciler.Replaced, Reason: "step certificate ran"},
-		{Kind: "container", Name: "b", Outcome: reconciler.Replaced, Reason: "restart-on: /srv/b/x changed"},
-		{Kind: "container", Name: "c", Outcome: reconciler.Replaced, Reason: "image changed"},
-		{Kind: "step", Name: "m.s", Outcome: reconciler.Ran},
-		{Kind: "directory", Name: "/srv/old", Outcome: reconciler.Kept},
+		{Kind: "container", Name: "a", Outcome: state.Replaced, Reason: "step certificate ran"},
+		{Kind: "container", Name: "b", Outcome: state.Replaced, Reason: "restart-on: /srv/b/x changed"},
+		{Kind: "container", Name: "c", Outcome: state.Replaced, Reason: "image changed"},
+		{Kind: "step", Name: "m.s", Outcome: state.Ran},
+		{Kind: "directory", Name: "/srv/old", Outcome: state.Kept},
 	}}, 2*time.Second)
 	m.ObserveApply(&state.Report{Error: "x failed"}, time.Second)
 	out := scrape(t, m)

@@ -1,0 +1,164 @@
+package state
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Outcome is what an apply did with one resource: the word reports, log
+// lines, metrics and the CLI all use. Every room names these constants and
+// never spells the words itself.
+type Outcome string
+
+// Outcomes of a resource in an apply.
+const (
+	Unchanged Outcome = "unchanged"
+	Created   Outcome = "created"
+	Updated   Outcome = "updated"
+	Replaced  Outcome = "replaced"
+	Started   Outcome = "started"
+	Ran       Outcome = "ran"
+	Kept      Outcome = "kept"
+	Removed   Outcome = "removed"
+	Restored  Outcome = "restored" // a taken-over file's original was put back
+	Stopped   Outcome = "stopped"  // a running container whose mount went bad
+	Failed    Outcome = "failed"
+	Waiting   Outcome = "waiting" // not applied: its module, or a provider, failed first
+)
+
+// Report is what a node says it last applied.
+type Report struct {
+	Node      string           `json:"node"`
+	Version   uint64           `json:"version"`
+	AppliedAt time.Time        `json:"applied_at"`
+	Error     string           `json:"error,omitempty"`
+	Resources []ResourceReport `json:"resources,omitempty"`
+	// Mutations counts the changes the apply made: mutating Podman calls and
+	// files or directories written or removed. Zero when nothing changed.
+	Mutations int `json:"mutations"`
+	// Failures lists each module that failed in this apply: where, why, and
+	// which of its resources (or its consumers') wait behind it.
+	Failures []ModuleFailure `json:"failures,omitempty"`
+	// Health is each health-checked container's health, as the node last
+	// saw it (a change of health sends the report again, without an apply).
+	Health []ContainerHealth `json:"health,omitempty"`
+	// Exits lists the containers that exited since the mesh made them
+	// (a crash, or a restart loop), as the node last saw them.
+	Exits []ContainerExit `json:"exits,omitempty"`
+}
+
+// ContainerExit is a container that exited: how, how often, and its last
+// lines of output.
+type ContainerExit struct {
+	Module    string    `json:"module"`
+	Container string    `json:"container"`
+	ExitCode  int       `json:"exit_code"`
+	Restarts  int       `json:"restarts"` // Podman's restart count
+	At        time.Time `json:"at"`       // the last exit
+	Logs      string    `json:"logs,omitempty"`
+}
+
+// Container health statuses (Podman's words).
+const (
+	HealthStarting  = "starting"
+	HealthHealthy   = "healthy"
+	HealthUnhealthy = "unhealthy"
+)
+
+// ContainerHealth is one container's health as its node last saw it.
+type ContainerHealth struct {
+	Module    string `json:"module"`
+	Container string `json:"container"`
+	Status    string `json:"status"`
+	// Output is the last run's output (trimmed), FailingStreak the failed
+	// runs in a row, Since when the status last changed.
+	Output        string    `json:"output,omitempty"`
+	FailingStreak int       `json:"failing_streak,omitempty"`
+	Since         time.Time `json:"since"`
+}
+
+// Unhealthy lists the modules with an unhealthy container in this report.
+func (r *Report) Unhealthy() map[string]bool {
+	out := map[string]bool{}
+	for _, h := range r.Health {
+		if h.Status == HealthUnhealthy {
+			out[h.Module] = true
+		}
+	}
+	return out
+}
+
+// ModuleFailure is one module's failure in an apply.
+type ModuleFailure struct {
+	Module   string `json:"module"`
+	Resource string `json:"resource"` // "KIND NAME" of the resource that failed
+	Reason   string `json:"reason"`
+	// Provider is set when the module waits for a provider that failed, or,
+	// with HealthGate, for a provider to be healthy (a binding's gate:
+	// not an error, the node tries again as the provider's health changes).
+	Provider   string   `json:"provider,omitempty"`
+	HealthGate bool     `json:"health_gate,omitempty"`
+	Waiting    []string `json:"waiting,omitempty"`
+}
+
+// OnlyGates says whether every failure of the report is a health gate.
+func (r *Report) OnlyGates() bool {
+	for _, f := range r.Failures {
+		if !f.HealthGate {
+			return false
+		}
+	}
+	return len(r.Failures) > 0
+}
+
+// WaitReason is what a resource of module that waits behind f says.
+func (f *ModuleFailure) WaitReason(module string) string {
+	if f.HealthGate && f.Module == module {
+		return "waits for its provider " + f.Provider + " to be healthy"
+	}
+	if f.Module != module || f.Provider != "" {
+		p := f.Provider
+		if f.Module != module {
+			p = f.Module
+		}
+		return "waits for its provider " + p + ", which failed"
+	}
+	return "waits: " + f.Resource + " failed before it"
+}
+
+// FailureSummary is the report's failures in one line each ("" if none).
+func (r *Report) FailureSummary() string {
+	var lines []string
+	for _, f := range r.Failures {
+		s := f.Resource
+		if f.Module != "" {
+			s = f.Module + ": " + s
+		}
+		s += ": " + f.Reason
+		if n := len(f.Waiting); n > 0 {
+			s += fmt.Sprintf(" (%d resource(s) wait: %s)", n, strings.Join(f.Waiting, ", "))
+		}
+		lines = append(lines, s)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Failed reports whether module failed (or waits) in this report.
+func (r *Report) Failed(module string) *ModuleFailure {
+	for i := range r.Failures {
+		if r.Failures[i].Module == module {
+			return &r.Failures[i]
+		}
+	}
+	return nil
+}
+
+// ResourceReport is one resource's outcome in an apply.
+type ResourceReport struct {
+	Module  string  `json:"module"`
+	Kind    string  `json:"kind"`
+	Name    string  `json:"name"`
+	Outcome Outcome `json:"outcome"`
+	Reason  string  `json:"reason,omitempty"`
+}
