@@ -46,11 +46,46 @@ const (
 // and 2 still in a log are converted on replay (legacy.go).
 const CommandVersion = 6
 
-// opVersion is the format each op needs when this binary writes it.
-var opVersion = map[string]int{
-	OpInit: 5, OpNodeAdd: 3, OpNodeRemove: 3, OpPublicDomain: 3, OpModuleAdd: 3,
-	OpModuleRemove: 3, OpAssign: 3, OpUnassign: 3, OpReport: 3, OpTokenRotate: 3,
-	OpRestore: 3, OpModulePull: 4, OpSeal: 5, OpNodeKey: 5, OpNodeCert: 5,
+// ops is every op this binary knows, one row each: the one place an op is
+// registered. NewCommand, NeedsVersion, Encode, Request and Apply all read
+// it, so no op is known to one of them and unknown to another.
+var ops = map[string]opDef{
+	OpInit:         opOf(5, (*applier).init),
+	OpNodeAdd:      opOf(3, (*applier).nodeAdd),
+	OpNodeRemove:   opOf(3, (*applier).nodeRemove),
+	OpPublicDomain: opOf(3, (*applier).publicDomain),
+	OpModuleAdd:    opOf(3, (*applier).moduleAdd),
+	OpModuleRemove: opOf(3, (*applier).moduleRemove),
+	OpAssign:       opOf(3, (*applier).assign),
+	OpUnassign:     opOf(3, (*applier).unassign),
+	OpReport:       opOf(3, (*applier).report),
+	OpTokenRotate:  opOf(3, (*applier).tokenRotate),
+	OpRestore:      opOf(3, (*applier).restore),
+	OpModulePull:   opOf(4, (*applier).modulePull),
+	OpSeal:         opOf(5, (*applier).seal),
+	OpNodeKey:      opOf(5, (*applier).nodeKey),
+	OpNodeCert:     opOf(5, (*applier).nodeCert),
+}
+
+// opDef is one op: the format it needs when this binary writes it, a fresh
+// request to decode its body into, and its apply function (fsm.go).
+type opDef struct {
+	format  int
+	request func() Request
+	apply   func(ap *applier, r Request) (bool, error)
+}
+
+// opOf makes an op's row from its apply function: the request its body
+// decodes into is the type that function takes, so the two cannot differ.
+func opOf[R any, P interface {
+	*R
+	Request
+}](format int, apply func(*applier, P) (bool, error)) opDef {
+	return opDef{
+		format:  format,
+		request: func() Request { return P(new(R)) },
+		apply:   func(ap *applier, r Request) (bool, error) { return apply(ap, r.(P)) },
+	}
 }
 
 // Command is one replicated change: an envelope of the op, the format it
@@ -76,7 +111,7 @@ func NewCommand(r Request) *Command {
 	if err != nil {
 		panic(fmt.Sprintf("state: encode a %s request: %v", r.Op(), err))
 	}
-	v := opVersion[r.Op()]
+	v := ops[r.Op()].format
 	if x, ok := r.(interface{ formatNeeded() int }); ok {
 		v = max(v, x.formatNeeded())
 	}
@@ -116,13 +151,13 @@ func (c *Command) NeedsVersion() int {
 	if c.V > 0 {
 		return c.V
 	}
-	return opVersion[c.Op]
+	return ops[c.Op].format
 }
 
 // Encode serialises a command for the log.
 func (c *Command) Encode() []byte {
 	if c.V == 0 {
-		c.V = opVersion[c.Op]
+		c.V = ops[c.Op].format
 	}
 	b, err := json.Marshal(c)
 	if err != nil {
@@ -152,41 +187,11 @@ func (c *Command) Request() (Request, error) {
 	if c.V > CommandVersion {
 		return nil, fmt.Errorf("%w: a %q command of format v%d", ErrUnknownCommand, c.Op, c.V)
 	}
-	var r Request
-	switch c.Op {
-	case OpInit:
-		r = &InitRequest{}
-	case OpNodeAdd:
-		r = &NodeAddRequest{}
-	case OpNodeRemove:
-		r = &NodeRemoveRequest{}
-	case OpPublicDomain:
-		r = &PublicDomainRequest{}
-	case OpModuleAdd:
-		r = &ModuleAddRequest{}
-	case OpModuleRemove:
-		r = &ModuleRemoveRequest{}
-	case OpAssign:
-		r = &AssignRequest{}
-	case OpUnassign:
-		r = &UnassignRequest{}
-	case OpReport:
-		r = &ReportRequest{}
-	case OpTokenRotate:
-		r = &TokenRotateRequest{}
-	case OpRestore:
-		r = &RestoreBody{}
-	case OpModulePull:
-		r = &ModulePullRequest{}
-	case OpSeal:
-		r = &SealRequest{}
-	case OpNodeKey:
-		r = &NodeKeyRequest{}
-	case OpNodeCert:
-		r = &NodeCertRequest{}
-	default:
+	op, ok := ops[c.Op]
+	if !ok {
 		return nil, fmt.Errorf("%w: a %q command of format v%d", ErrUnknownCommand, c.Op, c.V)
 	}
+	r := op.request()
 	if err := json.Unmarshal(c.Body, r); err != nil {
 		return nil, fmt.Errorf("the body of a %s command does not decode: %w", c.Op, err)
 	}

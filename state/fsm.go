@@ -10,9 +10,13 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"mesh/state/manifest"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // ModuleText is a manifest as the operator gave it.
@@ -42,8 +46,10 @@ func SecretDigest(secret string) string {
 
 // Apply applies one log entry at index. An entry that cannot be decoded means
 // the log is corrupt, and Apply panics. A command that breaks a rule returns
-// an error, the same on every replica, and changes nothing. Entries at or
-// below the applied index are skipped, so a replay after restart is harmless.
+// an error, the same on every replica, and changes nothing. A full disk makes
+// it wait; any other failure of this replica (an I/O error) panics, naming
+// the entry (applyLocked). Entries at or below the applied index are
+// skipped, so a replay after restart is harmless.
 //
 // The command is decoded into its op's typed request; an op or format this
 // binary does not know stops the node (never a skip, which would let
@@ -113,16 +119,25 @@ func decodeEntry(index uint64, data []byte) (*Command, Request) {
 	return c, req
 }
 
-// applyLocked applies one decoded command; the caller holds applyMu.
+// applyLocked applies one decoded command; the caller holds applyMu. It
+// is the one place where a command's failure is told apart: a broken rule
+// is the command's outcome (applyTx), a full disk makes it wait, and any
+// other failure stops the node.
 func (s *Store) applyLocked(index uint64, c *Command, req Request) error {
-	// A full disk is not a broken rule and not a reason to die: the command
-	// waits, whole, until there is space again (reads and the resolver keep
-	// answering from what is applied), then applies exactly as it would have.
 	for waited := time.Duration(0); ; {
-		err, full := s.applyOnce(index, c.Time, req)
-		if !full {
-			return err
+		broken, err := s.applyTx(index, c.Time, req)
+		if err == nil {
+			return broken
 		}
+		if !IsDiskFull(err) {
+			// An I/O failure (a damaged file, a statement that fails) is no
+			// rule: the other replicas applied the command, so this one can
+			// neither skip it nor record it as refused. It stops, loudly.
+			panic(fmt.Sprintf("state: apply log entry %d (%s): %v; this node stops applying rather than diverge from the other replicas", index, req.Op(), err))
+		}
+		// A full disk is not a broken rule and not a reason to die: the command
+		// waits, whole, until there is space again (reads and the resolver keep
+		// answering from what is applied), then applies exactly as it would have.
 		if waited == 0 && s.OnDiskFull != nil {
 			s.OnDiskFull(index)
 		}
@@ -134,76 +149,71 @@ func (s *Store) applyLocked(index uint64, c *Command, req Request) error {
 // DiskFullRetry is how often a command that met a full disk is tried again.
 var DiskFullRetry = time.Second
 
-// IsDiskFull reports whether err (or a panic's value) says the disk is full.
-func IsDiskFull(v any) bool {
-	s := strings.ToLower(fmt.Sprint(v))
-	return strings.Contains(s, "disk is full") || strings.Contains(s, "no space left") || strings.Contains(s, "sqlite_full")
+// IsDiskFull reports whether err, however wrapped, is a full disk: the
+// errno (a file's write, the Raft log store's) or SQLite's SQLITE_FULL, the
+// primary result code (the low byte) of the driver's error.
+func IsDiskFull(err error) bool {
+	var se *sqlite.Error
+	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_FULL
 }
 
-// applyOnce applies c in one transaction. full says it met a full disk and
-// changed nothing; any other failure inside panics (stops the node loudly).
-func (s *Store) applyOnce(index uint64, at time.Time, req Request) (ruleError error, full bool) {
-	defer func() {
-		if r := recover(); r != nil {
-			if IsDiskFull(r) {
-				ruleError, full = nil, true
-				return
-			}
-			panic(r)
-		}
-	}()
-	return s.applyTx(index, at, req), false
-}
-
-func (s *Store) applyTx(index uint64, at time.Time, req Request) error {
+// applyTx applies req in one transaction. broken is the rule the command
+// broke: it is rolled back and its index recorded all the same, so every
+// replica agrees on the refusal and a replay skips it. err is any other
+// failure, with nothing committed (applyLocked decides what follows).
+func (s *Store) applyTx(index uint64, at time.Time, req Request) (broken, err error) {
+	// Apply is never cancelled half-way: the context carries nothing.
 	ctx := context.Background()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		panic(fmt.Sprintf("state: begin apply %d: %v", index, err))
+		return nil, fmt.Errorf("begin the transaction: %w", err)
 	}
 	defer tx.Rollback()
 	var applied uint64
 	if err := tx.QueryRow(`SELECT idx FROM applied WHERE id = 1`).Scan(&applied); err != nil {
-		panic(fmt.Sprintf("state: read applied index: %v", err))
+		return nil, fmt.Errorf("read the applied index: %w", err)
 	}
 	if index <= applied {
-		return nil
+		return nil, nil
 	}
-	ap := &applier{s: s, tx: tx, index: index, at: at.UTC().Format(timeLayout)}
-	ctx = context.WithValue(ctx, applyingKey{}, ap)
-	ap.ctx = ctx
-	recompose, ruleErr := ap.apply(req)
-	if ruleErr == nil && recompose {
-		if err := s.recompose(ctx, tx, index, ap.at, req.describe()); err != nil {
-			panic(fmt.Sprintf("state: recompose at %d: %v", index, err))
-		}
+	ap := &applier{s: s, ctx: ctx, tx: tx, index: index, at: at.UTC().Format(timeLayout)}
+	recompose, err := ap.apply(req)
+	if err == nil && recompose {
+		err = ap.recompose(req.describe())
 	}
-	if ruleErr != nil {
+	var rule *RuleError
+	switch {
+	case errors.As(err, &rule):
 		// Roll the command back but still record the index, so the replay skips it.
+		broken = err
 		tx.Rollback()
-		tx, err = s.db.BeginTx(ctx, nil)
-		if err != nil {
-			panic(fmt.Sprintf("state: begin apply %d: %v", index, err))
+		if tx, err = s.db.BeginTx(ctx, nil); err != nil {
+			return nil, fmt.Errorf("begin the transaction: %w", err)
 		}
+		defer tx.Rollback()
+	case err != nil:
+		return nil, err
 	}
 	if _, err := tx.Exec(`UPDATE applied SET idx = ? WHERE id = 1`, index); err != nil {
-		panic(fmt.Sprintf("state: record applied index: %v", err))
+		return nil, fmt.Errorf("record the applied index: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		panic(fmt.Sprintf("state: commit apply %d: %v", index, err))
+		return nil, fmt.Errorf("commit: %w", err)
 	}
-	if ruleErr == nil && ap.roster != nil {
+	if broken == nil && ap.roster != nil {
 		s.roster.Store(&ap.roster)
 	}
 	if cat := s.cat; cat != nil {
 		s.catPub.Store(&cat)
 	}
 	s.notify()
-	return ruleErr
+	return broken, nil
 }
 
 // RuleError is a command's broken rule: a sentence for the operator, and the
 // kind (ErrNotFound, ErrConflict, ErrInvalid) for callers that branch on it.
+// Inside Apply it is the only error that is a command's outcome; any other
+// is a failure of this replica.
 type RuleError struct {
 	Kind error
 	Msg  string
@@ -217,11 +227,14 @@ func ruleErr(kind error, format string, a ...any) error {
 }
 
 // applier applies one request inside the apply transaction: one function
-// per op (Nomad's fsm.go shape). Each reports whether composition must run
-// again, or the rule the request broke.
+// per op (Nomad's fsm.go shape), found in the table of ops (command.go).
+// Each reports whether composition must run again, or the rule the request
+// broke, or an I/O error (which is not the command's outcome: see
+// applyLocked). What the functions share about the command being applied
+// is here, passed to each, never carried in a context.
 type applier struct {
 	s     *Store
-	ctx   context.Context
+	ctx   context.Context // carries nothing (applyTx)
 	tx    *sql.Tx
 	index uint64
 	at    string // the proposer's time
@@ -241,48 +254,19 @@ func (ap *applier) rosterChanges() {
 	ap.s.roster.Store(nil)
 }
 
+// apply runs the op's apply function.
 func (ap *applier) apply(req Request) (bool, error) {
-	switch r := req.(type) {
-	case *InitRequest:
-		return ap.init(r)
-	case *NodeAddRequest:
-		return ap.nodeAdd(r)
-	case *NodeRemoveRequest:
-		return ap.nodeRemove(r)
-	case *PublicDomainRequest:
-		return ap.publicDomain(r)
-	case *ModuleAddRequest:
-		return ap.moduleAdd(r)
-	case *ModuleRemoveRequest:
-		return ap.moduleRemove(r)
-	case *ModulePullRequest:
-		return ap.modulePull(r)
-	case *AssignRequest:
-		return ap.assign(r)
-	case *UnassignRequest:
-		return ap.unassign(r)
-	case *ReportRequest:
-		return ap.report(r)
-	case *TokenRotateRequest:
-		return ap.tokenRotate(r)
-	case *SealRequest:
-		return ap.seal(r)
-	case *NodeKeyRequest:
-		return ap.nodeKey(r)
-	case *NodeCertRequest:
-		return ap.nodeCert(r)
-	case *RestoreBody:
-		ap.catalogueChanges()
-		ap.rosterChanges()
-		return ap.s.applyRestore(ap.tx, r)
+	op, ok := ops[req.Op()]
+	if !ok {
+		return false, fmt.Errorf("apply a %s command: no apply function for it", req.Op())
 	}
-	panic(fmt.Sprintf("state: no apply function for %T", req))
+	return op.apply(ap, req)
 }
 
 func (ap *applier) init(r *InitRequest) (bool, error) {
 	tx := ap.tx
-	if has(tx, `SELECT 1 FROM settings WHERE key = 'mesh_id'`) {
-		return false, ruleErr(ErrConflict, "this mesh is already initialised")
+	if err := refuseIf(tx, ruleErr(ErrConflict, "this mesh is already initialised"), `SELECT 1 FROM settings WHERE key = 'mesh_id'`); err != nil {
+		return false, err
 	}
 	if r.Node.Name == "" || r.MeshID == "" {
 		return false, ruleErr(ErrInvalid, "init needs a mesh id and a first node")
@@ -295,15 +279,23 @@ func (ap *applier) init(r *InitRequest) (bool, error) {
 	if voters <= 0 {
 		voters = 3
 	}
-	mustExec(tx, `INSERT INTO settings VALUES ('mesh_id', ?), ('domain', ?), ('created_at', ?), ('ca_cert', ?), ('ca_key', ?), ('join_secret', ?), ('voters', ?)`,
-		r.MeshID, domain, ap.at, r.CACert, r.CAKey, r.JoinSecret, fmt.Sprint(voters))
+	if err := exec(tx, `INSERT INTO settings VALUES ('mesh_id', ?), ('domain', ?), ('created_at', ?), ('ca_cert', ?), ('ca_key', ?), ('join_secret', ?), ('voters', ?)`,
+		r.MeshID, domain, ap.at, r.CACert, r.CAKey, r.JoinSecret, fmt.Sprint(voters)); err != nil {
+		return false, err
+	}
 	if v := r.SealedCAKey; v != nil {
-		ap.setVoterSecret("ca_key", v.Sealed, v.Recipients)
+		if err := ap.setVoterSecret("ca_key", v.Sealed, v.Recipients); err != nil {
+			return false, err
+		}
 	}
 	if v := r.SealedJoinSecret; v != nil {
-		ap.setVoterSecret("join_secret", v.Sealed, v.Recipients)
+		if err := ap.setVoterSecret("join_secret", v.Sealed, v.Recipients); err != nil {
+			return false, err
+		}
 	}
-	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key) VALUES (?, ?, 1, ?, ?, ?)`, r.Node.Name, r.Node.Address, ap.at, r.Node.Port, r.Node.SealKey)
+	if err := exec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key) VALUES (?, ?, 1, ?, ?, ?)`, r.Node.Name, r.Node.Address, ap.at, r.Node.Port, r.Node.SealKey); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -312,16 +304,20 @@ func (ap *applier) nodeAdd(r *NodeAddRequest) (bool, error) {
 	if n.Name == "" || n.Address == "" {
 		return false, ruleErr(ErrInvalid, "node.add without a node")
 	}
-	if has(tx, `SELECT 1 FROM nodes WHERE name = ?`, n.Name) {
-		return false, ruleErr(ErrConflict, "node %q is already in the mesh", n.Name)
+	if err := refuseIf(tx, ruleErr(ErrConflict, "node %q is already in the mesh", n.Name), `SELECT 1 FROM nodes WHERE name = ?`, n.Name); err != nil {
+		return false, err
 	}
-	if has(tx, `SELECT 1 FROM nodes WHERE address = ?`, n.Address) {
-		return false, ruleErr(ErrConflict, "address %s is already taken by another node", n.Address)
+	if err := refuseIf(tx, ruleErr(ErrConflict, "address %s is already taken by another node", n.Address), `SELECT 1 FROM nodes WHERE address = ?`, n.Address); err != nil {
+		return false, err
 	}
-	if n.SealKey != "" && has(tx, `SELECT 1 FROM nodes WHERE seal_key = ?`, n.SealKey) {
-		return false, ruleErr(ErrConflict, "another node already holds that sealing key")
+	if n.SealKey != "" {
+		if err := refuseIf(tx, ruleErr(ErrConflict, "another node already holds that sealing key"), `SELECT 1 FROM nodes WHERE seal_key = ?`, n.SealKey); err != nil {
+			return false, err
+		}
 	}
-	mustExec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key) VALUES (?, ?, ?, ?, ?, ?)`, n.Name, n.Address, n.Voter, ap.at, n.Port, n.SealKey)
+	if err := exec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key) VALUES (?, ?, ?, ?, ?, ?)`, n.Name, n.Address, n.Voter, ap.at, n.Port, n.SealKey); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -330,15 +326,26 @@ func (ap *applier) nodeRemove(r *NodeRemoveRequest) (bool, error) {
 	if err := needNode(tx, r.Name); err != nil {
 		return false, err
 	}
-	mods := listRows(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, r.Name)
+	mods, err := listRows(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, r.Name)
+	if err != nil {
+		return false, err
+	}
 	if len(mods) > 0 && !r.Force {
 		return false, ruleErr(ErrConflict, "node %q still runs %s; unassign them first or pass --force", r.Name, strings.Join(mods, ", "))
 	}
-	mustExec(tx, `DELETE FROM assignments WHERE node = ?`, r.Name)
-	mustExec(tx, `DELETE FROM nodes WHERE name = ?`, r.Name)
+	if err := exec(tx, `DELETE FROM assignments WHERE node = ?`, r.Name); err != nil {
+		return false, err
+	}
+	if err := exec(tx, `DELETE FROM nodes WHERE name = ?`, r.Name); err != nil {
+		return false, err
+	}
 	ap.rosterChanges()
-	mustExec(tx, `DELETE FROM roster WHERE node = ?`, r.Name)
-	mustExec(tx, `DELETE FROM reports WHERE node = ?`, r.Name)
+	if err := exec(tx, `DELETE FROM roster WHERE node = ?`, r.Name); err != nil {
+		return false, err
+	}
+	if err := exec(tx, `DELETE FROM reports WHERE node = ?`, r.Name); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -349,7 +356,9 @@ func (ap *applier) publicDomain(r *PublicDomainRequest) (bool, error) {
 	if r.Domain != "" && !validDomain(r.Domain) {
 		return false, ruleErr(ErrInvalid, "%q is not a domain name", r.Domain)
 	}
-	mustExec(ap.tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, r.Domain, r.Node)
+	if err := exec(ap.tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, r.Domain, r.Node); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -371,9 +380,11 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 		}
 		seen[name] = sp.File
 		ap.catalogueChanges()
-		mustExec(ap.tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?)
+		if err := exec(ap.tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (name) DO UPDATE SET file = excluded.file, manifest = excluded.manifest, digest = excluded.digest, version = excluded.version, added_at = excluded.added_at, spec = excluded.spec
-			WHERE modules.digest != excluded.digest`, name, sp.File, sp.Text, sp.Digest, ap.index, ap.at, sp.specJSON())
+			WHERE modules.digest != excluded.digest`, name, sp.File, sp.Text, sp.Digest, ap.index, ap.at, sp.specJSON()); err != nil {
+			return false, err
+		}
 	}
 	if err := ap.takeSecrets(r.Secrets); err != nil {
 		return false, err
@@ -383,15 +394,23 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 
 func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 	tx := ap.tx
-	if !has(tx, `SELECT 1 FROM modules WHERE name = ?`, r.Name) {
-		return false, ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", r.Name, listOf(tx, `SELECT name FROM modules ORDER BY name`, "mesh module list"))
+	if err := needModule(tx, r.Name, "mesh module list"); err != nil {
+		return false, err
 	}
-	if nodes := listRows(tx, `SELECT node FROM assignments WHERE module = ? ORDER BY node`, r.Name); len(nodes) > 0 {
+	nodes, err := listRows(tx, `SELECT node FROM assignments WHERE module = ? ORDER BY node`, r.Name)
+	if err != nil {
+		return false, err
+	}
+	if len(nodes) > 0 {
 		return false, ruleErr(ErrConflict, "module %q is assigned to %s; unassign it first", r.Name, strings.Join(nodes, ", "))
 	}
 	ap.catalogueChanges()
-	mustExec(tx, `DELETE FROM modules WHERE name = ?`, r.Name)
-	mustExec(tx, `DELETE FROM pulls WHERE module = ?`, r.Name)
+	if err := exec(tx, `DELETE FROM modules WHERE name = ?`, r.Name); err != nil {
+		return false, err
+	}
+	if err := exec(tx, `DELETE FROM pulls WHERE module = ?`, r.Name); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -400,13 +419,19 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 // replaces what changed; nothing else about the containers moves.
 func (ap *applier) modulePull(r *ModulePullRequest) (bool, error) {
 	tx := ap.tx
-	if !has(tx, `SELECT 1 FROM modules WHERE name = ?`, r.Module) {
-		return false, ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", r.Module, listOf(tx, `SELECT name FROM modules ORDER BY name`, "mesh module list"))
+	if err := needModule(tx, r.Module, "mesh module list"); err != nil {
+		return false, err
 	}
-	if !has(tx, `SELECT 1 FROM assignments WHERE module = ?`, r.Module) {
+	assigned, err := has(tx, `SELECT 1 FROM assignments WHERE module = ?`, r.Module)
+	if err != nil {
+		return false, err
+	}
+	if !assigned {
 		return false, ruleErr(ErrConflict, "module %q is assigned to no node; there is nothing to pull (a node pulls what it needs when the module is assigned)", r.Module)
 	}
-	mustExec(tx, `INSERT INTO pulls (module, idx) VALUES (?, ?) ON CONFLICT (module) DO UPDATE SET idx = excluded.idx`, r.Module, ap.index)
+	if err := exec(tx, `INSERT INTO pulls (module, idx) VALUES (?, ?) ON CONFLICT (module) DO UPDATE SET idx = excluded.idx`, r.Module, ap.index); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -415,16 +440,23 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 	if err := needNode(tx, a.Node); err != nil {
 		return false, err
 	}
-	if !has(tx, `SELECT 1 FROM modules WHERE name = ?`, a.Module) {
-		return false, ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", a.Module, listOf(tx, `SELECT name FROM modules ORDER BY name`, "mesh module add FILE"))
-	}
-	if has(tx, `SELECT 1 FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module) {
-		return false, nil // already so; nothing to do
-	}
-	if err := ap.s.checkProviders(ap.ctx, tx, a.Module); err != nil {
+	if err := needModule(tx, a.Module, "mesh module add FILE"); err != nil {
 		return false, err
 	}
-	mustExec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, ap.index)
+	already, err := has(tx, `SELECT 1 FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module)
+	if err != nil || already {
+		return false, err // already so, nothing to do (or the error reading it)
+	}
+	cat, err := ap.catalogue()
+	if err != nil {
+		return false, err
+	}
+	if err := checkProviders(cat, a.Module); err != nil {
+		return false, err
+	}
+	if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, ap.index); err != nil {
+		return false, err
+	}
 	if err := ap.takeSecrets(r.Secrets); err != nil {
 		return false, err
 	}
@@ -436,10 +468,20 @@ func (ap *applier) unassign(r *UnassignRequest) (bool, error) {
 	if err := needNode(tx, a.Node); err != nil {
 		return false, err
 	}
-	if !has(tx, `SELECT 1 FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module) {
-		return false, ruleErr(ErrNotFound, "module %q is not assigned to node %q (%s)", a.Module, a.Node, listOf(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, "nothing is assigned there", a.Node))
+	assigned, err := has(tx, `SELECT 1 FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module)
+	if err != nil {
+		return false, err
 	}
-	mustExec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module)
+	if !assigned {
+		known, err := listOf(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, "nothing is assigned there", a.Node)
+		if err != nil {
+			return false, err
+		}
+		return false, ruleErr(ErrNotFound, "module %q is not assigned to node %q (%s)", a.Module, a.Node, known)
+	}
+	if err := exec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -452,14 +494,12 @@ func (ap *applier) tokenRotate(r *TokenRotateRequest) (bool, error) {
 		// the voters now, a voter seals it again.
 		rec := slices.Clone(r.Sealed.Recipients)
 		sort.Strings(rec)
-		ap.setVoterSecret("join_secret", r.Sealed.Sealed, rec)
-		return false, nil
+		return false, ap.setVoterSecret("join_secret", r.Sealed.Sealed, rec)
 	}
 	if r.JoinSecret == "" {
 		return false, ruleErr(ErrInvalid, "token rotation without a new secret")
 	}
-	mustExec(ap.tx, `UPDATE settings SET value = ? WHERE key = 'join_secret'`, r.JoinSecret)
-	return false, nil
+	return false, exec(ap.tx, `UPDATE settings SET value = ? WHERE key = 'join_secret'`, r.JoinSecret)
 }
 
 func (ap *applier) report(r *ReportRequest) (bool, error) {
@@ -467,16 +507,12 @@ func (ap *applier) report(r *ReportRequest) (bool, error) {
 	if err := needNode(ap.tx, rep.Node); err != nil {
 		return false, err
 	}
-	mustExec(ap.tx, `INSERT INTO reports VALUES (?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at, body = excluded.body`,
+	return false, exec(ap.tx, `INSERT INTO reports VALUES (?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at, body = excluded.body`,
 		rep.Node, rep.Version, rep.AppliedAt.UTC().Format(timeLayout), jsonString(rep))
-	return false, nil
 }
 
-func (s *Store) checkProviders(ctx context.Context, tx *sql.Tx, module string) error {
-	cat, err := s.catalogue(ctx, tx)
-	if err != nil {
-		panic(err)
-	}
+// checkProviders is the rule that module's providers are in cat.
+func checkProviders(cat map[string]*manifest.Manifest, module string) error {
 	m := cat[module]
 	if err := manifest.CheckProviders(m, func(n string) (*manifest.Manifest, bool) { p, ok := cat[n]; return p, ok }); err != nil {
 		return ruleErr(ErrInvalid, "%v", err)
@@ -484,64 +520,106 @@ func (s *Store) checkProviders(ctx context.Context, tx *sql.Tx, module string) e
 	return nil
 }
 
+// needNode is the rule that node name is in the mesh.
 func needNode(tx *sql.Tx, name string) error {
-	if ok := has(tx, `SELECT 1 FROM nodes WHERE name = ?`, name); !ok {
-		return ruleErr(ErrNotFound, "node %q is not in the mesh (%s)", name, listOf(tx, `SELECT name FROM nodes ORDER BY name`, "mesh node list"))
+	ok, err := has(tx, `SELECT 1 FROM nodes WHERE name = ?`, name)
+	if err != nil || ok {
+		return err
+	}
+	known, err := listOf(tx, `SELECT name FROM nodes ORDER BY name`, "mesh node list")
+	if err != nil {
+		return err
+	}
+	return ruleErr(ErrNotFound, "node %q is not in the mesh (%s)", name, known)
+}
+
+// needModule is the rule that module name is in the catalogue; none says
+// what to do when the catalogue is empty.
+func needModule(tx *sql.Tx, name, none string) error {
+	ok, err := has(tx, `SELECT 1 FROM modules WHERE name = ?`, name)
+	if err != nil || ok {
+		return err
+	}
+	known, err := listOf(tx, `SELECT name FROM modules ORDER BY name`, none)
+	if err != nil {
+		return err
+	}
+	return ruleErr(ErrNotFound, "module %q is not in the catalogue (%s)", name, known)
+}
+
+// refuseIf is broken, a rule error, when q finds a row, and nil when it
+// finds none.
+func refuseIf(tx *sql.Tx, broken error, q string, args ...any) error {
+	found, err := has(tx, q, args...)
+	if err != nil {
+		return err
+	}
+	if found {
+		return broken
 	}
 	return nil
 }
 
 // listOf names what exists, for "unknown X" messages.
-func listOf(tx *sql.Tx, q, none string, args ...any) string {
-	names := listRows(tx, q, args...)
+func listOf(tx *sql.Tx, q, none string, args ...any) (string, error) {
+	names, err := listRows(tx, q, args...)
+	if err != nil {
+		return "", err
+	}
 	if len(names) == 0 {
-		return "there are none; " + none
+		return "there are none; " + none, nil
 	}
 	if len(names) > 12 {
 		names = append(names[:12], fmt.Sprintf("and %d more", len(names)-12))
 	}
-	return "known: " + strings.Join(names, ", ")
+	return "known: " + strings.Join(names, ", "), nil
 }
 
-func listRows(tx *sql.Tx, q string, args ...any) []string {
+// The statements of Apply. Each returns its error, wrapped, for
+// applyLocked to tell apart: inside Apply an error that is not a rule
+// violation (an I/O error, a damaged file) must never take another branch
+// than on the other replicas, so no caller reads it as "no row".
+
+// listRows reads one column of every row q finds.
+func listRows(tx *sql.Tx, q string, args ...any) ([]string, error) {
 	rows, err := tx.Query(q, args...)
 	if err != nil {
-		panic(err)
+		return nil, fmt.Errorf("query %s: %w", q, err)
 	}
 	defer rows.Close()
 	var out []string
 	for rows.Next() {
 		var n string
 		if err := rows.Scan(&n); err != nil {
-			panic(fmt.Sprintf("state: %v in %s", err, q))
+			return nil, fmt.Errorf("read a row of %s: %w", q, err)
 		}
 		out = append(out, n)
 	}
 	if err := rows.Err(); err != nil {
-		panic(fmt.Sprintf("state: %v in %s", err, q))
+		return nil, fmt.Errorf("read the rows of %s: %w", q, err)
 	}
-	return out
+	return out, nil
 }
 
-// has reports whether q finds a row. Inside Apply an error that is not a
-// rule violation (an I/O error, a damaged file) must never take another
-// branch than on the other replicas: it stops the node loudly.
-func has(tx *sql.Tx, q string, args ...any) bool {
+// has reports whether q finds a row.
+func has(tx *sql.Tx, q string, args ...any) (bool, error) {
 	var one int
 	err := tx.QueryRow(q, args...).Scan(&one)
 	if err == sql.ErrNoRows {
-		return false
+		return false, nil
 	}
 	if err != nil {
-		panic(fmt.Sprintf("state: %v in %s", err, q))
+		return false, fmt.Errorf("query %s: %w", q, err)
 	}
-	return true
+	return true, nil
 }
 
-func mustExec(tx *sql.Tx, q string, args ...any) {
+// exec runs a statement that writes.
+func exec(tx *sql.Tx, q string, args ...any) error {
 	if _, err := tx.Exec(q, args...); err != nil {
-		panic(fmt.Sprintf("state: %v in %s", err, q))
+		return fmt.Errorf("exec %s: %w", q, err)
 	}
+	return nil
 }
 
 func validDomain(d string) bool {
@@ -561,30 +639,23 @@ func validDomain(d string) bool {
 	return true
 }
 
-// catalogue reads every module's parsed form.
-func (s *Store) catalogue(ctx context.Context, q queryer) (map[string]*manifest.Manifest, error) {
-	// The FSM reads the catalogue it keeps, unless the command being
-	// applied changes it (then its transaction is the truth).
-	ap := applying(ctx)
-	if ap != nil && !ap.catChanged && s.cat != nil {
+// catalogue is every module's parsed form as the command being applied
+// sees it: the catalogue the FSM keeps, unless this command changes it
+// (then its transaction is the truth).
+func (ap *applier) catalogue() (map[string]*manifest.Manifest, error) {
+	s := ap.s
+	if !ap.catChanged && s.cat != nil {
 		return s.cat, nil
 	}
-	cat, err := s.readCatalogue(ctx, q)
-	if err == nil && ap != nil && !ap.catChanged {
+	cat, err := s.readCatalogue(ap.ctx, ap.tx)
+	if err != nil {
+		return nil, fmt.Errorf("read the catalogue: %w", err)
+	}
+	if !ap.catChanged {
 		s.cat = cat
 	}
-	return cat, err
+	return cat, nil
 }
-
-// applying is the command being applied in ctx, nil outside the FSM.
-func applying(ctx context.Context) *applier {
-	ap, _ := ctx.Value(applyingKey{}).(*applier)
-	return ap
-}
-
-// applyingKey marks the context of a command being applied; its value is
-// the *applier.
-type applyingKey struct{}
 
 // catalogueChanges says the command being applied writes the catalogue:
 // what the FSM keeps of it is no longer the truth, whether or not the
@@ -641,139 +712,174 @@ func (s *Store) readCatalogue(ctx context.Context, q queryer) (map[string]*manif
 	return cat, nil
 }
 
-// input loads what composition reads.
-func (s *Store) input(ctx context.Context, q queryer) (Input, error) {
-	in := Input{Credentials: map[Pair]string{}}
+// input loads what composition reads, with the catalogue cat.
+func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (Input, error) {
+	in := Input{Credentials: map[Pair]string{}, Bound: map[BindKey]string{}, Pulls: map[string]uint64{}, Modules: cat}
 	if err := q.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = 'domain'`).Scan(&in.Domain); err != nil {
 		return in, fmt.Errorf("read domain: %w", err)
 	}
 	nodes, err := readNodes(ctx, q)
 	if err != nil {
-		return in, err
+		return in, fmt.Errorf("read nodes: %w", err)
 	}
 	for _, n := range nodes {
 		in.Nodes = append(in.Nodes, n.Node)
 	}
-	if in.Modules, err = s.catalogue(ctx, q); err != nil {
-		return in, err
-	}
-	rows, err := q.QueryContext(ctx, `SELECT node, module, seq FROM assignments ORDER BY node, module`)
-	if err != nil {
-		return in, err
-	}
-	for rows.Next() {
+	err = eachRow(ctx, q, "assignments", `SELECT node, module, seq FROM assignments ORDER BY node, module`, func(rows *sql.Rows) error {
 		var a Assignment
 		if err := rows.Scan(&a.Node, &a.Module, &a.Seq); err != nil {
-			rows.Close()
-			return in, fmt.Errorf("read assignments: %w", err)
+			return err
 		}
 		in.Assignments = append(in.Assignments, a)
-	}
-	rows.Close()
-	in.Bound = map[BindKey]string{}
-	rows, err = q.QueryContext(ctx, `SELECT node, module, path, provider_node FROM bindings`)
+		return nil
+	})
 	if err != nil {
 		return in, err
 	}
-	for rows.Next() {
+	err = eachRow(ctx, q, "bindings", `SELECT node, module, path, provider_node FROM bindings`, func(rows *sql.Rows) error {
 		var k BindKey
 		var v string
 		if err := rows.Scan(&k.Node, &k.Module, &k.Path, &v); err != nil {
-			rows.Close()
-			return in, fmt.Errorf("read bindings: %w", err)
+			return err
 		}
 		in.Bound[k] = v
-	}
-	rows.Close()
-	rows, err = q.QueryContext(ctx, `SELECT consumer, provider, digest FROM credentials`)
+		return nil
+	})
 	if err != nil {
 		return in, err
 	}
-	for rows.Next() {
+	err = eachRow(ctx, q, "credentials", `SELECT consumer, provider, digest FROM credentials`, func(rows *sql.Rows) error {
 		var p Pair
 		var d string
 		if err := rows.Scan(&p.Consumer, &p.Provider, &d); err != nil {
-			rows.Close()
-			return in, fmt.Errorf("read credentials: %w", err)
+			return err
 		}
 		in.Credentials[p] = d
-	}
-	rows.Close()
-	in.Pulls = map[string]uint64{}
-	rows, err = q.QueryContext(ctx, `SELECT module, idx FROM pulls`)
+		return nil
+	})
 	if err != nil {
 		return in, err
 	}
-	for rows.Next() {
+	err = eachRow(ctx, q, "pulls", `SELECT module, idx FROM pulls`, func(rows *sql.Rows) error {
 		var m string
 		var i uint64
 		if err := rows.Scan(&m, &i); err != nil {
-			rows.Close()
-			return in, fmt.Errorf("read pulls: %w", err)
+			return err
 		}
 		in.Pulls[m] = i
+		return nil
+	})
+	return in, err
+}
+
+// eachRow calls scan on every row query finds; what names the rows in its
+// errors, which end the reading (a failure mid-way is never taken for the
+// last row).
+func eachRow(ctx context.Context, q queryer, what, query string, scan func(*sql.Rows) error) error {
+	rows, err := q.QueryContext(ctx, query)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", what, err)
 	}
-	rows.Close()
-	return in, nil
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return fmt.Errorf("read %s: %w", what, err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", what, err)
+	}
+	return nil
+}
+
+// nodeRoster is the roster table's names of node (kept while its
+// composition fails).
+func nodeRoster(tx *sql.Tx, node string) ([]Name, error) {
+	rows, err := tx.Query(`SELECT name, address, node FROM roster WHERE node = ?`, node)
+	if err != nil {
+		return nil, fmt.Errorf("read the roster of %s: %w", node, err)
+	}
+	defer rows.Close()
+	var out []Name
+	for rows.Next() {
+		var r Name
+		if err := rows.Scan(&r.Name, &r.Address, &r.Node); err != nil {
+			return nil, fmt.Errorf("read the roster of %s: %w", node, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the roster of %s: %w", node, err)
+	}
+	return out, nil
 }
 
 // recompose derives roster and plans after a change and records what moved: a
 // new plan version for each node whose plan digest changed, the composition
 // error of each node that failed (its last good plan and names are kept).
-func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, at, cause string) error {
-	in, err := s.input(ctx, tx)
+// cause is the command's description.
+func (ap *applier) recompose(cause string) error {
+	s, ctx, tx, index, at := ap.s, ap.ctx, ap.tx, ap.index, ap.at
+	cat, err := ap.catalogue()
 	if err != nil {
-		return err
+		return fmt.Errorf("recompose: %w", err)
+	}
+	in, err := input(ctx, tx, cat)
+	if err != nil {
+		return fmt.Errorf("recompose: %w", err)
 	}
 	out := Compose(in)
 	roster := out.Roster
 	for _, n := range in.Nodes {
 		if msg, failed := out.Errors[n.Name]; failed {
-			mustExec(tx, `UPDATE nodes SET compose_error = ? WHERE name = ?`, msg, n.Name)
-			rows, err := tx.Query(`SELECT name, address, node FROM roster WHERE node = ?`, n.Name)
+			if err := exec(tx, `UPDATE nodes SET compose_error = ? WHERE name = ?`, msg, n.Name); err != nil {
+				return err
+			}
+			kept, err := nodeRoster(tx, n.Name)
 			if err != nil {
 				return err
 			}
-			for rows.Next() {
-				var r Name
-				if err := rows.Scan(&r.Name, &r.Address, &r.Node); err != nil {
-					rows.Close()
-					return fmt.Errorf("read the roster of %s: %w", n.Name, err)
-				}
-				roster = append(roster, r)
-			}
-			rows.Close()
+			roster = append(roster, kept...)
 			continue
 		}
-		mustExec(tx, `UPDATE nodes SET compose_error = '' WHERE name = ?`, n.Name)
-		mustExec(tx, `DELETE FROM bindings WHERE node = ?`, n.Name)
+		if err := exec(tx, `UPDATE nodes SET compose_error = '' WHERE name = ?`, n.Name); err != nil {
+			return err
+		}
+		if err := exec(tx, `DELETE FROM bindings WHERE node = ?`, n.Name); err != nil {
+			return err
+		}
 		p := out.Plans[n.Name]
 		for _, r := range p.Resources {
 			if r.Kind == manifest.KindBinding {
-				mustExec(tx, `INSERT INTO bindings VALUES (?, ?, ?, ?)`, n.Name, r.Module, r.Name, r.Provider)
+				if err := exec(tx, `INSERT INTO bindings VALUES (?, ?, ?, ?)`, n.Name, r.Module, r.Name, r.Provider); err != nil {
+					return err
+				}
 			}
 		}
 		d := p.Digest()
 		var last string
 		err := tx.QueryRow(`SELECT digest FROM plans WHERE node = ? ORDER BY version DESC LIMIT 1`, n.Name).Scan(&last)
 		if err != nil && err != sql.ErrNoRows {
-			return err
+			return fmt.Errorf("read the plan of %s: %w", n.Name, err)
 		}
 		if last != d {
-			mustExec(tx, `INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)`, n.Name, index, d, jsonString(p), cause, at)
+			if err := exec(tx, `INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)`, n.Name, index, d, jsonString(p), cause, at); err != nil {
+				return err
+			}
 		}
 	}
 	SortRoster(roster)
 	roster = slices.Compact(roster) // the table's key is the whole row
 	var old []Name
-	a := applying(ctx)
-	if kept := s.roster.Load(); kept != nil && a != nil && !a.rosterChanged {
+	if kept := s.roster.Load(); kept != nil && !ap.rosterChanged {
 		old = *kept
 	} else if old, err = readRoster(ctx, tx); err != nil {
-		return err
+		return fmt.Errorf("read the roster: %w", err)
 	}
 	for _, c := range RosterChanges(old, roster) {
-		mustExec(tx, `INSERT INTO roster_history VALUES (?, ?, ?, ?, ?, ?, ?)`, index, at, cause, c.Op, c.Name, c.Address, c.Node)
+		if err := exec(tx, `INSERT INTO roster_history VALUES (?, ?, ?, ?, ?, ?, ?)`, index, at, cause, c.Op, c.Name, c.Address, c.Node); err != nil {
+			return err
+		}
 	}
 	// Only the rows that changed are written: rewriting the whole roster on
 	// every command cost as much as the rest of the apply.
@@ -784,18 +890,20 @@ func (s *Store) recompose(ctx context.Context, tx *sql.Tx, index uint64, at, cau
 	now := map[Name]bool{}
 	for _, r := range roster {
 		if !now[r] && !was[r] {
-			mustExec(tx, `INSERT OR IGNORE INTO roster VALUES (?, ?, ?)`, r.Name, r.Address, r.Node)
+			if err := exec(tx, `INSERT OR IGNORE INTO roster VALUES (?, ?, ?)`, r.Name, r.Address, r.Node); err != nil {
+				return err
+			}
 		}
 		now[r] = true
 	}
 	for _, r := range old {
 		if !now[r] {
-			mustExec(tx, `DELETE FROM roster WHERE name = ? AND address = ? AND node = ?`, r.Name, r.Address, r.Node)
+			if err := exec(tx, `DELETE FROM roster WHERE name = ? AND address = ? AND node = ?`, r.Name, r.Address, r.Node); err != nil {
+				return err
+			}
 		}
 	}
-	if a != nil {
-		a.roster = roster
-	}
+	ap.roster = roster
 	// Drop parsed manifests that left the catalogue.
 	keep := map[string]bool{}
 	for _, m := range in.Modules {

@@ -202,7 +202,9 @@ func readRoster(ctx context.Context, q queryer) ([]Name, error) {
 	var out []Name
 	for rows.Next() {
 		var n Name
-		rows.Scan(&n.Name, &n.Address, &n.Node)
+		if err := rows.Scan(&n.Name, &n.Address, &n.Node); err != nil {
+			return nil, err
+		}
 		out = append(out, n)
 	}
 	return out, rows.Err()

@@ -1,7 +1,6 @@
 package state
 
 import (
-	"database/sql"
 	"fmt"
 	"sort"
 	"strings"
@@ -104,14 +103,24 @@ func (sn *Snapshot) RestoreBody() (*RestoreBody, error) {
 	return b, nil
 }
 
-// applyRestore is OpRestore's body inside Apply.
-func (s *Store) applyRestore(tx *sql.Tx, b *RestoreBody) (bool, error) {
+// restore is OpRestore's apply function. It replaces the catalogue: what
+// the store keeps of it, and of the roster, is not trusted across it.
+func (ap *applier) restore(b *RestoreBody) (bool, error) {
+	ap.catalogueChanges()
+	ap.rosterChanges()
+	tx := ap.tx
+	names, err := listRows(tx, `SELECT name FROM nodes ORDER BY name`)
+	if err != nil {
+		return false, err
+	}
 	nodes := map[string]bool{}
-	for _, n := range listRows(tx, `SELECT name FROM nodes ORDER BY name`) {
+	for _, n := range names {
 		nodes[n] = true
 	}
 	mods := map[string]bool{}
-	mustExec(tx, `DELETE FROM modules`)
+	if err := exec(tx, `DELETE FROM modules`); err != nil {
+		return false, err
+	}
 	for i := range b.Modules {
 		m := &b.Modules[i]
 		if err := m.check(); err != nil {
@@ -125,34 +134,44 @@ func (s *Store) applyRestore(tx *sql.Tx, b *RestoreBody) (bool, error) {
 			return false, ruleErr(ErrInvalid, "the snapshot holds module %q twice", name)
 		}
 		mods[name] = true
-		mustExec(tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?)`, name, m.File, m.Text, m.Digest, m.Version, m.AddedAt, m.specJSON())
+		if err := exec(tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?)`, name, m.File, m.Text, m.Digest, m.Version, m.AddedAt, m.specJSON()); err != nil {
+			return false, err
+		}
 	}
-	mustExec(tx, `DELETE FROM assignments`)
+	if err := exec(tx, `DELETE FROM assignments`); err != nil {
+		return false, err
+	}
 	for _, a := range b.Assignments {
 		if nodes[a.Node] && mods[a.Module] {
-			mustExec(tx, `INSERT OR IGNORE INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, a.Seq)
+			if err := exec(tx, `INSERT OR IGNORE INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, a.Seq); err != nil {
+				return false, err
+			}
 		}
 	}
 	// Credentials come back as they were, sealed to the keys of then; the
 	// leader seals again (rotating) those that no node here can open.
-	mustExec(tx, `DELETE FROM credentials`)
+	if err := exec(tx, `DELETE FROM credentials`); err != nil {
+		return false, err
+	}
 	for _, c := range b.Credentials {
 		d := c.Digest
 		if c.Sealed == "" {
 			d = SecretDigest(c.Value)
 		}
-		mustExec(tx, `INSERT OR IGNORE INTO credentials (consumer, provider, secret, digest, sealed, recipients) VALUES (?, ?, ?, ?, ?, ?)`,
-			c.Consumer, c.Provider, c.Value, d, c.Sealed, strings.Join(c.Recipients, ","))
-	}
-	mustExec(tx, `DELETE FROM bindings`)
-	for _, bd := range b.Bindings {
-		if nodes[bd.Node] {
-			mustExec(tx, `INSERT OR IGNORE INTO bindings VALUES (?, ?, ?, ?)`, bd.Node, bd.Module, bd.Path, bd.ProviderNode)
+		if err := exec(tx, `INSERT OR IGNORE INTO credentials (consumer, provider, secret, digest, sealed, recipients) VALUES (?, ?, ?, ?, ?, ?)`,
+			c.Consumer, c.Provider, c.Value, d, c.Sealed, strings.Join(c.Recipients, ",")); err != nil {
+			return false, err
 		}
 	}
-	names := make([]string, 0, len(nodes))
-	for n := range nodes {
-		names = append(names, n)
+	if err := exec(tx, `DELETE FROM bindings`); err != nil {
+		return false, err
+	}
+	for _, bd := range b.Bindings {
+		if nodes[bd.Node] {
+			if err := exec(tx, `INSERT OR IGNORE INTO bindings VALUES (?, ?, ?, ?)`, bd.Node, bd.Module, bd.Path, bd.ProviderNode); err != nil {
+				return false, err
+			}
+		}
 	}
 	sort.Strings(names)
 	for _, n := range names {
@@ -160,7 +179,9 @@ func (s *Store) applyRestore(tx *sql.Tx, b *RestoreBody) (bool, error) {
 		if d != "" && !validDomain(d) {
 			return false, ruleErr(ErrInvalid, "the snapshot gives node %s the public domain %q, which is not a domain name", n, d)
 		}
-		mustExec(tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, d, n)
+		if err := exec(tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, d, n); err != nil {
+			return false, err
+		}
 	}
 	return true, nil
 }

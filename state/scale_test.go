@@ -59,7 +59,9 @@ func fleet(b *testing.B, nodes, modules int) {
 		b.Fatal(err)
 	}
 	for j := 0; j < modules-last; j++ {
-		mustExec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, fmt.Sprintf("n%03d", j%nodes), fmt.Sprintf("m%05d", j), index)
+		if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, fmt.Sprintf("n%03d", j%nodes), fmt.Sprintf("m%05d", j), index); err != nil {
+			b.Fatal(err)
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		b.Fatal(err)

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
@@ -57,47 +58,48 @@ type sealedRow struct {
 func sealNeeds(ctx context.Context, q queryer, cat map[string]*manifest.Manifest, extra *Assignment) (map[Pair]SealNeed, error) {
 	keys := map[string]string{} // node -> key
 	holder := map[string]string{}
-	rows, err := q.QueryContext(ctx, `SELECT name, seal_key FROM nodes`)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
+	err := eachRow(ctx, q, "the sealing keys", `SELECT name, seal_key FROM nodes`, func(rows *sql.Rows) error {
 		var n, k string
-		rows.Scan(&n, &k)
+		if err := rows.Scan(&n, &k); err != nil {
+			return err
+		}
 		if k != "" {
 			keys[n] = k
 			holder[k] = n
 		}
-	}
-	rows.Close()
-	at := map[string][]string{}
-	rows, err = q.QueryContext(ctx, `SELECT node, module FROM assignments`)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	for rows.Next() {
+	at := map[string][]string{}
+	err = eachRow(ctx, q, "assignments", `SELECT node, module FROM assignments`, func(rows *sql.Rows) error {
 		var n, m string
-		rows.Scan(&n, &m)
+		if err := rows.Scan(&n, &m); err != nil {
+			return err
+		}
 		at[m] = append(at[m], n)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	rows.Close()
 	if extra != nil && !slices.Contains(at[extra.Module], extra.Node) {
 		at[extra.Module] = append(at[extra.Module], extra.Node)
 	}
 	stored := map[Pair]sealedRow{}
-	rows, err = q.QueryContext(ctx, `SELECT consumer, provider, secret, sealed, digest, recipients FROM credentials`)
-	if err != nil {
-		return nil, err
-	}
-	for rows.Next() {
+	err = eachRow(ctx, q, "credentials", `SELECT consumer, provider, secret, sealed, digest, recipients FROM credentials`, func(rows *sql.Rows) error {
 		var p Pair
 		var r sealedRow
 		var rec string
-		rows.Scan(&p.Consumer, &p.Provider, &r.plain, &r.sealed, &r.digest, &rec)
+		if err := rows.Scan(&p.Consumer, &p.Provider, &r.plain, &r.sealed, &r.digest, &rec); err != nil {
+			return err
+		}
 		r.recipients = splitNonEmpty(rec)
 		stored[p] = r
-	}
-	if err := rows.Close(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	out := map[Pair]SealNeed{}
@@ -192,7 +194,9 @@ func (ap *applier) takeSecrets(secrets []Secret) error {
 	for _, sc := range secrets {
 		if sc.Sealed == "" {
 			if sc.Value != "" {
-				mustExec(ap.tx, `INSERT INTO credentials (consumer, provider, secret, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`, sc.Consumer, sc.Provider, sc.Value, SecretDigest(sc.Value))
+				if err := exec(ap.tx, `INSERT INTO credentials (consumer, provider, secret, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`, sc.Consumer, sc.Provider, sc.Value, SecretDigest(sc.Value)); err != nil {
+					return err
+				}
 			}
 			continue
 		}
@@ -200,37 +204,47 @@ func (ap *applier) takeSecrets(secrets []Secret) error {
 			return ruleErr(ErrInvalid, "the sealed secret for %s -> %s is malformed (a plain value, or no digest or recipient)", sc.Consumer, sc.Provider)
 		}
 		if needs == nil {
-			cat, err := ap.s.catalogue(ap.ctx, ap.tx)
+			cat, err := ap.catalogue()
 			if err != nil {
-				panic(err)
+				return err
 			}
 			if needs, err = sealNeeds(ap.ctx, ap.tx, cat, nil); err != nil {
-				panic(err)
+				return fmt.Errorf("read the credentials to seal: %w", err)
 			}
 		}
 		if _, stale := needs[sc.Pair]; !stale {
 			continue
 		}
-		if !ap.allNodeKeys(sc.Recipients) {
+		ok, err := ap.allNodeKeys(sc.Recipients)
+		if err != nil {
+			return err
+		}
+		if !ok {
 			continue
 		}
 		rec := slices.Clone(sc.Recipients)
 		sort.Strings(rec)
-		mustExec(ap.tx, `INSERT INTO credentials (consumer, provider, secret, digest, sealed, recipients) VALUES (?, ?, '', ?, ?, ?)
+		if err := exec(ap.tx, `INSERT INTO credentials (consumer, provider, secret, digest, sealed, recipients) VALUES (?, ?, '', ?, ?, ?)
 			ON CONFLICT (consumer, provider) DO UPDATE SET secret = '', digest = excluded.digest, sealed = excluded.sealed, recipients = excluded.recipients`,
-			sc.Consumer, sc.Provider, sc.Digest, sc.Sealed, strings.Join(rec, ","))
+			sc.Consumer, sc.Provider, sc.Digest, sc.Sealed, strings.Join(rec, ",")); err != nil {
+			return err
+		}
 		delete(needs, sc.Pair)
 	}
 	return nil
 }
 
-func (ap *applier) allNodeKeys(keys []string) bool {
+// allNodeKeys says whether every key is a node's.
+func (ap *applier) allNodeKeys(keys []string) (bool, error) {
 	for _, k := range keys {
-		if k == "" || !has(ap.tx, `SELECT 1 FROM nodes WHERE seal_key = ?`, k) {
-			return false
+		if k == "" {
+			return false, nil
+		}
+		if ok, err := has(ap.tx, `SELECT 1 FROM nodes WHERE seal_key = ?`, k); err != nil || !ok {
+			return false, err
 		}
 	}
-	return true
+	return true, nil
 }
 
 // SealRequest seals credentials (again): the leader proposes it for those
@@ -281,13 +295,14 @@ func (ap *applier) nodeCert(r *NodeCertRequest) (bool, error) {
 		if !certKeyRE.MatchString(r.Key) {
 			return false, ruleErr(ErrInvalid, "node %s's certificate key %q is not a hex SHA-256 digest", r.Node, r.Key)
 		}
-		if has(ap.tx, `SELECT 1 FROM nodes WHERE cert_key = ? AND name != ?`, r.Key, r.Node) {
-			return false, ruleErr(ErrConflict, "another node's certificate already has that key")
+		if err := refuseIf(ap.tx, ruleErr(ErrConflict, "another node's certificate already has that key"), `SELECT 1 FROM nodes WHERE cert_key = ? AND name != ?`, r.Key, r.Node); err != nil {
+			return false, err
 		}
-		mustExec(ap.tx, `UPDATE nodes SET cert_key = ? WHERE name = ?`, r.Key, r.Node)
+		if err := exec(ap.tx, `UPDATE nodes SET cert_key = ? WHERE name = ?`, r.Key, r.Node); err != nil {
+			return false, err
+		}
 	}
-	mustExec(ap.tx, `UPDATE nodes SET cert_expires = ? WHERE name = ?`, r.Expires.UTC().Format(timeLayout), r.Node)
-	return false, nil
+	return false, exec(ap.tx, `UPDATE nodes SET cert_expires = ? WHERE name = ?`, r.Expires.UTC().Format(timeLayout), r.Node)
 }
 
 var certKeyRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -322,15 +337,23 @@ func (ap *applier) seal(r *SealRequest) (bool, error) {
 	if _, err := ap.takeVoterSecret("join_secret", r.JoinSecret); err != nil {
 		return false, err
 	}
-	before := ap.credentialDigests()
+	before, err := ap.credentialDigests()
+	if err != nil {
+		return false, err
+	}
 	if err := ap.takeSecrets(r.Secrets); err != nil {
 		return false, err
 	}
-	return ap.credentialDigests() != before, nil
+	after, err := ap.credentialDigests()
+	if err != nil {
+		return false, err
+	}
+	return after != before, nil
 }
 
-func (ap *applier) credentialDigests() string {
-	return strings.Join(listRows(ap.tx, `SELECT consumer || '>' || provider || '=' || digest FROM credentials ORDER BY consumer, provider`), ",")
+func (ap *applier) credentialDigests() (string, error) {
+	d, err := listRows(ap.tx, `SELECT consumer || '>' || provider || '=' || digest FROM credentials ORDER BY consumer, provider`)
+	return strings.Join(d, ","), err
 }
 
 func (ap *applier) nodeKey(r *NodeKeyRequest) (bool, error) {
@@ -340,11 +363,10 @@ func (ap *applier) nodeKey(r *NodeKeyRequest) (bool, error) {
 	if r.SealKey == "" {
 		return false, ruleErr(ErrInvalid, "node %s gave an empty sealing key", r.Node)
 	}
-	if has(ap.tx, `SELECT 1 FROM nodes WHERE seal_key = ? AND name != ?`, r.SealKey, r.Node) {
-		return false, ruleErr(ErrConflict, "another node already holds that sealing key")
+	if err := refuseIf(ap.tx, ruleErr(ErrConflict, "another node already holds that sealing key"), `SELECT 1 FROM nodes WHERE seal_key = ? AND name != ?`, r.SealKey, r.Node); err != nil {
+		return false, err
 	}
-	mustExec(ap.tx, `UPDATE nodes SET seal_key = ? WHERE name = ?`, r.SealKey, r.Node)
-	return false, nil
+	return false, exec(ap.tx, `UPDATE nodes SET seal_key = ? WHERE name = ?`, r.SealKey, r.Node)
 }
 
 // SealedSecret is a credential as this replica holds it: the sealed form
@@ -410,7 +432,9 @@ func voterKeys(ctx context.Context, q queryer) ([]string, error) {
 	var out []string
 	for rows.Next() {
 		var k string
-		rows.Scan(&k)
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
 		out = append(out, k)
 	}
 	return out, rows.Err()
@@ -456,25 +480,32 @@ func (ap *applier) takeVoterSecret(name string, v *VoterSecret) (bool, error) {
 		return false, ruleErr(ErrInvalid, "the sealed %s is malformed", name)
 	}
 	stale, err := voterSealStale(ap.ctx, ap.tx)
+	if errors.Is(err, ErrNotFound) {
+		// Voters, and settings without a mesh id: the state is damaged,
+		// which is no rule this command broke.
+		return false, fmt.Errorf("read the voters' seals: the settings name no mesh")
+	}
 	if err != nil {
-		panic(err)
+		return false, fmt.Errorf("read the voters' seals: %w", err)
 	}
 	keys, err := voterKeys(ap.ctx, ap.tx)
 	if err != nil {
-		panic(err)
+		return false, fmt.Errorf("read the voters' keys: %w", err)
 	}
 	rec := slices.Clone(v.Recipients)
 	sort.Strings(rec)
 	if !stale[name] || !slices.Equal(rec, keys) {
 		return false, nil
 	}
-	ap.setVoterSecret(name, v.Sealed, rec)
-	return true, nil
+	return true, ap.setVoterSecret(name, v.Sealed, rec)
 }
 
 // setVoterSecret stores a sealed voter secret and drops any plain copy.
-func (ap *applier) setVoterSecret(name, sealed string, recipients []string) {
+func (ap *applier) setVoterSecret(name, sealed string, recipients []string) error {
 	for _, kv := range [][2]string{{name, ""}, {name + "_sealed", sealed}, {name + "_to", strings.Join(recipients, ",")}} {
-		mustExec(ap.tx, `INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value`, kv[0], kv[1])
+		if err := exec(ap.tx, `INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value`, kv[0], kv[1]); err != nil {
+			return err
+		}
 	}
+	return nil
 }

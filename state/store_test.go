@@ -289,7 +289,7 @@ func TestLegacyEntriesApplyAsBefore(t *testing.T) {
 	// A legacy entry forwarded to a leader is proposed as an envelope of
 	// this format, and decodes to the same request.
 	c, err := Decode(legacyLog()[2])
-	if err != nil || c.V != opVersion[OpModuleAdd] || c.Op != OpModuleAdd {
+	if err != nil || c.V != ops[OpModuleAdd].format || c.Op != OpModuleAdd {
 		t.Fatalf("decode legacy module add: %+v %v", c, err)
 	}
 	again, err := Decode(c.Encode())
@@ -384,7 +384,7 @@ func TestUnknownCommandStopsTheNode(t *testing.T) {
 		}
 	}
 	// Every command says the format it needs in the log.
-	if b := NewCommand(&RestoreBody{MeshID: "m-1"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, opVersion[OpRestore])) {
+	if b := NewCommand(&RestoreBody{MeshID: "m-1"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, ops[OpRestore].format)) {
 		t.Fatalf("restore encoded without its format: %s", b)
 	}
 	// The newest format is needed by what only it carries: a node that
@@ -393,7 +393,7 @@ func TestUnknownCommandStopsTheNode(t *testing.T) {
 	if b := NewCommand(&NodeCertRequest{Node: "ace", Key: strings.Repeat("ab", 32)}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
 		t.Fatalf("node.cert with a key encoded without its format: %s", b)
 	}
-	if b := NewCommand(&NodeCertRequest{Node: "ace"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, opVersion[OpNodeCert])) {
+	if b := NewCommand(&NodeCertRequest{Node: "ace"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, ops[OpNodeCert].format)) {
 		t.Fatalf("node.cert without a key encoded with a newer format: %s", b)
 	}
 }
