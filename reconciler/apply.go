@@ -415,45 +415,33 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 	if err != nil {
 		return report(res, state.Failed, err.Error())
 	}
-	if have.isDir {
-		return report(res, state.Failed, "exists and is a directory; move it aside")
-	}
 	want := digestBytes([]byte(content))
 	e, ours := x.r.ledger.Paths[res.Name]
-	mine := !have.exists || ours && (have.digest == e.Digest || have.digest == e.Prev)
+	var entry *PathEntry
+	if ours {
+		cur := e
+		entry = &cur
+	}
+	d := decideFile(res.Name, have, entry, want, res.Decl.TakeOver, x.r.keptDir())
 	var note string
-	if have.exists && !mine && have.digest != want {
-		if !ours && !res.Decl.TakeOver {
-			return report(res, state.Failed, fmt.Sprintf("%s exists and the mesh did not write it; the mesh never overwrites bytes it did not write. Move it aside (mv %s %s.orig), or add `take-over: true` to the file in the manifest: its original is then kept in %s and put back when the module lets go of it", res.Name, res.Name, res.Name, x.r.keptDir()))
-		}
-		// Someone else's bytes: keep a copy before they are replaced.
+	switch d.Action {
+	case fileRefuse:
+		return report(res, state.Failed, d.Message)
+	case fileTakeOver, fileCopyAside:
+		// Bytes the mesh did not write: a copy is kept before they go.
 		kept, err := x.r.keep(res, have)
 		if err != nil {
-			return report(res, state.Failed, "keep a copy of what is there before replacing it: "+err.Error())
+			return report(res, state.Failed, d.Message+err.Error())
 		}
-		if !ours {
+		if d.Action == fileTakeOver {
 			e = PathEntry{Original: &Original{Kept: kept, Digest: have.digest, UID: have.uid, GID: have.gid, Mode: have.mode}}
-			note = "taken over; the original is kept at " + kept
-		} else {
-			note = "it was changed since the mesh wrote it; that content is kept at " + kept
 		}
-	} else if have.exists && !ours && have.digest == want && !res.Decl.TakeOver {
-		return report(res, state.Failed, fmt.Sprintf("%s exists and the mesh did not write it (its content is already what the manifest says); move it aside (mv %s %s.orig), or add `take-over: true` to the file in the manifest", res.Name, res.Name, res.Name))
-	} else if have.exists && !ours {
-		kept, err := x.r.keep(res, have)
-		if err != nil {
-			return report(res, state.Failed, "keep a copy of what is there before taking it over: "+err.Error())
-		}
-		e = PathEntry{Original: &Original{Kept: kept, Digest: have.digest, UID: have.uid, GID: have.gid, Mode: have.mode}}
-		note = "taken over; the original is kept at " + kept
+		note = d.Note + kept
 	}
 	// Recorded before the write: a crash between the two leaves a file that
 	// holds either digest, and both are the mesh's.
 	ne := e
-	ne.Kind, ne.Module, ne.Digest, ne.Prev = res.Kind, res.Module, want, ""
-	if have.exists && have.digest != want {
-		ne.Prev = have.digest
-	}
+	ne.Kind, ne.Module, ne.Digest, ne.Prev = res.Kind, res.Module, want, d.Prev
 	if !ours || ne != e {
 		if err := x.r.ledger.Put(res.Name, ne); err != nil {
 			return report(res, state.Failed, err.Error())
@@ -515,14 +503,6 @@ func (x *run) ensureImage(ctx context.Context, res state.Resource) error {
 		return nil
 	}
 	return x.rt.Pull(ctx, ref, manifest.PullMissing)
-}
-
-func shortID(id string) string {
-	id = strings.TrimPrefix(id, "sha256:")
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
 }
 
 func labels(want desired) map[string]string {
@@ -622,33 +602,37 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 		}
 		leftover, found = c, ok
 	}
-	if !run {
-		if found {
-			// The run finished; only its container was left. Its marker may
-			// be in memory only (the disk was full when it was recorded):
-			// the container is then the only record on this host that the
-			// step ran, which a restarted agent re-attaches to, so it goes
-			// only once the marker is on disk.
-			if err := x.r.ledger.Save(); err != nil {
-				return report(res, state.Failed, "the step ran, but its marker could not be recorded: "+err.Error())
-			}
-			x.rt.Remove(ctx, leftover.ID)
-			delete(x.managed, want.Name)
+	var left *Container
+	if found {
+		left = &leftover
+	}
+	d := decideLeftover(want, run, reason, left)
+	switch d.Action {
+	case stepSkip:
+		return report(res, state.Unchanged, "")
+	case stepTidy:
+		// The run finished; only its container was left. Its marker may be
+		// in memory only (the disk was full when it was recorded): the
+		// container is then the only record on this host that the step ran,
+		// which a restarted agent re-attaches to, so it goes only once the
+		// marker is on disk.
+		if err := x.r.ledger.Save(); err != nil {
+			return report(res, state.Failed, "the step ran, but its marker could not be recorded: "+err.Error())
 		}
+		x.rt.Remove(ctx, leftover.ID)
+		delete(x.managed, want.Name)
 		return report(res, state.Unchanged, "")
 	}
 	if msg := x.mountsOK(res); msg != "" {
 		return report(res, state.Failed, msg+"; not run")
 	}
 	var id string
-	if found && leftover.Labels[LabelDigest] == want.Digest && (leftover.State == "running" || leftover.State == "exited" || leftover.State == "stopped") {
-		// The same run, started before the agent stopped or Podman went away:
-		// wait for it rather than run it twice.
+	if d.Action == stepReattach {
+		// The same run, started before the agent stopped or Podman went
+		// away: waited for, not run twice.
 		id = leftover.ID
-		reason = strings.TrimPrefix(reason+"; re-attached to the run under way", "; ")
 	} else {
-		if found {
-			// A leftover of another declaration, or one that never started.
+		if d.Action == stepClearAndRun {
 			if err := x.rt.Remove(ctx, leftover.ID); err != nil {
 				return report(res, state.Failed, err.Error())
 			}
@@ -696,7 +680,7 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 	}
 	x.rt.Remove(context.WithoutCancel(ctx), id)
 	x.ranOf(res.Module)[res.Name] = true
-	return report(res, state.Ran, reason)
+	return report(res, state.Ran, d.Reason)
 }
 
 // waitStep waits for a step's container to exit, within the step timeout. A
@@ -759,7 +743,7 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 	}
 	// mesh module pull: fetch the image now, and replace the container only
 	// if the image it runs is not the one the name now gives.
-	if res.Pull > x.r.ledger.Pulled[want.Name] {
+	if pullDue(res.Pull, x.r.ledger.Pulled[want.Name]) {
 		if err := x.rt.Pull(ctx, res.Decl.Image, manifest.PullAlways); err != nil {
 			return report(res, state.Failed, err.Error()+" (mesh module pull; tried again at the next apply)")
 		}
@@ -768,14 +752,7 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 			if err != nil {
 				return report(res, state.Failed, err.Error())
 			}
-			if have.ImageID != "" && id != have.ImageID {
-				why := fmt.Sprintf("image %s updated by mesh module pull (%s -> %s)", res.Decl.Image, shortID(have.ImageID), shortID(id))
-				if action == actReplace {
-					reason += "; " + why
-				} else {
-					action, reason = actReplace, why
-				}
-			}
+			action, reason = decidePull(action, reason, res.Decl.Image, have.ImageID, id)
 		}
 	}
 	if msg := x.mountsOK(res); msg != "" {

@@ -178,3 +178,155 @@ func decideStep(want desired, marker *Marker, ran map[string]bool) (run bool, re
 	}
 	return true, r
 }
+
+// Step actions: what becomes of a step once decideStep said whether it runs,
+// given the container a run may have left under its name.
+type stepAction string
+
+const (
+	// stepSkip: it need not run, and nothing is left over.
+	stepSkip stepAction = "skip"
+	// stepTidy: it need not run, but its finished run's container is left;
+	// the marker is saved before the container is removed (it may be the
+	// only record on this host that the step ran).
+	stepTidy stepAction = "tidy"
+	// stepRun: it runs, in a new container.
+	stepRun stepAction = "run"
+	// stepClearAndRun: it runs, once the leftover (of another declaration,
+	// or one that never started) is removed.
+	stepClearAndRun stepAction = "clear-and-run"
+	// stepReattach: the leftover is this run, under way or finished: it is
+	// waited for, never run twice.
+	stepReattach stepAction = "re-attach"
+)
+
+// stepDecision is what to do with a step, and the reason its report gives.
+type stepDecision struct {
+	Action stepAction
+	Reason string
+}
+
+// decideLeftover says what becomes of a step: run and reason are
+// decideStep's answer, leftover the mesh's container under the step's name
+// (nil when there is none). A leftover with the step's digest that Podman
+// ran (running, exited or stopped) is the same run, started before the agent
+// stopped or Podman went away.
+func decideLeftover(want desired, run bool, reason string, leftover *Container) stepDecision {
+	if !run {
+		if leftover != nil {
+			return stepDecision{Action: stepTidy}
+		}
+		return stepDecision{Action: stepSkip}
+	}
+	if leftover == nil {
+		return stepDecision{Action: stepRun, Reason: reason}
+	}
+	if leftover.Labels[LabelDigest] == want.Digest && (leftover.State == "running" || leftover.State == "exited" || leftover.State == "stopped") {
+		return stepDecision{Action: stepReattach, Reason: strings.TrimPrefix(reason+"; re-attached to the run under way", "; ")}
+	}
+	return stepDecision{Action: stepClearAndRun, Reason: reason}
+}
+
+// pullDue says whether a container handles a `mesh module pull` now: the
+// pull's index is past the last one the ledger says it handled.
+func pullDue(pull, handled uint64) bool {
+	return pull > handled
+}
+
+// decidePull turns decideContainer's answer once `mesh module pull` fetched
+// image: a container whose image (running, its image ID; "" when unknown) is
+// not the one the name gives now (pulled) is replaced, with that reason
+// after any it already had. Otherwise the answer stands.
+func decidePull(action, reason, image, running, pulled string) (string, string) {
+	if running == "" || running == pulled {
+		return action, reason
+	}
+	why := fmt.Sprintf("image %s updated by mesh module pull (%s -> %s)", image, shortID(running), shortID(pulled))
+	if action == actReplace {
+		return actReplace, reason + "; " + why
+	}
+	return actReplace, why
+}
+
+func shortID(id string) string {
+	id = strings.TrimPrefix(id, "sha256:")
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// File actions: what is done with a declared file's path before the mesh
+// writes it (DESIGN "What the mesh owns on disk": the host never loses bytes
+// it did not write).
+type fileAction string
+
+const (
+	// fileWrite: absent, or holds what the mesh wrote (either digest of its
+	// entry) or what is wanted of a path the mesh owns: written as is.
+	fileWrite fileAction = "write"
+	// fileRefuse: the resource fails with Message, nothing touched.
+	fileRefuse fileAction = "refuse"
+	// fileTakeOver: not the mesh's, and declared `take-over: true`: its
+	// original is kept (and recorded) before the mesh owns the path.
+	fileTakeOver fileAction = "take-over"
+	// fileCopyAside: the mesh's, but edited since it wrote it: that content
+	// is copied aside before the mesh writes it again.
+	fileCopyAside fileAction = "copy-aside"
+)
+
+// fileDecision is what to do with a declared file's path, and the words for
+// it.
+type fileDecision struct {
+	Action fileAction
+	// Message is the failure for fileRefuse; for fileTakeOver and
+	// fileCopyAside, what a failed copy says before its error.
+	Message string
+	// Note, for fileTakeOver and fileCopyAside, is what the report adds,
+	// followed by where the copy is kept.
+	Note string
+	// Prev is the digest the ledger entry keeps beside the wanted one until
+	// the write is done: what the path holds now, when that differs.
+	Prev string
+}
+
+// decideFile says what is done with a declared file at name before it is
+// written: have is what the path holds, entry the ledger's entry for it (nil
+// when the mesh never wrote it), want the digest of the content declared,
+// takeOver the file's `take-over: true`, keptDir where copies are kept.
+func decideFile(name string, have pathState, entry *PathEntry, want string, takeOver bool, keptDir string) fileDecision {
+	if have.isDir {
+		return fileDecision{Action: fileRefuse, Message: "exists and is a directory; move it aside"}
+	}
+	d := fileDecision{Action: fileWrite}
+	if have.exists && have.digest != want {
+		d.Prev = have.digest
+	}
+	switch {
+	case !have.exists:
+	case entry != nil && (have.digest == entry.Digest || have.digest == entry.Prev):
+		// What the mesh wrote, or what it held before a write a crash
+		// interrupted: the mesh's either way.
+	case entry != nil && have.digest == want:
+		// Edited into what is wanted: nothing is lost by writing it.
+	case entry != nil:
+		d.Action = fileCopyAside
+		d.Message = "keep a copy of what is there before replacing it: "
+		d.Note = "it was changed since the mesh wrote it; that content is kept at "
+	case !takeOver && have.digest != want:
+		d.Action = fileRefuse
+		d.Message = fmt.Sprintf("%s exists and the mesh did not write it; the mesh never overwrites bytes it did not write. Move it aside (mv %s %s.orig), or add `take-over: true` to the file in the manifest: its original is then kept in %s and put back when the module lets go of it", name, name, name, keptDir)
+	case !takeOver:
+		d.Action = fileRefuse
+		d.Message = fmt.Sprintf("%s exists and the mesh did not write it (its content is already what the manifest says); move it aside (mv %s %s.orig), or add `take-over: true` to the file in the manifest", name, name, name)
+	case have.digest != want:
+		d.Action = fileTakeOver
+		d.Message = "keep a copy of what is there before replacing it: "
+		d.Note = "taken over; the original is kept at "
+	default:
+		d.Action = fileTakeOver
+		d.Message = "keep a copy of what is there before taking it over: "
+		d.Note = "taken over; the original is kept at "
+	}
+	return d
+}

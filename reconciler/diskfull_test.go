@@ -2,13 +2,13 @@ package reconciler
 
 import (
 	"fmt"
-	"mesh/state"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"mesh/internal/testutil"
+	"mesh/state"
 )
 
 // fillDisk mounts a small tmpfs on dir and fills it, so every write there

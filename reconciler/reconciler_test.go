@@ -19,7 +19,8 @@ import (
 type fake struct {
 	ctrs  map[string]*Container
 	specs map[string]Spec
-	// mu guards ctrs and calls: removals run concurrently.
+	// mu guards ctrs, specs, calls and the images: removals, and modules
+	// that share nothing, run concurrently.
 	mu    sync.Mutex
 	calls []string
 	// removing, when set, is called at each Remove before anything else;
@@ -68,8 +69,14 @@ func (f *fake) Lookup(ctx context.Context, name string) (Container, bool, error)
 	}
 	return Container{}, false, nil
 }
-func (f *fake) ImageExists(ctx context.Context, ref string) (bool, error) { return f.images[ref], nil }
+func (f *fake) ImageExists(ctx context.Context, ref string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.images[ref], nil
+}
 func (f *fake) Pull(ctx context.Context, ref, policy string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.calls = append(f.calls, "pull "+ref)
 	id, ok := f.registry[ref]
 	if !ok {
@@ -83,10 +90,15 @@ func (f *fake) Pull(ctx context.Context, ref, policy string) error {
 	return nil
 }
 func (f *fake) ImageID(ctx context.Context, ref string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.imageID(ref), nil
+}
+func (f *fake) imageID(ref string) string {
 	if id, ok := f.imageIDs[ref]; ok {
-		return id, nil
+		return id
 	}
-	return "sha256:local-" + ref, nil
+	return "sha256:local-" + ref
 }
 func (f *fake) Create(ctx context.Context, s Spec) (string, error) {
 	f.mu.Lock()
@@ -94,7 +106,7 @@ func (f *fake) Create(ctx context.Context, s Spec) (string, error) {
 	f.seq++
 	id := fmt.Sprintf("id%d", f.seq)
 	f.calls = append(f.calls, "create "+s.Name)
-	img, _ := f.ImageID(ctx, s.Image)
+	img := f.imageID(s.Image)
 	f.ctrs[id] = &Container{ID: id, Name: s.Name, Labels: s.Labels, State: "created", ImageID: img}
 	f.specs[id] = s
 	return id, nil
@@ -126,7 +138,10 @@ func (f *fake) Remove(ctx context.Context, id string) error {
 }
 func (f *fake) Wait(ctx context.Context, id string) (int, error) {
 	if f.exit != nil {
-		return f.exit(f.specs[id]), nil
+		f.mu.Lock()
+		s := f.specs[id]
+		f.mu.Unlock()
+		return f.exit(s), nil
 	}
 	return 0, nil
 }
