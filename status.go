@@ -197,3 +197,10 @@ func certText(exp *time.Time) string {
 	}
 	return exp.Local().Format("2006-01-02 15:04")
 }
+
+// StatusCmd shows the mesh.
+type StatusCmd struct {
+	JSON     bool          `name:"json" help:"Print JSON."`
+	Watch    bool          `help:"Redraw as plans are applied, nodes come and go and health changes (a terminal is redrawn in place; otherwise each change is printed after a rule). Stop with Ctrl-C."`
+	Interval time.Duration `default:"1s" help:"How often --watch asks the agent."`
+}

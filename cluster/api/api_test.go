@@ -90,7 +90,8 @@ func TestRecoverTheLastVoter(t *testing.T) {
 	dirA := initDir(t, cluster.LogStoreWAL)
 	a := startAgent(t, dirA)
 	waitLeader(t, a)
-	tok, err := NewClient(dirA).Token(ctx, false)
+	tr, err := NewClient(dirA).Token(ctx, false)
+	tok := tr.Token
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +215,8 @@ func TestJoinRightAfterFirstStart(t *testing.T) {
 	c := NewClient(dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	tok, err := c.Token(ctx, false)
+	tr, err := c.Token(ctx, false)
+	tok := tr.Token
 	if err != nil {
 		t.Fatal(err)
 	}

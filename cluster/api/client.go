@@ -104,6 +104,13 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	return s, c.do(ctx, "GET", "/v1/status", nil, &s)
 }
 
+// StatusAfter is a blocking read of the status: the agent answers once its
+// replica has applied an entry past index, or after wait (at most MaxWait).
+func (c *Client) StatusAfter(ctx context.Context, index uint64, wait time.Duration) (Status, error) {
+	var s Status
+	return s, c.do(ctx, "GET", fmt.Sprintf("/v1/status?index=%d&wait=%s", index, wait), nil, &s)
+}
+
 // Nodes lists the mesh's nodes.
 func (c *Client) Nodes(ctx context.Context) ([]state.NodeInfo, error) {
 	var n []state.NodeInfo
@@ -181,13 +188,14 @@ func (c *Client) Plans(ctx context.Context, node string, limit int) (PlansReply,
 	return r, c.do(ctx, "GET", fmt.Sprintf("/v1/plans/%s?limit=%d", url.PathEscape(node), limit), nil, &r)
 }
 
-// Token reads (rotate: first replaces) the join token.
-func (c *Client) Token(ctx context.Context, rotate bool) (string, error) {
+// Token reads (rotate: first replaces) the join token and the lines that
+// join with it.
+func (c *Client) Token(ctx context.Context, rotate bool) (TokenReply, error) {
 	var r TokenReply
 	if rotate {
-		return r.Token, c.do(ctx, "POST", "/v1/token/rotate", struct{}{}, &r)
+		return r, c.do(ctx, "POST", "/v1/token/rotate", struct{}{}, &r)
 	}
-	return r.Token, c.do(ctx, "GET", "/v1/token", nil, &r)
+	return r, c.do(ctx, "GET", "/v1/token", nil, &r)
 }
 
 // Snapshot reads a consistent copy of the replicated state (JSON).

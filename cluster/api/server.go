@@ -257,8 +257,54 @@ func (a *API) writeThen(w http.ResponseWriter, r *http.Request, req state.Reques
 	reply(w, res)
 }
 
+// MaxWait bounds a blocking query's wait.
+const MaxWait = 20 * time.Second
+
+// block holds a blocking query (`?index=N&wait=D`, as Nomad's are) until
+// this replica has applied an entry past N, D passes (at most MaxWait), or
+// the request ends. Without index it returns at once. A report is a
+// replicated write, so a node's new apply or a change of its containers'
+// health moves the index.
+func (a *API) block(r *http.Request) error {
+	q := r.URL.Query()
+	if q.Get("index") == "" {
+		return nil
+	}
+	index, err := strconv.ParseUint(q.Get("index"), 10, 64)
+	if err != nil {
+		return &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("index %q is not a log index", q.Get("index"))}
+	}
+	wait := MaxWait
+	if v := q.Get("wait"); v != "" {
+		if wait, err = time.ParseDuration(v); err != nil || wait < 0 {
+			return &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("wait %q is not a duration", v)}
+		}
+	}
+	timer := time.NewTimer(min(wait, MaxWait))
+	defer timer.Stop()
+	for {
+		// The channel first: a change between the read and the wait is
+		// not missed.
+		changed := a.store.Changed()
+		if applied, err := a.store.AppliedIndex(); err != nil || applied > index {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return nil
+		case <-r.Context().Done():
+			return nil
+		}
+	}
+}
+
 func (a *API) status(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	if err := a.block(r); err != nil {
+		fail(w, err)
+		return
+	}
 	st, err := a.store.Settings(ctx)
 	if err != nil {
 		fail(w, err)
@@ -338,9 +384,15 @@ func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
 	reply(w, WriteResult{Index: idx})
 }
 
-// TokenReply is a join token.
+// TokenReply is a join token, and the lines a new machine runs with it to
+// join through this node: where mesh is installed (JoinLine), and where it
+// is not (InstallLine; empty, with InstallError saying why, when this node
+// cannot offer its binary).
 type TokenReply struct {
-	Token string `json:"token"`
+	Token        string `json:"token"`
+	JoinLine     string `json:"join_line"`
+	InstallLine  string `json:"install_line,omitempty"`
+	InstallError string `json:"install_error,omitempty"`
 }
 
 func (a *API) token(w http.ResponseWriter, r *http.Request) {
@@ -354,7 +406,18 @@ func (a *API) token(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	reply(w, TokenReply{Token: cluster.Token{MeshID: id.MeshID, CADigest: cluster.CADigest([]byte(id.CACert)), Secret: secret}.String()})
+	token := cluster.Token{MeshID: id.MeshID, CADigest: cluster.CADigest([]byte(id.CACert)), Secret: secret}.String()
+	// The new machine reaches this node at its mesh address (the port only
+	// when it is not the default).
+	peer := a.id.Address
+	if a.id.Port != 0 && a.id.Port != cluster.DefaultPort {
+		peer = net.JoinHostPort(a.id.Address, strconv.Itoa(a.id.Port))
+	}
+	out := TokenReply{Token: token, JoinLine: fmt.Sprintf("MESH_TOKEN=%s mesh join %s", token, peer)}
+	if out.InstallLine, err = cluster.InstallLine(peer, token, "/usr/local/bin/mesh"); err != nil {
+		out.InstallError = err.Error()
+	}
+	reply(w, out)
 }
 
 // rotateToken seals a new join secret to the voters; any node may propose

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"mesh/cluster"
 	"mesh/internal/seal"
 	"mesh/state"
+	"mesh/state/manifest"
 )
 
 // sealer is the agent's side of sealed credentials (state/seal.go): it opens
@@ -21,11 +22,35 @@ import (
 // kept in plain text, a restore).
 type sealer struct {
 	id    *seal.Identity
-	store *state.Store
-	node  *cluster.Node
+	store sealStore
+	node  sealNode
 	name  string
 	log   *slog.Logger
 }
+
+// sealStore is what the sealer reads of the replica.
+type sealStore interface {
+	SealedSecret(ctx context.Context, p state.Pair) (state.SealedSecret, error)
+	Node(ctx context.Context, name string) (state.NodeInfo, error)
+	SealNeeds(ctx context.Context, extra *state.Assignment, added []*manifest.Manifest) ([]state.SealNeed, error)
+	VoterSealStale(ctx context.Context) (map[string]bool, error)
+	Identity(ctx context.Context) (state.Identity, error)
+	VoterKeys(ctx context.Context) ([]string, error)
+	Changed() <-chan struct{}
+}
+
+// sealNode is what the sealer asks of this node's member.
+type sealNode interface {
+	Propose(ctx context.Context, req state.Request) (uint64, error)
+	State() string
+	OpenIdentity(id state.Identity) (caKey, joinSecret string, err error)
+	SealToVoters(secret string, keys []string) (*state.VoterSecret, error)
+}
+
+var (
+	_ sealStore = (*state.Store)(nil)
+	_ sealNode  = (*cluster.Node)(nil)
+)
 
 // Secret opens one credential's secret, for the reconciler to deliver.
 func (s *sealer) Secret(ctx context.Context, p state.Pair) (string, error) {

@@ -1,0 +1,31 @@
+package agent
+
+import (
+	"context"
+
+	"mesh/cluster"
+)
+
+// A node's data dir is made once, before its agent first runs: by Init
+// for the first node of a mesh, by Join for every other, and remade by
+// Recover when the majority of voters is gone for good. They are the
+// cluster package's; the CLI reaches them here, through the node.
+type (
+	// InitConfig is what mesh init makes a mesh from.
+	InitConfig = cluster.InitConfig
+	// JoinConfig is what mesh join joins with.
+	JoinConfig = cluster.JoinConfig
+	// RecoverResult is what mesh recover did.
+	RecoverResult = cluster.RecoverResult
+)
+
+// Init creates a mesh with this machine as its first node.
+func Init(ctx context.Context, cfg InitConfig) error { return cluster.Init(ctx, cfg) }
+
+// Join joins this machine to a mesh through any of its nodes.
+func Join(ctx context.Context, cfg JoinConfig) error { return cluster.Join(ctx, cfg) }
+
+// Recover makes the node of dataDir, its agent stopped, the only voter.
+func Recover(ctx context.Context, dataDir string) (RecoverResult, error) {
+	return cluster.Recover(ctx, dataDir)
+}

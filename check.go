@@ -1,0 +1,41 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"mesh/state/manifest"
+	"strings"
+)
+
+// CheckCmd checks manifests offline.
+type CheckCmd struct {
+	Files []string `arg:"" type:"existingfile" name:"FILE" help:"Manifest files."`
+}
+
+// Run checks each file and the bindings between them.
+func (c *CheckCmd) Run(g *Globals) error {
+	var errs []string
+	parsed := map[string]*manifest.Manifest{}
+	var order []*manifest.Manifest
+	for _, f := range c.Files {
+		m, _, err := parseFile(f, g.dir())
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		parsed[m.Module] = m
+		order = append(order, m)
+	}
+	// Providers are checked against the files given together, so a set of
+	// modules can be checked before any of it is added.
+	for _, m := range order {
+		if err := manifest.CheckProvidersOffline(m, func(n string) (*manifest.Manifest, bool) { p, ok := parsed[n]; return p, ok }); err != nil {
+			fmt.Fprintf(g.out, "note: %v\n", strings.ReplaceAll(err.Error(), "\n", "\nnote: "))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "\n"))
+	}
+	fmt.Fprintf(g.out, "%d manifest(s) ok\n", len(order))
+	return nil
+}

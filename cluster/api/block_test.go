@@ -1,0 +1,83 @@
+package api
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"mesh/cluster"
+	"mesh/state"
+)
+
+// A blocking status query answers once the replica applied an entry past
+// the index it was given, not before, and not later than its wait.
+func TestStatusBlocksUntilTheIndexMoves(t *testing.T) {
+	dir := initDir(t, cluster.LogStoreWAL)
+	a := startAgent(t, dir)
+	t.Cleanup(func() { a.Stop() })
+	waitLeader(t, a)
+	c := NewClient(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// The node's own first writes (its keys, its certificate) settle.
+	st, err := c.Status(ctx)
+	for quiet := false; err == nil && !quiet; {
+		var next Status
+		next, err = c.StatusAfter(ctx, st.AppliedIndex, time.Second)
+		quiet, st = next.AppliedIndex == st.AppliedIndex, next
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing is written: the query waits its whole wait, then answers
+	// with the same index.
+	start := time.Now()
+	same, err := c.StatusAfter(ctx, st.AppliedIndex, 700*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 600*time.Millisecond || same.AppliedIndex != st.AppliedIndex {
+		t.Fatalf("with nothing written it answered after %s at index %d (was %d); want the whole wait and the same index", took, same.AppliedIndex, st.AppliedIndex)
+	}
+
+	// A write while it waits: it answers with the write's index, before
+	// its wait ends.
+	got := make(chan Status, 1)
+	errc := make(chan error, 1)
+	go func() {
+		s, err := c.StatusAfter(ctx, st.AppliedIndex, 15*time.Second)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- s
+	}()
+	select {
+	case s := <-got:
+		t.Fatalf("answered at index %d before anything was written", s.AppliedIndex)
+	case err := <-errc:
+		t.Fatal(err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	w, err := c.AddModules(ctx, AddRequest{Modules: []state.ModuleText{{File: "db.yaml", Text: dbManifest}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-got:
+		if s.AppliedIndex < w.Index {
+			t.Fatalf("answered at index %d, before the write at %d", s.AppliedIndex, w.Index)
+		}
+	case err := <-errc:
+		t.Fatal(err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the write did not end the wait")
+	}
+
+	// A bad index is the caller's mistake, said so.
+	if err := c.do(ctx, "GET", "/v1/status?index=x", nil, nil); err == nil || !strings.Contains(err.Error(), "not a log index") {
+		t.Fatalf("index=x: %v", err)
+	}
+}
