@@ -403,7 +403,7 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 		} else {
 			content = "name=" + res.Credential.Consumer + "\nsecret=" + secret + "\n"
 		}
-		// A secret is never readable by group or others (DESIGN rule 7).
+		// A secret is never readable by group or others (DESIGN.md rule 7).
 		mode = res.Typed.ModeOr(0o600) &^ 0o077
 		x.inputsOf(res.Module)[res.Name] = res.Digest
 	default:

@@ -29,7 +29,7 @@ type desired struct {
 }
 
 // declFields is what a step or container is; the roster is not in it
-// (DESIGN rule 2), the resolver address is (it never changes with the roster).
+// (DESIGN.md rule 2), the resolver address is (it never changes with the roster).
 type declFields struct {
 	Image     string            `json:"image"`
 	Command   []string          `json:"command,omitempty"`

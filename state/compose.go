@@ -139,7 +139,7 @@ type Output struct {
 //
 // A node whose plan does not compose gets an entry in Errors and no plan, and
 // contributes no names; the caller keeps that node's previous plan and names
-// (DESIGN rule 6).
+// (DESIGN.md rule 6).
 func Compose(in Input) Output {
 	out := Output{Plans: map[string]*Plan{}, Errors: map[string]string{}, Bound: map[BindKey]string{}}
 	nodes := map[string]Node{}

@@ -38,7 +38,7 @@ type Secret struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// SecretDigest is how a secret is compared (DESIGN rule 7).
+// SecretDigest is how a secret is compared (DESIGN.md rule 7).
 func SecretDigest(secret string) string {
 	s := sha256.Sum256([]byte(secret))
 	return hex.EncodeToString(s[:])

@@ -1,6 +1,6 @@
 // Package provision makes a provider accept the credentials the mesh
 // delivered to it (`mesh provision postgres`). It reads the provider-side
-// credential files (DESIGN section 5: CONSUMER.credential, `name=` and
+// credential files (DESIGN.md, "Delivered files": CONSUMER.credential, `name=` and
 // `secret=` lines) and makes PostgreSQL accept each: the role, its password
 // and the consumer's database. It never drops a role or a database, compares
 // credentials by digest only, and keeps no secret beyond the statement that

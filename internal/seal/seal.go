@@ -1,7 +1,7 @@
 // Package seal seals secrets to nodes: each node holds an age X25519
 // identity in its data dir, the replicated state holds each node's public
 // recipient, and a secret is stored only as ciphertext that the nodes it is
-// sealed to can open (DESIGN rule 7; issue 14). Other nodes replicate the
+// sealed to can open (DESIGN.md rule 7). Other nodes replicate the
 // ciphertext and the digest, never the secret.
 package seal
 

@@ -1,4 +1,4 @@
-// Package manifest parses and checks module manifests (DESIGN.md section 5).
+// Package manifest parses and checks module manifests (DESIGN.md, "The manifest").
 //
 // It is pure: bytes in, a Manifest or positioned errors out. It never reads the
 // catalogue itself; checks that need other modules (a binding's provider) take
@@ -763,7 +763,7 @@ func (n Nesting) String() string {
 // NestedMounts finds every mount whose host path lies strictly inside the
 // host path of a writable mount (of the same container or another). Such a
 // pair lets one container replace the other's mount source with a link; the
-// mesh refuses it (DESIGN section 5).
+// mesh refuses it (DESIGN.md, "The manifest").
 //
 // The pairs come in the order of the outer mount, then of the inner one, as
 // ms lists them. Composition runs this over every mount of a node at every
