@@ -27,6 +27,7 @@ const (
 	OpSeal         = "credential.seal"
 	OpNodeKey      = "node.key"
 	OpNodeCert     = "node.cert"
+	OpNodeOverlay  = "node.overlay"
 
 	timeLayout = time.RFC3339Nano
 )
@@ -42,9 +43,11 @@ const (
 // the proposer; 4, the module.pull op; 5, sealed credentials (seal.go): the
 // credential.seal, node.key and node.cert ops, nodes with a sealing key, and secrets
 // carried sealed; 6, node.cert with the key of the node's certificate, which
-// its peers then require of it (a key pinned per node). Entries of formats 1
-// and 2 still in a log are converted on replay (legacy.go).
-const CommandVersion = 6
+// its peers then require of it (a key pinned per node); 7, the overlay
+// (overlay.go): node.overlay, a mesh's overlay prefix at init and a node's
+// overlay key and endpoint in init and node.add. Entries of formats 1 and 2
+// still in a log are converted on replay (legacy.go).
+const CommandVersion = 7
 
 // ops is every op this binary knows, one row each: the one place an op is
 // registered. NewCommand, NeedsVersion, Encode, Request and Apply all read
@@ -65,6 +68,7 @@ var ops = map[string]opDef{
 	OpSeal:         opOf(5, (*applier).seal),
 	OpNodeKey:      opOf(5, (*applier).nodeKey),
 	OpNodeCert:     opOf(5, (*applier).nodeCert),
+	OpNodeOverlay:  opOf(7, (*applier).nodeOverlay),
 }
 
 // opDef is one op: the format it needs when this binary writes it, a fresh
@@ -123,10 +127,13 @@ func NewCommand(r Request) *Command {
 // older is never asked to apply what it would read differently; one that
 // does not stays at its op's format, so a rolling upgrade can go on
 // assigning.
-func (r *AssignRequest) formatNeeded() int      { return sealedFormat(r.Secrets) }
-func (r *ModuleAddRequest) formatNeeded() int   { return sealedFormat(r.Secrets) }
-func (r *RestoreBody) formatNeeded() int        { return sealedFormat(r.Credentials) }
-func (r *NodeAddRequest) formatNeeded() int     { return iff(r.Node.SealKey != "", 5) }
+func (r *AssignRequest) formatNeeded() int    { return sealedFormat(r.Secrets) }
+func (r *ModuleAddRequest) formatNeeded() int { return sealedFormat(r.Secrets) }
+func (r *RestoreBody) formatNeeded() int      { return sealedFormat(r.Credentials) }
+func (r *NodeAddRequest) formatNeeded() int {
+	return max(iff(r.Node.SealKey != "", 5), iff(r.Node.OverlayKey != "", 7))
+}
+func (r *InitRequest) formatNeeded() int        { return iff(r.Overlay != "" || r.Node.OverlayKey != "", 7) }
 func (r *TokenRotateRequest) formatNeeded() int { return iff(r.Sealed != nil, 5) }
 func (r *NodeCertRequest) formatNeeded() int    { return iff(r.Key != "", 6) }
 
@@ -224,6 +231,8 @@ type InitRequest struct {
 	SealedCAKey      *VoterSecret `json:"sealed_ca_key,omitempty"`
 	SealedJoinSecret *VoterSecret `json:"sealed_join_secret,omitempty"`
 	Voters           int          `json:"voters,omitempty"`
+	// Overlay is the mesh's overlay: a prefix, or OverlayOff (overlay.go).
+	Overlay string `json:"overlay,omitempty"`
 }
 
 // NodeAddRequest admits a node.

@@ -26,6 +26,12 @@ type Node struct {
 	// SealKey is the public key credentials are sealed to for this node
 	// (seal.go); empty until the node gives one.
 	SealKey string `json:"seal_key,omitempty"`
+	// OverlayKey is the node's WireGuard public key (base64), and
+	// OverlayEndpoint the UDP address its peers send to (overlay.go);
+	// OverlayAddress is the address the FSM gave it on the overlay.
+	OverlayKey      string `json:"overlay_key,omitempty"`
+	OverlayEndpoint string `json:"overlay_endpoint,omitempty"`
+	OverlayAddress  string `json:"overlay_address,omitempty"`
 }
 
 // Assignment says a module runs on a node.
@@ -51,7 +57,9 @@ type Pair struct {
 
 // Input is everything composition reads. It holds no secrets, only their digests.
 type Input struct {
-	Domain      string
+	Domain string
+	// Overlay is the mesh's overlay setting (overlay.go).
+	Overlay     string
 	Nodes       []Node
 	Modules     map[string]*manifest.Manifest
 	Assignments []Assignment
@@ -112,6 +120,10 @@ type Plan struct {
 	Node      string     `json:"node"`
 	Resources []Resource `json:"resources"`
 	Routes    []Route    `json:"routes,omitempty"`
+	// PublishAddress is where the node publishes its containers' ports:
+	// (not their public ports): its overlay address, its mesh address when
+	// the overlay is off, or every interface when empty (overlay.go).
+	PublishAddress string `json:"publish_address,omitempty"`
 }
 
 // Digest is the sha256 of the plan's canonical JSON.
@@ -204,8 +216,9 @@ func SortRoster(r []Name) {
 }
 
 func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[string][]string) (*Plan, []Name, error) {
-	plan := &Plan{Node: n.Name, Resources: []Resource{}}
-	roster := []Name{{Name: n.Name + "." + in.Domain, Address: n.Address, Node: n.Name}}
+	plan := &Plan{Node: n.Name, Resources: []Resource{}, PublishAddress: in.publishAddress(n)}
+	addr := in.nameAddress(n)
+	roster := []Name{{Name: n.Name + "." + in.Domain, Address: addr, Node: n.Name}}
 	owner := map[string]string{} // resource name -> module, for collisions on this node
 	claim := func(name, module string) error {
 		if other, ok := owner[name]; ok {
@@ -223,7 +236,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		if !ok {
 			return nil, nil, fmt.Errorf("module %q is assigned but not in the catalogue; add it with `mesh module add` or `mesh unassign %s %s`", mod, n.Name, mod)
 		}
-		roster = append(roster, Name{Name: mod + "." + in.Domain, Address: n.Address, Node: n.Name})
+		roster = append(roster, Name{Name: mod + "." + in.Domain, Address: addr, Node: n.Name})
 		for _, r := range m.Routes {
 			if other, ok := routeOwner[r.Name]; ok {
 				return nil, nil, fmt.Errorf("route %q is claimed by both %s and %s on node %s; rename one route", r.Name, other, mod, n.Name)
@@ -231,7 +244,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			routeOwner[r.Name] = mod
 			plan.Routes = append(plan.Routes, Route{Name: routeName(r.Name, n.PublicDomain), Module: mod, Port: r.Port})
 			if n.PublicDomain != "" {
-				roster = append(roster, Name{Name: r.Name + "." + n.PublicDomain, Address: n.Address, Node: n.Name})
+				roster = append(roster, Name{Name: r.Name + "." + n.PublicDomain, Address: addr, Node: n.Name})
 			}
 		}
 		mounts = append(mounts, m.Mounts()...)
@@ -298,7 +311,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 	}
 	if len(routesFiles) > 0 {
 		b, _ := json.MarshalIndent(plan.Routes, "", "  ")
-		data := manifest.RoutesData{Node: n.Name, Address: n.Address, Domain: n.PublicDomain, MeshDomain: in.Domain}
+		data := manifest.RoutesData{Node: n.Name, Address: addr, Domain: n.PublicDomain, MeshDomain: in.Domain}
 		for _, r := range plan.Routes {
 			data.Routes = append(data.Routes, manifest.RouteData{Name: r.Name, Module: r.Module, Port: r.Port})
 		}
@@ -392,7 +405,7 @@ func bindingContent(in Input, n Node, mod string, d manifest.Resource, nodes map
 		pick = prev
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "provider=%s\nname=%s.%s\nnode=%s\naddress=%s\n", d.Provider, d.Provider, in.Domain, pick, nodes[pick].Address)
+	fmt.Fprintf(&b, "provider=%s\nname=%s.%s\nnode=%s\naddress=%s\n", d.Provider, d.Provider, in.Domain, pick, in.nameAddress(nodes[pick]))
 	return b.String(), pick, nil
 }
 

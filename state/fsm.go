@@ -293,8 +293,24 @@ func (ap *applier) init(r *InitRequest) (bool, error) {
 			return false, err
 		}
 	}
-	if err := exec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key) VALUES (?, ?, 1, ?, ?, ?)`, r.Node.Name, r.Node.Address, ap.at, r.Node.Port, r.Node.SealKey); err != nil {
+	if err := exec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key, overlay_key, overlay_endpoint) VALUES (?, ?, 1, ?, ?, ?, ?, ?)`,
+		r.Node.Name, r.Node.Address, ap.at, r.Node.Port, r.Node.SealKey, r.Node.OverlayKey, r.Node.OverlayEndpoint); err != nil {
 		return false, err
+	}
+	if r.Overlay != "" {
+		if r.Overlay != OverlayOff {
+			if _, err := ParseOverlay(r.Overlay); err != nil {
+				return false, ruleErr(ErrInvalid, "%v", err)
+			}
+		}
+		if err := exec(tx, `INSERT INTO settings VALUES ('overlay', ?)`, r.Overlay); err != nil {
+			return false, err
+		}
+		if r.Overlay != OverlayOff && r.Node.OverlayKey != "" {
+			if err := ap.giveOverlayAddress(r.Node.Name, r.Overlay); err != nil {
+				return false, err
+			}
+		}
 	}
 	return true, nil
 }
@@ -315,8 +331,25 @@ func (ap *applier) nodeAdd(r *NodeAddRequest) (bool, error) {
 			return false, err
 		}
 	}
-	if err := exec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key) VALUES (?, ?, ?, ?, ?, ?)`, n.Name, n.Address, n.Voter, ap.at, n.Port, n.SealKey); err != nil {
+	if n.OverlayKey != "" {
+		if err := refuseIf(tx, ruleErr(ErrConflict, "another node already holds that overlay key"), `SELECT 1 FROM nodes WHERE overlay_key = ?`, n.OverlayKey); err != nil {
+			return false, err
+		}
+	}
+	if err := exec(tx, `INSERT INTO nodes (name, address, voter, added_at, port, seal_key, overlay_key, overlay_endpoint) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		n.Name, n.Address, n.Voter, ap.at, n.Port, n.SealKey, n.OverlayKey, n.OverlayEndpoint); err != nil {
 		return false, err
+	}
+	if n.OverlayKey != "" {
+		prefix, err := ap.overlay()
+		if err != nil {
+			return false, err
+		}
+		if prefix != "" && prefix != OverlayOff {
+			if err := ap.giveOverlayAddress(n.Name, prefix); err != nil {
+				return false, err
+			}
+		}
 	}
 	return true, nil
 }
@@ -717,6 +750,9 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 	in := Input{Credentials: map[Pair]string{}, Bound: map[BindKey]string{}, Pulls: map[string]uint64{}, Modules: cat}
 	if err := q.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = 'domain'`).Scan(&in.Domain); err != nil {
 		return in, fmt.Errorf("read domain: %w", err)
+	}
+	if err := q.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = 'overlay'`).Scan(&in.Overlay); err != nil && err != sql.ErrNoRows {
+		return in, fmt.Errorf("read the overlay setting: %w", err)
 	}
 	nodes, err := readNodes(ctx, q)
 	if err != nil {

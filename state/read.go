@@ -53,6 +53,8 @@ type Settings struct {
 	MeshID    string `json:"mesh_id"`
 	Domain    string `json:"domain"`
 	CreatedAt string `json:"created_at"`
+	// Overlay is the mesh's overlay prefix, OverlayOff, or "" (overlay.go).
+	Overlay string `json:"overlay,omitempty"`
 }
 
 // settings reads the settings table; ErrNotFound before init.
@@ -89,11 +91,11 @@ func (s *Store) Settings(ctx context.Context) (Settings, error) {
 	if err != nil {
 		return Settings{}, err
 	}
-	return Settings{MeshID: kv["mesh_id"], Domain: kv["domain"], CreatedAt: kv["created_at"]}, nil
+	return Settings{MeshID: kv["mesh_id"], Domain: kv["domain"], CreatedAt: kv["created_at"], Overlay: kv["overlay"]}, nil
 }
 
 func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key FROM nodes ORDER BY name`)
+	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +104,7 @@ func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
 	for rows.Next() {
 		var n NodeInfo
 		var at, exp string
-		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp, &n.CertKey); err != nil {
+		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp, &n.CertKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress); err != nil {
 			return nil, err
 		}
 		n.AddedAt, _ = time.Parse(timeLayout, at)

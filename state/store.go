@@ -214,6 +214,11 @@ var migrations = []string{
 	// require of it: a certificate for its name with another key, signed by
 	// whoever holds the CA key (a voter since removed), is refused.
 	`ALTER TABLE nodes ADD COLUMN cert_key TEXT NOT NULL DEFAULT '';`,
+	// 9: the overlay (overlay.go): each node's WireGuard public key, its UDP
+	// endpoint and the overlay address the FSM gave it.
+	`ALTER TABLE nodes ADD COLUMN overlay_key TEXT NOT NULL DEFAULT '';
+	 ALTER TABLE nodes ADD COLUMN overlay_endpoint TEXT NOT NULL DEFAULT '';
+	 ALTER TABLE nodes ADD COLUMN overlay_address TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate() error {

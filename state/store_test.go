@@ -390,8 +390,11 @@ func TestUnknownCommandStopsTheNode(t *testing.T) {
 	// The newest format is needed by what only it carries: a node that
 	// cannot apply it is told so before it is proposed. Without it the
 	// command keeps its op's format, so a rolling upgrade goes on.
-	if b := NewCommand(&NodeCertRequest{Node: "ace", Key: strings.Repeat("ab", 32)}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
+	if b := NewCommand(&NodeCertRequest{Node: "ace", Key: strings.Repeat("ab", 32)}).Encode(); !strings.Contains(string(b), `"v":6`) {
 		t.Fatalf("node.cert with a key encoded without its format: %s", b)
+	}
+	if b := NewCommand(&NodeAddRequest{Node: Node{Name: "n2", Address: "10.0.0.2", OverlayKey: "k"}}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
+		t.Fatalf("node.add with an overlay key encoded without its format: %s", b)
 	}
 	if b := NewCommand(&NodeCertRequest{Node: "ace"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, ops[OpNodeCert].format)) {
 		t.Fatalf("node.cert without a key encoded with a newer format: %s", b)

@@ -98,13 +98,16 @@ type Resource struct {
 	// table is written through (RoutesData), in the proxy's own format.
 	Template string `yaml:"template,omitempty" json:"template,omitempty" jsonschema:"description=On a routes-file: a Go text/template executed with .Routes (Name Module Port) .Node .Address .Domain .MeshDomain; the file is written in the proxy's own format instead of JSON"`
 
-	Image     string            `yaml:"image,omitempty" json:"image,omitempty"`
-	Command   []string          `yaml:"command,omitempty" json:"command,omitempty"`
-	Env       map[string]string `yaml:"env,omitempty" json:"env,omitempty"`
-	Mounts    []string          `yaml:"mounts,omitempty" json:"mounts,omitempty"`
-	Ports     []string          `yaml:"ports,omitempty" json:"ports,omitempty"`
-	Restart   string            `yaml:"restart,omitempty" json:"restart,omitempty"`
-	RestartOn []string          `yaml:"restart-on,omitempty" json:"restart-on,omitempty"`
+	Image   string            `yaml:"image,omitempty" json:"image,omitempty"`
+	Command []string          `yaml:"command,omitempty" json:"command,omitempty"`
+	Env     map[string]string `yaml:"env,omitempty" json:"env,omitempty"`
+	Mounts  []string          `yaml:"mounts,omitempty" json:"mounts,omitempty"`
+	Ports   []string          `yaml:"ports,omitempty" json:"ports,omitempty" jsonschema:"description=HOST:CONTAINER[/udp]: published on the node's overlay address only (its mesh address when the overlay is off): reachable from inside the mesh"`
+	// PublicPorts are published on every interface (or the IP they name):
+	// what the world must reach.
+	PublicPorts []string `yaml:"public-ports,omitempty" json:"public-ports,omitempty" jsonschema:"description=[IP:]HOST:CONTAINER[/udp]: published on every interface (or the IP named): what the world reaches"`
+	Restart     string   `yaml:"restart,omitempty" json:"restart,omitempty"`
+	RestartOn   []string `yaml:"restart-on,omitempty" json:"restart-on,omitempty"`
 	// Pull is when the image is fetched: missing (default: only when it is
 	// not in local storage), always or newer (when a container or step is
 	// created or replaced: always pulls, newer pulls when the registry has
@@ -442,7 +445,7 @@ var fields = map[string][]string{
 	KindBinding:    {"owner", "mode", "provider", "take-over", "healthy"},
 	KindCredential: {"owner", "mode", "provider", "take-over"},
 	KindStep:       append([]string{"image", "command", "env", "mounts", "restart-on", "pull"}, containerFields...),
-	KindContainer:  append([]string{"image", "command", "env", "mounts", "ports", "restart", "restart-on", "health", "pull"}, containerFields...),
+	KindContainer:  append([]string{"image", "command", "env", "mounts", "ports", "public-ports", "restart", "restart-on", "health", "pull"}, containerFields...),
 }
 
 func (r *Resource) setFields() []string {
@@ -462,6 +465,7 @@ func (r *Resource) setFields() []string {
 	add("env", r.Env != nil)
 	add("mounts", r.Mounts != nil)
 	add("ports", r.Ports != nil)
+	add("public-ports", r.PublicPorts != nil)
 	add("restart", r.Restart != "")
 	add("restart-on", r.RestartOn != nil)
 	add("take-over", r.TakeOver)
@@ -623,9 +627,26 @@ func (m *Manifest) check(p *positions) Errors {
 					add(p.at(i, "mounts", j), "mount %q: %s", mt, msg)
 				}
 			}
-			for j, pt := range r.Ports {
-				if _, err := ParsePort(pt); err != nil {
-					add(p.at(i, "ports", j), "port %q: %s", pt, err)
+			published := map[string]string{} // HOST/proto -> the key that publishes it
+			for _, key := range []string{"ports", "public-ports"} {
+				list := r.Ports
+				if key == "public-ports" {
+					list = r.PublicPorts
+				}
+				for j, pt := range list {
+					pp, err := ParsePort(pt)
+					if err != nil {
+						add(p.at(i, key, j), "port %q: %s", pt, err)
+						continue
+					}
+					if key == "ports" && pp.HostIP != "" {
+						add(p.at(i, key, j), "port %q names an address; ports: are published on the node's overlay address only: write %d:%d, or move it to public-ports: if the world must reach it", pt, pp.HostPort, pp.ContainerPort)
+					}
+					hp := fmt.Sprintf("%d/%s", pp.HostPort, pp.Protocol)
+					if other, dup := published[hp]; dup {
+						add(p.at(i, key, j), "host port %s is published twice (in %s and %s); publish it once", hp, other, key)
+					}
+					published[hp] = key
 				}
 			}
 			for _, e := range checkContainerFields(r) {

@@ -38,6 +38,7 @@ var (
 		"env":          {kind: "map", example: `{KEY: "value"}`},
 		"mounts":       texts(`["/srv/web/data:/data"]`),
 		"ports":        texts(`["8080:8080"]`),
+		"public-ports": texts(`["443:443"]`),
 		"restart":      text,
 		"restart-on":   texts(`[/srv/web/app.ini]`),
 		"take-over":    flag,

@@ -22,6 +22,8 @@ type Typed struct {
 	Mode     uint32  `json:"mode,omitempty"` // permission, setuid, setgid, sticky bits
 	Mounts   []Mount `json:"mounts,omitempty"`
 	Ports    []Port  `json:"ports,omitempty"`
+	// PublicPorts are published on every interface (or their IP).
+	PublicPorts []Port `json:"public_ports,omitempty"`
 	// Health is the container's health check with its defaults filled in.
 	Health *HealthCheck `json:"health,omitempty"`
 	// The container fields (container.go), parsed; all absent when unset.
@@ -160,6 +162,13 @@ func TypeOf(r *Resource) (Typed, error) {
 			return t, fmt.Errorf("port %q: %w", s, err)
 		}
 		t.Ports = append(t.Ports, p)
+	}
+	for _, s := range r.PublicPorts {
+		p, err := ParsePort(s)
+		if err != nil {
+			return t, fmt.Errorf("public port %q: %w", s, err)
+		}
+		t.PublicPorts = append(t.PublicPorts, p)
 	}
 	if r.Health != nil {
 		h, err := ParseHealth(r.Health)
