@@ -1,0 +1,127 @@
+package overlay
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"mesh/internal/wgkey"
+)
+
+func key(t *testing.T) string {
+	t.Helper()
+	k, err := wgkey.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.Public()
+}
+
+func hexOf(t *testing.T, b64 string) string {
+	h, err := wgkey.PublicHex(b64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// A node's peers are every other node with a key, an endpoint and an
+// address, each allowed only its own address; what is damaged or taken
+// twice is left out and said.
+func TestWant(t *testing.T) {
+	k1, k2, k3, k4 := key(t), key(t), key(t), key(t)
+	nodes := []Node{
+		{Name: "n3", Key: k3, Endpoint: "10.0.0.3:51820", Address: "100.90.0.3"},
+		{Name: "n1", Key: k1, Endpoint: "10.0.0.1:51820", Address: "100.90.0.1"},
+		{Name: "n2", Key: k2, Endpoint: "10.0.0.2:51820", Address: "100.90.0.2"},
+		{Name: "old", Address: "", Endpoint: ""},                                           // an older binary: no key yet
+		{Name: "bad", Key: "not-a-key", Endpoint: "10.0.0.5:51820", Address: "100.90.0.5"}, // damaged key
+		{Name: "twin", Key: k2, Endpoint: "10.0.0.6:51820", Address: "100.90.0.6"},         // n2's key
+		{Name: "thief", Key: k4, Endpoint: "10.0.0.7:51820", Address: "100.90.0.1"},        // n1's address
+		{Name: "noep", Key: key(t), Endpoint: "somewhere", Address: "100.90.0.8"},          // endpoint does not parse
+		{Name: "v6", Key: key(t), Endpoint: "10.0.0.9:51820", Address: "fd00::9"},          // not IPv4
+		{Name: "waiting", Key: key(t), Endpoint: "10.0.0.10:51820", Address: ""},           // no address yet
+	}
+	peers, problems := Want("n1", nodes)
+	if len(peers) != 2 || peers[0].Name != "n2" || peers[1].Name != "n3" {
+		t.Fatalf("peers %+v, want n2 and n3", peers)
+	}
+	if peers[0].KeyHex != hexOf(t, k2) || peers[0].Address != netip.MustParseAddr("100.90.0.2") || peers[0].Endpoint != netip.MustParseAddrPort("10.0.0.2:51820") {
+		t.Fatalf("n2 as a peer: %+v", peers[0])
+	}
+	want := []string{"bad", "twin", "thief", "noep", "v6"}
+	if len(problems) != len(want) {
+		t.Fatalf("problems %q, want one for each of %v", problems, want)
+	}
+	for _, n := range want {
+		if !strings.Contains(strings.Join(problems, "\n"), "node "+n+":") {
+			t.Fatalf("no problem said for %s: %q", n, problems)
+		}
+	}
+	// A node is never its own peer, whatever it is called in the list.
+	if p, _ := Want("n2", nodes); len(p) != 2 || p[0].Name != "n1" || p[1].Name != "n3" {
+		t.Fatalf("n2's peers: %+v", p)
+	}
+}
+
+// WireGuard is told only what changed: an unchanged peer is not mentioned
+// (its session and roamed endpoint stay), a moved one gets its new
+// endpoint, a removed one is removed.
+func TestChange(t *testing.T) {
+	p := func(name, k, ep, addr string) Peer {
+		return Peer{Name: name, KeyHex: k, Endpoint: netip.MustParseAddrPort(ep), Address: netip.MustParseAddr(addr)}
+	}
+	a := p("a", "aa", "10.0.0.1:51820", "100.90.0.1")
+	b := p("b", "bb", "10.0.0.2:51820", "100.90.0.2")
+	b2 := p("b", "bb", "10.0.0.22:51820", "100.90.0.2")
+	c := p("c", "cc", "10.0.0.3:51820", "100.90.0.3")
+	cases := []struct {
+		name       string
+		have, want []Peer
+		out        string
+	}{
+		{"nothing to do", []Peer{a, b}, []Peer{a, b}, ""},
+		{"first", nil, []Peer{a}, "public_key=aa\nendpoint=10.0.0.1:51820\nreplace_allowed_ips=true\nallowed_ip=100.90.0.1/32\npersistent_keepalive_interval=25\n"},
+		{"one more", []Peer{a}, []Peer{a, c}, "public_key=cc\nendpoint=10.0.0.3:51820\nreplace_allowed_ips=true\nallowed_ip=100.90.0.3/32\npersistent_keepalive_interval=25\n"},
+		{"moved", []Peer{a, b}, []Peer{a, b2}, "public_key=bb\nendpoint=10.0.0.22:51820\nreplace_allowed_ips=true\nallowed_ip=100.90.0.2/32\n"},
+		{"removed", []Peer{a, b}, []Peer{a}, "public_key=bb\nremove=true\n"},
+	}
+	for _, tc := range cases {
+		if got := change(tc.have, tc.want); got != tc.out {
+			t.Errorf("%s: told\n%s\nwant\n%s", tc.name, got, tc.out)
+		}
+	}
+}
+
+func TestParseStats(t *testing.T) {
+	get := "private_key=00\nlisten_port=51820\npublic_key=aa\nendpoint=10.0.0.1:51820\nlast_handshake_time_sec=1764590000\nlast_handshake_time_nsec=5\nrx_bytes=100\ntx_bytes=200\n" +
+		"public_key=bb\nlast_handshake_time_sec=0\nlast_handshake_time_nsec=0\nrx_bytes=0\ntx_bytes=148\n"
+	s := parseStats(get, map[string]string{"aa": "n1", "bb": "n2"})
+	if s["n1"].RxBytes != 100 || s["n1"].TxBytes != 200 || !s["n1"].LastHandshake.Equal(time.Unix(1764590000, 5)) || s["n1"].Endpoint != "10.0.0.1:51820" {
+		t.Fatalf("n1: %+v", s["n1"])
+	}
+	if !s["n2"].LastHandshake.IsZero() || s["n2"].TxBytes != 148 {
+		t.Fatalf("n2 never shook hands: %+v", s["n2"])
+	}
+}
+
+// The filter drops what is for the prefix unless it came through the
+// device, loopback or Podman's bridges.
+func TestFilterRules(t *testing.T) {
+	in, fwd := filterRules(netip.MustParsePrefix("100.90.0.0/16"), "meshwg0")
+	var text []string
+	for _, r := range in {
+		text = append(text, r.text)
+	}
+	want := []string{`iifname "meshwg0" accept`, `iifname "lo" accept`, `iifname "podman*" accept`, `iifname "cni-podman*" accept`, `ip daddr 100.90.0.0/16 drop`}
+	if strings.Join(text, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("rules:\n%s\nwant:\n%s", strings.Join(text, "\n"), strings.Join(want, "\n"))
+	}
+	if m := maskOf(16); string(m) != "\xff\xff\x00\x00" {
+		t.Fatalf("mask of /16: %x", m)
+	}
+	if len(fwd) != 1 || !strings.Contains(fwd[0].text, "maxseg") {
+		t.Fatalf("forward rules: %+v", fwd)
+	}
+}
