@@ -20,19 +20,20 @@ type AgentCmd struct {
 	LogLevel      string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
 	MetricsListen string        `name:"metrics-listen" placeholder:"ADDR" help:"Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9430): Raft, the resolver, applies, Podman call errors. Off when empty."`
 	LogFormat     string        `name:"log-format" default:"text" enum:"text,json" help:"text (key=value) or json (one object a line). Raft's and Podman's lines come through at their own levels."`
+	OverlayDevice string        `name:"overlay-device" default:"meshwg0" placeholder:"NAME" help:"The overlay's network interface (WireGuard in this process, over /dev/net/tun). As root the agent makes it; on a rootless host mesh setup does."`
 }
 
 // Run serves until SIGINT or SIGTERM.
 func (c *AgentCmd) Run(g *Globals) error {
-	if agent.NeedsUnshare() {
-		return agent.Unshare(g.dir())
-	}
-	agent.EndWithParent()
-	privateUmask()
 	dns, err := netip.ParseAddr(c.DNSAddress)
 	if err != nil {
 		return usageError{fmt.Errorf("--dns-address %q is not an IP address", c.DNSAddress)}
 	}
+	if agent.NeedsUnshare() {
+		return agent.Unshare(g.dir(), dns)
+	}
+	agent.EndWithParent()
+	privateUmask()
 	var lvl slog.Level
 	lvl.UnmarshalText([]byte(c.LogLevel))
 	self, err := os.Executable()
@@ -42,7 +43,7 @@ func (c *AgentCmd) Run(g *Globals) error {
 	a, err := agent.New(agent.Config{
 		DataDir: g.dir(), PodmanSocket: c.PodmanSocket, DNSAddress: dns, Upstreams: c.Upstream,
 		DNSTTL: c.DNSTTL, Resync: c.Resync, MetricsListen: c.MetricsListen,
-		Version: version, Binary: self, Logger: agent.NewLogger(os.Stderr, c.LogFormat, lvl),
+		Version: version, Binary: self, OverlayDevice: c.OverlayDevice, Logger: agent.NewLogger(os.Stderr, c.LogFormat, lvl),
 	})
 	if err != nil {
 		return err
@@ -55,7 +56,9 @@ func (c *AgentCmd) Run(g *Globals) error {
 
 // SetupCmd prepares a host for a rootless agent.
 type SetupCmd struct {
-	DNSAddress string `name:"dns-address" default:"169.254.53.53" placeholder:"IP" help:"The resolver address the agents on this host will use."`
+	DNSAddress    string `name:"dns-address" default:"169.254.53.53" placeholder:"IP" help:"The resolver address the agents on this host will use."`
+	User          string `placeholder:"USER" help:"The user whose rootless agent runs here: it alone may bind the resolver's port 53, and owns the overlay device. Run mesh setup again after that user's mesh init or mesh join, to prepare the overlay."`
+	OverlayDevice string `name:"overlay-device" default:"meshwg0" placeholder:"NAME" help:"The overlay's network interface."`
 }
 
 // Run does, as root, what a rootless agent cannot.
@@ -64,5 +67,9 @@ func (c *SetupCmd) Run(g *Globals) error {
 	if err != nil {
 		return usageError{fmt.Errorf("--dns-address %q is not an IP address", c.DNSAddress)}
 	}
-	return agent.Setup(addr, g.out)
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	return agent.Setup(agent.SetupConfig{DNSAddress: addr, User: c.User, DataDir: g.DataDir, OverlayDevice: c.OverlayDevice, Binary: self}, g.out)
 }

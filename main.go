@@ -22,6 +22,7 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/willabides/kongplete"
 
+	"mesh/agent"
 	"mesh/cluster/api"
 	"mesh/state/manifest"
 )
@@ -108,6 +109,11 @@ type CLI struct {
 }
 
 func main() {
+	if agent.IsHelper() {
+		// The copy mesh setup made to bind a rootless agent's port 53 does
+		// that and nothing else.
+		os.Exit(agent.RunHelper(os.Args[1:]))
+	}
 	var cli CLI
 	cli.out = os.Stdout
 	parser, err := kong.New(&cli,

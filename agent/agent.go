@@ -1,6 +1,7 @@
 // Package agent is the node: the composition root that builds and runs, in
-// a visible order, the member (Raft and the replica), the Podman client,
-// the resolver, the reconciler, the local API and the metrics. Each part is
+// a visible order, the member (Raft and the replica), the overlay, the
+// Podman client, the resolver, the reconciler, the local API and the
+// metrics. Each part is
 // made by one startX from only what it needs and is whole before the next
 // one uses it; Close stops them in the reverse order.
 //
@@ -63,6 +64,8 @@ type Config struct {
 	Version string
 	// Binary is this program's path: the reconciler's resolver probe runs it.
 	Binary string
+	// OverlayDevice is the overlay's interface name (DefaultOverlayDevice).
+	OverlayDevice string
 	// Logger is the agent's one logger (NewLogger makes it).
 	Logger *slog.Logger
 }
@@ -74,6 +77,7 @@ type Agent struct {
 	log *slog.Logger
 
 	member       *member
+	net          *network
 	podman       *podman.Client
 	resolver     *dnsd.Server
 	resolverAddr string
@@ -122,7 +126,7 @@ func New(cfg Config) (_ *Agent, err error) {
 	if err := ensureResolverAddress(cfg.DNSAddress); err != nil {
 		return nil, err
 	}
-	for _, start := range []func() error{a.startMember, a.startMetrics, a.startPodman, a.startResolver, a.startSealer, a.startReconciler, a.startAPI, a.serveMetrics} {
+	for _, start := range []func() error{a.startMember, a.startOverlay, a.startMetrics, a.startPodman, a.startResolver, a.startSealer, a.startReconciler, a.startAPI, a.serveMetrics} {
 		if err := start(); err != nil {
 			return nil, err
 		}
@@ -143,6 +147,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	go followSubnets(ctx, a.podman, a.resolver, a.cfg.Resync)
 	go a.sealer.run(ctx)
+	go a.net.run(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -193,6 +198,7 @@ func (a *Agent) startMember() error {
 func (a *Agent) startMetrics() error {
 	if a.cfg.MetricsListen != "" {
 		a.metrics = metrics.New(a.member.Node.Stats)
+		a.metrics.Overlay(a.net.peerStats)
 	}
 	return nil
 }
@@ -229,7 +235,11 @@ func (a *Agent) startResolver() error {
 	if a.metrics != nil {
 		observe = a.metrics.ObserveQuery
 	}
-	srv, err := dnsd.New(dnsd.Config{
+	sockets, err := inheritedSockets()
+	if err != nil {
+		return err
+	}
+	srv, err := dnsd.New(dnsd.Config{Sockets: sockets,
 		Addr: netip.AddrPortFrom(a.cfg.DNSAddress, 53).String(), Upstreams: upstreams, TTL: uint32(a.cfg.DNSTTL.Seconds()),
 		Refresh: a.subnets, Observe: observe, Logger: a.log,
 		// What a flood took is given back at once, not over minutes.
@@ -240,7 +250,7 @@ func (a *Agent) startResolver() error {
 	}
 	bound, err := srv.Start()
 	if err != nil {
-		return fmt.Errorf("%w (another resolver on %s:53? on a rootless host, has `mesh setup` run?)", err, a.cfg.DNSAddress)
+		return fmt.Errorf("%w (another resolver on %s:53? on a rootless host, has `mesh setup --user USER` run as root?)", err, a.cfg.DNSAddress)
 	}
 	a.onClose(func() { srv.Close() })
 	a.resolver, a.resolverAddr = srv, bound
@@ -308,7 +318,7 @@ func (a *Agent) startReconciler() error {
 // it serves.
 func (a *Agent) startAPI() error {
 	m := a.member
-	srv := api.New(api.Config{Node: m.Node, Store: m.Store, ID: m.ID, Resolver: a.resolverAddr, Logger: a.log})
+	srv := api.New(api.Config{Node: m.Node, Store: m.Store, ID: m.ID, Resolver: a.resolverAddr, Overlay: a.net.status, Logger: a.log})
 	if err := srv.Start(filepath.Join(a.dir, cluster.SocketFile)); err != nil {
 		return err
 	}

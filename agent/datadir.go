@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"mesh/cluster"
+	"mesh/state"
 )
 
 // A node's data dir is made once, before its agent first runs: by Init
@@ -19,8 +20,20 @@ type (
 	RecoverResult = cluster.RecoverResult
 )
 
-// Init creates a mesh with this machine as its first node.
-func Init(ctx context.Context, cfg InitConfig) error { return cluster.Init(ctx, cfg) }
+// Init creates a mesh with this machine as its first node, once the
+// overlay it asks for is known not to overlap the host's networks.
+func Init(ctx context.Context, cfg InitConfig) error {
+	if cfg.Overlay == "" {
+		cfg.Overlay = state.DefaultOverlay
+	}
+	if _, err := cluster.ReadIdentity(cfg.DataDir); err == nil {
+		return cluster.Init(ctx, cfg) // which says the data dir is taken
+	}
+	if err := CheckOverlay(cfg.Overlay); err != nil {
+		return err
+	}
+	return cluster.Init(ctx, cfg)
+}
 
 // Join joins this machine to a mesh through any of its nodes.
 func Join(ctx context.Context, cfg JoinConfig) error { return cluster.Join(ctx, cfg) }

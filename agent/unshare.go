@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -35,7 +36,10 @@ func EndWithParent() {
 // process (`kill $!`, Ctrl-C, systemd) are passed to the whole group, and
 // the child ends if this process dies, so no agent is ever left running
 // alone. It exits with the child's exit code.
-func Unshare(dataDir string) error {
+//
+// When mesh setup installed this user's helper, the resolver's sockets on
+// port 53 are bound by it first and passed down (port53.go).
+func Unshare(dataDir string, dnsAddr netip.Addr) error {
 	podmanPath, err := exec.LookPath("podman")
 	if err != nil {
 		return errors.New("a rootless agent needs podman on PATH (apt-get install podman)")
@@ -46,6 +50,14 @@ func Unshare(dataDir string) error {
 	}
 	cmd := exec.Command(podmanPath, append([]string{"unshare", self}, os.Args[1:]...)...)
 	cmd.Env = append(os.Environ(), "MESH_DATA_DIR="+dataDir, unsharedEnv+"=1")
+	files, kinds, err := helperSockets(dnsAddr)
+	if err != nil {
+		return fmt.Errorf("bind the resolver's port 53: %w", err)
+	}
+	if len(files) > 0 {
+		cmd.ExtraFiles = files
+		cmd.Env = append(cmd.Env, socketsEnv+"="+strings.Join(kinds, ","))
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	sigs := make(chan os.Signal, 4)
@@ -53,6 +65,9 @@ func Unshare(dataDir string) error {
 	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start the agent under podman unshare: %w", err)
+	}
+	for _, f := range files {
+		f.Close() // the agent holds them now
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"mesh/internal/seal"
+	"mesh/internal/wgkey"
 	"mesh/state"
 )
 
@@ -34,6 +35,14 @@ type Identity struct {
 	Port     int    `json:"port"`
 	MeshID   string `json:"mesh_id"`
 	LogStore string `json:"log_store"`
+	// Overlay is the mesh's overlay prefix, "off", or "" for a node of a
+	// mesh made before the overlay; OverlayAddress is this node's address
+	// on it (given at init or join; a node that got none then reads it from
+	// its replica), OverlayPort its WireGuard UDP port. mesh setup reads
+	// them to prepare a rootless host before its agent runs.
+	Overlay        string `json:"overlay,omitempty"`
+	OverlayAddress string `json:"overlay_address,omitempty"`
+	OverlayPort    int    `json:"overlay_port,omitempty"`
 }
 
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -69,7 +78,11 @@ type InitConfig struct {
 	LogStore string
 	// Voters is how many nodes vote in Raft (the first ones to join); 3 by default.
 	Voters int
-	Now    func() time.Time
+	// Overlay is the mesh's overlay prefix (default state.DefaultOverlay)
+	// or state.OverlayOff; OverlayPort this node's WireGuard UDP port.
+	Overlay     string
+	OverlayPort int
+	Now         func() time.Time
 }
 
 // Init creates a new mesh whose first node is this data dir: it bootstraps
@@ -91,6 +104,17 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Overlay == "" {
+		cfg.Overlay = state.DefaultOverlay
+	}
+	if cfg.Overlay != state.OverlayOff {
+		if _, err := state.ParseOverlay(cfg.Overlay); err != nil {
+			return fmt.Errorf("--overlay: %w", err)
+		}
+	}
+	if cfg.OverlayPort == 0 {
+		cfg.OverlayPort = state.DefaultOverlayPort
 	}
 	if id, rerr := ReadIdentity(cfg.DataDir); rerr == nil {
 		return fmt.Errorf("data dir %s already holds node %q of mesh %s; use another --data-dir, or remove it to start over", cfg.DataDir, id.Name, id.MeshID)
@@ -166,12 +190,24 @@ func Init(ctx context.Context, cfg InitConfig) (err error) {
 	if err != nil {
 		return err
 	}
-	c := state.NewCommand(&state.InitRequest{MeshID: id.MeshID, Domain: cfg.Domain,
-		Node:   state.Node{Name: cfg.Name, Address: addr.String(), Voter: true, Port: cfg.Port, SealKey: sk.Recipient()},
+	first := state.Node{Name: cfg.Name, Address: addr.String(), Voter: true, Port: cfg.Port, SealKey: sk.Recipient()}
+	id.Overlay = cfg.Overlay
+	if cfg.Overlay != state.OverlayOff {
+		wk, err := wgkey.LoadOrCreate(cfg.DataDir)
+		if err != nil {
+			return err
+		}
+		first.OverlayKey, first.OverlayEndpoint = wk.Public(), netip.AddrPortFrom(addr, uint16(cfg.OverlayPort)).String()
+		id.OverlayPort = cfg.OverlayPort
+	}
+	c := state.NewCommand(&state.InitRequest{MeshID: id.MeshID, Domain: cfg.Domain, Node: first, Overlay: cfg.Overlay,
 		CACert: string(ca.CertPEM), SealedCAKey: sealedKey, SealedJoinSecret: sealedSecret, Voters: cfg.Voters})
 	c.Time = cfg.Now().UTC()
 	if _, err := n.Apply(wctx, c); err != nil {
 		return err
+	}
+	if me, err := store.Node(wctx, cfg.Name); err == nil {
+		id.OverlayAddress = me.OverlayAddress
 	}
 	return writeIdentity(cfg.DataDir, id)
 }
@@ -218,6 +254,8 @@ type JoinConfig struct {
 	Address  string
 	Port     int
 	LogStore string
+	// OverlayPort is this node's WireGuard UDP port.
+	OverlayPort int
 }
 
 // Join admits this data dir into an existing mesh: it proves the token to a
@@ -258,7 +296,15 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 	if err != nil {
 		return err
 	}
-	rep, err := joinClient(ctx, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient(), Commands: state.CommandVersion})
+	if cfg.OverlayPort == 0 {
+		cfg.OverlayPort = state.DefaultOverlayPort
+	}
+	wk, err := wgkey.LoadOrCreate(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	rep, err := joinClient(ctx, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient(), Commands: state.CommandVersion,
+		OverlayKey: wk.Public(), OverlayEndpoint: netip.AddrPortFrom(addr, uint16(cfg.OverlayPort)).String()})
 	if err != nil {
 		return fmt.Errorf("join through %s: %w", peer, err)
 	}
@@ -272,5 +318,11 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 	if logStore == "" {
 		logStore = DefaultLogStore
 	}
-	return writeIdentity(cfg.DataDir, Identity{Name: cfg.Name, Address: addr.String(), Port: cfg.Port, MeshID: rep.MeshID, LogStore: logStore})
+	id := Identity{Name: cfg.Name, Address: addr.String(), Port: cfg.Port, MeshID: rep.MeshID, LogStore: logStore, Overlay: rep.Overlay, OverlayAddress: rep.OverlayAddress}
+	if rep.Overlay == state.OverlayOff {
+		os.Remove(filepath.Join(cfg.DataDir, wgkey.File)) // never used
+	} else {
+		id.OverlayPort = cfg.OverlayPort
+	}
+	return writeIdentity(cfg.DataDir, id)
 }

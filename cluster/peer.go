@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"mesh/internal/seal"
+	"mesh/internal/wgkey"
 	"mesh/state"
 )
 
@@ -47,6 +49,10 @@ type JoinRequest struct {
 	// Commands is the newest command format the new node's binary applies
 	// (state.CommandVersion; absent from older binaries).
 	Commands int `json:"commands,omitempty"`
+	// OverlayKey is the new node's WireGuard public key and OverlayEndpoint
+	// its UDP address (absent from older binaries).
+	OverlayKey      string `json:"overlay_key,omitempty"`
+	OverlayEndpoint string `json:"overlay_endpoint,omitempty"`
 }
 
 // JoinReply admits it.
@@ -55,6 +61,10 @@ type JoinReply struct {
 	CA     string `json:"ca"`
 	Cert   string `json:"cert"`
 	Voter  bool   `json:"voter"`
+	// Overlay is the mesh's overlay setting, OverlayAddress the new node's
+	// address on it ("" until it has one).
+	Overlay        string `json:"overlay,omitempty"`
+	OverlayAddress string `json:"overlay_address,omitempty"`
 }
 
 func kindOf(err error) string {
@@ -306,6 +316,23 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 	if !nodeNameRE.MatchString(req.Name) || net.ParseIP(req.Address) == nil || req.Port <= 0 || req.Port > 65535 {
 		return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "join needs a node name (a DNS label), an IP address and a port"}
 	}
+	settings, err := n.store.Settings(ctx)
+	if err != nil {
+		return JoinReply{}, err
+	}
+	if settings.Overlay != "" && settings.Overlay != state.OverlayOff && req.OverlayKey == "" {
+		// A node without a key would take every name off the overlay and put
+		// every internal port back on every interface.
+		return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "this mesh's nodes talk over their own overlay, which the joining node's mesh binary does not know; install this mesh's binary there (mesh token --install-line) and join again"}
+	}
+	if req.OverlayKey != "" {
+		if _, err := wgkey.PublicHex(req.OverlayKey); err != nil {
+			return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "the joining node's overlay key: " + err.Error()}
+		}
+		if _, err := netip.ParseAddrPort(req.OverlayEndpoint); err != nil {
+			return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("the joining node's overlay endpoint %q is not IP:PORT", req.OverlayEndpoint)}
+		}
+	}
 	if req.SealKey != "" {
 		if err := seal.CheckRecipient(req.SealKey); err != nil {
 			return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "the joining node's sealing key is not an age recipient: " + err.Error()}
@@ -340,8 +367,12 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		// proved it may; it keeps its row, and Raft gets it (back) below.
 		voter = again.Voter
 		n.log.Warn("a node that is already in the state joins again", "name", req.Name, "address", req.Address)
-	} else if _, err := n.Propose(ctx, n.nodeAdd(state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey})); err != nil {
+	} else if _, err := n.Propose(ctx, n.nodeAdd(state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey, OverlayKey: req.OverlayKey, OverlayEndpoint: req.OverlayEndpoint})); err != nil {
 		return JoinReply{}, err
+	}
+	rep := JoinReply{MeshID: id.MeshID, CA: id.CACert, Voter: voter, Overlay: settings.Overlay}
+	if me, err := n.store.Node(ctx, req.Name); err == nil {
+		rep.OverlayAddress = me.OverlayAddress
 	}
 	if err := n.pinCert(ctx, req.Name, req.Commands, cert); err != nil {
 		return JoinReply{}, fmt.Errorf("record %s's certificate: %w", req.Name, err)
@@ -351,7 +382,8 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		return JoinReply{}, fmt.Errorf("add %s to raft: %w", req.Name, err)
 	}
 	n.log.Info("node joined", "name", req.Name, "address", addr, "voter", voter)
-	return JoinReply{MeshID: id.MeshID, CA: id.CACert, Cert: string(cert), Voter: voter}, nil
+	rep.Cert = string(cert)
+	return rep, nil
 }
 
 func (n *Node) servePromote(w http.ResponseWriter, r *http.Request) {
@@ -369,6 +401,10 @@ func (n *Node) servePromote(w http.ResponseWriter, r *http.Request) {
 // key yet, the key is left out: the node gives it (node.key) once they can.
 func (n *Node) nodeAdd(nd state.Node) *state.NodeAddRequest {
 	r := &state.NodeAddRequest{Node: nd}
+	if nd.OverlayKey != "" && n.canApply(state.NewCommand(r)) != nil {
+		// The same for the overlay key (the node gives it, node.overlay).
+		r.Node.OverlayKey, r.Node.OverlayEndpoint = "", ""
+	}
 	if nd.SealKey != "" && n.canApply(state.NewCommand(r)) != nil {
 		r.Node.SealKey = ""
 	}

@@ -193,7 +193,7 @@ func TestKeyWaitsForTheLeader(t *testing.T) {
 	if !a.Node.keyMayGo(c, "", 0) {
 		t.Fatal("the leader, which applies it, may not propose a key")
 	}
-	if a.Node.keyMayGo(c, "newbie", state.CommandVersion-1) {
+	if a.Node.keyMayGo(c, "newbie", c.NeedsVersion()-1) {
 		t.Fatal("a key went for a joiner of an older format")
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -221,7 +221,7 @@ func TestKeyWaitsForTheLeader(t *testing.T) {
 		got, ok := b.Node.live.seen["ace"]
 		return s == nil && !ok || s != nil && ok && got == *s
 	}
-	older := &Seen{LastSeen: time.Now(), Version: "older", Commands: state.CommandVersion - 1}
+	older := &Seen{LastSeen: time.Now(), Version: "older", Commands: c.NeedsVersion() - 1}
 	for _, s := range []*Seen{older, nil} {
 		for try := 0; ; try++ {
 			set(s)

@@ -615,3 +615,36 @@ func TestTCPConnectionsAreBounded(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Sockets bound by someone else (the helper that may bind port 53 for a
+// rootless agent) are served as they are; ones bound elsewhere than the
+// resolver's address are refused.
+func TestServesGivenSockets(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := pc.LocalAddr().String()
+	_, bound := startServerWith(t, Config{Addr: addr, Sockets: &Sockets{UDP: []net.PacketConn{pc}, TCP: l}})
+	if bound != addr {
+		t.Fatalf("bound %s, want %s", bound, addr)
+	}
+	for _, network := range []string{"udp", "tcp"} {
+		if r := query(t, addr, network, "gitea.internal.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+			t.Fatalf("%s on the given sockets: %v", network, r)
+		}
+	}
+	other, _ := net.ListenPacket("udp", "127.0.0.1:0")
+	defer other.Close()
+	s, err := New(Config{Addr: "127.0.0.1:53", Sockets: &Sockets{UDP: []net.PacketConn{other}, TCP: l}}, "internal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(); err == nil || !strings.Contains(err.Error(), "not 127.0.0.1:53") {
+		t.Fatalf("sockets bound elsewhere: %v", err)
+	}
+}

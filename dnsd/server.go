@@ -63,7 +63,17 @@ type Config struct {
 	// Observe, when set, is told of every answered query: its rcode,
 	// whether it went upstream, and how long answering took.
 	Observe func(rcode int, forwarded bool, took time.Duration)
+	// Sockets, when set, are already bound to Addr (by a helper that may
+	// bind port 53 where this process may not); Start serves on them.
+	Sockets *Sockets
 	Logger  *slog.Logger
+}
+
+// Sockets are a resolver's bound sockets: UDP (one or more, SO_REUSEPORT)
+// and TCP.
+type Sockets struct {
+	UDP []net.PacketConn
+	TCP net.Listener
 }
 
 // Server answers DNS from the current Index.
@@ -131,6 +141,16 @@ func (s *Server) SetIndex(ix *Index) { s.index.Store(ix.forServer(s.self, s.cfg.
 // background. It returns once the sockets are bound. UDP gets one socket per
 // CPU (SO_REUSEPORT), so reads do not queue behind one reader.
 func (s *Server) Start() (string, error) {
+	if so := s.cfg.Sockets; so != nil {
+		if len(so.UDP) == 0 || so.TCP == nil {
+			return "", errors.New("resolver: the sockets given lack UDP or TCP")
+		}
+		bound := so.UDP[0].LocalAddr().String()
+		if bound != so.TCP.Addr().String() || bound != s.cfg.Addr {
+			return "", fmt.Errorf("resolver: the sockets given are bound to %s and %s, not %s", bound, so.TCP.Addr(), s.cfg.Addr)
+		}
+		return s.serve(bound, so.UDP, so.TCP), nil
+	}
 	lc := net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
 		var serr error
 		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, unix.SO_REUSEPORT, 1) })
@@ -157,6 +177,11 @@ func (s *Server) Start() (string, error) {
 		}
 		return "", fmt.Errorf("resolver: listen tcp %s: %w", bound, err)
 	}
+	return s.serve(bound, conns, l), nil
+}
+
+// serve serves on bound sockets.
+func (s *Server) serve(bound string, conns []net.PacketConn, l net.Listener) string {
 	s.done = make(chan struct{})
 	for _, c := range conns {
 		u := c.(*net.UDPConn)
@@ -169,8 +194,8 @@ func (s *Server) Start() (string, error) {
 	if s.cfg.AfterFlood != nil {
 		go s.watchFloods()
 	}
-	s.log.Info("resolver listening", "addr", bound, "udp_sockets", len(conns), "upstreams", s.cfg.Upstreams)
-	return bound, nil
+	s.log.Info("resolver listening", "addr", bound, "udp_sockets", len(conns), "upstreams", s.cfg.Upstreams, "given", s.cfg.Sockets != nil)
+	return bound
 }
 
 // Close stops serving.

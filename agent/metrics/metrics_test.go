@@ -11,6 +11,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"mesh/agent/overlay"
 	"mesh/reconciler"
 	"mesh/state"
 )
@@ -73,5 +74,27 @@ func TestRuntimeCountsErrors(t *testing.T) {
 	rt.Pull(context.Background(), "x", "always")
 	if out := scrape(t, m); !strings.Contains(out, `mesh_podman_call_errors_total{call="pull"} 2`+"\n") {
 		t.Fatalf("%s", out)
+	}
+}
+
+func TestOverlayMetrics(t *testing.T) {
+	m := New(nil)
+	up := false
+	m.Overlay(func() map[string]overlay.PeerStats {
+		if !up {
+			return nil
+		}
+		return map[string]overlay.PeerStats{"n2": {LastHandshake: time.Unix(1764590000, 0), RxBytes: 1200, TxBytes: 3400}, "n3": {}}
+	})
+	if s := scrape(t, m); !strings.Contains(s, "mesh_overlay_peers 0") {
+		t.Fatalf("no overlay yet:\n%s", s)
+	}
+	up = true
+	s := scrape(t, m)
+	for _, want := range []string{`mesh_overlay_peers 2`, `mesh_overlay_peer_last_handshake_seconds{peer="n2"} 1.76459e+09`, `mesh_overlay_peer_received_bytes_total{peer="n2"} 1200`,
+		`mesh_overlay_peer_sent_bytes_total{peer="n2"} 3400`, `mesh_overlay_peer_last_handshake_seconds{peer="n3"} 0`} {
+		if !strings.Contains(s, want) {
+			t.Errorf("scrape lacks %s", want)
+		}
 	}
 }

@@ -34,8 +34,26 @@ type Status struct {
 	Leader       string `json:"leader"`
 	AppliedIndex uint64 `json:"applied_index"`
 	// Resolver is this node's resolver address (IP:PORT), when it runs one.
-	Resolver string       `json:"resolver,omitempty"`
-	Nodes    []NodeStatus `json:"nodes"`
+	Resolver string `json:"resolver,omitempty"`
+	// Overlay is this node's end of the overlay, when the agent runs one.
+	Overlay *OverlayStatus `json:"overlay,omitempty"`
+	Nodes   []NodeStatus   `json:"nodes"`
+}
+
+// OverlayStatus is this node's end of the mesh's overlay.
+type OverlayStatus struct {
+	State string                `json:"state"`
+	Peers map[string]PeerStatus `json:"peers,omitempty"`
+}
+
+// PeerStatus is what this node's overlay says of a peer.
+type PeerStatus struct {
+	Endpoint      string     `json:"endpoint,omitempty"`
+	LastHandshake *time.Time `json:"last_handshake"`
+	RxBytes       uint64     `json:"rx_bytes"`
+	TxBytes       uint64     `json:"tx_bytes"`
+	// Stale: no handshake for three minutes (or ever).
+	Stale bool `json:"stale"`
 }
 
 // NodeStatus is one node's line in `mesh status`.
@@ -53,6 +71,8 @@ type NodeStatus struct {
 	Reachable bool       `json:"reachable"`
 	LastSeen  *time.Time `json:"last_seen"`
 	Version   string     `json:"version"`
+	// Overlay is this node's overlay tunnel to it (absent for itself).
+	Overlay *PeerStatus `json:"overlay,omitempty"`
 }
 
 // API serves the local API on a unix socket.
@@ -61,6 +81,7 @@ type API struct {
 	store    *state.Store
 	id       cluster.Identity
 	resolver string
+	overlay  func() OverlayStatus
 	log      *slog.Logger
 	now      func() time.Time
 	srv      *http.Server
@@ -75,12 +96,14 @@ type Config struct {
 	// Resolver is this node's resolver address (IP:PORT), shown by status;
 	// empty when the node runs none.
 	Resolver string
-	Logger   *slog.Logger
+	// Overlay, when set, says how this node's overlay is.
+	Overlay func() OverlayStatus
+	Logger  *slog.Logger
 }
 
 // New makes the local API of a running node.
 func New(cfg Config) *API {
-	a := &API{node: cfg.Node, store: cfg.Store, id: cfg.ID, resolver: cfg.Resolver, log: cfg.Logger.With("component", "api"), now: time.Now}
+	a := &API{node: cfg.Node, store: cfg.Store, id: cfg.ID, resolver: cfg.Resolver, overlay: cfg.Overlay, log: cfg.Logger.With("component", "api"), now: time.Now}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", a.status)
 	mux.HandleFunc("GET /v1/nodes", a.nodes)
@@ -324,6 +347,11 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 	}
 	seen := a.node.Seen()
 	now := a.now()
+	var peers map[string]PeerStatus
+	if a.overlay != nil {
+		o := a.overlay()
+		out.Overlay, peers = &o, o.Peers
+	}
 	for _, n := range nodes {
 		ns := NodeStatus{NodeInfo: n}
 		if n.Name == a.id.Name {
@@ -331,6 +359,9 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		} else if s, ok := seen[n.Name]; ok {
 			at := s.LastSeen
 			ns.Reachable, ns.LastSeen, ns.Version = now.Sub(at) < cluster.ReachableWithin, &at, s.Version
+		}
+		if p, ok := peers[n.Name]; ok {
+			ns.Overlay = &p
 		}
 		if p, err := a.store.Plan(ctx, n.Name); err == nil {
 			ns.PlanVersion, ns.PlanDigest, ns.Resources = p.Version, p.Digest, len(p.Plan.Resources)
