@@ -33,6 +33,21 @@ func (c *CheckCmd) Run(g *Globals) error {
 			fmt.Fprintf(g.out, "note: %v\n", strings.ReplaceAll(err.Error(), "\n", "\nnote: "))
 		}
 	}
+	// What each file lets the world reach: its public ports (everything
+	// else is reachable only inside the mesh).
+	for _, m := range order {
+		var public []string
+		for _, r := range m.Resources {
+			for _, p := range r.PublicPorts {
+				public = append(public, r.Name()+" "+p)
+			}
+		}
+		what := "none (its ports answer inside the mesh only)"
+		if len(public) > 0 {
+			what = strings.Join(public, ", ")
+		}
+		fmt.Fprintf(g.out, "%s: public ports: %s\n", m.File, what)
+	}
 	if len(errs) > 0 {
 		return errors.New(strings.Join(errs, "\n"))
 	}

@@ -139,6 +139,9 @@ type run struct {
 	// kinds maps every path of the plan to its kind, for the mount guard.
 	kinds  map[string]string
 	writes int
+	// publishOn is where containers' ports are published (the plan's
+	// PublishAddress: the overlay address; every interface when empty).
+	publishOn string
 }
 
 func (x *run) inputsOf(module string) map[string]string {
@@ -170,7 +173,7 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	count := &counting{}
 	counted := &Around{Runtime: r.rt, Before: count.count}
 	x := &run{r: r, rt: counted, counted: counted, count: count, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
-		managed: map[string]Container{}, failed: map[string]*state.ModuleFailure{}, kinds: map[string]string{}}
+		managed: map[string]Container{}, failed: map[string]*state.ModuleFailure{}, kinds: map[string]string{}, publishOn: plan.PublishAddress}
 	list, err := x.rt.Managed(ctx)
 	if err != nil {
 		rep.Error = "podman: " + err.Error()
@@ -535,6 +538,15 @@ func (x *run) spec(ctx context.Context, res state.Resource, want desired) Spec {
 		s.Mounts = append(s.Mounts, Mount{Source: m.Source, Destination: m.Destination, Options: m.Options})
 	}
 	for _, p := range res.Typed.Ports {
+		// Internal ports are on the node's overlay address only (DESIGN.md
+		// rule 11), whatever address an older manifest named.
+		ip := p.HostIP
+		if x.publishOn != "" {
+			ip = x.publishOn
+		}
+		s.Ports = append(s.Ports, Port{HostIP: ip, HostPort: p.HostPort, ContainerPort: p.ContainerPort, Protocol: p.Protocol})
+	}
+	for _, p := range res.Typed.PublicPorts {
 		s.Ports = append(s.Ports, Port{HostIP: p.HostIP, HostPort: p.HostPort, ContainerPort: p.ContainerPort, Protocol: p.Protocol})
 	}
 	return s
@@ -583,7 +595,7 @@ func deviceOK(p string) string {
 }
 
 func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport {
-	want := describe(res, x.r.cfg.DNS, x.inputsOf(res.Module))
+	want := describe(res, x.r.cfg.DNS, x.publishOn, x.inputsOf(res.Module))
 	x.inputsOf(res.Module)[res.Name] = want.Digest
 	var marker *Marker
 	if m, ok := x.r.ledger.Markers[want.Name]; ok {
@@ -724,7 +736,7 @@ func (x *run) container(ctx context.Context, res state.Resource) state.ResourceR
 }
 
 func (x *run) applyContainer(ctx context.Context, res state.Resource) state.ResourceReport {
-	want := describe(res, x.r.cfg.DNS, x.inputsOf(res.Module))
+	want := describe(res, x.r.cfg.DNS, x.publishOn, x.inputsOf(res.Module))
 	var have *Container
 	if c, ok := x.managed[want.Name]; ok {
 		have = &c

@@ -31,14 +31,19 @@ type desired struct {
 // declFields is what a step or container is; the roster is not in it
 // (DESIGN.md rule 2), the resolver address is (it never changes with the roster).
 type declFields struct {
-	Image     string            `json:"image"`
-	Command   []string          `json:"command,omitempty"`
-	Env       map[string]string `json:"env,omitempty"`
-	Mounts    []string          `json:"mounts,omitempty"`
-	Ports     []string          `json:"ports,omitempty"`
-	Restart   string            `json:"restart,omitempty"`
-	RestartOn []string          `json:"restart-on,omitempty"`
-	DNS       string            `json:"dns,omitempty"`
+	Image   string            `json:"image"`
+	Command []string          `json:"command,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Mounts  []string          `json:"mounts,omitempty"`
+	Ports   []string          `json:"ports,omitempty"`
+	// PublishOn is where ports are published, PublicPorts those on every
+	// interface; each absent when unset, so that a mesh upgrading keeps its
+	// containers until the overlay is in place, and then replaces each once.
+	PublishOn   string   `json:"publish-on,omitempty"`
+	PublicPorts []string `json:"public-ports,omitempty"`
+	Restart     string   `json:"restart,omitempty"`
+	RestartOn   []string `json:"restart-on,omitempty"`
+	DNS         string   `json:"dns,omitempty"`
 	// Health is the health check with its defaults (absent when none is
 	// declared, so declaring none changes no container's digest).
 	Health *manifest.HealthCheck `json:"health,omitempty"`
@@ -61,13 +66,17 @@ type declFields struct {
 
 // describe computes a step's or container's declaration and digest. inputs
 // holds the digest of every resource applied before it in this plan.
-func describe(r state.Resource, dnsAddr netip.Addr, inputs map[string]string) desired {
+func describe(r state.Resource, dnsAddr netip.Addr, publishOn string, inputs map[string]string) desired {
 	d := r.Decl
 	f := declFields{Image: d.Image, Command: d.Command, Env: d.Env, Mounts: d.Mounts, Ports: d.Ports, Restart: d.Restart, RestartOn: d.RestartOn, Health: r.Typed.Health,
 		User: d.User, Entrypoint: d.Entrypoint, WorkingDir: d.WorkingDir, CapAdd: d.CapAdd, CapDrop: d.CapDrop, Devices: d.Devices, ReadOnly: d.ReadOnly,
 		Tmpfs: d.Tmpfs, Memory: r.Typed.Memory, CPUs: d.CPUs, StopSignal: r.Typed.StopSignal, StopTimeout: r.Typed.StopTimeout, Labels: d.Labels}
 	if dnsAddr.IsValid() {
 		f.DNS = dnsAddr.String()
+	}
+	f.PublicPorts = d.PublicPorts
+	if len(d.Ports) > 0 {
+		f.PublishOn = publishOn
 	}
 	decl, _ := json.Marshal(f)
 	want := desired{Module: r.Module, Kind: r.Kind, Name: r.RuntimeName(), Decl: string(decl), Inputs: map[string]string{}, RestartOn: d.RestartOn}

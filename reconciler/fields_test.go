@@ -27,13 +27,13 @@ func TestContainerFieldsAreDeclared(t *testing.T) {
 		d := m.Resources[0]
 		return state.Resource{Module: "f", Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
 	}
-	plain := describe(parse(""), dns, nil)
+	plain := describe(parse(""), dns, "", nil)
 	// The declaration as it was written before these fields existed.
 	if plain.Decl != `{"image":"b:2","command":["x"],"dns":"169.254.53.53"}` {
 		t.Fatalf("a container without the new fields has a new declaration (every such container would be replaced on upgrade): %s", plain.Decl)
 	}
 	full := parse("    user: \"1000:1000\"\n    working-dir: /srv\n    memory: 64m\n    cpus: 0.5\n    read-only: true\n    cap-drop: [ALL]\n    stop-signal: SIGQUIT\n    stop-timeout: 20s\n    tmpfs: [/run]\n    labels: {team: web}\n")
-	want := describe(full, dns, nil)
+	want := describe(full, dns, "", nil)
 	for _, k := range []string{`"user":"1000:1000"`, `"working-dir":"/srv"`, `"memory":67108864`, `"cpus":0.5`, `"read-only":true`, `"cap-drop":["ALL"]`, `"stop-signal":3`, `"stop-timeout":20`, `"tmpfs":["/run"]`, `"labels":{"team":"web"}`} {
 		if !strings.Contains(want.Decl, k) {
 			t.Errorf("declaration lacks %s: %s", k, want.Decl)
@@ -118,5 +118,52 @@ func TestDeviceMustBeANode(t *testing.T) {
 		if msg := deviceOK(p); msg == "" {
 			t.Errorf("%s was taken for a device", p)
 		}
+	}
+}
+
+// Internal ports are published on the plan's address (the node's overlay
+// address), public ones where they say; the address is part of the
+// container's declaration only when it has ports, so a move of the mesh onto
+// its overlay replaces exactly the containers that publish, once, saying why.
+func TestPortsArePublishedOnThePlansAddress(t *testing.T) {
+	dns := netip.MustParseAddr("169.254.53.53")
+	parse := func(extra string) state.Resource {
+		t.Helper()
+		m, err := manifest.Parse("f.yaml", []byte("module: f\nresources:\n  - container: f.app\n    image: b:2\n"+extra))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := m.Resources[0]
+		return state.Resource{Module: "f", Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
+	}
+	web := parse("    ports: [\"8080:80\"]\n    public-ports: [\"443:443\", \"192.0.2.7:80:8081/udp\"]\n")
+	x := &run{r: &Reconciler{cfg: Config{DNS: dns}}, publishOn: "100.90.0.1"}
+	s := x.spec(context.Background(), web, describe(web, dns, x.publishOn, nil))
+	want := []Port{{HostIP: "100.90.0.1", HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 443, ContainerPort: 443, Protocol: "tcp"}, {HostIP: "192.0.2.7", HostPort: 80, ContainerPort: 8081, Protocol: "udp"}}
+	if len(s.Ports) != len(want) {
+		t.Fatalf("ports %+v, want %+v", s.Ports, want)
+	}
+	for i := range want {
+		if s.Ports[i] != want[i] {
+			t.Fatalf("port %d: %+v, want %+v", i, s.Ports[i], want[i])
+		}
+	}
+	// Before the overlay (every interface) and on it: one replacement, why.
+	before, after := describe(web, dns, "", nil), describe(web, dns, "100.90.0.1", nil)
+	have := &Container{Name: "f.app", Running: true, State: "running", Labels: map[string]string{LabelManaged: "1", LabelDigest: before.Digest, LabelDecl: before.Decl, LabelInputs: "{}"}}
+	if act, reason, _ := decideContainer(after, have, nil); act != actReplace || reason != "publish-on changed" {
+		t.Fatalf("moving onto the overlay: %s %q", act, reason)
+	}
+	// A container that publishes nothing is not touched by the move.
+	quiet := parse("")
+	if describe(quiet, dns, "", nil).Digest != describe(quiet, dns, "100.90.0.1", nil).Digest {
+		t.Fatal("a container without ports changes digest with the publish address")
+	}
+	// ports: may not name an address: that is what public-ports: are for.
+	if _, err := manifest.Parse("f.yaml", []byte("module: f\nresources:\n  - container: f.app\n    image: b:2\n    ports: [\"0.0.0.0:5432:5432\"]\n")); err == nil || !strings.Contains(err.Error(), "public-ports") {
+		t.Fatalf("an address in ports: %v", err)
+	}
+	if _, err := manifest.Parse("f.yaml", []byte("module: f\nresources:\n  - container: f.app\n    image: b:2\n    ports: [\"80:80\"]\n    public-ports: [\"80:8080\"]\n")); err == nil || !strings.Contains(err.Error(), "published twice") {
+		t.Fatalf("a host port in both: %v", err)
 	}
 }

@@ -499,11 +499,12 @@ func (w *writer) port(what, port, proto string) bool {
 	return true
 }
 
-// ports: published ports become ports on the node's addresses; exposed
-// ones are published too, at the same number, since another module reaches
-// this one at its node's address (the name answers that).
+// ports: published ports become ports: (internal: on the node's overlay
+// address), and the notes say how to make one public; exposed ones are
+// published too, at the same number, since another module reaches this one
+// at its node's address (the name answers that).
 func (w *writer) ports(svc types.ServiceConfig) []string {
-	var out []string
+	var out, published []string
 	seen := map[string]bool{}
 	for _, p := range svc.Ports {
 		proto := strings.ToLower(p.Protocol)
@@ -527,12 +528,16 @@ func (w *writer) ports(svc types.ServiceConfig) []string {
 		}
 		s := pub + ":" + strconv.Itoa(int(p.Target)) + "/" + proto
 		if p.HostIP != "" {
-			s = p.HostIP + ":" + s
+			w.note("port %s was published on %s; in the mesh ports: answer on the node's overlay address only", s, p.HostIP)
 		}
 		if !seen[s] {
 			seen[s] = true
 			out = append(out, s)
+			published = append(published, pub)
 		}
+	}
+	if len(published) > 0 {
+		w.note("ports %s answer inside the mesh only (on the node's overlay address); move to public-ports: those the world must reach", strings.Join(published, ", "))
 	}
 	for _, e := range svc.Expose {
 		port, proto, _ := strings.Cut(e, "/")

@@ -153,7 +153,7 @@ func TestImportOddFile(t *testing.T) {
 func TestImportPorts(t *testing.T) {
 	for _, c := range []struct{ ports, want, err string }{
 		{`ports: ["0:8"]`, `ports: ["8:8/tcp"]`, ""},
-		{`ports: ["127.0.0.1:0:80/UDP"]`, `ports: ["127.0.0.1:80:80/udp"]`, ""},
+		{`ports: ["127.0.0.1:0:80/UDP"]`, `ports: ["80:80/udp"]`, ""}, // internal: the overlay address, not the compose file's
 		{`ports: [{target: 80, published: "0"}]`, `ports: ["80:80/tcp"]`, ""},
 		{`expose: ["53/UDP"]`, `ports: ["53:53/udp"]`, ""},
 		{`ports: [{target: 0}]`, "", `target port "0" is not a port`},
@@ -175,6 +175,12 @@ func TestImportPorts(t *testing.T) {
 		}
 		if err != nil || !strings.Contains(res.Manifests[0].Text, c.want) {
 			t.Errorf("%s: %v, want %s in\n%v", c.ports, err, c.want, res)
+			continue
+		}
+		// Compose's ports are the mesh's internal ports, and the notes say
+		// how to make one public.
+		if strings.HasPrefix(c.ports, "ports:") && !strings.Contains(strings.Join(res.Notes, "\n"), "move to public-ports: those the world must reach") {
+			t.Errorf("%s: no note on public-ports: %q", c.ports, res.Notes)
 		}
 	}
 }
