@@ -17,13 +17,14 @@ import (
 
 // JoinCmd joins a mesh.
 type JoinCmd struct {
-	Peer      string `arg:"" name:"ADDRESS" help:"Any node of the mesh, IP[:PORT]."`
-	Token     string `env:"MESH_TOKEN" help:"The join token from mesh token on a node of the mesh. Prefer MESH_TOKEN, --token-file or standard input: a token on the command line shows in ps and stays in the shell's history."`
-	TokenFile string `name:"token-file" placeholder:"FILE" help:"Read the token from FILE (- for standard input). With no token given at all, it is read from standard input (without echo on a terminal)."`
-	Name      string `help:"This node's name (a DNS label). Default: the short host name, lower-cased."`
-	Address   string `placeholder:"IP" help:"The IP other nodes reach this one at. Default: this machine's source address toward ADDRESS."`
-	Port      int    `default:"7430" help:"TCP port for node-to-node traffic."`
-	LogStore  string `name:"log-store" default:"wal" enum:"wal,boltdb" help:"Raft log store."`
+	Peer        string `arg:"" name:"ADDRESS" help:"Any node of the mesh, IP[:PORT]."`
+	Token       string `env:"MESH_TOKEN" help:"The join token from mesh token on a node of the mesh. Prefer MESH_TOKEN, --token-file or standard input: a token on the command line shows in ps and stays in the shell's history."`
+	TokenFile   string `name:"token-file" placeholder:"FILE" help:"Read the token from FILE (- for standard input). With no token given at all, it is read from standard input (without echo on a terminal)."`
+	Name        string `help:"This node's name (a DNS label). Default: the short host name, lower-cased."`
+	Address     string `placeholder:"IP" help:"The IP other nodes reach this one at. Default: this machine's source address toward ADDRESS."`
+	Port        int    `default:"7430" help:"TCP port for node-to-node traffic."`
+	LogStore    string `name:"log-store" default:"wal" enum:"wal,boltdb" help:"Raft log store."`
+	OverlayPort int    `name:"overlay-port" default:"51820" help:"This node's WireGuard UDP port on the mesh's overlay (the others must reach it at --address)."`
 }
 
 // Run joins and exits.
@@ -49,7 +50,7 @@ func (c *JoinCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err = agent.Join(ctx, agent.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore})
+	err = agent.Join(ctx, agent.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore, OverlayPort: c.OverlayPort})
 	if err != nil {
 		return err
 	}

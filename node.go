@@ -32,9 +32,9 @@ func (c *NodeListCmd) Run(g *Globals) error {
 		return printJSON(g.out, nodes)
 	}
 	tw := tabwriter.NewWriter(g.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tPUBLIC DOMAIN\tVOTER")
+	fmt.Fprintln(tw, "NODE\tADDRESS\tOVERLAY\tPUBLIC DOMAIN\tVOTER")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\n", n.Name, n.Address, dash(n.PublicDomain), n.Voter)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\n", n.Name, n.Address, dash(n.OverlayAddress), dash(n.PublicDomain), n.Voter)
 	}
 	return tw.Flush()
 }

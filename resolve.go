@@ -15,6 +15,7 @@ type ResolveCmd struct {
 	TCP     bool          `name:"tcp" help:"Ask over TCP instead of UDP."`
 	Server  string        `help:"Ask this resolver (IP or IP:PORT) instead of this node's; needs no data dir or agent." placeholder:"ADDR"`
 	Timeout time.Duration `default:"5s" help:"How long to wait for each answer."`
+	Short   bool          `help:"Print the addresses alone, one a line (for scripts: curl \"$(mesh resolve --short whoami.internal)\":8080)."`
 }
 
 // Run asks for A and AAAA and prints the answers; exit 1 when the name does
@@ -51,11 +52,30 @@ func (c *ResolveCmd) Run(g *Globals) error {
 			return fmt.Errorf("%s: %s (from %s)", c.Name, dns.RcodeToString[r.Rcode], server)
 		}
 		for _, rr := range r.Answer {
-			fmt.Fprintln(g.out, rr.String())
-			found++
+			switch a := rr.(type) {
+			case *dns.A:
+				if c.Short {
+					fmt.Fprintln(g.out, a.A)
+					found++
+					continue
+				}
+			case *dns.AAAA:
+				if c.Short {
+					fmt.Fprintln(g.out, a.AAAA)
+					found++
+					continue
+				}
+			}
+			if !c.Short {
+				fmt.Fprintln(g.out, rr.String())
+				found++
+			}
 		}
 	}
 	if found == 0 {
+		if c.Short {
+			return fmt.Errorf("%s exists but has no address", c.Name)
+		}
 		fmt.Fprintf(g.out, "%s exists but has no address\n", c.Name)
 	}
 	return nil

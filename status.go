@@ -106,10 +106,19 @@ func statusKey(st api.Status) string {
 		}
 		keys = append(keys, k)
 	}
+	overlay := ""
+	if o := st.Overlay; o != nil {
+		overlay = o.State
+		for _, n := range st.Nodes {
+			if n.Overlay != nil && n.Overlay.Stale {
+				overlay += " stale:" + n.Name
+			}
+		}
+	}
 	b, _ := json.Marshal(struct {
-		Leader, State string
-		Nodes         []nodeKey
-	}{st.Leader, st.RaftState, keys})
+		Leader, State, Overlay string
+		Nodes                  []nodeKey
+	}{st.Leader, st.RaftState, overlay, keys})
 	return string(b)
 }
 
@@ -150,6 +159,7 @@ func renderStatus(w io.Writer, st api.Status) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	renderOverlay(w, st)
 	// What failed, what waits behind it, and what the host keeps, per node.
 	for _, n := range st.Nodes {
 		if n.Report == nil {
@@ -203,4 +213,42 @@ type StatusCmd struct {
 	JSON     bool          `name:"json" help:"Print JSON."`
 	Watch    bool          `help:"Redraw as plans are applied, nodes come and go and health changes (a terminal is redrawn in place; otherwise each change is printed after a rule). Stop with Ctrl-C."`
 	Interval time.Duration `default:"1s" help:"How often --watch asks the agent."`
+}
+
+// renderOverlay says how this node's overlay is and, per peer, when it last
+// completed a handshake and what crossed; a handshake older than three
+// minutes is called out.
+func renderOverlay(w io.Writer, st api.Status) {
+	o := st.Overlay
+	if o == nil {
+		return
+	}
+	fmt.Fprintf(w, "\noverlay on %s: %s\n", st.Node, o.State)
+	for _, n := range st.Nodes {
+		p := n.Overlay
+		if p == nil {
+			continue
+		}
+		line := "never completed a handshake"
+		if p.LastHandshake != nil {
+			line = fmt.Sprintf("last handshake %s ago", time.Since(*p.LastHandshake).Round(time.Second))
+		}
+		line += fmt.Sprintf(", received %s, sent %s", bytesText(p.RxBytes), bytesText(p.TxBytes))
+		if p.Stale {
+			line += fmt.Sprintf("; OLDER THAN 3 MINUTES: is %s's agent running, and does UDP reach %s?", n.Name, dash(p.Endpoint))
+		}
+		fmt.Fprintf(w, "  %s (%s): %s\n", n.Name, dash(n.OverlayAddress), line)
+	}
+}
+
+func bytesText(b uint64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
 }

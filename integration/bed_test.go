@@ -81,10 +81,8 @@ type host struct {
 	// netns, when set, is the network namespace the node's agent and Podman
 	// service run in (the multi-node beds).
 	netns string
-	// madeSysctl: mesh setup wrote its sysctl file for this bed; tunMode is
-	// /dev/net/tun's mode before it.
-	madeSysctl bool
-	tunMode    os.FileMode
+	// tunMode is /dev/net/tun's mode before mesh setup.
+	tunMode os.FileMode
 	// env is more environment for the Podman service and CLI.
 	env []string
 }
@@ -128,15 +126,13 @@ func newHost(t testing.TB, rootless bool) *host {
 		os.Chown(h.conf, uid, gid)
 		h.sock = filepath.Join(h.runtime, "mesh-bed-podman.sock")
 		// A rootless host is prepared once, as root, by mesh setup (on the
-		// bed's own address): the address on its bridge, port 53 for users,
-		// /dev/net/tun.
-		_, err := os.Stat(setupSysctl)
-		h.madeSysctl = os.IsNotExist(err)
+		// bed's own address): the address on its bridge, port 53 for the
+		// bed user's agent alone (the helper), /dev/net/tun.
 		if fi, err := os.Stat("/dev/net/tun"); err == nil {
 			h.tunMode = fi.Mode().Perm()
 		}
-		out := sh(t, meshBin, "setup", "--dns-address", h.dnsAddr)
-		if !strings.Contains(out, "users may bind port 53") || !dnsAddrUp(h.dnsAddr) {
+		out := sh(t, meshBin, "setup", "--dns-address", h.dnsAddr, "--user", bedUser, "--data-dir", filepath.Join(h.dir, "data"))
+		if !strings.Contains(out, "port 53: only "+bedUser+"'s agent may bind it") || !dnsAddrUp(h.dnsAddr) {
 			t.Fatalf("mesh setup:\n%s", out)
 		}
 	} else {
@@ -170,21 +166,15 @@ func (h *host) cleanup() {
 	// Directories the bed's modules made may be owned by subuids; root removes them.
 	os.RemoveAll(h.dir)
 	if h.rootless {
-		exec.Command("sysctl", "-qw", "net.ipv4.ip_unprivileged_port_start=1024").Run()
-		// Only what mesh setup added for the bed: its address, not the link a
-		// real agent of this host may use, and the sysctl file if it made it.
+		// Only what mesh setup added for the bed: its address (not the link
+		// a real agent of this host may use) and the bed user's helper.
 		exec.Command("ip", "addr", "del", h.dnsAddr+"/32", "dev", "meshdns0").Run()
-		if h.madeSysctl {
-			os.Remove(setupSysctl)
-		}
+		os.RemoveAll(filepath.Dir(agentHelper))
 		if h.tunMode != 0 {
 			os.Chmod("/dev/net/tun", h.tunMode)
 		}
 	}
 }
-
-// setupSysctl is the file mesh setup writes.
-const setupSysctl = "/etc/sysctl.d/50-mesh.conf"
 
 func dnsAddrUp(addr string) bool {
 	out, _ := exec.Command("ip", "-o", "addr", "show", "dev", "meshdns0").Output()
@@ -312,6 +302,8 @@ type agent struct {
 	extra []string
 	// bin, when set, is the mesh binary this node runs (else meshBin).
 	bin string
+	// overlay is the node's overlay address, once oaddr read it.
+	overlay string
 }
 
 func (h *host) newAgent(t testing.TB) *agent { return h.newAgentAt(t, "127.0.0.1") }
@@ -320,7 +312,10 @@ func (h *host) newAgent(t testing.TB) *agent { return h.newAgentAt(t, "127.0.0.1
 func (h *host) newAgentAt(t testing.TB, addr string) *agent {
 	n := &node{t: t, dir: filepath.Join(h.dir, "data")}
 	a := &agent{name: "ace", h: h, n: n}
-	args := []string{"init", "--name", "ace", "--address", addr, "--port", freePort(t), "--data-dir", n.dir}
+	// The one-node beds are about the host, not the network: their ports
+	// are published on the node's address (127.0.0.1), as with --overlay off
+	// (the overlay beds are overlay_test.go).
+	args := []string{"init", "--name", "ace", "--address", addr, "--port", freePort(t), "--data-dir", n.dir, "--overlay", "off"}
 	a.run(args...)
 	a.start()
 	return a
@@ -332,6 +327,9 @@ func (a *agent) command(args ...string) *exec.Cmd {
 		bin = a.bin
 	}
 	if a.h.rootless {
+		if a.h.netns != "" {
+			return inNetns(a.h.netns, a.h.asUser(bin, args...))
+		}
 		return a.h.asUser(bin, args...)
 	}
 	if a.h.netns != "" {

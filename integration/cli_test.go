@@ -76,7 +76,7 @@ func TestAgentNotifiesSystemd(t *testing.T) {
 	}
 	defer conn.Close()
 	data := filepath.Join(dir, "data")
-	if out, err := exec.Command(meshBin, "init", "--name", "sd", "--address", "127.0.0.1", "--port", freePort(t), "--data-dir", data).CombinedOutput(); err != nil {
+	if out, err := exec.Command(meshBin, "init", "--name", "sd", "--address", "127.0.0.1", "--port", freePort(t), "--data-dir", data, "--overlay", "off").CombinedOutput(); err != nil {
 		t.Fatalf("init: %v\n%s", err, out)
 	}
 	// In a network namespace of its own, so the resolver's address and

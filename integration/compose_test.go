@@ -89,7 +89,7 @@ func TestComposeImportBed(t *testing.T) {
 	case <-time.After(90 * time.Second):
 		t.Fatal("assign --wait did not return within 90s of bedcweb turning healthy")
 	}
-	if out := n[1].resolve("bedcweb.internal"); !strings.Contains(out, n[2].addr()) {
+	if out := n[1].resolve("bedcweb.internal"); !strings.Contains(out, n[2].oaddr()) {
 		t.Fatalf("bedcweb.internal: %s", out)
 	}
 	page := filepath.Join(root, "bedproj-bedcclient", "pages", "page")

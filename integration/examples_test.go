@@ -171,7 +171,7 @@ func TestExamplesBed(t *testing.T) {
 	// roster --history (issue 12 item 3): when the routed name came and
 	// went, and which command did each.
 	hist := n[3].mesh("roster", "--history", "whoami.bed.example")
-	if !regexp.MustCompile(`appeared\s+whoami\.bed\.example\s+`+regexp.QuoteMeta(n[2].addr())+`\s+n2\s+mesh assign n2 whoami`).MatchString(hist) ||
+	if !regexp.MustCompile(`appeared\s+whoami\.bed\.example\s+`+regexp.QuoteMeta(n[2].oaddr())+`\s+n2\s+mesh assign n2 whoami`).MatchString(hist) ||
 		!regexp.MustCompile(`went\s+whoami\.bed\.example\s+.*mesh node public-domain n2 bed2\.example`).MatchString(hist) {
 		t.Fatalf("roster --history:\n%s", hist)
 	}

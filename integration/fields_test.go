@@ -84,8 +84,8 @@ func TestContainerFieldsBed(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "mresolve.c")
 	os.WriteFile(src, []byte(muslResolve), 0o644)
 	sh(t, "musl-gcc", "-static", "-O2", "-o", filepath.Join(srv, "bedfields", "mresolve"), src)
-	if out := strings.TrimSpace(n[1].h.podman("exec", "bedfields.app", "/data/mresolve", "bedserve")); out != n[2].addr() {
-		t.Fatalf("musl getaddrinfo(bedserve) in the container: %q, want %s", out, n[2].addr())
+	if out := strings.TrimSpace(n[1].h.podman("exec", "bedfields.app", "/data/mresolve", "bedserve")); out != n[2].oaddr() {
+		t.Fatalf("musl getaddrinfo(bedserve) in the container: %q, want %s", out, n[2].oaddr())
 	}
 	// Each field, as Podman has it.
 	for format, want := range map[string]string{

@@ -41,7 +41,7 @@ func TestHealthBed(t *testing.T) {
 	n[1].mesh("node", "public-domain", "n3", "bed.example", "--wait")
 	answers := func(i int) string { return n[i].resolve("bedhc.internal") }
 	has := func(out string, i int) bool {
-		return strings.Contains(out, "\tA\t"+n[i].addr()+"\n") || strings.HasSuffix(out, "\tA\t"+n[i].addr())
+		return strings.Contains(out, "\tA\t"+n[i].oaddr()+"\n") || strings.HasSuffix(out, "\tA\t"+n[i].oaddr())
 	}
 	for i := 1; i <= 3; i++ {
 		i := i

@@ -124,7 +124,7 @@ func BenchmarkMultiNode(b *testing.B) {
 		resp.Body.Close()
 		t1 := time.Now()
 		commit = append(commit, t1.Sub(t0))
-		allAnswer(b, conns, module+".internal", n[2].addr(), true, t1)
+		allAnswer(b, conns, module+".internal", n[2].oaddr(), true, t1)
 		answered = append(answered, time.Since(t1))
 	}
 	b.StopTimer()
@@ -184,7 +184,7 @@ func BenchmarkHealthChange(b *testing.B) {
 		}
 		changed := logged(from, healthChangedRE, want)
 		answered := logged(from, healthSentRE, "")
-		allAnswer(b, conns, "bedhb.internal", n[2].addr(), want == "healthy", changed)
+		allAnswer(b, conns, "bedhb.internal", n[2].oaddr(), want == "healthy", changed)
 		fromAnswer = append(fromAnswer, max(0, time.Since(answered)))
 		fromChange = append(fromChange, time.Since(changed))
 		// Past the agent's spacing of health reports (one a second), so

@@ -45,14 +45,20 @@ func multiCleanup() {
 	os.RemoveAll(multiDir)
 }
 
-// newNetnsNode makes node i: its namespace, link, Podman, data dir.
-func newNetnsNode(t testing.TB, i int) *agent {
+// netnsLink makes node i's namespace, on the bed's bridge at multiNet.i.
+func netnsLink(t testing.TB, i int) string {
 	ns := fmt.Sprintf("mbn%d", i)
 	sh(t, "ip", "netns", "add", ns)
 	sh(t, "ip", "link", "add", ns+"-h", "type", "veth", "peer", "name", ns+"-n")
 	sh(t, "ip", "link", "set", ns+"-h", "master", multiBridge, "up")
 	sh(t, "ip", "link", "set", ns+"-n", "netns", ns)
 	sh(t, "ip", "netns", "exec", ns, "sh", "-c", fmt.Sprintf("ip link set lo up && ip link set %s-n name eth0 && ip addr add %s%d/24 dev eth0 && ip link set eth0 up", ns, multiNet, i))
+	return ns
+}
+
+// newNetnsNode makes node i: its namespace, link, Podman, data dir.
+func newNetnsNode(t testing.TB, i int) *agent {
+	ns := netnsLink(t, i)
 	h := &host{t: t, dir: fmt.Sprintf("%s/n%d", multiDir, i), dnsAddr: "169.254.53.53", netns: ns}
 	os.MkdirAll(h.dir+"/srv", 0o755)
 	h.conf = h.dir + "/containers.conf"
@@ -72,6 +78,34 @@ func fileDigest(t testing.TB, p string) string {
 }
 
 func (a *agent) addr() string { return multiNet + strings.TrimPrefix(a.h.netns, "mbn") }
+
+// oaddr is the node's overlay address, as the mesh gave it: what its names
+// answer and where its containers' ports are published.
+func (a *agent) oaddr() string {
+	a.h.t.Helper()
+	if a.overlay != "" {
+		return a.overlay
+	}
+	var nodes []struct {
+		Name    string `json:"name"`
+		Overlay string `json:"overlay_address"`
+	}
+	eventually(a.h.t, 30*time.Second, a.name+" has its overlay address", func() (bool, string) {
+		out, err := a.command("node", "list", "--json", "--data-dir", a.n.dir).Output()
+		if err != nil {
+			return false, err.Error()
+		}
+		json.Unmarshal(out, &nodes)
+		for _, n := range nodes {
+			if n.Name == a.name && n.Overlay != "" {
+				a.overlay = n.Overlay
+				return true, ""
+			}
+		}
+		return false, string(out)
+	})
+	return a.overlay
+}
 
 // resolve asks the node's own resolver, inside its namespace.
 func (a *agent) resolve(name string) string {
@@ -115,6 +149,9 @@ func startThree(t testing.TB) ([]*agent, string) {
 		json.Unmarshal(out, &st)
 		return err == nil && len(st.Nodes) == 3 && st.Leader != "", fmt.Sprintf("%+v %v", st, err)
 	})
+	for _, a := range n[1:] {
+		a.oaddr() // read while every agent runs (a test may kill one)
+	}
 	return n, token
 }
 
@@ -211,7 +248,7 @@ func TestMultiNode(t *testing.T) {
 	n4.start()
 	eventually(t, 30*time.Second, "n4 replicates the state", func() (bool, string) {
 		out := n4.resolve("n1.internal")
-		return strings.Contains(out, n[1].addr()), out
+		return strings.Contains(out, n[1].oaddr()), out
 	})
 	t.Logf("n4 brought up from the install line (fetch, join, agent, state replicated) in %s", time.Since(bringUp).Round(10*time.Millisecond))
 	var nodes []struct {
@@ -293,7 +330,7 @@ func TestMultiNode(t *testing.T) {
 		i := i
 		eventually(t, 10*time.Second, fmt.Sprintf("n%d's resolver answers bedweb.internal", i), func() (bool, string) {
 			out := n[i].resolve("bedweb.internal")
-			return strings.Contains(out, "\tA\t"+n[2].addr()), out
+			return strings.Contains(out, "\tA\t"+n[2].oaddr()), out
 		})
 	}
 
@@ -349,7 +386,7 @@ func TestMultiNode(t *testing.T) {
 	// Cut n3 off: its resolver keeps answering, a write there fails fast and
 	// says why; healed, it catches up.
 	sh(t, "ip", "link", "set", "mbn3-h", "down")
-	if out := n[3].resolve("bedweb.internal"); !strings.Contains(out, n[2].addr()) {
+	if out := n[3].resolve("bedweb.internal"); !strings.Contains(out, n[2].oaddr()) {
 		t.Fatalf("cut-off resolver: %s", out)
 	}
 	start := time.Now()
@@ -376,7 +413,7 @@ func TestMultiNode(t *testing.T) {
 	sh(t, "ip", "link", "set", "mbn3-h", "up")
 	eventually(t, 30*time.Second, "n3 catches up", func() (bool, string) {
 		out := n[3].resolve("bedm00.internal")
-		return strings.Contains(out, n[1].addr()), out
+		return strings.Contains(out, n[1].oaddr()), out
 	})
 
 	// kill -9 the leader while a client on another node issues 200 assigns:

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-var meshBin, dnsqBin string
+var meshBin, dnsqBin, wgfloodBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "mesh-integration-")
@@ -40,6 +40,14 @@ func TestMain(m *testing.M) {
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build dnsq:", err)
+		os.Exit(1)
+	}
+	wgfloodBin = filepath.Join(dir, "wgflood")
+	build = exec.Command("go", "build", "-o", wgfloodBin, "../bench/wgflood")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build wgflood:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -117,7 +125,7 @@ func TestOneNodeMesh(t *testing.T) {
 		t.Fatalf("status without agent: exit %d, %q", code, errOut)
 	}
 
-	n.must("init", "--name", "ace", "--address", "127.0.0.1", "--port", freePort(t))
+	n.must("init", "--name", "ace", "--address", "127.0.0.1", "--port", freePort(t), "--overlay", "off")
 	if _, errOut, code := n.run("init", "--name", "ace", "--address", "127.0.0.1"); code != 1 || !strings.Contains(errOut, "already holds node") {
 		t.Fatalf("second init: exit %d %q", code, errOut)
 	}
