@@ -54,7 +54,7 @@ awk 'BEGIN { for (i = 0; i < 3000; i++) { k = i % 3
 awk 'BEGIN { srand(3); for (i = 0; i < 50000; i++) printf "r%d-%d.flood.example A\n", i, int(rand() * 1e9) }' > "$B/flood-queries"
 
 "$B/dnsserve" -sink -addr 127.0.0.1:5399 >"$B/sink.log" 2>&1 &
-"$B/mesh" init --name mem1 --address 127.0.0.1 --port 17990 --data-dir "$B/data" >/dev/null
+"$B/mesh" init --name mem1 --address 127.0.0.1 --port 17990 --data-dir "$B/data" --overlay off >/dev/null # with the overlay: bench/overlay.sh
 "$B/mesh" agent --data-dir "$B/data" --dns-address "$DNS" --upstream 127.0.0.1:5399 \
 	--podman-socket "unix://$B/no-podman.sock" --log-level info >"$B/agent.log" 2>&1 &
 within 30 answers "$DNS:53" mem1.internal

@@ -473,3 +473,33 @@ func TestOverlayRootless(t *testing.T) {
 		t.Fatalf("the outsider does not reach n2's public port: %v %s", err, out)
 	}
 }
+
+// A one-node mesh works the same way (the README's tour): its internal port
+// answers on its overlay address, found with mesh resolve --short, and not
+// on its own address.
+func TestOverlayOneNode(t *testing.T) {
+	multiCleanup()
+	t.Cleanup(multiCleanup)
+	os.MkdirAll(multiDir, 0o755)
+	sh(t, "ip", "link", "add", multiBridge, "type", "bridge")
+	sh(t, "ip", "link", "set", multiBridge, "up")
+	a := newNetnsNode(t, 1)
+	a.run("init", "--name", "n1", "--address", a.addr(), "--data-dir", a.n.dir)
+	a.start()
+	a.mesh("module", "add", a.manifest("bedprov", overlayProvider, map[string]string{"name": "bedprov"}))
+	a.mesh("assign", "n1", "bedprov", "--wait")
+	at := strings.TrimSpace(a.mesh("resolve", "--short", "bedprov.internal"))
+	if at != "100.90.0.1" {
+		t.Fatalf("mesh resolve --short bedprov.internal: %q", at)
+	}
+	eventually(t, 20*time.Second, "the internal port answers on the overlay address", func() (bool, string) {
+		out, err := get(a.h.netns, at, 8090)
+		return err == nil && strings.Contains(out, "provider page"), fmt.Sprintf("%v %s", err, out)
+	})
+	if out, err := get(a.h.netns, a.addr(), 8090); err == nil && strings.Contains(out, "provider page") {
+		t.Fatalf("the internal port answers on the node's own address: %s", out)
+	}
+	if out := a.mesh("check", a.h.dir+"/bedprov.yaml"); !strings.Contains(out, "public ports: bedprov.public 8091:8091") {
+		t.Fatalf("mesh check does not list the public port:\n%s", out)
+	}
+}
