@@ -25,6 +25,7 @@ type JoinCmd struct {
 	Port        int    `default:"7430" help:"TCP port for node-to-node traffic."`
 	LogStore    string `name:"log-store" default:"wal" enum:"wal,boltdb" help:"Raft log store."`
 	OverlayPort int    `name:"overlay-port" default:"51820" help:"This node's WireGuard UDP port on the mesh's overlay (the others must reach it at --address)."`
+	Replace     bool   `help:"Take the place of a node of this name that has run (a machine rebuilt after its data dir was lost): the mesh takes this machine's keys for the name, and the machine that had them is refused from then on. Without it such a join is refused."`
 }
 
 // Run joins and exits.
@@ -50,7 +51,7 @@ func (c *JoinCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err = agent.Join(ctx, agent.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore, OverlayPort: c.OverlayPort})
+	err = agent.Join(ctx, agent.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore, OverlayPort: c.OverlayPort, Replace: c.Replace})
 	if err != nil {
 		return err
 	}

@@ -346,6 +346,7 @@ func (a *Agent) serveMetrics() error {
 
 // publish replicates one of the reconciler's reports.
 func (a *Agent) publish(ctx context.Context, r state.Report) error {
+	r.Bound() // whatever its containers printed
 	_, err := a.member.Node.Propose(ctx, &state.ReportRequest{Report: r})
 	return err
 }

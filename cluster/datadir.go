@@ -256,6 +256,8 @@ type JoinConfig struct {
 	LogStore string
 	// OverlayPort is this node's WireGuard UDP port.
 	OverlayPort int
+	// Replace takes the place of a node of that name that has run.
+	Replace bool
 }
 
 // Join admits this data dir into an existing mesh: it proves the token to a
@@ -303,7 +305,7 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 	if err != nil {
 		return err
 	}
-	rep, err := joinClient(ctx, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient(), Commands: state.CommandVersion,
+	rep, err := joinClient(ctx, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient(), Commands: state.CommandVersion, Replace: cfg.Replace,
 		OverlayKey: wk.Public(), OverlayEndpoint: netip.AddrPortFrom(addr, uint16(cfg.OverlayPort)).String()})
 	if err != nil {
 		return fmt.Errorf("join through %s: %w", peer, err)

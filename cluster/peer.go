@@ -49,6 +49,9 @@ type JoinRequest struct {
 	// Commands is the newest command format the new node's binary applies
 	// (state.CommandVersion; absent from older binaries).
 	Commands int `json:"commands,omitempty"`
+	// Replace: this machine takes the place of a node of that name that
+	// has run (mesh join --replace).
+	Replace bool `json:"replace,omitempty"`
 	// OverlayKey is the new node's WireGuard public key and OverlayEndpoint
 	// its UDP address (absent from older binaries).
 	OverlayKey      string `json:"overlay_key,omitempty"`
@@ -361,6 +364,23 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		}
 	}
 	voter := voters < id.Voters
+	for _, x := range nodes {
+		if x.Name != req.Name {
+			continue
+		}
+		// A token holder must not take the place of a node that runs: a
+		// node of that name that has ever been heard from or reported is
+		// replaced only when the joiner says so (--replace). One that never
+		// ran is a join whose answer was lost, tried again.
+		if ran, err := n.hasRun(ctx, x.Name); err != nil {
+			return JoinReply{}, err
+		} else if ran && !req.Replace {
+			return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("node %q is already in the mesh (at %s) and has run; if this machine is to take its place, run `mesh node remove %s` on a node of the mesh first, or join with --replace (the mesh then takes this machine's keys for %s, and the machine that had them is refused)", x.Name, x.Address, x.Name, x.Name)}
+		}
+		if x.Address != req.Address {
+			return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("node %q is already in the mesh at %s, not at %s; run `mesh node remove %s` on a node of the mesh first, then join again", x.Name, x.Address, req.Address, x.Name)}
+		}
+	}
 	if again != nil {
 		// The same node joins again: a join that stopped half-way (the state
 		// has it, Raft may not), or a node whose data dir was lost. The token
@@ -649,4 +669,18 @@ func verifyPinned(raw [][]byte, digest string) error {
 func sha256Hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
+}
+
+// hasRun says whether node name has run: this node heard from it, or it
+// reported an apply.
+func (n *Node) hasRun(ctx context.Context, name string) (bool, error) {
+	if _, ok := n.Seen()[name]; ok {
+		return true, nil
+	}
+	reports, err := n.store.Reports(ctx)
+	if err != nil {
+		return false, err
+	}
+	_, ok := reports[name]
+	return ok, nil
 }

@@ -134,7 +134,16 @@ func TestPinnedCertificateKey(t *testing.T) {
 		t.Fatalf("ace dialling a server with a certificate for novox with another key: %v", err)
 	}
 
-	// novox loses its data dir and joins again, with a new key.
+	// novox loses its data dir and joins again, with a new key. (It ran:
+	// the leader heard from it.)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, ok := a.Node.Seen()["novox"]; ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the leader never heard from novox")
+		}
+	}
 	b.Stop()
 	oldTLS := &nodeTLS{pool: b.Node.tls.pool, caPEM: b.Node.tls.caPEM} // its certificate, without its stopped node's checks
 	oldTLS.cert.Store(b.Node.tls.current())
@@ -144,7 +153,11 @@ func TestPinnedCertificateKey(t *testing.T) {
 	}
 	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
 	dir := filepath.Join(t.TempDir(), "novox-again")
-	if err := Join(ctx, JoinConfig{DataDir: dir, Peer: addr, Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t)}); err != nil {
+	// Without --replace the name of a node that ran is refused.
+	if err := Join(ctx, JoinConfig{DataDir: filepath.Join(t.TempDir(), "novox-taken"), Peer: addr, Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t)}); err == nil || !strings.Contains(err.Error(), "already in the mesh") || !strings.Contains(err.Error(), "--replace") {
+		t.Fatalf("a join under the name of a node that ran: %v", err)
+	}
+	if err := Join(ctx, JoinConfig{DataDir: dir, Peer: addr, Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t), Replace: true}); err != nil {
 		t.Fatal(err)
 	}
 	newTLS, err := loadNodeTLS(dir)

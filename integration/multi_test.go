@@ -196,6 +196,17 @@ func TestMultiNode(t *testing.T) {
 	if out := n[3].runFails("join", n[1].addr(), "--token", bad, "--name", "n4", "--address", multiNet+"4", "--data-dir", multiDir+"/n4"); !strings.Contains(out, "secret is not valid") {
 		t.Fatalf("wrong token: %s", out)
 	}
+	// A token holder cannot take a live node's place: a join under n2's
+	// name and address, from another machine, is refused and says how.
+	if out := n[3].runFails("join", n[1].addr(), "--token", token, "--name", "n2", "--address", n[2].addr(), "--data-dir", multiDir+"/thief"); !strings.Contains(out, `node "n2" is already in the mesh`) || !strings.Contains(out, "--replace") {
+		t.Fatalf("a join under a live node's name: %s", out)
+	}
+	if out := n[1].mesh("node", "list"); strings.Count(out, "\nn2 ") != 1 {
+		t.Fatalf("after a refused join under its name:\n%s", out)
+	}
+	// and the real n2 still writes (its certificate is still the one taken).
+	n[2].mesh("node", "public-domain", "n2", "thief.test")
+	n[2].mesh("node", "public-domain", "n2", "--clear")
 	other := multiDir + "/other"
 	n[3].run("init", "--name", "o1", "--address", "127.0.0.1", "--port", freePort(t), "--data-dir", other)
 	if out := n[3].runFails("join", n[1].addr(), "--token", token, "--name", "n4", "--address", multiNet+"4", "--data-dir", other); !strings.Contains(out, "belongs to mesh") {

@@ -38,6 +38,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mesh/reconciler"
+	"mesh/state"
 )
 
 var _ reconciler.Runtime = (*Client)(nil)
@@ -566,13 +567,13 @@ func (c *Client) Logs(ctx context.Context, id string, lines int) (string, error)
 					out = nil
 					continue
 				}
-				got = append(got, l)
+				got = keepTail(got, l, lines)
 			case l, ok := <-errc:
 				if !ok {
 					errc = nil
 					continue
 				}
-				got = append(got, l)
+				got = keepTail(got, l, lines)
 			}
 		}
 		close(done)
@@ -587,7 +588,18 @@ func (c *Client) Logs(ctx context.Context, id string, lines int) (string, error)
 	if len(got) > lines {
 		got = got[len(got)-lines:]
 	}
-	return strings.TrimRight(strings.Join(got, ""), "\n"), nil
+	return state.Tail(strings.TrimRight(strings.Join(got, ""), "\n"), state.MaxText), nil
+}
+
+// keepTail appends line to the last lines kept, at most n of them, each cut
+// to its end within state.MaxText: a container that prints lines of
+// megabytes costs the agent a few KB here.
+func keepTail(got []string, line string, n int) []string {
+	got = append(got, state.Tail(line, state.MaxText))
+	if len(got) > n {
+		got = got[len(got)-n:]
+	}
+	return got
 }
 
 func short(id string) string {

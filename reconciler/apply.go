@@ -295,8 +295,10 @@ func (r *Reconciler) logLine(out state.ResourceReport) {
 	}
 }
 
+// report is one resource's outcome; its reason is bounded (a step's output
+// may be of any size), before the log line and the report carry it.
 func report(res state.Resource, outcome state.Outcome, reason string) state.ResourceReport {
-	return state.ResourceReport{Module: res.Module, Kind: res.Kind, Name: res.RuntimeName(), Outcome: outcome, Reason: reason}
+	return state.ResourceReport{Module: res.Module, Kind: res.Kind, Name: res.RuntimeName(), Outcome: outcome, Reason: state.Tail(reason, state.MaxText)}
 }
 
 func (x *run) apply(ctx context.Context, res state.Resource) state.ResourceReport {

@@ -536,6 +536,9 @@ func (ap *applier) tokenRotate(r *TokenRotateRequest) (bool, error) {
 }
 
 func (ap *applier) report(r *ReportRequest) (bool, error) {
+	// Bounded on every replica alike, whatever the node sent (an older
+	// binary, a damaged one): a report is kept by every node.
+	r.Report.Bound()
 	rep := &r.Report
 	if err := needNode(ap.tx, rep.Node); err != nil {
 		return false, err

@@ -250,7 +250,11 @@ func TestFullDiskWaitsForSpace(t *testing.T) {
 	fillDisk(t, filler)
 
 	// A report too large for the pages the replica already holds.
-	big := &ReportRequest{Report: Report{Node: "ace", Version: 1, AppliedAt: t0, Error: strings.Repeat("x", 1<<20)}}
+	// A large report (each of its texts is bounded: many resources).
+	big := &ReportRequest{Report: Report{Node: "ace", Version: 1, AppliedAt: t0}}
+	for i := 0; i < 256; i++ {
+		big.Report.Resources = append(big.Report.Resources, ResourceReport{Name: fmt.Sprint("r", i), Reason: strings.Repeat("x", MaxText)})
+	}
 	done := make(chan any, 1)
 	go func() {
 		defer func() {
@@ -292,8 +296,8 @@ func TestFullDiskWaitsForSpace(t *testing.T) {
 		t.Fatalf("told of the wait %d more times", len(waits))
 	}
 	reps, err := s.Reports(context.Background())
-	if err != nil || len(reps["ace"].Error) != 1<<20 {
-		t.Fatalf("the report after the wait: %d bytes, %v", len(reps["ace"].Error), err)
+	if err != nil || len(reps["ace"].Resources) != 256 {
+		t.Fatalf("the report after the wait: %d resources, %v", len(reps["ace"].Resources), err)
 	}
 	if i, _ := s.AppliedIndex(); i != 3 {
 		t.Fatalf("applied index %d after the wait, want 3", i)

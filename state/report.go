@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Outcome is what an apply did with one resource: the word reports, log
@@ -161,4 +162,62 @@ type ResourceReport struct {
 	Name    string  `json:"name"`
 	Outcome Outcome `json:"outcome"`
 	Reason  string  `json:"reason,omitempty"`
+}
+
+// Bounds on what a report carries. A report is replicated to every node and
+// kept in every replica; a container that prints without end must not make
+// it, `mesh status` or the data dir grow with it. Each text keeps its end
+// (where the error is), and says how much was cut.
+const (
+	// MaxText bounds one text: a reason, a health check's output, an
+	// exit's last lines.
+	MaxText = 4096
+	// MaxError bounds the report's error, its failures in one text.
+	MaxError = 4 * MaxText
+)
+
+// Bound cuts every text of the report to its bound, in place. Applying it
+// twice changes nothing, so the reconciler, the publisher and the FSM may
+// all apply it.
+func (r *Report) Bound() {
+	r.Error = Tail(r.Error, MaxError)
+	for i := range r.Resources {
+		r.Resources[i].Reason = Tail(r.Resources[i].Reason, MaxText)
+	}
+	for i := range r.Failures {
+		r.Failures[i].Reason = Tail(r.Failures[i].Reason, MaxText)
+	}
+	for i := range r.Health {
+		r.Health[i].Output = Tail(r.Health[i].Output, MaxText)
+	}
+	for i := range r.Exits {
+		r.Exits[i].Logs = Tail(r.Exits[i].Logs, MaxText)
+	}
+}
+
+// cutMark starts a text whose beginning was cut.
+const cutMark = "[cut: "
+
+// Tail is the end of s within n bytes: whole UTF-8 characters, after a
+// line that says how much went before them. A text already cut is cut
+// again from its own end, and says the sum.
+func Tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := 0
+	if strings.HasPrefix(s, cutMark) {
+		// Once cut: count what was cut then, and cut what follows the mark.
+		if i := strings.IndexByte(s, '\n'); i > 0 {
+			fmt.Sscanf(s[len(cutMark):i], "%d", &cut)
+			s = s[i+1:]
+		}
+	}
+	head := fmt.Sprintf("%s%d bytes before]\n", cutMark, cut+len(s)) // the longest the count can be
+	keep := max(n-len(head), 0)
+	start := len(s) - keep
+	for start < len(s) && !utf8.RuneStart(s[start]) {
+		start++
+	}
+	return fmt.Sprintf("%s%d bytes before]\n", cutMark, cut+start) + s[start:]
 }
