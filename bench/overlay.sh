@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The overlay's cost (issue 17), every peer in the same run, between two
+# The overlay's cost (private by default), every peer in the same run, between two
 # network namespaces on one bridge of this machine:
 #
 #   underlay        iperf3 host to host over the veths, no encryption

@@ -39,7 +39,22 @@ say "go test -race (unit tests; the race detector needs cgo)"
 CGO_ENABLED=1 go test -race -count=1 -timeout 10m ./state/... ./reconciler/... ./dnsd/... ./cluster/... ./internal/...
 
 say "go test (unit tests and integration beds)"
-go test -count=1 -timeout 30m ./...
+# What the host holds where the README's tour works, before the beds: after
+# them it must hold the same (the beds make everything under their own
+# directories and namespaces, and take it away).
+host_paths() {
+	ls -A /srv 2>/dev/null | sed 's|^|/srv/|'
+	ls -d /var/tmp/mesh-bed /var/tmp/mesh-mbed /var/tmp/mesh-obench /usr/local/lib/mesh/meshbed 2>/dev/null
+	ip netns list 2>/dev/null | awk '{print "netns " $1}' | grep -E '^netns (mbn|mbedq|ob)' || true
+	ip -o link show 2>/dev/null | awk -F': ' '{print "link " $2}' | grep -E '^link (mbnbr0|mbeddns0|mbn|meshwg0|meshdns0)' || true
+}
+before=$(host_paths)
+go test -count=1 -timeout 40m ./...
+after=$(host_paths)
+if [ "$before" != "$after" ]; then
+	die "the beds left things on the host:
+$(diff <(echo "$before") <(echo "$after") | grep '^>' || true)"
+fi
 
 # Fuzz budgets are counts of executions, not durations: Go 1.26's fuzz
 # coordinator can report a bare "context deadline exceeded", having found

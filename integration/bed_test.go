@@ -81,8 +81,10 @@ type host struct {
 	// netns, when set, is the network namespace the node's agent and Podman
 	// service run in (the multi-node beds).
 	netns string
-	// tunMode is /dev/net/tun's mode before mesh setup.
-	tunMode os.FileMode
+	// tunMode is /dev/net/tun's mode before mesh setup; madeLink: setup
+	// made meshdns0 for the bed.
+	tunMode  os.FileMode
+	madeLink bool
 	// env is more environment for the Podman service and CLI.
 	env []string
 }
@@ -131,6 +133,7 @@ func newHost(t testing.TB, rootless bool) *host {
 		if fi, err := os.Stat("/dev/net/tun"); err == nil {
 			h.tunMode = fi.Mode().Perm()
 		}
+		h.madeLink = exec.Command("ip", "link", "show", "meshdns0").Run() != nil
 		out := sh(t, meshBin, "setup", "--dns-address", h.dnsAddr, "--user", bedUser, "--data-dir", filepath.Join(h.dir, "data"))
 		if !strings.Contains(out, "port 53: only "+bedUser+"'s agent may bind it") || !dnsAddrUp(h.dnsAddr) {
 			t.Fatalf("mesh setup:\n%s", out)
@@ -166,9 +169,12 @@ func (h *host) cleanup() {
 	// Directories the bed's modules made may be owned by subuids; root removes them.
 	os.RemoveAll(h.dir)
 	if h.rootless {
-		// Only what mesh setup added for the bed: its address (not the link
-		// a real agent of this host may use) and the bed user's helper.
+		// Only what mesh setup added for the bed: its address (and the link,
+		// unless a real agent of this host had it) and the bed user's helper.
 		exec.Command("ip", "addr", "del", h.dnsAddr+"/32", "dev", "meshdns0").Run()
+		if h.madeLink {
+			exec.Command("ip", "link", "del", "meshdns0").Run()
+		}
 		os.RemoveAll(filepath.Dir(agentHelper))
 		if h.tunMode != 0 {
 			os.Chmod("/dev/net/tun", h.tunMode)

@@ -111,7 +111,21 @@ func writeFile(t testing.TB, name, content string) string {
 	return p
 }
 
-func examples(name string) string { return filepath.Join("..", "examples", name) }
+// examples is a manifest of examples/ as shipped, but for its host paths:
+// /srv/ moves under root, so a bed never writes the host's /srv (where the
+// README's tour, run after the tests, would meet what they left).
+func examples(t testing.TB, root, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "examples", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(strings.ReplaceAll(string(b), "/srv/", root+"/")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
 
 // The README's tour, through the real binary: init, agent, add, assign, read.
 func TestOneNodeMesh(t *testing.T) {
@@ -137,7 +151,8 @@ func TestOneNodeMesh(t *testing.T) {
 
 	// A malformed manifest is refused and changes nothing.
 	bad := writeFile(t, "bad.yaml", "module: bad\nresources:\n  - directory: /srv/bad\n  - container: bad.web\n    image: x\n    mounts: [\"/srv/other:/x\"]\n")
-	_, errOut, code = n.run("module", "add", examples("whoami.yaml"), bad)
+	srv := filepath.Join(h.dir, "srv")
+	_, errOut, code = n.run("module", "add", examples(t, srv, "whoami.yaml"), bad)
 	if code != 1 || !strings.Contains(errOut, "bad.yaml:6: mount \"/srv/other:/x\"") || !strings.Contains(errOut, "nothing was added") {
 		t.Fatalf("bad manifest: exit %d %q", code, errOut)
 	}
@@ -147,11 +162,11 @@ func TestOneNodeMesh(t *testing.T) {
 	if _, errOut, code := n.run("check", bad); code != 1 || !strings.Contains(errOut, "bad.yaml:6:") {
 		t.Fatalf("check: exit %d %q", code, errOut)
 	}
-	if out := n.must("check", examples("whoami.yaml"), examples("postgres.yaml"), examples("postgres-exporter.yaml")); !strings.Contains(out, "3 manifest(s) ok") {
+	if out := n.must("check", examples(t, srv, "whoami.yaml"), examples(t, srv, "postgres.yaml"), examples(t, srv, "postgres-exporter.yaml")); !strings.Contains(out, "3 manifest(s) ok") {
 		t.Fatalf("check examples: %q", out)
 	}
 
-	n.must("module", "add", examples("whoami.yaml"), examples("postgres.yaml"), examples("postgres-exporter.yaml"))
+	n.must("module", "add", examples(t, srv, "whoami.yaml"), examples(t, srv, "postgres.yaml"), examples(t, srv, "postgres-exporter.yaml"))
 	n.must("assign", "ace", "whoami")
 	// Completion offers the nodes and modules the agent knows.
 	for line, want := range map[string]string{"mesh assign ": "ace", "mesh assign ace ": "postgres-exporter"} {
@@ -218,7 +233,7 @@ func TestOneNodeMesh(t *testing.T) {
 	}
 	n.must("assign", "ace", "postgres")
 	diff := n.must("plan", "ace", "--diff")
-	for _, w := range []string{"(mesh assign ace postgres)", "+ directory /srv/postgres (postgres)", "+ container postgres.server (postgres)"} {
+	for _, w := range []string{"(mesh assign ace postgres)", "+ directory " + srv + "/postgres (postgres)", "+ container postgres.server (postgres)"} {
 		if !strings.Contains(diff, w) {
 			t.Fatalf("plan --diff lacks %q:\n%s", w, diff)
 		}
@@ -234,7 +249,7 @@ func TestOneNodeMesh(t *testing.T) {
 	if !strings.Contains(plan, "provider=postgres\\nname=postgres.internal\\nnode=ace\\naddress=127.0.0.1\\n") {
 		t.Fatalf("binding not resolved in plan:\n%s", plan)
 	}
-	if !strings.Contains(plan, "/srv/postgres/credentials/postgres-exporter.credential") {
+	if !strings.Contains(plan, srv+"/postgres/credentials/postgres-exporter.credential") {
 		t.Fatalf("credential not delivered to the provider:\n%s", plan)
 	}
 

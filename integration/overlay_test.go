@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// The overlay bed (issue 17): three nodes and an outsider on one bridge.
+// The overlay bed (private by default): three nodes and an outsider on one bridge.
 // n1 runs a provider with an internal port and a public one; n2 runs a
 // consumer that reaches it by its mesh name, over the overlay.
 const (

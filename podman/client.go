@@ -323,6 +323,10 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 	for _, p := range s.Ports {
 		g.PortMappings = append(g.PortMappings, nettypes.PortMapping{HostIP: p.HostIP, HostPort: p.HostPort, ContainerPort: p.ContainerPort, Protocol: p.Protocol})
 	}
+	if s.LogMaxSize > 0 {
+		// The k8s-file log: conmon cuts it when it would pass the bound.
+		g.LogConfiguration = &specgen.LogConfig{Size: s.LogMaxSize}
+	}
 	g.User = s.User
 	g.WorkDir = s.WorkingDir
 	g.CapAdd, g.CapDrop = s.CapAdd, s.CapDrop

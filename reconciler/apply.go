@@ -522,7 +522,7 @@ func (x *run) spec(ctx context.Context, res state.Resource, want desired) Spec {
 	d := res.Decl
 	s := Spec{Name: want.Name, Image: d.Image, Command: d.Command, Env: d.Env, Labels: labels(want), DNS: x.r.cfg.DNS, Restart: d.Restart, Health: res.Typed.Health,
 		Entrypoint: d.Entrypoint, User: d.User, WorkingDir: d.WorkingDir, CapAdd: d.CapAdd, CapDrop: d.CapDrop, Devices: res.Typed.Devices, ReadOnly: d.ReadOnly,
-		Tmpfs: res.Typed.Tmpfs, Memory: res.Typed.Memory, CPUs: d.CPUs, StopSignal: res.Typed.StopSignal, StopTimeout: res.Typed.StopTimeout}
+		Tmpfs: res.Typed.Tmpfs, Memory: res.Typed.Memory, CPUs: d.CPUs, StopSignal: res.Typed.StopSignal, StopTimeout: res.Typed.StopTimeout, LogMaxSize: logMaxSize(res.Typed)}
 	for k, v := range d.Labels {
 		if _, ours := s.Labels[k]; !ours {
 			s.Labels[k] = v
@@ -683,7 +683,8 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 		x.rt.Remove(context.WithoutCancel(ctx), id)
 		msg := fmt.Sprintf("exited with code %d", code)
 		if logs != "" {
-			msg += "; last lines:\n" + logs
+			msg += "; last lines:\n"
+			msg += state.Tail(logs, state.MaxText-len(msg)) // the code stays in
 		}
 		return report(res, state.Failed, msg)
 	}

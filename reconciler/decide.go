@@ -62,6 +62,9 @@ type declFields struct {
 	StopSignal  int               `json:"stop-signal,omitempty"`
 	StopTimeout *uint             `json:"stop-timeout,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// LogMaxSize is the log's bound, always in (a default when undeclared):
+	// a container made before bounds existed is replaced once to get one.
+	LogMaxSize int64 `json:"log-max-size,omitempty"`
 }
 
 // describe computes a step's or container's declaration and digest. inputs
@@ -70,7 +73,7 @@ func describe(r state.Resource, dnsAddr netip.Addr, publishOn string, inputs map
 	d := r.Decl
 	f := declFields{Image: d.Image, Command: d.Command, Env: d.Env, Mounts: d.Mounts, Ports: d.Ports, Restart: d.Restart, RestartOn: d.RestartOn, Health: r.Typed.Health,
 		User: d.User, Entrypoint: d.Entrypoint, WorkingDir: d.WorkingDir, CapAdd: d.CapAdd, CapDrop: d.CapDrop, Devices: d.Devices, ReadOnly: d.ReadOnly,
-		Tmpfs: d.Tmpfs, Memory: r.Typed.Memory, CPUs: d.CPUs, StopSignal: r.Typed.StopSignal, StopTimeout: r.Typed.StopTimeout, Labels: d.Labels}
+		Tmpfs: d.Tmpfs, Memory: r.Typed.Memory, LogMaxSize: logMaxSize(r.Typed), CPUs: d.CPUs, StopSignal: r.Typed.StopSignal, StopTimeout: r.Typed.StopTimeout, Labels: d.Labels}
 	if dnsAddr.IsValid() {
 		f.DNS = dnsAddr.String()
 	}
@@ -338,4 +341,13 @@ func decideFile(name string, have pathState, entry *PathEntry, want string, take
 		d.Note = "taken over; the original is kept at "
 	}
 	return d
+}
+
+// logMaxSize is a container's or step's log bound: declared, or the
+// default (a plan of an older mesh carries none).
+func logMaxSize(t manifest.Typed) int64 {
+	if t.LogMaxSize > 0 {
+		return t.LogMaxSize
+	}
+	return manifest.DefaultLogMaxSize
 }

@@ -28,13 +28,15 @@ func TestContainerFieldsAreDeclared(t *testing.T) {
 		return state.Resource{Module: "f", Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
 	}
 	plain := describe(parse(""), dns, "", nil)
-	// The declaration as it was written before these fields existed.
-	if plain.Decl != `{"image":"b:2","command":["x"],"dns":"169.254.53.53"}` {
+	// The declaration as it was written before these fields existed, but
+	// for the log's bound, which every container has (the default when it
+	// declares none): a container made before bounds is replaced once.
+	if plain.Decl != `{"image":"b:2","command":["x"],"dns":"169.254.53.53","log-max-size":10485760}` {
 		t.Fatalf("a container without the new fields has a new declaration (every such container would be replaced on upgrade): %s", plain.Decl)
 	}
-	full := parse("    user: \"1000:1000\"\n    working-dir: /srv\n    memory: 64m\n    cpus: 0.5\n    read-only: true\n    cap-drop: [ALL]\n    stop-signal: SIGQUIT\n    stop-timeout: 20s\n    tmpfs: [/run]\n    labels: {team: web}\n")
+	full := parse("    user: \"1000:1000\"\n    working-dir: /srv\n    memory: 64m\n    log-max-size: 1m\n    cpus: 0.5\n    read-only: true\n    cap-drop: [ALL]\n    stop-signal: SIGQUIT\n    stop-timeout: 20s\n    tmpfs: [/run]\n    labels: {team: web}\n")
 	want := describe(full, dns, "", nil)
-	for _, k := range []string{`"user":"1000:1000"`, `"working-dir":"/srv"`, `"memory":67108864`, `"cpus":0.5`, `"read-only":true`, `"cap-drop":["ALL"]`, `"stop-signal":3`, `"stop-timeout":20`, `"tmpfs":["/run"]`, `"labels":{"team":"web"}`} {
+	for _, k := range []string{`"user":"1000:1000"`, `"working-dir":"/srv"`, `"memory":67108864`, `"cpus":0.5`, `"read-only":true`, `"cap-drop":["ALL"]`, `"stop-signal":3`, `"stop-timeout":20`, `"tmpfs":["/run"]`, `"labels":{"team":"web"}`, `"log-max-size":1048576`} {
 		if !strings.Contains(want.Decl, k) {
 			t.Errorf("declaration lacks %s: %s", k, want.Decl)
 		}
@@ -54,7 +56,7 @@ func TestContainerFieldsAreDeclared(t *testing.T) {
 		t.Fatalf("search domains: %v", s.DNSSearch)
 	}
 	if s.User != "1000:1000" || s.WorkingDir != "/srv" || s.Memory != 64<<20 || s.CPUs != 0.5 || !s.ReadOnly || len(s.CapDrop) != 1 ||
-		s.StopSignal != 3 || s.StopTimeout == nil || *s.StopTimeout != 20 || len(s.Tmpfs) != 1 || s.Labels["team"] != "web" || s.Labels[LabelManaged] != "1" {
+		s.StopSignal != 3 || s.StopTimeout == nil || *s.StopTimeout != 20 || len(s.Tmpfs) != 1 || s.Labels["team"] != "web" || s.Labels[LabelManaged] != "1" || s.LogMaxSize != 1<<20 {
 		t.Fatalf("spec: %+v", s)
 	}
 }

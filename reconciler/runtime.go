@@ -107,6 +107,8 @@ type Spec struct {
 	CPUs        float64
 	StopSignal  int
 	StopTimeout *uint
+	// LogMaxSize bounds the container's log file (bytes; 0: Podman's own).
+	LogMaxSize int64
 }
 
 // Mount is a bind mount of a declared host path.

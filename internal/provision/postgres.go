@@ -206,23 +206,58 @@ func (p *Postgres) apply(ctx context.Context, conn *pgx.Conn, c credential) Outc
 	ident := pgx.Identifier{c.name}.Sanitize()
 	var stored string
 	err := conn.QueryRow(ctx, `SELECT digest FROM mesh_provision WHERE role = $1`, c.name).Scan(&stored)
+	ours := err == nil
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fail("read its applied digest", err)
 	}
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, c.name).Scan(&exists); err != nil {
+	var r struct {
+		exists                                           bool
+		super, createRole, createDB, replication, bypass bool
+	}
+	err = conn.QueryRow(ctx, `SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls FROM pg_roles WHERE rolname = $1`, c.name).
+		Scan(&r.super, &r.createRole, &r.createDB, &r.replication, &r.bypass)
+	switch {
+	case err == nil:
+		r.exists = true
+	case !errors.Is(err, pgx.ErrNoRows):
 		return fail("look up the role", err)
+	}
+	// The provisioner manages only the roles it made (each recorded in
+	// mesh_provision as it is made), and never one with more rights than it
+	// gives (LOGIN, and the consumer's own database): a credential named
+	// after the superuser or an operator's role must not set its password.
+	switch {
+	case r.exists && (r.super || r.createRole || r.createDB || r.replication || r.bypass):
+		return Outcome{Consumer: c.name, Outcome: Failed, Reason: fmt.Sprintf("role %q exists with more rights than the provisioner gives (superuser, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS); the provisioner never touches such a role: name the consumer module otherwise", c.name)}
+	case r.exists && !ours:
+		return Outcome{Consumer: c.name, Outcome: Failed, Reason: fmt.Sprintf("role %q exists and the provisioner did not make it; it manages only the roles it made (table mesh_provision): name the consumer module otherwise, or, if that role is to be the consumer's, drop it and its database so the provisioner makes them", c.name)}
 	}
 	outcome := Unchanged
 	switch {
-	case !exists:
+	case !r.exists:
 		v, err := scramVerifier(c.secret)
 		if err != nil {
 			return fail("make the password verifier", err)
 		}
-		if _, err := conn.Exec(ctx, `CREATE ROLE `+ident+` LOGIN PASSWORD '`+v+`'`); err != nil {
+		// Recorded as the provisioner's in the same transaction that makes
+		// it, so a crash leaves neither a role it made but does not know,
+		// nor a record of one it did not make.
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return fail("begin", err)
+		}
+		defer tx.Rollback(context.Background())
+		if _, err := tx.Exec(ctx, `INSERT INTO mesh_provision (role, digest) VALUES ($1, $2)
+			ON CONFLICT (role) DO UPDATE SET digest = excluded.digest, applied_at = now()`, c.name, c.digest); err != nil {
+			return fail("record the role", err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE ROLE `+ident+` LOGIN PASSWORD '`+v+`'`); err != nil {
 			return fail("create the role", err)
 		}
+		if err := tx.Commit(ctx); err != nil {
+			return fail("create the role", err)
+		}
+		stored = c.digest
 		outcome = Created
 	case stored != c.digest:
 		v, err := scramVerifier(c.secret)

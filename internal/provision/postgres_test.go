@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"mesh/internal/testutil"
 )
 
@@ -159,5 +161,71 @@ func TestPostgresWatch(t *testing.T) {
 	defer mu.Unlock()
 	if len(failures) > 0 {
 		t.Fatalf("atomic replacements made failures: %v", failures)
+	}
+}
+
+// Hardening, item 6: the provisioner manages only the roles it made. A
+// credential named after the superuser, after an operator's role, or after a
+// role of its own that someone gave more rights, fails with a reason and
+// changes no password.
+func TestPostgresTouchesOnlyItsRoles(t *testing.T) {
+	s := testutil.StartPostgres(t, "")
+	dir := t.TempDir()
+	p := &Postgres{DSN: s.AdminDSN(), Dir: dir}
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, s.AdminDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	password := func(role string) string {
+		var v string
+		if err := admin.QueryRow(ctx, `SELECT coalesce(rolpassword, '') FROM pg_authid WHERE rolname = $1`, role).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// The operator's own role and database.
+	if _, err := admin.Exec(ctx, `CREATE ROLE alice LOGIN PASSWORD 'alices-own'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `CREATE DATABASE alice OWNER alice`); err != nil {
+		t.Fatal(err)
+	}
+	superBefore, aliceBefore := password("postgres"), password("alice")
+	deliver(t, dir, "postgres", "take-over-the-superuser")
+	deliver(t, dir, "alice", "take-over-alice")
+	deliver(t, dir, "gitea", "gitea-secret")
+	out, err := p.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := outcomeOf(out, "postgres"); o.Outcome != Failed || !strings.Contains(o.Reason, "more rights than the provisioner gives") {
+		t.Fatalf("a credential named postgres: %+v", o)
+	}
+	if o := outcomeOf(out, "alice"); o.Outcome != Failed || !strings.Contains(o.Reason, "the provisioner did not make it") {
+		t.Fatalf("a credential named alice: %+v", o)
+	}
+	if password("postgres") != superBefore || password("alice") != aliceBefore {
+		t.Fatal("a password the provisioner does not own was changed")
+	}
+	if _, err := s.Login("alice", "alices-own"); err != nil {
+		t.Fatalf("alice's own password: %v", err)
+	}
+	if o := outcomeOf(out, "gitea"); o.Outcome != Created {
+		t.Fatalf("gitea beside them: %+v", o)
+	}
+	// Its own role given more rights by hand: no longer touched.
+	if _, err := admin.Exec(ctx, `ALTER ROLE gitea CREATEROLE`); err != nil {
+		t.Fatal(err)
+	}
+	giteaBefore := password("gitea")
+	deliver(t, dir, "gitea", "gitea-rotated")
+	out, err = p.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := outcomeOf(out, "gitea"); o.Outcome != Failed || !strings.Contains(o.Reason, "more rights") || password("gitea") != giteaBefore {
+		t.Fatalf("its own role with CREATEROLE: %+v", o)
 	}
 }

@@ -13,7 +13,19 @@ import (
 // The container fields compose users rely on (issue 15): checked by `mesh
 // check`, typed once (Typed), and part of a container's digest.
 
-var containerFields = []string{"user", "entrypoint", "working-dir", "cap-add", "cap-drop", "devices", "read-only", "tmpfs", "memory", "cpus", "stop-signal", "stop-timeout", "labels"}
+var containerFields = []string{"user", "entrypoint", "working-dir", "cap-add", "cap-drop", "devices", "read-only", "tmpfs", "memory", "cpus", "stop-signal", "stop-timeout", "labels", "log-max-size"}
+
+// Bounds of a container's log (the k8s-file Podman writes: conmon truncates
+// it when it would pass the bound, so it never does).
+const (
+	// DefaultLogMaxSize is the log bound of a container or step that
+	// declares none: a small VPS survives a container that logs without end.
+	DefaultLogMaxSize = 10 << 20
+	// MinLogMaxSize is conmon's read buffer: a bound must be at least that.
+	MinLogMaxSize = 8 << 10
+	// MaxLogMaxSize is the largest bound a manifest may ask for.
+	MaxLogMaxSize = 1 << 30
+)
 
 var (
 	userRE   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$`)
@@ -78,6 +90,11 @@ func checkContainerFields(r *Resource) []fieldErr {
 	if r.Memory != "" {
 		if _, err := ParseMemory(r.Memory); err != nil {
 			add("memory", -1, "%s", err)
+		}
+	}
+	if r.LogMaxSize != "" {
+		if _, err := ParseLogMaxSize(r.LogMaxSize); err != nil {
+			add("log-max-size", -1, "%s", err)
 		}
 	}
 	if math.IsNaN(r.CPUs) || math.IsInf(r.CPUs, 0) || r.CPUs < 0 || r.CPUs > 1024 {
@@ -157,8 +174,33 @@ func ParseTmpfs(s string) (Tmpfs, error) {
 	return t, nil
 }
 
+// ParseLogMaxSize parses a log bound: a byte count with an optional unit,
+// between MinLogMaxSize and MaxLogMaxSize.
+func ParseLogMaxSize(s string) (int64, error) {
+	n, err := parseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("log-max-size %w", err)
+	}
+	if n < MinLogMaxSize || n > MaxLogMaxSize {
+		return 0, fmt.Errorf("log-max-size %s is not between 8k and 1g", s)
+	}
+	return n, nil
+}
+
 // ParseMemory parses a byte count with an optional unit (b, k, m, g).
 func ParseMemory(s string) (int64, error) {
+	n, err := parseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("memory %q is not a size such as 512m or 2g", s)
+	}
+	if n < 6<<20 {
+		return 0, fmt.Errorf("memory %q is below 6m, less than a container can start with", s)
+	}
+	return n, nil
+}
+
+// parseBytes parses a positive byte count with an optional unit (b, k, m, g).
+func parseBytes(s string) (int64, error) {
 	v := strings.ToLower(strings.TrimSpace(s))
 	mult := int64(1)
 	if v != "" {
@@ -175,10 +217,7 @@ func ParseMemory(s string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n <= 0 || n > (1<<50)/mult {
-		return 0, fmt.Errorf("memory %q is not a size such as 512m or 2g", s)
-	}
-	if n*mult < 6<<20 {
-		return 0, fmt.Errorf("memory %q is below 6m, less than a container can start with", s)
+		return 0, fmt.Errorf("%q is not a size such as 512m or 2g", s)
 	}
 	return n * mult, nil
 }
@@ -216,6 +255,14 @@ func typeContainer(r *Resource, t *Typed) error {
 			return err
 		}
 		t.Memory = m
+	}
+	t.LogMaxSize = DefaultLogMaxSize
+	if r.LogMaxSize != "" {
+		m, err := ParseLogMaxSize(r.LogMaxSize)
+		if err != nil {
+			return err
+		}
+		t.LogMaxSize = m
 	}
 	if r.StopSignal != "" {
 		n, err := ParseSignal(r.StopSignal)

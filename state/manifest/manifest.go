@@ -138,6 +138,7 @@ type Resource struct {
 	ReadOnly    bool              `yaml:"read-only,omitempty" json:"read-only,omitempty" jsonschema:"description=Mount the container's root filesystem read-only"`
 	Tmpfs       []string          `yaml:"tmpfs,omitempty" json:"tmpfs,omitempty" jsonschema:"description=tmpfs mounts: PATH[:OPTIONS], e.g. /run:size=64m"`
 	Memory      string            `yaml:"memory,omitempty" json:"memory,omitempty" jsonschema:"description=Memory limit: a number of bytes with an optional unit b k m g, e.g. 512m"`
+	LogMaxSize  string            `yaml:"log-max-size,omitempty" json:"log-max-size,omitempty" jsonschema:"description=Bound of the container's log, 8k to 1g (default 10m): Podman's log is cut when it would grow past it"`
 	CPUs        float64           `yaml:"cpus,omitempty" json:"cpus,omitempty" jsonschema:"description=CPU limit in cores, e.g. 1.5"`
 	StopSignal  string            `yaml:"stop-signal,omitempty" json:"stop-signal,omitempty" jsonschema:"description=The signal that stops the container, e.g. SIGQUIT"`
 	StopTimeout string            `yaml:"stop-timeout,omitempty" json:"stop-timeout,omitempty" jsonschema:"description=How long a stop waits before it kills (a Go duration up to 90s, e.g. 30s; default 10s)"`
@@ -480,6 +481,7 @@ func (r *Resource) setFields() []string {
 	add("read-only", r.ReadOnly)
 	add("tmpfs", r.Tmpfs != nil)
 	add("memory", r.Memory != "")
+	add("log-max-size", r.LogMaxSize != "")
 	add("cpus", r.CPUs != 0)
 	add("stop-signal", r.StopSignal != "")
 	add("stop-timeout", r.StopTimeout != "")

@@ -53,6 +53,7 @@ var (
 		"read-only":    flag,
 		"tmpfs":        texts(`["/run:size=64m"]`),
 		"memory":       text,
+		"log-max-size": text,
 		"cpus":         {kind: "decimal", example: "1.5"},
 		"stop-signal":  text,
 		"stop-timeout": text,

@@ -27,11 +27,14 @@ type Typed struct {
 	// Health is the container's health check with its defaults filled in.
 	Health *HealthCheck `json:"health,omitempty"`
 	// The container fields (container.go), parsed; all absent when unset.
-	Devices     []Device `json:"devices,omitempty"`
-	Tmpfs       []Tmpfs  `json:"tmpfs,omitempty"`
-	Memory      int64    `json:"memory,omitempty"`
-	StopSignal  int      `json:"stop_signal,omitempty"`
-	StopTimeout *uint    `json:"stop_timeout,omitempty"`
+	Devices []Device `json:"devices,omitempty"`
+	Tmpfs   []Tmpfs  `json:"tmpfs,omitempty"`
+	Memory  int64    `json:"memory,omitempty"`
+	// LogMaxSize bounds the container's log (DefaultLogMaxSize unless
+	// declared).
+	LogMaxSize  int64 `json:"log_max_size,omitempty"`
+	StopSignal  int   `json:"stop_signal,omitempty"`
+	StopTimeout *uint `json:"stop_timeout,omitempty"`
 }
 
 // Health is a container's health check as declared: Podman's own health
