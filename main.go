@@ -41,6 +41,7 @@ type Globals struct {
 	DataDir string `name:"data-dir" env:"MESH_DATA_DIR" placeholder:"DIR" help:"Node data directory (default /var/lib/mesh for root, $XDG_DATA_HOME/mesh otherwise)."`
 
 	out io.Writer
+	api *api.Client
 }
 
 func (g *Globals) dir() string {
@@ -61,7 +62,15 @@ func defaultDataDir() string {
 	return filepath.Join(home, ".local", "share", "mesh")
 }
 
-func (g *Globals) client() *api.Client { return api.NewClient(g.dir()) }
+// client is the command's one client of the local agent: it remembers the
+// index of the command's last write, and every read after it waits until
+// the agent's replica holds that write (read your writes).
+func (g *Globals) client() *api.Client {
+	if g.api == nil {
+		g.api = api.NewClient(g.dir())
+	}
+	return g.api
+}
 
 // writer is the client for a write: one that only previews it on --dry-run.
 func (g *Globals) writer(dryRun bool) *api.Client {

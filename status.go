@@ -124,7 +124,11 @@ func statusKey(st api.Status) string {
 
 // renderStatus writes the status as mesh status prints it.
 func renderStatus(w io.Writer, st api.Status) error {
-	fmt.Fprintf(w, "mesh %s, domain %s; this node: %s (%s), leader: %s, applied index %d\n\n", st.MeshID, st.Domain, st.Node, strings.ToLower(st.RaftState), dash(st.Leader), st.AppliedIndex)
+	fmt.Fprintf(w, "mesh %s, domain %s; this node: %s (%s), leader: %s, applied index %d\n", st.MeshID, st.Domain, st.Node, strings.ToLower(st.RaftState), dash(st.Leader), st.AppliedIndex)
+	if st.Behind > 0 && st.BehindSince != nil {
+		fmt.Fprintf(w, "this node's replica is %d entries behind what it knows committed (index %d), for %s: what it shows may be that old\n", st.Behind, st.CommitIndex, time.Since(*st.BehindSince).Round(time.Second))
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tADDRESS\tPUBLIC DOMAIN\tVERSION\tCERT EXPIRES\tPLAN\tAPPLIED\tSTATE")
 	for _, n := range st.Nodes {

@@ -81,3 +81,39 @@ func TestStatusBlocksUntilTheIndexMoves(t *testing.T) {
 		t.Fatalf("index=x: %v", err)
 	}
 }
+
+// A read after a write answers only once the replica holds that write: the
+// client sends the index of its last write with every read, and a replica
+// that does not reach it in time says so rather than answer older.
+func TestReadsWaitForTheirWrite(t *testing.T) {
+	dir := initDir(t, cluster.LogStoreWAL)
+	a := startAgent(t, dir)
+	t.Cleanup(func() { a.Stop() })
+	waitLeader(t, a)
+	c := NewClient(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w, err := c.AddModules(ctx, AddRequest{Modules: []state.ModuleText{{File: "db.yaml", Text: dbManifest}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.written.Load(); got != w.Index {
+		t.Fatalf("the client remembers write %d, want %d", got, w.Index)
+	}
+	st, err := c.Status(ctx)
+	if err != nil || st.AppliedIndex < w.Index {
+		t.Fatalf("a read after the write: applied %d (write at %d), %v", st.AppliedIndex, w.Index, err)
+	}
+	// A write the replica does not hold (as a restarted node's, behind).
+	old := readWait
+	readWait = 300 * time.Millisecond
+	t.Cleanup(func() { readWait = old })
+	c.wrote(w.Index + 1000)
+	if _, err := c.Modules(ctx); err == nil || !strings.Contains(err.Error(), "not yet the write at") {
+		t.Fatalf("a read behind its write: %v", err)
+	}
+	// A fresh client (another command) does not wait.
+	if _, err := NewClient(dir).Modules(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,6 +29,10 @@ type Client struct {
 	dir    string
 	http   *http.Client
 	dryRun bool
+	// written is the log index of this client's last write: every read
+	// after it asks the agent to answer only once its replica holds it
+	// (shared with the DryRun copy).
+	written *atomic.Uint64
 }
 
 // DryRun is a client whose writes are previews: the agent answers what each
@@ -41,8 +46,10 @@ func (c *Client) DryRun() *Client {
 // NewClient makes a client for the agent of the data dir.
 func NewClient(dataDir string) *Client {
 	sock := filepath.Join(dataDir, cluster.SocketFile)
-	return &Client{dir: dataDir, http: &http.Client{
-		Timeout: 30 * time.Second,
+	return &Client{dir: dataDir, written: new(atomic.Uint64), http: &http.Client{
+		// A read may wait for the caller's own write (min_index) and then
+		// block (index), MaxWait each.
+		Timeout: 2*MaxWait + 10*time.Second,
 		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
@@ -59,12 +66,14 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		}
 		rd = bytes.NewReader(b)
 	}
+	sep := "?"
+	if strings.Contains(path, "?") {
+		sep = "&"
+	}
 	if c.dryRun && method != http.MethodGet {
-		sep := "?"
-		if strings.Contains(path, "?") {
-			sep = "&"
-		}
 		path += sep + DryRunParam + "=1"
+	} else if w := c.written.Load(); method == http.MethodGet && w > 0 {
+		path += fmt.Sprintf("%s%s=%d", sep, MinIndexParam, w)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, "http://mesh"+path, rd)
 	if err != nil {
@@ -93,9 +102,24 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("agent answered %s", resp.Status)
 	}
 	if out != nil {
-		return json.Unmarshal(b, out)
+		if err := json.Unmarshal(b, out); err != nil {
+			return err
+		}
+		if w, ok := out.(interface{ writtenAt() uint64 }); ok {
+			c.wrote(w.writtenAt())
+		}
 	}
 	return nil
+}
+
+// wrote records a write at index, for the reads that follow it.
+func (c *Client) wrote(index uint64) {
+	for {
+		old := c.written.Load()
+		if index <= old || c.written.CompareAndSwap(old, index) {
+			return
+		}
+	}
 }
 
 // Status reads the mesh's status as this node sees it.

@@ -16,6 +16,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -33,6 +34,12 @@ type Status struct {
 	RaftState    string `json:"raft_state"`
 	Leader       string `json:"leader"`
 	AppliedIndex uint64 `json:"applied_index"`
+	// CommitIndex is the highest index this node knows committed; Behind
+	// is how many of those its replica has not applied yet, and BehindSince
+	// since when it has been behind (as this node's API last saw).
+	CommitIndex uint64     `json:"commit_index"`
+	Behind      uint64     `json:"behind"`
+	BehindSince *time.Time `json:"behind_since,omitempty"`
 	// Resolver is this node's resolver address (IP:PORT), when it runs one.
 	Resolver string `json:"resolver,omitempty"`
 	// Overlay is this node's end of the overlay, when the agent runs one.
@@ -83,6 +90,10 @@ type API struct {
 	resolver string
 	overlay  func() OverlayStatus
 	log      *slog.Logger
+	// behindSince is when status first saw the replica behind its commit
+	// index, zero while it is not.
+	behindMu    sync.Mutex
+	behindSince time.Time
 	now      func() time.Time
 	srv      *http.Server
 }
@@ -123,7 +134,7 @@ func New(cfg Config) *API {
 	mux.HandleFunc("POST /v1/token/rotate", a.rotateToken)
 	mux.HandleFunc("GET /v1/snapshot", a.snapshot)
 	mux.HandleFunc("POST /v1/snapshot/restore", a.restore)
-	a.srv = &http.Server{Handler: refuseUnpreviewable(mux), ReadHeaderTimeout: 10 * time.Second}
+	a.srv = &http.Server{Handler: refuseUnpreviewable(a.readsYourWrites(mux)), ReadHeaderTimeout: 10 * time.Second}
 	return a
 }
 
@@ -280,6 +291,59 @@ func (a *API) writeThen(w http.ResponseWriter, r *http.Request, req state.Reques
 	reply(w, res)
 }
 
+// MinIndexParam asks a read to answer only once this replica has applied
+// that index: the index of the caller's own last write.
+const MinIndexParam = "min_index"
+
+// readsYourWrites holds a read with min_index until this replica has
+// applied it, within MaxWait; past that it fails, saying how far behind the
+// replica is, rather than answer with a state older than the caller's own
+// write.
+func (a *API) readsYourWrites(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := r.URL.Query().Get(MinIndexParam)
+		if v == "" || r.Method != http.MethodGet {
+			next.ServeHTTP(w, r)
+			return
+		}
+		want, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("%s %q is not a log index", MinIndexParam, v)})
+			return
+		}
+		if applied, ok := a.waitApplied(r.Context(), want, readWait); !ok {
+			fail(w, fmt.Errorf("%w: this node's replica has applied up to index %d, not yet the write at %d, after %s (it catches up from the leader: try again, or ask another node)", cluster.ErrNoLeader, applied, want, readWait))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// waitApplied waits until this replica has applied index, within limit;
+// it says the applied index and whether it got there.
+func (a *API) waitApplied(ctx context.Context, index uint64, limit time.Duration) (uint64, bool) {
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for {
+		changed := a.store.Changed()
+		applied, err := a.store.AppliedIndex()
+		if err == nil && applied >= index {
+			return applied, true
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return applied, false
+		case <-ctx.Done():
+			return applied, false
+		}
+	}
+}
+
+// readWait bounds how long a read waits for the caller's write (a variable
+// for tests).
+var readWait = MaxWait
+
 // MaxWait bounds a blocking query's wait.
 const MaxWait = 20 * time.Second
 
@@ -335,6 +399,19 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 	}
 	applied, _ := a.store.AppliedIndex()
 	out := Status{Node: a.id.Name, MeshID: st.MeshID, Domain: st.Domain, RaftState: a.node.State(), Leader: a.node.Leader(), AppliedIndex: applied, Resolver: a.resolver}
+	out.CommitIndex, _ = strconv.ParseUint(a.node.Stats()["commit_index"], 10, 64)
+	a.behindMu.Lock()
+	if out.CommitIndex > applied {
+		out.Behind = out.CommitIndex - applied
+		if a.behindSince.IsZero() {
+			a.behindSince = a.now()
+		}
+		since := a.behindSince
+		out.BehindSince = &since
+	} else {
+		a.behindSince = time.Time{}
+	}
+	a.behindMu.Unlock()
 	nodes, err := a.store.Nodes(ctx)
 	if err != nil {
 		fail(w, err)
@@ -502,6 +579,9 @@ func (a *API) module(w http.ResponseWriter, r *http.Request) {
 type AddRequest struct {
 	Modules []state.ModuleText `json:"modules"`
 }
+
+func (r *WriteResult) writtenAt() uint64   { return r.Index }
+func (r *RestoreResult) writtenAt() uint64 { return r.Index }
 
 // WriteResult says at which log index a write was applied.
 type WriteResult struct {
