@@ -94,8 +94,8 @@ type API struct {
 	// index, zero while it is not.
 	behindMu    sync.Mutex
 	behindSince time.Time
-	now      func() time.Time
-	srv      *http.Server
+	now         func() time.Time
+	srv         *http.Server
 }
 
 // Config is what the local API serves from. Everything it reports exists
