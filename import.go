@@ -29,6 +29,11 @@ type ImportComposeCmd struct {
 // is written, nothing is overwritten without --force, and all are written or
 // none (writeAll).
 func (c *ImportComposeCmd) Run(g *Globals) error {
+	// A FIFO or a device named by mistake would hang the import or feed it
+	// without end.
+	if fi, err := os.Stat(c.File); err == nil && !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file (%s); give the compose file", c.File, fi.Mode().Type())
+	}
 	ctx, cancel := timeout()
 	defer cancel()
 	res, err := composeimport.Import(ctx, composeimport.Options{File: c.File, Project: c.Project, Root: c.Root})

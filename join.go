@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"mesh/agent"
+	"mesh/internal/safefs"
 	"net"
 	"os"
 	"strings"
@@ -81,7 +82,7 @@ func (c *JoinCmd) readToken(stdin *os.File, warn io.Writer, args []string) (stri
 		}
 		tok = t
 	case c.TokenFile != "":
-		b, err := os.ReadFile(c.TokenFile)
+		b, err := safefs.ReadRegular(c.TokenFile, 4096)
 		if err != nil {
 			return "", fmt.Errorf("read the token: %w", err)
 		}

@@ -2,11 +2,10 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"mesh/cluster/api"
+	"mesh/internal/safefs"
 	"mesh/state"
 	"mesh/state/manifest"
-	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -72,17 +71,9 @@ func readManifests(files []string, dataDir string) (api.AddRequest, error) {
 // parseFile reads at most a manifest's size of f (a device or a huge file is
 // refused, not read whole), parses it, and refuses paths in the data dir.
 func parseFile(f, dataDir string) (*manifest.Manifest, []byte, error) {
-	fh, err := os.Open(f)
+	b, err := safefs.ReadRegular(f, manifest.MaxSize)
 	if err != nil {
-		return nil, nil, err
-	}
-	defer fh.Close()
-	if fi, err := fh.Stat(); err == nil && !fi.Mode().IsRegular() {
-		return nil, nil, fmt.Errorf("%s: not a regular file; give the module's YAML file", f)
-	}
-	b, err := io.ReadAll(io.LimitReader(fh, manifest.MaxSize+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", f, err)
+		return nil, nil, fmt.Errorf("%w; give the module's YAML file", err)
 	}
 	m, err := manifest.Parse(f, b)
 	if err != nil {

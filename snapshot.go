@@ -6,7 +6,6 @@ import (
 	"mesh/cluster/api"
 	"mesh/internal/safefs"
 	"mesh/state"
-	"os"
 )
 
 // SnapshotCmd groups backup and restore.
@@ -47,7 +46,7 @@ type SnapshotRestoreCmd struct {
 
 // Run proposes the restore.
 func (c *SnapshotRestoreCmd) Run(g *Globals) error {
-	b, err := os.ReadFile(c.File)
+	b, err := safefs.ReadRegular(c.File, api.MaxRestore)
 	if err != nil {
 		return err
 	}

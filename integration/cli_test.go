@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -111,4 +112,27 @@ func TestAgentNotifiesSystemd(t *testing.T) {
 		t.Fatalf("on SIGTERM: %q", m)
 	}
 	agent.Wait()
+}
+
+// Hardening, item 14: every file the CLI reads is a regular file, opened
+// without blocking, within a bound: a FIFO or /dev/zero named by mistake
+// fails at once, saying so.
+func TestCLIReadsOnlyRegularFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "m.yaml")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"check", fifo}, {"module", "add", fifo, "--data-dir", dir}, {"snapshot", "restore", fifo, "--data-dir", dir}, {"snapshot", "restore", "/dev/zero", "--data-dir", dir}, {"import", "compose", fifo}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		out, err := exec.CommandContext(ctx, meshBin, args...).CombinedOutput()
+		hung := ctx.Err() != nil
+		cancel()
+		if hung {
+			t.Fatalf("mesh %s hung", strings.Join(args, " "))
+		}
+		if err == nil || !strings.Contains(string(out), "not a regular file") {
+			t.Fatalf("mesh %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
 }

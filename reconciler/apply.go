@@ -331,7 +331,7 @@ func (x *run) apply(ctx context.Context, res state.Resource) state.ResourceRepor
 // refusedPath says why the host will not touch a path, "" when it will.
 func (r *Reconciler) refusedPath(p string) string {
 	for _, f := range manifest.Forbidden {
-		if manifest.Within(p, f) {
+		if manifest.Within(p, f) || manifest.Within(f, p) {
 			return f + " belongs to the system, not to a module; the host does not touch it"
 		}
 	}

@@ -721,6 +721,9 @@ func (a *API) snapshot(w http.ResponseWriter, r *http.Request) {
 	w.Write(b.Bytes())
 }
 
+// MaxRestore bounds a snapshot given to restore.
+const MaxRestore = 256 << 20
+
 // RestoreRequest is a snapshot's state to put back.
 type RestoreRequest struct {
 	Restore *state.RestoreBody `json:"restore"`
@@ -737,7 +740,7 @@ type RestoreResult struct {
 // restore proposes the snapshot's state through Raft, so every node applies it.
 func (a *API) restore(w http.ResponseWriter, r *http.Request) {
 	var req RestoreRequest
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 256<<20))
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, MaxRestore))
 	if err := dec.Decode(&req); err != nil || req.Restore == nil {
 		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("bad restore request: %v", err)})
 		return

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -220,4 +221,39 @@ func SyncDir(path string) error {
 	}
 	defer unix.Close(fd)
 	return unix.Fsync(fd)
+}
+
+// ErrTooLarge: a file given to read is larger than its bound.
+var ErrTooLarge = errors.New("file too large")
+
+// ReadRegular reads a file an operator named (a manifest, a snapshot, a
+// token file): it must be a regular file, is opened without blocking (a
+// FIFO given by mistake does not hang the command) and is read up to limit
+// bytes; a larger one is ErrTooLarge, never read whole. Links are followed:
+// the path is the operator's own.
+func ReadRegular(path string, limit int64) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, fi.Mode().Type())
+	}
+	if fi.Size() > limit {
+		return nil, fmt.Errorf("%s is %d bytes, over the %d this command reads: %w", path, fi.Size(), limit, ErrTooLarge)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s grew past the %d bytes this command reads: %w", path, limit, ErrTooLarge)
+	}
+	return b, nil
 }

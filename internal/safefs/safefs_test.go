@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // A link at any component is refused and named, for opening and writing.
@@ -63,5 +66,36 @@ func TestWriteFile(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(target); string(b) != "target" {
 		t.Fatal("the link's target was written")
+	}
+}
+
+// What the CLI reads is a regular file within its bound: a FIFO does not
+// block it, a device does not feed it without end, a large file is not read.
+func TestReadRegular(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := ReadRegular(fifo, 1<<20); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Fatalf("a FIFO: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("reading a FIFO blocked")
+	}
+	if _, err := ReadRegular("/dev/zero", 1<<20); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("/dev/zero: %v", err)
+	}
+	big := filepath.Join(dir, "big")
+	os.WriteFile(big, make([]byte, 2048), 0o600)
+	if _, err := ReadRegular(big, 1024); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a file over the bound: %v", err)
+	}
+	if b, err := ReadRegular(big, 4096); err != nil || len(b) != 2048 {
+		t.Fatalf("a file within it: %d %v", len(b), err)
 	}
 }

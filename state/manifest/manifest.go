@@ -694,6 +694,9 @@ var Forbidden = []string{
 	"/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
 	"/root", "/run", "/sbin", "/sys", "/usr", "/var/run",
 	"/var/lib/containers", "/var/lib/mesh",
+	// The package manager's and the init system's state, and the spools
+	// (cron's, mail's): a container given them runs as the system.
+	"/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd", "/var/spool",
 }
 
 // Within reports whether p is dir or inside it.
@@ -715,6 +718,13 @@ func checkPath(p string) string {
 	for _, f := range Forbidden {
 		if Within(p, f) {
 			return fmt.Sprintf("%s belongs to the system, not to a module; keep a module's files under a directory of its own, such as /srv/MODULE", f)
+		}
+	}
+	for _, f := range Forbidden {
+		// A parent of a system tree holds it: mounted writable, the
+		// container gets the tree (/var/lib holds /var/lib/dpkg).
+		if Within(f, p) {
+			return fmt.Sprintf("%s holds %s, which belongs to the system; keep a module's files under a directory of its own, such as /srv/MODULE", p, f)
 		}
 	}
 	return ""

@@ -13,7 +13,15 @@ func TestSystemPathsAreRefused(t *testing.T) {
 			t.Errorf("%s: %v", p, err)
 		}
 	}
-	for _, p := range []string{"/srv/a", "/var/lib/gitea", "/home/u/x", "/etcetera", "/usrdata"} {
+	// A parent of a system tree holds it (/var/lib holds dpkg's state and
+	// the container engine's), and the spools are the system's.
+	for _, p := range []string{"/var/lib", "/var", "/var/spool/cron", "/var/lib/dpkg/info", "/var/lib/systemd"} {
+		_, err := Parse("m.yaml", []byte("module: a\nresources:\n  - directory: "+p+"\n"))
+		if err == nil || !strings.Contains(err.Error(), "belongs to the system") {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+	for _, p := range []string{"/srv/a", "/var/lib/gitea", "/home/u/x", "/etcetera", "/usrdata", "/var/libx", "/srv"} {
 		if _, err := Parse("m.yaml", []byte("module: a\nresources:\n  - directory: "+p+"\n")); err != nil {
 			t.Errorf("%s refused: %v", p, err)
 		}
