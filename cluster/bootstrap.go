@@ -78,12 +78,15 @@ func unameMachine() string {
 	return runtime.GOARCH
 }
 
-// InstallLine is one shell line (an sh -ec '...': a failure stops it, not
-// the shell it is pasted into) for a machine with nothing of the mesh on
+// InstallLine is one shell line for a machine with nothing of the mesh on
 // it (curl, sha256sum and base64 are all it uses): it checks the machine's
 // architecture, fetches the mesh CA from peer and checks it against the
 // digest in token, fetches peer's binary over TLS verified by that CA into
 // bin, and joins. peer is IP[:PORT] of a node (its certificate names the IP).
+// The work is an sh -ec '...' (a failure stops it, not the shell it is
+// pasted into); the token reaches mesh join on its standard input, from a
+// printf of the pasting shell (a builtin, no process of its own), so it is
+// in no process's command line for other users' ps to show.
 func InstallLine(peer, token, bin string) (string, error) {
 	t, err := ParseToken(token)
 	if err != nil {
@@ -94,10 +97,10 @@ func InstallLine(peer, token, bin string) (string, error) {
 		host = peer + ":" + strconv.Itoa(DefaultPort)
 	}
 	base := "https://" + host
-	return fmt.Sprintf(`sh -ec '[ "$(uname -m)" = %s ] || { echo "this machine is $(uname -m); the mesh at %s runs %s binaries" >&2; exit 1; }; `+
-		`d=$(mktemp -d); curl -fsSk %s/v1/ca -o "$d/ca.der"; echo "%s  $d/ca.der" | sha256sum -c --quiet; `+
+	return fmt.Sprintf(`printf '%%s\n' '%s' | sh -ec '[ "$(uname -m)" = %s ] || { echo "this machine is $(uname -m); the mesh at %s runs %s binaries" >&2; exit 1; }; `+
+		`d=$(mktemp -d); curl -fsSk %s/v1/ca -o "$d/ca.der" </dev/null; echo "%s  $d/ca.der" | sha256sum -c --quiet; `+
 		`{ echo "-----BEGIN CERTIFICATE-----"; base64 -w64 "$d/ca.der"; echo "-----END CERTIFICATE-----"; } > "$d/ca.pem"; `+
-		`curl -fsS --cacert "$d/ca.pem" %s/v1/binary -o "$d/mesh"; install -m 0755 "$d/mesh" %s; rm -rf "$d"; `+
-		`MESH_TOKEN=%s %s join %s'`,
-		unameMachine(), host, unameMachine(), base, t.CADigest, base, bin, token, bin, peer), nil
+		`curl -fsS --cacert "$d/ca.pem" %s/v1/binary -o "$d/mesh" </dev/null; install -m 0755 "$d/mesh" %s; rm -rf "$d"; `+
+		`%s join %s --token-file -'`,
+		token, unameMachine(), host, unameMachine(), base, t.CADigest, base, bin, bin, peer), nil
 }

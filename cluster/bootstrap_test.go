@@ -16,11 +16,16 @@ func TestInstallLine(t *testing.T) {
 		`echo "` + strings.Repeat("ab", 32) + `  $d/ca.der" | sha256sum -c --quiet`,
 		`curl -fsS --cacert "$d/ca.pem" https://10.0.0.1:7430/v1/binary`,
 		`install -m 0755 "$d/mesh" /usr/local/bin/mesh`,
-		"MESH_TOKEN=" + tok + " /usr/local/bin/mesh join 10.0.0.1'",
+		"/usr/local/bin/mesh join 10.0.0.1 --token-file -'",
 	} {
 		if !strings.Contains(line, w) {
 			t.Errorf("install line lacks %q:\n%s", w, line)
 		}
+	}
+	// The token goes in on standard input, from a printf of the pasting
+	// shell: never in the script, which ps shows every user while it runs.
+	if !strings.HasPrefix(line, "printf '%s\\n' '"+tok+"' | sh -ec '") || strings.Count(line, tok) != 1 {
+		t.Fatalf("the token is not only in the printf:\n%s", line)
 	}
 	// The digest is checked before the binary is fetched.
 	if strings.Index(line, "sha256sum -c") > strings.Index(line, "/v1/binary") {

@@ -369,9 +369,9 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 			continue
 		}
 		// A token holder must not take the place of a node that runs: a
-		// node of that name that has ever been heard from or reported is
-		// replaced only when the joiner says so (--replace). One that never
-		// ran is a join whose answer was lost, tried again.
+		// node of that name that has ever been heard from, reported, or
+		// answers now is replaced only when the joiner says so (--replace).
+		// One that never ran is a join whose answer was lost, tried again.
 		if ran, err := n.hasRun(ctx, x.Name); err != nil {
 			return JoinReply{}, err
 		} else if ran && !req.Replace {
@@ -671,10 +671,14 @@ func sha256Hex(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-// hasRun says whether node name has run: this node heard from it, or it
-// reported an apply.
+// hasRun says whether node name has run: this node heard from it, it
+// reported an apply, or it answers a hello now (an agent that just started,
+// not heard from yet).
 func (n *Node) hasRun(ctx context.Context, name string) (bool, error) {
 	if _, ok := n.Seen()[name]; ok {
+		return true, nil
+	}
+	if n.hello(ctx, name) {
 		return true, nil
 	}
 	reports, err := n.store.Reports(ctx)

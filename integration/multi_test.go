@@ -232,8 +232,13 @@ func TestMultiNode(t *testing.T) {
 		t.Fatal("n4 has a mesh binary before the install line ran")
 	}
 	install := strings.TrimSpace(n[1].mesh("token", "--install-line"))
-	if !strings.HasPrefix(install, "sh -ec '") || !strings.Contains(install, "sha256sum -c") || !strings.Contains(install, "--cacert") {
+	if !strings.HasPrefix(install, "printf '%s\\n' '"+token+"' | sh -ec '") || !strings.Contains(install, "sha256sum -c") || !strings.Contains(install, "--cacert") {
 		t.Fatalf("install line: %s", install)
+	}
+	// The token is in no process's command line: only in the pasting
+	// shell's printf (a builtin), never in the sh -ec script.
+	if _, script, _ := strings.Cut(install, " | sh -ec "); strings.Contains(script, token) {
+		t.Fatalf("the install line's script holds the token (ps shows it while it runs): %s", install)
 	}
 	bringUp := time.Now()
 	run := exec.Command("unshare", "--uts", "sh", "-c", `hostname N4.bed.example && eval "$1"`, "_", strings.ReplaceAll(install, "/usr/local/bin/mesh", n4bin))
