@@ -2,10 +2,12 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"mesh/state"
@@ -57,6 +59,24 @@ func StartMember(cfg MemberConfig) (_ *Member, err error) {
 	store, err := state.Open(filepath.Join(cfg.DataDir, StateFile))
 	if err != nil {
 		return nil, err
+	}
+	// A replica that holds nodes but not this one: the node was removed, or
+	// node.json's name was changed; Raft would run it as a follower that
+	// never finds its place.
+	if applied, err := store.AppliedIndex(); err == nil && applied > 0 {
+		if nodes, err := store.Nodes(context.Background()); err == nil && len(nodes) > 0 {
+			found := false
+			var names []string
+			for _, n := range nodes {
+				found = found || n.Name == id.Name
+				names = append(names, n.Name)
+			}
+			if !found {
+				store.Close()
+				return nil, fmt.Errorf("%w: %s names this node %q, but its replica (applied up to index %d) holds no node of that name (its nodes: %s): if node.json was edited, put the name back; if the node was removed from the mesh, move this data dir aside and mesh join again",
+					ErrDamaged, filepath.Join(cfg.DataDir, IdentityFile), id.Name, applied, strings.Join(names, ", "))
+			}
+		}
 	}
 	store.OnDiskFull = func(index uint64) {
 		log.Error("the disk is full: applying waits for space (reads and the resolver keep answering from what is applied)", "index", index, "data_dir", cfg.DataDir)

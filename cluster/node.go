@@ -120,13 +120,13 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkRaftData(cfg.Dir, logStore, stable, store); err != nil {
-		closer.Close()
-		return nil, err
-	}
 	hl := newHclog(cfg.Logger, "raft")
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.Dir, "snapshots"), 3, hl)
 	if err != nil {
+		closer.Close()
+		return nil, err
+	}
+	if err := checkRaftData(cfg.Dir, logStore, stable, snaps, store); err != nil {
 		closer.Close()
 		return nil, fmt.Errorf("open snapshot store: %w", err)
 	}
@@ -145,6 +145,15 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	}
 	// The node's sealing key (credentials, and on voters the CA key and
 	// the join secret, are sealed to it) is in the same dir as its TLS key.
+	// One the mesh knows this node by, gone, is not made anew in silence:
+	// what was sealed to it opens only with it.
+	if _, err := os.Stat(filepath.Join(cfg.TLSDir, seal.IdentityFile)); errors.Is(err, os.ErrNotExist) {
+		if me, err := store.Node(context.Background(), cfg.ID); err == nil && me.SealKey != "" {
+			closer.Close()
+			return nil, fmt.Errorf("%s is missing, but the mesh knows node %s by the sealing key %s: the credentials this node delivers, and on a voter the mesh's CA key and join secret, are sealed to it and open only with it. Put seal.key back from a backup of the data dir; or give the node up: move the data dir aside, mesh node remove %s on another node, and join this machine again (on a mesh whose only voter this is, the CA key and the join secret are then lost: mesh token cannot work again, and the mesh must be made anew)",
+				filepath.Join(cfg.TLSDir, seal.IdentityFile), cfg.ID, me.SealKey, cfg.ID)
+		}
+	}
 	sk, err := seal.LoadOrCreate(cfg.TLSDir)
 	if err != nil {
 		closer.Close()
@@ -221,16 +230,71 @@ const waysOut = "ways out: if other nodes of the mesh are alive, move this data 
 // checkRaftData refuses to start a node whose replica has applied entries but
 // whose Raft log and term are gone (a removed or damaged raft/ directory):
 // it would otherwise start silently as a follower that never finds a leader.
-func checkRaftData(dir string, logs raft.LogStore, stable raft.StableStore, store *state.Store) error {
+func checkRaftData(dir string, logs raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore, store *state.Store) error {
 	applied, err := store.AppliedIndex()
 	if err != nil || applied == 0 {
 		return nil
 	}
 	last, lerr := logs.LastIndex()
 	term, terr := stable.GetUint64([]byte("CurrentTerm"))
-	snaps, _ := os.ReadDir(filepath.Join(dir, "snapshots"))
-	if lerr == nil && last == 0 && (terr != nil || term == 0) && len(snaps) == 0 {
+	snapFiles, _ := os.ReadDir(filepath.Join(dir, "snapshots"))
+	if lerr == nil && last == 0 && (terr != nil || term == 0) && len(snapFiles) == 0 {
 		return fmt.Errorf("%w: the replica has applied up to index %d, but %s holds no Raft log, term or snapshot; %s", ErrDamaged, applied, dir, waysOut)
+	}
+	// A replica that applied entries took part in a term: a term of 0 is a
+	// log store that was emptied (rm raft/wal/*), whatever snapshot is left.
+	if terr != nil || term == 0 {
+		return fmt.Errorf("%w: the replica has applied up to index %d, but %s holds no Raft term (its log store was emptied or replaced); %s", ErrDamaged, applied, dir, waysOut)
+	}
+	// What the replica applied is in the log or in a snapshot: a log that
+	// ends before it (a segment cut short by garbage, which the store reads
+	// as its end) lost committed entries.
+	if lerr == nil && last < applied {
+		var snapped uint64
+		if list, err := snaps.List(); err == nil && len(list) > 0 {
+			snapped = list[0].Index
+		}
+		if snapped < applied {
+			return fmt.Errorf("%w: the Raft log in %s ends at index %d and its newest snapshot at %d, before the %d the replica applied: entries were lost (a damaged segment); %s", ErrDamaged, dir, last, snapped, applied, waysOut)
+		}
+	}
+	return verifyLog(logs)
+}
+
+// verifyLog reads every entry of the log and decodes each command: a
+// segment damaged on disk (garbage written over it) is named at start,
+// instead of stopping the node the day Raft reads that entry, or feeding
+// a follower what it cannot apply.
+func verifyLog(logs raft.LogStore) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: reading the Raft log failed (%v); %s", ErrDamaged, r, waysOut)
+		}
+	}()
+	first, err := logs.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("%w: the Raft log's first index: %v; %s", ErrDamaged, err, waysOut)
+	}
+	last, err := logs.LastIndex()
+	if err != nil {
+		return fmt.Errorf("%w: the Raft log's last index: %v; %s", ErrDamaged, err, waysOut)
+	}
+	if first == 0 {
+		return nil
+	}
+	var l raft.Log
+	for i := first; i <= last; i++ {
+		if err := logs.GetLog(i, &l); err != nil {
+			return fmt.Errorf("%w: entry %d of the Raft log cannot be read: %v; %s", ErrDamaged, i, err, waysOut)
+		}
+		if l.Index != i {
+			return fmt.Errorf("%w: entry %d of the Raft log reads as entry %d; %s", ErrDamaged, i, l.Index, waysOut)
+		}
+		if l.Type == raft.LogCommand {
+			if _, err := state.Decode(l.Data); err != nil {
+				return fmt.Errorf("%w: entry %d of the Raft log is not a command (%v): the log is damaged on disk; %s", ErrDamaged, i, err, waysOut)
+			}
+		}
 	}
 	return nil
 }
