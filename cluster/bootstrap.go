@@ -3,12 +3,13 @@ package cluster
 import (
 	"encoding/pem"
 	"fmt"
-	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // A machine that is to join gets the mesh binary from the mesh itself: every
@@ -18,10 +19,20 @@ import (
 // CA, checks it against the digest the token pins, and only then fetches the
 // binary over TLS verified by that CA: no trust on first use.
 
-// maxBinaryDownloads bounds concurrent downloads of the binary.
-const maxBinaryDownloads = 2
+// Downloads of the binary are bounded, in all and per address, and a
+// reader too slow (or one that never reads) loses its slot: two guests that
+// asked and never read held both slots once, and the install line then got
+// 503 for good.
+const (
+	maxBinaryDownloads       = 4
+	maxBinaryDownloadsPerSrc = 1
+	// binaryChunk must be taken by the reader within binaryChunkTime.
+	binaryChunk = 1 << 20
+)
 
-var binarySlots = make(chan struct{}, maxBinaryDownloads)
+// binaryChunkTime is how long a reader has to take each chunk (a variable
+// for tests).
+var binaryChunkTime = 15 * time.Second
 
 func (n *Node) serveCA(w http.ResponseWriter, r *http.Request) {
 	b, _ := pem.Decode(n.tls.caPEM)
@@ -34,14 +45,16 @@ func (n *Node) serveCA(w http.ResponseWriter, r *http.Request) {
 }
 
 func (n *Node) serveBinary(w http.ResponseWriter, r *http.Request) {
-	select {
-	case binarySlots <- struct{}{}:
-		defer func() { <-binarySlots }()
-	default:
+	src := netip.Addr{}
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		src = ap.Addr().Unmap()
+	}
+	if _, ok := n.downloads.Take(src); !ok {
 		w.Header().Set("Retry-After", "5")
-		http.Error(w, "busy serving the binary to other machines; retry in a few seconds", http.StatusServiceUnavailable)
+		http.Error(w, "busy serving the binary (to this address, or to as many machines as it serves at once); retry in a few seconds", http.StatusServiceUnavailable)
 		return
 	}
+	defer n.downloads.Give(src)
 	self, err := os.Executable()
 	if err != nil {
 		http.Error(w, "cannot find this node's binary: "+err.Error(), http.StatusInternalServerError)
@@ -62,7 +75,24 @@ func (n *Node) serveBinary(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
 	w.Header().Set("X-Mesh-Version", n.cfg.Version)
 	w.Header().Set("X-Mesh-Platform", runtime.GOOS+"/"+runtime.GOARCH)
-	io.Copy(w, f)
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 64<<10)
+	for sent, next := int64(0), int64(0); ; {
+		if sent >= next {
+			rc.SetWriteDeadline(time.Now().Add(binaryChunkTime))
+			next = sent + binaryChunk
+		}
+		k, rerr := f.Read(buf)
+		if k > 0 {
+			if _, err := w.Write(buf[:k]); err != nil {
+				return // a reader too slow: its slot goes to the next
+			}
+			sent += int64(k)
+		}
+		if rerr != nil {
+			return
+		}
+	}
 }
 
 // unameMachine is `uname -m` for this binary's architecture.

@@ -105,3 +105,70 @@ func TestGuestsAreBounded(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Hardening, item 8: downloads of the binary are bounded per address and in
+// all, and a reader that never reads loses its slot, so the install line
+// is not refused for good by guests that asked and stalled.
+func TestStalledDownloadsLoseTheirSlot(t *testing.T) {
+	a, _ := twoNodes(t)
+	old := binaryChunkTime
+	binaryChunkTime = 2 * time.Second
+	t.Cleanup(func() { binaryChunkTime = old })
+	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	ask := func(from string) (*http.Response, net.Conn, error) {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+		c, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})
+		if err != nil {
+			return nil, nil, err
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET /v1/binary HTTP/1.1\r\nHost: mesh\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			c.Close()
+			return nil, nil, err
+		}
+		c.SetDeadline(time.Time{})
+		return resp, c, nil
+	}
+	// Stalled readers: one per address, four in all.
+	var stalled []net.Conn
+	defer func() {
+		for _, c := range stalled {
+			c.Close()
+		}
+	}()
+	for i := 1; i <= maxBinaryDownloads; i++ {
+		resp, c, err := ask(fmt.Sprintf("127.0.3.%d", i))
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("download %d: %v %v", i, err, resp)
+		}
+		stalled = append(stalled, c) // and never read
+	}
+	if resp, c, err := ask("127.0.3.1"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("a second download from one address: %v %v", err, resp)
+	} else {
+		c.Close()
+	}
+	if resp, c, err := ask("127.0.3.9"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("a download past the bound: %v %v", err, resp)
+	} else {
+		c.Close()
+	}
+	// The stalled readers time out; a new one is served.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, c, err := ask("127.0.3.9")
+		if err == nil && resp.StatusCode == http.StatusOK {
+			c.Close()
+			break
+		}
+		if c != nil {
+			c.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stalled downloads kept their slots: %v %v", err, resp)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -27,6 +27,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	raftwal "github.com/hashicorp/raft-wal"
 
+	"mesh/internal/connlimit"
 	"mesh/internal/seal"
 	"mesh/state"
 )
@@ -90,6 +91,8 @@ type Node struct {
 
 	live liveness
 	stop chan struct{}
+	// downloads counts the binary's downloads in flight (bootstrap.go).
+	downloads *connlimit.Bounds
 
 	// Commit notices (committed.go): logStore is Raft's log, read for a
 	// notice's term and a catch-up's entries; notices are the leader's to
@@ -205,7 +208,8 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, seal: sk, logs: closer, log: log, live: liveness{seen: map[string]Seen{}},
-		stop: make(chan struct{}), logStore: logStore, catchUpWake: make(chan struct{}, 1)}
+		downloads: connlimit.New(maxBinaryDownloads, maxBinaryDownloadsPerSrc),
+		stop:      make(chan struct{}), logStore: logStore, catchUpWake: make(chan struct{}, 1)}
 	n.catchingUp.Add(1)
 	go func() { defer n.catchingUp.Done(); n.catchUp() }()
 	n.peerConns = &peerTransport{cfg: nt.clientConfig(alpnAPI)}
