@@ -68,5 +68,8 @@ func (c *SnapshotRestoreCmd) Run(g *Globals) error {
 	for _, d := range r.Dropped {
 		fmt.Fprintf(g.out, "  left out: %s (that node is not in the mesh now)\n", d)
 	}
+	for _, c := range r.Unsealed {
+		fmt.Fprintf(g.out, "  left out: the credential %s, in plain text in the snapshot and delivered by no node (a new one is made when it is needed)\n", c)
+	}
 	return nil
 }

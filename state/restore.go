@@ -1,6 +1,8 @@
 package state
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -201,4 +203,58 @@ func (b *RestoreBody) Dropped(current []string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// PlainNeeds says how the secrets a restore carries in plain text (a
+// snapshot of an older mesh, or a crafted one) are to be sealed before it
+// is proposed: the restore is applied to a private copy of this replica,
+// and each plain credential that some node of this mesh delivers there is
+// a need (its value, the keys of the nodes that deliver it). Dropped lists
+// the plain credentials no node delivers: they are left out of the restore
+// (a new secret is made if one is needed later), never kept in plain text.
+func (s *Store) PlainNeeds(ctx context.Context, b *RestoreBody) (needs []SealNeed, dropped []Pair, err error) {
+	plain := map[Pair]bool{}
+	for _, c := range b.Credentials {
+		if c.Sealed == "" && c.Value != "" {
+			plain[c.Pair] = true
+		}
+	}
+	if len(plain) == 0 {
+		return nil, nil, nil
+	}
+	var snap bytes.Buffer
+	if err := s.WriteSnapshot(ctx, &snap); err != nil {
+		return nil, nil, err
+	}
+	index, err := s.AppliedIndex()
+	if err != nil {
+		return nil, nil, err
+	}
+	scratch, cleanup, err := s.openScratch()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer cleanup()
+	if err := scratch.Restore(ctx, &snap); err != nil {
+		return nil, nil, fmt.Errorf("copy the replica: %w", err)
+	}
+	c := NewCommand(b)
+	if err := scratch.Apply(index+1, c.Encode()); err != nil {
+		return nil, nil, err
+	}
+	all, err := scratch.SealNeeds(ctx, nil, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, n := range all {
+		if plain[n.Pair] && n.Plain != "" {
+			needs = append(needs, n)
+			delete(plain, n.Pair)
+		}
+	}
+	for p := range plain {
+		dropped = append(dropped, p)
+	}
+	sort.Slice(dropped, func(i, j int) bool { return dropped[i].Consumer+">"+dropped[i].Provider < dropped[j].Consumer+">"+dropped[j].Provider })
+	return needs, dropped, nil
 }

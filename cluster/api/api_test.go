@@ -244,3 +244,68 @@ func TestClientSaysWhenNoAgentRuns(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// Hardening, item 9: a snapshot that holds a secret in plain text (an older
+// mesh's, or a crafted one) leaves none in plain text on any replica: the
+// restore seals each to the nodes that deliver it, and leaves out one that
+// no node delivers, saying so.
+func TestRestoreSealsPlainSecrets(t *testing.T) {
+	dir := initDir(t, cluster.LogStoreWAL)
+	a := startAgent(t, dir)
+	defer a.Stop()
+	waitLeader(t, a)
+	c := NewClient(dir)
+	ctx := context.Background()
+	const pg = "module: pg\naccepts-credentials: /srv/pg/creds\nresources:\n  - directory: /srv/pg\n  - directory: /srv/pg/creds\n"
+	const app = "module: app\nresources:\n  - directory: /srv/app\n  - credential: /srv/app/db.password\n    provider: pg\n"
+	const idle = "module: idle\nresources:\n  - directory: /srv/idle\n  - credential: /srv/idle/db.password\n    provider: pg\n"
+	if _, err := c.AddModules(ctx, AddRequest{Modules: []state.ModuleText{{File: "pg.yaml", Text: pg}, {File: "app.yaml", Text: app}, {File: "idle.yaml", Text: idle}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"pg", "app"} {
+		if _, err := c.Assign(ctx, state.OpAssign, "ace", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	saved, err := c.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn, err := state.ReadSnapshot(bytes.NewReader(saved))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := sn.RestoreBody()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The crafted part: both credentials in plain text.
+	body.Credentials = []state.Secret{
+		{Pair: state.Pair{Consumer: "app", Provider: "pg"}, Value: "plain-app-secret"},
+		{Pair: state.Pair{Consumer: "idle", Provider: "pg"}, Value: "plain-idle-secret"},
+	}
+	r, err := c.Restore(ctx, RestoreRequest{Restore: body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Unsealed) != 1 || r.Unsealed[0] != "idle -> pg" {
+		t.Fatalf("left out: %v", r.Unsealed)
+	}
+	row, err := a.Store.SealedSecret(ctx, state.Pair{Consumer: "app", Provider: "pg"})
+	if err != nil || row.Plain != "" || row.Sealed == "" || row.Digest != state.SecretDigest("plain-app-secret") {
+		t.Fatalf("app -> pg after the restore: %+v %v", row, err)
+	}
+	if got, err := a.Node.Seal().Open(row.Sealed); err != nil || got != "plain-app-secret" {
+		t.Fatalf("the node that delivers it opens %q, %v", got, err)
+	}
+	if row, err := a.Store.SealedSecret(ctx, state.Pair{Consumer: "idle", Provider: "pg"}); err == nil && row.Plain != "" {
+		t.Fatalf("idle -> pg kept in plain text: %+v", row)
+	}
+	var snap bytes.Buffer
+	if err := a.Store.WriteSnapshot(ctx, &snap); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(snap.Bytes(), []byte("plain-app-secret")) || bytes.Contains(snap.Bytes(), []byte("plain-idle-secret")) {
+		t.Fatal("a secret is in plain text in the replica")
+	}
+}

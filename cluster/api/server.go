@@ -735,6 +735,9 @@ type RestoreRequest struct {
 type RestoreResult struct {
 	Index   uint64   `json:"index"`
 	Dropped []string `json:"dropped,omitempty"`
+	// Unsealed lists the credentials the snapshot held in plain text that
+	// no node delivers: left out, never kept in plain text.
+	Unsealed []string `json:"unsealed,omitempty"`
 }
 
 // restore proposes the snapshot's state through Raft, so every node applies it.
@@ -768,10 +771,45 @@ func (a *API) restore(w http.ResponseWriter, r *http.Request) {
 		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: err.Error()})
 		return
 	}
+	// A secret in plain text in the snapshot is sealed here, to the nodes
+	// that deliver it, or left out: the state never holds one in plain text.
+	needs, unsealed, err := a.store.PlainNeeds(r.Context(), req.Restore)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	sealed, err := seal.Secrets(needs)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	byPair := map[state.Pair]state.Secret{}
+	for _, sc := range sealed {
+		byPair[sc.Pair] = sc
+	}
+	drop := map[state.Pair]bool{}
+	for _, p := range unsealed {
+		drop[p] = true
+	}
+	var creds []state.Secret
+	for _, c := range req.Restore.Credentials {
+		if sc, ok := byPair[c.Pair]; ok && c.Sealed == "" {
+			c = sc
+		}
+		if drop[c.Pair] && c.Sealed == "" {
+			continue
+		}
+		creds = append(creds, c)
+	}
+	req.Restore.Credentials = creds
 	idx, err := a.propose(r.Context(), req.Restore)
 	if err != nil {
 		fail(w, err)
 		return
 	}
-	reply(w, RestoreResult{Index: idx, Dropped: req.Restore.Dropped(names)})
+	res := RestoreResult{Index: idx, Dropped: req.Restore.Dropped(names)}
+	for _, p := range unsealed {
+		res.Unsealed = append(res.Unsealed, p.Consumer+" -> "+p.Provider)
+	}
+	reply(w, res)
 }
