@@ -255,6 +255,8 @@ func (s *Store) PlainNeeds(ctx context.Context, b *RestoreBody) (needs []SealNee
 	for p := range plain {
 		dropped = append(dropped, p)
 	}
-	sort.Slice(dropped, func(i, j int) bool { return dropped[i].Consumer+">"+dropped[i].Provider < dropped[j].Consumer+">"+dropped[j].Provider })
+	sort.Slice(dropped, func(i, j int) bool {
+		return dropped[i].Consumer+">"+dropped[i].Provider < dropped[j].Consumer+">"+dropped[j].Provider
+	})
 	return needs, dropped, nil
 }
