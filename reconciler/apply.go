@@ -351,16 +351,35 @@ func (x *run) directory(res state.Resource) state.ResourceReport {
 	if have.exists && !have.isDir {
 		return report(res, state.Failed, "exists and is not a directory; move it aside")
 	}
-	if !have.exists {
+	var entry *PathEntry
+	if e, ok := x.r.ledger.Paths[res.Name]; ok {
+		entry = &e
+	}
+	note := ""
+	switch d := decideDir(res.Name, have, entry, uid, gid, mode, res.Decl.TakeOver); d.Action {
+	case dirRefuse:
+		return report(res, state.Failed, d.Message)
+	case dirMake:
 		// Recorded before it is made: only a directory the mesh created is the
 		// mesh's to remove later, and a crash after mkdir must not forget it.
 		if err := x.r.ledger.Put(res.Name, PathEntry{Kind: res.Kind, Module: res.Module}); err != nil {
 			return report(res, state.Failed, err.Error())
 		}
-	} else if e, ok := x.r.ledger.Paths[res.Name]; ok && e.Module != res.Module {
-		e.Module = res.Module
-		if err := x.r.ledger.Put(res.Name, e); err != nil {
+	case dirTakeOver:
+		// Its owner and mode are recorded before they change, to be put
+		// back; the directory itself is never the mesh's to remove.
+		orig := &Original{UID: have.uid, GID: have.gid, Mode: have.mode}
+		if err := x.r.ledger.Put(res.Name, PathEntry{Kind: res.Kind, Module: res.Module, Original: orig}); err != nil {
 			return report(res, state.Failed, err.Error())
+		}
+		note = fmt.Sprintf("taken over; its owner and mode before (%d:%d %04o) are put back when the module lets go of it", have.uid, have.gid, have.mode)
+	case dirOurs:
+		if entry.Module != res.Module {
+			e := *entry
+			e.Module = res.Module
+			if err := x.r.ledger.Put(res.Name, e); err != nil {
+				return report(res, state.Failed, err.Error())
+			}
 		}
 	}
 	outcome, drift, err := ensureDir(res.Name, uid, gid, mode)
@@ -377,6 +396,9 @@ func (x *run) directory(res state.Resource) state.ResourceReport {
 	x.inputsOf(res.Module)[res.Name] = digestBytes([]byte(fmt.Sprintf("dir %d:%d %o", uid, gid, mode)))
 	if outcome != fsUnchanged {
 		x.writes++
+	}
+	if note != "" {
+		drift = strings.TrimSuffix(note+"; "+drift, "; ")
 	}
 	return report(res, outcomeOf(outcome), drift)
 }
@@ -927,6 +949,15 @@ func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 	var kept string
 	var err error
 	switch {
+	case e.Kind == manifest.KindDirectory && e.Original != nil:
+		// Taken over: it was there before, and gets its owner and mode back.
+		if err := restoreOwnerMode(p, e.Original.UID, e.Original.GID, e.Original.Mode); err != nil {
+			rr.Outcome, rr.Reason = state.Failed, err.Error()
+			return rr
+		}
+		x.r.ledger.Drop(p)
+		rr.Outcome, rr.Reason = state.Restored, fmt.Sprintf("its owner and mode before the module took it over (%d:%d %04o) are back", e.Original.UID, e.Original.GID, e.Original.Mode)
+		return rr
 	case e.Kind == manifest.KindDirectory:
 		removed, kept, err = removeDir(p)
 	case e.Original != nil:

@@ -351,3 +351,38 @@ func logMaxSize(t manifest.Typed) int64 {
 	}
 	return manifest.DefaultLogMaxSize
 }
+
+// Directory actions.
+const (
+	dirMake     = "make"      // absent: the mesh makes it, and it is the mesh's
+	dirOurs     = "ours"      // the mesh made it: owner and mode as declared
+	dirAdopt    = "adopt"     // there already, as declared: used, never removed
+	dirTakeOver = "take-over" // there already, otherwise: changed, put back later
+	dirRefuse   = "refuse"    // there already, otherwise, and not taken over
+)
+
+// dirDecision is what to do with a declared directory, and why.
+type dirDecision struct {
+	Action  string
+	Message string // for dirRefuse: the report's reason
+}
+
+// decideDir decides about a declared directory: have is what is there,
+// entry the ledger's entry for it (nil when the mesh did not make it nor
+// take it over). A directory the mesh did not make keeps its owner and mode
+// unless the manifest takes it over (take-over: true), which records them
+// so they are put back when the module lets go of it.
+func decideDir(name string, have pathState, entry *PathEntry, uid, gid int, mode uint32, takeOver bool) dirDecision {
+	switch {
+	case !have.exists:
+		return dirDecision{Action: dirMake}
+	case entry != nil:
+		return dirDecision{Action: dirOurs}
+	case have.uid == uid && have.gid == gid && have.mode == mode:
+		return dirDecision{Action: dirAdopt}
+	case takeOver:
+		return dirDecision{Action: dirTakeOver}
+	}
+	return dirDecision{Action: dirRefuse, Message: fmt.Sprintf("%s exists (owner %d:%d, mode %04o) and the mesh did not make it; the mesh does not change a directory it did not make: declare it as it is (owner: \"%d:%d\", mode: \"%04o\"), or add `take-over: true` to it to change it to %d:%d %04o (its owner and mode are put back when the module lets go of it)",
+		name, have.uid, have.gid, have.mode, have.uid, have.gid, have.mode, uid, gid, mode)}
+}

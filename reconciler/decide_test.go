@@ -146,3 +146,28 @@ func TestDecideLeftover(t *testing.T) {
 		})
 	}
 }
+
+func TestDecideDir(t *testing.T) {
+	there := pathState{exists: true, isDir: true, uid: 0, gid: 0, mode: 0o1777}
+	ours := &PathEntry{Kind: "directory", Module: "m"}
+	cases := []struct {
+		name     string
+		have     pathState
+		entry    *PathEntry
+		takeOver bool
+		want     string
+		msg      string
+	}{
+		{"absent", pathState{}, nil, false, dirMake, ""},
+		{"the mesh's own, drifted", there, ours, false, dirOurs, ""},
+		{"there, as declared", pathState{exists: true, isDir: true, uid: 1234, gid: 1234, mode: 0o700}, nil, false, dirAdopt, ""},
+		{"there, otherwise", there, nil, false, dirRefuse, `declare it as it is (owner: "0:0", mode: "1777"), or add ` + "`take-over: true`"},
+		{"there, otherwise, taken over", there, nil, true, dirTakeOver, ""},
+	}
+	for _, tc := range cases {
+		d := decideDir("/srv/x", tc.have, tc.entry, 1234, 1234, 0o700, tc.takeOver)
+		if d.Action != tc.want || !strings.Contains(d.Message, tc.msg) {
+			t.Errorf("%s: %s %q, want %s with %q", tc.name, d.Action, d.Message, tc.want, tc.msg)
+		}
+	}
+}

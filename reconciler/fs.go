@@ -332,3 +332,26 @@ func listSome(d *os.File, few, limit int) ([]string, int, error) {
 	}
 	return names, count, nil
 }
+
+// restoreOwnerMode puts back a directory's owner and mode, following no
+// link; one gone already is nothing to put back.
+func restoreOwnerMode(path string, uid, gid int, mode uint32) error {
+	dfd, base, err := safefs.OpenParent(path)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open %s to put its owner and mode back: %w", path, err)
+	}
+	defer unix.Close(fd)
+	_, err = fixOwnerMode(fd, uid, gid, mode)
+	return err
+}

@@ -637,3 +637,59 @@ func TestCreatedDirectoryReportsNoDrift(t *testing.T) {
 		t.Fatalf("mode %v", fi.Mode())
 	}
 }
+
+// Hardening, item 11: a directory that was there before is not re-owned or
+// re-moded in silence: without take-over its module fails, naming what is
+// there and the two ways forward; taken over it changes, is reported, and
+// gets its owner and mode back when the module lets go of it.
+func TestExistingDirectoryIsNotTakenOverSilently(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test changes owners; run it as root (contrib/test.sh does)")
+	}
+	dir := t.TempDir()
+	rt := newFake()
+	r, err := New(Config{Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(dir, "ledger.json")}, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := filepath.Join(dir, "x")
+	if err := os.Mkdir(x, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	syscall.Chmod(x, 0o1777) // the operator's, open to all (sticky)
+	in := state.Input{Domain: "internal", Nodes: []state.Node{{Name: "ace", Address: "10.0.0.1"}}, Assignments: []state.Assignment{{Node: "ace", Module: "m"}}}
+	src := func(takeOver string) []string {
+		return []string{"module: m\nresources:\n  - directory: " + x + "\n    owner: \"1234:1234\"\n    mode: \"0700\"\n" + takeOver}
+	}
+	mode := func() (uint32, uint32) {
+		var st syscall.Stat_t
+		syscall.Stat(x, &st)
+		return st.Uid, st.Mode & 0o7777
+	}
+	rep := r.Apply(context.Background(), 1, composeAce(t, &in, src("")))
+	o := outcome(rep, x)
+	if o.Outcome != state.Failed || !strings.Contains(o.Reason, "the mesh did not make it") || !strings.Contains(o.Reason, "take-over: true") || !strings.Contains(o.Reason, `owner: "0:0", mode: "1777"`) {
+		t.Fatalf("an existing directory declared otherwise: %+v", o)
+	}
+	if uid, m := mode(); uid != 0 || m != 0o1777 {
+		t.Fatalf("changed without take-over: uid %d mode %o", uid, m)
+	}
+	rep = r.Apply(context.Background(), 2, composeAce(t, &in, src("    take-over: true\n")))
+	if o := outcome(rep, x); o.Outcome != state.Updated || !strings.Contains(o.Reason, "taken over") || !strings.Contains(o.Reason, "0:0 1777") {
+		t.Fatalf("taken over: %+v", o)
+	}
+	if uid, m := mode(); uid != 1234 || m != 0o700 {
+		t.Fatalf("taken over: uid %d mode %o", uid, m)
+	}
+	in.Assignments = nil
+	rep = r.Apply(context.Background(), 3, composeAce(t, &in, src("    take-over: true\n")))
+	if o := outcome(rep, x); o.Outcome != state.Restored {
+		t.Fatalf("let go: %+v", o)
+	}
+	if uid, m := mode(); uid != 0 || m != 0o1777 {
+		t.Fatalf("let go: uid %d mode %o, want its own back", uid, m)
+	}
+	if _, err := os.Stat(x); err != nil {
+		t.Fatal("a directory the mesh did not make was removed")
+	}
+}

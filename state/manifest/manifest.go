@@ -118,7 +118,7 @@ type Resource struct {
 	// mesh did not write: its bytes are kept in the node's data dir and put
 	// back when the module no longer declares the file. Without it such a
 	// file makes the module fail, and nothing is written.
-	TakeOver bool `yaml:"take-over,omitempty" json:"take-over,omitempty" jsonschema:"description=Take over a file that exists and that the mesh did not write; its original is kept in the node's data dir and put back when the module lets go of it"`
+	TakeOver bool `yaml:"take-over,omitempty" json:"take-over,omitempty" jsonschema:"description=Take over a file that exists and that the mesh did not write (its original is kept in the node's data dir), or a directory the mesh did not make whose owner or mode differ (they are recorded); either is put back when the module lets go of it"`
 
 	// Healthy, on a binding, holds the resources after it until the
 	// provider's instance it points at is healthy (a health gate).
@@ -440,7 +440,7 @@ var (
 
 // fields lists which optional keys each kind may carry.
 var fields = map[string][]string{
-	KindDirectory:  {"owner", "mode"},
+	KindDirectory:  {"owner", "mode", "take-over"},
 	KindFile:       {"owner", "mode", "content", "take-over"},
 	KindRoutesFile: {"owner", "mode", "template", "take-over"},
 	KindBinding:    {"owner", "mode", "provider", "take-over", "healthy"},

@@ -65,14 +65,15 @@ resources:
 	}
 }
 
-// take-over is a key of file kinds only, and is in the schema.
+// take-over is a key of file kinds and directories (not of steps or
+// containers), and is in the schema.
 func TestTakeOverKey(t *testing.T) {
-	m, err := Parse("m.yaml", []byte("module: a\nresources:\n  - directory: /srv/a\n  - file: /srv/a/f\n    take-over: true\n"))
-	if err != nil || !m.Resources[1].TakeOver {
+	m, err := Parse("m.yaml", []byte("module: a\nresources:\n  - directory: /srv/a\n    take-over: true\n  - file: /srv/a/f\n    take-over: true\n"))
+	if err != nil || !m.Resources[0].TakeOver || !m.Resources[1].TakeOver {
 		t.Fatalf("%v", err)
 	}
-	_, err = Parse("m.yaml", []byte("module: a\nresources:\n  - directory: /srv/a\n    take-over: true\n"))
-	if err == nil || !strings.Contains(err.Error(), "a directory does not take `take-over`") {
+	_, err = Parse("m.yaml", []byte("module: a\nresources:\n  - container: a.c\n    image: i\n    take-over: true\n"))
+	if err == nil || !strings.Contains(err.Error(), "does not take `take-over`") {
 		t.Fatalf("%v", err)
 	}
 	b, _ := Schema()
