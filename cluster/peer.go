@@ -156,10 +156,19 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
+// MaxCommand bounds a command forwarded to the leader: what the largest
+// restore the local API takes (256 MiB of snapshot) encodes to. A follower
+// refuses a larger one itself, saying so, rather than send it cut short.
+const MaxCommand = 320 << 20
+
 func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
-	raw, err := io.ReadAll(io.LimitReader(r.Body, 16<<20))
+	raw, err := io.ReadAll(io.LimitReader(r.Body, MaxCommand+1))
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, applyReply{Error: "bad command: " + err.Error(), Kind: "invalid"})
+		return
+	}
+	if len(raw) > MaxCommand {
+		writeJSON(w, http.StatusBadRequest, applyReply{Error: fmt.Sprintf("the command is over the %d MiB a leader takes", MaxCommand>>20), Kind: "invalid"})
 		return
 	}
 	// A follower of an older binary sends a flat command: Decode converts it.
@@ -236,6 +245,9 @@ func (n *Node) call(ctx context.Context, addr, path string, in, out any) error {
 
 // forward sends a write to the leader.
 func (n *Node) forward(ctx context.Context, c *state.Command) (uint64, error) {
+	if size := len(c.Encode()); size > MaxCommand {
+		return 0, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("the %s command is %d MiB, over the %d MiB a leader takes from a follower", c.Op, size>>20, MaxCommand>>20)}
+	}
 	addr, err := n.leaderAddr()
 	if err != nil {
 		return 0, err
