@@ -462,6 +462,8 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 		}
 		if d.Action == fileTakeOver {
 			e = PathEntry{Original: &Original{Kept: kept, Digest: have.digest, UID: have.uid, GID: have.gid, Mode: have.mode}}
+		} else {
+			x.r.pruneKept(res.Name)
 		}
 		note = d.Note + kept
 	}
@@ -495,6 +497,89 @@ func (r *Reconciler) keptDir() string {
 	return filepath.Join(r.cfg.DataDir, "kept")
 }
 
+// What the kept dir holds of the edits a file went through is bounded: a
+// container that rewrites a declared file it mounts would otherwise grow it
+// at every pass. The originals of files taken over are never pruned.
+const (
+	// MaxKeptPerPath is how many copies of a file's edits are kept.
+	MaxKeptPerPath = 3
+	// MaxKeptBytes bounds all the copies of edits, oldest first out.
+	MaxKeptBytes = 64 << 20
+)
+
+// keptName is the kept dir's name for a copy of path with digest.
+func keptName(path, digest string) string {
+	name := keptPrefix(path) + digest
+	if len(name) > 200 {
+		name = name[len(name)-200:]
+	}
+	return name
+}
+
+func keptPrefix(path string) string {
+	return strings.ReplaceAll(strings.TrimPrefix(path, "/"), "/", "%") + "@"
+}
+
+// pruneKept drops copies of edits beyond the bounds: for path, all but
+// the newest MaxKeptPerPath, and then, oldest first, whatever passes
+// MaxKeptBytes in all.
+func (r *Reconciler) pruneKept(path string) { r.pruneKeptOf(path, MaxKeptPerPath) }
+
+// pruneKeptOf keeps the newest keepN copies of path's edits (0: its module
+// let go of it) within the bounds of all.
+func (r *Reconciler) pruneKeptOf(path string, keepN int) {
+	dir := r.keptDir()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	protect := map[string]bool{}
+	for _, e := range r.ledger.Paths {
+		if e.Original != nil && e.Original.Kept != "" {
+			protect[filepath.Base(e.Original.Kept)] = true
+		}
+	}
+	type copyOf struct {
+		name string
+		at   time.Time
+		size int64
+	}
+	var mine, all []copyOf
+	prefix := keptPrefix(path)
+	for _, en := range entries {
+		if protect[en.Name()] || !en.Type().IsRegular() {
+			continue
+		}
+		fi, err := en.Info()
+		if err != nil {
+			continue
+		}
+		c := copyOf{en.Name(), fi.ModTime(), fi.Size()}
+		all = append(all, c)
+		if strings.HasPrefix(en.Name(), prefix) {
+			mine = append(mine, c)
+		}
+	}
+	gone := map[string]bool{}
+	sort.Slice(mine, func(i, j int) bool { return mine[i].at.After(mine[j].at) })
+	for _, c := range mine[min(keepN, len(mine)):] {
+		if os.Remove(filepath.Join(dir, c.name)) == nil {
+			gone[c.name] = true
+		}
+	}
+	var total int64
+	sort.Slice(all, func(i, j int) bool { return all[i].at.After(all[j].at) })
+	for _, c := range all {
+		if gone[c.name] {
+			continue
+		}
+		total += c.size
+		if total > MaxKeptBytes {
+			os.Remove(filepath.Join(dir, c.name))
+		}
+	}
+}
+
 // keep copies what is at a path into the kept dir, durably, and returns
 // where. Its name says the path and the content's digest.
 func (r *Reconciler) keep(res state.Resource, have pathState) (string, error) {
@@ -502,11 +587,7 @@ func (r *Reconciler) keep(res state.Resource, have pathState) (string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
-	name := strings.ReplaceAll(strings.TrimPrefix(res.Name, "/"), "/", "%") + "@" + have.digest[:16]
-	if len(name) > 200 {
-		name = name[len(name)-200:]
-	}
-	p := filepath.Join(dir, name)
+	p := filepath.Join(dir, keptName(res.Name, have.digest[:16]))
 	if err := safefs.WriteFile(p, have.content, 0o600); err != nil {
 		return "", err
 	}
@@ -968,6 +1049,9 @@ func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 		}
 	default:
 		removed, kept, err = unlink(p, e.Digest, e.Prev)
+		if removed {
+			x.r.pruneKeptOf(p, 0) // its edits' copies go with it
+		}
 	}
 	switch {
 	case err != nil:

@@ -693,3 +693,31 @@ func TestExistingDirectoryIsNotTakenOverSilently(t *testing.T) {
 		t.Fatal("a directory the mesh did not make was removed")
 	}
 }
+
+// Hardening, item 3: a container that rewrites a declared file it mounts
+// makes the mesh keep a copy of each edit before it writes the file again;
+// those copies are bounded per file, and go when the module does.
+func TestKeptCopiesAreBounded(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	ini := filepath.Join(b.dir, "app/app.ini")
+	kept := func() []string {
+		m, _ := filepath.Glob(filepath.Join(b.dir, "kept", keptPrefix(ini)+"*"))
+		return m
+	}
+	for i := 0; i < 8; i++ {
+		os.WriteFile(ini, []byte(fmt.Sprintf("edited by the container, %d", i)), 0o640)
+		b.apply()
+	}
+	if k := kept(); len(k) != MaxKeptPerPath {
+		t.Fatalf("%d copies of app.ini's edits kept, want the newest %d: %v", len(k), MaxKeptPerPath, k)
+	}
+	if b, _ := os.ReadFile(kept()[0]); !strings.Contains(string(b), "edited by the container") {
+		t.Fatalf("a kept copy holds %q", b)
+	}
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.apply()
+	if k := kept(); len(k) != 0 {
+		t.Fatalf("the module went, and %d copies of its file's edits stayed", len(k))
+	}
+}
