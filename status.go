@@ -163,6 +163,11 @@ func renderStatus(w io.Writer, st api.Status) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, n := range st.Nodes {
+		if n.DiskLow {
+			fmt.Fprintf(w, "%s: its data dir has %s left: writes through it stop below %s; free some space there (a leader that runs out hands its leadership over)\n", n.Name, bytesText(*n.DiskFree), bytesText(st.DiskFloor))
+		}
+	}
 	renderOverlay(w, st)
 	// What failed, what waits behind it, and what the host keeps, per node.
 	for _, n := range st.Nodes {

@@ -199,6 +199,7 @@ func (a *Agent) startMetrics() error {
 	if a.cfg.MetricsListen != "" {
 		a.metrics = metrics.New(a.member.Node.Stats)
 		a.metrics.Overlay(a.net.peerStats)
+		a.metrics.DataDirFree(a.member.Node.Free)
 	}
 	return nil
 }

@@ -1,9 +1,12 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
+	"github.com/hashicorp/raft"
 	"golang.org/x/sys/unix"
 )
 
@@ -13,8 +16,45 @@ import (
 // themselves once space returns.
 var MinFree uint64 = 32 << 20
 
+// LowFree is when a node's data dir counts as short of space: status and
+// the log warn from it, well before MinFree stops writes.
+var LowFree uint64 = 1 << 30
+
 // ErrDiskFull: the node's data dir has too little space for a write.
 var ErrDiskFull = errors.New("disk full")
+
+// Free is the space left in this node's data dir.
+func (n *Node) Free() uint64 { return freeBytes(n.cfg.Dir) }
+
+// watchDisk keeps a leader whose data dir is short of space from stopping
+// the mesh's writes: below MinFree it hands the leadership to a voter that
+// has room (Raft picks the most up to date), so the others keep writing
+// while this node says it is short. It looks every few seconds.
+func (n *Node) watchDisk(ctx context.Context) {
+	t := time.NewTicker(3 * time.Second)
+	defer t.Stop()
+	warned := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		free := freeBytes(n.cfg.Dir)
+		if free < LowFree && !warned {
+			n.log.Warn("the data dir is short of space: writes stop below the floor", "free_mib", free>>20, "floor_mib", MinFree>>20, "dir", n.cfg.Dir)
+		}
+		warned = free < LowFree
+		if free >= MinFree || MinFree == 0 || n.raft.State() != raft.Leader {
+			continue
+		}
+		if err := n.raft.LeadershipTransfer().Error(); err != nil {
+			n.log.Warn("the data dir is full and the leadership could not be handed over", "err", err)
+			continue
+		}
+		n.log.Warn("the data dir is full: handed the leadership over, so the others keep writing", "free_mib", free>>20)
+	}
+}
 
 // checkDisk refuses a write when this node's data dir is (nearly) full.
 func (n *Node) checkDisk() error {

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -121,4 +123,73 @@ func fmtErr(err error) string {
 		return "<nil>"
 	}
 	return err.Error()
+}
+
+// Hardening, item 4: one node's full disk does not make the mesh read-only.
+// The leader's data dir fills: it hands its leadership over, and a write
+// through another node goes through; status says who is short of space.
+func TestFullLeaderHandsOver(t *testing.T) {
+	ctx := context.Background()
+	base := t.TempDir()
+	mnt := filepath.Join(base, "tmpfs")
+	testutil.Tmpfs(t, mnt, "size=256m") // raft-wal takes 64 MiB a segment
+	dirA := filepath.Join(mnt, "ace")
+	if err := Init(ctx, InitConfig{DataDir: dirA, Name: "ace", Address: "127.0.0.1", Port: freePort(t), LogStore: LogStoreWAL}); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, dirA)
+	defer a.Stop()
+	waitLeader(t, a)
+	id, err := a.Store.Identity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, err := a.Node.JoinSecret(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
+	var others []*Member
+	for i, name := range []string{"novox", "g14"} {
+		d := filepath.Join(base, name)
+		if err := Join(ctx, JoinConfig{DataDir: d, Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: token, Name: name, Address: fmt.Sprintf("127.0.0.%d", i+2), Port: freePort(t)}); err != nil {
+			t.Fatal(err)
+		}
+		m := startAgent(t, d)
+		defer m.Stop()
+		others = append(others, m)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if v, _ := a.Node.Voters(); v == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("three voters not within 30s")
+		}
+	}
+	fill(t, filepath.Join(mnt, "filler"), MinFree/2)
+	for deadline := time.Now().Add(30 * time.Second); a.Node.State() == "Leader"; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the full leader kept its leadership")
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := others[0].Node.Propose(wctx, addModule(t, "f.yaml", "module: after\nresources:\n  - directory: /srv/after\n")); err != nil {
+		t.Fatalf("a write with the old leader's disk full: %v", err)
+	}
+	// The full node itself refuses writes, saying so.
+	if _, err := a.Node.Propose(wctx, addModule(t, "g.yaml", "module: there\nresources:\n  - directory: /srv/there\n")); !errors.Is(err, ErrDiskFull) {
+		t.Fatalf("a write through the full node: %v", err)
+	}
+	if s := others[0].Node.Seen()["ace"]; s.Free == 0 || s.Free >= MinFree {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			if s := others[0].Node.Seen()["ace"]; s.Free > 0 && s.Free < MinFree {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the others do not hear that ace is short of space: %+v", others[0].Node.Seen()["ace"])
+			}
+		}
+	}
 }

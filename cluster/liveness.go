@@ -33,6 +33,9 @@ type Hello struct {
 	// Commands is the newest command format the node applies
 	// (state.CommandVersion of its binary; absent from older ones: 1).
 	Commands int `json:"commands,omitempty"`
+	// Free is the space left in the node's data dir (bytes; 0 from older
+	// binaries).
+	Free uint64 `json:"free,omitempty"`
 }
 
 // Seen is what this node knows of another's liveness.
@@ -40,6 +43,8 @@ type Seen struct {
 	LastSeen time.Time
 	Version  string
 	Commands int
+	// Free is the space its data dir had left when it said hello.
+	Free uint64
 }
 
 type liveness struct {
@@ -48,7 +53,7 @@ type liveness struct {
 }
 
 func (n *Node) serveHello(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, Hello{Name: n.cfg.ID, Version: n.cfg.Version, Commands: state.CommandVersion})
+	writeJSON(w, http.StatusOK, Hello{Name: n.cfg.ID, Version: n.cfg.Version, Commands: state.CommandVersion, Free: freeBytes(n.cfg.Dir)})
 }
 
 // Seen returns when this node last heard from each other node.
@@ -113,7 +118,7 @@ func (n *Node) hello(ctx context.Context, name string) bool {
 		return false
 	}
 	n.live.mu.Lock()
-	n.live.seen[name] = Seen{LastSeen: time.Now(), Version: h.Version, Commands: max(h.Commands, 1)}
+	n.live.seen[name] = Seen{LastSeen: time.Now(), Version: h.Version, Commands: max(h.Commands, 1), Free: h.Free}
 	n.live.mu.Unlock()
 	return true
 }

@@ -409,12 +409,14 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 			last = err // never appended: safe to send to the next leader
 		} else if n.Leader() != "" && time.Since(n.raft.LastContact()) < 4*heartbeatTimeout {
 			// A leader not heard from for a few heartbeats is not one to wait on.
-			fctx, cancel := context.WithTimeout(ctx, LeaderWait)
+			// A big command (a restore) gets a second more per MiB to cross.
+			wait := LeaderWait + time.Duration(len(c.Body)>>20)*time.Second
+			fctx, cancel := context.WithTimeout(ctx, wait)
 			idx, err := n.forward(fctx, c)
 			timedOut := errors.Is(fctx.Err(), context.DeadlineExceeded)
 			cancel()
 			if timedOut && err != nil {
-				return 0, fmt.Errorf("%w: the leader %s did not answer within %s; the write may or may not have been applied (mesh status shows)", ErrNoLeader, n.Leader(), LeaderWait)
+				return 0, fmt.Errorf("%w: the leader %s did not answer within %s; the write may or may not have been applied (mesh status shows)", ErrNoLeader, n.Leader(), wait)
 			}
 			if err == nil || !errors.Is(err, errNotSent) && !errors.Is(err, errNotApplied) {
 				return idx, err

@@ -79,6 +79,13 @@ func New(raftStats func() map[string]string) *Metrics {
 	return m
 }
 
+// DataDirFree has each scrape read the space left in the data dir.
+func (m *Metrics) DataDirFree(free func() uint64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "mesh_data_dir_free_bytes", Help: "Space left in the node's data dir; writes through the node stop below the floor (32 MiB).",
+	}, func() float64 { return float64(free()) }))
+}
+
 // ObserveQuery counts one answered query (dnsd.Config.Observe).
 func (m *Metrics) ObserveQuery(rcode int, forwarded bool, took time.Duration) {
 	f := strconv.FormatBool(forwarded)

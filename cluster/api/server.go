@@ -37,7 +37,9 @@ type Status struct {
 	// CommitIndex is the highest index this node knows committed; Behind
 	// is how many of those its replica has not applied yet, and BehindSince
 	// since when it has been behind (as this node's API last saw).
-	CommitIndex uint64     `json:"commit_index"`
+	CommitIndex uint64 `json:"commit_index"`
+	// DiskFloor is the free space below which a node refuses writes.
+	DiskFloor   uint64     `json:"disk_floor"`
 	Behind      uint64     `json:"behind"`
 	BehindSince *time.Time `json:"behind_since,omitempty"`
 	// Resolver is this node's resolver address (IP:PORT), when it runs one.
@@ -80,6 +82,11 @@ type NodeStatus struct {
 	Version   string     `json:"version"`
 	// Overlay is this node's overlay tunnel to it (absent for itself).
 	Overlay *PeerStatus `json:"overlay,omitempty"`
+	// DiskFree is the space left in its data dir (as it last said; absent
+	// from older binaries), DiskLow under cluster.LowFree: writes stop at
+	// cluster.MinFree.
+	DiskFree *uint64 `json:"disk_free,omitempty"`
+	DiskLow  bool    `json:"disk_low,omitempty"`
 }
 
 // API serves the local API on a unix socket.
@@ -400,6 +407,7 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 	applied, _ := a.store.AppliedIndex()
 	out := Status{Node: a.id.Name, MeshID: st.MeshID, Domain: st.Domain, RaftState: a.node.State(), Leader: a.node.Leader(), AppliedIndex: applied, Resolver: a.resolver}
 	out.CommitIndex, _ = strconv.ParseUint(a.node.Stats()["commit_index"], 10, 64)
+	out.DiskFloor = cluster.MinFree
 	a.behindMu.Lock()
 	if out.CommitIndex > applied {
 		out.Behind = out.CommitIndex - applied
@@ -433,10 +441,17 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		ns := NodeStatus{NodeInfo: n}
 		if n.Name == a.id.Name {
 			ns.Reachable, ns.LastSeen, ns.Version = true, &now, a.node.Version()
+			free := a.node.Free()
+			ns.DiskFree = &free
 		} else if s, ok := seen[n.Name]; ok {
 			at := s.LastSeen
 			ns.Reachable, ns.LastSeen, ns.Version = now.Sub(at) < cluster.ReachableWithin, &at, s.Version
+			if s.Free > 0 {
+				free := s.Free
+				ns.DiskFree = &free
+			}
 		}
+		ns.DiskLow = ns.DiskFree != nil && *ns.DiskFree < cluster.LowFree
 		if p, ok := peers[n.Name]; ok {
 			ns.Overlay = &p
 		}
