@@ -139,3 +139,7 @@ for n in 100 10000; do
 	printf "  %5d names: RSS %6s MB at start, %6s MB after 1,002,000 queries\n" $n "$before" "$(settled "$P")"
 	kill "$P"; while kill -0 "$P" 2>/dev/null; do sleep 0.1; done
 done
+
+# An agent with Podman under a step that prints 100 MB and a container that
+# logs as fast as it can: its RSS and data dir stay bounded.
+bash bench/bounds.sh 60

@@ -29,8 +29,9 @@ func (n *Node) Free() uint64 { return freeBytes(n.cfg.Dir) }
 // watchDisk keeps a leader whose data dir is short of space from stopping
 // the mesh's writes: below MinFree it hands the leadership to a voter that
 // has room (Raft picks the most up to date), so the others keep writing
-// while this node says it is short. It looks every few seconds.
-func (n *Node) watchDisk(ctx context.Context) {
+// while this node says it is short. It looks every few seconds, against the
+// floor and the warning it is given (MinFree and LowFree when it started).
+func (n *Node) watchDisk(ctx context.Context, floor, low uint64) {
 	t := time.NewTicker(3 * time.Second)
 	defer t.Stop()
 	warned := false
@@ -41,11 +42,11 @@ func (n *Node) watchDisk(ctx context.Context) {
 		case <-t.C:
 		}
 		free := freeBytes(n.cfg.Dir)
-		if free < LowFree && !warned {
-			n.log.Warn("the data dir is short of space: writes stop below the floor", "free_mib", free>>20, "floor_mib", MinFree>>20, "dir", n.cfg.Dir)
+		if free < low && !warned {
+			n.log.Warn("the data dir is short of space: writes stop below the floor", "free_mib", free>>20, "floor_mib", floor>>20, "dir", n.cfg.Dir)
 		}
-		warned = free < LowFree
-		if free >= MinFree || MinFree == 0 || n.raft.State() != raft.Leader {
+		warned = free < low
+		if free >= floor || floor == 0 || n.raft.State() != raft.Leader {
 			continue
 		}
 		if err := n.raft.LeadershipTransfer().Error(); err != nil {

@@ -107,7 +107,7 @@ func StartMember(cfg MemberConfig) (_ *Member, err error) {
 	go n.probe(lctx)
 	go n.repairMembership(lctx)
 	go n.keepCertificate(lctx)
-	go n.watchDisk(lctx)
+	go n.watchDisk(lctx, MinFree, LowFree)
 	log.Info("raft running", "data_dir", cfg.DataDir, "raft", n.Addr(), "state", n.State())
 	return m, nil
 }

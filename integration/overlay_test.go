@@ -334,6 +334,20 @@ func TestOverlay(t *testing.T) {
 		})
 		t.Logf("%s dropped %s's key %s after mesh node remove was asked", o.name, victim.name, at.Sub(asked).Round(time.Millisecond))
 	}
+
+	// A node that joins is a peer of every node as soon as its agent runs.
+	n4 := newNetnsNode(t, 4)
+	token := strings.TrimSpace(n[1].mesh("token"))
+	n4.run("join", n[1].addr(), "--token", token, "--name", "n4", "--address", n4.addr(), "--data-dir", n4.n.dir)
+	n4.start()
+	ready := time.Now()
+	for _, o := range others {
+		eventually(t, 10*time.Second, o.name+" reaches the new n4 over the overlay", func() (bool, string) {
+			err := reach(o, n4.oaddr())
+			return err == nil, fmt.Sprint(err)
+		})
+	}
+	t.Logf("the joined n4 was reachable over the overlay from %s and %s %s after its agent was ready", others[0].name, others[1].name, time.Since(ready).Round(10*time.Millisecond))
 }
 
 // With --overlay off (nodes that already share a private network) the
