@@ -43,8 +43,33 @@ func HelperPath(username string) string { return filepath.Join(helperDir, userna
 // sockets: "udp,udp,tcp" from descriptor 3 on.
 const socketsEnv = "MESH_RESOLVER_SOCKETS"
 
-// IsHelper says whether this process was started as the helper.
-func IsHelper() bool { return filepath.Base(os.Args[0]) == HelperName }
+// IsHelper says whether this process must act as the helper: started
+// under its name, or started with privileges its user lacks (the kernel's
+// AT_SECURE, which the helper's file capability sets): whatever argv[0]
+// says, the helper's binary does the helper's one job and nothing else. A
+// user's agent run with ambient capabilities (a systemd unit's) is not
+// privileged by its file, so it stays the agent.
+func IsHelper() bool {
+	return filepath.Base(os.Args[0]) == HelperName || (os.Geteuid() != 0 && secureExec())
+}
+
+// secureExec says whether the kernel started this process with more
+// privilege than its caller had (AT_SECURE in the auxiliary vector).
+func secureExec() bool {
+	b, err := os.ReadFile("/proc/self/auxv")
+	if err != nil {
+		return true // not known: the helper's job only
+	}
+	const atSecure = 23
+	for len(b) >= 16 {
+		k, v := binary.NativeEndian.Uint64(b), binary.NativeEndian.Uint64(b[8:])
+		if k == atSecure {
+			return v != 0
+		}
+		b = b[16:]
+	}
+	return false
+}
 
 // RunHelper binds ADDR:53 (args[0]) and sends the sockets over descriptor
 // 3, then exits: 0 on success, 1 with the reason on standard error.
@@ -59,6 +84,18 @@ func RunHelper(args []string) int {
 func helper(args []string) error {
 	if len(args) != 1 {
 		return errors.New("give the resolver's address, and nothing else")
+	}
+	// Only the user mesh setup installed it for: its directory is named so.
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	u, err := user.Current()
+	if err != nil {
+		return err
+	}
+	if filepath.Base(filepath.Dir(self)) != u.Username {
+		return fmt.Errorf("this helper is %s's, not %s's", filepath.Base(filepath.Dir(self)), u.Username)
 	}
 	addr, err := netip.ParseAddr(args[0])
 	if err != nil {

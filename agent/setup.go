@@ -129,9 +129,11 @@ func setupOverlay(cfg SetupConfig, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("the overlay of %s: %w", dir, err)
 	}
+	// node.json is the user's to edit: what root installs from it is
+	// checked (a private prefix, an address in it) before it is.
 	addr, err := netip.ParseAddr(id.OverlayAddress)
-	if err != nil {
-		return fmt.Errorf("the overlay address of %s: %w", dir, err)
+	if err != nil || !p.Contains(addr) || addr == p.Addr() {
+		return fmt.Errorf("the overlay address %q in %s is not a host of the overlay %s; the data dir is damaged (or was edited)", id.OverlayAddress, dir, p)
 	}
 	device := cfg.OverlayDevice
 	if device == "" {

@@ -116,7 +116,7 @@ func TestRenamedNodeIsNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = StartMember(MemberConfig{DataDir: dir, Logger: testLogger(t), Version: "test"})
-	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), `names this node "someone"`) || !strings.Contains(err.Error(), "its nodes: ace") {
+	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), `names this node "someone"`) || !strings.Contains(err.Error(), `is for "ace"`) {
 		t.Fatalf("a start under another name: %v", err)
 	}
 }

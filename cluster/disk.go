@@ -34,7 +34,7 @@ func (n *Node) Free() uint64 { return freeBytes(n.cfg.Dir) }
 func (n *Node) watchDisk(ctx context.Context, floor, low uint64) {
 	t := time.NewTicker(3 * time.Second)
 	defer t.Stop()
-	warned := false
+	warned, failed := false, false
 	for {
 		select {
 		case <-ctx.Done():
@@ -50,9 +50,13 @@ func (n *Node) watchDisk(ctx context.Context, floor, low uint64) {
 			continue
 		}
 		if err := n.raft.LeadershipTransfer().Error(); err != nil {
-			n.log.Warn("the data dir is full and the leadership could not be handed over", "err", err)
+			if !failed {
+				n.log.Warn("the data dir is full and the leadership could not be handed over (no other voter takes it); writes wait for space", "err", err)
+			}
+			failed = true
 			continue
 		}
+		failed = false
 		n.log.Warn("the data dir is full: handed the leadership over, so the others keep writing", "free_mib", free>>20)
 	}
 }

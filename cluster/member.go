@@ -2,12 +2,14 @@ package cluster
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"mesh/state"
@@ -60,21 +62,15 @@ func StartMember(cfg MemberConfig) (_ *Member, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// A replica that holds nodes but not this one: the node was removed, or
-	// node.json's name was changed; Raft would run it as a follower that
-	// never finds its place.
-	if applied, err := store.AppliedIndex(); err == nil && applied > 0 {
-		if nodes, err := store.Nodes(context.Background()); err == nil && len(nodes) > 0 {
-			found := false
-			var names []string
-			for _, n := range nodes {
-				found = found || n.Name == id.Name
-				names = append(names, n.Name)
-			}
-			if !found {
+	// node.json's name is the one the node's certificate was issued for: a
+	// name edited there would run a Raft follower that never finds its
+	// place (and peers would refuse its certificate for it).
+	if b, err := os.ReadFile(filepath.Join(cfg.DataDir, CertFile)); err == nil {
+		if blk, _ := pem.Decode(b); blk != nil {
+			if c, err := x509.ParseCertificate(blk.Bytes); err == nil && c.Subject.CommonName != id.Name {
 				store.Close()
-				return nil, fmt.Errorf("%w: %s names this node %q, but its replica (applied up to index %d) holds no node of that name (its nodes: %s): if node.json was edited, put the name back; if the node was removed from the mesh, move this data dir aside and mesh join again",
-					ErrDamaged, filepath.Join(cfg.DataDir, IdentityFile), id.Name, applied, strings.Join(names, ", "))
+				return nil, fmt.Errorf("%w: %s names this node %q, but its certificate (%s) is for %q: put the name %q back in node.json (a node is renamed by removing it and joining again)",
+					ErrDamaged, filepath.Join(cfg.DataDir, IdentityFile), id.Name, CertFile, c.Subject.CommonName, c.Subject.CommonName)
 			}
 		}
 	}

@@ -127,11 +127,11 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.Dir, "snapshots"), 3, hl)
 	if err != nil {
 		closer.Close()
-		return nil, err
+		return nil, fmt.Errorf("open snapshot store: %w", err)
 	}
 	if err := checkRaftData(cfg.Dir, logStore, stable, snaps, store); err != nil {
 		closer.Close()
-		return nil, fmt.Errorf("open snapshot store: %w", err)
+		return nil, err
 	}
 	// The replica is durable and skips entries it already holds, so it is
 	// restored from a snapshot only when it is behind the newest one.

@@ -399,8 +399,16 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		// proved it may; it keeps its row, and Raft gets it (back) below.
 		voter = again.Voter
 		n.log.Warn("a node that is already in the state joins again", "name", req.Name, "address", req.Address)
-	} else if _, err := n.Propose(ctx, n.nodeAdd(state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey, OverlayKey: req.OverlayKey, OverlayEndpoint: req.OverlayEndpoint})); err != nil {
-		return JoinReply{}, err
+	} else {
+		add := n.nodeAdd(state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey, OverlayKey: req.OverlayKey, OverlayEndpoint: req.OverlayEndpoint})
+		if add.Node.OverlayKey == "" && settings.Overlay != "" && settings.Overlay != state.OverlayOff {
+			// Added without its key, it would take every name off the
+			// overlay and every internal port back onto every interface.
+			return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: "this mesh's nodes talk over their own overlay, and a node of the mesh runs a binary too old to take a new node's overlay key; upgrade it first (mesh status shows each node's version)"}
+		}
+		if _, err := n.Propose(ctx, add); err != nil {
+			return JoinReply{}, err
+		}
 	}
 	rep := JoinReply{MeshID: id.MeshID, CA: id.CACert, Voter: voter, Overlay: settings.Overlay}
 	if me, err := n.store.Node(ctx, req.Name); err == nil {

@@ -459,6 +459,13 @@ func TestOverlayRootless(t *testing.T) {
 	if out, err := exec.Command("runuser", "-u", "nobody", "--", agentHelper, "169.254.53.53").CombinedOutput(); err == nil || !strings.Contains(string(out), "ermission denied") {
 		t.Fatalf("another user runs the helper: %v %s", err, out)
 	}
+	// The helper keeps its one job under any name: the bed user cannot run
+	// the whole CLI with its capability through a link of another name.
+	alias := filepath.Join(n[2].h.usr.HomeDir, "mesh-alias")
+	defer os.Remove(alias)
+	if out, err := n[2].h.asUser("sh", "-c", "ln -sf "+agentHelper+" "+alias+" && "+alias+" status --json").CombinedOutput(); err == nil || !strings.Contains(string(out), "give the resolver's address, and nothing else") {
+		t.Fatalf("the helper run under another name: %v %s", err, out)
+	}
 	n[2].start()
 
 	// (n2's modules' paths are under the bed user's home, where its agent

@@ -6,6 +6,8 @@ package reconciler
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -507,17 +509,21 @@ const (
 	MaxKeptBytes = 64 << 20
 )
 
-// keptName is the kept dir's name for a copy of path with digest.
+// keptName is the kept dir's name for a copy of path with digest: a digest
+// of the path (so two paths never share a prefix, however long or alike),
+// the content's digest, and the file's own name for whoever looks.
 func keptName(path, digest string) string {
-	name := keptPrefix(path) + digest
-	if len(name) > 200 {
-		name = name[len(name)-200:]
+	base := filepath.Base(path)
+	if len(base) > 64 {
+		base = base[len(base)-64:]
 	}
-	return name
+	return keptPrefix(path) + digest + "-" + base
 }
 
+// keptPrefix is what every copy of path's name starts with.
 func keptPrefix(path string) string {
-	return strings.ReplaceAll(strings.TrimPrefix(path, "/"), "/", "%") + "@"
+	h := sha256.Sum256([]byte(path))
+	return hex.EncodeToString(h[:8]) + "@"
 }
 
 // pruneKept drops copies of edits beyond the bounds: for path, all but

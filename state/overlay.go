@@ -40,7 +40,19 @@ func ParseOverlay(s string) (netip.Prefix, error) {
 	case p.Masked() != p:
 		return p, fmt.Errorf("the overlay %s has host bits set; write its network address, %s", s, p.Masked())
 	}
-	return p, nil
+	for _, r := range privateRanges {
+		if r.Bits() <= p.Bits() && r.Contains(p.Addr()) {
+			return p, nil
+		}
+	}
+	return p, fmt.Errorf("the overlay %s is not in a private range (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10): a public one would route others' addresses into the mesh", s)
+}
+
+// privateRanges are where an overlay may be: RFC 1918's, and the shared
+// address space of RFC 6598 (where the default is).
+var privateRanges = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("100.64.0.0/10"),
 }
 
 // NodeOverlayRequest brings a node's overlay key and endpoint: a node of a

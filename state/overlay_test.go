@@ -156,9 +156,14 @@ func TestOverlayOff(t *testing.T) {
 	if err := applyOne(t, s, &NodeOverlayRequest{Node: "ace", Key: "k", Endpoint: "10.0.0.1:51820"}); !errors.Is(err, ErrConflict) {
 		t.Fatalf("a key in a mesh without overlay: %v", err)
 	}
-	for _, bad := range []string{"10.0.0.0/33", "fd00::/64", "10.1.2.3/16", "10.0.0.0/30", "nonsense"} {
+	for _, bad := range []string{"10.0.0.0/33", "fd00::/64", "10.1.2.3/16", "10.0.0.0/30", "nonsense", "8.8.0.0/16", "100.0.0.0/8", "172.0.0.0/8", "192.169.0.0/16"} {
 		if _, err := ParseOverlay(bad); err == nil {
 			t.Errorf("ParseOverlay(%q) took it", bad)
+		}
+	}
+	for _, good := range []string{"100.90.0.0/16", "10.0.0.0/8", "172.16.4.0/24", "192.168.50.0/29", "100.64.0.0/10"} {
+		if _, err := ParseOverlay(good); err != nil {
+			t.Errorf("ParseOverlay(%q): %v", good, err)
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables/expr"
+
 	"mesh/internal/wgkey"
 )
 
@@ -123,5 +125,33 @@ func TestFilterRules(t *testing.T) {
 	}
 	if len(fwd) != 1 || !strings.Contains(fwd[0].text, "maxseg") {
 		t.Fatalf("forward rules: %+v", fwd)
+	}
+	// The text above is for people; the expressions are what the kernel
+	// runs. An exact name ends in NUL (else "meshwg0" would take
+	// "meshwg0x" too), a prefix does not.
+	name := func(r rule) (string, expr.VerdictKind) {
+		return string(r.exprs[1].(*expr.Cmp).Data), r.exprs[2].(*expr.Verdict).Kind
+	}
+	if n, v := name(in[0]); n != "meshwg0\x00" || v != expr.VerdictAccept {
+		t.Fatalf("the device's rule matches %q, verdict %v", n, v)
+	}
+	if n, _ := name(in[2]); n != "podman" {
+		t.Fatalf("the bridges' rule matches %q", n)
+	}
+	// The drop: the IPv4 destination (offset 16 of the network header, 4
+	// bytes), masked to the prefix, equal to the network.
+	d := in[len(in)-1].exprs
+	p, ok := d[0].(*expr.Payload)
+	if !ok || p.Base != expr.PayloadBaseNetworkHeader || p.Offset != 16 || p.Len != 4 {
+		t.Fatalf("the drop loads %+v", d[0])
+	}
+	if b := d[1].(*expr.Bitwise); string(b.Mask) != "\xff\xff\x00\x00" {
+		t.Fatalf("the drop masks with %x", b.Mask)
+	}
+	if c := d[2].(*expr.Cmp); c.Op != expr.CmpOpEq || string(c.Data) != "\x64\x5a\x00\x00" {
+		t.Fatalf("the drop compares with %x", c.Data)
+	}
+	if v := d[3].(*expr.Verdict); v.Kind != expr.VerdictDrop {
+		t.Fatalf("the last rule's verdict is %v", v.Kind)
 	}
 }

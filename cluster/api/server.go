@@ -808,6 +808,9 @@ func (a *API) restore(w http.ResponseWriter, r *http.Request) {
 	}
 	var creds []state.Secret
 	for _, c := range req.Restore.Credentials {
+		if c.Sealed != "" {
+			c.Value = "" // a sealed row carries no plain copy (a crafted one might)
+		}
 		if sc, ok := byPair[c.Pair]; ok && c.Sealed == "" {
 			c = sc
 		}
