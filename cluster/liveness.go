@@ -139,8 +139,13 @@ func (n *Node) peerAddr(name string) string {
 
 // canApply refuses a command that a node this one has heard from cannot apply
 // yet (its binary is older): a rolling upgrade upgrades every node before a
-// command of a new format is proposed. A node never heard from is not held
-// against the write.
+// command of a new format is proposed. A node never heard from since this
+// process started is not held against a write of the formats before the
+// overlay (an unreachable node must not stop the mesh's writes); for one of
+// the overlay's format or later it is, unless the state shows its binary
+// takes them (it gave an overlay key, which only such a binary does): else
+// a leader just restarted, before any hello, would append what every older
+// node stops on.
 func (n *Node) canApply(c *state.Command) error {
 	need := c.NeedsVersion()
 	if need > state.CommandVersion {
@@ -154,12 +159,23 @@ func (n *Node) canApply(c *state.Command) error {
 	}
 	seen := n.Seen()
 	for _, nd := range nodes {
-		if s, ok := seen[nd.Name]; ok && nd.Name != n.cfg.ID && s.Commands < need {
+		if nd.Name == n.cfg.ID {
+			continue
+		}
+		s, ok := seen[nd.Name]
+		if ok && s.Commands < need {
 			return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("node %s runs mesh %s, which cannot apply a %s command yet; upgrade %s first", nd.Name, s.Version, c.Op, nd.Name)}
+		}
+		if !ok && need >= strictFormat && nd.OverlayKey == "" {
+			return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("node %s has not said which mesh it runs since this node started, and a %s command must wait until every node is known to apply it (try again in a few seconds; if %s is down for good, mesh node remove it)", nd.Name, c.Op, nd.Name)}
 		}
 	}
 	return nil
 }
+
+// strictFormat is the first command format that a node never heard from is
+// held against (state.OpNodeOverlay's).
+const strictFormat = 7
 
 // keyMayGo says whether a command only this binary's format carries (a
 // certificate key) may be proposed from this node now. The leader that will

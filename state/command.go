@@ -127,9 +127,21 @@ func NewCommand(r Request) *Command {
 // older is never asked to apply what it would read differently; one that
 // does not stays at its op's format, so a rolling upgrade can go on
 // assigning.
-func (r *AssignRequest) formatNeeded() int    { return sealedFormat(r.Secrets) }
-func (r *ModuleAddRequest) formatNeeded() int { return sealedFormat(r.Secrets) }
-func (r *RestoreBody) formatNeeded() int      { return sealedFormat(r.Credentials) }
+func (r *AssignRequest) formatNeeded() int { return sealedFormat(r.Secrets) }
+func (r *ModuleAddRequest) formatNeeded() int {
+	v := sealedFormat(r.Secrets)
+	for _, sp := range r.Modules {
+		v = max(v, specFormat(sp))
+	}
+	return v
+}
+func (r *RestoreBody) formatNeeded() int {
+	v := sealedFormat(r.Credentials)
+	for _, m := range r.Modules {
+		v = max(v, specFormat(m.ModuleSpec))
+	}
+	return v
+}
 func (r *NodeAddRequest) formatNeeded() int {
 	return max(iff(r.Node.SealKey != "", 5), iff(r.Node.OverlayKey != "", 7))
 }
@@ -347,6 +359,22 @@ type ModuleSpec struct {
 	Text     string             `json:"text"`
 	Digest   string             `json:"digest"`
 	Manifest *manifest.Manifest `json:"manifest"`
+}
+
+// specFormat is the format a module's parsed form needs: an older binary
+// decodes it without the keys it does not know (public-ports:,
+// log-max-size:, both of format 7) and would store and run another module
+// than the newer nodes do.
+func specFormat(sp ModuleSpec) int {
+	if sp.Manifest == nil {
+		return 0
+	}
+	for _, r := range sp.Manifest.Resources {
+		if r.PublicPorts != nil || r.LogMaxSize != "" {
+			return 7
+		}
+	}
+	return 0
 }
 
 // SpecOf parses and checks a manifest for a command (the proposer's side).

@@ -283,6 +283,12 @@ func TestSealedCommandsNeedFormat5(t *testing.T) {
 		{&NodeCertRequest{}, 5},
 		{&NodeCertRequest{Key: strings.Repeat("0", 64)}, 6},
 		{&InitRequest{}, 5},
+		// The keys of format 7 in a manifest: an older binary would drop
+		// them from the module it stores.
+		{&ModuleAddRequest{Modules: []ModuleSpec{spec("a.yaml", "module: a\nresources:\n  - container: a.x\n    image: i\n    ports: [\"80:80\"]\n")}}, 3},
+		{&ModuleAddRequest{Modules: []ModuleSpec{spec("a.yaml", "module: a\nresources:\n  - container: a.x\n    image: i\n    public-ports: [\"80:80\"]\n")}}, 7},
+		{&ModuleAddRequest{Modules: []ModuleSpec{spec("a.yaml", "module: a\nresources:\n  - container: a.x\n    image: i\n    log-max-size: 1m\n")}}, 7},
+		{&RestoreBody{Modules: []RestoredModule{{ModuleSpec: spec("a.yaml", "module: a\nresources:\n  - container: a.x\n    image: i\n    public-ports: [\"443:443\"]\n")}}}, 7},
 	} {
 		if got := NewCommand(tc.r).NeedsVersion(); got != tc.want {
 			t.Errorf("%T %s: format %d, want %d", tc.r, tc.r.describe(), got, tc.want)
