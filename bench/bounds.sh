@@ -11,19 +11,22 @@ cd "$(dirname "$0")/.."
 . contrib/lib.sh
 need_root
 ensure_go
-apt_install podman runc busybox-static
+apt_install podman runc iproute2 busybox-static
 secs=${1:-60}
 B=/var/tmp/mesh-boundsbench
-DNS=127.0.0.55
+DNS=169.254.53.65
+LINK=mboundsdns0 # the resolver's address, on a link of the bench's own
 pm() { CONTAINERS_CONF=$B/containers.conf podman --root "$B/root" --runroot "$B/runroot" "$@"; }
 cleanup() {
 	pkill -f "$B/" 2>/dev/null || true
 	if [ -d "$B/root" ]; then pm rm -af -t 0 >/dev/null 2>&1 || true; umount -l "$B/root/overlay" 2>/dev/null || true; fi
+	ip link del "$LINK" 2>/dev/null || true
 	rm -rf "$B"
 }
 cleanup
 trap cleanup EXIT
 mkdir -p "$B/srv"
+ip link add "$LINK" type bridge && ip addr add "$DNS/32" dev "$LINK" && ip link set "$LINK" up
 go build -o "$B/mesh" .
 printf '[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n' >"$B/containers.conf"
 bash contrib/busybox-rootfs.sh "$B/rootfs.tar" >/dev/null
