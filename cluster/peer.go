@@ -400,12 +400,16 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		voter = again.Voter
 		n.log.Warn("a node that is already in the state joins again", "name", req.Name, "address", req.Address)
 	} else {
-		add := n.nodeAdd(state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey, OverlayKey: req.OverlayKey, OverlayEndpoint: req.OverlayEndpoint})
-		if add.Node.OverlayKey == "" && settings.Overlay != "" && settings.Overlay != state.OverlayOff {
-			// Added without its key, it would take every name off the
-			// overlay and every internal port back onto every interface.
-			return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: "this mesh's nodes talk over their own overlay, and a node of the mesh runs a binary too old to take a new node's overlay key; upgrade it first (mesh status shows each node's version)"}
+		nd := state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey, OverlayKey: req.OverlayKey, OverlayEndpoint: req.OverlayEndpoint}
+		if settings.Overlay != "" && settings.Overlay != state.OverlayOff {
+			// Added without its key (nodeAdd drops what an older node
+			// could not store), it would take every name off the overlay
+			// and every internal port back onto every interface.
+			if err := n.canApply(state.NewCommand(&state.NodeAddRequest{Node: nd})); err != nil {
+				return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: "this mesh's nodes talk over their own overlay, and a new node's overlay key cannot be recorded yet: " + err.Error()}
+			}
 		}
+		add := n.nodeAdd(nd)
 		if _, err := n.Propose(ctx, add); err != nil {
 			return JoinReply{}, err
 		}

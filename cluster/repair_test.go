@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"mesh/internal/wgkey"
 	"mesh/state"
 )
 
@@ -44,8 +45,13 @@ func TestMembershipRepair(t *testing.T) {
 func TestMembershipRepairAddsWhatRaftLacks(t *testing.T) {
 	a, dir := leadingAgent(t)
 	ctx := context.Background()
-	// The half-done join: the state has the node, Raft does not.
-	if _, err := a.Node.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: "late", Address: "127.0.0.9", Port: 7001}}); err != nil {
+	// The half-done join: the state has the node (with the overlay key its
+	// join carried), Raft does not.
+	wk, err := wgkey.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Node.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: "late", Address: "127.0.0.9", Port: 7001, OverlayKey: wk.Public(), OverlayEndpoint: "127.0.0.9:51820"}}); err != nil {
 		t.Fatal(err)
 	}
 	server := func(id string) (raft.Server, bool) {
