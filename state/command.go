@@ -28,6 +28,7 @@ const (
 	OpNodeKey      = "node.key"
 	OpNodeCert     = "node.cert"
 	OpNodeOverlay  = "node.overlay"
+	// The operator's secrets' ops are in secret.go.
 
 	timeLayout = time.RFC3339Nano
 )
@@ -46,8 +47,11 @@ const (
 // its peers then require of it (a key pinned per node); 7, the overlay
 // (overlay.go): node.overlay, a mesh's overlay prefix at init and a node's
 // overlay key and endpoint in init and node.add. Entries of formats 1 and 2
-// still in a log are converted on replay (legacy.go).
-const CommandVersion = 7
+// still in a log are converted on replay (legacy.go); 8, the operator's
+// secrets (secret.go): secret.set, secret.rm and secret.seal, a manifest
+// that names one (a secret resource, env-secrets), and a restore that
+// carries them.
+const CommandVersion = 8
 
 // ops is every op this binary knows, one row each: the one place an op is
 // registered. NewCommand, NeedsVersion, Encode, Request and Apply all read
@@ -69,6 +73,9 @@ var ops = map[string]opDef{
 	OpNodeKey:      opOf(5, (*applier).nodeKey),
 	OpNodeCert:     opOf(5, (*applier).nodeCert),
 	OpNodeOverlay:  opOf(7, (*applier).nodeOverlay),
+	OpSecretSet:    opOf(secretFormat, (*applier).secretSet),
+	OpSecretRemove: opOf(secretFormat, (*applier).secretRemove),
+	OpSecretSeal:   opOf(secretFormat, (*applier).secretSeal),
 }
 
 // opDef is one op: the format it needs when this binary writes it, a fresh
@@ -137,6 +144,9 @@ func (r *ModuleAddRequest) formatNeeded() int {
 }
 func (r *RestoreBody) formatNeeded() int {
 	v := sealedFormat(r.Credentials)
+	if r.Secrets != nil && len(*r.Secrets) > 0 {
+		v = secretFormat
+	}
 	for _, m := range r.Modules {
 		v = max(v, specFormat(m.ModuleSpec))
 	}
@@ -368,6 +378,9 @@ type ModuleSpec struct {
 func specFormat(sp ModuleSpec) int {
 	if sp.Manifest == nil {
 		return 0
+	}
+	if manifestNamesSecrets(sp.Manifest) {
+		return secretFormat
 	}
 	for _, r := range sp.Manifest.Resources {
 		if r.PublicPorts != nil || r.LogMaxSize != "" {

@@ -70,6 +70,8 @@ type Input struct {
 	Bound map[BindKey]string
 	// Pulls is the log index of each module's last `mesh module pull`.
 	Pulls map[string]uint64
+	// Secrets maps each of the operator's secrets to its value's digest.
+	Secrets map[SecretRef]string
 }
 
 // Name is one roster entry: a DNS name, the address it answers with, and the
@@ -104,6 +106,10 @@ type Resource struct {
 	Digest     string `json:"digest,omitempty"`
 	// Provider is, for a binding, the node of the provider it points at.
 	Provider string `json:"provider_node,omitempty"`
+	// Secrets are, for a secret file and for a step or container with
+	// env-secrets, the module's secrets it reads: name -> the value's
+	// digest, "" while the secret is not set (the resource waits).
+	Secrets map[string]string `json:"secrets,omitempty"`
 	// Pull is, for a container, the log index of its module's last `mesh
 	// module pull`: an agent that has not handled it pulls the image and
 	// replaces the container if the image changed. It is not part of the
@@ -253,6 +259,12 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			res := Resource{Module: mod, Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
 			if err := claim(res.RuntimeName(), mod); err != nil {
 				return nil, nil, err
+			}
+			if names := SecretsOf(&d); len(names) > 0 {
+				res.Secrets = map[string]string{}
+				for _, sn := range names {
+					res.Secrets[sn] = in.Secrets[SecretRef{Module: mod, Name: sn}]
+				}
 			}
 			switch res.Kind {
 			case manifest.KindContainer:

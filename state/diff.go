@@ -127,9 +127,25 @@ func changedFields(a, b Resource) string {
 	if a.Pull != b.Pull {
 		diff = append(diff, "pull (mesh module pull)")
 	}
+	for n := range secretUnion(a.Secrets, b.Secrets) {
+		if a.Secrets[n] != b.Secrets[n] {
+			diff = append(diff, "secret "+n)
+		}
+	}
 	if len(diff) == 0 {
 		return ""
 	}
 	sort.Strings(diff)
 	return strings.Join(diff, ", ") + " changed"
+}
+
+func secretUnion(a, b map[string]string) map[string]bool {
+	u := map[string]bool{}
+	for k := range a {
+		u[k] = true
+	}
+	for k := range b {
+		u[k] = true
+	}
+	return u
 }

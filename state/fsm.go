@@ -799,6 +799,9 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 	if err != nil {
 		return in, err
 	}
+	if in.Secrets, err = secretDigests(ctx, q); err != nil {
+		return in, err
+	}
 	err = eachRow(ctx, q, "pulls", `SELECT module, idx FROM pulls`, func(rows *sql.Rows) error {
 		var m string
 		var i uint64
@@ -814,8 +817,8 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 // eachRow calls scan on every row query finds; what names the rows in its
 // errors, which end the reading (a failure mid-way is never taken for the
 // last row).
-func eachRow(ctx context.Context, q queryer, what, query string, scan func(*sql.Rows) error) error {
-	rows, err := q.QueryContext(ctx, query)
+func eachRow(ctx context.Context, q queryer, what, query string, scan func(*sql.Rows) error, args ...any) error {
+	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", what, err)
 	}

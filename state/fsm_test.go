@@ -25,7 +25,8 @@ import (
 // takes what Request decodes).
 func TestEveryOpRoundTrips(t *testing.T) {
 	known := []string{OpInit, OpNodeAdd, OpNodeRemove, OpPublicDomain, OpModuleAdd, OpModuleRemove, OpAssign, OpUnassign,
-		OpReport, OpTokenRotate, OpRestore, OpModulePull, OpSeal, OpNodeKey, OpNodeCert, OpNodeOverlay}
+		OpReport, OpTokenRotate, OpRestore, OpModulePull, OpSeal, OpNodeKey, OpNodeCert, OpNodeOverlay,
+		OpSecretSet, OpSecretRemove, OpSecretSeal}
 	if len(ops) != len(known) {
 		t.Fatalf("the table has %d ops, the constants %d", len(ops), len(known))
 	}

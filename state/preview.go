@@ -211,8 +211,11 @@ func PlanActions(old, new *Plan) []Action {
 						why = append(why, f)
 					}
 					for _, on := range r.Decl.RestartOn {
-						if changed[on] == "changed" {
+						switch c := changed[on]; {
+						case c == "changed":
 							why = append(why, "restart-on: "+on+" changed")
+						case strings.HasPrefix(c, "secret "):
+							why = append(why, c)
 						}
 					}
 				}
@@ -238,6 +241,10 @@ func PlanActions(old, new *Plan) []Action {
 				} else if what := changedFields(o, r); what != "" {
 					out = append(out, Action{Do: "update", Kind: r.Kind, Name: r.Name, Module: r.Module, Why: what})
 					changed[r.Name] = "changed"
+					if r.Kind == manifest.KindSecret && what == "secret "+r.Decl.SecretName+" changed" {
+						// A new value: what reads the file is replaced for the secret.
+						changed[r.Name] = what
+					}
 				}
 			}
 		}

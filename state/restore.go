@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -23,6 +24,22 @@ type RestoreBody struct {
 	Credentials   []Secret          `json:"credentials"`
 	Bindings      []RestoredBinding `json:"bindings,omitempty"`
 	PublicDomains map[string]string `json:"public_domains,omitempty"`
+	// Secrets are the operator's secrets of the snapshot, sealed as they
+	// were (nil: a snapshot of a mesh older than them, which keeps those
+	// of now).
+	Secrets *[]RestoredSecret `json:"secrets,omitempty"`
+}
+
+// RestoredSecret is one of the operator's secrets of a snapshot, sealed.
+type RestoredSecret struct {
+	SecretRef
+	Sealed     string   `json:"sealed"`
+	Digest     string   `json:"digest"`
+	Salt       string   `json:"salt"`
+	Size       int      `json:"size"`
+	SetAt      string   `json:"set_at"`
+	SetIndex   uint64   `json:"set_index"`
+	Recipients []string `json:"recipients"`
 }
 
 // RestoredModule is one catalogue entry of a snapshot, with its parsed form
@@ -102,6 +119,14 @@ func (sn *Snapshot) RestoreBody() (*RestoreBody, error) {
 	for _, r := range sn.Rows("nodes") {
 		b.PublicDomains[str(r, "name")] = str(r, "public_domain")
 	}
+	if rows, ok := sn.Tables["secrets"]; ok {
+		list := []RestoredSecret{}
+		for _, r := range rows {
+			list = append(list, RestoredSecret{SecretRef: SecretRef{Module: str(r, "module"), Name: str(r, "name")}, Sealed: str(r, "sealed"), Digest: str(r, "digest"),
+				Salt: str(r, "salt"), Size: int(num(r, "size")), SetAt: str(r, "set_at"), SetIndex: uint64(num(r, "set_index")), Recipients: splitNonEmpty(str(r, "recipients"))})
+		}
+		b.Secrets = &list
+	}
 	return b, nil
 }
 
@@ -163,6 +188,28 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 		if err := exec(tx, `INSERT OR IGNORE INTO credentials (consumer, provider, secret, digest, sealed, recipients) VALUES (?, ?, ?, ?, ?, ?)`,
 			c.Consumer, c.Provider, c.Value, d, c.Sealed, strings.Join(c.Recipients, ",")); err != nil {
 			return false, err
+		}
+	}
+	// The operator's secrets come back sealed as they were: a node of then
+	// that is still here seals them again to the module's nodes now; one
+	// sealed only to nodes that left says to set it again.
+	if b.Secrets != nil {
+		if err := exec(tx, `DELETE FROM secrets`); err != nil {
+			return false, err
+		}
+		for _, sc := range *b.Secrets {
+			if err := checkRef(sc.SecretRef); err != nil {
+				return false, err
+			}
+			if sc.Sealed == "" || !hexRE.MatchString(sc.Digest) || sc.Size <= 0 || sc.Size > MaxSecretSize {
+				return false, ruleErr(ErrInvalid, "the snapshot's secret %s is malformed (no sealed value, digest or size)", sc.SecretRef)
+			}
+			rec := slices.Clone(sc.Recipients)
+			sort.Strings(rec)
+			if err := exec(tx, `INSERT OR IGNORE INTO secrets (module, name, sealed, digest, salt, size, set_at, set_index, recipients) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+				sc.Module, sc.Name, sc.Sealed, sc.Digest, sc.Salt, sc.Size, sc.SetAt, sc.SetIndex, strings.Join(rec, ",")); err != nil {
+				return false, err
+			}
 		}
 	}
 	if err := exec(tx, `DELETE FROM bindings`); err != nil {

@@ -219,6 +219,19 @@ var migrations = []string{
 	`ALTER TABLE nodes ADD COLUMN overlay_key TEXT NOT NULL DEFAULT '';
 	 ALTER TABLE nodes ADD COLUMN overlay_endpoint TEXT NOT NULL DEFAULT '';
 	 ALTER TABLE nodes ADD COLUMN overlay_address TEXT NOT NULL DEFAULT '';`,
+	// 10: the operator's secrets (secret.go), sealed to the module's nodes.
+	`CREATE TABLE secrets (
+		module TEXT NOT NULL,
+		name TEXT NOT NULL,
+		sealed TEXT NOT NULL,
+		digest TEXT NOT NULL,
+		salt TEXT NOT NULL,
+		size INTEGER NOT NULL,
+		set_at TEXT NOT NULL,
+		set_index INTEGER NOT NULL,
+		recipients TEXT NOT NULL,
+		PRIMARY KEY (module, name)
+	 );`,
 }
 
 func (s *Store) migrate() error {

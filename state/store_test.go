@@ -393,7 +393,7 @@ func TestUnknownCommandStopsTheNode(t *testing.T) {
 	if b := NewCommand(&NodeCertRequest{Node: "ace", Key: strings.Repeat("ab", 32)}).Encode(); !strings.Contains(string(b), `"v":6`) {
 		t.Fatalf("node.cert with a key encoded without its format: %s", b)
 	}
-	if b := NewCommand(&NodeAddRequest{Node: Node{Name: "n2", Address: "10.0.0.2", OverlayKey: "k"}}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, CommandVersion)) {
+	if b := NewCommand(&NodeAddRequest{Node: Node{Name: "n2", Address: "10.0.0.2", OverlayKey: "k"}}).Encode(); !strings.Contains(string(b), `"v":7`) {
 		t.Fatalf("node.add with an overlay key encoded without its format: %s", b)
 	}
 	if b := NewCommand(&NodeCertRequest{Node: "ace"}).Encode(); !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, ops[OpNodeCert].format)) {

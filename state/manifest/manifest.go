@@ -33,8 +33,11 @@ const (
 	KindRoutesFile = "routes-file"
 	KindBinding    = "binding"
 	KindCredential = "credential"
-	KindStep       = "step"
-	KindContainer  = "container"
+	// KindSecret is a file holding an operator's secret (`mesh secret set`),
+	// delivered from the replica where the module runs.
+	KindSecret    = "secret"
+	KindStep      = "step"
+	KindContainer = "container"
 )
 
 // Bounds on what is parsed at all, checked on the tokens before the parser
@@ -87,6 +90,7 @@ type Resource struct {
 	RoutesFile string `yaml:"routes-file,omitempty" json:"routes-file,omitempty"`
 	Binding    string `yaml:"binding,omitempty" json:"binding,omitempty"`
 	Credential string `yaml:"credential,omitempty" json:"credential,omitempty"`
+	Secret     string `yaml:"secret,omitempty" json:"secret,omitempty" jsonschema:"description=A file holding the module's secret named by name: (set with mesh secret set MODULE NAME); mode 0600 unless mode: says otherwise (never readable by others)"`
 	Step       string `yaml:"step,omitempty" json:"step,omitempty"`
 	Container  string `yaml:"container,omitempty" json:"container,omitempty"`
 
@@ -94,6 +98,8 @@ type Resource struct {
 	Mode     string `yaml:"mode,omitempty" json:"mode,omitempty"`
 	Content  string `yaml:"content,omitempty" json:"content,omitempty"`
 	Provider string `yaml:"provider,omitempty" json:"provider,omitempty"`
+	// SecretName, on a secret, is the module's secret it holds.
+	SecretName string `yaml:"name,omitempty" json:"name,omitempty" jsonschema:"description=On a secret: the name of the module's secret it holds (mesh secret set MODULE NAME)"`
 	// Template, on a routes-file, is a text/template the node's routing
 	// table is written through (RoutesData), in the proxy's own format.
 	Template string `yaml:"template,omitempty" json:"template,omitempty" jsonschema:"description=On a routes-file: a Go text/template executed with .Routes (Name Module Port) .Node .Address .Domain .MeshDomain; the file is written in the proxy's own format instead of JSON"`
@@ -101,8 +107,12 @@ type Resource struct {
 	Image   string            `yaml:"image,omitempty" json:"image,omitempty"`
 	Command []string          `yaml:"command,omitempty" json:"command,omitempty"`
 	Env     map[string]string `yaml:"env,omitempty" json:"env,omitempty"`
-	Mounts  []string          `yaml:"mounts,omitempty" json:"mounts,omitempty"`
-	Ports   []string          `yaml:"ports,omitempty" json:"ports,omitempty" jsonschema:"description=HOST:CONTAINER[/udp]: published on the node's overlay address only (its mesh address when the overlay is off): reachable from inside the mesh"`
+	// EnvSecrets puts the module's secrets into the process's environment:
+	// variable -> secret name. Podman never holds them (podman inspect
+	// does not show them).
+	EnvSecrets map[string]string `yaml:"env-secrets,omitempty" json:"env-secrets,omitempty" jsonschema:"description=VAR: SECRET-NAME: the module's secret (mesh secret set MODULE NAME) in the process's environment; podman inspect does not show it; the container is replaced when the secret changes"`
+	Mounts     []string          `yaml:"mounts,omitempty" json:"mounts,omitempty"`
+	Ports      []string          `yaml:"ports,omitempty" json:"ports,omitempty" jsonschema:"description=HOST:CONTAINER[/udp]: published on the node's overlay address only (its mesh address when the overlay is off): reachable from inside the mesh"`
 	// PublicPorts are published on every interface (or the IP they name):
 	// what the world must reach.
 	PublicPorts []string `yaml:"public-ports,omitempty" json:"public-ports,omitempty" jsonschema:"description=[IP:]HOST:CONTAINER[/udp]: published on every interface (or the IP named): what the world reaches"`
@@ -173,7 +183,7 @@ func (r *Resource) kindName() (string, string) {
 func (r *Resource) kinds() [][2]string {
 	return [][2]string{
 		{KindDirectory, r.Directory}, {KindFile, r.File}, {KindRoutesFile, r.RoutesFile},
-		{KindBinding, r.Binding}, {KindCredential, r.Credential},
+		{KindBinding, r.Binding}, {KindCredential, r.Credential}, {KindSecret, r.Secret},
 		{KindStep, r.Step}, {KindContainer, r.Container},
 	}
 }
@@ -429,6 +439,12 @@ func (p *positions) top(key string) int {
 	return line(p.body)
 }
 
+// SecretNameRE is what a secret's name may be (`mesh secret set MODULE
+// NAME`), and SecretNameRule says it in words.
+var SecretNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+const SecretNameRule = "use 1 to 63 lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"
+
 var (
 	labelRE   = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,127}$`)
@@ -445,8 +461,9 @@ var fields = map[string][]string{
 	KindRoutesFile: {"owner", "mode", "template", "take-over"},
 	KindBinding:    {"owner", "mode", "provider", "take-over", "healthy"},
 	KindCredential: {"owner", "mode", "provider", "take-over"},
-	KindStep:       append([]string{"image", "command", "env", "mounts", "restart-on", "pull"}, containerFields...),
-	KindContainer:  append([]string{"image", "command", "env", "mounts", "ports", "public-ports", "restart", "restart-on", "health", "pull"}, containerFields...),
+	KindSecret:     {"name", "owner", "mode"},
+	KindStep:       append([]string{"image", "command", "env", "env-secrets", "mounts", "restart-on", "pull"}, containerFields...),
+	KindContainer:  append([]string{"image", "command", "env", "env-secrets", "mounts", "ports", "public-ports", "restart", "restart-on", "health", "pull"}, containerFields...),
 }
 
 func (r *Resource) setFields() []string {
@@ -464,6 +481,8 @@ func (r *Resource) setFields() []string {
 	add("image", r.Image != "")
 	add("command", r.Command != nil)
 	add("env", r.Env != nil)
+	add("env-secrets", r.EnvSecrets != nil)
+	add("name", r.SecretName != "")
 	add("mounts", r.Mounts != nil)
 	add("ports", r.Ports != nil)
 	add("public-ports", r.PublicPorts != nil)
@@ -539,7 +558,7 @@ func (m *Manifest) check(p *positions) Errors {
 			}
 		}
 		if len(set) == 0 {
-			add(ln, "resource has no kind; start it with one of directory, file, routes-file, binding, credential, step, container")
+			add(ln, "resource has no kind; start it with one of directory, file, routes-file, binding, credential, secret, step, container")
 			continue
 		}
 		if len(set) > 1 {
@@ -612,6 +631,12 @@ func (m *Manifest) check(p *positions) Errors {
 			} else if kind == KindCredential && r.Provider == m.Module {
 				add(p.at(i, "provider", -1), "credential %q names its own module as provider; a credential is between two modules", name)
 			}
+		case KindSecret:
+			if r.SecretName == "" {
+				add(ln, "secret %q has no `name:`; name the module's secret it holds (mesh secret set %s NAME)", name, m.Module)
+			} else if !SecretNameRE.MatchString(r.SecretName) {
+				add(p.at(i, "name", -1), "secret name %q: %s", r.SecretName, SecretNameRule)
+			}
 		case KindStep, KindContainer:
 			if r.Image == "" {
 				add(ln, "%s %q has no `image:`; name the image it runs, e.g. docker.io/library/busybox:1.36", kind, name)
@@ -619,6 +644,17 @@ func (m *Manifest) check(p *positions) Errors {
 			for k := range r.Env {
 				if !envKeyRE.MatchString(k) {
 					add(p.at(i, "env", -1), "env key %q is not a variable name; use letters, digits and '_'", k)
+				}
+			}
+			for k, v := range r.EnvSecrets {
+				switch {
+				case !envKeyRE.MatchString(k):
+					add(p.at(i, "env-secrets", -1), "env-secrets key %q is not a variable name; use letters, digits and '_'", k)
+				case !SecretNameRE.MatchString(v):
+					add(p.at(i, "env-secrets", -1), "env-secrets %s: secret name %q: %s", k, v, SecretNameRule)
+				}
+				if _, both := r.Env[k]; both {
+					add(p.at(i, "env-secrets", -1), "%s is in both env and env-secrets; keep it in env-secrets", k)
 				}
 			}
 			if !restartOK[r.Restart] {

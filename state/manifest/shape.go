@@ -32,10 +32,11 @@ var (
 		"retries": {kind: "number", example: "3"}, "start-period": text,
 	}}
 	resourceShape = &shape{kind: "object", fields: map[string]*shape{
-		"directory": text, "file": text, "routes-file": text, "binding": text, "credential": text, "step": text, "container": text,
+		"directory": text, "file": text, "routes-file": text, "binding": text, "credential": text, "secret": text, "name": text, "step": text, "container": text,
 		"owner": text, "mode": text, "content": text, "provider": text, "template": text, "image": text,
 		"command":      texts(`["httpd", "-f"]`),
 		"env":          {kind: "map", example: `{KEY: "value"}`},
+		"env-secrets":  {kind: "map", example: `{SMTP_PASSWORD: smtp}`},
 		"mounts":       texts(`["/srv/web/data:/data"]`),
 		"ports":        texts(`["8080:8080"]`),
 		"public-ports": texts(`["443:443"]`),
