@@ -24,6 +24,7 @@ import (
 
 	"mesh/agent"
 	"mesh/cluster/api"
+	"mesh/internal/envexec"
 	"mesh/state/manifest"
 )
 
@@ -97,6 +98,7 @@ type CLI struct {
 	Token      TokenCmd      `cmd:"" help:"Print the token that lets a machine join (MESH_TOKEN=TOKEN mesh join ADDRESS ...); on a voter, which alone holds the join secret."`
 	Node       NodeCmd       `cmd:"" help:"List, configure and remove nodes."`
 	Module     ModuleCmd     `cmd:"" help:"Manage the catalogue of modules."`
+	Secret     SecretCmd     `cmd:"" help:"Set, list and remove the secrets operators bring (passwords, API keys), sealed to the nodes each module runs on."`
 	Assign     AssignCmd     `cmd:"" help:"Run MODULE on NODE."`
 	Unassign   UnassignCmd   `cmd:"" help:"Stop running MODULE on NODE."`
 	Plan       PlanCmd       `cmd:"" help:"Show what a node must hold, its history and what changed."`
@@ -122,6 +124,10 @@ func main() {
 		// The copy mesh setup made to bind a rootless agent's port 53 does
 		// that and nothing else.
 		os.Exit(agent.RunHelper(os.Args[1:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "exec-env" {
+		// What a container with env-secrets runs first (podman/client.go).
+		os.Exit(envexec.Run(os.Args[2:], os.Stderr))
 	}
 	var cli CLI
 	cli.out = os.Stdout

@@ -296,7 +296,8 @@ func (a *Agent) startReconciler() error {
 	}
 	rec, err := reconciler.New(reconciler.Config{
 		Node: m.ID.Name, DNS: a.cfg.DNSAddress, LedgerPath: filepath.Join(a.dir, "ledger.json"), DataDir: a.dir,
-		Secret: a.sealer.Secret, Logger: a.log, Observe: observe,
+		Secret: a.sealer.Secret, OperatorSecret: a.sealer.OperatorSecret, EnvDir: envDir(a.dir), EnvExec: a.cfg.Binary,
+		Logger: a.log, Observe: observe,
 		ProviderHealthy: m.Store.ProviderHealthy,
 		Domain:          domain,
 		Probe: &reconciler.ProbeConfig{Binary: a.cfg.Binary, Name: func(ctx context.Context) string {

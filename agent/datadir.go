@@ -2,6 +2,10 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
 
 	"mesh/cluster"
 	"mesh/state"
@@ -41,4 +45,25 @@ func Join(ctx context.Context, cfg JoinConfig) error { return cluster.Join(ctx, 
 // Recover makes the node of dataDir, its agent stopped, the only voter.
 func Recover(ctx context.Context, dataDir string) (RecoverResult, error) {
 	return cluster.Recover(ctx, dataDir)
+}
+
+// envDir is where the reconciler keeps the environment of the containers
+// with env-secrets: on the runtime tmpfs (/run for root, the user's
+// $XDG_RUNTIME_DIR otherwise), never on disk, one directory per data dir
+// (two agents on one host never share it). "" when a rootless agent has no
+// runtime directory: such a container then fails, saying so.
+func envDir(dataDir string) string {
+	base := "/run"
+	if os.Geteuid() != 0 {
+		base = os.Getenv("XDG_RUNTIME_DIR")
+		if base == "" {
+			return ""
+		}
+	}
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		abs = dataDir
+	}
+	h := sha256.Sum256([]byte(abs))
+	return filepath.Join(base, "mesh", hex.EncodeToString(h[:6]), "env")
 }

@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"mesh/cluster"
@@ -26,6 +28,12 @@ type sealer struct {
 	node  sealNode
 	name  string
 	log   *slog.Logger
+
+	// verified holds the sealed values of the operator's secrets whose
+	// value was seen to have the digest the state records (argon2id is
+	// slow on purpose: once per value, not once per pass).
+	mu       sync.Mutex
+	verified map[[32]byte]bool
 }
 
 // sealStore is what the sealer reads of the replica.
@@ -36,6 +44,8 @@ type sealStore interface {
 	VoterSealStale(ctx context.Context) (map[string]bool, error)
 	Identity(ctx context.Context) (state.Identity, error)
 	VoterKeys(ctx context.Context) ([]string, error)
+	SecretSealed(ctx context.Context, ref state.SecretRef) (state.SealedValue, error)
+	StaleSecrets(ctx context.Context, key string) ([]state.StaleSecret, error)
 	Changed() <-chan struct{}
 }
 
@@ -132,6 +142,9 @@ func (s *sealer) pass(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := s.sealOperatorSecrets(ctx); err != nil {
+		return err
+	}
 	if s.node.State() != "Leader" {
 		return nil
 	}
@@ -199,5 +212,83 @@ func (s *sealer) sealVoterSecrets(ctx context.Context) error {
 		return fmt.Errorf("seal the CA key and the join secret to the voters: %w", err)
 	}
 	s.log.Info("sealed the mesh's CA key and join secret to the voters", "voters", len(keys))
+	return nil
+}
+
+// OperatorSecret opens one of the operator's secrets (state/secret.go) for
+// the reconciler to deliver. Only a node the module runs on can.
+func (s *sealer) OperatorSecret(ctx context.Context, ref state.SecretRef) ([]byte, error) {
+	row, err := s.store.SecretSealed(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	plain, err := s.id.Open(row.Sealed)
+	if errors.Is(err, seal.ErrNotForUs) {
+		return nil, fmt.Errorf("secret %s is not sealed to this node yet: a node that holds it seals it again to the module's nodes (it must be up; mesh secret list says which)", ref)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("secret %s: %w", ref, err)
+	}
+	if err := s.verify(row, []byte(plain)); err != nil {
+		return nil, fmt.Errorf("secret %s: %w", ref, err)
+	}
+	return []byte(plain), nil
+}
+
+// verify checks, once per sealed value, that the value opened is the one
+// whose digest the state records.
+func (s *sealer) verify(row state.SealedValue, plain []byte) error {
+	key := sha256.Sum256([]byte(row.Sealed + "\x00" + row.Digest))
+	s.mu.Lock()
+	ok := s.verified[key]
+	s.mu.Unlock()
+	if ok {
+		return nil
+	}
+	d, err := seal.ValueDigest(plain, row.Salt)
+	if err != nil {
+		return err
+	}
+	if d != row.Digest {
+		return errors.New("it opens to a value whose digest is not the one the state records; the state is damaged: set it again (mesh secret set)")
+	}
+	s.mu.Lock()
+	if s.verified == nil || len(s.verified) > 4096 {
+		s.verified = map[[32]byte]bool{}
+	}
+	s.verified[key] = true
+	s.mu.Unlock()
+	return nil
+}
+
+// sealOperatorSecrets seals again, to the module's nodes now, each of the
+// operator's secrets this node holds whose module's nodes changed (an
+// assign, a move). Every node that holds one does it; the first command to
+// land wins and the FSM ignores the others.
+func (s *sealer) sealOperatorSecrets(ctx context.Context) error {
+	stale, err := s.store.StaleSecrets(ctx, s.id.Recipient())
+	if err != nil || len(stale) == 0 {
+		return err
+	}
+	for _, st := range stale {
+		plain, err := s.id.Open(st.Sealed)
+		if err != nil {
+			return fmt.Errorf("open secret %s to seal it again: %w", st.SecretRef, err)
+		}
+		if err := s.verify(st.SealedValue, []byte(plain)); err != nil {
+			return fmt.Errorf("secret %s: %w", st.SecretRef, err)
+		}
+		sealed, err := seal.Seal(plain, st.Keys)
+		if err != nil {
+			return err
+		}
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = s.node.Propose(pctx, &state.SecretSealRequest{SecretRef: st.SecretRef, Digest: st.Digest, Sealed: sealed, Recipients: st.Keys})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("seal secret %s again: %w", st.SecretRef, err)
+		}
+		s.log.Info("secret sealed again to its module's nodes", "secret", st.SecretRef.String(), "sealed_to", strings.Join(st.Nodes, ","))
+	}
 	return nil
 }

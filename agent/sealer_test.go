@@ -18,6 +18,28 @@ type fakeSealStore struct {
 	secrets map[state.Pair]state.SealedSecret
 	me      *state.NodeInfo
 	needs   []state.SealNeed
+	values  map[state.SecretRef]state.SealedValue
+	stale   []state.StaleSecret
+}
+
+func (f *fakeSealStore) SecretSealed(_ context.Context, ref state.SecretRef) (state.SealedValue, error) {
+	v, ok := f.values[ref]
+	if !ok {
+		return v, state.ErrNotFound
+	}
+	return v, nil
+}
+
+func (f *fakeSealStore) StaleSecrets(_ context.Context, key string) ([]state.StaleSecret, error) {
+	var out []state.StaleSecret
+	for _, st := range f.stale {
+		for _, k := range st.Recipients {
+			if k == key {
+				out = append(out, st)
+			}
+		}
+	}
+	return out, nil
 }
 
 func (f *fakeSealStore) SealedSecret(_ context.Context, p state.Pair) (state.SealedSecret, error) {
@@ -191,4 +213,94 @@ func TestSealerPass(t *testing.T) {
 			t.Fatal("a node it is not sealed to opens it")
 		}
 	})
+}
+
+func valueOf(t *testing.T, value []byte, ids ...*seal.Identity) state.SealedValue {
+	t.Helper()
+	salt := seal.NewSalt()
+	d, err := seal.ValueDigest(value, salt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := state.SealedValue{Sealed: sealTo(t, string(value), ids...), Digest: d, Salt: salt}
+	for _, id := range ids {
+		v.Recipients = append(v.Recipients, id.Recipient())
+	}
+	return v
+}
+
+// An operator's secret opens, byte for byte (NULs and all), only on a node
+// it is sealed to, and only to the value whose digest the state records.
+func TestSealerOpensOperatorSecrets(t *testing.T) {
+	me, other := identity(t), identity(t)
+	ref := state.SecretRef{Module: "mail", Name: "smtp"}
+	value := []byte("pa\x00ss\nword\xff")
+	damaged := valueOf(t, value, me)
+	damaged.Digest = strings.Repeat("0", 64)
+	cases := []struct {
+		name    string
+		row     *state.SealedValue
+		wantErr string
+	}{
+		{"sealed to this node", ptr(valueOf(t, value, me, other)), ""},
+		{"sealed to another node", ptr(valueOf(t, value, other)), "not sealed to this node yet"},
+		{"a digest of another value", &damaged, "damaged"},
+		{"not set", nil, "not found"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &fakeSealStore{values: map[state.SecretRef]state.SealedValue{}}
+			if tc.row != nil {
+				st.values[ref] = *tc.row
+			}
+			s := &sealer{id: me, store: st, node: &fakeSealNode{}, name: "n1", log: discard}
+			got, err := s.OperatorSecret(context.Background(), ref)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || got != nil {
+					t.Fatalf("got %q, %v; want nothing and an error saying %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || string(got) != string(value) {
+				t.Fatalf("got %q, %v", got, err)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// A node that holds a secret whose module moved seals it again to the new
+// nodes, which can then open it; a node that does not hold it proposes
+// nothing.
+func TestSealerSealsMovedSecretsAgain(t *testing.T) {
+	n1, n2 := identity(t), identity(t)
+	ref := state.SecretRef{Module: "mail", Name: "smtp"}
+	v := valueOf(t, []byte("hunter2"), n1)
+	st := &fakeSealStore{me: &state.NodeInfo{}, stale: []state.StaleSecret{{SecretRef: ref, SealedValue: v, Keys: []string{n2.Recipient()}, Nodes: []string{"n2"}}}}
+	st.me.SealKey = n1.Recipient()
+	node := &fakeSealNode{}
+	s := &sealer{id: n1, store: st, node: node, name: "n1", log: discard}
+	if err := s.pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(node.proposed) != 1 {
+		t.Fatalf("proposed %d commands, want 1", len(node.proposed))
+	}
+	r, ok := node.proposed[0].(*state.SecretSealRequest)
+	if !ok || r.Digest != v.Digest || strings.Join(r.Recipients, ",") != n2.Recipient() {
+		t.Fatalf("proposed %+v", node.proposed[0])
+	}
+	if got, err := n2.Open(r.Sealed); err != nil || got != "hunter2" {
+		t.Fatalf("n2 opens %q, %v", got, err)
+	}
+	if _, err := n1.Open(r.Sealed); err == nil {
+		t.Fatal("n1, which the module left, still opens the new seal")
+	}
+	st2 := &fakeSealStore{me: &state.NodeInfo{}, stale: st.stale}
+	st2.me.SealKey = n2.Recipient()
+	node2 := &fakeSealNode{}
+	if err := (&sealer{id: n2, store: st2, node: node2, name: "n2", log: discard}).pass(context.Background()); err != nil || len(node2.proposed) != 0 {
+		t.Fatalf("a node that does not hold it proposed %d (%v)", len(node2.proposed), err)
+	}
 }

@@ -366,6 +366,11 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 			Interval: h.Interval, Timeout: h.Timeout, StartPeriod: h.StartPeriod, Retries: h.Retries,
 		}
 	}
+	if s.EnvFile != "" {
+		if err := c.execEnv(ctx, g, s); err != nil {
+			return "", fmt.Errorf("create container %s: %w", s.Name, err)
+		}
+	}
 	// Podman 4.3 asks for rlimits above what this host lets root set
 	// (ENVIRONMENT.md §1); ask for the host's own hard limits instead.
 	g.Rlimits = c.rlimits()
@@ -634,4 +639,53 @@ func (c *Client) Subnets(ctx context.Context) ([]netip.Prefix, error) {
 		}
 	}
 	return out, nil
+}
+
+// Where a container with env-secrets finds the mesh binary and its
+// environment file.
+const (
+	ExecEnvBinary = "/.mesh/mesh"
+	ExecEnvFile   = "/.mesh/env"
+)
+
+// execEnv makes the container run its command through `mesh exec-env`,
+// which reads s.EnvFile into the environment and execs it: the command is
+// the one Podman would run (the entrypoint, the image's unless given, then
+// the command, the image's only when neither is given, as Podman's
+// makeCommand does), and the values are never in the container's
+// configuration.
+func (c *Client) execEnv(ctx context.Context, g *specgen.SpecGenerator, s reconciler.Spec) error {
+	entry, cmd := s.Entrypoint, s.Command
+	if len(entry) == 0 || len(cmd) == 0 {
+		cx, cancel, err := c.ctx(ctx, CallTimeout)
+		if err != nil {
+			return err
+		}
+		img, err := images.GetImage(cx, s.Image, nil)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("inspect image %s for its command: %w", s.Image, err)
+		}
+		if img.Config != nil {
+			if len(entry) == 0 {
+				entry = img.Config.Entrypoint
+				if len(cmd) == 0 {
+					cmd = img.Config.Cmd
+				}
+			}
+		}
+	}
+	if len(entry) == 1 && entry[0] == "" {
+		entry = nil
+	}
+	argv := append(append([]string{}, entry...), cmd...)
+	if len(argv) == 0 {
+		return fmt.Errorf("image %s names no command, and the manifest gives none; give command:", s.Image)
+	}
+	g.Entrypoint = []string{ExecEnvBinary, "exec-env", ExecEnvFile, "--"}
+	g.Command = argv
+	g.Mounts = append(g.Mounts,
+		spec.Mount{Type: "bind", Source: s.EnvExec, Destination: ExecEnvBinary, Options: []string{"rbind", "ro"}},
+		spec.Mount{Type: "bind", Source: s.EnvFile, Destination: ExecEnvFile, Options: []string{"rbind", "ro"}})
+	return nil
 }

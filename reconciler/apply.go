@@ -5,10 +5,12 @@
 package reconciler
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -53,7 +55,18 @@ type Config struct {
 	// gates are open.
 	ProviderHealthy func(ctx context.Context, provider, node string) (bool, string)
 	// Secret returns a credential's secret from the local replica.
-	Secret      func(ctx context.Context, p state.Pair) (string, error)
+	Secret func(ctx context.Context, p state.Pair) (string, error)
+	// OperatorSecret opens one of the operator's secrets (mesh secret set)
+	// from the local replica; state.ErrNotFound when it is not set.
+	OperatorSecret func(ctx context.Context, ref state.SecretRef) ([]byte, error)
+	// EnvDir is where the environment of the containers with env-secrets
+	// is kept while they exist: a directory on a tmpfs (/run), never on
+	// disk, mode 0700. EnvExec is a static mesh binary, mounted read-only
+	// into those containers: it sets that environment and execs their
+	// command, so that Podman never holds the values (podman inspect shows
+	// the container's env, and Podman 4.3's env secrets too).
+	EnvDir      string
+	EnvExec     string
 	StepTimeout time.Duration
 	// PodmanBack is how long a step waits for a Podman service that went
 	// away to answer again, before it says so (default 2 minutes).
@@ -200,6 +213,7 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	}
 	rep.Resources = x.applyModules(ctx, plan)
 	rep.Resources = append(rep.Resources, x.removeUnwanted(ctx, plan, wantPaths, wantCtrs)...)
+	x.pruneEnv(plan)
 	if err := r.ledger.Save(); err != nil {
 		rep.Failures = append(rep.Failures, state.ModuleFailure{Resource: "ledger " + r.cfg.LedgerPath, Reason: err.Error()})
 	}
@@ -320,7 +334,7 @@ func (x *run) apply(ctx context.Context, res state.Resource) state.ResourceRepor
 	switch res.Kind {
 	case manifest.KindDirectory:
 		return x.directory(res)
-	case manifest.KindFile, manifest.KindRoutesFile, manifest.KindBinding, manifest.KindCredential, state.KindDeliveredCredential:
+	case manifest.KindFile, manifest.KindRoutesFile, manifest.KindBinding, manifest.KindCredential, state.KindDeliveredCredential, manifest.KindSecret:
 		return x.file(ctx, res)
 	case manifest.KindStep:
 		return x.step(ctx, res)
@@ -435,6 +449,26 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 		// A secret is never readable by group or others (DESIGN.md rule 7).
 		mode = res.Typed.ModeOr(0o600) &^ 0o077
 		x.inputsOf(res.Module)[res.Name] = res.Digest
+	case manifest.KindSecret:
+		name := res.Decl.SecretName
+		v, wait := x.secretValue(ctx, res, name)
+		if wait != nil {
+			if e, ours := x.r.ledger.Paths[res.Name]; ours && res.Secrets[name] == "" {
+				// Removed (mesh secret rm): the value it held goes too.
+				if rr := x.removePath(res.Name, e); rr.Outcome == state.Removed {
+					if err := x.r.ledger.Drop(res.Name); err == nil {
+						x.writes++
+						wait.Reason += "; the file that held it was removed"
+					}
+				}
+			}
+			return *wait
+		}
+		content = string(v)
+		mode = res.Typed.ModeOr(0o600) &^ 0o077
+		// What restart-on names it by: the secret, so that a container
+		// replaced for it says "secret NAME changed".
+		x.inputsOf(res.Module)[res.Name] = secretInput(name, res.Secrets[name])
 	default:
 		content = res.Content
 		x.inputsOf(res.Module)[res.Name] = digestBytes([]byte(content))
@@ -660,6 +694,9 @@ func (x *run) spec(ctx context.Context, res state.Resource, want desired) Spec {
 	for _, p := range res.Typed.PublicPorts {
 		s.Ports = append(s.Ports, Port{HostIP: p.HostIP, HostPort: p.HostPort, ContainerPort: p.ContainerPort, Protocol: p.Protocol})
 	}
+	if len(d.EnvSecrets) > 0 {
+		s.EnvFile, s.EnvExec = x.r.envPath(want.Name), x.r.cfg.EnvExec
+	}
 	return s
 }
 
@@ -749,6 +786,11 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 	if msg := x.mountsOK(res); msg != "" {
 		return report(res, state.Failed, msg+"; not run")
 	}
+	if stop := x.writeEnv(ctx, res, want.Name); stop != nil {
+		return *stop
+	}
+	// Its environment is kept only while it runs.
+	defer x.dropEnv(want.Name)
 	var id string
 	if d.Action == stepReattach {
 		// The same run, started before the agent stopped or Podman went
@@ -860,6 +902,12 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 		if found {
 			have = &c
 		}
+	}
+	// Its environment is written before anything starts it (Podman's
+	// restarts included: the file stays while the container is wanted).
+	if stop := x.writeEnv(ctx, res, want.Name); stop != nil {
+		stop.Reason += x.takeBack(ctx, res)
+		return *stop
 	}
 	action, reason, err := decideContainer(want, have, x.ranOf(res.Module))
 	if err != nil {
@@ -1097,4 +1145,174 @@ func (r *Reconciler) restore(p string, e PathEntry) (bool, string, error) {
 	}
 	os.Remove(e.Original.Kept)
 	return true, "", nil
+}
+
+// secretInput is what a secret file is to restart-on: its name and the
+// digest of its value (never the value).
+func secretInput(name, digest string) string { return "secret " + name + "\x00" + digest }
+
+// secretValue opens one of the module's secrets for res. A secret not set,
+// or not sealed to this node yet, makes the module wait there (not a
+// failure: the node tries again as the state changes), and says what to do.
+func (x *run) secretValue(ctx context.Context, res state.Resource, name string) ([]byte, *state.ResourceReport) {
+	wait := func(why string) *state.ResourceReport {
+		x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.RuntimeName(), Reason: why, Secret: name}
+		r := report(res, state.Waiting, "waits for secret "+name+": "+why)
+		return &r
+	}
+	if res.Secrets[name] == "" {
+		return nil, wait(fmt.Sprintf("it is not set; set it with: mesh secret set %s %s", res.Module, name))
+	}
+	if x.r.cfg.OperatorSecret == nil {
+		r := report(res, state.Failed, "this node opens no secret (no sealing key given to the reconciler)")
+		return nil, &r
+	}
+	v, err := x.r.cfg.OperatorSecret(ctx, state.SecretRef{Module: res.Module, Name: name})
+	if errors.Is(err, state.ErrNotFound) {
+		return nil, wait(fmt.Sprintf("it is not set; set it with: mesh secret set %s %s", res.Module, name))
+	}
+	if err != nil {
+		return nil, wait(err.Error())
+	}
+	return v, nil
+}
+
+// unset says whether a secret res reads is not set.
+func unset(res state.Resource) bool {
+	for _, d := range res.Secrets {
+		if d == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// envPath is the file that holds the environment of a container (or step)
+// with env-secrets.
+func (r *Reconciler) envPath(name string) string { return filepath.Join(r.cfg.EnvDir, name) }
+
+// writeEnv writes the environment a step or container takes from the
+// module's secrets (env-secrets): NAME=VALUE entries ended by NUL, in a
+// file of EnvDir (a tmpfs) that only it mounts. It says why not when a
+// secret is not set or cannot be opened (the module waits there), or holds
+// a NUL (which no environment variable can).
+func (x *run) writeEnv(ctx context.Context, res state.Resource, name string) *state.ResourceReport {
+	if len(res.Decl.EnvSecrets) == 0 {
+		return nil
+	}
+	if x.r.cfg.EnvDir == "" || x.r.cfg.EnvExec == "" {
+		r := report(res, state.Failed, "this node cannot give a container env-secrets (the agent set no runtime directory or mesh binary)")
+		return &r
+	}
+	vars := make([]string, 0, len(res.Decl.EnvSecrets))
+	for k := range res.Decl.EnvSecrets {
+		vars = append(vars, k)
+	}
+	sort.Strings(vars)
+	var b []byte
+	for _, k := range vars {
+		sn := res.Decl.EnvSecrets[k]
+		v, stop := x.secretValue(ctx, res, sn)
+		if stop != nil {
+			return stop
+		}
+		if bytes.IndexByte(v, 0) >= 0 {
+			r := report(res, state.Failed, fmt.Sprintf("secret %s holds a NUL byte, which an environment variable cannot; deliver it as a file (a secret: resource) instead", sn))
+			return &r
+		}
+		b = append(append(append(append(b, k...), '='), v...), 0)
+	}
+	if err := writeEnvFile(x.r.cfg.EnvDir, name, b); err != nil {
+		r := report(res, state.Failed, "write its environment: "+err.Error())
+		return &r
+	}
+	return nil
+}
+
+// writeEnvFile writes name in dir (made 0700 if missing) whole or not at
+// all: a temporary file, renamed over. The file is 0444 so that the
+// container's user, whoever it is, reads it; dir keeps everyone else out.
+func writeEnvFile(dir, name string, b []byte) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return err
+	}
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	path := filepath.Join(dir, name)
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, b) {
+		return nil
+	}
+	f, err := os.CreateTemp(dir, "."+name+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(0o444); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
+
+// dropEnv removes a container's environment file (it went, or the step ended).
+func (x *run) dropEnv(name string) {
+	if x.r.cfg.EnvDir != "" {
+		os.Remove(x.r.envPath(name))
+	}
+}
+
+// pruneEnv removes the environment files of containers the plan does not
+// hold with env-secrets (removed, moved away, or left by an agent that
+// stopped before it removed them).
+func (x *run) pruneEnv(plan *state.Plan) {
+	if x.r.cfg.EnvDir == "" {
+		return
+	}
+	entries, err := os.ReadDir(x.r.cfg.EnvDir)
+	if err != nil {
+		return
+	}
+	keep := map[string]bool{}
+	for _, res := range plan.Resources {
+		if res.Kind == manifest.KindContainer && len(res.Decl.EnvSecrets) > 0 {
+			keep[res.RuntimeName()] = true
+		}
+	}
+	for _, e := range entries {
+		if !keep[e.Name()] {
+			os.Remove(filepath.Join(x.r.cfg.EnvDir, e.Name()))
+		}
+	}
+}
+
+// takeBack removes the container of res when a secret it takes into its
+// environment is not set (mesh secret rm): its environment holds a value
+// the operator took back. It says so, for the resource's reason.
+func (x *run) takeBack(ctx context.Context, res state.Resource) string {
+	if res.Kind != manifest.KindContainer || len(res.Decl.EnvSecrets) == 0 || !unset(res) {
+		return ""
+	}
+	name := res.RuntimeName()
+	c, ok := x.managed[name]
+	if !ok {
+		return ""
+	}
+	if err := x.rt.Remove(ctx, c.ID); err != nil {
+		return "; removing the container that holds the secret's old value failed: " + err.Error()
+	}
+	delete(x.managed, name)
+	x.dropEnv(name)
+	x.r.log.Info(fmt.Sprintf("removed %s (%s): a secret it reads is no longer set", name, res.Module))
+	return "; its container, which held the removed secret, was removed (created again once the secret is set)"
 }

@@ -62,6 +62,9 @@ type declFields struct {
 	StopSignal  int               `json:"stop-signal,omitempty"`
 	StopTimeout *uint             `json:"stop-timeout,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// EnvSecrets maps variables to the module's secrets (their values are
+	// inputs, below, by digest).
+	EnvSecrets map[string]string `json:"env-secrets,omitempty"`
 	// LogMaxSize is the log's bound, always in (a default when undeclared):
 	// a container made before bounds existed is replaced once to get one.
 	LogMaxSize int64 `json:"log-max-size,omitempty"`
@@ -73,7 +76,7 @@ func describe(r state.Resource, dnsAddr netip.Addr, publishOn string, inputs map
 	d := r.Decl
 	f := declFields{Image: d.Image, Command: d.Command, Env: d.Env, Mounts: d.Mounts, Ports: d.Ports, Restart: d.Restart, RestartOn: d.RestartOn, Health: r.Typed.Health,
 		User: d.User, Entrypoint: d.Entrypoint, WorkingDir: d.WorkingDir, CapAdd: d.CapAdd, CapDrop: d.CapDrop, Devices: d.Devices, ReadOnly: d.ReadOnly,
-		Tmpfs: d.Tmpfs, Memory: r.Typed.Memory, LogMaxSize: logMaxSize(r.Typed), CPUs: d.CPUs, StopSignal: r.Typed.StopSignal, StopTimeout: r.Typed.StopTimeout, Labels: d.Labels}
+		Tmpfs: d.Tmpfs, Memory: r.Typed.Memory, LogMaxSize: logMaxSize(r.Typed), CPUs: d.CPUs, StopSignal: r.Typed.StopSignal, StopTimeout: r.Typed.StopTimeout, Labels: d.Labels, EnvSecrets: d.EnvSecrets}
 	if dnsAddr.IsValid() {
 		f.DNS = dnsAddr.String()
 	}
@@ -88,6 +91,14 @@ func describe(r state.Resource, dnsAddr netip.Addr, publishOn string, inputs map
 	for _, on := range d.RestartOn {
 		want.Inputs[on] = inputs[on]
 		fmt.Fprintf(h, "\x00%s=%s", on, inputs[on])
+	}
+	// The secrets it takes into its environment, by digest: only a
+	// container that reads a secret is replaced when it changes.
+	if len(d.EnvSecrets) > 0 {
+		for _, n := range state.SecretsOf(&d) {
+			want.Inputs[secretKey+n] = r.Secrets[n]
+			fmt.Fprintf(h, "\x00%s%s=%s", secretKey, n, r.Secrets[n])
+		}
 	}
 	want.Digest = hex.EncodeToString(h.Sum(nil))
 	return want
@@ -118,9 +129,21 @@ func why(oldDecl, newDecl string, oldInputs, newInputs map[string]string, restar
 	}
 	for _, on := range restartOn {
 		if !ran[on] && oldInputs[on] != newInputs[on] {
-			parts = append(parts, "restart-on: "+on+" changed")
+			if n, ok := secretOf(newInputs[on]); ok {
+				parts = append(parts, "secret "+n+" changed")
+			} else {
+				parts = append(parts, "restart-on: "+on+" changed")
+			}
 		}
 	}
+	var secrets []string
+	for k := range newInputs {
+		if n, ok := strings.CutPrefix(k, secretKey); ok && oldInputs[k] != newInputs[k] {
+			secrets = append(secrets, "secret "+n+" changed")
+		}
+	}
+	sort.Strings(secrets)
+	parts = append(parts, secrets...)
 	return strings.Join(parts, "; ")
 }
 
@@ -385,4 +408,19 @@ func decideDir(name string, have pathState, entry *PathEntry, uid, gid int, mode
 	}
 	return dirDecision{Action: dirRefuse, Message: fmt.Sprintf("%s exists (owner %d:%d, mode %04o) and the mesh did not make it; the mesh does not change a directory it did not make: declare it as it is (owner: \"%d:%d\", mode: \"%04o\"), or add `take-over: true` to it to change it to %d:%d %04o (its owner and mode are put back when the module lets go of it)",
 		name, have.uid, have.gid, have.mode, have.uid, have.gid, have.mode, uid, gid, mode)}
+}
+
+// secretKey prefixes the inputs that are secrets taken into the
+// environment (env-secrets), by name.
+const secretKey = "secret "
+
+// secretOf is the secret a restart-on input is (a secret file's input,
+// secretInput), if it is one.
+func secretOf(input string) (string, bool) {
+	rest, ok := strings.CutPrefix(input, secretKey)
+	if !ok {
+		return "", false
+	}
+	n, _, ok := strings.Cut(rest, "\x00")
+	return n, ok
 }

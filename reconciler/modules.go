@@ -120,7 +120,7 @@ func (p *panicked) rethrow() {
 func (x *run) applyOne(ctx context.Context, res state.Resource) state.ResourceReport {
 	var out state.ResourceReport
 	if f := x.blocked(res); f != nil {
-		out = report(res, state.Waiting, f.WaitReason(res.Module))
+		out = report(res, state.Waiting, f.WaitReason(res.Module)+x.takeBack(ctx, res))
 		f.Waiting = append(f.Waiting, res.RuntimeName())
 	} else {
 		out = x.apply(ctx, res)

@@ -109,6 +109,13 @@ type Spec struct {
 	StopTimeout *uint
 	// LogMaxSize bounds the container's log file (bytes; 0: Podman's own).
 	LogMaxSize int64
+	// EnvFile, when set, is a host file of NAME=VALUE entries (each ended
+	// by NUL) that the process gets in its environment, and EnvExec a
+	// static mesh binary: the runtime mounts both read-only and runs the
+	// command through `mesh exec-env`, so that the values are never in
+	// the container's configuration (podman inspect).
+	EnvFile string
+	EnvExec string
 }
 
 // Mount is a bind mount of a declared host path.

@@ -98,15 +98,19 @@ type ModuleFailure struct {
 	// Provider is set when the module waits for a provider that failed, or,
 	// with HealthGate, for a provider to be healthy (a binding's gate:
 	// not an error, the node tries again as the provider's health changes).
-	Provider   string   `json:"provider,omitempty"`
-	HealthGate bool     `json:"health_gate,omitempty"`
-	Waiting    []string `json:"waiting,omitempty"`
+	Provider   string `json:"provider,omitempty"`
+	HealthGate bool   `json:"health_gate,omitempty"`
+	// Secret is set when the module waits for one of its secrets: not set
+	// yet (mesh secret set), or not sealed to this node yet (a node that
+	// holds it seals it again within seconds). Not an error either.
+	Secret  string   `json:"secret,omitempty"`
+	Waiting []string `json:"waiting,omitempty"`
 }
 
 // OnlyGates says whether every failure of the report is a health gate.
 func (r *Report) OnlyGates() bool {
 	for _, f := range r.Failures {
-		if !f.HealthGate {
+		if !f.HealthGate && f.Secret == "" {
 			return false
 		}
 	}
@@ -117,6 +121,9 @@ func (r *Report) OnlyGates() bool {
 func (f *ModuleFailure) WaitReason(module string) string {
 	if f.HealthGate && f.Module == module {
 		return "waits for its provider " + f.Provider + " to be healthy"
+	}
+	if f.Secret != "" && f.Module == module {
+		return "waits for secret " + f.Secret + " (" + f.Reason + ")"
 	}
 	if f.Module != module || f.Provider != "" {
 		p := f.Provider

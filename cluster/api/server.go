@@ -141,6 +141,9 @@ func New(cfg Config) *API {
 	mux.HandleFunc("POST /v1/token/rotate", a.rotateToken)
 	mux.HandleFunc("GET /v1/snapshot", a.snapshot)
 	mux.HandleFunc("POST /v1/snapshot/restore", a.restore)
+	mux.HandleFunc("GET /v1/secrets", a.secrets)
+	mux.HandleFunc("PUT /v1/secrets/{module}/{name}", a.setSecret)
+	mux.HandleFunc("DELETE /v1/secrets/{module}/{name}", a.removeSecret)
 	a.srv = &http.Server{Handler: refuseUnpreviewable(a.readsYourWrites(mux)), ReadHeaderTimeout: 10 * time.Second}
 	return a
 }
@@ -158,7 +161,8 @@ func refuseUnpreviewable(next http.Handler) http.Handler {
 		if dryRun(r) && r.Method != http.MethodGet {
 			p := r.URL.Path
 			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/assign" || p == "/v1/unassign" || (strings.HasPrefix(p, "/v1/modules/") && strings.HasSuffix(p, "/pull")))) ||
-				(r.Method == http.MethodDelete && strings.HasPrefix(p, "/v1/modules/")) ||
+				(r.Method == http.MethodDelete && (strings.HasPrefix(p, "/v1/modules/") || strings.HasPrefix(p, "/v1/secrets/"))) ||
+				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/secrets/")) ||
 				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/nodes/") && strings.HasSuffix(p, "/public-domain"))
 			if !ok {
 				fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("%s %s cannot be previewed; run it without --dry-run", r.Method, p)})

@@ -1,0 +1,130 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+
+	"mesh/internal/seal"
+	"mesh/state"
+)
+
+// SecretValue is the body of `mesh secret set`: the value, any bytes
+// (base64 in JSON). It reaches only the local agent, over its socket: the
+// agent seals it before anything leaves the node.
+type SecretValue struct {
+	Value []byte `json:"value"`
+}
+
+// SecretWrite is what a set or rm answers: WriteResult, and for a set
+// whether the value was the one already set (nothing changed) and the
+// nodes it was sealed to.
+type SecretWrite struct {
+	WriteResult
+	Unchanged bool     `json:"unchanged,omitempty"`
+	SealedTo  []string `json:"sealed_to,omitempty"`
+}
+
+func (a *API) secrets(w http.ResponseWriter, r *http.Request) {
+	l, err := a.store.Secrets(r.Context(), r.URL.Query().Get("module"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, l)
+}
+
+// setSecret seals the value to the module's nodes as this replica knows
+// them, with the digest of the stored salt (the same value gives the same
+// digest, and changes nothing); the FSM refuses it if the nodes changed.
+func (a *API) setSecret(w http.ResponseWriter, r *http.Request) {
+	ref := state.SecretRef{Module: r.PathValue("module"), Name: r.PathValue("name")}
+	var body SecretValue
+	if err := decode(r, &body); err != nil {
+		fail(w, err)
+		return
+	}
+	switch {
+	case len(body.Value) == 0:
+		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("secret %s: the value is empty; give it on standard input or with --from-file", ref)})
+		return
+	case len(body.Value) > state.MaxSecretSize:
+		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("secret %s: the value is %d bytes; a secret holds at most 1 MiB (%d bytes)", ref, len(body.Value), state.MaxSecretSize)})
+		return
+	}
+	t, err := a.store.SecretTarget(r.Context(), ref)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	salt := t.Salt
+	if salt == "" {
+		salt = seal.NewSalt()
+	}
+	digest, err := seal.ValueDigest(body.Value, salt)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	res := SecretWrite{SealedTo: t.Nodes}
+	if l, err := a.store.Secrets(r.Context(), ref.Module); err == nil {
+		for _, s := range l {
+			if s.Name == ref.Name && len(digest) >= len(s.Digest) && digest[:len(s.Digest)] == s.Digest {
+				res.Unchanged = true
+			}
+		}
+	}
+	sealed, err := seal.Seal(string(body.Value), t.Keys)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	req := &state.SecretSetRequest{SecretRef: ref, Sealed: sealed, Digest: digest, Salt: salt, Size: len(body.Value), Recipients: t.Keys}
+	a.secretWrite(w, r, req, res)
+}
+
+func (a *API) removeSecret(w http.ResponseWriter, r *http.Request) {
+	a.secretWrite(w, r, &state.SecretRemoveRequest{SecretRef: state.SecretRef{Module: r.PathValue("module"), Name: r.PathValue("name")}}, SecretWrite{})
+}
+
+// secretWrite is writeThen for a SecretWrite.
+func (a *API) secretWrite(w http.ResponseWriter, r *http.Request, req state.Request, res SecretWrite) {
+	if dryRun(r) {
+		c := state.NewCommand(req)
+		c.Time = a.now().UTC()
+		p, err := a.store.Preview(r.Context(), c.Encode())
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		res.Preview = p
+		reply(w, res)
+		return
+	}
+	idx, err := a.propose(r.Context(), req)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	res.Index = idx
+	reply(w, res)
+}
+
+// Secrets lists the secrets of module (every module's when empty): never a value.
+func (c *Client) Secrets(ctx context.Context, module string) ([]state.SecretInfo, error) {
+	var l []state.SecretInfo
+	return l, c.do(ctx, "GET", "/v1/secrets?module="+url.QueryEscape(module), nil, &l)
+}
+
+// SetSecret sets a module's secret (a preview on a DryRun client).
+func (c *Client) SetSecret(ctx context.Context, module, name string, value []byte) (SecretWrite, error) {
+	var res SecretWrite
+	return res, c.do(ctx, "PUT", "/v1/secrets/"+url.PathEscape(module)+"/"+url.PathEscape(name), SecretValue{Value: value}, &res)
+}
+
+// RemoveSecret removes a module's secret (a preview on a DryRun client).
+func (c *Client) RemoveSecret(ctx context.Context, module, name string) (SecretWrite, error) {
+	var res SecretWrite
+	return res, c.do(ctx, "DELETE", "/v1/secrets/"+url.PathEscape(module)+"/"+url.PathEscape(name), nil, &res)
+}

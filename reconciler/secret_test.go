@@ -1,0 +1,185 @@
+package reconciler
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"mesh/state"
+)
+
+const secretTmpl = `module: mail
+resources:
+  - directory: {{d}}/mail
+  - secret: {{d}}/mail/smtp.password
+    name: smtp
+  - container: mail.server
+    image: localhost/busybox:1
+    command: [sleep, "1000"]
+    restart-on: [{{d}}/mail/smtp.password]
+  - container: mail.sender
+    image: localhost/busybox:1
+    command: [sleep, "1000"]
+    env-secrets: {SMTP_PASSWORD: smtp, API_KEY: api}
+  - container: mail.other
+    image: localhost/busybox:1
+    command: [sleep, "1000"]
+`
+
+// secretBed is a node running mail, whose secrets are values in a map.
+type secretBed struct {
+	t      *testing.T
+	dir    string
+	rt     *fake
+	r      *Reconciler
+	in     state.Input
+	values map[string]string
+}
+
+func newSecretBed(t *testing.T) *secretBed {
+	b := &secretBed{t: t, dir: t.TempDir(), rt: newFake(), values: map[string]string{}}
+	r, err := New(Config{
+		Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(b.dir, "ledger.json"),
+		OperatorSecret: func(_ context.Context, ref state.SecretRef) ([]byte, error) {
+			v, ok := b.values[ref.Name]
+			if !ok {
+				return nil, state.ErrNotFound
+			}
+			return []byte(v), nil
+		},
+		EnvDir: filepath.Join(b.dir, "run", "env"), EnvExec: "/usr/local/bin/mesh",
+	}, b.rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.r = r
+	b.in = state.Input{Domain: "internal", Nodes: []state.Node{{Name: "ace", Address: "10.0.0.1"}},
+		Assignments: []state.Assignment{{Node: "ace", Module: "mail"}}, Secrets: map[state.SecretRef]string{}}
+	return b
+}
+
+// set stands for mesh secret set: the value, and its digest in the state.
+func (b *secretBed) set(name, value string) {
+	b.values[name] = value
+	b.in.Secrets[state.SecretRef{Module: "mail", Name: name}] = state.SecretDigest(value)
+}
+
+func (b *secretBed) rm(name string) {
+	delete(b.values, name)
+	delete(b.in.Secrets, state.SecretRef{Module: "mail", Name: name})
+}
+
+func (b *secretBed) apply() state.Report {
+	b.t.Helper()
+	b.rt.calls = nil
+	return b.r.Apply(context.Background(), 1, composeAce(b.t, &b.in, []string{strings.ReplaceAll(secretTmpl, "{{d}}", b.dir)}))
+}
+
+// A secret is delivered as a file (0600) and as an environment file that
+// only its container mounts, never in the container's spec; a module whose
+// secret is not set applies up to it and waits, saying what to run; a new
+// value replaces exactly the containers that read it, for the secret; the
+// same value changes nothing; rm takes the file and the reader away.
+func TestSecretsReachOnlyTheirReaders(t *testing.T) {
+	b := newSecretBed(t)
+	file := filepath.Join(b.dir, "mail/smtp.password")
+
+	rep := b.apply()
+	o := outcome(rep, file)
+	if o.Outcome != state.Waiting || !strings.Contains(o.Reason, "mesh secret set mail smtp") {
+		t.Fatalf("before set: %+v", o)
+	}
+	if outcome(rep, "mail.server").Outcome != state.Waiting || b.rt.byName("mail.server") != nil {
+		t.Fatalf("what comes after an unset secret ran: %+v", rep.Resources)
+	}
+	if !rep.OnlyGates() || !strings.Contains(rep.Error, "mesh secret set mail smtp") {
+		t.Fatalf("the report does not say which secret to set: %q", rep.Error)
+	}
+
+	b.set("smtp", "pa\x00ss\n")
+	rep = b.apply()
+	if o := outcome(rep, "mail.sender"); o.Outcome != state.Waiting || !strings.Contains(o.Reason, "mesh secret set mail api") {
+		t.Fatalf("sender without api: %+v (error %q)", o, rep.Error)
+	}
+	b.set("api", "k3y=with=equals")
+	rep = b.apply()
+	// smtp holds a NUL: a file can hold it, an environment cannot.
+	if o := outcome(rep, "mail.sender"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "NUL") {
+		t.Fatalf("a NUL into the environment: %+v", o)
+	}
+	got, _ := os.ReadFile(file)
+	fi, _ := os.Stat(file)
+	if string(got) != "pa\x00ss\n" || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("file %q mode %v", got, fi.Mode())
+	}
+	b.set("smtp", "hunter2")
+	rep = b.apply()
+	if rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	sender := b.rt.byName("mail.sender")
+	sp := b.rt.specs[sender.ID]
+	env := filepath.Join(b.dir, "run", "env", "mail.sender")
+	if sp.EnvFile != env || sp.EnvExec != "/usr/local/bin/mesh" || len(sp.Env) != 0 {
+		t.Fatalf("sender spec %+v", sp)
+	}
+	for _, s := range []Spec{sp, b.rt.specs[b.rt.byName("mail.server").ID]} {
+		if blob := strings.Join(append(s.Command, s.Labels[LabelDecl], s.Labels[LabelInputs]), " "); strings.Contains(blob, "hunter2") || strings.Contains(blob, "k3y") {
+			t.Fatalf("a value in the container's configuration: %s", blob)
+		}
+	}
+	eb, _ := os.ReadFile(env)
+	if string(eb) != "API_KEY=k3y=with=equals\x00SMTP_PASSWORD=hunter2\x00" {
+		t.Fatalf("env file %q", eb)
+	}
+	if fi, _ := os.Stat(filepath.Dir(env)); fi.Mode().Perm() != 0o700 {
+		t.Fatalf("env dir mode %v", fi.Mode())
+	}
+	ids := map[string]string{}
+	for _, n := range []string{"mail.server", "mail.sender", "mail.other"} {
+		ids[n] = b.rt.byName(n).ID
+	}
+
+	// The same value: nothing.
+	b.set("smtp", "hunter2")
+	if rep := b.apply(); rep.Mutations != 0 {
+		t.Fatalf("the same value made %d mutations: %v", rep.Mutations, b.rt.calls)
+	}
+	// A new value of smtp: the file, and both its readers, for the secret.
+	b.set("smtp", "correct horse")
+	rep = b.apply()
+	for _, n := range []string{"mail.server", "mail.sender"} {
+		if o := outcome(rep, n); o.Outcome != state.Replaced || o.Reason != "secret smtp changed" {
+			t.Fatalf("%s: %+v", n, o)
+		}
+	}
+	if b.rt.byName("mail.other").ID != ids["mail.other"] {
+		t.Fatal("a container that reads no secret was replaced")
+	}
+	// A new value of api: only the sender.
+	ids["mail.server"] = b.rt.byName("mail.server").ID
+	b.set("api", "other")
+	rep = b.apply()
+	if o := outcome(rep, "mail.sender"); o.Outcome != state.Replaced || o.Reason != "secret api changed" {
+		t.Fatalf("sender: %+v", o)
+	}
+	if b.rt.byName("mail.server").ID != ids["mail.server"] {
+		t.Fatal("the server, which does not read api, was replaced")
+	}
+
+	// rm: the file goes, and the container whose environment held it.
+	b.rm("smtp")
+	rep = b.apply()
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Fatalf("the removed secret's file is still there: %v", err)
+	}
+	if b.rt.byName("mail.sender") != nil || b.rt.byName("mail.other") == nil {
+		t.Fatalf("after rm: sender %v, other %v", b.rt.byName("mail.sender"), b.rt.byName("mail.other"))
+	}
+	if _, err := os.Stat(env); !os.IsNotExist(err) {
+		t.Fatalf("the removed container's environment is still there: %v", err)
+	}
+}
