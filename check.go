@@ -3,8 +3,10 @@ package main
 import (
 	"errors"
 	"fmt"
-	"mesh/state/manifest"
+	"sort"
 	"strings"
+
+	"mesh/state/manifest"
 )
 
 // CheckCmd checks manifests offline.
@@ -47,6 +49,18 @@ func (c *CheckCmd) Run(g *Globals) error {
 			what = strings.Join(public, ", ")
 		}
 		fmt.Fprintf(g.out, "%s: public ports: %s\n", m.File, what)
+		for _, r := range m.Resources {
+			keys := make([]string, 0, len(r.Env))
+			for k := range r.Env {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				if manifest.LooksSecret(k, r.Env[k]) {
+					fmt.Fprintf(g.out, "%s: warning: %s env %s looks like a secret, and its value is in the manifest, which every node replicates and mesh module show prints; move it to env-secrets: {%s: NAME} and set it with mesh secret set %s NAME\n", m.File, r.Name(), k, k, m.Module)
+				}
+			}
+		}
 	}
 	if len(errs) > 0 {
 		return errors.New(strings.Join(errs, "\n"))

@@ -58,9 +58,18 @@ type Result struct {
 }
 
 var (
-	labelRE   = regexp.MustCompile(`[^a-z0-9-]+`)
-	secretish = regexp.MustCompile(`(?i)(pass(word|wd)?|secret|token|api_?key|private_?key)`)
+	labelRE  = regexp.MustCompile(`[^a-z0-9-]+`)
+	secretRE = regexp.MustCompile(`[^a-z0-9_.-]+`)
 )
+
+// secretName makes a mesh secret's name of a compose secret's.
+func secretName(s string) string {
+	n := strings.Trim(secretRE.ReplaceAllString(strings.ToLower(s), "-"), "-._")
+	if len(n) > 63 {
+		n = n[:63]
+	}
+	return n
+}
 
 // moduleName makes a DNS label of a service name.
 func moduleName(s string) string {
@@ -137,7 +146,7 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 		for d := range svc.DependsOn {
 			w.deps[d] = moduleName(d)
 		}
-		w.service(svc, volOwner)
+		w.service(svc, volOwner, proj.Secrets)
 		if w.err != nil {
 			return nil, w.err
 		}
@@ -214,7 +223,7 @@ func (w *writer) owner(user string) string {
 	return "0:0"
 }
 
-func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
+func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string, secrets types.Secrets) {
 	w.declared = map[string]bool{}
 	owner := w.owner(svc.User)
 	if owner == "0:0" {
@@ -294,15 +303,40 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 			w.note("volume of type %s at %s: not carried over", v.Type, v.Target)
 		}
 	}
+	// Each secret: a secret resource (its value set with mesh secret set,
+	// sealed to the nodes the module runs on), mounted where compose put it.
 	if len(svc.Secrets) > 0 {
-		p := filepath.Join(w.root, "secrets")
-		w.res("directory", p, "owner", owner, "mode", "0700")
-		mounts = append(mounts, p+":/run/secrets:ro")
-		var names []string
+		dir := filepath.Join(w.root, "secrets")
+		w.res("directory", dir, "owner", owner, "mode", "0700")
+		w.declared[dir] = true
 		for _, s := range svc.Secrets {
-			names = append(names, s.Source)
+			name := secretName(s.Source)
+			if !manifest.SecretNameRE.MatchString(name) {
+				w.refuse("secret %q has no letter or digit to name a mesh secret with; rename it", s.Source)
+				return
+			}
+			target := s.Target
+			if target == "" {
+				target = s.Source
+			}
+			if !path.IsAbs(target) {
+				target = "/run/secrets/" + target
+			}
+			p := filepath.Join(dir, name)
+			if w.declared[p] {
+				continue
+			}
+			w.declared[p] = true
+			w.res("secret", p, "name", name, "owner", owner)
+			mounts = append(mounts, p+":"+path.Clean(target)+":ro")
+			how := fmt.Sprintf("printf '%%s' \"$VALUE\" | mesh secret set %s %s", w.module, name)
+			if sc, ok := secrets[s.Source]; ok && sc.File != "" {
+				how = fmt.Sprintf("mesh secret set %s %s --from-file %s", w.module, name, sc.File)
+			} else if ok && sc.Environment != "" {
+				how = fmt.Sprintf("printf '%%s' \"$%s\" | mesh secret set %s %s", sc.Environment, w.module, name)
+			}
+			w.note("secret %s -> secret %s (name %s, owner %s, mode 0600) mounted at %s; once the module is added and assigned, set its value: %s", s.Source, p, name, owner, path.Clean(target), how)
 		}
-		w.note("secrets %s -> directory %s mounted at /run/secrets: put each secret's file there on the node (the mesh never carries a secret's value in a manifest)", strings.Join(names, ", "), p)
 	}
 	// depends_on: a binding to each dependency, so it is applied first on a
 	// node that runs both, and the service is recreated when it moves.
@@ -344,8 +378,8 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string) {
 		}
 	}
 	for _, k := range sortedKeys(env) {
-		if secretish.MatchString(k) && env[k] != "" && !strings.HasSuffix(strings.ToUpper(k), "_FILE") {
-			w.note("environment %s looks like a secret: its value is now in the manifest, which every node replicates; give it as a file under /run/secrets (secrets:) or, for a database, as a mesh credential", k)
+		if manifest.LooksSecret(k, env[k]) {
+			w.note("environment %s looks like a secret: its value is now in the manifest, which every node replicates; move it to env-secrets: {%s: %s} and set it with: printf '%%s' \"$VALUE\" | mesh secret set %s %s", k, k, secretName(k), w.module, secretName(k))
 		}
 	}
 	if len(env) > 0 {

@@ -27,7 +27,7 @@ func TestImportRealWorldFiles(t *testing.T) {
 			"app: networks: dropped",
 			"cron: volume html is shared with service app, whose module declares it",
 			"cron: links: dropped",
-			"db: secrets db_password -> directory /srv/cloud-db/secrets mounted at /run/secrets",
+			"db: secret db_password -> secret /srv/cloud-db/secrets/db_password (name db_password, owner 0:0, mode 0600) mounted at /run/secrets/db_password; once the module is added and assigned, set its value: mesh secret set db db_password --from-file ",
 			"redis: expose 6379 -> published at 6379 on the node, where the name redis answers",
 			"redis: directories owned by 999:999, the service's user",
 		},

@@ -439,6 +439,16 @@ func (p *positions) top(key string) int {
 	return line(p.body)
 }
 
+var secretishRE = regexp.MustCompile(`(?i)(pass(word|wd)?|secret|token|api_?key|private_?key)`)
+
+// LooksSecret says whether an env: entry looks like a secret (by its
+// name: PASSWORD, TOKEN, API_KEY...) with a value in the manifest, which
+// every node replicates: it belongs in env-secrets. A *_FILE variable names
+// a file, not a value.
+func LooksSecret(key, value string) bool {
+	return value != "" && secretishRE.MatchString(key) && !strings.HasSuffix(strings.ToUpper(key), "_FILE")
+}
+
 // SecretNameRE is what a secret's name may be (`mesh secret set MODULE
 // NAME`), and SecretNameRule says it in words.
 var SecretNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
