@@ -63,6 +63,10 @@ func waitApplied(g *Globals, node, module string, version uint64, limit time.Dur
 			if n.Report.Error != "" && n.Report.AppliedAt.Before(start) {
 				continue // a failure from before this command; wait for the retry
 			}
+			if f := n.Report.UnsetSecret(); f != nil && (module == "" || f.Module == module) {
+				// Only an operator ends this wait: say so now.
+				return fmt.Errorf("%s applied plan v%d up to %s, which waits for secret %s: %s", node, n.Report.Version, f.Resource, f.Secret, f.Reason)
+			}
 			if f := n.Report.Failed(module); n.Report.OnlyGates() && (module == "" || f != nil) {
 				// A health gate: the node goes on as the provider's health
 				// changes; say so once per reason.

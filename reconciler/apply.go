@@ -1161,7 +1161,9 @@ func (x *run) secretValue(ctx context.Context, res state.Resource, name string) 
 		return &r
 	}
 	if res.Secrets[name] == "" {
-		return nil, wait(fmt.Sprintf("it is not set; set it with: mesh secret set %s %s", res.Module, name))
+		r := wait(fmt.Sprintf("it is not set; set it with: mesh secret set %s %s", res.Module, name))
+		x.failed[res.Module].SecretUnset = true
+		return nil, r
 	}
 	if x.r.cfg.OperatorSecret == nil {
 		r := report(res, state.Failed, "this node opens no secret (no sealing key given to the reconciler)")
@@ -1169,7 +1171,9 @@ func (x *run) secretValue(ctx context.Context, res state.Resource, name string) 
 	}
 	v, err := x.r.cfg.OperatorSecret(ctx, state.SecretRef{Module: res.Module, Name: name})
 	if errors.Is(err, state.ErrNotFound) {
-		return nil, wait(fmt.Sprintf("it is not set; set it with: mesh secret set %s %s", res.Module, name))
+		r := wait(fmt.Sprintf("it is not set; set it with: mesh secret set %s %s", res.Module, name))
+		x.failed[res.Module].SecretUnset = true
+		return nil, r
 	}
 	if err != nil {
 		return nil, wait(err.Error())

@@ -103,8 +103,21 @@ type ModuleFailure struct {
 	// Secret is set when the module waits for one of its secrets: not set
 	// yet (mesh secret set), or not sealed to this node yet (a node that
 	// holds it seals it again within seconds). Not an error either.
-	Secret  string   `json:"secret,omitempty"`
-	Waiting []string `json:"waiting,omitempty"`
+	Secret string `json:"secret,omitempty"`
+	// SecretUnset: the secret is not set (only mesh secret set ends it).
+	SecretUnset bool     `json:"secret_unset,omitempty"`
+	Waiting     []string `json:"waiting,omitempty"`
+}
+
+// UnsetSecret is the first failure of the report that waits for a secret
+// nobody set: a wait that only an operator ends.
+func (r *Report) UnsetSecret() *ModuleFailure {
+	for i := range r.Failures {
+		if r.Failures[i].SecretUnset {
+			return &r.Failures[i]
+		}
+	}
+	return nil
 }
 
 // OnlyGates says whether every failure of the report is a health gate.
