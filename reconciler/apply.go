@@ -490,7 +490,15 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 	switch d.Action {
 	case fileRefuse:
 		return report(res, state.Failed, d.Message)
-	case fileTakeOver, fileCopyAside:
+	case fileCopyAside:
+		if res.Kind == manifest.KindSecret {
+			// What a secret's file held is never copied anywhere: what a
+			// container wrote there may hold the secret too.
+			note = "its content had changed on the host; put back (a secret's file is never copied aside)"
+			break
+		}
+		fallthrough
+	case fileTakeOver:
 		// Bytes the mesh did not write: a copy is kept before they go.
 		kept, err := x.r.keep(res, have)
 		if err != nil {

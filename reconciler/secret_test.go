@@ -138,6 +138,15 @@ func TestSecretsReachOnlyTheirReaders(t *testing.T) {
 	if fi, _ := os.Stat(filepath.Dir(env)); fi.Mode().Perm() != 0o700 {
 		t.Fatalf("env dir mode %v", fi.Mode())
 	}
+	// A container that rewrote the file: put back, never copied aside.
+	os.WriteFile(file, []byte("hunter2 and more"), 0o600)
+	rep = b.apply()
+	if got, _ := os.ReadFile(file); string(got) != "hunter2" || !strings.Contains(outcome(rep, file).Reason, "never copied") {
+		t.Fatalf("after drift: %q %+v", got, outcome(rep, file))
+	}
+	if kept, _ := os.ReadDir(b.r.keptDir()); len(kept) != 0 {
+		t.Fatalf("a copy of the secret's file was kept: %v", kept)
+	}
 	ids := map[string]string{}
 	for _, n := range []string{"mail.server", "mail.sender", "mail.other"} {
 		ids[n] = b.rt.byName(n).ID
