@@ -24,7 +24,7 @@ resources:
     name: smtp
   - secret: {{root}}/bedmail/blob
     name: blob
-    mode: "0640"
+    mode: "0400"
   - container: bedmail.server
     image: localhost/mesh-bed-busybox:1
     command: [sleep, "100000"]
@@ -156,7 +156,7 @@ func TestOperatorSecrets(t *testing.T) {
 		ok := string(b) == v1 && bytes.Equal(bb, blob) && n[1].h.containerID("bedmail.other") != "" && n[1].h.containerID("bedmail.sender") != ""
 		return ok, tail(n[1].log(), 5)
 	})
-	for p, want := range map[string]os.FileMode{file: 0o600, blobFile: 0o640} {
+	for p, want := range map[string]os.FileMode{file: 0o600, blobFile: 0o400} {
 		if fi, _ := os.Stat(p); fi.Mode().Perm() != want {
 			t.Fatalf("%s: mode %v, want %v", p, fi.Mode().Perm(), want)
 		}
@@ -222,7 +222,12 @@ func TestOperatorSecrets(t *testing.T) {
 	setSecret(t, n[1], []byte(v2), "bedmail", "smtp")
 	eventually(t, 60*time.Second, "the file holds the new value and both readers are replaced", func() (bool, string) {
 		b, _ := os.ReadFile(file)
-		return string(b) == v2 && n[1].h.containerID("bedmail.server") != ids["bedmail.server"] && n[1].h.containerID("bedmail.sender") != ids["bedmail.sender"], tail(n[1].log(), 5)
+		for _, c := range []string{"bedmail.server", "bedmail.sender"} {
+			if id := n[1].h.containerID(c); id == "" || id == ids[c] {
+				return false, c + " not replaced yet"
+			}
+		}
+		return string(b) == v2 && strings.Contains(strings.Join(n[1].linesAfter(logAt), "\n"), "updated bedmail.sender (bedmail): replaced"), tail(n[1].log(), 5)
 	})
 	if n[1].h.containerID("bedmail.other") != ids["bedmail.other"] {
 		t.Fatal("bedmail.other, which reads no secret, was replaced")

@@ -647,6 +647,9 @@ func (m *Manifest) check(p *positions) Errors {
 			} else if !SecretNameRE.MatchString(r.SecretName) {
 				add(p.at(i, "name", -1), "secret name %q: %s", r.SecretName, SecretNameRule)
 			}
+			if m, err := ParseMode(r.Mode); r.Mode != "" && err == nil && m&0o077 != 0 {
+				add(p.at(i, "mode", -1), "secret %q: mode %s lets group or others read it; a secret's file is its owner's alone: use 0600 or 0400, and owner: the container's user", name, r.Mode)
+			}
 		case KindStep, KindContainer:
 			if r.Image == "" {
 				add(ln, "%s %q has no `image:`; name the image it runs, e.g. docker.io/library/busybox:1.36", kind, name)
