@@ -50,7 +50,8 @@ const (
 // still in a log are converted on replay (legacy.go); 8, the operator's
 // secrets (secret.go): secret.set, secret.rm and secret.seal, a manifest
 // that names one (a secret resource, env-secrets), and a restore that
-// carries them.
+// carries them; and the CA's rotation (ca.go): ca.rotate, node.cert with the
+// digest of the certificate's CA, credential.seal with the new CA's key.
 const CommandVersion = 8
 
 // ops is every op this binary knows, one row each: the one place an op is
@@ -76,6 +77,7 @@ var ops = map[string]opDef{
 	OpSecretSet:    opOf(secretFormat, (*applier).secretSet),
 	OpSecretRemove: opOf(secretFormat, (*applier).secretRemove),
 	OpSecretSeal:   opOf(secretFormat, (*applier).secretSeal),
+	OpCARotate:     opOf(secretFormat, (*applier).caRotate),
 }
 
 // opDef is one op: the format it needs when this binary writes it, a fresh
@@ -157,7 +159,9 @@ func (r *NodeAddRequest) formatNeeded() int {
 }
 func (r *InitRequest) formatNeeded() int        { return iff(r.Overlay != "" || r.Node.OverlayKey != "", 7) }
 func (r *TokenRotateRequest) formatNeeded() int { return iff(r.Sealed != nil, 5) }
-func (r *NodeCertRequest) formatNeeded() int    { return iff(r.Key != "", 6) }
+func (r *NodeCertRequest) formatNeeded() int {
+	return max(iff(r.Key != "", 6), iff(r.CA != "", secretFormat))
+}
 
 func sealedFormat(secrets []Secret) int {
 	for _, s := range secrets {

@@ -379,7 +379,8 @@ func (ap *applier) nodeRemove(r *NodeRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM reports WHERE node = ?`, r.Name); err != nil {
 		return false, err
 	}
-	return true, nil
+	// The last node a rotation of the CA waited for may be this one.
+	return true, ap.finishRotation()
 }
 
 func (ap *applier) publicDomain(r *PublicDomainRequest) (bool, error) {

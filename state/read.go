@@ -25,6 +25,8 @@ type NodeInfo struct {
 	// leader that admitted it recorded it. Its peers refuse a certificate
 	// for its name with another key.
 	CertKey string `json:"cert_key,omitempty"`
+	// CertCA is the digest of the CA that signed it, as the node last said.
+	CertCA string `json:"cert_ca,omitempty"`
 }
 
 // ModuleInfo is a catalogue entry.
@@ -95,7 +97,7 @@ func (s *Store) Settings(ctx context.Context) (Settings, error) {
 }
 
 func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address FROM nodes ORDER BY name`)
+	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address, cert_ca FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +106,7 @@ func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
 	for rows.Next() {
 		var n NodeInfo
 		var at, exp string
-		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp, &n.CertKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress); err != nil {
+		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp, &n.CertKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress, &n.CertCA); err != nil {
 			return nil, err
 		}
 		n.AddedAt, _ = time.Parse(timeLayout, at)
@@ -306,6 +308,10 @@ type Identity struct {
 	CAKeySealed      string
 	JoinSecretSealed string
 	Voters           int
+	// CANextCert and CANextKeySealed are the new CA while a rotation is
+	// under way (ca.go).
+	CANextCert      string
+	CANextKeySealed string
 }
 
 // Identity reads the mesh's identity from the replica.
@@ -315,7 +321,7 @@ func (s *Store) Identity(ctx context.Context) (Identity, error) {
 		return Identity{}, err
 	}
 	id := Identity{MeshID: kv["mesh_id"], CACert: kv["ca_cert"], CAKey: kv["ca_key"], JoinSecret: kv["join_secret"],
-		CAKeySealed: kv["ca_key_sealed"], JoinSecretSealed: kv["join_secret_sealed"]}
+		CAKeySealed: kv["ca_key_sealed"], JoinSecretSealed: kv["join_secret_sealed"], CANextCert: kv["ca_next_cert"], CANextKeySealed: kv["ca_next_key_sealed"]}
 	fmt.Sscan(kv["voters"], &id.Voters)
 	return id, nil
 }

@@ -256,6 +256,8 @@ type SealRequest struct {
 	// voters (again); a voter proposes them.
 	CAKey      *VoterSecret `json:"ca_key,omitempty"`
 	JoinSecret *VoterSecret `json:"join_secret,omitempty"`
+	// CANextKey is the key of a CA a rotation brings in (ca.go).
+	CANextKey *VoterSecret `json:"ca_next_key,omitempty"`
 }
 
 // NodeKeyRequest records a node's sealing key (a node that joined before
@@ -273,6 +275,8 @@ type NodeCertRequest struct {
 	Node    string    `json:"node"`
 	Expires time.Time `json:"expires"`
 	Key     string    `json:"key,omitempty"`
+	// CA, from format 8, is the digest of the CA that signed it (ca.go).
+	CA string `json:"ca,omitempty"`
 }
 
 func (*SealRequest) Op() string     { return OpSeal }
@@ -302,7 +306,19 @@ func (ap *applier) nodeCert(r *NodeCertRequest) (bool, error) {
 			return false, err
 		}
 	}
-	return false, exec(ap.tx, `UPDATE nodes SET cert_expires = ? WHERE name = ?`, r.Expires.UTC().Format(timeLayout), r.Node)
+	if err := exec(ap.tx, `UPDATE nodes SET cert_expires = ? WHERE name = ?`, r.Expires.UTC().Format(timeLayout), r.Node); err != nil {
+		return false, err
+	}
+	if r.CA != "" {
+		if !certKeyRE.MatchString(r.CA) {
+			return false, ruleErr(ErrInvalid, "node %s's certificate CA %q is not a hex SHA-256 digest", r.Node, r.CA)
+		}
+		if err := exec(ap.tx, `UPDATE nodes SET cert_ca = ? WHERE name = ?`, r.CA, r.Node); err != nil {
+			return false, err
+		}
+		return false, ap.finishRotation()
+	}
+	return false, nil
 }
 
 var certKeyRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -322,14 +338,20 @@ func (r *SealRequest) describe() string {
 	if r.JoinSecret != nil {
 		ps = append(ps, "the join secret")
 	}
+	if r.CANextKey != nil {
+		ps = append(ps, "the new CA key")
+	}
 	return "sealed again: " + strings.Join(ps, ", ")
 }
 
 func (r *NodeKeyRequest) describe() string { return "node " + r.Node + " gave its sealing key" }
 
 func (ap *applier) seal(r *SealRequest) (bool, error) {
-	if len(r.Secrets) == 0 && r.CAKey == nil && r.JoinSecret == nil {
+	if len(r.Secrets) == 0 && r.CAKey == nil && r.JoinSecret == nil && r.CANextKey == nil {
 		return false, ruleErr(ErrInvalid, "credential.seal without a secret")
+	}
+	if _, err := ap.takeVoterSecret("ca_next_key", r.CANextKey); err != nil {
+		return false, err
 	}
 	if _, err := ap.takeVoterSecret("ca_key", r.CAKey); err != nil {
 		return false, err
@@ -466,6 +488,9 @@ func voterSealStale(ctx context.Context, q queryer) (map[string]bool, error) {
 		if kv[name] != "" || kv[name+"_to"] != want {
 			out[name] = true
 		}
+	}
+	if kv["ca_next_cert"] != "" && kv["ca_next_key_to"] != want {
+		out["ca_next_key"] = true
 	}
 	return out, nil
 }

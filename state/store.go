@@ -232,6 +232,10 @@ var migrations = []string{
 		recipients TEXT NOT NULL,
 		PRIMARY KEY (module, name)
 	 );`,
+	// 11: the digest of the CA that signed each node's certificate, as the
+	// node last said (a rotation of the CA ends when every node's is the
+	// new CA's: ca.go).
+	`ALTER TABLE nodes ADD COLUMN cert_ca TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate() error {
