@@ -54,6 +54,7 @@ type sealNode interface {
 	Propose(ctx context.Context, req state.Request) (uint64, error)
 	State() string
 	OpenIdentity(id state.Identity) (caKey, joinSecret string, err error)
+	OpenNextCAKey(id state.Identity) (string, error)
 	SealToVoters(secret string, keys []string) (*state.VoterSecret, error)
 }
 
@@ -205,6 +206,18 @@ func (s *sealer) sealVoterSecrets(ctx context.Context) error {
 		if req.JoinSecret, err = s.node.SealToVoters(joinSecret, keys); err != nil {
 			return err
 		}
+	}
+	if stale["ca_next_key"] {
+		// The key of the CA a rotation brings in: sealed by a voter that
+		// holds it (one that joined since cannot open it: another does).
+		if k, err := s.node.OpenNextCAKey(id); err == nil {
+			if req.CANextKey, err = s.node.SealToVoters(k, keys); err != nil {
+				return err
+			}
+		}
+	}
+	if req.CAKey == nil && req.JoinSecret == nil && req.CANextKey == nil {
+		return nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

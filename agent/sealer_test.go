@@ -89,6 +89,10 @@ func (f *fakeSealNode) OpenIdentity(state.Identity) (string, string, error) {
 	return "", "", errors.New("not a voter here")
 }
 
+func (f *fakeSealNode) OpenNextCAKey(state.Identity) (string, error) {
+	return "", errors.New("not a voter here")
+}
+
 func (f *fakeSealNode) SealToVoters(string, []string) (*state.VoterSecret, error) {
 	return nil, errors.New("not a voter here")
 }

@@ -35,7 +35,7 @@ const (
 var binaryChunkTime = 15 * time.Second
 
 func (n *Node) serveCA(w http.ResponseWriter, r *http.Request) {
-	b, _ := pem.Decode(n.tls.caPEM)
+	b, _ := pem.Decode(n.tls.caPEM())
 	if b == nil {
 		http.Error(w, "this node has no CA certificate", http.StatusInternalServerError)
 		return

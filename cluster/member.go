@@ -102,7 +102,9 @@ func StartMember(cfg MemberConfig) (_ *Member, err error) {
 	go n.EnsureVoter(lctx)
 	go n.probe(lctx)
 	go n.repairMembership(lctx)
+	go n.keepTrust(lctx)
 	go n.keepCertificate(lctx)
+	go n.keepCA(lctx)
 	go n.watchDisk(lctx, MinFree, LowFree)
 	log.Info("raft running", "data_dir", cfg.DataDir, "raft", n.Addr(), "state", n.State())
 	return m, nil

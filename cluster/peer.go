@@ -321,6 +321,9 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 	if req.MeshID != id.MeshID {
 		return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this is mesh %s; the token is for mesh %s", id.MeshID, req.MeshID)}
 	}
+	if id.CANextCert != "" {
+		return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: "a rotation of the mesh's CA is under way, and the token pins the CA it replaces; join once it ends (mesh status shows it), with a token made then (mesh token)"}
+	}
 	caKey, joinSecret, err := n.OpenIdentity(id)
 	if err != nil {
 		return JoinReply{}, err

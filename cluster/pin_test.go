@@ -111,7 +111,8 @@ func TestPinnedCertificateKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := &nodeTLS{pool: a.Node.tls.pool, caPEM: a.Node.tls.caPEM}
+		f := &nodeTLS{}
+		f.trust.Store(a.Node.tls.trust.Load())
 		c, err := f.pair(certPEM, keyPEM)
 		if err != nil {
 			t.Fatal(err)
@@ -145,7 +146,8 @@ func TestPinnedCertificateKey(t *testing.T) {
 		}
 	}
 	b.Stop()
-	oldTLS := &nodeTLS{pool: b.Node.tls.pool, caPEM: b.Node.tls.caPEM} // its certificate, without its stopped node's checks
+	oldTLS := &nodeTLS{} // its certificate, without its stopped node's checks
+	oldTLS.trust.Store(b.Node.tls.trust.Load())
 	oldTLS.cert.Store(b.Node.tls.current())
 	secret, err := a.Node.JoinSecret(id)
 	if err != nil {

@@ -195,9 +195,10 @@ func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
 // nodeTLS is a node's TLS material: its certificate (replaced when it is
 // renewed, without a restart) and the mesh CA.
 type nodeTLS struct {
-	cert   atomic.Pointer[tls.Certificate]
-	pool   *x509.CertPool
-	caPEM  []byte
+	cert atomic.Pointer[tls.Certificate]
+	// trust is the CAs the node trusts: the mesh's, and while a rotation
+	// is under way the new one as well (rotate.go).
+	trust  atomic.Pointer[trustSet]
 	meshID string
 	// peerOK, when set (by the node, before it dials anyone), also checks
 	// a peer this node dials: a node of the replica, with the key recorded
@@ -208,8 +209,58 @@ type nodeTLS struct {
 // current is the certificate the node presents now.
 func (t *nodeTLS) current() *tls.Certificate { return t.cert.Load() }
 
-// pair reads a certificate for the node's key, with the CA appended to the
-// chain it presents.
+// trustSet is the CAs a node trusts, the first the mesh's own.
+type trustSet struct {
+	pool  *x509.CertPool
+	cas   []*x509.Certificate
+	pems  [][]byte
+	joint []byte // every CA, PEM, as the CA file holds them
+}
+
+func newTrust(caPEMs ...[]byte) (*trustSet, error) {
+	ts := &trustSet{pool: x509.NewCertPool()}
+	for _, p := range caPEMs {
+		for rest := p; ; {
+			var b *pem.Block
+			b, rest = pem.Decode(rest)
+			if b == nil {
+				break
+			}
+			if b.Type != "CERTIFICATE" {
+				continue
+			}
+			c, err := x509.ParseCertificate(b.Bytes)
+			if err != nil {
+				return nil, fmt.Errorf("a CA certificate does not parse: %w", err)
+			}
+			one := pem.EncodeToMemory(b)
+			ts.pool.AddCert(c)
+			ts.cas = append(ts.cas, c)
+			ts.pems = append(ts.pems, one)
+			ts.joint = append(ts.joint, one...)
+		}
+	}
+	if len(ts.cas) == 0 {
+		return nil, errors.New("the mesh CA file holds no certificate")
+	}
+	return ts, nil
+}
+
+// issuer is the trusted CA that signed c, or nil.
+func (ts *trustSet) issuer(c *x509.Certificate) *x509.Certificate {
+	for _, ca := range ts.cas {
+		if c.CheckSignatureFrom(ca) == nil {
+			return ca
+		}
+	}
+	return nil
+}
+
+// caPEM is the mesh's own CA certificate (the first trusted).
+func (t *nodeTLS) caPEM() []byte { return t.trust.Load().pems[0] }
+
+// pair reads a certificate for the node's key, with the CA that signed it
+// appended to the chain it presents.
 func (t *nodeTLS) pair(certPEM, keyPEM []byte) (*tls.Certificate, error) {
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
@@ -218,7 +269,12 @@ func (t *nodeTLS) pair(certPEM, keyPEM []byte) (*tls.Certificate, error) {
 	if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
 		return nil, err
 	}
-	cert.Certificate = append(cert.Certificate, pemDER(t.caPEM))
+	ts := t.trust.Load()
+	if ca := ts.issuer(cert.Leaf); ca != nil {
+		cert.Certificate = append(cert.Certificate, ca.Raw)
+	} else {
+		cert.Certificate = append(cert.Certificate, ts.cas[0].Raw)
+	}
 	return &cert, nil
 }
 
@@ -235,11 +291,12 @@ func loadNodeTLS(dir string) (*nodeTLS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read this node's key: %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, errors.New("the mesh CA file holds no certificate")
+	ts, err := newTrust(caPEM)
+	if err != nil {
+		return nil, err
 	}
-	t := &nodeTLS{pool: pool, caPEM: caPEM}
+	t := &nodeTLS{}
+	t.trust.Store(ts)
 	cert, err := t.pair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("read this node's certificate: %w", err)
@@ -295,7 +352,7 @@ func (n *nodeTLS) verifyPeer(certs []*x509.Certificate) (string, error) {
 	for _, c := range certs[1:] {
 		inter.AddCert(c)
 	}
-	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: n.pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: n.trust.Load().pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		return "", fmt.Errorf("certificate is not from this mesh's CA: %w", err)
 	}
 	return certs[0].Subject.CommonName, nil

@@ -52,9 +52,10 @@ type RenewReply struct {
 // sooner.
 func (n *Node) keepCertificate(ctx context.Context) {
 	for {
+		changed := n.store.Changed()
 		leaf := n.tls.current().Leaf
 		wait := min(max(time.Until(leaf.NotAfter)/10, time.Second), time.Hour)
-		if renewDue(leaf, time.Now()) {
+		if renewDue(leaf, time.Now()) || n.rotationDue(ctx, leaf) {
 			if err := n.renew(ctx); err != nil {
 				if ctx.Err() != nil {
 					return
@@ -73,6 +74,7 @@ func (n *Node) keepCertificate(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-changed: // a rotation of the CA may have started
 		case <-time.After(wait):
 		}
 	}
@@ -87,13 +89,16 @@ func (n *Node) tellCert(ctx context.Context, leaf *x509.Certificate) (whole bool
 	if err != nil {
 		return false, err
 	}
-	key := CertKey(leaf)
-	if me.CertExpires != nil && me.CertExpires.Equal(leaf.NotAfter) && me.CertKey == key {
+	key, ca := CertKey(leaf), n.certCA(leaf)
+	if me.CertExpires != nil && me.CertExpires.Equal(leaf.NotAfter) && me.CertKey == key && (me.CertCA == ca || ca == "") {
 		return true, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	r := &state.NodeCertRequest{Node: n.cfg.ID, Expires: leaf.NotAfter.UTC(), Key: key}
+	r := &state.NodeCertRequest{Node: n.cfg.ID, Expires: leaf.NotAfter.UTC(), Key: key, CA: ca}
+	if n.canApply(state.NewCommand(r)) != nil {
+		r.CA = "" // a node of the mesh does not know it yet (an upgrade halfway)
+	}
 	n.WaitLeader(pctx) // which leader appends it decides whether the key may go
 	if n.keyMayGo(state.NewCommand(r), "", 0) {
 		if _, err := n.Propose(pctx, r); err == nil || !errors.Is(err, state.ErrConflict) {
@@ -167,7 +172,11 @@ func (n *Node) renew(ctx context.Context) error {
 	}
 	// Check it before it replaces anything: for this key, from this CA,
 	// for this node. It is written before it is used, so a restart after
-	// this point starts with it.
+	// this point starts with it. It may be of a new CA (a rotation) that
+	// this replica has just learnt of.
+	if err := n.refreshTrust(ctx); err != nil {
+		return err
+	}
 	cert, err := n.tls.pair(certPEM, keyPEM)
 	if err != nil {
 		return fmt.Errorf("the renewed certificate does not fit this node's key: %w", err)
@@ -218,11 +227,8 @@ func (n *Node) signRenewal(ctx context.Context, name string, csrPEM []byte) ([]b
 	if err != nil {
 		return nil, err
 	}
-	caKey, _, err := n.OpenIdentity(id)
-	if err != nil {
-		return nil, err
-	}
-	ca, err := ParseCA([]byte(id.CACert), []byte(caKey))
+	// While a rotation is under way, renewals are the new CA's.
+	ca, err := n.signingCA(id)
 	if err != nil {
 		return nil, fmt.Errorf("read the mesh CA: %w", err)
 	}

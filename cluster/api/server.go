@@ -528,6 +528,10 @@ func (a *API) token(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
+	if id.CANextCert != "" {
+		fail(w, &state.RuleError{Kind: state.ErrConflict, Msg: "a rotation of the mesh's CA is under way: a token made now would pin the CA it replaces; make one once it ends (mesh status shows it)"})
+		return
+	}
 	secret, err := a.node.JoinSecret(id)
 	if err != nil {
 		fail(w, err)
