@@ -98,6 +98,7 @@ type CLI struct {
 	Token      TokenCmd      `cmd:"" help:"Print the token that lets a machine join (MESH_TOKEN=TOKEN mesh join ADDRESS ...); on a voter, which alone holds the join secret."`
 	Node       NodeCmd       `cmd:"" help:"List, configure and remove nodes."`
 	Module     ModuleCmd     `cmd:"" help:"Manage the catalogue of modules."`
+	CA         CACmd         `cmd:"" name:"ca" help:"Rotate the mesh's certificate authority, or show it."`
 	Secret     SecretCmd     `cmd:"" help:"Set, list and remove the secrets operators bring (passwords, API keys), sealed to the nodes each module runs on."`
 	Assign     AssignCmd     `cmd:"" help:"Run MODULE on NODE."`
 	Unassign   UnassignCmd   `cmd:"" help:"Stop running MODULE on NODE."`

@@ -90,6 +90,13 @@ func (c *NodeRemoveCmd) Run(g *Globals) error {
 	}
 	fmt.Fprintf(g.out, "removed node %s (log index %d)\n", c.Node, r.Index)
 	// What removal does not undo (README, More nodes).
-	fmt.Fprintf(g.out, "its certificate is refused from now on; the machine may still hold the join token: mesh token --rotate\n")
+	switch {
+	case r.Voter && r.JoinSecretRotated:
+		fmt.Fprintf(g.out, "%s was a voter: it held the join secret, which was rotated (mesh token on a voter prints the new token), and the CA key, with which it could still sign a certificate for a new name: rotate the CA with mesh ca rotate\n", c.Node)
+	case r.Voter:
+		fmt.Fprintf(g.out, "%s was a voter: rotating the join secret it held failed (%s): run mesh token --rotate; and rotate the CA key it held: mesh ca rotate\n", c.Node, r.JoinSecretError)
+	default:
+		fmt.Fprintf(g.out, "its certificate is refused from now on; the machine may still hold the join token: mesh token --rotate\n")
+	}
 	return nil
 }

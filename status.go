@@ -115,16 +115,23 @@ func statusKey(st api.Status) string {
 			}
 		}
 	}
+	ca := ""
+	if st.CA != nil {
+		ca = st.CA.Digest + " " + st.CA.Next + " " + strings.Join(st.CA.Renewed, ",")
+	}
 	b, _ := json.Marshal(struct {
-		Leader, State, Overlay string
-		Nodes                  []nodeKey
-	}{st.Leader, st.RaftState, overlay, keys})
+		Leader, State, Overlay, CA string
+		Nodes                      []nodeKey
+	}{st.Leader, st.RaftState, overlay, ca, keys})
 	return string(b)
 }
 
 // renderStatus writes the status as mesh status prints it.
 func renderStatus(w io.Writer, st api.Status) error {
 	fmt.Fprintf(w, "mesh %s, domain %s; this node: %s (%s), leader: %s, applied index %d\n", st.MeshID, st.Domain, st.Node, strings.ToLower(st.RaftState), dash(st.Leader), st.AppliedIndex)
+	if st.CA != nil {
+		fmt.Fprintln(w, st.CA)
+	}
 	if st.Behind > 0 && st.BehindSince != nil {
 		fmt.Fprintf(w, "this node's replica is %d entries behind what it knows committed (index %d), for %s: what it shows may be that old\n", st.Behind, st.CommitIndex, time.Since(*st.BehindSince).Round(time.Second))
 	}

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"database/sql"
 	"encoding/hex"
 	"encoding/pem"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Rotating the mesh's CA (issue "The operator's secrets", item 5). A voter
@@ -128,7 +130,16 @@ func (s *Store) CA(ctx context.Context) (CAStatus, error) {
 	if err != nil {
 		return CAStatus{}, err
 	}
-	c := CAStatus{Digest: CertDigest(kv["ca_cert"]), RotatedAt: kv["ca_rotated_at"]}
+	c := CAStatus{Digest: CertDigest(kv["ca_cert"]), RotatedAt: kv["ca_rotated_at"], Since: kv["created_at"]}
+	if c.RotatedAt != "" {
+		c.Since = c.RotatedAt
+	}
+	if b, _ := pem.Decode([]byte(kv["ca_cert"])); b != nil {
+		if cert, err := x509.ParseCertificate(b.Bytes); err == nil {
+			t := cert.NotAfter.UTC()
+			c.Expires = &t
+		}
+	}
 	if kv["ca_next_cert"] == "" {
 		return c, nil
 	}
@@ -150,8 +161,11 @@ func (s *Store) CA(ctx context.Context) (CAStatus, error) {
 // CAStatus is the mesh's CA as `mesh status` shows it.
 type CAStatus struct {
 	Digest string `json:"digest"`
-	// RotatedAt is when the CA last replaced another (empty: the mesh's first).
-	RotatedAt string `json:"rotated_at,omitempty"`
+	// Since is when this CA became the mesh's (its init, or the end of the
+	// rotation that brought it: RotatedAt), Expires when its certificate ends.
+	Since     string     `json:"since"`
+	RotatedAt string     `json:"rotated_at,omitempty"`
+	Expires   *time.Time `json:"expires,omitempty"`
 	// Next is the digest of the new CA while a rotation is under way,
 	// since RotationStarted; Renewed are the nodes whose certificate it
 	// signed already, Waiting those it waits for.
@@ -163,8 +177,14 @@ type CAStatus struct {
 
 func (c CAStatus) String() string {
 	s := "CA " + c.Digest[:min(12, len(c.Digest))]
+	if t, err := time.Parse(timeLayout, c.Since); err == nil {
+		s += fmt.Sprintf(", %d days old", int(time.Since(t).Hours()/24))
+	}
 	if c.RotatedAt != "" {
-		s += ", rotated " + c.RotatedAt
+		s += " (rotated " + c.RotatedAt + ")"
+	}
+	if c.Expires != nil {
+		s += ", certificate valid until " + c.Expires.UTC().Format("2006-01-02")
 	}
 	if c.Next != "" {
 		s += fmt.Sprintf("; rotating to %s since %s: %d renewed, waiting for %s", c.Next[:min(12, len(c.Next))], c.RotationStarted, len(c.Renewed), strings.Join(c.Waiting, ", "))

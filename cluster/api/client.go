@@ -122,6 +122,18 @@ func (c *Client) wrote(index uint64) {
 	}
 }
 
+// CA reads the mesh's CA and any rotation of it under way.
+func (c *Client) CA(ctx context.Context) (state.CAStatus, error) {
+	var s state.CAStatus
+	return s, c.do(ctx, "GET", "/v1/ca", nil, &s)
+}
+
+// RotateCA starts a rotation of the mesh's CA.
+func (c *Client) RotateCA(ctx context.Context) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "POST", "/v1/ca/rotate", nil, &r)
+}
+
 // Status reads the mesh's status as this node sees it.
 func (c *Client) Status(ctx context.Context) (Status, error) {
 	var s Status

@@ -46,7 +46,9 @@ type Status struct {
 	Resolver string `json:"resolver,omitempty"`
 	// Overlay is this node's end of the overlay, when the agent runs one.
 	Overlay *OverlayStatus `json:"overlay,omitempty"`
-	Nodes   []NodeStatus   `json:"nodes"`
+	// CA is the mesh's CA, and a rotation of it under way.
+	CA    *state.CAStatus `json:"ca,omitempty"`
+	Nodes []NodeStatus    `json:"nodes"`
 }
 
 // OverlayStatus is this node's end of the mesh's overlay.
@@ -141,6 +143,8 @@ func New(cfg Config) *API {
 	mux.HandleFunc("POST /v1/token/rotate", a.rotateToken)
 	mux.HandleFunc("GET /v1/snapshot", a.snapshot)
 	mux.HandleFunc("POST /v1/snapshot/restore", a.restore)
+	mux.HandleFunc("GET /v1/ca", a.ca)
+	mux.HandleFunc("POST /v1/ca/rotate", a.rotateCA)
 	mux.HandleFunc("GET /v1/secrets", a.secrets)
 	mux.HandleFunc("PUT /v1/secrets/{module}/{name}", a.setSecret)
 	mux.HandleFunc("DELETE /v1/secrets/{module}/{name}", a.removeSecret)
@@ -412,6 +416,9 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 	out := Status{Node: a.id.Name, MeshID: st.MeshID, Domain: st.Domain, RaftState: a.node.State(), Leader: a.node.Leader(), AppliedIndex: applied, Resolver: a.resolver}
 	out.CommitIndex, _ = strconv.ParseUint(a.node.Stats()["commit_index"], 10, 64)
 	out.DiskFloor = cluster.MinFree
+	if c, err := a.store.CA(ctx); err == nil {
+		out.CA = &c
+	}
 	a.behindMu.Lock()
 	if out.CommitIndex > applied {
 		out.Behind = out.CommitIndex - applied
@@ -503,12 +510,57 @@ func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
+	was, _ := a.store.Node(r.Context(), name)
 	idx, err := a.node.RemoveNode(r.Context(), name, force)
 	if err != nil {
 		fail(w, err)
 		return
 	}
+	res := WriteResult{Index: idx, Voter: was.Voter}
+	if was.Voter {
+		// It held the join secret: a new one, sealed to the voters left.
+		if err := a.rotateJoinSecret(r.Context()); err != nil {
+			res.JoinSecretError = err.Error()
+		} else {
+			res.JoinSecretRotated = true
+		}
+	}
+	reply(w, res)
+}
+
+// rotateJoinSecret seals a new join secret to the voters and proposes it.
+func (a *API) rotateJoinSecret(ctx context.Context) error {
+	keys, err := a.store.VoterKeys(ctx)
+	if err != nil {
+		return err
+	}
+	sealed, err := a.node.SealToVoters(seal.NewSecret(), keys)
+	if err != nil {
+		return err
+	}
+	_, err = a.propose(ctx, &state.TokenRotateRequest{Sealed: sealed})
+	return err
+}
+
+// rotateCA starts a rotation of the mesh's CA (cluster/rotate.go).
+func (a *API) rotateCA(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), cluster.ApplyTimeout)
+	defer cancel()
+	idx, err := a.node.RotateCA(ctx, "mesh ca rotate")
+	if err != nil {
+		fail(w, err)
+		return
+	}
 	reply(w, WriteResult{Index: idx})
+}
+
+func (a *API) ca(w http.ResponseWriter, r *http.Request) {
+	c, err := a.store.CA(r.Context())
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, c)
 }
 
 // TokenReply is a join token, and the lines a new machine runs with it to
@@ -610,6 +662,12 @@ func (r *RestoreResult) writtenAt() uint64 { return r.Index }
 type WriteResult struct {
 	Index   uint64   `json:"index"`
 	Modules []string `json:"modules,omitempty"`
+	// Voter and JoinSecretRotated, on a node removal: the node was a
+	// voter (it held the CA key and the join secret), and the join secret
+	// was rotated for that (JoinSecretError says why not).
+	Voter             bool   `json:"voter,omitempty"`
+	JoinSecretRotated bool   `json:"join_secret_rotated,omitempty"`
+	JoinSecretError   string `json:"join_secret_error,omitempty"`
 	// Preview is set, and nothing was written, when a dry run was asked for.
 	Preview *state.Preview `json:"preview,omitempty"`
 }
