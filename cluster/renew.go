@@ -75,8 +75,17 @@ func (n *Node) keepCertificate(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-changed: // a rotation of the CA may have started
+			pause(ctx, 500*time.Millisecond) // at most two looks a second under writes
 		case <-time.After(wait):
 		}
+	}
+}
+
+// pause waits d, or until ctx ends.
+func pause(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
 	}
 }
 

@@ -72,6 +72,7 @@ func (n *Node) keepTrust(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-changed:
+			pause(ctx, 200*time.Millisecond)
 		case <-time.After(30 * time.Second):
 		}
 	}
