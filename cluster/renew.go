@@ -99,15 +99,15 @@ func (n *Node) tellCert(ctx context.Context, leaf *x509.Certificate) (whole bool
 		return false, err
 	}
 	key, ca := CertKey(leaf), n.certCA(leaf)
+	r := &state.NodeCertRequest{Node: n.cfg.ID, Expires: leaf.NotAfter.UTC(), Key: key, CA: ca}
+	if ca != "" && n.canApply(state.NewCommand(r)) != nil {
+		r.CA, ca = "", "" // a node of the mesh does not know it yet (an upgrade halfway)
+	}
 	if me.CertExpires != nil && me.CertExpires.Equal(leaf.NotAfter) && me.CertKey == key && (me.CertCA == ca || ca == "") {
 		return true, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	r := &state.NodeCertRequest{Node: n.cfg.ID, Expires: leaf.NotAfter.UTC(), Key: key, CA: ca}
-	if n.canApply(state.NewCommand(r)) != nil {
-		r.CA = "" // a node of the mesh does not know it yet (an upgrade halfway)
-	}
 	n.WaitLeader(pctx) // which leader appends it decides whether the key may go
 	if n.keyMayGo(state.NewCommand(r), "", 0) {
 		if _, err := n.Propose(pctx, r); err == nil || !errors.Is(err, state.ErrConflict) {
