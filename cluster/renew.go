@@ -116,7 +116,7 @@ func (n *Node) tellCert(ctx context.Context, leaf *x509.Certificate) (whole bool
 	}
 	// Not every node is known to apply a key yet: the expiry alone, which
 	// every node applies.
-	r.Key = ""
+	r.Key, r.CA = "", ""
 	if me.CertExpires != nil && me.CertExpires.Equal(leaf.NotAfter) {
 		return false, nil
 	}
