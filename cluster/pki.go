@@ -34,8 +34,18 @@ const (
 	KeyFile  = "node.key"
 )
 
-// certLife is how long the CA certificate is valid.
+// certLife is how long the CA certificate is valid; testCALife, when set
+// (tests), replaces it.
 const certLife = 20 * 365 * 24 * time.Hour
+
+var testCALife atomic.Int64
+
+func caLife() time.Duration {
+	if d := testCALife.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return certLife
+}
 
 // NodeCertLifeEnv shortens node certificates' life (a Go duration), so that
 // a bed sees them renewed; unset, a node certificate lasts a year.
@@ -74,7 +84,7 @@ func NewCA(meshID string) (*CA, error) {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(), Subject: pkix.Name{CommonName: "mesh " + meshID, Organization: []string{meshID}},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(certLife),
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(caLife()),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)

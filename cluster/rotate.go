@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"mesh/state"
@@ -154,14 +155,27 @@ func caRenewDue(ca *x509.Certificate, now time.Time) bool {
 	return ca.NotAfter.Sub(now) < ca.NotAfter.Sub(ca.NotBefore)/3
 }
 
+// caCheckEvery is how often the leader looks at the CA's certificate;
+// testCACheck, when set (tests), replaces it.
+const caCheckEvery = time.Hour
+
+var testCACheck atomic.Int64
+
+func caCheckInterval() time.Duration {
+	if d := testCACheck.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return caCheckEvery
+}
+
 // keepCA, on the leader, rotates the mesh's CA when its certificate nears
-// its end. It looks every hour.
+// its end.
 func (n *Node) keepCA(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Hour):
+		case <-time.After(caCheckInterval()):
 		}
 		if n.State() != "Leader" {
 			continue

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -155,4 +156,28 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// A CA certificate with a third of its life left is rotated by the leader
+// by itself, long before it expires; one with more is not.
+func TestLeaderRotatesAnAgeingCA(t *testing.T) {
+	now := time.Now()
+	young := &x509.Certificate{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(20 * 365 * 24 * time.Hour)}
+	old := &x509.Certificate{NotBefore: now.Add(-15 * 365 * 24 * time.Hour), NotAfter: now.Add(5 * 365 * 24 * time.Hour)}
+	if caRenewDue(young, now) || !caRenewDue(old, now) {
+		t.Fatalf("due: young %v, old %v", caRenewDue(young, now), caRenewDue(old, now))
+	}
+	// A mesh whose CA lives an hour and a minute (backdated an hour): a
+	// third of that is left from the start. (Restored after the agent
+	// stopped: cleanups run last first.)
+	t.Cleanup(func() { testCALife.Store(0); testCACheck.Store(0) })
+	testCALife.Store(int64(time.Minute))
+	testCACheck.Store(int64(100 * time.Millisecond))
+	a, _ := leadingAgent(t)
+	ctx := context.Background()
+	first, _ := a.Store.Identity(ctx)
+	eventually(t, 20*time.Second, "the leader rotated the ageing CA", func() bool {
+		c, _ := a.Store.CA(ctx)
+		return c.RotatedAt != "" && c.Digest != state.CertDigest(first.CACert)
+	})
 }
