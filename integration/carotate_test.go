@@ -17,7 +17,6 @@ import (
 
 	"mesh/cluster"
 	"mesh/internal/seal"
-	"mesh/state"
 )
 
 // oldCACert signs, with the mesh's CA key as it is now (opened with a's
@@ -25,17 +24,7 @@ import (
 // what a voter since removed could still sign after a rotation.
 func oldCACert(t *testing.T, a, b *agent) (certFile, keyFile string) {
 	t.Helper()
-	f := filepath.Join(a.h.dir, "ca-rotate-snapshot.json")
-	a.mesh("snapshot", "save", f)
-	r, err := os.Open(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	sn, err := state.ReadSnapshot(r)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sn := snapshotOf(t, a)
 	id, err := seal.LoadOrCreate(a.n.dir)
 	if err != nil {
 		t.Fatal(err)

@@ -51,18 +51,7 @@ func setSecret(t *testing.T, a *agent, value []byte, args ...string) (string, er
 // sealedSecret reads a secret's sealed value from a snapshot a writes.
 func sealedSecret(t *testing.T, a *agent, module, name string) string {
 	t.Helper()
-	f := filepath.Join(a.n.dir, "opsecret-snapshot.json")
-	a.mesh("snapshot", "save", f)
-	r, err := os.Open(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	sn, err := state.ReadSnapshot(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, row := range sn.Rows("secrets") {
+	for _, row := range snapshotOf(t, a).Rows("secrets") {
 		if row["module"] == module && row["name"] == name {
 			s, _ := row["sealed"].(string)
 			return s

@@ -170,17 +170,7 @@ func TestSealedSecrets(t *testing.T) {
 // returns a line of its PEM body, and a piece of its sealed form.
 func caKeyOf(t *testing.T, a *agent) (pemLine, sealed string) {
 	t.Helper()
-	f := filepath.Join(a.h.dir, "ca-snapshot.json")
-	a.mesh("snapshot", "save", f)
-	b, err := os.Open(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	sn, err := state.ReadSnapshot(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sn := snapshotOf(t, a)
 	sealed = sn.Setting("ca_key_sealed")
 	if sn.Setting("ca_key") != "" || len(sealed) < 64 {
 		t.Fatalf("the snapshot's CA key: plain %d bytes, sealed %d bytes", len(sn.Setting("ca_key")), len(sealed))
@@ -198,6 +188,23 @@ func caKeyOf(t *testing.T, a *agent) (pemLine, sealed string) {
 		t.Fatalf("the CA key is not a PEM block")
 	}
 	return lines[1], sealed[len(sealed)-64:]
+}
+
+// snapshotOf is the replicated state as a's mesh snapshot save writes it.
+func snapshotOf(t *testing.T, a *agent) *state.Snapshot {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "snapshot.json")
+	a.mesh("snapshot", "save", f)
+	r, err := os.Open(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	sn, err := state.ReadSnapshot(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sn
 }
 
 func readFile(t *testing.T, p string) string {

@@ -90,24 +90,10 @@ func (a *API) removeSecret(w http.ResponseWriter, r *http.Request) {
 
 // secretWrite is writeThen for a SecretWrite.
 func (a *API) secretWrite(w http.ResponseWriter, r *http.Request, req state.Request, res SecretWrite) {
-	if dryRun(r) {
-		c := state.NewCommand(req)
-		c.Time = a.now().UTC()
-		p, err := a.store.Preview(r.Context(), c.Encode())
-		if err != nil {
-			fail(w, err)
-			return
-		}
-		res.Preview = p
-		reply(w, res)
-		return
-	}
-	idx, err := a.propose(r.Context(), req)
-	if err != nil {
+	if err := a.writeInto(r, req, &res.WriteResult); err != nil {
 		fail(w, err)
 		return
 	}
-	res.Index = idx
 	reply(w, res)
 }
 

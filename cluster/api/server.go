@@ -285,25 +285,26 @@ func (a *API) write(w http.ResponseWriter, r *http.Request, req state.Request) {
 // writeThen proposes req and answers with res and the index; asked for a dry
 // run, it answers with the preview instead and proposes nothing.
 func (a *API) writeThen(w http.ResponseWriter, r *http.Request, req state.Request, res WriteResult) {
+	if err := a.writeInto(r, req, &res); err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, res)
+}
+
+// writeInto proposes req and sets res's index or, asked for a dry run,
+// its preview (proposing nothing).
+func (a *API) writeInto(r *http.Request, req state.Request, res *WriteResult) error {
 	if dryRun(r) {
 		c := state.NewCommand(req)
 		c.Time = a.now().UTC()
 		p, err := a.store.Preview(r.Context(), c.Encode())
-		if err != nil {
-			fail(w, err)
-			return
-		}
 		res.Preview = p
-		reply(w, res)
-		return
+		return err
 	}
 	idx, err := a.propose(r.Context(), req)
-	if err != nil {
-		fail(w, err)
-		return
-	}
 	res.Index = idx
-	reply(w, res)
+	return err
 }
 
 // MinIndexParam asks a read to answer only once this replica has applied
