@@ -47,6 +47,10 @@ func Recover(ctx context.Context, dataDir string) (RecoverResult, error) {
 	return cluster.Recover(ctx, dataDir)
 }
 
+// EnvDir is where the agent of dataDir keeps the environment of its
+// containers with env-secrets (what a bed removes after itself).
+func EnvDir(dataDir string) string { return envDir(dataDir) }
+
 // envDir is where the reconciler keeps the environment of the containers
 // with env-secrets: on the runtime tmpfs (/run for root, the user's
 // $XDG_RUNTIME_DIR otherwise), never on disk, one directory per data dir

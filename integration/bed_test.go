@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	meshagent "mesh/agent"
 	"net"
 	"os"
 	"os/exec"
@@ -168,6 +169,12 @@ func (h *host) cleanup() {
 	exec.Command("ip", "link", "del", bedNetns+"-h").Run()
 	// Directories the bed's modules made may be owned by subuids; root removes them.
 	os.RemoveAll(h.dir)
+	if h.rootless {
+		// The rootless agent's runtime directory is the bed user's.
+		os.RemoveAll(filepath.Join(h.runtime, "mesh"))
+	} else {
+		os.RemoveAll(filepath.Dir(meshagent.EnvDir(filepath.Join(h.dir, "data"))))
+	}
 	if h.rootless {
 		// Only what mesh setup added for the bed: its address (and the link,
 		// unless a real agent of this host had it) and the bed user's helper.

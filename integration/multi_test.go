@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	meshagent "mesh/agent"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +40,7 @@ func multiCleanup() {
 			exec.Command("umount", "-l", dir+"/root/overlay").Run()
 		}
 		exec.Command("ip", "netns", "del", fmt.Sprintf("mbn%d", i)).Run()
+		os.RemoveAll(filepath.Dir(meshagent.EnvDir(dir + "/data")))
 		exec.Command("ip", "link", "del", fmt.Sprintf("mbn%d-h", i)).Run()
 	}
 	exec.Command("ip", "link", "del", multiBridge).Run()

@@ -1301,10 +1301,19 @@ func (x *run) pruneEnv(plan *state.Plan) {
 			keep[res.RuntimeName()] = true
 		}
 	}
+	left := 0
 	for _, e := range entries {
 		if !keep[e.Name()] {
 			os.Remove(filepath.Join(x.r.cfg.EnvDir, e.Name()))
+		} else {
+			left++
 		}
+	}
+	if left == 0 {
+		// Nothing of this node's left on the runtime tmpfs: its directory
+		// and the data dir's go too (writeEnvFile makes them again).
+		os.Remove(x.r.cfg.EnvDir)
+		os.Remove(filepath.Dir(x.r.cfg.EnvDir))
 	}
 }
 
