@@ -189,7 +189,8 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		return nil
 	}
 	m := newMux(ln, nt, member, log)
-	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv}, 3, 10*time.Second, hl)
+	stop := make(chan struct{})
+	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv, stop: stop}, 3, 10*time.Second, hl)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.Logger = hl
@@ -209,7 +210,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, seal: sk, logs: closer, log: log, live: liveness{seen: map[string]Seen{}},
 		downloads: connlimit.New(maxBinaryDownloads, maxBinaryDownloadsPerSrc),
-		stop:      make(chan struct{}), logStore: logStore, catchUpWake: make(chan struct{}, 1)}
+		stop:      stop, logStore: logStore, catchUpWake: make(chan struct{}, 1)}
 	n.catchingUp.Add(1)
 	go func() { defer n.catchingUp.Done(); n.catchUp() }()
 	n.peerConns = &peerTransport{cfg: nt.clientConfig(alpnAPI)}

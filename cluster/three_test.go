@@ -16,28 +16,8 @@ import (
 // acknowledged write is on every surviving replica.
 func TestThreeNodes(t *testing.T) {
 	ctx := context.Background()
-	dirA := initDir(t, LogStoreWAL)
-	a := startAgent(t, dirA)
-	waitLeader(t, a)
-	id, err := a.Store.Identity(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The join secret is sealed to the voters: the first node opens it.
-	secret, err := a.Node.JoinSecret(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
-	nodes := map[string]*Member{"ace": a}
-	dirs := map[string]string{"ace": dirA}
-	for i, name := range []string{"novox", "g14"} {
-		d := filepath.Join(t.TempDir(), name)
-		if err := Join(ctx, JoinConfig{DataDir: d, Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: token, Name: name, Address: fmt.Sprintf("127.0.0.%d", i+2), Port: freePort(t)}); err != nil {
-			t.Fatal(err)
-		}
-		nodes[name], dirs[name] = startAgent(t, d), d
-	}
+	nodes, dirs := threeMembers(t)
+	a := nodes["ace"]
 	defer func() {
 		for _, m := range nodes {
 			if m != nil {
@@ -159,4 +139,35 @@ func TestThreeNodes(t *testing.T) {
 		})
 	}
 	t.Logf("leader %s stopped mid-way: %d writes acknowledged, %d failed", leader, len(acked), failed)
+}
+
+// threeMembers starts ace, which leads, and joins novox and g14 through it
+// (127.0.0.1, .2, .3): the members by name, and their data dirs. The caller
+// stops them.
+func threeMembers(t testing.TB) (map[string]*Member, map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	dirA := initDir(t, LogStoreWAL)
+	a := startAgent(t, dirA)
+	waitLeader(t, a)
+	id, err := a.Store.Identity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The join secret is sealed to the voters: the first node opens it.
+	secret, err := a.Node.JoinSecret(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
+	nodes := map[string]*Member{"ace": a}
+	dirs := map[string]string{"ace": dirA}
+	for i, name := range []string{"novox", "g14"} {
+		d := filepath.Join(t.TempDir(), name)
+		if err := Join(ctx, JoinConfig{DataDir: d, Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: token, Name: name, Address: fmt.Sprintf("127.0.0.%d", i+2), Port: freePort(t)}); err != nil {
+			t.Fatal(err)
+		}
+		nodes[name], dirs[name] = startAgent(t, d), d
+	}
+	return nodes, dirs
 }

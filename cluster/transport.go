@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -177,6 +179,8 @@ func parseCerts(raw [][]byte) ([]*x509.Certificate, error) {
 type streamLayer struct {
 	m         *mux
 	advertise net.Addr
+	// stop is closed when the node shuts down (Node.stop).
+	stop <-chan struct{}
 }
 
 var _ raft.StreamLayer = (*streamLayer)(nil)
@@ -198,14 +202,40 @@ func (s *streamLayer) Addr() net.Addr {
 	return s.m.ln.Addr()
 }
 
+// Dial connects to a peer. A peer that refuses the connection (its agent
+// is restarting, or down) is dialled again every dialRetry until timeout,
+// rather than failed at once: Raft backs off a follower's replication after
+// each failure (up to 10 s between tries, after a few seconds of failing
+// fast), and a node restarted after a kill -9 then waited that long to be
+// caught up (issue "Robustness", item 2). Waiting here, a failure costs the
+// whole timeout, so the backoff stays short and a peer that comes back is
+// reached within dialRetry.
 func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	d := &net.Dialer{Timeout: timeout}
-	c, err := tls.DialWithDialer(d, "tcp", string(address), s.m.tls.clientConfig(alpnRaft))
-	if err != nil {
-		return nil, fmt.Errorf("dial raft peer %s: %w", address, err)
+	deadline := time.Now().Add(timeout)
+	for {
+		d := &net.Dialer{Deadline: deadline}
+		c, err := tls.DialWithDialer(d, "tcp", string(address), s.m.tls.clientConfig(alpnRaft))
+		if err == nil {
+			return c, nil
+		}
+		if !dialWaits.Load() || !errors.Is(err, syscall.ECONNREFUSED) || time.Until(deadline) < dialRetry {
+			return nil, fmt.Errorf("dial raft peer %s: %w", address, err)
+		}
+		select {
+		case <-s.stop: // the node is shutting down: Raft waits for this
+			return nil, fmt.Errorf("dial raft peer %s: %w", address, err)
+		case <-time.After(dialRetry):
+		}
 	}
-	return c, nil
 }
+
+// dialRetry is how often a refusing peer is dialled again; dialWaits is
+// off only in the benchmark that measures Raft's own behaviour.
+const dialRetry = 100 * time.Millisecond
+
+var dialWaits atomic.Bool
+
+func init() { dialWaits.Store(true) }
 
 // chanListener is a net.Listener fed by the mux, for the API's http.Server.
 type chanListener struct {
