@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 )
@@ -14,7 +15,13 @@ import (
 // dial fails at once, and Raft's backoff grows up to 10 s). Run by hand:
 //
 //	go test -run '^$' -bench CatchUp -benchtime 3x ./cluster/
+//
+// MESH_CATCHUP_DOWN (a Go duration, default 4s) is how long it is down.
 func BenchmarkCatchUp(b *testing.B) {
+	down := 4 * time.Second
+	if d, err := time.ParseDuration(os.Getenv("MESH_CATCHUP_DOWN")); err == nil {
+		down = d
+	}
 	for _, mode := range []struct {
 		name  string
 		waits bool
@@ -42,8 +49,8 @@ func BenchmarkCatchUp(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				name := []string{"novox", "g14"}[i%2]
 				nodes[name].Stop()
-				// Down for 4 s, under writes.
-				for until := time.Now().Add(4 * time.Second); time.Now().Before(until); {
+				// Down, under writes.
+				for until := time.Now().Add(down); time.Now().Before(until); {
 					if _, err := leader.Node.Propose(ctx, addModule(b, "c.yaml", fmt.Sprintf("module: c%d\n", time.Now().UnixNano()%1e9))); err != nil {
 						b.Fatal(err)
 					}
