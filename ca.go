@@ -41,7 +41,9 @@ func (c *CARotateCmd) Run(g *Globals) error {
 		wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		st, err := g.client().StatusAfter(wctx, seen, 5*time.Second)
 		cancel()
-		if err == nil && st.AppliedIndex > seen {
+		if err != nil {
+			time.Sleep(time.Second) // the agent restarting, say: not a busy loop
+		} else if st.AppliedIndex > seen {
 			seen = st.AppliedIndex
 		}
 		if err == nil && st.CA != nil {

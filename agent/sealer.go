@@ -143,9 +143,9 @@ func (s *sealer) pass(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := s.sealOperatorSecrets(ctx); err != nil {
-		return err
-	}
+	// A secret that cannot be sealed again is said and tried again at the
+	// next pass; it does not hold back anything else.
+	s.sealOperatorSecrets(ctx)
 	if s.node.State() != "Leader" {
 		return nil
 	}
@@ -201,6 +201,7 @@ func (s *sealer) sealVoterSecrets(ctx context.Context) error {
 		if req.CAKey, err = s.node.SealToVoters(caKey, keys); err != nil {
 			return err
 		}
+		req.CAKey.For = state.CertDigest(id.CACert)
 	}
 	if stale["join_secret"] {
 		if req.JoinSecret, err = s.node.SealToVoters(joinSecret, keys); err != nil {
@@ -214,6 +215,7 @@ func (s *sealer) sealVoterSecrets(ctx context.Context) error {
 			if req.CANextKey, err = s.node.SealToVoters(k, keys); err != nil {
 				return err
 			}
+			req.CANextKey.For = state.CertDigest(id.CANextCert)
 		}
 	}
 	if req.CAKey == nil && req.JoinSecret == nil && req.CANextKey == nil {
@@ -278,30 +280,35 @@ func (s *sealer) verify(row state.SealedValue, plain []byte) error {
 // operator's secrets this node holds whose module's nodes changed (an
 // assign, a move). Every node that holds one does it; the first command to
 // land wins and the FSM ignores the others.
-func (s *sealer) sealOperatorSecrets(ctx context.Context) error {
+func (s *sealer) sealOperatorSecrets(ctx context.Context) {
 	stale, err := s.store.StaleSecrets(ctx, s.id.Recipient())
-	if err != nil || len(stale) == 0 {
-		return err
+	if err != nil {
+		s.log.Warn("reading the secrets to seal again: will try again", "err", err)
+		return
 	}
 	for _, st := range stale {
-		plain, err := s.id.Open(st.Sealed)
-		if err != nil {
-			return fmt.Errorf("open secret %s to seal it again: %w", st.SecretRef, err)
-		}
-		if err := s.verify(st.SealedValue, []byte(plain)); err != nil {
-			return fmt.Errorf("secret %s: %w", st.SecretRef, err)
-		}
-		sealed, err := seal.Seal(plain, st.Keys)
-		if err != nil {
-			return err
-		}
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = s.node.Propose(pctx, &state.SecretSealRequest{SecretRef: st.SecretRef, Digest: st.Digest, Sealed: sealed, Recipients: st.Keys})
-		cancel()
-		if err != nil {
-			return fmt.Errorf("seal secret %s again: %w", st.SecretRef, err)
+		if err := s.sealAgain(ctx, st); err != nil {
+			s.log.Warn("sealing a secret again to its module's nodes failed; will try again", "secret", st.SecretRef.String(), "err", err)
+			continue
 		}
 		s.log.Info("secret sealed again to its module's nodes", "secret", st.SecretRef.String(), "sealed_to", strings.Join(st.Nodes, ","))
 	}
-	return nil
+}
+
+func (s *sealer) sealAgain(ctx context.Context, st state.StaleSecret) error {
+	plain, err := s.id.Open(st.Sealed)
+	if err != nil {
+		return fmt.Errorf("open it: %w", err)
+	}
+	if err := s.verify(st.SealedValue, []byte(plain)); err != nil {
+		return err
+	}
+	sealed, err := seal.Seal(plain, st.Keys)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = s.node.Propose(pctx, &state.SecretSealRequest{SecretRef: st.SecretRef, Digest: st.Digest, Sealed: sealed, Recipients: st.Keys})
+	return err
 }

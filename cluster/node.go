@@ -91,6 +91,8 @@ type Node struct {
 
 	live liveness
 	stop chan struct{}
+	// trustMu orders refreshTrust's reads and writes of the trust (rotate.go).
+	trustMu sync.Mutex
 	// downloads counts the binary's downloads in flight (bootstrap.go).
 	downloads *connlimit.Bounds
 

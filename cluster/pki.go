@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -225,6 +226,9 @@ type trustSet struct {
 	cas   []*x509.Certificate
 	pems  [][]byte
 	joint []byte // every CA, PEM, as the CA file holds them
+	// cross, while a rotation runs, is the new CA signed by the old one:
+	// presented after a certificate of the new CA (state/ca.go).
+	cross *x509.Certificate
 }
 
 func newTrust(caPEMs ...[]byte) (*trustSet, error) {
@@ -279,13 +283,32 @@ func (t *nodeTLS) pair(certPEM, keyPEM []byte) (*tls.Certificate, error) {
 	if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
 		return nil, err
 	}
-	ts := t.trust.Load()
-	if ca := ts.issuer(cert.Leaf); ca != nil {
-		cert.Certificate = append(cert.Certificate, ca.Raw)
-	} else {
-		cert.Certificate = append(cert.Certificate, ts.cas[0].Raw)
-	}
+	cert.Certificate = t.trust.Load().chain(cert.Leaf)
 	return &cert, nil
+}
+
+// chain is what a node presents with leaf: leaf, the CA that signed it,
+// and, for a certificate of a rotation's new CA, the cross certificate, by
+// which a node that trusts only the old CA still verifies it.
+func (ts *trustSet) chain(leaf *x509.Certificate) [][]byte {
+	out := [][]byte{leaf.Raw}
+	ca := ts.issuer(leaf)
+	if ca == nil {
+		return append(out, ts.cas[0].Raw)
+	}
+	out = append(out, ca.Raw)
+	if ts.cross != nil && bytes.Equal(ts.cross.RawSubjectPublicKeyInfo, ca.RawSubjectPublicKeyInfo) {
+		out = append(out, ts.cross.Raw)
+	}
+	return out
+}
+
+// rechain presents the node's certificate with the chain the trust now
+// gives (a rotation began or ended).
+func (t *nodeTLS) rechain() {
+	c := *t.current()
+	c.Certificate = t.trust.Load().chain(c.Leaf)
+	t.cert.Store(&c)
 }
 
 func loadNodeTLS(dir string) (*nodeTLS, error) {

@@ -3,7 +3,9 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -32,6 +34,10 @@ func trustOf(id state.Identity) [][]byte {
 // refreshTrust makes the node trust what its replica says, and writes the
 // CA file when that changed (a restart trusts the same).
 func (n *Node) refreshTrust(ctx context.Context) error {
+	// One at a time (the trust loop and a renewal both call it), each
+	// from the replica as it is then.
+	n.trustMu.Lock()
+	defer n.trustMu.Unlock()
 	id, err := n.store.Identity(ctx)
 	if err != nil || id.CACert == "" {
 		return err // not initialised yet: the CA file holds
@@ -40,14 +46,20 @@ func (n *Node) refreshTrust(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("the state's CA: %w", err)
 	}
+	if id.CANextCross != "" {
+		if want.cross, err = x509.ParseCertificate(pemDER([]byte(id.CANextCross))); err != nil {
+			return fmt.Errorf("the state's cross certificate: %w", err)
+		}
+	}
 	have := n.tls.trust.Load()
-	if bytes.Equal(have.joint, want.joint) {
+	if bytes.Equal(have.joint, want.joint) && (have.cross == nil) == (want.cross == nil) {
 		return nil
 	}
 	if err := writeFileAtomic(filepath.Join(n.cfg.TLSDir, CAFile), want.joint, 0o600); err != nil {
 		return fmt.Errorf("write the CA file: %w", err)
 	}
 	n.tls.trust.Store(want)
+	n.tls.rechain()
 	switch {
 	case len(want.cas) > 1:
 		n.log.Info("a rotation of the CA is under way: trusting the new CA as well", "ca", state.CertDigest(id.CACert)[:12], "new", state.CertDigest(id.CANextCert)[:12])
@@ -66,7 +78,7 @@ func (n *Node) refreshTrust(ctx context.Context) error {
 func (n *Node) keepTrust(ctx context.Context) {
 	for {
 		changed := n.store.Changed()
-		if err := n.refreshTrust(ctx); err != nil && ctx.Err() == nil {
+		if err := n.refreshTrust(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, state.ErrNotFound) {
 			n.log.Warn("following the mesh's CA", "err", err)
 		}
 		select {
@@ -134,7 +146,21 @@ func (n *Node) RotateCA(ctx context.Context, reason string) (uint64, error) {
 		c, _ := n.store.CA(ctx)
 		return 0, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("a rotation of the CA is under way (since %s); it ends once %v renewed their certificates (mesh status shows it; mesh node remove a node that is gone for good)", c.RotationStarted, c.Waiting)}
 	}
+	// The old CA signs the new one too (the cross certificate): a voter's
+	// work, which holds the old key.
+	oldKey, _, err := n.OpenIdentity(id)
+	if err != nil {
+		return 0, &state.RuleError{Kind: state.ErrConflict, Msg: "mesh ca rotate signs the new CA with the old CA's key, which only voters hold: run it on a voter (mesh node list shows them)"}
+	}
+	old, err := ParseCA([]byte(id.CACert), []byte(oldKey))
+	if err != nil {
+		return 0, fmt.Errorf("read the mesh CA: %w", err)
+	}
 	ca, err := NewCA(id.MeshID)
+	if err != nil {
+		return 0, err
+	}
+	cross, err := crossSign(old, ca)
 	if err != nil {
 		return 0, err
 	}
@@ -146,7 +172,24 @@ func (n *Node) RotateCA(ctx context.Context, reason string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return n.Propose(ctx, &state.CARotateRequest{NextCert: string(ca.CertPEM), NextKey: sealed, Reason: reason})
+	return n.Propose(ctx, &state.CARotateRequest{NextCert: string(ca.CertPEM), NextKey: sealed, Cross: string(cross), Reason: reason})
+}
+
+// crossSign is next's certificate (its subject and key) signed by old.
+func crossSign(old, next *CA) ([]byte, error) {
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: next.Cert.Subject, SubjectKeyId: next.Cert.SubjectKeyId,
+		NotBefore: next.Cert.NotBefore, NotAfter: next.Cert.NotAfter,
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	if old.Cert.NotAfter.Before(tmpl.NotAfter) {
+		tmpl.NotAfter = old.Cert.NotAfter
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, old.Cert, next.Key.Public(), old.Key)
+	if err != nil {
+		return nil, fmt.Errorf("cross-sign the new CA: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
 
 // caRenewDue says whether the mesh's CA certificate has less than a third

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -104,7 +105,7 @@ func TestCARotationEndsAndRefusesTheOldCA(t *testing.T) {
 			n++
 		}
 	}()
-	if _, err := b.Node.RotateCA(ctx, "test"); err != nil {
+	if _, err := a.Node.RotateCA(ctx, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Node.RotateCA(ctx, "test"); err == nil {
@@ -180,4 +181,44 @@ func TestLeaderRotatesAnAgeingCA(t *testing.T) {
 		c, _ := a.Store.CA(ctx)
 		return c.RotatedAt != "" && c.Digest != state.CertDigest(first.CACert)
 	})
+}
+
+// A node that was down when a rotation started (its CA file trusts the old
+// CA alone) comes back: it verifies the others' certificates of the new CA
+// through the cross certificate they present, catches up, renews, and the
+// rotation ends.
+func TestNodeDownAtRotationStartCatchesUp(t *testing.T) {
+	ctx := context.Background()
+	nodes, dirs := threeMembers(t)
+	defer func() {
+		for _, m := range nodes {
+			if m != nil {
+				m.Stop()
+			}
+		}
+	}()
+	a := nodes["ace"]
+	eventually(t, 30*time.Second, "three voters", func() bool { v, _ := a.Node.Voters(); return v == 3 })
+	nodes["g14"].Stop()
+	nodes["g14"] = nil
+	if _, err := a.Node.RotateCA(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "ace and novox renewed, the rotation waits for g14", func() bool {
+		c, _ := a.Store.CA(ctx)
+		return len(c.Renewed) == 2 && len(c.Waiting) == 1 && c.Waiting[0] == "g14"
+	})
+	if f, _ := os.ReadFile(filepath.Join(dirs["g14"], CAFile)); len(f) == 0 || bytes.Count(f, []byte("BEGIN CERTIFICATE")) != 1 {
+		t.Fatalf("g14's CA file should hold the old CA alone:\n%s", f)
+	}
+	nodes["g14"] = startAgent(t, dirs["g14"])
+	g := nodes["g14"]
+	eventually(t, 30*time.Second, "the rotation ended, with g14 renewed", func() bool {
+		ida, _ := a.Store.Identity(ctx)
+		idg, _ := g.Store.Identity(ctx)
+		return ida.CANextCert == "" && idg.CACert == ida.CACert && g.Node.certCA(g.Node.tls.current().Leaf) == state.CertDigest(ida.CACert)
+	})
+	if _, err := g.Node.Propose(ctx, addModule(t, "g.yaml", "module: afterg\n")); err != nil {
+		t.Fatalf("a write from g14 after the rotation: %v", err)
+	}
 }

@@ -1109,6 +1109,16 @@ func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 			rr.Outcome, rr.Reason = state.Restored, "the original the module took over is back"
 			return rr
 		}
+	case e.Kind == manifest.KindSecret:
+		// A secret's file goes whatever it holds now: what a container
+		// wrote there may hold the secret, and this node may no longer be
+		// one the secret is for.
+		have, lerr := look(p)
+		if lerr == nil && have.exists && !have.isDir {
+			removed, kept, err = unlink(p, have.digest)
+		} else {
+			removed, kept, err = unlink(p, e.Digest, e.Prev)
+		}
 	default:
 		removed, kept, err = unlink(p, e.Digest, e.Prev)
 		if removed {

@@ -179,7 +179,9 @@ func TestSecretsReachOnlyTheirReaders(t *testing.T) {
 		t.Fatal("the server, which does not read api, was replaced")
 	}
 
-	// rm: the file goes, and the container whose environment held it.
+	// rm: the file goes (even edited by a container), and the container
+	// whose environment held it.
+	os.WriteFile(file, []byte("hunter2, edited"), 0o600)
 	b.rm("smtp")
 	rep = b.apply()
 	if _, err := os.Stat(file); !os.IsNotExist(err) {

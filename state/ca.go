@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
@@ -33,6 +34,11 @@ const OpCARotate = "ca.rotate"
 type CARotateRequest struct {
 	NextCert string       `json:"next_cert"`
 	NextKey  *VoterSecret `json:"next_key"`
+	// Cross is the new CA's certificate signed by the old CA's key: nodes
+	// present it while the rotation runs, so that a node that has not
+	// learnt of the rotation yet (it was down when it started) still
+	// verifies the others' renewed certificates and catches up.
+	Cross string `json:"cross"`
 	// Reason says who started it: "mesh ca rotate", or the old CA's
 	// certificate nearing its end.
 	Reason string `json:"reason,omitempty"`
@@ -74,6 +80,9 @@ func (ap *applier) caRotate(r *CARotateRequest) (bool, error) {
 	if next == "" || r.NextKey == nil || r.NextKey.Sealed == "" || len(r.NextKey.Recipients) == 0 {
 		return false, ruleErr(ErrInvalid, "ca.rotate without a new CA certificate and its sealed key")
 	}
+	if err := checkNextCA(r.NextCert, r.Cross, kv["ca_cert"]); err != nil {
+		return false, ruleErr(ErrInvalid, "ca.rotate: %v", err)
+	}
 	if next == CertDigest(kv["ca_cert"]) {
 		return false, ruleErr(ErrInvalid, "the new CA is the mesh's CA")
 	}
@@ -86,7 +95,7 @@ func (ap *applier) caRotate(r *CARotateRequest) (bool, error) {
 	if !slices.Equal(rec, keys) {
 		return false, ruleErr(ErrConflict, "the new CA's key was sealed to other keys than the voters' now (a voter joined or left meanwhile); run mesh ca rotate again")
 	}
-	for k, v := range map[string]string{"ca_next_cert": r.NextCert, "ca_next_key_sealed": r.NextKey.Sealed, "ca_next_key_to": strings.Join(rec, ","), "ca_rotation_started": ap.at} {
+	for k, v := range map[string]string{"ca_next_cert": r.NextCert, "ca_next_cross": r.Cross, "ca_next_key_sealed": r.NextKey.Sealed, "ca_next_key_to": strings.Join(rec, ","), "ca_rotation_started": ap.at} {
 		if err := setSetting(ap.tx, k, v); err != nil {
 			return false, err
 		}
@@ -111,11 +120,53 @@ func (ap *applier) finishRotation() error {
 	}
 	for k, v := range map[string]string{
 		"ca_cert": kv["ca_next_cert"], "ca_key": "", "ca_key_sealed": kv["ca_next_key_sealed"], "ca_key_to": kv["ca_next_key_to"],
-		"ca_rotated_at": ap.at, "ca_next_cert": "", "ca_next_key_sealed": "", "ca_next_key_to": "", "ca_rotation_started": "",
+		"ca_rotated_at": ap.at, "ca_next_cert": "", "ca_next_cross": "", "ca_next_key_sealed": "", "ca_next_key_to": "", "ca_rotation_started": "",
 	} {
 		if err := setSetting(ap.tx, k, v); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkNextCA is what the FSM verifies of a new CA (parsing certificates
+// is pure: every replica decides the same): a CA certificate, and its cross
+// certificate, for the same subject and key, signed by the old CA.
+func checkNextCA(nextPEM, crossPEM, oldPEM string) error {
+	parse := func(p, what string) (*x509.Certificate, error) {
+		b, _ := pem.Decode([]byte(p))
+		if b == nil || b.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("the %s is not a PEM certificate", what)
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("the %s does not parse: %v", what, err)
+		}
+		if !c.IsCA {
+			return nil, fmt.Errorf("the %s is not a CA's", what)
+		}
+		return c, nil
+	}
+	next, err := parse(nextPEM, "new CA certificate")
+	if err != nil {
+		return err
+	}
+	if err := next.CheckSignatureFrom(next); err != nil {
+		return fmt.Errorf("the new CA certificate is not self-signed: %v", err)
+	}
+	cross, err := parse(crossPEM, "cross certificate")
+	if err != nil {
+		return err
+	}
+	old, err := parse(oldPEM, "mesh's CA certificate")
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(cross.RawSubjectPublicKeyInfo, next.RawSubjectPublicKeyInfo) || !bytes.Equal(cross.RawSubject, next.RawSubject) {
+		return fmt.Errorf("the cross certificate is not for the new CA's subject and key")
+	}
+	if err := cross.CheckSignatureFrom(old); err != nil {
+		return fmt.Errorf("the cross certificate is not signed by the mesh's CA: %v", err)
 	}
 	return nil
 }

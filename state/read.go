@@ -312,6 +312,7 @@ type Identity struct {
 	// under way (ca.go).
 	CANextCert      string
 	CANextKeySealed string
+	CANextCross     string
 }
 
 // Identity reads the mesh's identity from the replica.
@@ -321,7 +322,7 @@ func (s *Store) Identity(ctx context.Context) (Identity, error) {
 		return Identity{}, err
 	}
 	id := Identity{MeshID: kv["mesh_id"], CACert: kv["ca_cert"], CAKey: kv["ca_key"], JoinSecret: kv["join_secret"],
-		CAKeySealed: kv["ca_key_sealed"], JoinSecretSealed: kv["join_secret_sealed"], CANextCert: kv["ca_next_cert"], CANextKeySealed: kv["ca_next_key_sealed"]}
+		CAKeySealed: kv["ca_key_sealed"], JoinSecretSealed: kv["join_secret_sealed"], CANextCert: kv["ca_next_cert"], CANextKeySealed: kv["ca_next_key_sealed"], CANextCross: kv["ca_next_cross"]}
 	fmt.Sscan(kv["voters"], &id.Voters)
 	return id, nil
 }

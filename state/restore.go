@@ -201,7 +201,7 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 			if err := checkRef(sc.SecretRef); err != nil {
 				return false, err
 			}
-			if sc.Sealed == "" || !hexRE.MatchString(sc.Digest) || sc.Size <= 0 || sc.Size > MaxSecretSize {
+			if sc.Sealed == "" || !hexRE.MatchString(sc.Digest) || !hexRE.MatchString(sc.Salt) || sc.Size <= 0 || sc.Size > MaxSecretSize {
 				return false, ruleErr(ErrInvalid, "the snapshot's secret %s is malformed (no sealed value, digest or size)", sc.SecretRef)
 			}
 			rec := slices.Clone(sc.Recipients)

@@ -440,6 +440,10 @@ func rotations(secrets []Secret) string {
 type VoterSecret struct {
 	Sealed     string   `json:"sealed"`
 	Recipients []string `json:"recipients"`
+	// For, on a CA key, is the digest of the CA certificate it is the key
+	// of: a seal proposed from a replica read before a rotation ended is
+	// not taken for the CA that replaced it (ca.go).
+	For string `json:"for,omitempty"`
 }
 
 // VoterKeys are the sealing keys of the voters the state knows, sorted.
@@ -503,6 +507,16 @@ func (ap *applier) takeVoterSecret(name string, v *VoterSecret) (bool, error) {
 	}
 	if v.Sealed == "" || len(v.Recipients) == 0 {
 		return false, ruleErr(ErrInvalid, "the sealed %s is malformed", name)
+	}
+	if v.For != "" {
+		kv, err := readSettings(ap.ctx, ap.tx)
+		if err != nil {
+			return false, err
+		}
+		cert := map[string]string{"ca_key": kv["ca_cert"], "ca_next_key": kv["ca_next_cert"]}[name]
+		if CertDigest(cert) != v.For {
+			return false, nil // the key of a CA that is not this one now
+		}
 	}
 	stale, err := voterSealStale(ap.ctx, ap.tx)
 	if errors.Is(err, ErrNotFound) {

@@ -133,13 +133,18 @@ func (ap *applier) secretSet(r *SecretSetRequest) (bool, error) {
 	if !slices.Equal(rec, want) {
 		return false, ruleErr(ErrConflict, "secret %s was sealed to other nodes than module %s runs on now (it was assigned or moved meanwhile); run mesh secret set again", r, r.Module)
 	}
-	var digest string
-	err = ap.tx.QueryRow(`SELECT digest FROM secrets WHERE module = ? AND name = ?`, r.Module, r.Name).Scan(&digest)
+	var digest, have string
+	err = ap.tx.QueryRow(`SELECT digest, recipients FROM secrets WHERE module = ? AND name = ?`, r.Module, r.Name).Scan(&digest, &have)
 	if err != nil && err != sql.ErrNoRows {
 		return false, fmt.Errorf("read secret %s: %w", r, err)
 	}
 	if digest == r.Digest {
-		return false, nil // the same value: nothing changes
+		if have == strings.Join(rec, ",") {
+			return false, nil // the same value, sealed so already: nothing changes
+		}
+		// The same value, for nodes that could not open it (it was lost,
+		// or its holders are down): sealed anew, and no reader changes.
+		return false, exec(ap.tx, `UPDATE secrets SET sealed = ?, recipients = ? WHERE module = ? AND name = ?`, r.Sealed, strings.Join(rec, ","), r.Module, r.Name)
 	}
 	if err := exec(ap.tx, `INSERT INTO secrets (module, name, sealed, digest, salt, size, set_at, set_index, recipients) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (module, name) DO UPDATE SET sealed = excluded.sealed, digest = excluded.digest, salt = excluded.salt, size = excluded.size,

@@ -156,6 +156,21 @@ func TestOperatorSecrets(t *testing.T) {
 	if l, _ := s.Secrets(ctx, "mail"); l[0].State != SecretLost || !strings.Contains(l[0].Advice, "mesh secret set mail smtp") {
 		t.Fatalf("sealed to a node that left: %+v", l)
 	}
+	// Set again with the same value, for ace: sealed to ace, and no plan
+	// changes (the value did not).
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "mail"}})
+	pv, _ = s.Plan(ctx, "ace")
+	before = pv.Version
+	again := setReq("mail", "smtp", "pw", "kA")
+	again.Digest = st[0].Digest
+	mustApply(t, s, &idx, again)
+	if l, _ := s.Secrets(ctx, "mail"); l[0].State != SecretSealed || strings.Join(l[0].SealedTo, ",") != "ace" {
+		t.Fatalf("a lost secret set again with its value: %+v", l)
+	}
+	if pv, _ := s.Plan(ctx, "ace"); pv.Version != before {
+		t.Fatalf("setting a lost secret's same value made plan v%d", pv.Version)
+	}
+	mustApply(t, s, &idx, &UnassignRequest{Assignment: Assignment{Node: "ace", Module: "mail"}})
 	if err := applyErr(t, s, &idx, &SecretRemoveRequest{SecretRef: SecretRef{Module: "mail", Name: "nope"}}); !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "smtp") {
 		t.Fatalf("rm of an unknown secret: %v", err)
 	}

@@ -70,7 +70,7 @@ func (a *API) setSecret(w http.ResponseWriter, r *http.Request) {
 	res := SecretWrite{SealedTo: t.Nodes}
 	if l, err := a.store.Secrets(r.Context(), ref.Module); err == nil {
 		for _, s := range l {
-			if s.Name == ref.Name && len(digest) >= len(s.Digest) && digest[:len(s.Digest)] == s.Digest {
+			if s.Name == ref.Name && s.State == state.SecretSealed && len(digest) >= len(s.Digest) && digest[:len(s.Digest)] == s.Digest {
 				res.Unchanged = true
 			}
 		}

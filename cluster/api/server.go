@@ -519,8 +519,11 @@ func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
 	}
 	res := WriteResult{Index: idx, Voter: was.Voter}
 	if was.Voter {
-		// It held the join secret: a new one, sealed to the voters left.
-		if err := a.rotateJoinSecret(r.Context()); err != nil {
+		// It held the join secret: a new one, sealed to the voters left
+		// (as this replica knows them once it holds the removal).
+		if _, ok := a.waitApplied(r.Context(), idx, readWait); !ok {
+			res.JoinSecretError = "this node's replica has not applied the removal yet"
+		} else if err := a.rotateJoinSecret(r.Context()); err != nil {
 			res.JoinSecretError = err.Error()
 		} else {
 			res.JoinSecretRotated = true
