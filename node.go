@@ -89,6 +89,9 @@ func (c *NodeRemoveCmd) Run(g *Globals) error {
 		return err
 	}
 	fmt.Fprintf(g.out, "removed node %s (log index %d)\n", c.Node, r.Index)
+	if len(r.SecretsLost) > 0 {
+		fmt.Fprintf(g.out, "warning: %s were sealed to %s alone, and no node can open them now: set each again (mesh secret set MODULE NAME)\n", strings.Join(r.SecretsLost, ", "), c.Node)
+	}
 	// What removal does not undo (README, More nodes).
 	switch {
 	case r.Voter && r.JoinSecretRotated:

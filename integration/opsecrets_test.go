@@ -304,4 +304,18 @@ func TestOperatorSecrets(t *testing.T) {
 		st := n[1].mesh("status")
 		return strings.Contains(st, "mesh secret set bedmail smtp"), st
 	})
+
+	// The module off n2, which still holds blob (a module assigned nowhere
+	// keeps its secrets sealed to its last nodes); removing n2 says blob is
+	// lost, and the list says so too.
+	n[2].mesh("unassign", "n2", "bedmail")
+	n[2].stop()
+	if out := n[1].mesh("node", "remove", "n2", "--force"); !strings.Contains(out, "warning: bedmail/blob were sealed to n2 alone") {
+		t.Fatalf("removing the node that alone held a secret:\n%s", out)
+	}
+	infos = nil
+	json.Unmarshal([]byte(n[1].mesh("secret", "list", "--json")), &infos)
+	if len(infos) != 1 || infos[0].Name != "blob" || infos[0].State != state.SecretLost {
+		t.Fatalf("list after removing its holder: %+v", infos)
+	}
 }

@@ -512,12 +512,20 @@ func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
 	}
 	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
 	was, _ := a.store.Node(r.Context(), name)
+	var lost []string
+	if l, err := a.store.Secrets(r.Context(), ""); err == nil {
+		for _, s := range l {
+			if len(s.SealedTo) == 1 && s.SealedTo[0] == name {
+				lost = append(lost, s.Module+"/"+s.Name)
+			}
+		}
+	}
 	idx, err := a.node.RemoveNode(r.Context(), name, force)
 	if err != nil {
 		fail(w, err)
 		return
 	}
-	res := WriteResult{Index: idx, Voter: was.Voter}
+	res := WriteResult{Index: idx, Voter: was.Voter, SecretsLost: lost}
 	if was.Voter {
 		// It held the join secret: a new one, sealed to the voters left
 		// (as this replica knows them once it holds the removal).
@@ -672,6 +680,9 @@ type WriteResult struct {
 	Voter             bool   `json:"voter,omitempty"`
 	JoinSecretRotated bool   `json:"join_secret_rotated,omitempty"`
 	JoinSecretError   string `json:"join_secret_error,omitempty"`
+	// SecretsLost, on a node removal: the operator's secrets that were
+	// sealed to that node alone, which no node can open now.
+	SecretsLost []string `json:"secrets_lost,omitempty"`
 	// Preview is set, and nothing was written, when a dry run was asked for.
 	Preview *state.Preview `json:"preview,omitempty"`
 }
