@@ -192,7 +192,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	}
 	m := newMux(ln, nt, member, log)
 	stop := make(chan struct{})
-	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv, stop: stop}, 3, 10*time.Second, hl)
+	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv, stop: stop, known: knownPeer(store)}, 3, 10*time.Second, hl)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.Logger = hl

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -17,6 +19,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"mesh/internal/connlimit"
+	"mesh/state"
 )
 
 // One TCP port per node carries both Raft and the node-to-node API, told
@@ -181,6 +184,28 @@ type streamLayer struct {
 	advertise net.Addr
 	// stop is closed when the node shuts down (Node.stop).
 	stop <-chan struct{}
+	// known says whether an address is still a node's of the state: a
+	// refused dial waits only for those (a node that joined again under
+	// another port is dialled there at Raft's next try).
+	known func(address string) bool
+}
+
+// knownPeer says whether address is the Raft address of a node of store's
+// state (true when that cannot be told: an unread state, a node without a
+// recorded port).
+func knownPeer(store *state.Store) func(string) bool {
+	return func(address string) bool {
+		nodes, err := store.Nodes(context.Background())
+		if err != nil || len(nodes) == 0 {
+			return true
+		}
+		for _, nd := range nodes {
+			if nd.Port == 0 || net.JoinHostPort(nd.Address, strconv.Itoa(nd.Port)) == address {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 var _ raft.StreamLayer = (*streamLayer)(nil)
@@ -218,7 +243,7 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 		if err == nil {
 			return c, nil
 		}
-		if !dialWaits.Load() || !errors.Is(err, syscall.ECONNREFUSED) || time.Until(deadline) < dialRetry {
+		if !dialWaits.Load() || !errors.Is(err, syscall.ECONNREFUSED) || time.Until(deadline) < dialRetry || (s.known != nil && !s.known(string(address))) {
 			return nil, fmt.Errorf("dial raft peer %s: %w", address, err)
 		}
 		select {
