@@ -167,6 +167,7 @@ func (h *host) cleanup() {
 	h.podmanCmd("network", "rm", "-f", bedNet).Run()
 	exec.Command("ip", "netns", "del", bedNetns).Run()
 	exec.Command("ip", "link", "del", bedNetns+"-h").Run()
+	killConmons(h.dir)
 	// Directories the bed's modules made may be owned by subuids; root removes them.
 	os.RemoveAll(h.dir)
 	if h.rootless {
@@ -186,6 +187,18 @@ func (h *host) cleanup() {
 		if h.tunMode != 0 {
 			os.Chmod("/dev/net/tun", h.tunMode)
 		}
+	}
+}
+
+// killConmons kills what is left of the containers of the Podman stores
+// under dir once podman rm has run: a conmon that outlived it (a store
+// another Podman made, a service killed mid-call) and its container's
+// processes, which would otherwise outlive the bed.
+func killConmons(dir string) {
+	out, _ := exec.Command("pgrep", "-f", "conmon .*"+dir).Output()
+	for _, pid := range strings.Fields(string(out)) {
+		exec.Command("pkill", "-KILL", "-P", pid).Run()
+		exec.Command("kill", "-KILL", pid).Run()
 	}
 }
 

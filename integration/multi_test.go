@@ -44,6 +44,7 @@ func multiCleanup() {
 		exec.Command("ip", "link", "del", fmt.Sprintf("mbn%d-h", i)).Run()
 	}
 	exec.Command("ip", "link", "del", multiBridge).Run()
+	killConmons(multiDir)
 	os.RemoveAll(multiDir)
 }
 
