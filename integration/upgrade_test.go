@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,24 +14,31 @@ import (
 )
 
 // previousRelease is the commit of the release before the overlay (what
-// landed before it): the upgrade bed builds it from the repository's history.
+// landed before it): the upgrade bed builds it from its source, kept in testdata.
 const previousRelease = "6806394"
 
+// previousSource is the previous release's tree, as `git archive
+// 6806394` writes it (a checkout without that history, an archive or a
+// shallow clone, still has it), and previousDigest its sha256.
+const (
+	previousSource = "testdata/release-6806394.tar.gz"
+	previousDigest = "8a90677ab495bd8ca9340ffb51e98f31cc6995449744a565902e2f08e00d1fcf"
+)
+
 // previousBinary builds the previous release's mesh, as its own README
-// builds it.
+// builds it, from previousSource.
 func previousBinary(t *testing.T) string {
 	t.Helper()
-	repo, err := filepath.Abs("..")
+	b, err := os.ReadFile(previousSource)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the upgrade bed builds the previous release from %s: %v", previousSource, err)
 	}
-	if out, err := exec.Command("git", "-C", repo, "cat-file", "-e", previousRelease+"^{commit}").CombinedOutput(); err != nil {
-		t.Skipf("the upgrade bed builds the previous release (%s) from the repository's history, which this checkout does not hold (an archive, or a shallow clone): %v %s", previousRelease, err, out)
+	if d := sha256.Sum256(b); hex.EncodeToString(d[:]) != previousDigest {
+		t.Fatalf("%s is not the archive of release %s (sha256 %x)", previousSource, previousRelease, d)
 	}
 	src := t.TempDir()
-	archive := exec.Command("sh", "-c", fmt.Sprintf("git -C %s archive %s | tar -x -C %s", repo, previousRelease, src))
-	if out, err := archive.CombinedOutput(); err != nil {
-		t.Fatalf("unpack %s: %v\n%s", previousRelease, err, out)
+	if out, err := exec.Command("tar", "-xzf", previousSource, "-C", src).CombinedOutput(); err != nil {
+		t.Fatalf("unpack %s: %v\n%s", previousSource, err, out)
 	}
 	bin := filepath.Join(filepath.Dir(meshBin), "mesh-"+previousRelease)
 	build := exec.Command("go", "build", "-tags", "containers_image_openpgp", "-o", bin, ".")
