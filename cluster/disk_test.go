@@ -140,15 +140,7 @@ func TestFullLeaderHandsOver(t *testing.T) {
 	a := startAgent(t, dirA)
 	defer a.Stop()
 	waitLeader(t, a)
-	id, err := a.Store.Identity(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	secret, err := a.Node.JoinSecret(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
+	token := joinToken(t, a)
 	var others []*Member
 	for i, name := range []string{"novox", "g14"} {
 		d := filepath.Join(base, name)

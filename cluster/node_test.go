@@ -175,18 +175,28 @@ func BenchmarkApply(b *testing.B) {
 
 // twoNodes starts a mesh of ace (its leader) and novox, joined with a token
 // as `mesh join` would; both stop when the test ends.
+// joinToken is the token that joins m's mesh (m is a voter, which opens
+// the join secret).
+func joinToken(t testing.TB, m *Member) string {
+	t.Helper()
+	id, err := m.Store.Identity(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, err := m.Node.JoinSecret(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
+}
+
 func twoNodes(t *testing.T) (a, b *Member) {
 	t.Helper()
 	ctx := context.Background()
 	a = startAgent(t, initDir(t, LogStoreWAL))
 	t.Cleanup(func() { a.Stop() })
 	waitLeader(t, a)
-	id, _ := a.Store.Identity(ctx)
-	secret, err := a.Node.JoinSecret(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
+	token := joinToken(t, a)
 	dirB := filepath.Join(t.TempDir(), "novox")
 	if err := Join(ctx, JoinConfig{DataDir: dirB, Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t)}); err != nil {
 		t.Fatal(err)

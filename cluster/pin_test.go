@@ -149,11 +149,7 @@ func TestPinnedCertificateKey(t *testing.T) {
 	oldTLS := &nodeTLS{} // its certificate, without its stopped node's checks
 	oldTLS.trust.Store(b.Node.tls.trust.Load())
 	oldTLS.cert.Store(b.Node.tls.current())
-	secret, err := a.Node.JoinSecret(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
+	token := joinToken(t, a)
 	dir := filepath.Join(t.TempDir(), "novox-again")
 	// Without --replace the name of a node that ran is refused.
 	if err := Join(ctx, JoinConfig{DataDir: filepath.Join(t.TempDir(), "novox-taken"), Peer: addr, Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t)}); err == nil || !strings.Contains(err.Error(), "already in the mesh") || !strings.Contains(err.Error(), "--replace") {

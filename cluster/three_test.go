@@ -150,16 +150,8 @@ func threeMembers(t testing.TB) (map[string]*Member, map[string]string) {
 	dirA := initDir(t, LogStoreWAL)
 	a := startAgent(t, dirA)
 	waitLeader(t, a)
-	id, err := a.Store.Identity(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The join secret is sealed to the voters: the first node opens it.
-	secret, err := a.Node.JoinSecret(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := Token{MeshID: id.MeshID, CADigest: CADigest([]byte(id.CACert)), Secret: secret}.String()
+	token := joinToken(t, a)
 	nodes := map[string]*Member{"ace": a}
 	dirs := map[string]string{"ace": dirA}
 	for i, name := range []string{"novox", "g14"} {
