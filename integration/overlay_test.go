@@ -280,12 +280,6 @@ func TestOverlay(t *testing.T) {
 	// address of the others (their devices dropped its key), and they reach
 	// it no more. The node removed is n3, or n2 when n3 leads (a leader is
 	// not removed while it leads).
-	victim, others := n[3], []*agent{n[1], n[2]}
-	var st struct{ Leader string }
-	json.Unmarshal([]byte(n[1].mesh("status", "--json")), &st)
-	if st.Leader == "n3" {
-		victim, others = n[2], []*agent{n[1], n[3]}
-	}
 	reach := func(from *agent, to string) error {
 		out, err := exec.Command("ip", "netns", "exec", from.h.netns, "ping", "-c", "1", "-W", "1", to).CombinedOutput()
 		if err != nil {
@@ -293,15 +287,24 @@ func TestOverlay(t *testing.T) {
 		}
 		return nil
 	}
-	for _, o := range others {
-		eventually(t, 10*time.Second, victim.name+" reaches "+o.name+" before its removal", func() (bool, string) {
-			err := reach(victim, o.oaddr())
-			return err == nil, fmt.Sprint(err)
-		})
-	}
-	victimAddr := victim.oaddr()
+	// The leader is read at each try: n1's restart above may move it.
+	var victim *agent
+	var others []*agent
+	var victimAddr string
 	var asked, removed time.Time
-	eventually(t, 30*time.Second, "mesh node remove "+victim.name, func() (bool, string) {
+	eventually(t, 30*time.Second, "mesh node remove of n3 (or n2, when n3 leads)", func() (bool, string) {
+		var st struct{ Leader string }
+		json.Unmarshal([]byte(n[1].mesh("status", "--json")), &st)
+		victim, others = n[3], []*agent{n[1], n[2]}
+		if st.Leader == "n3" {
+			victim, others = n[2], []*agent{n[1], n[3]}
+		}
+		for _, o := range others {
+			if err := reach(victim, o.oaddr()); err != nil {
+				return false, victim.name + " does not reach " + o.name + " before its removal: " + err.Error()
+			}
+		}
+		victimAddr = victim.oaddr()
 		asked = time.Now()
 		out, err := n[1].command("node", "remove", victim.name, "--force", "--data-dir", n[1].n.dir).CombinedOutput()
 		removed = time.Now()
