@@ -3,6 +3,8 @@ package state
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -52,7 +54,9 @@ const (
 // that names one (a secret resource, env-secrets), and a restore that
 // carries them; and the CA's rotation (ca.go): ca.rotate, node.cert with the
 // digest of the certificate's CA, credential.seal with the new CA's key.
-const CommandVersion = 8
+// 9, the public edge (edge.go): node.acme, several public domains, routes
+// with hosts.
+const CommandVersion = 9
 
 // ops is every op this binary knows, one row each: the one place an op is
 // registered. NewCommand, NeedsVersion, Encode, Request and Apply all read
@@ -78,6 +82,7 @@ var ops = map[string]opDef{
 	OpSecretRemove: opOf(secretFormat, (*applier).secretRemove),
 	OpSecretSeal:   opOf(secretFormat, (*applier).secretSeal),
 	OpCARotate:     opOf(secretFormat, (*applier).caRotate),
+	OpNodeACME:     opOf(edgeFormat, (*applier).nodeACME),
 }
 
 // opDef is one op: the format it needs when this binary writes it, a fresh
@@ -146,7 +151,9 @@ func (r *ModuleAddRequest) formatNeeded() int {
 }
 func (r *RestoreBody) formatNeeded() int {
 	v := sealedFormat(r.Credentials)
-	if r.Secrets != nil && len(*r.Secrets) > 0 {
+	if len(r.ACME) > 0 || slices.ContainsFunc(slices.Collect(maps.Values(r.PublicDomains)), func(d string) bool { return strings.Contains(d, " ") }) {
+		v = edgeFormat
+	} else if r.Secrets != nil && len(*r.Secrets) > 0 {
 		v = secretFormat
 	}
 	for _, m := range r.Modules {
@@ -159,6 +166,9 @@ func (r *NodeAddRequest) formatNeeded() int {
 }
 func (r *InitRequest) formatNeeded() int        { return iff(r.Overlay != "" || r.Node.OverlayKey != "", 7) }
 func (r *TokenRotateRequest) formatNeeded() int { return iff(r.Sealed != nil, 5) }
+func (r *PublicDomainRequest) formatNeeded() int {
+	return iff(len(r.Domains) > 1 || len(r.Add) > 0 || len(r.Remove) > 0, edgeFormat)
+}
 func (r *NodeCertRequest) formatNeeded() int {
 	return max(iff(r.Key != "", 6), iff(r.CA != "", secretFormat))
 }
@@ -272,10 +282,15 @@ type NodeRemoveRequest struct {
 	Force bool   `json:"force,omitempty"`
 }
 
-// PublicDomainRequest sets (or, empty, clears) a node's public domain.
+// PublicDomainRequest sets (or, empty, clears) a node's public domain;
+// Domains sets several (edge.go), and Add or Remove change the node's
+// list in the FSM, so two operators adding one each both land.
 type PublicDomainRequest struct {
-	Node   string `json:"node"`
-	Domain string `json:"domain"`
+	Node    string   `json:"node"`
+	Domain  string   `json:"domain"`
+	Domains []string `json:"domains,omitempty"`
+	Add     []string `json:"add,omitempty"`
+	Remove  []string `json:"remove,omitempty"`
 }
 
 // ModuleAddRequest adds or replaces manifests, with the secrets of the
@@ -339,6 +354,14 @@ func (r *NodeRemoveRequest) describe() string {
 	return "mesh node remove " + r.Name
 }
 func (r *PublicDomainRequest) describe() string {
+	switch {
+	case len(r.Add) > 0:
+		return "mesh node public-domain " + r.Node + " --add " + strings.Join(r.Add, " ")
+	case len(r.Remove) > 0:
+		return "mesh node public-domain " + r.Node + " --remove " + strings.Join(r.Remove, " ")
+	case len(r.Domains) > 0:
+		return "mesh node public-domain " + r.Node + " " + strings.Join(r.Domains, " ")
+	}
 	if r.Domain == "" {
 		return "mesh node public-domain " + r.Node + " --clear"
 	}
@@ -382,6 +405,9 @@ type ModuleSpec struct {
 func specFormat(sp ModuleSpec) int {
 	if sp.Manifest == nil {
 		return 0
+	}
+	if manifestNamesHosts(sp.Manifest) {
+		return edgeFormat
 	}
 	if manifestNamesSecrets(sp.Manifest) {
 		return secretFormat

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -32,6 +33,10 @@ type Node struct {
 	OverlayKey      string `json:"overlay_key,omitempty"`
 	OverlayEndpoint string `json:"overlay_endpoint,omitempty"`
 	OverlayAddress  string `json:"overlay_address,omitempty"`
+	// PublicDomains are every public domain the node serves, PublicDomain
+	// the first (edge.go); ACME is what its route proxy gets certificates with.
+	PublicDomains []string `json:"public_domains,omitempty"`
+	ACME          ACME     `json:"acme,omitzero"`
 }
 
 // Assignment says a module runs on a node.
@@ -233,7 +238,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		owner[name] = module
 		return nil
 	}
-	routeOwner := map[string]string{}
+	routeOwner, hostOwner := map[string]string{}, map[string]string{}
 	var routesFiles []int
 	var mounts []manifest.MountAt
 
@@ -248,9 +253,15 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 				return nil, nil, fmt.Errorf("route %q is claimed by both %s and %s on node %s; rename one route", r.Name, other, mod, n.Name)
 			}
 			routeOwner[r.Name] = mod
-			plan.Routes = append(plan.Routes, Route{Name: routeName(r.Name, n.PublicDomain), Module: mod, Port: r.Port})
-			if n.PublicDomain != "" {
-				roster = append(roster, Name{Name: r.Name + "." + n.PublicDomain, Address: addr, Node: n.Name})
+			for _, h := range routeHosts(r, n.Domains()) {
+				if other, ok := hostOwner[h]; ok {
+					return nil, nil, fmt.Errorf("host %s is claimed by both %s and %s on node %s; remove it from one of them", h, other, mod, n.Name)
+				}
+				hostOwner[h] = mod
+				plan.Routes = append(plan.Routes, Route{Name: h, Module: mod, Port: r.Port})
+				if h != r.Name {
+					roster = append(roster, Name{Name: h, Address: addr, Node: n.Name})
+				}
 			}
 		}
 		mounts = append(mounts, m.Mounts()...)
@@ -323,7 +334,8 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 	}
 	if len(routesFiles) > 0 {
 		b, _ := json.MarshalIndent(plan.Routes, "", "  ")
-		data := manifest.RoutesData{Node: n.Name, Address: addr, Domain: n.PublicDomain, MeshDomain: in.Domain}
+		data := manifest.RoutesData{Node: n.Name, Address: addr, Domain: n.PublicDomain, Domains: n.Domains(), MeshDomain: in.Domain,
+			ACME: manifest.ACMEData{Directory: cmp.Or(n.ACME.Directory, LetsEncrypt), Email: n.ACME.Email, CARoot: n.ACME.CARoot}}
 		for _, r := range plan.Routes {
 			data.Routes = append(data.Routes, manifest.RouteData{Name: r.Name, Module: r.Module, Port: r.Port})
 		}
@@ -353,13 +365,6 @@ func (r Resource) RuntimeName() string {
 		return r.Module + "." + r.Name
 	}
 	return r.Name
-}
-
-func routeName(name, publicDomain string) string {
-	if publicDomain == "" {
-		return name
-	}
-	return name + "." + publicDomain
 }
 
 // consumersOf lists the credentials whose provider is mod, for consumers that

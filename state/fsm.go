@@ -387,13 +387,18 @@ func (ap *applier) publicDomain(r *PublicDomainRequest) (bool, error) {
 	if err := needNode(ap.tx, r.Node); err != nil {
 		return false, err
 	}
-	if r.Domain != "" && !validDomain(r.Domain) {
-		return false, ruleErr(ErrInvalid, "%q is not a domain name", r.Domain)
-	}
-	if err := exec(ap.tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, r.Domain, r.Node); err != nil {
+	var have string
+	if err := ap.tx.QueryRow(`SELECT public_domain FROM nodes WHERE name = ?`, r.Node).Scan(&have); err != nil {
 		return false, err
 	}
-	return true, nil
+	want, err := r.changeDomains(splitDomains(have))
+	if err != nil {
+		return false, err
+	}
+	if err := exec(ap.tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, strings.Join(want, " "), r.Node); err != nil {
+		return false, err
+	}
+	return true, ap.checkHosts()
 }
 
 // moduleAdd stores manifests the proposer parsed and checked. It reads their
@@ -423,7 +428,7 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 	if err := ap.takeSecrets(r.Secrets); err != nil {
 		return false, err
 	}
-	return true, nil
+	return true, ap.checkHosts()
 }
 
 func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
@@ -489,6 +494,9 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 		return false, err
 	}
 	if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, ap.index); err != nil {
+		return false, err
+	}
+	if err := ap.checkHosts(); err != nil {
 		return false, err
 	}
 	if err := ap.takeSecrets(r.Secrets); err != nil {

@@ -97,7 +97,7 @@ func (s *Store) Settings(ctx context.Context) (Settings, error) {
 }
 
 func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address, cert_ca FROM nodes ORDER BY name`)
+	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address, cert_ca, acme_directory, acme_email, acme_ca_root FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -106,8 +106,13 @@ func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
 	for rows.Next() {
 		var n NodeInfo
 		var at, exp string
-		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp, &n.CertKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress, &n.CertCA); err != nil {
+		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp, &n.CertKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress, &n.CertCA, &n.ACME.Directory, &n.ACME.Email, &n.ACME.CARoot); err != nil {
 			return nil, err
+		}
+		n.PublicDomains = splitDomains(n.PublicDomain)
+		n.PublicDomain = ""
+		if len(n.PublicDomains) > 0 {
+			n.PublicDomain = n.PublicDomains[0]
 		}
 		n.AddedAt, _ = time.Parse(timeLayout, at)
 		if t, err := time.Parse(timeLayout, exp); err == nil {

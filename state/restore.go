@@ -28,6 +28,8 @@ type RestoreBody struct {
 	// were (nil: a snapshot of a mesh older than them, which keeps those
 	// of now).
 	Secrets *[]RestoredSecret `json:"secrets,omitempty"`
+	// ACME is each node's ACME settings of the snapshot (edge.go).
+	ACME map[string]ACME `json:"acme,omitempty"`
 }
 
 // RestoredSecret is one of the operator's secrets of a snapshot, sealed.
@@ -118,6 +120,12 @@ func (sn *Snapshot) RestoreBody() (*RestoreBody, error) {
 	}
 	for _, r := range sn.Rows("nodes") {
 		b.PublicDomains[str(r, "name")] = str(r, "public_domain")
+		if a := (ACME{Directory: str(r, "acme_directory"), Email: str(r, "acme_email"), CARoot: str(r, "acme_ca_root")}); a != (ACME{}) {
+			if b.ACME == nil {
+				b.ACME = map[string]ACME{}
+			}
+			b.ACME[str(r, "name")] = a
+		}
 	}
 	if rows, ok := sn.Tables["secrets"]; ok {
 		list := []RestoredSecret{}
@@ -224,11 +232,18 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		d := b.PublicDomains[n]
-		if d != "" && !validDomain(d) {
-			return false, ruleErr(ErrInvalid, "the snapshot gives node %s the public domain %q, which is not a domain name", n, d)
+		ds := splitDomains(b.PublicDomains[n])
+		for _, d := range ds {
+			if !validDomain(d) {
+				return false, ruleErr(ErrInvalid, "the snapshot gives node %s the public domain %q, which is not a domain name", n, d)
+			}
 		}
-		if err := exec(tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, d, n); err != nil {
+		a := b.ACME[n]
+		if err := a.Check(); err != nil {
+			return false, ruleErr(ErrInvalid, "the snapshot's ACME settings of node %s: %v", n, err)
+		}
+		if err := exec(tx, `UPDATE nodes SET public_domain = ?, acme_directory = ?, acme_email = ?, acme_ca_root = ? WHERE name = ?`,
+			strings.Join(ds, " "), a.Directory, a.Email, a.CARoot, n); err != nil {
 			return false, err
 		}
 	}

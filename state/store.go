@@ -236,6 +236,11 @@ var migrations = []string{
 	// node last said (a rotation of the CA ends when every node's is the
 	// new CA's: ca.go).
 	`ALTER TABLE nodes ADD COLUMN cert_ca TEXT NOT NULL DEFAULT '';`,
+	// 12: each node's ACME settings, for its route proxy (edge.go); the
+	// public_domain column may now hold several domains, space-separated.
+	`ALTER TABLE nodes ADD COLUMN acme_directory TEXT NOT NULL DEFAULT '';
+	 ALTER TABLE nodes ADD COLUMN acme_email TEXT NOT NULL DEFAULT '';
+	 ALTER TABLE nodes ADD COLUMN acme_ca_root TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate() error {

@@ -202,10 +202,17 @@ func (c *Client) Assign(ctx context.Context, op, node, module string) (WriteResu
 	return r, c.do(ctx, "POST", "/v1/"+op, map[string]string{"node": node, "module": module}, &r)
 }
 
-// PublicDomain sets a node's public domain ("" clears it).
-func (c *Client) PublicDomain(ctx context.Context, node, domain string) (WriteResult, error) {
+// PublicDomain sets a node's public domains (none clears them), or adds or
+// removes those of req.
+func (c *Client) PublicDomain(ctx context.Context, node string, req DomainRequest) (WriteResult, error) {
 	var r WriteResult
-	return r, c.do(ctx, "PUT", "/v1/nodes/"+url.PathEscape(node)+"/public-domain", DomainRequest{Domain: domain}, &r)
+	return r, c.do(ctx, "PUT", "/v1/nodes/"+url.PathEscape(node)+"/public-domain", req, &r)
+}
+
+// ACME sets a node's ACME settings.
+func (c *Client) ACME(ctx context.Context, node string, req ACMERequest) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "PUT", "/v1/nodes/"+url.PathEscape(node)+"/acme", req, &r)
 }
 
 // RemoveNode removes a node from the mesh.

@@ -128,6 +128,7 @@ func New(cfg Config) *API {
 	mux.HandleFunc("GET /v1/status", a.status)
 	mux.HandleFunc("GET /v1/nodes", a.nodes)
 	mux.HandleFunc("PUT /v1/nodes/{name}/public-domain", a.publicDomain)
+	mux.HandleFunc("PUT /v1/nodes/{name}/acme", a.nodeACME)
 	mux.HandleFunc("DELETE /v1/nodes/{name}", a.removeNode)
 	mux.HandleFunc("GET /v1/modules", a.modules)
 	mux.HandleFunc("POST /v1/modules", a.addModules)
@@ -167,7 +168,7 @@ func refuseUnpreviewable(next http.Handler) http.Handler {
 			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/assign" || p == "/v1/unassign" || (strings.HasPrefix(p, "/v1/modules/") && strings.HasSuffix(p, "/pull")))) ||
 				(r.Method == http.MethodDelete && (strings.HasPrefix(p, "/v1/modules/") || strings.HasPrefix(p, "/v1/secrets/"))) ||
 				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/secrets/")) ||
-				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/nodes/") && strings.HasSuffix(p, "/public-domain"))
+				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/nodes/") && (strings.HasSuffix(p, "/public-domain") || strings.HasSuffix(p, "/acme")))
 			if !ok {
 				fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("%s %s cannot be previewed; run it without --dry-run", r.Method, p)})
 				return
@@ -490,9 +491,13 @@ func (a *API) nodes(w http.ResponseWriter, r *http.Request) {
 	reply(w, nodes)
 }
 
-// DomainRequest sets or clears a node's public domain.
+// DomainRequest sets or clears a node's public domains (Domains), or adds
+// or removes some.
 type DomainRequest struct {
-	Domain string `json:"domain"`
+	Domain  string   `json:"domain,omitempty"`
+	Domains []string `json:"domains,omitempty"`
+	Add     []string `json:"add,omitempty"`
+	Remove  []string `json:"remove,omitempty"`
 }
 
 func (a *API) publicDomain(w http.ResponseWriter, r *http.Request) {
@@ -501,7 +506,27 @@ func (a *API) publicDomain(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
-	a.write(w, r, &state.PublicDomainRequest{Node: r.PathValue("name"), Domain: req.Domain})
+	pr := &state.PublicDomainRequest{Node: r.PathValue("name"), Domain: req.Domain, Domains: req.Domains, Add: req.Add, Remove: req.Remove}
+	// One domain set is the op older binaries apply the same (format 3).
+	if len(pr.Domains) == 1 {
+		pr.Domain, pr.Domains = pr.Domains[0], nil
+	}
+	a.write(w, r, pr)
+}
+
+// ACMERequest sets a node's ACME settings (or, with Clear, the defaults).
+type ACMERequest struct {
+	state.ACME
+	Clear bool `json:"clear,omitempty"`
+}
+
+func (a *API) nodeACME(w http.ResponseWriter, r *http.Request) {
+	var req ACMERequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	a.write(w, r, &state.NodeACMERequest{Node: r.PathValue("name"), ACME: req.ACME, Clear: req.Clear})
 }
 
 func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {

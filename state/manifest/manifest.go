@@ -81,6 +81,10 @@ const (
 type Route struct {
 	Name string `yaml:"name" json:"name" jsonschema:"required"`
 	Port int    `yaml:"port" json:"port" jsonschema:"required,minimum=1,maximum=65535"`
+	// Hosts are whole host names the route is served at too, on whichever
+	// node the module runs, besides NAME under each of the node's public
+	// domains (issue 28: one module at git.example.org and code.example.com).
+	Hosts []string `yaml:"hosts,omitempty" json:"hosts,omitempty" jsonschema:"description=Whole host names the route is also served at (e.g. code.example.com), besides NAME under each public domain of its node"`
 }
 
 // Resource is one entry of `resources:`. Exactly one of the kind keys is set.
@@ -529,7 +533,7 @@ func (m *Manifest) check(p *positions) Errors {
 	} else if !labelRE.MatchString(m.Module) {
 		add(p.top("module"), "module name %q is not a DNS label; use lower-case letters, digits and '-' (it becomes %s.<domain>)", m.Module, "NAME")
 	}
-	routes := map[string]bool{}
+	routes, hosts := map[string]bool{}, map[string]bool{}
 	for i, r := range m.Routes {
 		ln := p.top("routes")
 		if seq, ok := mapValue(p.body, "routes").(*ast.SequenceNode); ok && i < len(seq.Values) {
@@ -545,6 +549,14 @@ func (m *Manifest) check(p *positions) Errors {
 			add(ln, "route %q is listed twice; keep one", r.Name)
 		}
 		routes[r.Name] = true
+		for _, h := range r.Hosts {
+			if !ValidHost(h) {
+				add(ln, "route %q: host %q is not a lower-case host name with a dot, such as code.example.com", r.Name, h)
+			} else if hosts[h] {
+				add(ln, "route %q: host %q is listed twice; keep one", r.Name, h)
+			}
+			hosts[h] = true
+		}
 	}
 
 	// pathAt: each path -> the indexes that declare it (one pass, so that a
@@ -936,4 +948,20 @@ func checkProviders(m *Manifest, lookup func(string) (*Manifest, bool), missing 
 		return errs
 	}
 	return nil
+}
+
+// ValidHost says whether h is a host name a route may be served at: at
+// least two DNS labels of lower-case letters, digits and '-', no trailing
+// dot. (What it admits is also safe to write into a proxy's configuration:
+// no space, brace, quote or newline.)
+func ValidHost(h string) bool {
+	if len(h) > 253 || !strings.Contains(h, ".") {
+		return false
+	}
+	for _, l := range strings.Split(h, ".") {
+		if !labelRE.MatchString(l) {
+			return false
+		}
+	}
+	return true
 }

@@ -65,7 +65,7 @@ var (
 		"module":              text,
 		"accepts-credentials": text,
 		"routes": {kind: "list", example: "[{name: git, port: 3000}]", elem: &shape{kind: "object", fields: map[string]*shape{
-			"name": text, "port": {kind: "number", example: "3000"},
+			"name": text, "port": {kind: "number", example: "3000"}, "hosts": texts("[code.example.com]"),
 		}}},
 		"resources": {kind: "list", example: "[{directory: /srv/web}]", elem: resourceShape},
 	}}

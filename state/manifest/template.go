@@ -38,8 +38,18 @@ type RoutesData struct {
 	Routes     []RouteData // this node's routed names, by name
 	Node       string      // this node's name
 	Address    string      // this node's mesh address
-	Domain     string      // this node's public domain ("" when it has none)
+	Domain     string      // this node's first public domain ("" when it has none)
+	Domains    []string    // every public domain of this node
 	MeshDomain string      // the mesh's own domain (internal by default)
+	ACME       ACMEData    // how this node's proxy gets certificates (issue 28)
+}
+
+// ACMEData is a node's ACME settings as a template sees them (`mesh node
+// acme`): Directory is Let's Encrypt's when none was set.
+type ACMEData struct {
+	Directory string // the ACME directory URL
+	Email     string // the account's contact address, "" for none
+	CARoot    string // PEM of the root of the directory's own HTTPS, "" for the system's
 }
 
 // templateFuncs are the only functions a template may call.
@@ -66,7 +76,8 @@ func ParseTemplate(text string) (*template.Template, error) {
 	}
 	sample := RoutesData{
 		Routes: []RouteData{{Name: "app.example.org", Module: "app", Port: 8080}},
-		Node:   "node", Address: "192.0.2.1", Domain: "example.org", MeshDomain: "internal",
+		Node:   "node", Address: "192.0.2.1", Domain: "example.org", Domains: []string{"example.org"}, MeshDomain: "internal",
+		ACME: ACMEData{Directory: "https://acme.example.org/directory", Email: "ops@example.org", CARoot: "-----BEGIN CERTIFICATE-----\n"},
 	}
 	if _, err := ExecTemplate(t, sample); err != nil {
 		return nil, err
