@@ -85,7 +85,7 @@ func statusKey(st api.Status) string {
 		Name, Address, Domain, Version, Compose, ApplyError string
 		Plan, Applied                                       uint64
 		Reachable                                           bool
-		Failures, Health, Exits, Kept                       string
+		Failures, Health, Exits, Kept, Certs                string
 	}
 	keys := []nodeKey{}
 	for _, n := range st.Nodes {
@@ -102,6 +102,9 @@ func statusKey(st api.Status) string {
 				if rr.Outcome == state.Kept {
 					k.Kept += rr.Name + " "
 				}
+			}
+			for _, c := range r.Certificates {
+				k.Certs += c.Name + "=" + c.Issuer + c.NotAfter.String() + c.Error + " "
 			}
 		}
 		keys = append(keys, k)
@@ -202,6 +205,7 @@ func renderStatus(w io.Writer, st api.Status) error {
 			}
 			fmt.Fprintln(w, line)
 		}
+		renderCerts(w, n.Name, n.Report.Certificates)
 		for _, e := range n.Report.Exits {
 			fmt.Fprintf(w, "%s: container %s (%s) exited with code %d at %s; Podman restarted it %d time(s)\n", n.Name, e.Container, e.Module, e.ExitCode, e.At.Local().Format(time.TimeOnly), e.Restarts)
 			if e.Logs != "" {
@@ -210,6 +214,27 @@ func renderStatus(w io.Writer, st api.Status) error {
 		}
 	}
 	return nil
+}
+
+// renderCerts says, for a node's route proxy, each name it serves no valid
+// certificate for, and why (the ACME error it logged), then how many it
+// serves and which expires first.
+func renderCerts(w io.Writer, node string, cs []state.CertStatus) {
+	ok, first := 0, -1
+	for i, c := range cs {
+		if c.Error != "" {
+			fmt.Fprintf(w, "%s: certificate for %s (%s): %s\n", node, c.Name, c.Module, strings.ReplaceAll(c.Error, "\n", "\n    "))
+			continue
+		}
+		ok++
+		if first < 0 || c.NotAfter.Before(cs[first].NotAfter) {
+			first = i
+		}
+	}
+	if ok > 0 {
+		c := cs[first]
+		fmt.Fprintf(w, "%s: certificates served for %d name(s); the first to expire: %s (from %s) at %s\n", node, ok, c.Name, c.Issuer, c.NotAfter.Local().Format("2006-01-02 15:04:05"))
+	}
 }
 
 // certText is when a node's certificate expires, as status shows it (it is

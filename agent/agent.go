@@ -295,7 +295,7 @@ func (a *Agent) startReconciler() error {
 		return ""
 	}
 	rec, err := reconciler.New(reconciler.Config{
-		Node: m.ID.Name, DNS: a.cfg.DNSAddress, LedgerPath: filepath.Join(a.dir, "ledger.json"), DataDir: a.dir,
+		Node: m.ID.Name, CertProbe: m.ID.Address, DNS: a.cfg.DNSAddress, LedgerPath: filepath.Join(a.dir, "ledger.json"), DataDir: a.dir,
 		Secret: a.sealer.Secret, OperatorSecret: a.sealer.OperatorSecret, EnvDir: envDir(a.dir), EnvExec: a.cfg.Binary,
 		Logger: a.log, Observe: observe,
 		ProviderHealthy: m.Store.ProviderHealthy,

@@ -39,6 +39,10 @@ const DefaultStepTimeout = 30 * time.Minute
 // Config is what a Reconciler needs to know about its node.
 type Config struct {
 	Node string
+	// CertProbe is the address the node's public ports answer at: the
+	// certificates its route proxy serves are looked at there and reported
+	// (certs.go). Empty, none are.
+	CertProbe string
 	// DNS is the node's resolver address, every container's only DNS server.
 	DNS netip.Addr
 	// Domain, when set, gives the mesh's domain: every container's resolver
@@ -114,7 +118,9 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 		cfg.PodmanBack = 2 * time.Minute
 	}
 	log := cfg.Logger.With("component", "reconciler")
-	return &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, kept: map[string]string{}, verified: map[string]bool{}, health: newMonitor(rt, log, cfg.Now)}, nil
+	r := &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, kept: map[string]string{}, verified: map[string]bool{}, health: newMonitor(rt, log, cfg.Now)}
+	r.health.certDial = cfg.CertProbe
+	return r, nil
 }
 
 // counting counts the calls an apply makes through a Runtime: n the
@@ -232,8 +238,10 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 		}
 	}
 	r.follow(plan, rep.Resources)
+	r.health.setCerts(plan)
 	rep.Health = r.health.snapshot()
 	rep.Exits = r.health.exitsSnapshot()
+	rep.Certificates = r.health.certsSnapshot()
 	rep.Error = rep.FailureSummary()
 	rep.Mutations = int(x.count.n.Load()) + x.writes
 	lvl := slog.LevelInfo

@@ -47,11 +47,18 @@ type monitor struct {
 	exits    map[string]*state.ContainerExit
 	changed  chan struct{} // closed at the next change of status
 	wake     chan struct{}
+
+	// The certificates the node's route proxy serves (certs.go): probed at
+	// certDial ("" probes nothing).
+	certDial string
+	certT    certTargets
+	certs    []state.CertStatus
+	certWake chan struct{}
 }
 
 func newMonitor(rt Runtime, log *slog.Logger, now func() time.Time) *monitor {
 	return &monitor{rt: rt, log: log, now: now, checks: map[string]*healthCheck{}, followed: map[string]string{}, exits: map[string]*state.ContainerExit{},
-		changed: make(chan struct{}), wake: make(chan struct{}, 1)}
+		changed: make(chan struct{}), wake: make(chan struct{}, 1), certWake: make(chan struct{}, 1)}
 }
 
 // watch is one container to follow, and its health check, if it has one.
@@ -208,6 +215,7 @@ func (m *monitor) died(ctx context.Context, id, name string, code int) {
 // run runs each check when it is due until ctx ends.
 func (m *monitor) run(ctx context.Context) {
 	go m.followExits(ctx)
+	go m.runCerts(ctx)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {

@@ -81,6 +81,7 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 		rep := *sent
 		rep.Health = r.health.snapshot()
 		rep.Exits = r.health.exitsSnapshot()
+		rep.Certificates = r.health.certsSnapshot()
 		if healthKey(&rep) == healthKey(sent) {
 			return
 		}
@@ -207,7 +208,7 @@ func healthKey(r *state.Report) string {
 	for _, e := range r.Exits {
 		s += fmt.Sprintf("%s exited %d at %s after %d restarts\n", e.Container, e.ExitCode, e.At, e.Restarts)
 	}
-	return s
+	return s + certKey(r.Certificates)
 }
 
 func changes(r *state.Report) string {

@@ -337,7 +337,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		data := manifest.RoutesData{Node: n.Name, Address: addr, Domain: n.PublicDomain, Domains: n.Domains(), MeshDomain: in.Domain,
 			ACME: manifest.ACMEData{Directory: cmp.Or(n.ACME.Directory, LetsEncrypt), Email: n.ACME.Email, CARoot: n.ACME.CARoot}}
 		for _, r := range plan.Routes {
-			data.Routes = append(data.Routes, manifest.RouteData{Name: r.Name, Module: r.Module, Port: r.Port})
+			data.Routes = append(data.Routes, manifest.RouteData{Name: r.Name, Module: r.Module, Port: r.Port, Public: strings.Contains(r.Name, ".")})
 		}
 		sort.Slice(data.Routes, func(i, j int) bool { return data.Routes[i].Name < data.Routes[j].Name })
 		for _, i := range routesFiles {

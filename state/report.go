@@ -47,6 +47,23 @@ type Report struct {
 	// Exits lists the containers that exited since the mesh made them
 	// (a crash, or a restart loop), as the node last saw them.
 	Exits []ContainerExit `json:"exits,omitempty"`
+	// Certificates is, per public routed name of the node, the certificate
+	// its route proxy serves on port 443, or why it serves none (issue 28).
+	Certificates []CertStatus `json:"certificates,omitempty"`
+}
+
+// MaxCertificates caps the names one report tells certificates of.
+const MaxCertificates = 512
+
+// CertStatus is what a node's route proxy serves for one routed name, as
+// the node last looked: the certificate's issuer and expiry, or the error
+// (the handshake's, and the last error the proxy logged for the name).
+type CertStatus struct {
+	Name     string    `json:"name"`
+	Module   string    `json:"module"`
+	Issuer   string    `json:"issuer,omitempty"`
+	NotAfter time.Time `json:"not_after,omitzero"`
+	Error    string    `json:"error,omitempty"`
 }
 
 // ContainerExit is a container that exited: how, how often, and its last
@@ -212,6 +229,14 @@ func (r *Report) Bound() {
 	}
 	for i := range r.Exits {
 		r.Exits[i].Logs = Tail(r.Exits[i].Logs, MaxText)
+	}
+	if len(r.Certificates) > MaxCertificates {
+		r.Certificates = r.Certificates[:MaxCertificates]
+	}
+	for i := range r.Certificates {
+		c := &r.Certificates[i]
+		c.Name, c.Module, c.Issuer = Tail(c.Name, 253), Tail(c.Module, 63), Tail(c.Issuer, MaxText)
+		c.Error = Tail(c.Error, MaxText)
 	}
 }
 

@@ -31,6 +31,11 @@ type RouteData struct {
 	Name   string // the routed name, e.g. git.example.org
 	Module string // the module that declares the route
 	Port   int    // the module's port on this node
+	// Public says the name is a host name the mesh's resolvers answer
+	// (under a public domain of the node, or one of the route's hosts):
+	// one a proxy may get a certificate for. A route on a node with no
+	// public domain is its bare NAME, and not public.
+	Public bool
 }
 
 // RoutesData is what a routes-file template is executed with.
@@ -75,7 +80,7 @@ func ParseTemplate(text string) (*template.Template, error) {
 		}
 	}
 	sample := RoutesData{
-		Routes: []RouteData{{Name: "app.example.org", Module: "app", Port: 8080}},
+		Routes: []RouteData{{Name: "app.example.org", Module: "app", Port: 8080, Public: true}},
 		Node:   "node", Address: "192.0.2.1", Domain: "example.org", Domains: []string{"example.org"}, MeshDomain: "internal",
 		ACME: ACMEData{Directory: "https://acme.example.org/directory", Email: "ops@example.org", CARoot: "-----BEGIN CERTIFICATE-----\n"},
 	}

@@ -1,0 +1,219 @@
+package reconciler
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"mesh/state"
+)
+
+// The certificates of the public edge (issue 28). The mesh never holds a
+// certificate: the node's route proxy gets its own over ACME. What the
+// node reports is what the proxy serves: for each public routed name of
+// its plan, a TLS handshake with the container that publishes port 443,
+// for that name, gives the certificate's issuer and expiry, or the
+// handshake's error; then the last error the proxy logged for the name
+// (Caddy logs the ACME client's, as JSON with the name as "identifier")
+// says why. The handshake verifies nothing: the node only reports; the
+// operator's client (and the bed) verify against the ACME CA's root.
+
+// certCheckEvery is how often the served certificates are looked at (and
+// soon after every apply that changes the names or the proxy).
+var certCheckEvery = 15 * time.Second
+
+// certLogLines is how much of the proxy's output is searched for an error.
+const certLogLines = 300
+
+// certTargets is what to probe: the proxy container and where it answers,
+// and the public names with the module that routes each.
+type certTargets struct {
+	container string
+	addr      string // host:port
+	names     [][2]string
+}
+
+// certTargetsOf reads the plan: the public routes, and the container that
+// publishes host port 443 (tcp) on dial, the node's address ("" when the
+// node has none to probe at: then nothing is probed).
+func certTargetsOf(plan *state.Plan, dial string) certTargets {
+	var t certTargets
+	if dial == "" {
+		return t
+	}
+	for _, res := range plan.Resources {
+		if res.Kind != "container" {
+			continue
+		}
+		for _, p := range res.Typed.PublicPorts {
+			if p.HostPort == 443 && p.Protocol != "udp" {
+				host := dial
+				if ip, err := netip.ParseAddr(p.HostIP); err == nil && !ip.IsUnspecified() {
+					host = ip.String()
+				}
+				t.container, t.addr = res.RuntimeName(), net.JoinHostPort(host, "443")
+			}
+		}
+	}
+	if t.container == "" {
+		return certTargets{}
+	}
+	for _, r := range plan.Routes {
+		if strings.Contains(r.Name, ".") {
+			t.names = append(t.names, [2]string{r.Name, r.Module})
+		}
+	}
+	return t
+}
+
+func (t certTargets) equal(o certTargets) bool {
+	return t.container == o.container && t.addr == o.addr && slices.Equal(t.names, o.names)
+}
+
+// probeCerts looks at every target name once.
+func probeCerts(ctx context.Context, rt Runtime, t certTargets) []state.CertStatus {
+	if t.container == "" || len(t.names) == 0 {
+		return nil
+	}
+	var logs string
+	out := make([]state.CertStatus, 0, len(t.names))
+	for _, nm := range t.names {
+		c := state.CertStatus{Name: nm[0], Module: nm[1]}
+		issuer, notAfter, err := handshake(ctx, t.addr, nm[0])
+		switch {
+		case err == nil && time.Now().After(notAfter):
+			c.Issuer, c.NotAfter = issuer, notAfter.UTC()
+			c.Error = "the certificate it serves expired at " + notAfter.UTC().Format(time.RFC3339)
+		case err == nil:
+			c.Issuer, c.NotAfter = issuer, notAfter.UTC()
+		default:
+			if logs == "" {
+				logs, _ = rt.Logs(ctx, t.container, certLogLines)
+			}
+			c.Error = "no certificate served (" + err.Error() + ")"
+			if e := lastLoggedError(logs, nm[0]); e != "" {
+				c.Error += ": " + e
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// handshake asks addr for name's certificate (SNI) and returns its issuer
+// and expiry.
+func handshake(ctx context.Context, addr, name string) (string, time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	d := tls.Dialer{Config: &tls.Config{ServerName: name, InsecureSkipVerify: true}} // reported, never trusted
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	defer conn.Close()
+	cs := conn.(*tls.Conn).ConnectionState()
+	if len(cs.PeerCertificates) == 0 {
+		return "", time.Time{}, fmt.Errorf("no certificate")
+	}
+	leaf := cs.PeerCertificates[0]
+	if err := leaf.VerifyHostname(name); err != nil {
+		return "", time.Time{}, fmt.Errorf("the certificate it serves is for %s", strings.Join(leaf.DNSNames, ", "))
+	}
+	return leaf.Issuer.CommonName, leaf.NotAfter, nil
+}
+
+// lastLoggedError finds the last error the proxy logged about name: a
+// JSON line (Caddy's) at level error whose "identifier" is the name gives
+// its "error"; any other line that names it and says error is taken whole.
+func lastLoggedError(logs, name string) string {
+	lines := strings.Split(logs, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(lines[i])
+		if !strings.Contains(l, name) {
+			continue
+		}
+		var j struct {
+			Level      string `json:"level"`
+			Identifier string `json:"identifier"`
+			Error      string `json:"error"`
+			Msg        string `json:"msg"`
+		}
+		if json.Unmarshal([]byte(l), &j) == nil && j.Level != "" {
+			if j.Level == "error" && j.Identifier == name && j.Error != "" {
+				return j.Msg + ": " + j.Error
+			}
+			continue
+		}
+		if strings.Contains(strings.ToLower(l), "error") {
+			return l
+		}
+	}
+	return ""
+}
+
+// certKey is what a change of the certificates is compared by.
+func certKey(cs []state.CertStatus) string {
+	var b strings.Builder
+	for _, c := range cs {
+		b.WriteString(c.Name + " " + c.Issuer + " " + strconv.FormatInt(c.NotAfter.Unix(), 10) + " " + c.Error + "\n")
+	}
+	return b.String()
+}
+
+// setCerts replaces what is probed after an apply; a change is probed at once.
+func (m *monitor) setCerts(plan *state.Plan) {
+	t := certTargetsOf(plan, m.certDial)
+	m.mu.Lock()
+	same := t.equal(m.certT)
+	m.certT = t
+	if len(t.names) == 0 && len(m.certs) > 0 {
+		m.certs = nil
+		m.notifyLocked()
+	}
+	m.mu.Unlock()
+	if !same {
+		select {
+		case m.certWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// runCerts probes every certCheckEvery, and when woken, until ctx ends.
+func (m *monitor) runCerts(ctx context.Context) {
+	if m.certDial == "" {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.certWake:
+		case <-time.After(certCheckEvery):
+		}
+		m.mu.Lock()
+		t := m.certT
+		m.mu.Unlock()
+		cs := probeCerts(ctx, m.rt, t)
+		m.mu.Lock()
+		if t.equal(m.certT) && certKey(cs) != certKey(m.certs) {
+			m.certs = cs
+			m.notifyLocked()
+		}
+		m.mu.Unlock()
+	}
+}
+
+// certsSnapshot is what the node's proxy served when last looked at.
+func (m *monitor) certsSnapshot() []state.CertStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.certs)
+}
