@@ -558,6 +558,11 @@ func (c *Client) HealthCheck(ctx context.Context, name string) (reconciler.Healt
 	return out, nil
 }
 
+// MaxLogText caps what Logs returns (each line is cut at state.MaxText):
+// enough for the certificate probe to find the proxy's last ACME error
+// among its other lines; a report cuts what it carries again.
+const MaxLogText = 256 << 10
+
 // Logs returns the last lines of stdout and stderr, interleaved per stream.
 func (c *Client) Logs(ctx context.Context, id string, lines int) (string, error) {
 	cx, cancel, err := c.ctx(ctx, CallTimeout)
@@ -597,7 +602,7 @@ func (c *Client) Logs(ctx context.Context, id string, lines int) (string, error)
 	if len(got) > lines {
 		got = got[len(got)-lines:]
 	}
-	return state.Tail(strings.TrimRight(strings.Join(got, ""), "\n"), state.MaxText), nil
+	return state.Tail(strings.TrimRight(strings.Join(got, ""), "\n"), MaxLogText), nil
 }
 
 // keepTail appends line to the last lines kept, at most n of them, each cut

@@ -847,6 +847,7 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 	}
 	if code != 0 {
 		logs, _ := x.rt.Logs(ctx, id, 10)
+		logs = state.Tail(logs, state.MaxText)
 		x.rt.Remove(context.WithoutCancel(ctx), id)
 		msg := fmt.Sprintf("exited with code %d", code)
 		if logs != "" {

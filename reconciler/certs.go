@@ -30,7 +30,7 @@ import (
 var certCheckEvery = 15 * time.Second
 
 // certLogLines is how much of the proxy's output is searched for an error.
-const certLogLines = 300
+const certLogLines = 1000
 
 // certTargets is what to probe: the proxy container and where it answers,
 // and the public names with the module that routes each.
@@ -148,6 +148,10 @@ func lastLoggedError(logs, name string) string {
 		if json.Unmarshal([]byte(l), &j) == nil && j.Level != "" {
 			if j.Level == "error" && j.Identifier == name && j.Error != "" {
 				return j.Msg + ": " + j.Error
+			}
+			// Caddy's "will retry" names the identifier in the error alone.
+			if j.Level == "error" && j.Identifier == "" && strings.HasPrefix(j.Error, "["+name+"] ") {
+				return strings.TrimPrefix(j.Error, "["+name+"] ")
 			}
 			continue
 		}

@@ -39,6 +39,10 @@ func TestLastLoggedError(t *testing.T) {
 	if got != `could not get certificate from issuer: HTTP 0 - Get "https://10.0.0.3:14000/dir": dial tcp 10.0.0.3:14000: connect: connection refused` {
 		t.Fatalf("got %q", got)
 	}
+	retry := `{"level":"error","ts":5,"logger":"tls.obtain","msg":"will retry","error":"[new.example.org] Obtain: registering account [] with server: connection refused","attempt":1}` + "\n"
+	if got := lastLoggedError(caddyLog+retry, "new.example.org"); got != "Obtain: registering account [] with server: connection refused" {
+		t.Fatalf("Caddy's will-retry line: %q", got)
+	}
 	if got := lastLoggedError(caddyLog, "ok.example.org"); got != "" {
 		t.Fatalf("a name the log says nothing bad of: %q", got)
 	}

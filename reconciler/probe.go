@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"mesh/state"
 	"strings"
 	"time"
 )
@@ -70,6 +71,7 @@ func (x *run) reachable(ctx context.Context, image string) string {
 	}
 	if code != 0 {
 		logs, _ := rt.Logs(ctx, id, 5)
+		logs = state.Tail(logs, state.MaxText)
 		return fmt.Sprintf("the resolver %s does not answer from Podman's network %q (the probe said: %s); the container is not started, so it cannot run with no resolver. Is the address up (ip addr show %s)? On a rootless host, has `mesh setup` run?",
 			x.r.cfg.DNS, defaultNetwork, strings.TrimSpace(logs), x.r.cfg.DNS)
 	}
