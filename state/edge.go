@@ -80,38 +80,45 @@ func (a ACME) Check() error {
 		}
 	}
 	if a.CARoot != "" {
-		if err := checkRoots(a.CARoot); err != nil {
+		if _, err := canonicalRoots(a.CARoot); err != nil {
 			return ruleErr(ErrInvalid, "ACME CA root: %v", err)
 		}
 	}
 	return nil
 }
 
-// checkRoots says whether pemText is one or more PEM certificates and
-// nothing else.
-func checkRoots(pemText string) error {
+// canonicalRoots reads pemText as one or more PEM certificates and nothing
+// else, and returns them encoded afresh (so text pem.Decode would skip
+// between blocks never reaches the proxy's file).
+func canonicalRoots(pemText string) (string, error) {
 	if len(pemText) > MaxCARoot {
-		return fmt.Errorf("%d bytes; the limit is %d", len(pemText), MaxCARoot)
+		return "", fmt.Errorf("%d bytes; the limit is %d", len(pemText), MaxCARoot)
 	}
-	rest, n := []byte(pemText), 0
-	for {
+	notPEM := fmt.Errorf("is not PEM certificates (give the file that starts with -----BEGIN CERTIFICATE-----)")
+	rest, out := []byte(pemText), []byte(nil)
+	for n := 1; ; n++ {
+		if t := strings.TrimSpace(string(rest)); t == "" {
+			break
+		} else if !strings.HasPrefix(t, "-----BEGIN ") {
+			return "", notPEM
+		}
 		var b *pem.Block
 		b, rest = pem.Decode(rest)
 		if b == nil {
-			break
+			return "", notPEM
 		}
-		if b.Type != "CERTIFICATE" {
-			return fmt.Errorf("holds a %s block; give certificates only", b.Type)
+		if b.Type != "CERTIFICATE" || len(b.Headers) > 0 {
+			return "", fmt.Errorf("holds a %s block; give certificates only", b.Type)
 		}
 		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
-			return fmt.Errorf("certificate %d does not parse: %v", n+1, err)
+			return "", fmt.Errorf("certificate %d does not parse: %v", n, err)
 		}
-		n++
+		out = append(out, pem.EncodeToMemory(b)...)
 	}
-	if n == 0 || strings.TrimSpace(string(rest)) != "" {
-		return fmt.Errorf("is not PEM certificates (give the file that starts with -----BEGIN CERTIFICATE-----)")
+	if len(out) == 0 {
+		return "", notPEM
 	}
-	return nil
+	return string(out), nil
 }
 
 func (ap *applier) nodeACME(r *NodeACMERequest) (bool, error) {
@@ -123,6 +130,8 @@ func (ap *applier) nodeACME(r *NodeACMERequest) (bool, error) {
 		a = ACME{}
 	} else if err := a.Check(); err != nil {
 		return false, err
+	} else if a.CARoot != "" {
+		a.CARoot, _ = canonicalRoots(a.CARoot)
 	}
 	return true, exec(ap.tx, `UPDATE nodes SET acme_directory = ?, acme_email = ?, acme_ca_root = ? WHERE name = ?`, a.Directory, a.Email, a.CARoot, r.Node)
 }

@@ -127,6 +127,8 @@ func TestPublicEdge(t *testing.T) {
 		{&NodeACMERequest{Node: "ace", ACME: ACME{Email: "a@b }\n{ admin 0.0.0.0:2019"}}, "is not an address"},
 		{&NodeACMERequest{Node: "ace", ACME: ACME{CARoot: "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"}}, "holds a PRIVATE KEY block; give certificates only"},
 		{&NodeACMERequest{Node: "ace", ACME: ACME{CARoot: root + "trailing text"}}, "is not PEM certificates"},
+		{&NodeACMERequest{Node: "ace", ACME: ACME{CARoot: "}\nimport evil\n" + root}}, "is not PEM certificates"},
+		{&NodeACMERequest{Node: "ace", ACME: ACME{CARoot: root + "between\n" + root}}, "is not PEM certificates"},
 		{&NodeACMERequest{Node: "nobody", ACME: ACME{}}, "nobody"},
 		{&PublicDomainRequest{Node: "ace", Remove: []string{"example.net"}}, "does not serve example.net (it serves example.org, example.io)"},
 		{&PublicDomainRequest{Node: "ace", Domains: []string{"example.org", "example.org"}}, "given twice"},

@@ -242,6 +242,9 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 		if err := a.Check(); err != nil {
 			return false, ruleErr(ErrInvalid, "the snapshot's ACME settings of node %s: %v", n, err)
 		}
+		if a.CARoot != "" {
+			a.CARoot, _ = canonicalRoots(a.CARoot)
+		}
 		if err := exec(tx, `UPDATE nodes SET public_domain = ?, acme_directory = ?, acme_email = ?, acme_ca_root = ? WHERE name = ?`,
 			strings.Join(ds, " "), a.Directory, a.Email, a.CARoot, n); err != nil {
 			return false, err
