@@ -13,6 +13,9 @@
 #                                      so no Caddy service starts on this host
 #   quay.io/prometheuscommunity/postgres-exporter:v0.11.1
 #                                      prometheus-postgres-exporter (unpacked likewise)
+#   localhost/cfssl:1.2.0              golang-cfssl's cfssl and cfssljson (unpacked likewise)
+#                                      with busybox (sh, wget, sed), for
+#                                      examples/authority.yaml and intranet.yaml
 #   localhost/mesh:latest              the mesh binary alone (contrib/Containerfile)
 #
 # These images are stand-ins for the public ones: same names, same contracts
@@ -182,9 +185,18 @@ libs "$r"
 image quay.io/prometheuscommunity/postgres-exporter:v0.11.1 "$r" \
 	'USER nobody' 'EXPOSE 9187' 'ENTRYPOINT ["/bin/postgres_exporter"]'
 
+# cfssl:1.2.0 (Debian's golang-cfssl; cfssl links libsqlite3)
+r=$(fresh cfssl)
+with_busybox "$r"
+users "$r"
+cf_root=$(unpack cfssl golang-cfssl)
+copy "$r" "$cf_root" /usr/bin/cfssl /usr/bin/cfssljson
+libs "$r" "$cf_root"
+image localhost/cfssl:1.2.0 "$r" 'ENV PATH=/usr/bin:/bin' 'EXPOSE 8888' 'CMD ["cfssl", "version"]'
+
 # mesh
 b=$(mktemp -d)
 cp "$mesh_bin" "$b/mesh"
-"${podman[@]}" build -q -f contrib/Containerfile -t localhost/mesh:latest "$b" >/dev/null
+"${podman[@]}" build -q -f "$PWD/contrib/Containerfile" -t localhost/mesh:latest "$b" >/dev/null
 rm -rf "$b"
 say "made localhost/mesh:latest"

@@ -218,6 +218,19 @@ func (h *host) asUser(name string, args ...string) *exec.Cmd {
 
 // podmanCmd runs the podman CLI against the bed's storage.
 func (h *host) podmanCmd(args ...string) *exec.Cmd {
+	cmd := h.podmanHere(args...)
+	// A node with a mount namespace of its own (multi_test.go) has its
+	// storage and its containers' namespaces mounted there only.
+	if f := filepath.Join(multiMnt, h.netns); !h.rootless && h.netns != "" && exists(f) {
+		c := exec.Command("nsenter", append([]string{"--mount=" + f, "--wd=" + cwd()}, cmd.Args...)...)
+		c.Env = cmd.Env
+		return c
+	}
+	return cmd
+}
+
+// podmanHere is podmanCmd in the caller's own namespaces.
+func (h *host) podmanHere(args ...string) *exec.Cmd {
 	if h.rootless {
 		return h.asUser("podman", args...)
 	}
@@ -249,12 +262,13 @@ func (h *host) startService() {
 	if h.rootless {
 		cmd = h.asUser("podman", "system", "service", "--time", "0", "unix://"+h.sock)
 	} else {
-		cmd = h.podmanCmd("system", "service", "--time", "0", "unix://"+h.sock)
+		cmd = h.podmanHere("system", "service", "--time", "0", "unix://"+h.sock)
 	}
 	if h.netns != "" {
 		cmd = inNetns(h.netns, cmd)
 	}
-	logf, _ := os.OpenFile(filepath.Join(h.t.TempDir(), "podman.log"), os.O_CREATE|os.O_WRONLY, 0o644)
+	logName := filepath.Join(h.t.TempDir(), "podman.log")
+	logf, _ := os.OpenFile(logName, os.O_CREATE|os.O_WRONLY, 0o644)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		h.t.Fatal(err)
@@ -263,7 +277,8 @@ func (h *host) startService() {
 	eventually(h.t, 30*time.Second, "podman service listens on "+h.sock, func() (bool, string) {
 		c, err := net.Dial("unix", h.sock)
 		if err != nil {
-			return false, err.Error()
+			b, _ := os.ReadFile(logName)
+			return false, err.Error() + "; its log: " + lastLines(string(b), 5)
 		}
 		c.Close()
 		return true, ""
@@ -364,10 +379,16 @@ func (a *agent) command(args ...string) *exec.Cmd {
 	return exec.Command(bin, args...)
 }
 
-// inNetns runs cmd inside a network namespace. nsenter, not ip netns exec:
+// inNetns runs cmd inside a network namespace, and the node's mount
+// namespace when it has one (multi_test.go). nsenter, not ip netns exec:
 // that one remounts /sys and hides the cgroup mounts runc needs.
 func inNetns(ns string, cmd *exec.Cmd) *exec.Cmd {
-	c := exec.Command("nsenter", append([]string{"--net=/run/netns/" + ns}, cmd.Args...)...)
+	args := []string{"--net=/run/netns/" + ns}
+	if _, err := os.Stat(filepath.Join(multiMnt, ns)); err == nil {
+		// Entering a mount namespace moves to its root: stay where we are.
+		args = append(args, "--mount="+filepath.Join(multiMnt, ns), "--wd="+cwd())
+	}
+	c := exec.Command("nsenter", append(args, cmd.Args...)...)
 	c.Env = cmd.Env
 	return c
 }
@@ -544,4 +565,9 @@ func httpGet(addr string) (string, error) {
 	var b bytes.Buffer
 	b.ReadFrom(c)
 	return b.String(), nil
+}
+
+func cwd() string {
+	d, _ := os.Getwd()
+	return d
 }

@@ -23,21 +23,61 @@ import (
 // own on one bridge (addresses that exist only there), each with its own
 // Podman service and storage, and its own resolver on 169.254.53.53 inside its
 // namespace.
+//
+// Each node also has its own mount namespace, kept in multiMnt, where its
+// directory's srv/ is bound over /srv (issue 34 item 4): its agent, its
+// Podman service and their containers see /srv as that node's own disk, as
+// on separate machines, and the host's /srv is never written. The examples
+// run with their /srv paths as shipped; a test reads node i's files under
+// multiDir/ni/srv.
 const (
 	multiDir    = "/var/tmp/mesh-mbed"
 	multiBridge = "mbnbr0"
 	multiNet    = "10.231.5."
+	multiMnt    = "/run/mesh-mbed-mnt"
 )
+
+// mountNS makes netns ns's mount namespace, with srv bound over /srv.
+func mountNS(t testing.TB, ns, srv string) {
+	os.MkdirAll(multiMnt, 0o700)
+	// The namespace files must sit on a private mount, or the bind of a
+	// namespace file would propagate (and pin it) elsewhere.
+	if exec.Command("mountpoint", "-q", multiMnt).Run() != nil {
+		sh(t, "mount", "--bind", multiMnt, multiMnt)
+		sh(t, "mount", "--make-private", multiMnt)
+	}
+	f := filepath.Join(multiMnt, ns)
+	os.WriteFile(f, nil, 0o600)
+	os.MkdirAll("/srv", 0o755)
+	sh(t, "unshare", "--mount="+f, "--propagation", "slave", "mount", "--bind", srv, "/srv")
+}
+
+// unmountNS undoes mountNS for every node (their processes are gone).
+func unmountNS() {
+	entries, _ := os.ReadDir(multiMnt)
+	for _, e := range entries {
+		exec.Command("umount", "-l", filepath.Join(multiMnt, e.Name())).Run()
+	}
+	exec.Command("umount", "-l", multiMnt).Run()
+	os.RemoveAll(multiMnt)
+}
 
 func multiCleanup() {
 	exec.Command("pkill", "-f", multiDir).Run()
 	for i := 1; i <= 4; i++ {
 		dir := fmt.Sprintf("%s/n%d", multiDir, i)
 		if _, err := os.Stat(dir + "/root"); err == nil {
-			c := exec.Command("podman", "--root", dir+"/root", "--runroot", dir+"/runroot", "rm", "-af", "-t", "0")
+			// In the node's mount namespace, where its storage is mounted.
+			in := []string{}
+			if f := filepath.Join(multiMnt, fmt.Sprintf("mbn%d", i)); exists(f) {
+				in = []string{"nsenter", "--mount=" + f}
+			}
+			rm := append(in[:len(in):len(in)], "podman", "--root", dir+"/root", "--runroot", dir+"/runroot", "rm", "-af", "-t", "0")
+			c := exec.Command(rm[0], rm[1:]...)
 			c.Env = append(os.Environ(), "CONTAINERS_CONF="+dir+"/containers.conf")
 			c.Run()
-			exec.Command("umount", "-l", dir+"/root/overlay").Run()
+			um := append(in[:len(in):len(in)], "umount", "-l", dir+"/root/overlay")
+			exec.Command(um[0], um[1:]...).Run()
 		}
 		exec.Command("ip", "netns", "del", fmt.Sprintf("mbn%d", i)).Run()
 		os.RemoveAll(filepath.Dir(meshagent.EnvDir(dir + "/data")))
@@ -45,6 +85,7 @@ func multiCleanup() {
 	}
 	exec.Command("ip", "link", "del", multiBridge).Run()
 	killConmons(multiDir)
+	unmountNS()
 	os.RemoveAll(multiDir)
 }
 
@@ -64,6 +105,7 @@ func newNetnsNode(t testing.TB, i int) *agent {
 	ns := netnsLink(t, i)
 	h := &host{t: t, dir: fmt.Sprintf("%s/n%d", multiDir, i), dnsAddr: "169.254.53.53", netns: ns}
 	os.MkdirAll(h.dir+"/srv", 0o755)
+	mountNS(t, ns, h.dir+"/srv")
 	h.conf = h.dir + "/containers.conf"
 	os.WriteFile(h.conf, []byte(containersC), 0o644)
 	h.sock = h.dir + "/podman.sock"
