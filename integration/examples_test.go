@@ -26,7 +26,8 @@ import (
 //   - n2, with a public domain and Pebble as its ACME directory, runs
 //     whoami and the route proxy; whoami answers over HTTPS with a
 //     certificate Pebble issued, which curl verifies with Pebble's root,
-//     and plain HTTP redirects to HTTPS;
+//     and plain HTTP redirects to HTTPS; the proxy removed, the mesh makes
+//     it again and it serves the same certificate (its data directory);
 //   - postgres-exporter, assigned to n2 later: its migrate step logs in to
 //     postgres on n1 with the credential the mesh delivered, it is routed
 //     and gets its certificate without the proxy being recreated;
@@ -150,6 +151,20 @@ func TestExamplesBed(t *testing.T) {
 	}
 	proxy := n[2].h.containerID("route-proxy.server")
 	first := certSerial(n[3], n[2].addr(), "whoami.bed.example")
+	// A replaced proxy keeps its certificates and its ACME account (its
+	// data directory): removed by hand, the mesh makes it again, and it
+	// serves the same certificate without a new order to Pebble.
+	orders := strings.Count(acme.log(), "Issued certificate serial")
+	n[2].h.podman("rm", "-f", "route-proxy.server")
+	eventually(t, 60*time.Second, "the mesh makes the removed proxy again", func() (bool, string) {
+		id := n[2].h.containerID("route-proxy.server")
+		return id != "" && id != proxy, id
+	})
+	proxy = n[2].h.containerID("route-proxy.server")
+	served("whoami.bed.example", "whoami: served by mesh", 30*time.Second)
+	if s := certSerial(n[3], n[2].addr(), "whoami.bed.example"); s != first || strings.Count(acme.log(), "Issued certificate serial") != orders {
+		t.Fatalf("the replaced proxy got a new certificate (%s -> %s) instead of keeping its own", first, s)
+	}
 
 	// Requests go on, every 300 ms, across the renewals to come.
 	var failed, sent atomic.Int64
@@ -505,6 +520,12 @@ func (p *pebbleBed) root(t testing.TB) string {
 		t.Fatalf("pebble's root: %v\n%s", err, out)
 	}
 	return f
+}
+
+// log is what Pebble printed so far.
+func (p *pebbleBed) log() string {
+	b, _ := os.ReadFile(filepath.Join(multiDir, "pebble", "pebble.log"))
+	return string(b)
 }
 
 func (p *pebbleBed) stop() {
