@@ -16,7 +16,7 @@ import (
 type NodeCmd struct {
 	List         NodeListCmd         `cmd:"" help:"List the nodes."`
 	PublicDomain NodePublicDomainCmd `cmd:"" name:"public-domain" help:"Set NODE's public domains (or --add, --remove some, --clear all); a route NAME is served at NAME.DOMAIN for each."`
-	ACME         NodeACMECmd         `cmd:"" name:"acme" help:"Set the ACME directory, account e-mail and directory root NODE's route proxy gets certificates with (default: Let's Encrypt)."`
+	ACME         NodeACMECmd         `cmd:"" name:"acme" help:"Set the ACME directory, account e-mail and directory root NODE's route proxy gets certificates with (default: Let's Encrypt). Each call replaces all three: what it does not give is back to its default."`
 	Remove       NodeRemoveCmd       `cmd:"" help:"Remove NODE from the mesh."`
 }
 
@@ -165,7 +165,7 @@ func (c *NodeACMECmd) Run(g *Globals) error {
 		}
 		req.CARoot = string(b)
 	}
-	if err := req.ACME.Check(); err != nil {
+	if err := req.ACME.CheckFull(); err != nil {
 		return err
 	}
 	ctx, cancel := timeout()

@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"mesh/state"
@@ -66,12 +68,20 @@ func certTargetsOf(plan *state.Plan, dial string) certTargets {
 		return certTargets{}
 	}
 	for _, r := range plan.Routes {
-		if strings.Contains(r.Name, ".") {
+		if strings.Contains(r.Name, ".") && len(t.names) < state.MaxCertificates {
 			t.names = append(t.names, [2]string{r.Name, r.Module})
 		}
 	}
 	return t
 }
+
+// certProbes is how many names are looked at at once, and certRound how
+// long one look at them all may take: a proxy that stalls each handshake
+// costs a round, not 5 s per name.
+const (
+	certProbes = 4
+	certRound  = 60 * time.Second
+)
 
 func (t certTargets) equal(o certTargets) bool {
 	return t.container == o.container && t.addr == o.addr && slices.Equal(t.names, o.names)
@@ -82,29 +92,58 @@ func probeCerts(ctx context.Context, rt Runtime, t certTargets) []state.CertStat
 	if t.container == "" || len(t.names) == 0 {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, certRound)
+	defer cancel()
+	out := make([]state.CertStatus, len(t.names))
+	failed := make([]error, len(t.names))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(certProbes, len(t.names)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				c := state.CertStatus{Name: t.names[i][0], Module: t.names[i][1]}
+				issuer, notAfter, err := handshake(ctx, t.addr, c.Name)
+				if err == nil {
+					c.Issuer, c.NotAfter = issuer, notAfter.UTC()
+					if time.Now().After(notAfter) {
+						c.Error = "the certificate it serves expired at " + c.NotAfter.Format(time.RFC3339)
+					}
+				}
+				out[i], failed[i] = c, err
+			}
+		}()
+	}
+	for i := range t.names {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 	var logs string
-	out := make([]state.CertStatus, 0, len(t.names))
-	for _, nm := range t.names {
-		c := state.CertStatus{Name: nm[0], Module: nm[1]}
-		issuer, notAfter, err := handshake(ctx, t.addr, nm[0])
-		switch {
-		case err == nil && time.Now().After(notAfter):
-			c.Issuer, c.NotAfter = issuer, notAfter.UTC()
-			c.Error = "the certificate it serves expired at " + notAfter.UTC().Format(time.RFC3339)
-		case err == nil:
-			c.Issuer, c.NotAfter = issuer, notAfter.UTC()
-		default:
-			if logs == "" {
-				logs, _ = rt.Logs(ctx, t.container, certLogLines)
-			}
-			c.Error = "no certificate served (" + err.Error() + ")"
-			if e := lastLoggedError(logs, nm[0]); e != "" {
-				c.Error += ": " + e
-			}
+	for i, err := range failed {
+		if err == nil {
+			continue
 		}
-		out = append(out, c)
+		if logs == "" {
+			logs, _ = rt.Logs(context.WithoutCancel(ctx), t.container, certLogLines)
+		}
+		out[i].Error = "no certificate served (" + stableError(err) + ")"
+		if e := lastLoggedError(logs, out[i].Name); e != "" {
+			out[i].Error += ": " + e
+		}
 	}
 	return out
+}
+
+// stableError is err without what changes from one try to the next (a
+// dial's local port), so an unchanged failure is not a new report.
+func stableError(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return op.Op + " " + op.Net + " " + fmt.Sprint(op.Addr) + ": " + op.Err.Error()
+	}
+	return err.Error()
 }
 
 // handshake asks addr for name's certificate (SNI) and returns its issuer
@@ -131,7 +170,9 @@ func handshake(ctx context.Context, addr, name string) (string, time.Time, error
 
 // lastLoggedError finds the last error the proxy logged about name: a
 // JSON line (Caddy's) at level error whose "identifier" is the name gives
-// its "error"; any other line that names it and says error is taken whole.
+// its "error", as does one whose error starts with "[name] " (Caddy's
+// "will retry"). Other lines are not read: a plain line carries a time,
+// and would make every look a new report.
 func lastLoggedError(logs, name string) string {
 	lines := strings.Split(logs, "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
@@ -145,18 +186,15 @@ func lastLoggedError(logs, name string) string {
 			Error      string `json:"error"`
 			Msg        string `json:"msg"`
 		}
-		if json.Unmarshal([]byte(l), &j) == nil && j.Level != "" {
-			if j.Level == "error" && j.Identifier == name && j.Error != "" {
-				return j.Msg + ": " + j.Error
-			}
-			// Caddy's "will retry" names the identifier in the error alone.
-			if j.Level == "error" && j.Identifier == "" && strings.HasPrefix(j.Error, "["+name+"] ") {
-				return strings.TrimPrefix(j.Error, "["+name+"] ")
-			}
+		if json.Unmarshal([]byte(l), &j) != nil || j.Level != "error" || j.Error == "" {
 			continue
 		}
-		if strings.Contains(strings.ToLower(l), "error") {
-			return l
+		if j.Identifier == name {
+			return j.Msg + ": " + j.Error
+		}
+		// Caddy's "will retry" names the identifier in the error alone.
+		if j.Identifier == "" && strings.HasPrefix(j.Error, "["+name+"] ") {
+			return strings.TrimPrefix(j.Error, "["+name+"] ")
 		}
 	}
 	return ""

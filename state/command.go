@@ -151,7 +151,7 @@ func (r *ModuleAddRequest) formatNeeded() int {
 }
 func (r *RestoreBody) formatNeeded() int {
 	v := sealedFormat(r.Credentials)
-	if len(r.ACME) > 0 || slices.ContainsFunc(slices.Collect(maps.Values(r.PublicDomains)), func(d string) bool { return strings.Contains(d, " ") }) {
+	if len(r.ACME) > 0 || slices.ContainsFunc(slices.Collect(maps.Values(r.PublicDomains)), func(d string) bool { return d != "" && !validDomain(d) }) {
 		v = edgeFormat
 	} else if r.Secrets != nil && len(*r.Secrets) > 0 {
 		v = secretFormat
@@ -406,7 +406,7 @@ func specFormat(sp ModuleSpec) int {
 	if sp.Manifest == nil {
 		return 0
 	}
-	if manifestNamesHosts(sp.Manifest) {
+	if manifestNeedsEdge(sp.Manifest) {
 		return edgeFormat
 	}
 	if manifestNamesSecrets(sp.Manifest) {

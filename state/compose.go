@@ -238,7 +238,11 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		owner[name] = module
 		return nil
 	}
-	routeOwner, hostOwner := map[string]string{}, map[string]string{}
+	type hostUse struct {
+		module string
+		port   int
+	}
+	routeOwner, hostOwner := map[string]string{}, map[string]hostUse{}
 	var routesFiles []int
 	var mounts []manifest.MountAt
 
@@ -255,9 +259,12 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			routeOwner[r.Name] = mod
 			for _, h := range routeHosts(r, n.Domains()) {
 				if other, ok := hostOwner[h]; ok {
-					return nil, nil, fmt.Errorf("host %s is claimed by both %s and %s on node %s; remove it from one of them", h, other, mod, n.Name)
+					if other.module == mod && other.port == r.Port {
+						continue // one route at a name twice: under a domain, and as one of its hosts
+					}
+					return nil, nil, fmt.Errorf("host %s is claimed by both %s (port %d) and %s (port %d) on node %s; remove it from one of them", h, other.module, other.port, mod, r.Port, n.Name)
 				}
-				hostOwner[h] = mod
+				hostOwner[h] = hostUse{mod, r.Port}
 				plan.Routes = append(plan.Routes, Route{Name: h, Module: mod, Port: r.Port})
 				if h != r.Name {
 					roster = append(roster, Name{Name: h, Address: addr, Node: n.Name})

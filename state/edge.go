@@ -3,9 +3,12 @@ package state
 import (
 	"context"
 	"crypto/x509"
+	"database/sql"
 	"encoding/pem"
 	"fmt"
+	"maps"
 	"net/url"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -57,40 +60,87 @@ type NodeACMERequest struct {
 
 func (*NodeACMERequest) Op() string { return OpNodeACME }
 func (r *NodeACMERequest) describe() string {
-	if r.Clear {
+	switch {
+	case r.Clear:
 		return "mesh node acme " + r.Node + " --clear"
+	case r.ACME.Directory != "":
+		return "mesh node acme " + r.Node + " --directory " + r.ACME.Directory
 	}
-	return "mesh node acme " + r.Node + " --directory " + r.ACME.Directory
+	return "mesh node acme " + r.Node
 }
 
-// Check says what is wrong with a's values, if anything. Each value is
-// written into a proxy's configuration by a template, so none may carry a
-// character that would end a directive (space, quote, brace, newline).
+// Check says what is wrong with a's values, if anything: the FSM's check,
+// which reads characters and PEM's structure only (what the standard
+// library's URL and certificate parsers accept moves between Go releases,
+// and replicas built with two must agree). Each value is written into a
+// proxy's configuration by a template, so each is printable ASCII with no
+// space, quote, brace, backslash or newline: nothing that could end a
+// directive or start a comment or a placeholder.
 func (a ACME) Check() error {
-	if a.Directory != "" {
-		u, err := url.Parse(a.Directory)
-		if err != nil || u.Scheme != "https" || u.Host == "" || strings.ContainsAny(a.Directory, " \t\r\n\"'{}`\\") {
-			return ruleErr(ErrInvalid, "ACME directory %q is not an https URL, such as %s", a.Directory, LetsEncrypt)
+	if d := a.Directory; d != "" {
+		host, _, _ := strings.Cut(strings.TrimPrefix(d, "https://"), "/")
+		if len(d) > 2048 || !strings.HasPrefix(d, "https://") || host == "" || !urlChars(d) {
+			return ruleErr(ErrInvalid, "ACME directory %q is not an https URL, such as %s", d, LetsEncrypt)
 		}
 	}
-	if a.Email != "" {
-		at := strings.IndexByte(a.Email, '@')
-		if len(a.Email) > 254 || at < 1 || at == len(a.Email)-1 || strings.ContainsAny(a.Email, " \t\r\n\"'{}`\\<>;,") {
-			return ruleErr(ErrInvalid, "ACME e-mail %q is not an address, such as ops@example.org", a.Email)
+	if e := a.Email; e != "" {
+		local, domain, ok := strings.Cut(e, "@")
+		if len(e) > 254 || !ok || local == "" || !strings.Contains(domain, ".") || !emailChars(local) || !emailChars(domain) || strings.ContainsRune(domain, '+') {
+			return ruleErr(ErrInvalid, "ACME e-mail %q is not an address, such as ops@example.org", e)
 		}
 	}
 	if a.CARoot != "" {
-		if _, err := canonicalRoots(a.CARoot); err != nil {
+		if _, err := canonicalRoots(a.CARoot, false); err != nil {
 			return ruleErr(ErrInvalid, "ACME CA root: %v", err)
 		}
 	}
 	return nil
 }
 
+// CheckFull is Check and then the proposer's full parse: the directory as
+// a URL, each certificate of the CA root as X.509.
+func (a ACME) CheckFull() error {
+	if err := a.Check(); err != nil {
+		return err
+	}
+	if a.Directory != "" {
+		if u, err := url.Parse(a.Directory); err != nil || u.Host == "" {
+			return ruleErr(ErrInvalid, "ACME directory %q is not an https URL, such as %s", a.Directory, LetsEncrypt)
+		}
+	}
+	if a.CARoot != "" {
+		if _, err := canonicalRoots(a.CARoot, true); err != nil {
+			return ruleErr(ErrInvalid, "ACME CA root: %v", err)
+		}
+	}
+	return nil
+}
+
+// urlChars: RFC 3986's characters, no quote, brace or backslash.
+func urlChars(s string) bool {
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-._~:/?#[]@!$&()*+,;=%", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// emailChars: letters, digits and . _ % + -, what addresses use.
+func emailChars(s string) bool {
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("._%+-", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
 // canonicalRoots reads pemText as one or more PEM certificates and nothing
 // else, and returns them encoded afresh (so text pem.Decode would skip
-// between blocks never reaches the proxy's file).
-func canonicalRoots(pemText string) (string, error) {
+// between blocks never reaches the proxy's file); parse also parses each as
+// X.509 (the proposer's check, never the FSM's).
+func canonicalRoots(pemText string, parse bool) (string, error) {
 	if len(pemText) > MaxCARoot {
 		return "", fmt.Errorf("%d bytes; the limit is %d", len(pemText), MaxCARoot)
 	}
@@ -110,8 +160,10 @@ func canonicalRoots(pemText string) (string, error) {
 		if b.Type != "CERTIFICATE" || len(b.Headers) > 0 {
 			return "", fmt.Errorf("holds a %s block; give certificates only", b.Type)
 		}
-		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
-			return "", fmt.Errorf("certificate %d does not parse: %v", n, err)
+		if parse {
+			if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+				return "", fmt.Errorf("certificate %d does not parse: %v", n, err)
+			}
 		}
 		out = append(out, pem.EncodeToMemory(b)...)
 	}
@@ -131,7 +183,7 @@ func (ap *applier) nodeACME(r *NodeACMERequest) (bool, error) {
 	} else if err := a.Check(); err != nil {
 		return false, err
 	} else if a.CARoot != "" {
-		a.CARoot, _ = canonicalRoots(a.CARoot)
+		a.CARoot, _ = canonicalRoots(a.CARoot, false)
 	}
 	return true, exec(ap.tx, `UPDATE nodes SET acme_directory = ?, acme_email = ?, acme_ca_root = ? WHERE name = ?`, a.Directory, a.Email, a.CARoot, r.Node)
 }
@@ -151,6 +203,9 @@ func (n Node) Domains() []string {
 
 // changeDomains is what node.public-domain makes of a node's domains.
 func (r *PublicDomainRequest) changeDomains(have []string) ([]string, error) {
+	if len(r.Domains) > 0 && (len(r.Add) > 0 || len(r.Remove) > 0) {
+		return nil, ruleErr(ErrInvalid, "give the node's domains, or domains to add or remove, not both")
+	}
 	var want []string
 	switch {
 	case len(r.Domains) > 0 || (len(r.Add) == 0 && len(r.Remove) == 0):
@@ -212,82 +267,184 @@ func routeHosts(r manifest.Route, ds []string) []string {
 	return hs
 }
 
-// hostClash finds a host name two modules are served at, with the
-// catalogue cat, the assignments and every node's domains: explicit hosts
-// clash whether assigned or not (two manifests claim one name), names
-// under a domain only where both modules are assigned. It returns the
-// first clash by host name, as an error naming both modules.
-func hostClash(cat map[string]*manifest.Manifest, as []Assignment, domains map[string][]string) error {
-	owner := map[string]string{}
-	var clash []string
-	claim := func(h, mod string) {
-		if o, ok := owner[h]; ok && o != mod {
-			if o > mod {
-				o, mod = mod, o
-			}
-			clash = append(clash, fmt.Sprintf("host %s is claimed by both %s and %s; remove it from one of them", h, o, mod))
-			return
+// hostInput is what the rule on host names reads.
+type hostInput struct {
+	cat        map[string]*manifest.Manifest
+	as         []Assignment
+	domains    map[string][]string
+	meshDomain string
+}
+
+// hostClashes lists, sorted, what breaks the rule on host names: a host two
+// modules are served at (explicit hosts whether assigned or not: two
+// manifests claim one name; names under a domain where their modules are
+// assigned), a host one module claims for two ports, and an explicit host
+// under the mesh's own domain (whose names are the mesh's). The same route
+// of one module at a name twice (a label under a domain that is also one
+// of its hosts), or on several nodes, is no clash.
+func hostClashes(in hostInput) []string {
+	type claim struct {
+		module string
+		port   int
+	}
+	owner := map[string]claim{}
+	found := map[string]bool{}
+	add := func(h string, c claim) {
+		o, ok := owner[h]
+		switch {
+		case !ok:
+			owner[h] = c
+		case o == c:
+		case o.module == c.module:
+			found[fmt.Sprintf("host %s is claimed twice by module %s (ports %d and %d); keep one", h, c.module, min(o.port, c.port), max(o.port, c.port))] = true
+		default:
+			a, b := min(o.module, c.module), max(o.module, c.module)
+			found[fmt.Sprintf("host %s is claimed by both %s and %s; remove it from one of them", h, a, b)] = true
 		}
-		owner[h] = mod
 	}
-	mods := make([]string, 0, len(cat))
-	for m := range cat {
-		mods = append(mods, m)
-	}
-	sort.Strings(mods)
+	mods := slices.Sorted(maps.Keys(in.cat))
 	for _, mod := range mods {
-		for _, r := range cat[mod].Routes {
+		for _, r := range in.cat[mod].Routes {
 			for _, h := range r.Hosts {
-				claim(h, mod)
+				if d := in.meshDomain; d != "" && (h == d || strings.HasSuffix(h, "."+d)) {
+					found[fmt.Sprintf("host %s of module %s is under the mesh's own domain %s, whose names are the mesh's; name a public host", h, mod, d)] = true
+				}
+				add(h, claim{mod, r.Port})
 			}
 		}
 	}
+	as := slices.Clone(in.as)
+	sort.Slice(as, func(i, j int) bool {
+		if as[i].Node != as[j].Node {
+			return as[i].Node < as[j].Node
+		}
+		return as[i].Module < as[j].Module
+	})
 	for _, a := range as {
-		m, ok := cat[a.Module]
+		m, ok := in.cat[a.Module]
 		if !ok {
 			continue
 		}
 		for _, r := range m.Routes {
-			for _, d := range domains[a.Node] {
-				claim(r.Name+"."+d, a.Module)
+			for _, d := range in.domains[a.Node] {
+				add(r.Name+"."+d, claim{a.Module, r.Port})
 			}
 		}
 	}
-	if len(clash) == 0 {
-		return nil
-	}
-	sort.Strings(clash)
-	return ruleErr(ErrConflict, "%s", clash[0])
+	return slices.Sorted(maps.Keys(found))
 }
 
-// checkHosts refuses the command being applied if, with it, two modules
-// would be served at one host name.
-func (ap *applier) checkHosts() error {
+// newClash is the first of after that before lacks, as a rule error: a
+// command is refused for what it breaks, not for a clash older than it.
+func newClash(before, after []string) error {
+	for _, c := range after {
+		if !slices.Contains(before, c) {
+			return ruleErr(ErrConflict, "%s", c)
+		}
+	}
+	return nil
+}
+
+// hostRule is what the rule on host names reads in the command's
+// transaction, or nil for a command older than the rule (format 9): a
+// replica applies those as the binaries that wrote them did, and their
+// proposer checked (Store.CheckHosts).
+func (ap *applier) hostRule() (*hostInput, error) {
+	if ap.v < edgeFormat {
+		return nil, nil
+	}
 	cat, err := ap.catalogue()
 	if err != nil {
+		return nil, err
+	}
+	in, err := readHostInput(ap.ctx, ap.tx)
+	if err != nil {
+		return nil, err
+	}
+	in.cat = cat
+	return &in, nil
+}
+
+// hostsBefore is the clashes before the command writes (nil when the rule
+// does not hold for it).
+func (ap *applier) hostsBefore() ([]string, error) {
+	in, err := ap.hostRule()
+	if in == nil || err != nil {
+		return nil, err
+	}
+	return hostClashes(*in), nil
+}
+
+// checkHosts refuses the command if, written, it breaks the rule on host
+// names in a way the state before it (before) did not.
+func (ap *applier) checkHosts(before []string) error {
+	in, err := ap.hostRule()
+	if in == nil || err != nil {
 		return err
 	}
-	as, err := readAssignments(ap.ctx, ap.tx)
+	return newClash(before, hostClashes(*in))
+}
+
+// CheckHosts is the proposer's check of the rule on host names for req (an
+// assign, a module add, a public domain), against this replica: every
+// command is checked here, including those of formats older than the
+// rule, which the FSM applies without it.
+func (s *Store) CheckHosts(ctx context.Context, req Request) error {
+	in, err := readHostInput(ctx, s.db)
 	if err != nil {
 		return err
 	}
-	domains := map[string][]string{}
-	rows, err := ap.tx.Query(`SELECT name, public_domain FROM nodes`)
-	if err != nil {
+	if kept := s.catPub.Load(); kept != nil {
+		in.cat = *kept
+	} else if in.cat, err = s.readCatalogue(ctx, s.db); err != nil {
 		return err
+	}
+	before := hostClashes(in)
+	switch r := req.(type) {
+	case *AssignRequest:
+		in.as = append(slices.Clone(in.as), r.Assignment)
+	case *ModuleAddRequest:
+		in.cat = maps.Clone(in.cat)
+		for _, sp := range r.Modules {
+			if sp.Manifest != nil {
+				in.cat[sp.Manifest.Module] = sp.Manifest
+			}
+		}
+	case *PublicDomainRequest:
+		want, err := r.changeDomains(in.domains[r.Node])
+		if err != nil {
+			return err
+		}
+		in.domains = maps.Clone(in.domains)
+		in.domains[r.Node] = want
+	default:
+		return nil
+	}
+	return newClash(before, hostClashes(in))
+}
+
+func readHostInput(ctx context.Context, q queryer) (hostInput, error) {
+	in := hostInput{domains: map[string][]string{}}
+	var err error
+	if in.as, err = readAssignments(ctx, q); err != nil {
+		return in, err
+	}
+	if err := q.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = 'domain'`).Scan(&in.meshDomain); err != nil && err != sql.ErrNoRows {
+		return in, err
+	}
+	rows, err := q.QueryContext(ctx, `SELECT name, public_domain FROM nodes`)
+	if err != nil {
+		return in, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var n, d string
 		if err := rows.Scan(&n, &d); err != nil {
-			return err
+			return in, err
 		}
-		domains[n] = splitDomains(d)
+		in.domains[n] = splitDomains(d)
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	return hostClash(cat, as, domains)
+	return in, rows.Err()
 }
 
 func readAssignments(ctx context.Context, q queryer) ([]Assignment, error) {
@@ -307,11 +464,23 @@ func readAssignments(ctx context.Context, q queryer) ([]Assignment, error) {
 	return as, rows.Err()
 }
 
-func manifestNamesHosts(m *manifest.Manifest) bool {
+// manifestNeedsEdge says m uses what format 9 added: a route's hosts, or
+// a routes-file template that reads .ACME, .Domains or .Public (a replica
+// of an older binary would fail to execute it, and hold another plan).
+func manifestNeedsEdge(m *manifest.Manifest) bool {
 	for _, r := range m.Routes {
 		if len(r.Hosts) > 0 {
 			return true
 		}
 	}
+	for _, r := range m.Resources {
+		if r.Template != "" && edgeFields.MatchString(r.Template) {
+			return true
+		}
+	}
 	return false
 }
+
+// edgeFields finds a template's use of the fields format 9 added (a
+// false match only asks for the newer format).
+var edgeFields = regexp.MustCompile(`\.(ACME|Domains|Public)\b`)

@@ -164,17 +164,77 @@ func TestPublicEdge(t *testing.T) {
 	if err := applyErr(t, s, &idx, &UnassignRequest{Assignment: Assignment{Node: "bee", Module: "git"}}); err != nil {
 		t.Fatal(err)
 	}
+	// An assign is a command of format 3, which replicas of older binaries
+	// apply too, without the rule: the FSM takes it as they do, and the
+	// proposer (Store.CheckHosts, the API's) is what refuses it.
 	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("blog.yaml", "module: blog\nroutes:\n  - {name: wiki, port: 80}\n")}})
-	before = dumpJSON(t, s)
-	if err := applyErr(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "blog"}}); err == nil || !strings.Contains(err.Error(), "host wiki.example.org is claimed by both blog and wiki") {
-		t.Fatalf("an assign that makes wiki.example.org clash across nodes: %v", err)
+	blog := &AssignRequest{Assignment: Assignment{Node: "ace", Module: "blog"}}
+	if err := s.CheckHosts(ctx, blog); err == nil || !strings.Contains(err.Error(), "host wiki.example.org is claimed by both blog and wiki") {
+		t.Fatalf("the proposer's check of an assign that makes wiki.example.org clash across nodes: %v", err)
 	}
-	if !sameState(before, dumpJSON(t, s)) {
-		t.Fatal("a refused assign changed the state")
+	mustApply(t, s, &idx, blog)
+	// A clash older than a command does not refuse it: only what the
+	// command itself breaks does.
+	mustApply(t, s, &idx, &PublicDomainRequest{Node: "bee", Add: []string{"example.dev"}})
+	if err := s.CheckHosts(ctx, &PublicDomainRequest{Node: "bee", Add: []string{"example.info"}}); err != nil {
+		t.Fatalf("an unrelated domain, with an older clash in the state: %v", err)
 	}
 	mustApply(t, s, &idx, &NodeACMERequest{Node: "ace", Clear: true})
 	if n, _ := s.Node(ctx, "ace"); n.ACME != (ACME{}) {
 		t.Fatalf("--clear left %+v", n.ACME)
+	}
+}
+
+// One module at one name twice (a label under a domain that is also one of
+// its hosts) is no clash; at one name for two ports, or at a name under the
+// mesh's own domain, it is.
+func TestHostRules(t *testing.T) {
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &PublicDomainRequest{Node: "ace", Domains: []string{"example.org", "example.net"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("git.yaml", "module: git\nroutes:\n  - {name: git, port: 3000, hosts: [git.example.org]}\n")}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "git"}})
+	pv, err := s.Plan(context.Background(), "ace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := s.Node(context.Background(), "ace"); n.ComposeError != "" || len(pv.Plan.Routes) != 2 {
+		t.Fatalf("a route at its own host under its node's domain: compose error %q, routes %v", n.ComposeError, pv.Plan.Routes)
+	}
+	for _, c := range []struct{ src, want string }{
+		{"module: git\nroutes:\n  - {name: git, port: 1}\n  - {name: b, port: 2, hosts: [git.example.org]}\n", "host git.example.org is claimed twice by module git (ports 1 and 2)"},
+		{"module: sly\nroutes:\n  - {name: a, port: 1, hosts: [git.internal]}\n", "host git.internal of module sly is under the mesh's own domain internal"},
+	} {
+		if err := applyErr(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("x.yaml", c.src)}}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("got %v, want %q", err, c.want)
+		}
+	}
+}
+
+// The FSM's check of ACME settings reads characters and PEM's structure
+// only; the proposer's also parses the URL and the certificates.
+func TestACMEChecks(t *testing.T) {
+	root := testRoot(t)
+	bad := "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+	for _, c := range []struct {
+		a          ACME
+		fsm, proxy bool // accepted by Check, by CheckFull
+	}{
+		{ACME{Directory: "https://acme.example/dir", Email: "ops+mesh@example.org", CARoot: root}, true, true},
+		{ACME{Directory: "https://acme.example/dir\u00a0x"}, false, false},
+		{ACME{Directory: "https://acme.example/{$HOME}"}, false, false},
+		{ACME{Email: "#ops@example.org"}, false, false},
+		{ACME{Email: "ops@example"}, false, false},
+		{ACME{Email: "ops@exa\vmple.org"}, false, false},
+		{ACME{CARoot: bad}, true, false},
+	} {
+		if got := c.a.Check() == nil; got != c.fsm {
+			t.Errorf("Check(%+v) accepted: %v, want %v", c.a, got, c.fsm)
+		}
+		if got := c.a.CheckFull() == nil; got != c.proxy {
+			t.Errorf("CheckFull(%+v) accepted: %v, want %v", c.a, got, c.proxy)
+		}
 	}
 }
 
@@ -194,6 +254,9 @@ func TestEdgeFormats(t *testing.T) {
 		{&ModuleAddRequest{Modules: []ModuleSpec{spec("w.yaml", edgeWikiSrc)}}, 3},
 		{&RestoreBody{ACME: map[string]ACME{"a": {Email: "a@b.c"}}}, edgeFormat},
 		{&RestoreBody{PublicDomains: map[string]string{"a": "example.org example.net"}}, edgeFormat},
+		{&RestoreBody{PublicDomains: map[string]string{"a": "example.org\texample.net"}}, edgeFormat},
+		{&RestoreBody{PublicDomains: map[string]string{"a": "example.org"}}, 3},
+		{&ModuleAddRequest{Modules: []ModuleSpec{spec("p.yaml", edgeProxySrc)}}, edgeFormat},
 	} {
 		if v := NewCommand(c.r).V; v != c.want {
 			t.Errorf("%s: format %d, want %d", c.r.describe(), v, c.want)

@@ -125,7 +125,7 @@ func decodeEntry(index uint64, data []byte) (*Command, Request) {
 // other failure stops the node.
 func (s *Store) applyLocked(index uint64, c *Command, req Request) error {
 	for waited := time.Duration(0); ; {
-		broken, err := s.applyTx(index, c.Time, req)
+		broken, err := s.applyTx(index, c.V, c.Time, req)
 		if err == nil {
 			return broken
 		}
@@ -161,7 +161,7 @@ func IsDiskFull(err error) bool {
 // broke: it is rolled back and its index recorded all the same, so every
 // replica agrees on the refusal and a replay skips it. err is any other
 // failure, with nothing committed (applyLocked decides what follows).
-func (s *Store) applyTx(index uint64, at time.Time, req Request) (broken, err error) {
+func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken, err error) {
 	// Apply is never cancelled half-way: the context carries nothing.
 	ctx := context.Background()
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -176,7 +176,7 @@ func (s *Store) applyTx(index uint64, at time.Time, req Request) (broken, err er
 	if index <= applied {
 		return nil, nil
 	}
-	ap := &applier{s: s, ctx: ctx, tx: tx, index: index, at: at.UTC().Format(timeLayout)}
+	ap := &applier{s: s, ctx: ctx, tx: tx, index: index, v: v, at: at.UTC().Format(timeLayout)}
 	recompose, err := ap.apply(req)
 	if err == nil && recompose {
 		err = ap.recompose(req.describe())
@@ -237,7 +237,11 @@ type applier struct {
 	ctx   context.Context // carries nothing (applyTx)
 	tx    *sql.Tx
 	index uint64
-	at    string // the proposer's time
+	// v is the command's format: a rule added in a format holds only for
+	// commands of that format or later, which every replica that applies
+	// them knows (an older one stops there), so replicas never disagree.
+	v  int
+	at string // the proposer's time
 	// catChanged: this command writes the catalogue.
 	catChanged bool
 	// rosterChanged: this command writes the roster table itself (besides
@@ -391,6 +395,10 @@ func (ap *applier) publicDomain(r *PublicDomainRequest) (bool, error) {
 	if err := ap.tx.QueryRow(`SELECT public_domain FROM nodes WHERE name = ?`, r.Node).Scan(&have); err != nil {
 		return false, err
 	}
+	clashes, err := ap.hostsBefore()
+	if err != nil {
+		return false, err
+	}
 	want, err := r.changeDomains(splitDomains(have))
 	if err != nil {
 		return false, err
@@ -398,7 +406,7 @@ func (ap *applier) publicDomain(r *PublicDomainRequest) (bool, error) {
 	if err := exec(ap.tx, `UPDATE nodes SET public_domain = ? WHERE name = ?`, strings.Join(want, " "), r.Node); err != nil {
 		return false, err
 	}
-	return true, ap.checkHosts()
+	return true, ap.checkHosts(clashes)
 }
 
 // moduleAdd stores manifests the proposer parsed and checked. It reads their
@@ -406,6 +414,10 @@ func (ap *applier) publicDomain(r *PublicDomainRequest) (bool, error) {
 func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 	if len(r.Modules) == 0 {
 		return false, ruleErr(ErrInvalid, "module add needs at least one manifest")
+	}
+	clashes, err := ap.hostsBefore()
+	if err != nil {
+		return false, err
 	}
 	seen := map[string]string{}
 	for i := range r.Modules {
@@ -428,7 +440,7 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 	if err := ap.takeSecrets(r.Secrets); err != nil {
 		return false, err
 	}
-	return true, ap.checkHosts()
+	return true, ap.checkHosts(clashes)
 }
 
 func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
@@ -493,10 +505,14 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 	if err := checkProviders(cat, a.Module); err != nil {
 		return false, err
 	}
+	clashes, err := ap.hostsBefore()
+	if err != nil {
+		return false, err
+	}
 	if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, ap.index); err != nil {
 		return false, err
 	}
-	if err := ap.checkHosts(); err != nil {
+	if err := ap.checkHosts(clashes); err != nil {
 		return false, err
 	}
 	if err := ap.takeSecrets(r.Secrets); err != nil {

@@ -52,8 +52,13 @@ type Report struct {
 	Certificates []CertStatus `json:"certificates,omitempty"`
 }
 
-// MaxCertificates caps the names one report tells certificates of.
-const MaxCertificates = 512
+// MaxCertificates caps the names one report tells certificates of, and
+// MaxCertError the text of each one's error (with both, a report's
+// certificates are at most about 0.8 MB).
+const (
+	MaxCertificates = 512
+	MaxCertError    = 1024
+)
 
 // CertStatus is what a node's route proxy serves for one routed name, as
 // the node last looked: the certificate's issuer and expiry, or the error
@@ -235,8 +240,8 @@ func (r *Report) Bound() {
 	}
 	for i := range r.Certificates {
 		c := &r.Certificates[i]
-		c.Name, c.Module, c.Issuer = Tail(c.Name, 253), Tail(c.Module, 63), Tail(c.Issuer, MaxText)
-		c.Error = Tail(c.Error, MaxText)
+		c.Name, c.Module, c.Issuer = Tail(c.Name, 253), Tail(c.Module, 63), Tail(c.Issuer, 256)
+		c.Error = Tail(c.Error, MaxCertError)
 	}
 }
 

@@ -233,17 +233,15 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 	sort.Strings(names)
 	for _, n := range names {
 		ds := splitDomains(b.PublicDomains[n])
-		for _, d := range ds {
-			if !validDomain(d) {
-				return false, ruleErr(ErrInvalid, "the snapshot gives node %s the public domain %q, which is not a domain name", n, d)
-			}
+		if _, err := (&PublicDomainRequest{Node: n, Domains: ds}).changeDomains(nil); err != nil {
+			return false, ruleErr(ErrInvalid, "the snapshot's public domains of node %s: %v", n, err)
 		}
 		a := b.ACME[n]
 		if err := a.Check(); err != nil {
 			return false, ruleErr(ErrInvalid, "the snapshot's ACME settings of node %s: %v", n, err)
 		}
 		if a.CARoot != "" {
-			a.CARoot, _ = canonicalRoots(a.CARoot)
+			a.CARoot, _ = canonicalRoots(a.CARoot, false)
 		}
 		if err := exec(tx, `UPDATE nodes SET public_domain = ?, acme_directory = ?, acme_email = ?, acme_ca_root = ? WHERE name = ?`,
 			strings.Join(ds, " "), a.Directory, a.Email, a.CARoot, n); err != nil {

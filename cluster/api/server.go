@@ -296,6 +296,11 @@ func (a *API) writeThen(w http.ResponseWriter, r *http.Request, req state.Reques
 // writeInto proposes req and sets res's index or, asked for a dry run,
 // its preview (proposing nothing).
 func (a *API) writeInto(r *http.Request, req state.Request, res *WriteResult) error {
+	// The rule on host names, checked here for every command (the FSM
+	// holds commands of formats older than it to the rules of their day).
+	if err := a.store.CheckHosts(r.Context(), req); err != nil {
+		return err
+	}
 	if dryRun(r) {
 		c := state.NewCommand(req)
 		c.Time = a.now().UTC()
@@ -506,6 +511,10 @@ func (a *API) publicDomain(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
+	if len(req.Domains) > 0 && (len(req.Add) > 0 || len(req.Remove) > 0) {
+		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: "give the node's domains, or domains to add or remove, not both"})
+		return
+	}
 	pr := &state.PublicDomainRequest{Node: r.PathValue("name"), Domain: req.Domain, Domains: req.Domains, Add: req.Add, Remove: req.Remove}
 	// One domain set is the op older binaries apply the same (format 3).
 	if len(pr.Domains) == 1 {
@@ -525,6 +534,12 @@ func (a *API) nodeACME(w http.ResponseWriter, r *http.Request) {
 	if err := decode(r, &req); err != nil {
 		fail(w, err)
 		return
+	}
+	if !req.Clear {
+		if err := req.ACME.CheckFull(); err != nil {
+			fail(w, err)
+			return
+		}
 	}
 	a.write(w, r, &state.NodeACMERequest{Node: r.PathValue("name"), ACME: req.ACME, Clear: req.Clear})
 }
