@@ -16,6 +16,7 @@ import (
 type NodeCmd struct {
 	List         NodeListCmd         `cmd:"" help:"List the nodes."`
 	PublicDomain NodePublicDomainCmd `cmd:"" name:"public-domain" help:"Set NODE's public domains (or --add, --remove some, --clear all); a route NAME is served at NAME.DOMAIN for each."`
+	Drain        NodeDrainCmd        `cmd:"" help:"Mark NODE draining: its modules keep running, new assigns to it are refused (--undo ends it)."`
 	ACME         NodeACMECmd         `cmd:"" name:"acme" help:"Set the ACME directory, account e-mail and directory root NODE's route proxy gets certificates with (default: Let's Encrypt). Each call replaces all three: what it does not give is back to its default."`
 	Remove       NodeRemoveCmd       `cmd:"" help:"Remove NODE from the mesh."`
 }
@@ -186,4 +187,26 @@ func (c *NodeACMECmd) Run(g *Globals) error {
 		return nil
 	}
 	return waitChanged(g, r.Index, c.Timeout)
+}
+
+// NodeDrainCmd marks a node draining (issue 29 item 4).
+type NodeDrainCmd struct {
+	Node string `arg:"" predictor:"node" help:"The node."`
+	Undo bool   `help:"End the drain: the node takes new modules again."`
+}
+
+// Run marks it.
+func (c *NodeDrainCmd) Run(g *Globals) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	r, err := g.client().Drain(ctx, c.Node, c.Undo)
+	if err != nil {
+		return err
+	}
+	if c.Undo {
+		fmt.Fprintf(g.out, "%s takes new modules again (log index %d)\n", c.Node, r.Index)
+	} else {
+		fmt.Fprintf(g.out, "%s is draining: what runs there keeps running, new assigns to it are refused (log index %d); `mesh node drain %s --undo` ends it\n", c.Node, r.Index, c.Node)
+	}
+	return nil
 }

@@ -84,12 +84,12 @@ func statusKey(st api.Status) string {
 	type nodeKey struct {
 		Name, Address, Domain, Version, Compose, ApplyError string
 		Plan, Applied                                       uint64
-		Reachable                                           bool
+		Reachable, Draining                                 bool
 		Failures, Health, Exits, Kept, Certs                string
 	}
 	keys := []nodeKey{}
 	for _, n := range st.Nodes {
-		k := nodeKey{Name: n.Name, Address: n.Address, Domain: n.PublicDomain, Version: n.Version, Compose: n.ComposeError, ApplyError: n.ApplyError, Plan: n.PlanVersion, Applied: n.AppliedVersion, Reachable: n.Reachable}
+		k := nodeKey{Name: n.Name, Draining: n.Draining, Address: n.Address, Domain: n.PublicDomain, Version: n.Version, Compose: n.ComposeError, ApplyError: n.ApplyError, Plan: n.PlanVersion, Applied: n.AppliedVersion, Reachable: n.Reachable}
 		if r := n.Report; r != nil {
 			k.Failures = fmt.Sprint(r.Failures)
 			for _, h := range r.Health {
@@ -167,6 +167,9 @@ func renderStatus(w io.Writer, st api.Status) error {
 			stateText = "unhealthy containers (below)"
 		case n.Report != nil && len(n.Report.Exits) > 0:
 			stateText = "containers exited (below)"
+		}
+		if n.Draining {
+			stateText = "draining; " + stateText
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.Address, dash(n.PublicDomain), dash(n.Version), certText(n.CertExpires), plan, applied, stateText)
 	}

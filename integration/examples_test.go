@@ -439,6 +439,22 @@ func authorityMoves(t *testing.T, n []*agent) {
 		t.Error("no authority server on n3")
 	}
 	t.Logf("the authority moved: %d containers on three nodes kept, intranet.server recreated with the new root", len(before)-2)
+
+	// Issue 29 item 4: a draining node keeps what it runs and takes
+	// nothing new, until --undo.
+	authority := n[3].h.containerID("authority.server")
+	n[1].mesh("node", "drain", "n3")
+	if out := n[1].meshFails("assign", "n3", "whoami"); !strings.Contains(out, "node n3 is draining") || !strings.Contains(out, "mesh node drain n3 --undo") {
+		t.Fatalf("an assign to a draining node: %s", out)
+	}
+	if st := n[2].mesh("status"); !regexp.MustCompile(`(?m)^n3 .*draining; `).MatchString(st) {
+		t.Fatalf("status does not show n3 draining:\n%s", st)
+	}
+	n[1].mesh("node", "drain", "n3", "--undo")
+	n[1].mesh("assign", "n3", "whoami", "--wait")
+	if id := n[3].h.containerID("authority.server"); id != authority {
+		t.Fatalf("the drain touched what runs on n3 (%s -> %s)", authority, id)
+	}
 }
 
 // certSerial is the serial of the certificate served for name at addr:443,

@@ -55,7 +55,7 @@ const (
 // carries them; and the CA's rotation (ca.go): ca.rotate, node.cert with the
 // digest of the certificate's CA, credential.seal with the new CA's key.
 // 9, the public edge (edge.go): node.acme, several public domains, routes
-// with hosts.
+// with hosts; and node.drain (drain.go).
 const CommandVersion = 9
 
 // ops is every op this binary knows, one row each: the one place an op is
@@ -83,6 +83,7 @@ var ops = map[string]opDef{
 	OpSecretSeal:   opOf(secretFormat, (*applier).secretSeal),
 	OpCARotate:     opOf(secretFormat, (*applier).caRotate),
 	OpNodeACME:     opOf(edgeFormat, (*applier).nodeACME),
+	OpNodeDrain:    opOf(edgeFormat, (*applier).nodeDrain),
 }
 
 // opDef is one op: the format it needs when this binary writes it, a fresh

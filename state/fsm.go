@@ -505,6 +505,9 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 	if err := checkProviders(cat, a.Module); err != nil {
 		return false, err
 	}
+	if err := ap.refuseDraining(a.Node, a.Module); err != nil {
+		return false, err
+	}
 	clashes, err := ap.hostsBefore()
 	if err != nil {
 		return false, err

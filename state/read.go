@@ -27,6 +27,8 @@ type NodeInfo struct {
 	CertKey string `json:"cert_key,omitempty"`
 	// CertCA is the digest of the CA that signed it, as the node last said.
 	CertCA string `json:"cert_ca,omitempty"`
+	// Draining: `mesh node drain` marked it; it takes no new module.
+	Draining bool `json:"draining,omitempty"`
 }
 
 // ModuleInfo is a catalogue entry.
@@ -97,7 +99,7 @@ func (s *Store) Settings(ctx context.Context) (Settings, error) {
 }
 
 func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address, cert_ca, acme_directory, acme_email, acme_ca_root FROM nodes ORDER BY name`)
+	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address, cert_ca, acme_directory, acme_email, acme_ca_root, draining FROM nodes ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +108,7 @@ func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
 	for rows.Next() {
 		var n NodeInfo
 		var at, exp string
-		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp, &n.CertKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress, &n.CertCA, &n.ACME.Directory, &n.ACME.Email, &n.ACME.CARoot); err != nil {
+		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp, &n.CertKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress, &n.CertCA, &n.ACME.Directory, &n.ACME.Email, &n.ACME.CARoot, &n.Draining); err != nil {
 			return nil, err
 		}
 		n.PublicDomains = splitDomains(n.PublicDomain)

@@ -241,6 +241,8 @@ var migrations = []string{
 	`ALTER TABLE nodes ADD COLUMN acme_directory TEXT NOT NULL DEFAULT '';
 	 ALTER TABLE nodes ADD COLUMN acme_email TEXT NOT NULL DEFAULT '';
 	 ALTER TABLE nodes ADD COLUMN acme_ca_root TEXT NOT NULL DEFAULT '';`,
+	// 13: a node marked draining takes no new module (drain.go).
+	`ALTER TABLE nodes ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;`,
 }
 
 func (s *Store) migrate() error {

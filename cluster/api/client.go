@@ -209,6 +209,12 @@ func (c *Client) PublicDomain(ctx context.Context, node string, req DomainReques
 	return r, c.do(ctx, "PUT", "/v1/nodes/"+url.PathEscape(node)+"/public-domain", req, &r)
 }
 
+// Drain marks a node draining, or (undo) ends it.
+func (c *Client) Drain(ctx context.Context, node string, undo bool) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "PUT", "/v1/nodes/"+url.PathEscape(node)+"/drain", DrainRequest{Undo: undo}, &r)
+}
+
 // ACME sets a node's ACME settings.
 func (c *Client) ACME(ctx context.Context, node string, req ACMERequest) (WriteResult, error) {
 	var r WriteResult

@@ -129,6 +129,7 @@ func New(cfg Config) *API {
 	mux.HandleFunc("GET /v1/nodes", a.nodes)
 	mux.HandleFunc("PUT /v1/nodes/{name}/public-domain", a.publicDomain)
 	mux.HandleFunc("PUT /v1/nodes/{name}/acme", a.nodeACME)
+	mux.HandleFunc("PUT /v1/nodes/{name}/drain", a.nodeDrain)
 	mux.HandleFunc("DELETE /v1/nodes/{name}", a.removeNode)
 	mux.HandleFunc("GET /v1/modules", a.modules)
 	mux.HandleFunc("POST /v1/modules", a.addModules)
@@ -521,6 +522,20 @@ func (a *API) publicDomain(w http.ResponseWriter, r *http.Request) {
 		pr.Domain, pr.Domains = pr.Domains[0], nil
 	}
 	a.write(w, r, pr)
+}
+
+// DrainRequest marks a node draining, or (Undo) ends it.
+type DrainRequest struct {
+	Undo bool `json:"undo,omitempty"`
+}
+
+func (a *API) nodeDrain(w http.ResponseWriter, r *http.Request) {
+	var req DrainRequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	a.write(w, r, &state.NodeDrainRequest{Node: r.PathValue("name"), Undo: req.Undo})
 }
 
 // ACMERequest sets a node's ACME settings (or, with Clear, the defaults).
