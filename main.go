@@ -115,6 +115,7 @@ type CLI struct {
 	Recover    RecoverCmd    `cmd:"" help:"With the agent stopped, make this node the only voter (when the majority of voters is gone for good)."`
 	Version    VersionCmd    `cmd:"" help:"Print the version."`
 	Completion CompletionCmd `cmd:"" help:"Print a shell completion script (bash, zsh, fish)."`
+	Restart    RestartCmd    `cmd:"" help:"Restart MODULE's containers (or MODULE.CONTAINER) on every node running it, or on --node: the same containers, stopped and started again, recorded so mesh why says who asked."`
 	Why        WhyCmd        `cmd:"" help:"Why RESOURCE on NODE last changed: the plan version, the command that made it, and what moved, down to the input whose digest changed."`
 
 	VersionFlag kong.VersionFlag `name:"version" help:"Print the version and exit."`

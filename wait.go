@@ -97,13 +97,13 @@ func waitApplied(g *Globals, node, module string, version uint64, limit time.Dur
 }
 
 // waitHealthy waits until every health-checked container that the apply of
-// rep created or replaced (of module, when given) is healthy; it fails once
+// rep created, replaced or restarted (of module, when given) is healthy; it fails once
 // one is unhealthy (Podman says so only after the start period and the
 // retries), naming the check and its output.
 func waitHealthy(g *Globals, node, module string, rep *state.Report, deadline time.Time) error {
 	changed := map[string]bool{}
 	for _, rr := range rep.Resources {
-		if rr.Kind == "container" && (rr.Outcome == "created" || rr.Outcome == state.Replaced) && (module == "" || rr.Module == module) {
+		if rr.Kind == "container" && (rr.Outcome == "created" || rr.Outcome == state.Replaced || rr.Outcome == state.Restarted) && (module == "" || rr.Module == module) {
 			changed[rr.Name] = true
 		}
 	}

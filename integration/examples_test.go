@@ -455,6 +455,29 @@ func authorityMoves(t *testing.T, n []*agent) {
 	if id := n[3].h.containerID("authority.server"); id != authority {
 		t.Fatalf("the drain touched what runs on n3 (%s -> %s)", authority, id)
 	}
+
+	// Issue 29 item 2: mesh restart, from n1, of whoami.web on n2 only:
+	// the same container started again, n3's left alone, and why says who.
+	startedAt := func(a *agent) string {
+		return strings.TrimSpace(a.h.podman("inspect", "--format", "{{.State.StartedAt}}", "whoami.web"))
+	}
+	id2, at2, at3 := n[2].h.containerID("whoami.web"), startedAt(n[2]), startedAt(n[3])
+	n[1].mesh("restart", "whoami.web", "--node", "n2", "--wait")
+	if n[2].h.containerID("whoami.web") != id2 || startedAt(n[2]) == at2 {
+		t.Fatalf("whoami.web on n2 was not restarted in place (%s at %s -> %s at %s)", id2, at2, n[2].h.containerID("whoami.web"), startedAt(n[2]))
+	}
+	if startedAt(n[3]) != at3 {
+		t.Fatal("a restart on n2 restarted n3's whoami.web")
+	}
+	why = n[1].mesh("why", "n2", "whoami.web")
+	for _, w := range []string{"by `mesh restart whoami.web --node n2`", "~ restart container whoami.web (whoami): mesh restart"} {
+		if !strings.Contains(why, w) {
+			t.Fatalf("mesh why lacks %q:\n%s", w, why)
+		}
+	}
+	if out := n[1].meshFails("restart", "whoami.nothing"); !strings.Contains(out, `module whoami has no container "whoami.nothing" (it has whoami.web)`) {
+		t.Fatalf("a restart of a container that is not there: %s", out)
+	}
 }
 
 // certSerial is the serial of the certificate served for name at addr:443,

@@ -454,6 +454,20 @@ func (c *Client) Start(ctx context.Context, id string) error {
 	return nil
 }
 
+// Restart stops a container as Podman stops it (its stop signal, then
+// SIGKILL after its stop timeout) and starts it again: the same container.
+func (c *Client) Restart(ctx context.Context, id string) error {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if err := containers.Restart(cx, id, nil); err != nil {
+		return fmt.Errorf("restart container %s: %w", short(id), err)
+	}
+	return nil
+}
+
 // Remove force-removes a container.
 func (c *Client) Remove(ctx context.Context, id string) error {
 	cx, cancel, err := c.ctx(ctx, CallTimeout)

@@ -271,7 +271,7 @@ func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport) {
 		if o == state.Failed || o == state.Waiting || o == "" {
 			continue
 		}
-		ws = append(ws, watch{Module: res.Module, Name: res.RuntimeName(), Check: res.Typed.Health, Fresh: o == state.Created || o == state.Replaced})
+		ws = append(ws, watch{Module: res.Module, Name: res.RuntimeName(), Check: res.Typed.Health, Fresh: o == state.Created || o == state.Replaced || o == state.Restarted})
 	}
 	r.health.set(ws)
 }
@@ -903,6 +903,11 @@ func (x *run) container(ctx context.Context, res state.Resource) state.ResourceR
 	if res.Pull > 0 && rep.Outcome != state.Failed {
 		x.r.ledger.MarkPulled(res.RuntimeName(), res.Pull)
 	}
+	// A restart is handled by any start this apply made (a new or
+	// replaced container, one started again), or by the restart itself.
+	if res.Restart > 0 && rep.Outcome != state.Failed && rep.Outcome != state.Waiting {
+		x.r.ledger.MarkRestarted(res.RuntimeName(), res.Restart)
+	}
 	return rep
 }
 
@@ -958,6 +963,12 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 	}
 	switch action {
 	case actKeep:
+		if have != nil && have.Running && res.Restart > x.r.ledger.Restarted[want.Name] {
+			if err := x.rt.Restart(ctx, have.ID); err != nil {
+				return report(res, state.Failed, err.Error()+" (mesh restart; tried again at the next apply)")
+			}
+			return report(res, state.Restarted, "mesh restart")
+		}
 		return report(res, state.Unchanged, "")
 	case actStart:
 		if err := x.rt.Start(ctx, have.ID); err != nil {
@@ -1084,6 +1095,11 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	for k := range x.r.ledger.Pulled {
 		if !want[manifest.KindContainer+"\x00"+k] {
 			delete(x.r.ledger.Pulled, k)
+		}
+	}
+	for k := range x.r.ledger.Restarted {
+		if !want[manifest.KindContainer+"\x00"+k] {
+			delete(x.r.ledger.Restarted, k)
 		}
 	}
 	return out

@@ -61,6 +61,11 @@ func (a *Around) Start(ctx context.Context, id string) (err error) {
 	return a.Runtime.Start(ctx, id)
 }
 
+func (a *Around) Restart(ctx context.Context, id string) (err error) {
+	defer a.around(ctx, "restart", true)(&err)
+	return a.Runtime.Restart(ctx, id)
+}
+
 func (a *Around) Remove(ctx context.Context, id string) (err error) {
 	defer a.around(ctx, "remove", true)(&err)
 	return a.Runtime.Remove(ctx, id)

@@ -24,6 +24,9 @@ type Ledger struct {
 	// Pulled maps a container to the `mesh module pull` (its log index) it
 	// last handled.
 	Pulled map[string]uint64 `json:"pulled,omitempty"`
+	// Restarted maps a container to the `mesh restart` (its log index) it
+	// handled last.
+	Restarted map[string]uint64 `json:"restarted,omitempty"`
 
 	path  string
 	saved []byte
@@ -83,6 +86,9 @@ func LoadLedger(path string) (*Ledger, error) {
 	if l.Pulled == nil {
 		l.Pulled = map[string]uint64{}
 	}
+	if l.Restarted == nil {
+		l.Restarted = map[string]uint64{}
+	}
 	l.saved = b
 	return l, nil
 }
@@ -131,6 +137,14 @@ func (l *Ledger) Drop(path string) error {
 func (l *Ledger) Mark(name string, m Marker) error {
 	l.Markers[name] = m
 	return l.Save()
+}
+
+// MarkRestarted records that container name handled the restart at index.
+func (l *Ledger) MarkRestarted(name string, index uint64) {
+	if l.Restarted == nil {
+		l.Restarted = map[string]uint64{}
+	}
+	l.Restarted[name] = index
 }
 
 // MarkPulled records that container name handled the module pull at index

@@ -111,6 +111,14 @@ func (f *fake) Create(ctx context.Context, s Spec) (string, error) {
 	f.specs[id] = s
 	return id, nil
 }
+func (f *fake) Restart(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "restart "+f.ctrs[id].Name)
+	f.ctrs[id].Running, f.ctrs[id].State = true, "running"
+	return nil
+}
+
 func (f *fake) Start(ctx context.Context, id string) error {
 	if f.starting != nil {
 		f.mu.Lock()
@@ -641,5 +649,50 @@ func TestPullPolicy(t *testing.T) {
 				t.Fatalf("a pass that keeps the container called %v", rt.calls)
 			}
 		})
+	}
+}
+
+// Issue 29 item 2: mesh restart restarts the containers it names once,
+// the same containers (IDs kept), and a handled restart is not done again;
+// a container made after the restart was asked is not restarted for it.
+func TestRestartOnce(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	srv, side := b.rt.byName("app.server").ID, b.rt.byName("app.sidecar").ID
+	restarts := func() []string {
+		var out []string
+		for _, c := range b.rt.calls {
+			if strings.HasPrefix(c, "restart ") {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
+	b.in.Restarts = map[state.RestartKey]uint64{{Module: "app", Container: "app.server"}: 5}
+	rep := b.apply()
+	if r := restarts(); len(r) != 1 || r[0] != "restart app.server" || outcome(rep, "app.server").Outcome != state.Restarted ||
+		outcome(rep, "app.sidecar").Outcome != state.Unchanged || b.rt.byName("app.server").ID != srv {
+		t.Fatalf("restart of one container: calls %v, %+v", b.rt.calls, rep.Resources)
+	}
+	if rep = b.apply(); len(restarts()) != 0 || rep.Mutations != 0 {
+		t.Fatalf("a handled restart ran again: %v", b.rt.calls)
+	}
+	// The whole module, on this node.
+	b.in.Restarts[state.RestartKey{Module: "app", Node: "ace"}] = 7
+	b.apply()
+	if r := restarts(); len(r) != 2 || b.rt.byName("app.sidecar").ID != side {
+		t.Fatalf("restart of the module: %v", r)
+	}
+	// Another node's restart is not this one's.
+	b.in.Restarts[state.RestartKey{Module: "app", Node: "elsewhere"}] = 9
+	if b.apply(); len(restarts()) != 0 {
+		t.Fatalf("another node's restart ran here: %v", restarts())
+	}
+	// Made after the restart was asked: nothing to restart, then or later.
+	fresh := newBed(t)
+	fresh.in.Restarts = map[state.RestartKey]uint64{{Module: "app"}: 3}
+	fresh.apply()
+	if rep := fresh.apply(); rep.Mutations != 0 || strings.Contains(fmt.Sprint(fresh.rt.calls), "restart ") {
+		t.Fatalf("a container made after the restart was restarted for it: %v", fresh.rt.calls)
 	}
 }

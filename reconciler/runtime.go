@@ -39,6 +39,9 @@ type Runtime interface {
 	Create(ctx context.Context, spec Spec) (string, error)
 	// Start starts a container (mutating); an error means it did not start.
 	Start(ctx context.Context, id string) error
+	// Restart stops a container (its stop signal, then its stop timeout)
+	// and starts it again, keeping it (mutating).
+	Restart(ctx context.Context, id string) error
 	// Remove removes a container, stopping it first (mutating).
 	Remove(ctx context.Context, id string) error
 	// Wait waits until the container exits and returns its exit code.

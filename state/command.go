@@ -55,35 +55,36 @@ const (
 // carries them; and the CA's rotation (ca.go): ca.rotate, node.cert with the
 // digest of the certificate's CA, credential.seal with the new CA's key.
 // 9, the public edge (edge.go): node.acme, several public domains, routes
-// with hosts; and node.drain (drain.go).
+// with hosts; node.drain (drain.go) and module.restart (restart.go).
 const CommandVersion = 9
 
 // ops is every op this binary knows, one row each: the one place an op is
 // registered. NewCommand, NeedsVersion, Encode, Request and Apply all read
 // it, so no op is known to one of them and unknown to another.
 var ops = map[string]opDef{
-	OpInit:         opOf(5, (*applier).init),
-	OpNodeAdd:      opOf(3, (*applier).nodeAdd),
-	OpNodeRemove:   opOf(3, (*applier).nodeRemove),
-	OpPublicDomain: opOf(3, (*applier).publicDomain),
-	OpModuleAdd:    opOf(3, (*applier).moduleAdd),
-	OpModuleRemove: opOf(3, (*applier).moduleRemove),
-	OpAssign:       opOf(3, (*applier).assign),
-	OpUnassign:     opOf(3, (*applier).unassign),
-	OpReport:       opOf(3, (*applier).report),
-	OpTokenRotate:  opOf(3, (*applier).tokenRotate),
-	OpRestore:      opOf(3, (*applier).restore),
-	OpModulePull:   opOf(4, (*applier).modulePull),
-	OpSeal:         opOf(5, (*applier).seal),
-	OpNodeKey:      opOf(5, (*applier).nodeKey),
-	OpNodeCert:     opOf(5, (*applier).nodeCert),
-	OpNodeOverlay:  opOf(7, (*applier).nodeOverlay),
-	OpSecretSet:    opOf(secretFormat, (*applier).secretSet),
-	OpSecretRemove: opOf(secretFormat, (*applier).secretRemove),
-	OpSecretSeal:   opOf(secretFormat, (*applier).secretSeal),
-	OpCARotate:     opOf(secretFormat, (*applier).caRotate),
-	OpNodeACME:     opOf(edgeFormat, (*applier).nodeACME),
-	OpNodeDrain:    opOf(edgeFormat, (*applier).nodeDrain),
+	OpInit:          opOf(5, (*applier).init),
+	OpNodeAdd:       opOf(3, (*applier).nodeAdd),
+	OpNodeRemove:    opOf(3, (*applier).nodeRemove),
+	OpPublicDomain:  opOf(3, (*applier).publicDomain),
+	OpModuleAdd:     opOf(3, (*applier).moduleAdd),
+	OpModuleRemove:  opOf(3, (*applier).moduleRemove),
+	OpAssign:        opOf(3, (*applier).assign),
+	OpUnassign:      opOf(3, (*applier).unassign),
+	OpReport:        opOf(3, (*applier).report),
+	OpTokenRotate:   opOf(3, (*applier).tokenRotate),
+	OpRestore:       opOf(3, (*applier).restore),
+	OpModulePull:    opOf(4, (*applier).modulePull),
+	OpSeal:          opOf(5, (*applier).seal),
+	OpNodeKey:       opOf(5, (*applier).nodeKey),
+	OpNodeCert:      opOf(5, (*applier).nodeCert),
+	OpNodeOverlay:   opOf(7, (*applier).nodeOverlay),
+	OpSecretSet:     opOf(secretFormat, (*applier).secretSet),
+	OpSecretRemove:  opOf(secretFormat, (*applier).secretRemove),
+	OpSecretSeal:    opOf(secretFormat, (*applier).secretSeal),
+	OpCARotate:      opOf(secretFormat, (*applier).caRotate),
+	OpNodeACME:      opOf(edgeFormat, (*applier).nodeACME),
+	OpNodeDrain:     opOf(edgeFormat, (*applier).nodeDrain),
+	OpModuleRestart: opOf(edgeFormat, (*applier).moduleRestart),
 }
 
 // opDef is one op: the format it needs when this binary writes it, a fresh

@@ -77,6 +77,8 @@ type Input struct {
 	Pulls map[string]uint64
 	// Secrets maps each of the operator's secrets to its value's digest.
 	Secrets map[SecretRef]string
+	// Restarts is the index of the last `mesh restart` of each scope.
+	Restarts map[RestartKey]uint64
 }
 
 // Name is one roster entry: a DNS name, the address it answers with, and the
@@ -120,6 +122,10 @@ type Resource struct {
 	// replaces the container if the image changed. It is not part of the
 	// container's declaration.
 	Pull uint64 `json:"pull,omitempty"`
+	// Restart is, for a container, the log index of the last `mesh
+	// restart` that names it on this node (restart.go); not part of its
+	// declaration either.
+	Restart uint64 `json:"restart,omitempty"`
 }
 
 // KindDeliveredCredential is a provider-side credential file: the mesh writes
@@ -287,6 +293,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			switch res.Kind {
 			case manifest.KindContainer:
 				res.Pull = in.Pulls[mod]
+				res.Restart = in.restartOf(mod, res.Name, n.Name)
 			case manifest.KindFile:
 				res.Content = d.Content
 			case manifest.KindRoutesFile:

@@ -127,6 +127,9 @@ func changedFields(a, b Resource) string {
 	if a.Pull != b.Pull {
 		diff = append(diff, "pull (mesh module pull)")
 	}
+	if a.Restart != b.Restart {
+		diff = append(diff, "restart (mesh restart)")
+	}
 	for n := range secretUnion(a.Secrets, b.Secrets) {
 		if a.Secrets[n] != b.Secrets[n] {
 			diff = append(diff, "secret "+n)

@@ -462,6 +462,9 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM pulls WHERE module = ?`, r.Name); err != nil {
 		return false, err
 	}
+	if err := exec(tx, `DELETE FROM restarts WHERE module = ?`, r.Name); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -828,6 +831,19 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 		return in, err
 	}
 	if in.Secrets, err = secretDigests(ctx, q); err != nil {
+		return in, err
+	}
+	in.Restarts = map[RestartKey]uint64{}
+	err = eachRow(ctx, q, "restarts", `SELECT module, container, node, idx FROM restarts`, func(rows *sql.Rows) error {
+		var k RestartKey
+		var i uint64
+		if err := rows.Scan(&k.Module, &k.Container, &k.Node, &i); err != nil {
+			return err
+		}
+		in.Restarts[k] = i
+		return nil
+	})
+	if err != nil {
 		return in, err
 	}
 	err = eachRow(ctx, q, "pulls", `SELECT module, idx FROM pulls`, func(rows *sql.Rows) error {

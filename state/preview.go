@@ -220,7 +220,10 @@ func PlanActions(old, new *Plan) []Action {
 					}
 				}
 				pull := had && r.Kind == manifest.KindContainer && r.Pull > o.Pull && len(why) == 0
+				restart := had && r.Kind == manifest.KindContainer && r.Restart > o.Restart && len(why) == 0
 				switch {
+				case restart:
+					out = append(out, Action{Do: "restart", Kind: r.Kind, Name: r.Name, Module: r.Module, Why: "mesh restart: the same container, stopped and started again"})
 				case pull:
 					out = append(out, Action{Do: "pull", Kind: r.Kind, Name: r.Name, Module: r.Module, Why: "mesh module pull: replaced only if its image changed"})
 				case !had && r.Kind == manifest.KindStep:
@@ -290,5 +293,6 @@ func declChanges(a, b Resource) string {
 	x.Content, y.Content, x.Digest, y.Digest = "", "", "", ""
 	// The pull policy is not part of what a container is.
 	x.Decl.Pull, y.Decl.Pull, x.Pull, y.Pull = "", "", 0, 0
+	x.Restart, y.Restart = 0, 0
 	return changedFields(x, y)
 }

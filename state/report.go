@@ -19,6 +19,7 @@ const (
 	Updated   Outcome = "updated"
 	Replaced  Outcome = "replaced"
 	Started   Outcome = "started"
+	Restarted Outcome = "restarted" // `mesh restart`: the same container, stopped and started
 	Ran       Outcome = "ran"
 	Kept      Outcome = "kept"
 	Removed   Outcome = "removed"

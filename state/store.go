@@ -243,6 +243,14 @@ var migrations = []string{
 	 ALTER TABLE nodes ADD COLUMN acme_ca_root TEXT NOT NULL DEFAULT '';`,
 	// 13: a node marked draining takes no new module (drain.go).
 	`ALTER TABLE nodes ADD COLUMN draining INTEGER NOT NULL DEFAULT 0;`,
+	// 14: the last `mesh restart` of each scope (restart.go).
+	`CREATE TABLE restarts (
+		module TEXT NOT NULL,
+		container TEXT NOT NULL,
+		node TEXT NOT NULL,
+		idx INTEGER NOT NULL,
+		PRIMARY KEY (module, container, node)
+	 );`,
 }
 
 func (s *Store) migrate() error {

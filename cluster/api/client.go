@@ -185,6 +185,13 @@ func (c *Client) AddModules(ctx context.Context, req AddRequest) (WriteResult, e
 
 // PullModule asks every node running the module to pull its images and
 // replace the containers whose image changed.
+// RestartModule restarts a module's containers (or one) on every node
+// running it (or on one).
+func (c *Client) RestartModule(ctx context.Context, name string, req RestartRequest) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "POST", "/v1/modules/"+url.PathEscape(name)+"/restart", req, &r)
+}
+
 func (c *Client) PullModule(ctx context.Context, name string) (WriteResult, error) {
 	var r WriteResult
 	return r, c.do(ctx, "POST", "/v1/modules/"+url.PathEscape(name)+"/pull", nil, &r)

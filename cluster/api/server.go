@@ -136,6 +136,7 @@ func New(cfg Config) *API {
 	mux.HandleFunc("GET /v1/modules/{name}", a.module)
 	mux.HandleFunc("DELETE /v1/modules/{name}", a.removeModule)
 	mux.HandleFunc("POST /v1/modules/{name}/pull", a.pullModule)
+	mux.HandleFunc("POST /v1/modules/{name}/restart", a.restartModule)
 	mux.HandleFunc("POST /v1/assign", a.assign(state.OpAssign))
 	mux.HandleFunc("POST /v1/unassign", a.assign(state.OpUnassign))
 	mux.HandleFunc("GET /v1/roster", a.roster)
@@ -166,7 +167,7 @@ func refuseUnpreviewable(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if dryRun(r) && r.Method != http.MethodGet {
 			p := r.URL.Path
-			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/assign" || p == "/v1/unassign" || (strings.HasPrefix(p, "/v1/modules/") && strings.HasSuffix(p, "/pull")))) ||
+			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/assign" || p == "/v1/unassign" || (strings.HasPrefix(p, "/v1/modules/") && (strings.HasSuffix(p, "/pull") || strings.HasSuffix(p, "/restart"))))) ||
 				(r.Method == http.MethodDelete && (strings.HasPrefix(p, "/v1/modules/") || strings.HasPrefix(p, "/v1/secrets/"))) ||
 				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/secrets/")) ||
 				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/nodes/") && (strings.HasSuffix(p, "/public-domain") || strings.HasSuffix(p, "/acme")))
@@ -771,6 +772,22 @@ func (a *API) addModules(w http.ResponseWriter, r *http.Request) {
 	}
 	c.Secrets = secrets
 	a.writeThen(w, r, c, WriteResult{Modules: names})
+}
+
+// RestartRequest restarts a module's containers, or one (Container), on
+// every node running it or on Node.
+type RestartRequest struct {
+	Container string `json:"container,omitempty"`
+	Node      string `json:"node,omitempty"`
+}
+
+func (a *API) restartModule(w http.ResponseWriter, r *http.Request) {
+	var req RestartRequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	a.write(w, r, &state.ModuleRestartRequest{Module: r.PathValue("name"), Container: req.Container, Node: req.Node})
 }
 
 func (a *API) pullModule(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,102 @@
+package state
+
+import "strings"
+
+// `mesh restart MODULE[.CONTAINER] [--node NODE]` (issue 29 item 2): a
+// recorded command that restarts containers without changing what they
+// are. Each container of the plan carries the index of the last restart
+// that names it (Resource.Restart, as a pull's); an agent that has not
+// handled that index restarts the container once (the same container,
+// stopped as Podman stops it and started again), and `mesh why` says who
+// asked and when.
+
+// OpModuleRestart records a restart.
+const OpModuleRestart = "module.restart"
+
+// ModuleRestartRequest restarts a module's containers, or one of them
+// (Container, its runtime name MODULE.NAME), on every node that runs it or
+// on Node.
+type ModuleRestartRequest struct {
+	Module    string `json:"module"`
+	Container string `json:"container,omitempty"`
+	Node      string `json:"node,omitempty"`
+}
+
+func (*ModuleRestartRequest) Op() string { return OpModuleRestart }
+func (r *ModuleRestartRequest) describe() string {
+	s := "mesh restart " + r.Module
+	if r.Container != "" {
+		s = "mesh restart " + r.Container
+	}
+	if r.Node != "" {
+		s += " --node " + r.Node
+	}
+	return s
+}
+
+// RestartKey is one recorded restart's scope: "" container or node is all.
+type RestartKey struct{ Module, Container, Node string }
+
+func (ap *applier) moduleRestart(r *ModuleRestartRequest) (bool, error) {
+	tx := ap.tx
+	if err := needModule(tx, r.Module, "mesh module list"); err != nil {
+		return false, err
+	}
+	cat, err := ap.catalogue()
+	if err != nil {
+		return false, err
+	}
+	if r.Container != "" {
+		var names []string
+		found := false
+		for _, res := range cat[r.Module].Resources {
+			if res.Container != "" {
+				names = append(names, res.Container)
+				found = found || res.Container == r.Container
+			}
+		}
+		if !found {
+			return false, ruleErr(ErrNotFound, "module %s has no container %q (it has %s)", r.Module, r.Container, orNone(names))
+		}
+	}
+	q, args := `SELECT node FROM assignments WHERE module = ? ORDER BY node`, []any{r.Module}
+	if r.Node != "" {
+		if err := needNode(tx, r.Node); err != nil {
+			return false, err
+		}
+		q, args = `SELECT node FROM assignments WHERE module = ? AND node = ?`, []any{r.Module, r.Node}
+	}
+	nodes, err := listRows(tx, q, args...)
+	if err != nil {
+		return false, err
+	}
+	if len(nodes) == 0 {
+		where := "any node"
+		if r.Node != "" {
+			where = "node " + r.Node
+		}
+		return false, ruleErr(ErrConflict, "module %s runs on no container of %s: there is nothing to restart", r.Module, where)
+	}
+	return true, exec(tx, `INSERT INTO restarts (module, container, node, idx) VALUES (?, ?, ?, ?)
+		ON CONFLICT (module, container, node) DO UPDATE SET idx = excluded.idx`, r.Module, r.Container, r.Node, ap.index)
+}
+
+// restartOf is the last restart that names container name of mod on node.
+func (in Input) restartOf(mod, name, node string) uint64 {
+	var idx uint64
+	for k, i := range in.Restarts {
+		if k.Module == mod && (k.Container == "" || k.Container == name) && (k.Node == "" || k.Node == node) {
+			idx = max(idx, i)
+		}
+	}
+	return idx
+}
+
+// SplitTarget reads MODULE[.CONTAINER]: the module, and the container's
+// runtime name ("" for all of the module's).
+func SplitTarget(s string) (module, container string) {
+	if m, _, ok := strings.Cut(s, "."); ok {
+		return m, s
+	}
+	return s, ""
+}
