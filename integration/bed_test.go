@@ -219,12 +219,13 @@ func (h *host) asUser(name string, args ...string) *exec.Cmd {
 // podmanCmd runs the podman CLI against the bed's storage.
 func (h *host) podmanCmd(args ...string) *exec.Cmd {
 	cmd := h.podmanHere(args...)
-	// A node with a mount namespace of its own (multi_test.go) has its
-	// storage and its containers' namespaces mounted there only.
-	if f := filepath.Join(multiMnt, h.netns); !h.rootless && h.netns != "" && exists(f) {
-		c := exec.Command("nsenter", append([]string{"--mount=" + f, "--wd=" + cwd()}, cmd.Args...)...)
-		c.Env = cmd.Env
-		return c
+	// A node in a namespace runs podman there, as its service does: a
+	// container removed from outside would leave its port forwarding in
+	// the node's network namespace, and a node with a mount namespace of
+	// its own (multi_test.go) has its storage and its containers'
+	// namespaces mounted there only.
+	if !h.rootless && h.netns != "" {
+		return inNetns(h.netns, cmd)
 	}
 	return cmd
 }
