@@ -964,8 +964,17 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 	switch action {
 	case actKeep:
 		if have != nil && have.Running && res.Restart > x.r.ledger.Restarted[want.Name] {
-			if err := x.rt.Restart(ctx, have.ID); err != nil {
+			x.r.health.expectRestart(want.Name)
+			err := x.rt.Restart(ctx, have.ID)
+			x.r.health.restartDone(want.Name)
+			if err != nil {
 				return report(res, state.Failed, err.Error()+" (mesh restart; tried again at the next apply)")
+			}
+			// Durable at once, as a step's marker: a kill -9 from here on
+			// does not restart it again.
+			x.r.ledger.MarkRestarted(want.Name, res.Restart)
+			if err := x.r.ledger.Save(); err != nil {
+				return report(res, state.Restarted, "mesh restart (not recorded: "+err.Error()+"; it may restart once more)")
 			}
 			return report(res, state.Restarted, "mesh restart")
 		}

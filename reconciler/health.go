@@ -54,11 +54,36 @@ type monitor struct {
 	certT    certTargets
 	certs    []state.CertStatus
 	certWake chan struct{}
+
+	// restarting holds, per container the mesh restarts in place (`mesh
+	// restart`), until when an exit of it is the restart's own stop, not
+	// a crash: the container keeps its ID, so the check on IDs below
+	// cannot tell.
+	restarting map[string]time.Time
+}
+
+// restartGrace is how long after a restart in place its stop's event may
+// still arrive (Podman's event stream lags the call).
+var restartGrace = 5 * time.Second
+
+// expectRestart says container name is about to be restarted in place.
+func (m *monitor) expectRestart(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.restarting[name] = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+}
+
+// restartDone says its restart returned: exits within restartGrace are
+// still its own.
+func (m *monitor) restartDone(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.restarting[name] = m.now().Add(restartGrace)
 }
 
 func newMonitor(rt Runtime, log *slog.Logger, now func() time.Time) *monitor {
 	return &monitor{rt: rt, log: log, now: now, checks: map[string]*healthCheck{}, followed: map[string]string{}, exits: map[string]*state.ContainerExit{},
-		changed: make(chan struct{}), wake: make(chan struct{}, 1), certWake: make(chan struct{}, 1)}
+		changed: make(chan struct{}), wake: make(chan struct{}, 1), certWake: make(chan struct{}, 1), restarting: map[string]time.Time{}}
 }
 
 // watch is one container to follow, and its health check, if it has one.
@@ -181,8 +206,13 @@ func (m *monitor) died(ctx context.Context, id, name string, code int) {
 	m.mu.Lock()
 	module, ok := m.followed[name]
 	last := m.exits[name]
+	until, restarting := m.restarting[name]
+	if restarting && !m.now().Before(until) {
+		delete(m.restarting, name)
+		restarting = false
+	}
 	m.mu.Unlock()
-	if !ok {
+	if !ok || restarting {
 		return
 	}
 	if last != nil && m.now().Sub(last.At) < exitRefresh {

@@ -224,3 +224,31 @@ func TestCrashLoopDoesNotFloodReports(t *testing.T) {
 		t.Fatalf("the last report: %+v", last.Exits)
 	}
 }
+
+// The stop inside a restart in place (mesh restart) is no exit: the
+// container keeps its ID, so only the monitor's window tells it from a
+// crash; an exit after the window is one.
+func TestRestartIsNoExit(t *testing.T) {
+	h := newHost(t)
+	h.src["web"] = strings.ReplaceAll(healthTmpl, "{{cmd}}", `"true"`)
+	h.assign("web")
+	h.apply()
+	plain := h.rt.byName("web.plain")
+	now := time.Now()
+	m := h.r.health
+	m.now = func() time.Time { return now }
+	ctx := context.Background()
+	m.expectRestart("web.plain")
+	m.died(ctx, plain.ID, "web.plain", 143) // during the restart
+	m.restartDone("web.plain")
+	now = now.Add(restartGrace / 2)
+	m.died(ctx, plain.ID, "web.plain", 143) // its event, late
+	if ex := m.exitsSnapshot(); len(ex) != 0 {
+		t.Fatalf("the restart's own stop was reported as an exit: %+v", ex)
+	}
+	now = now.Add(restartGrace)
+	m.died(ctx, plain.ID, "web.plain", 3)
+	if ex := m.exitsSnapshot(); len(ex) != 1 || ex[0].ExitCode != 3 {
+		t.Fatalf("a crash after the restart's window: %+v", ex)
+	}
+}

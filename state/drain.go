@@ -37,5 +37,5 @@ func (ap *applier) refuseDraining(node, module string) error {
 	if err != nil || !draining {
 		return err
 	}
-	return ruleErr(ErrConflict, "node %s is draining: it takes no new module (%s runs elsewhere, or end the drain with `mesh node drain %s --undo`)", node, module, node)
+	return ruleErr(ErrConflict, "node %s is draining: it takes no new module (assign %s to another node, or end the drain with `mesh node drain %s --undo`)", node, module, node)
 }

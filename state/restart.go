@@ -46,18 +46,19 @@ func (ap *applier) moduleRestart(r *ModuleRestartRequest) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if r.Container != "" {
-		var names []string
-		found := false
-		for _, res := range cat[r.Module].Resources {
-			if res.Container != "" {
-				names = append(names, res.Container)
-				found = found || res.Container == r.Container
-			}
+	var names []string
+	found := false
+	for _, res := range cat[r.Module].Resources {
+		if res.Container != "" {
+			names = append(names, res.Container)
+			found = found || res.Container == r.Container
 		}
-		if !found {
-			return false, ruleErr(ErrNotFound, "module %s has no container %q (it has %s)", r.Module, r.Container, orNone(names))
-		}
+	}
+	switch {
+	case len(names) == 0:
+		return false, ruleErr(ErrInvalid, "module %s has no container: there is nothing to restart", r.Module)
+	case r.Container != "" && !found:
+		return false, ruleErr(ErrNotFound, "module %s has no container %q (it has %s)", r.Module, r.Container, orNone(names))
 	}
 	q, args := `SELECT node FROM assignments WHERE module = ? ORDER BY node`, []any{r.Module}
 	if r.Node != "" {
@@ -71,11 +72,10 @@ func (ap *applier) moduleRestart(r *ModuleRestartRequest) (bool, error) {
 		return false, err
 	}
 	if len(nodes) == 0 {
-		where := "any node"
 		if r.Node != "" {
-			where = "node " + r.Node
+			return false, ruleErr(ErrConflict, "module %s is not assigned to node %s: there is nothing to restart there", r.Module, r.Node)
 		}
-		return false, ruleErr(ErrConflict, "module %s runs on no container of %s: there is nothing to restart", r.Module, where)
+		return false, ruleErr(ErrConflict, "module %s is assigned to no node: there is nothing to restart", r.Module)
 	}
 	return true, exec(tx, `INSERT INTO restarts (module, container, node, idx) VALUES (?, ?, ?, ?)
 		ON CONFLICT (module, container, node) DO UPDATE SET idx = excluded.idx`, r.Module, r.Container, r.Node, ap.index)
@@ -93,7 +93,9 @@ func (in Input) restartOf(mod, name, node string) uint64 {
 }
 
 // SplitTarget reads MODULE[.CONTAINER]: the module, and the container's
-// runtime name ("" for all of the module's).
+// name as its manifest declares it (MODULE.NAME, the usual form: the text
+// after the module's name and a dot is the container's own; "" for all of
+// the module's).
 func SplitTarget(s string) (module, container string) {
 	if m, _, ok := strings.Cut(s, "."); ok {
 		return m, s

@@ -22,7 +22,8 @@ func TestModuleRestart(t *testing.T) {
 	var idx uint64
 	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
 	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
-	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", restartAppSrc), spec("wiki.yaml", edgeWikiSrc)}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", restartAppSrc), spec("wiki.yaml", edgeWikiSrc),
+		spec("idle.yaml", "module: idle\nresources:\n  - container: idle.web\n    image: docker.io/library/busybox:1.36\n")}})
 	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}})
 	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "app"}})
 	restartsIn := func(node string) map[string]uint64 {
@@ -59,8 +60,9 @@ func TestModuleRestart(t *testing.T) {
 	}{
 		{&ModuleRestartRequest{Module: "nope"}, "nope"},
 		{&ModuleRestartRequest{Module: "app", Container: "app.db"}, `module app has no container "app.db" (it has app.server, app.sidecar)`},
-		{&ModuleRestartRequest{Module: "wiki"}, "module wiki runs on no container of any node"},
+		{&ModuleRestartRequest{Module: "wiki"}, "module wiki has no container: there is nothing to restart"},
 		{&ModuleRestartRequest{Module: "app", Node: "nobody"}, "nobody"},
+		{&ModuleRestartRequest{Module: "idle"}, "module idle is assigned to no node: there is nothing to restart"},
 	} {
 		before := dumpJSON(t, s)
 		if err := applyErr(t, s, &idx, c.r); err == nil || !strings.Contains(err.Error(), c.want) {
