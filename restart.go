@@ -2,10 +2,10 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"mesh/cluster/api"
-	"mesh/state"
 )
 
 // RestartCmd restarts a module's containers (issue 29 item 2).
@@ -19,7 +19,7 @@ type RestartCmd struct {
 
 // Run records the restart; each node running them restarts them once.
 func (c *RestartCmd) Run(g *Globals) error {
-	module, container := state.SplitTarget(c.Target)
+	module, container := splitTarget(c.Target)
 	ctx, cancel := timeout()
 	defer cancel()
 	r, err := g.writer(c.DryRun).RestartModule(ctx, module, api.RestartRequest{Container: container, Node: c.Node})
@@ -38,4 +38,14 @@ func (c *RestartCmd) Run(g *Globals) error {
 		return nil
 	}
 	return waitChanged(g, r.Index, c.Timeout)
+}
+
+// splitTarget reads MODULE[.CONTAINER]: the module, and the container's
+// name as its manifest declares it (MODULE.NAME, the usual form); "" for
+// all of the module's.
+func splitTarget(s string) (module, container string) {
+	if m, _, ok := strings.Cut(s, "."); ok {
+		return m, s
+	}
+	return s, ""
 }

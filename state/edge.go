@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"database/sql"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"maps"
 	"net/url"
@@ -267,14 +268,6 @@ func routeHosts(r manifest.Route, ds []string) []string {
 	return hs
 }
 
-// hostInput is what the rule on host names reads.
-type hostInput struct {
-	cat        map[string]*manifest.Manifest
-	as         []Assignment
-	domains    map[string][]string
-	meshDomain string
-}
-
 // hostClashes lists, sorted, what breaks the rule on host names: a host two
 // modules are served at (explicit hosts whether assigned or not: two
 // manifests claim one name; names under a domain where their modules are
@@ -282,7 +275,7 @@ type hostInput struct {
 // under the mesh's own domain (whose names are the mesh's). The same route
 // of one module at a name twice (a label under a domain that is also one
 // of its hosts), or on several nodes, is no clash.
-func hostClashes(in hostInput) []string {
+func hostClashes(in Input) []string {
 	type claim struct {
 		module string
 		port   int
@@ -302,18 +295,22 @@ func hostClashes(in hostInput) []string {
 			found[fmt.Sprintf("host %s is claimed by both %s and %s; remove it from one of them", h, a, b)] = true
 		}
 	}
-	mods := slices.Sorted(maps.Keys(in.cat))
+	mods := slices.Sorted(maps.Keys(in.Modules))
 	for _, mod := range mods {
-		for _, r := range in.cat[mod].Routes {
+		for _, r := range in.Modules[mod].Routes {
 			for _, h := range r.Hosts {
-				if d := in.meshDomain; d != "" && (h == d || strings.HasSuffix(h, "."+d)) {
+				if d := in.Domain; d != "" && (h == d || strings.HasSuffix(h, "."+d)) {
 					found[fmt.Sprintf("host %s of module %s is under the mesh's own domain %s, whose names are the mesh's; name a public host", h, mod, d)] = true
 				}
 				add(h, claim{mod, r.Port})
 			}
 		}
 	}
-	as := slices.Clone(in.as)
+	domains := map[string][]string{}
+	for _, n := range in.Nodes {
+		domains[n.Name] = n.Domains()
+	}
+	as := slices.Clone(in.Assignments)
 	sort.Slice(as, func(i, j int) bool {
 		if as[i].Node != as[j].Node {
 			return as[i].Node < as[j].Node
@@ -321,12 +318,12 @@ func hostClashes(in hostInput) []string {
 		return as[i].Module < as[j].Module
 	})
 	for _, a := range as {
-		m, ok := in.cat[a.Module]
+		m, ok := in.Modules[a.Module]
 		if !ok {
 			continue
 		}
 		for _, r := range m.Routes {
-			for _, d := range in.domains[a.Node] {
+			for _, d := range domains[a.Node] {
 				add(r.Name+"."+d, claim{a.Module, r.Port})
 			}
 		}
@@ -349,7 +346,7 @@ func newClash(before, after []string) error {
 // transaction, or nil for a command older than the rule (format 9): a
 // replica applies those as the binaries that wrote them did, and their
 // proposer checked (Store.CheckHosts).
-func (ap *applier) hostRule() (*hostInput, error) {
+func (ap *applier) hostRule() (*Input, error) {
 	if ap.v < edgeFormat {
 		return nil, nil
 	}
@@ -357,11 +354,10 @@ func (ap *applier) hostRule() (*hostInput, error) {
 	if err != nil {
 		return nil, err
 	}
-	in, err := readHostInput(ap.ctx, ap.tx)
+	in, err := input(ap.ctx, ap.tx, cat)
 	if err != nil {
 		return nil, err
 	}
-	in.cat = cat
 	return &in, nil
 }
 
@@ -390,78 +386,45 @@ func (ap *applier) checkHosts(before []string) error {
 // command is checked here, including those of formats older than the
 // rule, which the FSM applies without it.
 func (s *Store) CheckHosts(ctx context.Context, req Request) error {
-	in, err := readHostInput(ctx, s.db)
-	if err != nil {
+	var cat map[string]*manifest.Manifest
+	var err error
+	if kept := s.catPub.Load(); kept != nil {
+		cat = *kept
+	} else if cat, err = s.readCatalogue(ctx, s.db); err != nil {
 		return err
 	}
-	if kept := s.catPub.Load(); kept != nil {
-		in.cat = *kept
-	} else if in.cat, err = s.readCatalogue(ctx, s.db); err != nil {
+	in, err := input(ctx, s.db, cat)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil // not initialised: the FSM refuses it, saying so
+	} else if err != nil {
 		return err
 	}
 	before := hostClashes(in)
 	switch r := req.(type) {
 	case *AssignRequest:
-		in.as = append(slices.Clone(in.as), r.Assignment)
+		in.Assignments = append(slices.Clone(in.Assignments), r.Assignment)
 	case *ModuleAddRequest:
-		in.cat = maps.Clone(in.cat)
+		in.Modules = maps.Clone(in.Modules)
 		for _, sp := range r.Modules {
 			if sp.Manifest != nil {
-				in.cat[sp.Manifest.Module] = sp.Manifest
+				in.Modules[sp.Manifest.Module] = sp.Manifest
 			}
 		}
 	case *PublicDomainRequest:
-		want, err := r.changeDomains(in.domains[r.Node])
+		i := slices.IndexFunc(in.Nodes, func(n Node) bool { return n.Name == r.Node })
+		if i < 0 {
+			return nil // an unknown node: the FSM refuses it, naming those there are
+		}
+		want, err := r.changeDomains(in.Nodes[i].Domains())
 		if err != nil {
 			return err
 		}
-		in.domains = maps.Clone(in.domains)
-		in.domains[r.Node] = want
+		in.Nodes = slices.Clone(in.Nodes)
+		in.Nodes[i].PublicDomain, in.Nodes[i].PublicDomains = "", want
 	default:
 		return nil
 	}
 	return newClash(before, hostClashes(in))
-}
-
-func readHostInput(ctx context.Context, q queryer) (hostInput, error) {
-	in := hostInput{domains: map[string][]string{}}
-	var err error
-	if in.as, err = readAssignments(ctx, q); err != nil {
-		return in, err
-	}
-	if err := q.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = 'domain'`).Scan(&in.meshDomain); err != nil && err != sql.ErrNoRows {
-		return in, err
-	}
-	rows, err := q.QueryContext(ctx, `SELECT name, public_domain FROM nodes`)
-	if err != nil {
-		return in, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var n, d string
-		if err := rows.Scan(&n, &d); err != nil {
-			return in, err
-		}
-		in.domains[n] = splitDomains(d)
-	}
-	return in, rows.Err()
-}
-
-func readAssignments(ctx context.Context, q queryer) ([]Assignment, error) {
-	rows, err := q.QueryContext(ctx, `SELECT node, module, seq FROM assignments ORDER BY node, module`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var as []Assignment
-	for rows.Next() {
-		var a Assignment
-		if err := rows.Scan(&a.Node, &a.Module, &a.Seq); err != nil {
-			return nil, err
-		}
-		as = append(as, a)
-	}
-	return as, rows.Err()
 }
 
 // manifestNeedsEdge says m uses what format 9 added: a route's hosts, or

@@ -1,7 +1,5 @@
 package state
 
-import "strings"
-
 // `mesh restart MODULE[.CONTAINER] [--node NODE]` (issue 29 item 2): a
 // recorded command that restarts containers without changing what they
 // are. Each container of the plan carries the index of the last restart
@@ -90,15 +88,4 @@ func (in Input) restartOf(mod, name, node string) uint64 {
 		}
 	}
 	return idx
-}
-
-// SplitTarget reads MODULE[.CONTAINER]: the module, and the container's
-// name as its manifest declares it (MODULE.NAME, the usual form: the text
-// after the module's name and a dot is the container's own; "" for all of
-// the module's).
-func SplitTarget(s string) (module, container string) {
-	if m, _, ok := strings.Cut(s, "."); ok {
-		return m, s
-	}
-	return s, ""
 }
