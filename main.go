@@ -116,6 +116,8 @@ type CLI struct {
 	Version    VersionCmd    `cmd:"" help:"Print the version."`
 	Completion CompletionCmd `cmd:"" help:"Print a shell completion script (bash, zsh, fish)."`
 	Restart    RestartCmd    `cmd:"" help:"Restart MODULE's containers (or MODULE.CONTAINER) on every node running it, or on --node: the same containers, stopped and started again, recorded so mesh why says who asked."`
+	Logs       LogsCmd       `cmd:"" help:"Print MODULE's lines (or MODULE.CONTAINER's, or a step's last run) from the nodes running it, merged in time order; -f follows."`
+	Exec       ExecCmd       `cmd:"" help:"Run a command in MODULE.CONTAINER on the node running it (-i for input, -t for a terminal); exits with its code."`
 	Why        WhyCmd        `cmd:"" help:"Why RESOURCE on NODE last changed: the plan version, the command that made it, and what moved, down to the input whose digest changed."`
 
 	VersionFlag kong.VersionFlag `name:"version" help:"Print the version and exit."`
@@ -165,6 +167,10 @@ func main() {
 		os.Exit(exitUsage)
 	}
 	if err := ctx.Run(&cli.Globals); err != nil {
+		var es exitStatus
+		if errors.As(err, &es) {
+			os.Exit(int(es))
+		}
 		var ue usageError
 		if errors.As(err, &ue) {
 			fmt.Fprintf(os.Stderr, "mesh: %v\n", err)

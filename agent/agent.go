@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"mesh/agent/metrics"
+	"mesh/agent/operate"
 	"mesh/cluster"
 	"mesh/cluster/api"
 	"mesh/dnsd"
@@ -83,6 +84,7 @@ type Agent struct {
 	resolverAddr string
 	sealer       *sealer
 	reconciler   *reconciler.Reconciler
+	operate      *operate.Server
 	api          *api.API
 	metrics      *metrics.Metrics
 
@@ -126,7 +128,7 @@ func New(cfg Config) (_ *Agent, err error) {
 	if err := ensureResolverAddress(cfg.DNSAddress); err != nil {
 		return nil, err
 	}
-	for _, start := range []func() error{a.startMember, a.startOverlay, a.startMetrics, a.startPodman, a.startResolver, a.startSealer, a.startReconciler, a.startAPI, a.serveMetrics} {
+	for _, start := range []func() error{a.startMember, a.startOverlay, a.startMetrics, a.startPodman, a.startResolver, a.startSealer, a.startOperate, a.startReconciler, a.startAPI, a.serveMetrics} {
 		if err := start(); err != nil {
 			return nil, err
 		}
@@ -279,6 +281,27 @@ func (a *Agent) startSealer() error {
 	return nil
 }
 
+// startOperate makes this node's end of `mesh logs` and `mesh exec` and
+// serves it to the other nodes (the local API serves it to the CLI).
+func (a *Agent) startOperate() error {
+	m := a.member
+	a.operate = &operate.Server{Node: m.ID.Name, Store: m.Store, RT: operateRuntime{a.podman}, Peers: m.Node,
+		StepLogs: filepath.Join(a.dir, "step-logs"), Log: a.log.With("component", "operate")}
+	m.Node.SetOperate(a.operate.PeerHandler())
+	return nil
+}
+
+// operateRuntime is the Podman client as operate uses it.
+type operateRuntime struct{ *podman.Client }
+
+func (r operateRuntime) Exec(ctx context.Context, name string, cfg podman.ExecConfig) (operate.Session, error) {
+	s, err := r.Client.Exec(ctx, name, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 // startReconciler loads the node's ledger and makes the reconciler, which
 // Run starts.
 func (a *Agent) startReconciler() error {
@@ -297,7 +320,7 @@ func (a *Agent) startReconciler() error {
 	rec, err := reconciler.New(reconciler.Config{
 		Node: m.ID.Name, CertProbe: m.ID.Address, DNS: a.cfg.DNSAddress, LedgerPath: filepath.Join(a.dir, "ledger.json"), DataDir: a.dir,
 		Secret: a.sealer.Secret, OperatorSecret: a.sealer.OperatorSecret, EnvDir: envDir(a.dir), EnvExec: a.cfg.Binary,
-		Logger: a.log, Observe: observe,
+		Logger: a.log, Observe: observe, StepEnded: a.operate.SaveStepLog,
 		ProviderHealthy: m.Store.ProviderHealthy,
 		Domain:          domain,
 		Probe: &reconciler.ProbeConfig{Binary: a.cfg.Binary, Name: func(ctx context.Context) string {
@@ -320,7 +343,7 @@ func (a *Agent) startReconciler() error {
 // it serves.
 func (a *Agent) startAPI() error {
 	m := a.member
-	srv := api.New(api.Config{Node: m.Node, Store: m.Store, ID: m.ID, Resolver: a.resolverAddr, Overlay: a.net.status, Logger: a.log})
+	srv := api.New(api.Config{Node: m.Node, Store: m.Store, ID: m.ID, Resolver: a.resolverAddr, Overlay: a.net.status, Operate: a.operate.LocalHandler(), Logger: a.log})
 	if err := srv.Start(filepath.Join(a.dir, cluster.SocketFile)); err != nil {
 		return err
 	}

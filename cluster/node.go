@@ -85,9 +85,13 @@ type Node struct {
 	stopOnce  sync.Once
 	peers     *http.Client
 	peerConns *peerTransport
-	peerAPI   *http.Server
-	logs      io.Closer
-	log       *slog.Logger
+	// streams is peers with no overall timeout: logs and exec (operate).
+	streams *http.Client
+	peerAPI *http.Server
+	// operate serves /v1/op/ (logs and exec) once the agent has set it.
+	operate atomic.Pointer[http.Handler]
+	logs    io.Closer
+	log     *slog.Logger
 
 	live liveness
 	stop chan struct{}
@@ -218,6 +222,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	n.peerConns = &peerTransport{cfg: nt.clientConfig(alpnAPI)}
 	n.peerConns.fresh()
 	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: n.peerConns}
+	n.streams = &http.Client{Transport: n.peerConns}
 	// An idle connection is closed after two minutes: the peers' own idle
 	// connections go after one (peerTransport), so none is cut under a request.
 	n.peerAPI = &http.Server{Handler: n.peerHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,

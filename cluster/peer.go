@@ -147,8 +147,30 @@ func (n *Node) peerHandler() http.Handler {
 	mux.HandleFunc("POST /v1/members/remove", member(n.serveRemoveMember))
 	mux.HandleFunc("POST /v1/renew", member(n.serveRenew))
 	mux.HandleFunc("POST /v1/committed", n.serveCommitted)
+	// Logs and exec (the agent's operate package): a member may read any
+	// container's output and run commands in it, as it may already assign
+	// it anything to run; a machine without a node's certificate, nothing.
+	mux.Handle("/v1/op/", member(func(w http.ResponseWriter, r *http.Request) {
+		h := n.operate.Load()
+		if h == nil {
+			http.Error(w, "this node's agent is still starting; try again", http.StatusServiceUnavailable)
+			return
+		}
+		(*h).ServeHTTP(w, r)
+	}))
 	return mux
 }
+
+// SetOperate serves h at the peer API's /v1/op/ (members only).
+func (n *Node) SetOperate(h http.Handler) { n.operate.Store(&h) }
+
+// PeerAddr is where the node called name listens, from the Raft
+// configuration ("" if it is not in it).
+func (n *Node) PeerAddr(name string) string { return n.peerAddr(name) }
+
+// StreamClient is a mutual-TLS client of the other nodes' peer APIs with no
+// overall timeout: each stream is bounded by its request's context.
+func (n *Node) StreamClient() *http.Client { return n.streams }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")

@@ -141,6 +141,10 @@ func testHost(t testing.TB, rootless bool) {
 		t.Fatalf("step ran %q times", b)
 	}
 
+	// mesh exec (issue 29), here rootful and rootless: the exit code, the
+	// streams, stdin and a terminal.
+	checkExec(t, a, "bedapp.worker")
+
 	// 2. The page changes: only the container naming it is replaced.
 	vars["page"] = "v2"
 	a.mesh("module", "add", app())
@@ -187,6 +191,10 @@ func testHost(t testing.TB, rootless bool) {
 	}
 	if s := a.mesh("status"); !strings.Contains(s, "apply failed") {
 		t.Fatalf("status hides the failure:\n%s", s)
+	}
+	// The failed run's lines, from mesh logs MODULE.STEP.
+	if o, e, code := a.meshRun(nil, "logs", "bedapp.init"); code != 0 || o != "cannot reach the database\n" {
+		t.Fatalf("logs of the failed step: %d %q %q", code, o, e)
 	}
 	vars["stepcmd"] = stepOK + "; true"
 	a.mesh("module", "add", app())

@@ -82,6 +82,10 @@ type Config struct {
 	Now    func() time.Time
 	// Observe, when set, is told of every apply's report and duration.
 	Observe func(rep *state.Report, took time.Duration)
+	// StepEnded, when set, is called with a step's runtime name and
+	// container once its run has ended, before the container goes: `mesh
+	// logs MODULE.STEP` keeps its lines from there.
+	StepEnded func(ctx context.Context, name, id string)
 }
 
 // Reconciler applies plans on one node.
@@ -844,6 +848,9 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 		}
 		x.rt.Remove(context.WithoutCancel(ctx), id)
 		return report(res, state.Failed, err.Error())
+	}
+	if x.r.cfg.StepEnded != nil {
+		x.r.cfg.StepEnded(ctx, want.Name, id)
 	}
 	if code != 0 {
 		logs, _ := x.rt.Logs(ctx, id, 10)

@@ -57,6 +57,12 @@ func NewClient(dataDir string) *Client {
 	}}
 }
 
+// Streams is a client of the agent's socket with no overall timeout, for
+// the streams of logs and exec (each bounded by its context).
+func (c *Client) Streams() *http.Client {
+	return &http.Client{Transport: c.http.Transport}
+}
+
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
 	var rd io.Reader
 	if body != nil {

@@ -118,6 +118,9 @@ type Config struct {
 	Resolver string
 	// Overlay, when set, says how this node's overlay is.
 	Overlay func() OverlayStatus
+	// Operate, when set, serves GET /v1/logs and GET /v1/exec (the agent's
+	// operate package).
+	Operate http.Handler
 	Logger  *slog.Logger
 }
 
@@ -151,6 +154,10 @@ func New(cfg Config) *API {
 	mux.HandleFunc("GET /v1/secrets", a.secrets)
 	mux.HandleFunc("PUT /v1/secrets/{module}/{name}", a.setSecret)
 	mux.HandleFunc("DELETE /v1/secrets/{module}/{name}", a.removeSecret)
+	if cfg.Operate != nil {
+		mux.Handle("GET /v1/logs", cfg.Operate)
+		mux.Handle("GET /v1/exec", cfg.Operate)
+	}
 	a.srv = &http.Server{Handler: refuseUnpreviewable(a.readsYourWrites(mux)), ReadHeaderTimeout: 10 * time.Second}
 	return a
 }

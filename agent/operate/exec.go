@@ -1,0 +1,272 @@
+package operate
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"mesh/podman"
+)
+
+// maxMessage bounds one exec message either way (the data of a message
+// is cut to chunk).
+const (
+	maxMessage = 64 << 10
+	chunk      = 32 << 10
+)
+
+// ExecQuery is what /v1/exec takes besides the target and node.
+type ExecQuery struct {
+	Cmd           []string
+	TTY, Stdin    bool
+	Width, Height uint16
+}
+
+// Values encodes the query.
+func (q ExecQuery) Values(v url.Values) {
+	for _, c := range q.Cmd {
+		v.Add("cmd", c)
+	}
+	if q.TTY {
+		v.Set("tty", "1")
+	}
+	if q.Stdin {
+		v.Set("stdin", "1")
+	}
+	if q.Width > 0 {
+		v.Set("w", strconv.Itoa(int(q.Width)))
+		v.Set("h", strconv.Itoa(int(q.Height)))
+	}
+}
+
+func parseExecQuery(v url.Values) (ExecQuery, error) {
+	q := ExecQuery{Cmd: v["cmd"], TTY: v.Get("tty") == "1", Stdin: v.Get("stdin") == "1"}
+	if len(q.Cmd) == 0 {
+		return q, badRequest("no command: mesh exec MODULE.CONTAINER -- CMD...")
+	}
+	if s := v.Get("w"); s != "" {
+		w, err1 := strconv.ParseUint(s, 10, 16)
+		h, err2 := strconv.ParseUint(v.Get("h"), 10, 16)
+		if err1 != nil || err2 != nil {
+			return q, badRequest("bad window size %s x %s", s, v.Get("h"))
+		}
+		q.Width, q.Height = uint16(w), uint16(h)
+	}
+	return q, nil
+}
+
+// serveExec is the local API's /v1/exec?target=MODULE.CONTAINER[&node=N]&cmd=...:
+// a websocket to the command, on this node or relayed to the node that
+// runs it.
+func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query()
+	q, err := parseExecQuery(v)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	srcs, err := s.sources(r.Context(), v.Get("target"), v.Get("node"), true)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if len(srcs) > 1 {
+		var on []string
+		for _, src := range srcs {
+			on = append(on, src.Node)
+		}
+		writeError(w, badRequest("%s runs on %d nodes (%v): say which with --node", srcs[0].Container, len(srcs), on))
+		return
+	}
+	src := srcs[0]
+	ws, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return
+	}
+	ws.SetReadLimit(maxMessage)
+	defer ws.CloseNow()
+	if src.Node == s.Node {
+		s.runExec(r.Context(), ws, src.Container, q)
+		return
+	}
+	s.relayExec(r.Context(), ws, src, q)
+}
+
+// serveNodeExec is a node's /v1/op/exec?name=CONTAINER&cmd=...
+func (s *Server) serveNodeExec(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query()
+	q, err := parseExecQuery(v)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	name := v.Get("name")
+	if name == "" {
+		writeError(w, badRequest("name a container"))
+		return
+	}
+	ws, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return
+	}
+	ws.SetReadLimit(maxMessage)
+	defer ws.CloseNow()
+	s.runExec(r.Context(), ws, name, q)
+}
+
+// sendExit ends a stream with the command's exit, or why it did not run.
+func sendExit(ctx context.Context, ws *websocket.Conn, e Exit) {
+	b, _ := json.Marshal(e)
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if ws.Write(wctx, websocket.MessageBinary, append([]byte{KindExit}, b...)) == nil {
+		ws.Close(websocket.StatusNormalClosure, "")
+	}
+}
+
+// runExec runs the command in a container of this node, its streams on ws.
+func (s *Server) runExec(ctx context.Context, ws *websocket.Conn, name string, q ExecQuery) {
+	sess, err := s.RT.Exec(ctx, name, podman.ExecConfig{Cmd: q.Cmd, TTY: q.TTY, Stdin: q.Stdin, Width: q.Width, Height: q.Height})
+	if err != nil {
+		msg := fmt.Sprintf("exec in %s on %s: %v", name, s.Node, err)
+		if podman.IsNotRunning(err) {
+			msg = fmt.Sprintf("%s on %s is not running, so nothing can run in it (%v); mesh status says why", name, s.Node, err)
+		}
+		sendExit(ctx, ws, Exit{Code: -1, Error: msg})
+		return
+	}
+	defer sess.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The caller's input, window sizes and end of input.
+	go func() {
+		defer cancel()
+		stdin := sess.Stdin()
+		for {
+			_, b, err := ws.Read(ctx)
+			if err != nil {
+				// The caller is gone: so are its command's streams.
+				sess.Close()
+				return
+			}
+			if len(b) == 0 {
+				continue
+			}
+			switch b[0] {
+			case KindStdin:
+				if q.Stdin {
+					stdin.Write(b[1:])
+				}
+			case KindStdinEOF:
+				stdin.Close()
+			case KindResize:
+				if len(b) == 5 {
+					sess.Resize(ctx, binary.BigEndian.Uint16(b[1:]), binary.BigEndian.Uint16(b[3:]))
+				}
+			}
+		}
+	}()
+	var mu sync.Mutex // one writer at a time keeps stdout and stderr whole
+	out := &wsWriter{ctx: ctx, ws: ws, kind: KindStdout, mu: &mu}
+	errw := &wsWriter{ctx: ctx, ws: ws, kind: KindStderr, mu: &mu}
+	oerr := sess.Output(out, errw)
+	if ctx.Err() != nil {
+		return
+	}
+	code, err := sess.ExitCode(ctx)
+	switch {
+	case err != nil:
+		sendExit(ctx, ws, Exit{Code: -1, Error: err.Error()})
+	case oerr != nil && !errors.Is(oerr, errWS):
+		sendExit(ctx, ws, Exit{Code: code, Error: "the output broke: " + oerr.Error()})
+	default:
+		sendExit(ctx, ws, Exit{Code: code})
+	}
+}
+
+var errWS = errors.New("the caller's stream ended")
+
+// wsWriter sends what it is given as messages of one kind.
+type wsWriter struct {
+	ctx  context.Context
+	ws   *websocket.Conn
+	kind byte
+	mu   *sync.Mutex
+	buf  []byte
+}
+
+func (w *wsWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for len(p) > 0 {
+		c := min(len(p), chunk)
+		w.buf = append(append(w.buf[:0], w.kind), p[:c]...)
+		if err := w.ws.Write(w.ctx, websocket.MessageBinary, w.buf); err != nil {
+			return n, errWS
+		}
+		n += c
+		p = p[c:]
+	}
+	return n, nil
+}
+
+// relayExec carries an exec to the node that runs the container and back.
+func (s *Server) relayExec(ctx context.Context, ws *websocket.Conn, src Source, q ExecQuery) {
+	addr := s.Peers.PeerAddr(src.Node)
+	if addr == "" {
+		sendExit(ctx, ws, Exit{Code: -1, Error: fmt.Sprintf("node %s: no address is known for it", src.Node)})
+		return
+	}
+	v := url.Values{}
+	v.Set("name", src.Container)
+	q.Values(v)
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	peer, resp, err := websocket.Dial(dctx, "https://"+addr+"/v1/op/exec?"+v.Encode(), &websocket.DialOptions{HTTPClient: s.Peers.StreamClient()})
+	cancel()
+	if err != nil {
+		msg := fmt.Sprintf("node %s did not answer (%s): %v", src.Node, addr, err)
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			msg = fmt.Sprintf("node %s: %s", src.Node, errorBody(resp))
+		}
+		sendExit(ctx, ws, Exit{Code: -1, Error: msg})
+		return
+	}
+	peer.SetReadLimit(maxMessage)
+	defer peer.CloseNow()
+	client := ctx
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	exited := false
+	pipe := func(from, to *websocket.Conn) {
+		defer stop()
+		for {
+			typ, b, err := from.Read(ctx)
+			if err != nil {
+				return
+			}
+			if err := to.Write(ctx, typ, b); err != nil {
+				return
+			}
+			if len(b) > 0 && b[0] == KindExit && from == peer {
+				exited = true
+				to.Close(websocket.StatusNormalClosure, "")
+				return
+			}
+		}
+	}
+	go pipe(ws, peer)
+	pipe(peer, ws)
+	if !exited && client.Err() == nil {
+		sendExit(client, ws, Exit{Code: -1, Error: fmt.Sprintf("the stream from node %s broke before the command ended", src.Node)})
+	}
+}

@@ -1,0 +1,363 @@
+package operate
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"mesh/podman"
+)
+
+// perSource is how many lines the merge holds per source: with MaxLogLine
+// a bound of a few MiB per stream, whatever the containers write.
+const perSource = 16
+
+// quiet is how long a followed merge waits for a source that has nothing
+// before it shows the others' lines (lines that arrive later from it may
+// then come a little out of order).
+const quiet = 250 * time.Millisecond
+
+// repoll is how often a followed container that stopped or went is looked
+// for again.
+const repoll = 500 * time.Millisecond
+
+// serveLogs is the local API's /v1/logs?target=T[&node=N][&follow=1][&since=][&tail=]:
+// the sources first, then their lines merged by time.
+func (s *Server) serveLogs(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query()
+	q, err := parseLogQuery(v)
+	if err != nil {
+		writeError(w, badRequest("%v", err))
+		return
+	}
+	srcs, err := s.sources(r.Context(), v.Get("target"), v.Get("node"), false)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	flush := func() {
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
+	if err := enc.Encode(Record{Sources: srcs}); err != nil {
+		return
+	}
+	flush()
+	chans := make([]<-chan Record, len(srcs))
+	for i, src := range srcs {
+		ch := make(chan Record, perSource)
+		chans[i] = ch
+		go func() {
+			defer close(ch)
+			emit := func(rec Record) error {
+				rec.Node, rec.Container = src.Node, src.Container
+				select {
+				case ch <- rec:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			var err error
+			if src.Node == s.Node {
+				err = s.nodeLogs(ctx, src, q, emit)
+			} else {
+				err = s.remoteLogs(ctx, src, q, emit)
+			}
+			if err != nil && ctx.Err() == nil {
+				emit(Record{Error: err.Error()})
+			}
+		}()
+	}
+	wait := time.Duration(-1)
+	if q.Follow {
+		wait = quiet
+	}
+	merge(ctx, chans, wait, func(rec Record) error {
+		return enc.Encode(rec)
+	}, flush)
+}
+
+// remoteLogs reads one source from its node's peer API.
+func (s *Server) remoteLogs(ctx context.Context, src Source, q LogQuery, emit func(Record) error) error {
+	addr := s.Peers.PeerAddr(src.Node)
+	if addr == "" {
+		return fmt.Errorf("node %s: no address is known for it", src.Node)
+	}
+	v := url.Values{}
+	v.Set("name", src.Container)
+	if src.Step {
+		v.Set("step", "1")
+	}
+	q.values(v)
+	// The request is bounded until its answer starts (a node that is down
+	// or cut off is named within seconds); the stream after that by ctx.
+	hctx, hcancel := context.WithCancel(ctx)
+	defer hcancel()
+	timer := time.AfterFunc(10*time.Second, hcancel)
+	req, err := http.NewRequestWithContext(hctx, http.MethodGet, "https://"+addr+"/v1/op/logs?"+v.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := s.Peers.StreamClient().Do(req)
+	if !timer.Stop() && err == nil {
+		resp.Body.Close()
+		err = errors.New("no answer within 10s")
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("node %s did not answer (%s): %v", src.Node, addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("node %s: %s", src.Node, errorBody(resp))
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 8*podman.MaxLogLine)
+	for sc.Scan() {
+		var rec Record
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			return fmt.Errorf("node %s sent a bad record: %v", src.Node, err)
+		}
+		if err := emit(rec); err != nil {
+			return nil
+		}
+	}
+	if err := sc.Err(); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("node %s: the stream broke: %v", src.Node, err)
+	}
+	return nil
+}
+
+// errorBody is the message of an error answer.
+func errorBody(resp *http.Response) string {
+	var e struct {
+		Error string `json:"error"`
+	}
+	b := make([]byte, 4096)
+	n, _ := resp.Body.Read(b)
+	if json.Unmarshal(b[:n], &e) == nil && e.Error != "" {
+		return e.Error
+	}
+	return fmt.Sprintf("%s: %s", resp.Status, b[:n])
+}
+
+// serveNodeLogs is a node's /v1/op/logs?name=N[&step=1]...: one container's
+// lines (a step's last run's) as NDJSON.
+func (s *Server) serveNodeLogs(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query()
+	q, err := parseLogQuery(v)
+	if err != nil {
+		writeError(w, badRequest("%v", err))
+		return
+	}
+	src := Source{Node: s.Node, Container: v.Get("name"), Step: v.Get("step") == "1"}
+	if src.Container == "" {
+		writeError(w, badRequest("name a container"))
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	f, _ := w.(http.Flusher)
+	err = s.nodeLogs(r.Context(), src, q, func(rec Record) error {
+		if err := enc.Encode(rec); err != nil {
+			return err
+		}
+		if f != nil && q.Follow {
+			f.Flush()
+		}
+		return nil
+	})
+	if err != nil && r.Context().Err() == nil {
+		enc.Encode(Record{Error: err.Error()})
+	}
+}
+
+// nodeLogs reads a container of this node: with Follow, on across its
+// replacement (a new container of the same name: all its lines) and its
+// restarts, until ctx ends.
+func (s *Server) nodeLogs(ctx context.Context, src Source, q LogQuery, emit func(Record) error) error {
+	if src.Step {
+		return s.stepLog(src.Container, q, emit)
+	}
+	line := func(l podman.LogLine) error {
+		return emit(Record{Time: l.Time, Stream: l.Stream, Text: l.Text, Partial: l.Partial, Cut: l.Cut})
+	}
+	var lastID string
+	var last time.Time
+	waiting := false
+	for {
+		c, ok, err := s.RT.Lookup(ctx, src.Container)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		switch {
+		case !ok && !q.Follow:
+			return fmt.Errorf("no container %s on %s (the node has not made it yet, or it was removed)", src.Container, s.Node)
+		case ok && c.ID != lastID:
+			o := podman.LogOptions{Follow: q.Follow, Since: q.Since, Tail: q.Tail}
+			if lastID != "" {
+				o = podman.LogOptions{Follow: true} // a new container: all of it
+				if err := emit(Record{Note: fmt.Sprintf("%s was replaced (container %s); following the new one", src.Container, short(c.ID))}); err != nil {
+					return nil
+				}
+			}
+			lastID, waiting = c.ID, false
+			if err := s.RT.StreamLogs(ctx, c.ID, o, func(l podman.LogLine) error { last = l.Time; return line(l) }); err != nil && ctx.Err() == nil {
+				// A container removed under the stream ends it with an error:
+				// the next lookup finds what replaced it.
+				s.Log.Debug("log stream ended", "container", src.Container, "err", err)
+			}
+			if !q.Follow {
+				return nil
+			}
+		case ok && c.Running:
+			// The same container, started again: what it wrote since.
+			o := podman.LogOptions{Follow: true, Since: last.Add(time.Second)}
+			if last.IsZero() {
+				o.Since = time.Time{}
+			}
+			s.RT.StreamLogs(ctx, c.ID, o, func(l podman.LogLine) error { last = l.Time; return line(l) })
+		case !ok && !waiting:
+			waiting = true
+			if err := emit(Record{Note: fmt.Sprintf("no container %s on %s now; waiting for it", src.Container, s.Node)}); err != nil {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(repoll):
+		}
+	}
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// stepName is what a step log's file may be called after.
+var stepName = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,200}$`)
+
+// maxStepLog bounds a step's kept lines (the tail of its last run).
+const (
+	maxStepLines = 2000
+	maxStepLog   = 1 << 20
+)
+
+func (s *Server) stepLogPath(name string) (string, bool) {
+	if s.StepLogs == "" || !stepName.MatchString(name) {
+		return "", false
+	}
+	return filepath.Join(s.StepLogs, name+".log"), true
+}
+
+// stepLog reads a step's last run, as SaveStepLog kept it.
+func (s *Server) stepLog(name string, q LogQuery, emit func(Record) error) error {
+	path, ok := s.stepLogPath(name)
+	if !ok {
+		return fmt.Errorf("no kept lines of step %s", name)
+	}
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("step %s has not run on %s since this agent keeps its lines", name, s.Node)
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var recs []Record
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 8*podman.MaxLogLine)
+	for sc.Scan() {
+		var rec Record
+		if json.Unmarshal(sc.Bytes(), &rec) != nil {
+			continue // a damaged line: the others still show
+		}
+		if !q.Since.IsZero() && rec.Time.Before(q.Since) {
+			continue
+		}
+		recs = append(recs, rec)
+	}
+	if q.Tail > 0 && len(recs) > q.Tail {
+		recs = recs[len(recs)-q.Tail:]
+	}
+	for _, rec := range recs {
+		if err := emit(rec); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// SaveStepLog keeps the last lines of a step's run (its container, about
+// to be removed) where `mesh logs MODULE.STEP` reads them: written aside
+// and renamed, so a crash leaves the previous run's or this one's.
+func (s *Server) SaveStepLog(ctx context.Context, name, id string) {
+	path, ok := s.stepLogPath(name)
+	if !ok {
+		return
+	}
+	if err := os.MkdirAll(s.StepLogs, 0o700); err != nil {
+		s.Log.Warn("could not keep a step's lines", "step", name, "err", err)
+		return
+	}
+	var recs [][]byte
+	size := 0
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := s.RT.StreamLogs(ctx, id, podman.LogOptions{Tail: maxStepLines}, func(l podman.LogLine) error {
+		b, _ := json.Marshal(Record{Time: l.Time, Stream: l.Stream, Text: l.Text, Partial: l.Partial, Cut: l.Cut})
+		recs, size = append(recs, b), size+len(b)+1
+		for size > maxStepLog && len(recs) > 1 {
+			size -= len(recs[0]) + 1
+			recs = recs[1:]
+		}
+		return nil
+	})
+	if err != nil {
+		s.Log.Warn("could not read a step's lines to keep them", "step", name, "err", err)
+		return
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		s.Log.Warn("could not keep a step's lines", "step", name, "err", err)
+		return
+	}
+	bw := bufio.NewWriter(f)
+	for _, b := range recs {
+		bw.Write(b)
+		bw.WriteByte('\n')
+	}
+	if err := errors.Join(bw.Flush(), f.Sync(), f.Close()); err != nil {
+		os.Remove(tmp)
+		s.Log.Warn("could not keep a step's lines", "step", name, "err", err)
+		return
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		s.Log.Warn("could not keep a step's lines", "step", name, "err", err)
+	}
+}

@@ -1,0 +1,297 @@
+// Package operate is `mesh logs` and `mesh exec` from any node (issue 29,
+// "Operating the fleet from any node"): the local API's /v1/logs and
+// /v1/exec find, in the replicated plans, the nodes that run what was
+// named, and read each node's containers there: this node's through its own
+// Podman, another's through that node's peer API (/v1/op/..., mutual TLS,
+// members only), the same handlers on both ends.
+//
+// Logs travel as NDJSON records, one per line, merged by time; exec as a
+// websocket whose binary messages carry a one-byte kind (stdin, stdout,
+// stderr, end of stdin, a window size, the exit) before their data. The
+// agent holds a bounded number of lines per stream and blocks on a slow
+// reader, so a container that logs as fast as it can slows only its own
+// stream.
+package operate
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"mesh/podman"
+	"mesh/reconciler"
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// Record is one line of a logs stream, or what the stream says about
+// itself: the sources it reads (the first record), a container replaced
+// and followed on (Note), a source that failed (Error).
+type Record struct {
+	Node      string    `json:"node,omitempty"`
+	Container string    `json:"container,omitempty"`
+	Time      time.Time `json:"time,omitzero"`
+	Stream    string    `json:"stream,omitempty"`
+	Text      string    `json:"text,omitempty"`
+	Partial   bool      `json:"partial,omitempty"`
+	Cut       bool      `json:"cut,omitempty"`
+	Note      string    `json:"note,omitempty"`
+	Error     string    `json:"error,omitempty"`
+	Sources   []Source  `json:"sources,omitempty"`
+}
+
+// Source is one container (or step) on one node.
+type Source struct {
+	Node      string `json:"node"`
+	Container string `json:"container"`
+	Step      bool   `json:"step,omitempty"`
+}
+
+// Exec message kinds: the first byte of each websocket message.
+const (
+	KindStdin    byte = 0 // to the command
+	KindStdout   byte = 1 // from it
+	KindStderr   byte = 2
+	KindStdinEOF byte = 3 // the caller's input ended
+	KindResize   byte = 4 // width, height: 2 bytes each, big-endian
+	KindExit     byte = 5 // an Exit, as JSON; the last message
+)
+
+// Exit ends an exec stream: the command's exit code, or why it did not run.
+type Exit struct {
+	Code  int    `json:"code"`
+	Error string `json:"error,omitempty"`
+}
+
+// Resize encodes a KindResize message.
+func Resize(width, height uint16) []byte {
+	b := []byte{KindResize, 0, 0, 0, 0}
+	binary.BigEndian.PutUint16(b[1:], width)
+	binary.BigEndian.PutUint16(b[3:], height)
+	return b
+}
+
+// LogQuery is what /v1/logs and /v1/op/logs take.
+type LogQuery struct {
+	Follow bool
+	Since  time.Time
+	Tail   int
+}
+
+func (q LogQuery) values(v url.Values) {
+	if q.Follow {
+		v.Set("follow", "1")
+	}
+	if !q.Since.IsZero() {
+		v.Set("since", q.Since.UTC().Format(time.RFC3339Nano))
+	}
+	if q.Tail > 0 {
+		v.Set("tail", strconv.Itoa(q.Tail))
+	}
+}
+
+func parseLogQuery(v url.Values) (LogQuery, error) {
+	q := LogQuery{Follow: v.Get("follow") == "1"}
+	if s := v.Get("since"); s != "" {
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return q, fmt.Errorf("since %q is not a time (RFC 3339)", s)
+		}
+		q.Since = t
+	}
+	if s := v.Get("tail"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return q, fmt.Errorf("tail %q is not a count of lines", s)
+		}
+		q.Tail = n
+	}
+	return q, nil
+}
+
+// Runtime is what a node's end needs of its Podman.
+type Runtime interface {
+	Lookup(ctx context.Context, name string) (reconciler.Container, bool, error)
+	StreamLogs(ctx context.Context, id string, o podman.LogOptions, each func(podman.LogLine) error) error
+	Exec(ctx context.Context, name string, cfg podman.ExecConfig) (Session, error)
+}
+
+// Session is a command running in a container (podman.ExecSession).
+type Session interface {
+	Stdin() io.WriteCloser
+	Output(stdout, stderr io.Writer) error
+	Resize(ctx context.Context, width, height uint16) error
+	ExitCode(ctx context.Context) (int, error)
+	Close()
+}
+
+// Peers reaches the other nodes' peer APIs.
+type Peers interface {
+	// PeerAddr is where the node called name listens ("" if unknown).
+	PeerAddr(name string) string
+	// StreamClient is a mutual-TLS client with no overall timeout (each
+	// stream is bounded by its context).
+	StreamClient() *http.Client
+}
+
+// Server is a node's end of logs and exec.
+type Server struct {
+	// Node is this node's name.
+	Node  string
+	Store *state.Store
+	RT    Runtime
+	Peers Peers
+	// StepLogs is the directory of the steps' last runs' lines.
+	StepLogs string
+	Log      *slog.Logger
+}
+
+// PeerHandler serves /v1/op/logs and /v1/op/exec to the mesh's members
+// (cluster.Node checks who calls).
+func (s *Server) PeerHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/op/logs", s.serveNodeLogs)
+	mux.HandleFunc("GET /v1/op/exec", s.serveNodeExec)
+	return mux
+}
+
+// LocalHandler serves /v1/logs and /v1/exec on the local API's socket.
+func (s *Server) LocalHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/logs", s.serveLogs)
+	mux.HandleFunc("GET /v1/exec", s.serveExec)
+	return mux
+}
+
+// httpError is an error with the status the local API answers it with.
+type httpError struct {
+	code int
+	msg  string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func notFound(format string, a ...any) error {
+	return &httpError{http.StatusNotFound, fmt.Sprintf(format, a...)}
+}
+
+func badRequest(format string, a ...any) error {
+	return &httpError{http.StatusBadRequest, fmt.Sprintf(format, a...)}
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	var he *httpError
+	if errors.As(err, &he) {
+		code = he.code
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(struct {
+		Error string `json:"error"`
+	}{err.Error()})
+}
+
+// sources are the containers (and steps) target names, as the replicated
+// plans place them: MODULE is every container of the module, MODULE.NAME
+// the container of that name or the step NAME; node, when set, keeps that
+// node's. Containers only, when exec.
+func (s *Server) sources(ctx context.Context, target, node string, exec bool) ([]Source, error) {
+	module, _, _ := strings.Cut(target, ".")
+	name := ""
+	if module != target {
+		name = target
+	}
+	if module == "" {
+		return nil, badRequest("name a module, or MODULE.CONTAINER")
+	}
+	if _, err := s.Store.Module(ctx, module); err != nil {
+		return nil, notFound("%v", err)
+	}
+	nodes, err := s.Store.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	if node != "" && !contains(names, node) {
+		return nil, notFound("no node %q in this mesh (its nodes: %s)", node, strings.Join(names, ", "))
+	}
+	var out []Source
+	var runsOn, known []string
+	for _, n := range names {
+		pv, err := s.Store.Plan(ctx, n)
+		if err != nil || pv.Plan == nil {
+			continue
+		}
+		runs := false
+		for _, r := range pv.Plan.Resources {
+			if r.Module != module {
+				continue
+			}
+			switch {
+			case r.Kind == manifest.KindContainer:
+				runs = true
+				known = appendNew(known, r.Name)
+				if (name == "" || r.Name == name) && (node == "" || n == node) {
+					out = append(out, Source{Node: n, Container: r.Name})
+				}
+			case r.Kind == manifest.KindStep && !exec:
+				known = appendNew(known, r.RuntimeName())
+				if name == r.RuntimeName() && (node == "" || n == node) {
+					out = append(out, Source{Node: n, Container: r.RuntimeName(), Step: true})
+				}
+			}
+		}
+		if runs {
+			runsOn = append(runsOn, n)
+		}
+	}
+	if len(out) > 0 {
+		return out, nil
+	}
+	switch {
+	case len(runsOn) == 0:
+		return nil, notFound("module %s runs on no node (mesh assign NODE %s)", module, module)
+	case node != "" && !contains(runsOn, node):
+		return nil, notFound("module %s does not run on %s (it runs on %s)", module, node, strings.Join(runsOn, ", "))
+	case exec && name == "":
+		return nil, badRequest("name one container: MODULE.CONTAINER (%s has %s)", module, strings.Join(known, ", "))
+	default:
+		what := "container"
+		if !exec {
+			what = "container or step"
+		}
+		return nil, notFound("module %s has no %s %s (it has %s)", module, what, name, strings.Join(known, ", "))
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func appendNew(list []string, s string) []string {
+	if contains(list, s) {
+		return list
+	}
+	list = append(list, s)
+	sort.Strings(list)
+	return list
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"os"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/term"
+
+	"mesh/agent/operate"
+)
+
+// ExecCmd runs a command in a module's container on whichever node runs it.
+type ExecCmd struct {
+	Target      string   `arg:"" name:"MODULE.CONTAINER" predictor:"module" help:"The container (e.g. gitea.server)."`
+	Command     []string `arg:"" name:"CMD" passthrough:"" help:"The command and its arguments, after --."`
+	Node        string   `predictor:"node" help:"The node, when the container runs on several."`
+	Interactive bool     `short:"i" help:"Send this terminal's standard input to the command."`
+	TTY         bool     `short:"t" name:"tty" help:"Give the command a terminal (with this window's size)."`
+}
+
+// exitStatus is a command's own exit code, which mesh exits with.
+type exitStatus int
+
+func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// Run runs the command and returns its exit code as mesh's.
+func (c *ExecCmd) Run(g *Globals) error {
+	if len(c.Command) > 0 && c.Command[0] == "--" {
+		c.Command = c.Command[1:]
+	}
+	if len(c.Command) == 0 {
+		return usageError{errors.New("no command: mesh exec MODULE.CONTAINER -- CMD...")}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	q := operate.ExecQuery{Cmd: c.Command, TTY: c.TTY, Stdin: c.Interactive}
+	st := operate.ExecStreams{Stdout: g.out, Stderr: os.Stderr}
+	if c.Interactive {
+		st.Stdin = os.Stdin
+	}
+	fd := int(os.Stdin.Fd())
+	if c.TTY && term.IsTerminal(fd) {
+		if w, h, err := term.GetSize(fd); err == nil {
+			q.Width, q.Height = uint16(w), uint16(h)
+		}
+		old, err := term.MakeRaw(fd)
+		if err != nil {
+			return fmt.Errorf("put the terminal in raw mode: %w", err)
+		}
+		defer term.Restore(fd, old)
+		sizes := make(chan [2]uint16, 1)
+		winch := make(chan os.Signal, 1)
+		signal.Notify(winch, syscall.SIGWINCH)
+		defer signal.Stop(winch)
+		go func() {
+			for range winch {
+				if w, h, err := term.GetSize(fd); err == nil {
+					select {
+					case sizes <- [2]uint16{uint16(w), uint16(h)}:
+					default:
+					}
+				}
+			}
+		}()
+		st.Resizes = sizes
+	} else {
+		// Without a terminal, Ctrl-C ends the command (its streams close).
+		ints := make(chan os.Signal, 1)
+		signal.Notify(ints, os.Interrupt, syscall.SIGTERM)
+		defer signal.Stop(ints)
+		go func() {
+			<-ints
+			cancel()
+		}()
+	}
+	e, err := operate.Exec(ctx, g.client().Streams(), c.Target, c.Node, q, st)
+	if errors.Is(err, context.Canceled) {
+		return exitStatus(130)
+	}
+	if err != nil {
+		return err
+	}
+	if e.Error != "" {
+		return errors.New(e.Error)
+	}
+	if e.Code != 0 {
+		return exitStatus(e.Code)
+	}
+	return nil
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"mesh/agent/operate"
+)
+
+// LogsCmd prints a module's lines from the nodes that run it (issue 29).
+type LogsCmd struct {
+	Target     string        `arg:"" name:"MODULE[.CONTAINER]" predictor:"module" help:"The module (all its containers), one container (MODULE.NAME) or a step (MODULE.STEP: its last run)."`
+	Node       string        `predictor:"node" help:"Only the instance on this node."`
+	Follow     bool          `short:"f" help:"Keep printing new lines, on across a container's replacement, until Ctrl-C."`
+	Since      time.Duration `placeholder:"DURATION" help:"Only lines of the last DURATION (e.g. 10m)."`
+	Tail       int           `placeholder:"N" help:"Only the last N lines of each container."`
+	Timestamps bool          `help:"Print the time of each line (Podman keeps it to the second)."`
+}
+
+// Run streams the lines, merged in time order; a node that cannot be read
+// is named on stderr (exit 1) and the others' lines still print.
+func (c *LogsCmd) Run(g *Globals) error {
+	if c.Tail < 0 || c.Since < 0 {
+		return usageError{errors.New("--tail and --since take a positive value")}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	q := operate.LogQuery{Follow: c.Follow, Tail: c.Tail}
+	if c.Since > 0 {
+		q.Since = time.Now().Add(-c.Since)
+	}
+	prefix, failed := false, 0
+	err := operate.Logs(ctx, g.client().Streams(), c.Target, c.Node, q, func(r operate.Record) error {
+		switch {
+		case r.Sources != nil:
+			prefix = len(r.Sources) > 1
+			return nil
+		case r.Error != "":
+			failed++
+			fmt.Fprintf(os.Stderr, "mesh: %s on %s: %s\n", r.Container, r.Node, r.Error)
+			return nil
+		case r.Note != "":
+			fmt.Fprintf(os.Stderr, "mesh: %s\n", r.Note)
+			return nil
+		}
+		w := g.out
+		if r.Stream == "stderr" {
+			w = os.Stderr
+		}
+		line := r.Text
+		if r.Cut {
+			line += " [line cut at 64 KiB]"
+		}
+		if c.Timestamps && !r.Time.IsZero() {
+			line = r.Time.Format(time.RFC3339) + " " + line
+		}
+		if prefix {
+			line = r.Node + " " + r.Container + " | " + line
+		}
+		if !r.Partial {
+			line += "\n"
+		}
+		_, err := fmt.Fprint(w, line)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of the sources could not be read (above)", failed)
+	}
+	return nil
+}
