@@ -56,7 +56,9 @@ const (
 // digest of the certificate's CA, credential.seal with the new CA's key.
 // 9, the public edge (edge.go): node.acme, several public domains, routes
 // with hosts; node.drain (drain.go) and module.restart (restart.go).
-const CommandVersion = 9
+// 10, rollouts (rollout.go): rollout.step, module.revert, and module.add of
+// a manifest that rolls out, which keeps the module's history.
+const CommandVersion = 10
 
 // ops is every op this binary knows, one row each: the one place an op is
 // registered. NewCommand, NeedsVersion, Encode, Request and Apply all read
@@ -85,6 +87,8 @@ var ops = map[string]opDef{
 	OpNodeACME:      opOf(edgeFormat, (*applier).nodeACME),
 	OpNodeDrain:     opOf(edgeFormat, (*applier).nodeDrain),
 	OpModuleRestart: opOf(edgeFormat, (*applier).moduleRestart),
+	OpRolloutStep:   opOf(rolloutFormat, (*applier).rolloutStep),
+	OpModuleRevert:  opOf(rolloutFormat, (*applier).moduleRevert),
 }
 
 // opDef is one op: the format it needs when this binary writes it, a fresh
@@ -147,7 +151,7 @@ func (r *AssignRequest) formatNeeded() int { return sealedFormat(r.Secrets) }
 func (r *ModuleAddRequest) formatNeeded() int {
 	v := sealedFormat(r.Secrets)
 	for _, sp := range r.Modules {
-		v = max(v, specFormat(sp))
+		v = max(v, specFormat(sp), iff(rollsOut(sp.Manifest), rolloutFormat))
 	}
 	return v
 }

@@ -79,6 +79,9 @@ type Input struct {
 	Secrets map[SecretRef]string
 	// Restarts is the index of the last `mesh restart` of each scope.
 	Restarts map[RestartKey]uint64
+	// Held is the manifest a node keeps for a module whose rollout has not
+	// reached it yet (rollout.go): the version before.
+	Held map[HeldKey]*manifest.Manifest
 }
 
 // Name is one roster entry: a DNS name, the address it answers with, and the
@@ -254,6 +257,9 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 
 	for _, mod := range byNode[n.Name] {
 		m, ok := in.Modules[mod]
+		if h := in.Held[HeldKey{Node: n.Name, Module: mod}]; h != nil && ok {
+			m = h
+		}
 		if !ok {
 			return nil, nil, fmt.Errorf("module %q is assigned but not in the catalogue; add it with `mesh module add` or `mesh unassign %s %s`", mod, n.Name, mod)
 		}

@@ -430,11 +430,51 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 			return false, ruleErr(ErrInvalid, "module %q is given twice (%s and %s)", name, other, sp.File)
 		}
 		seen[name] = sp.File
+		// Rollouts (rollout.go), for commands of their format: a version
+		// is kept in the module's history, and a change to a module that
+		// rolls out starts its rollout.
+		var prev uint64
+		var prevDigest string
+		// A module with a rollout row is handled so by any command: such a
+		// row exists only after a command of the format, which every
+		// replica that goes on applying knows.
+		rolls := ap.v >= rolloutFormat
+		if !rolls {
+			ok, err := has(ap.tx, `SELECT 1 FROM rollouts WHERE module = ?`, name)
+			if err != nil {
+				return false, err
+			}
+			rolls = ok
+		}
+		if rolls {
+			err := ap.tx.QueryRow(`SELECT version, digest FROM modules WHERE name = ?`, name).Scan(&prev, &prevDigest)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return false, err
+			}
+			if prevDigest != "" && prevDigest != sp.Digest {
+				if err := refuseDuringRollout(ap.tx, name); err != nil {
+					return false, err
+				}
+				if err := ap.keepHistory(name); err != nil {
+					return false, err
+				}
+			}
+		}
 		ap.catalogueChanges()
 		if err := exec(ap.tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (name) DO UPDATE SET file = excluded.file, manifest = excluded.manifest, digest = excluded.digest, version = excluded.version, added_at = excluded.added_at, spec = excluded.spec
 			WHERE modules.digest != excluded.digest`, name, sp.File, sp.Text, sp.Digest, ap.index, ap.at, sp.specJSON()); err != nil {
 			return false, err
+		}
+		if rolls && prevDigest != sp.Digest {
+			if err := ap.recordVersion(name, r.describe()); err != nil {
+				return false, err
+			}
+			if prevDigest != "" {
+				if err := ap.startRollout(name, sp.Manifest, prev); err != nil {
+					return false, err
+				}
+			}
 		}
 	}
 	if err := ap.takeSecrets(r.Secrets); err != nil {
@@ -460,6 +500,12 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 		return false, err
 	}
 	if err := exec(tx, `DELETE FROM pulls WHERE module = ?`, r.Name); err != nil {
+		return false, err
+	}
+	if err := exec(tx, `DELETE FROM rollouts WHERE module = ?`, r.Name); err != nil {
+		return false, err
+	}
+	if err := exec(tx, `DELETE FROM module_history WHERE module = ?`, r.Name); err != nil {
 		return false, err
 	}
 	if err := exec(tx, `DELETE FROM restarts WHERE module = ?`, r.Name); err != nil {
@@ -844,6 +890,9 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 		return nil
 	})
 	if err != nil {
+		return in, err
+	}
+	if in.Held, err = heldModules(q); err != nil {
 		return in, err
 	}
 	err = eachRow(ctx, q, "pulls", `SELECT module, idx FROM pulls`, func(rows *sql.Rows) error {

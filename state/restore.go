@@ -153,6 +153,10 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 		nodes[n] = true
 	}
 	mods := map[string]bool{}
+	// A rollout does not go on across a restore; the history stays.
+	if err := exec(tx, `DELETE FROM rollouts`); err != nil {
+		return false, err
+	}
 	if err := exec(tx, `DELETE FROM modules`); err != nil {
 		return false, err
 	}

@@ -251,6 +251,30 @@ var migrations = []string{
 		idx INTEGER NOT NULL,
 		PRIMARY KEY (module, container, node)
 	 );`,
+	// 15: rollouts (rollout.go): every version a module is given, and each
+	// module's rollout of its last change over its nodes.
+	`CREATE TABLE module_history (
+		module TEXT NOT NULL,
+		version INTEGER NOT NULL,
+		file TEXT NOT NULL,
+		manifest TEXT NOT NULL,
+		digest TEXT NOT NULL,
+		spec TEXT NOT NULL,
+		at TEXT NOT NULL,
+		cause TEXT NOT NULL,
+		PRIMARY KEY (module, version)
+	 );
+	 CREATE TABLE rollouts (
+		module TEXT PRIMARY KEY,
+		from_version INTEGER NOT NULL,
+		to_version INTEGER NOT NULL,
+		state TEXT NOT NULL,
+		reached TEXT NOT NULL,
+		reason TEXT NOT NULL,
+		started_at TEXT NOT NULL,
+		step_index INTEGER NOT NULL,
+		step_at TEXT NOT NULL
+	 );`,
 }
 
 func (s *Store) migrate() error {

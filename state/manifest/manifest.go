@@ -18,6 +18,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
@@ -59,6 +60,8 @@ type Manifest struct {
 	Routes             []Route    `yaml:"routes,omitempty" json:"routes,omitempty"`
 	AcceptsCredentials string     `yaml:"accepts-credentials,omitempty" json:"accepts-credentials,omitempty"`
 	Resources          []Resource `yaml:"resources,omitempty" json:"resources,omitempty"`
+	// Update is how a change to the module rolls out over its nodes.
+	Update *Update `yaml:"update,omitempty" json:"update,omitempty" jsonschema:"description=How a change rolls out over the module's nodes: max-parallel nodes at a time, each healthy for healthy-for before the next; auto-revert goes back to the previous version when one fails. The defaults (1, 10s, true) apply to a module on several nodes with a health check"`
 
 	// Digest is the sha256 of the manifest text, hex.
 	Digest string `yaml:"-" json:"-"`
@@ -76,6 +79,13 @@ const (
 	PullAlways  = "always"
 	PullNewer   = "newer"
 )
+
+// Update is a module's rollout policy (issue 29).
+type Update struct {
+	MaxParallel int    `yaml:"max-parallel,omitempty" json:"max-parallel,omitempty" jsonschema:"minimum=1,maximum=1000"`
+	HealthyFor  string `yaml:"healthy-for,omitempty" json:"healthy-for,omitempty" jsonschema:"description=How long the changed containers of a node stay healthy before the next node changes (e.g. 10s)"`
+	AutoRevert  *bool  `yaml:"auto-revert,omitempty" json:"auto-revert,omitempty"`
+}
 
 // Route makes NAME.<node's public domain> point at the node the module runs on.
 type Route struct {
@@ -532,6 +542,17 @@ func (m *Manifest) check(p *positions) Errors {
 		add(line(p.body), "`module:` is missing; name the module, e.g. `module: gitea`")
 	} else if !labelRE.MatchString(m.Module) {
 		add(p.top("module"), "module name %q is not a DNS label; use lower-case letters, digits and '-' (it becomes %s.<domain>)", m.Module, "NAME")
+	}
+	if u := m.Update; u != nil {
+		ln := p.top("update")
+		if u.MaxParallel < 0 || u.MaxParallel > 1000 {
+			add(ln, "update: max-parallel %d is not between 1 and 1000", u.MaxParallel)
+		}
+		if u.HealthyFor != "" {
+			if d, err := time.ParseDuration(u.HealthyFor); err != nil || d < 0 || d > 24*time.Hour {
+				add(ln, "update: healthy-for %q is not a duration between 0s and 24h, such as 10s", u.HealthyFor)
+			}
+		}
 	}
 	routes, hosts := map[string]bool{}, map[string]bool{}
 	for i, r := range m.Routes {

@@ -68,6 +68,9 @@ var (
 			"name": text, "port": {kind: "number", example: "3000"}, "hosts": texts("[code.example.com]"),
 		}}},
 		"resources": {kind: "list", example: "[{directory: /srv/web}]", elem: resourceShape},
+		"update": {kind: "object", example: "{max-parallel: 1, healthy-for: 10s, auto-revert: true}", fields: map[string]*shape{
+			"max-parallel": {kind: "number", example: "1"}, "healthy-for": text, "auto-revert": flag,
+		}},
 	}}
 )
 

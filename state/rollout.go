@@ -1,0 +1,503 @@
+package state
+
+// Rollouts (issue 29 item 3): a change to a module that runs on several
+// nodes and declares a health check (or `update:`) is applied to a few of
+// its nodes at a time, in assignment order. The rollout is replicated state:
+// which version the module goes from and to, which nodes it has reached,
+// and how it stands. Composition gives the nodes not reached yet the
+// previous version's manifest (Input.Held), so their plans do not change.
+// The leader's driver (agent/rollout.go) reads the nodes' reports, decides
+// with Progress (pure, here) and proposes each step as a rollout.step
+// command, whose description is what `mesh why` and the plans' history say
+// of it. A failed step with auto-revert puts the previous version back in
+// the catalogue; every reached node goes back to it.
+//
+// Every version a module is given from this format on is kept in
+// module_history (manifest, digest, when, the command), so a revert is
+// exact: the previous manifest, from the history, not from memory.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"mesh/state/manifest"
+)
+
+// rolloutFormat is the command format of rollouts: rollout.step,
+// module.revert, and module.add of a manifest that rolls out (one with
+// `update:` or a health check), which records the module's history.
+const rolloutFormat = 10
+
+// Ops of rollouts.
+const (
+	OpRolloutStep  = "rollout.step"
+	OpModuleRevert = "module.revert"
+)
+
+// Rollout states.
+const (
+	RolloutRunning  = "running"
+	RolloutDone     = "done"
+	RolloutFailed   = "failed"   // stopped; the reached nodes keep the new version
+	RolloutReverted = "reverted" // stopped; every node is back on the previous version
+)
+
+// Policy is how a module's changes roll out.
+type Policy struct {
+	MaxParallel int           `json:"max_parallel"`
+	HealthyFor  time.Duration `json:"healthy_for"`
+	AutoRevert  bool          `json:"auto_revert"`
+}
+
+// Policy defaults (the issue's): one node at a time, healthy for 10 s,
+// reverted on failure.
+const (
+	DefaultMaxParallel = 1
+	DefaultHealthyFor  = 10 * time.Second
+)
+
+// PolicyOf is the rollout policy of m when it runs on nodes nodes: its
+// `update:`, or the defaults when it declares a health check and runs on
+// more than one node; false when its changes apply everywhere at once.
+func PolicyOf(m *manifest.Manifest, nodes int) (Policy, bool) {
+	p := Policy{MaxParallel: DefaultMaxParallel, HealthyFor: DefaultHealthyFor, AutoRevert: true}
+	if m == nil {
+		return p, false
+	}
+	if u := m.Update; u != nil {
+		if u.MaxParallel > 0 {
+			p.MaxParallel = u.MaxParallel
+		}
+		if u.HealthyFor != "" {
+			if d, err := time.ParseDuration(u.HealthyFor); err == nil {
+				p.HealthyFor = d
+			}
+		}
+		if u.AutoRevert != nil {
+			p.AutoRevert = *u.AutoRevert
+		}
+		return p, nodes > 0
+	}
+	return p, nodes > 1 && hasHealthCheck(m)
+}
+
+func hasHealthCheck(m *manifest.Manifest) bool {
+	for i := range m.Resources {
+		if m.Resources[i].Container != "" && m.Resources[i].Typed.Health != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// rollsOut says whether module.add of m needs the rollout format: a
+// manifest that declares how it rolls out, or a health check (the default
+// policy's condition).
+func rollsOut(m *manifest.Manifest) bool {
+	return m != nil && (m.Update != nil || hasHealthCheck(m))
+}
+
+// Rollout is a module's rollout, as the state holds it.
+type Rollout struct {
+	Module string `json:"module"`
+	// From and To are the versions (the log index of the command that gave
+	// the module each manifest, module_history's version).
+	From    uint64   `json:"from_version"`
+	To      uint64   `json:"to_version"`
+	State   string   `json:"state"`
+	Reached []string `json:"reached"`
+	// Nodes are the module's nodes, in assignment order.
+	Nodes     []string  `json:"nodes"`
+	Reason    string    `json:"reason,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	// StepIndex and StepAt are the last step's command and time.
+	StepIndex uint64    `json:"step_index"`
+	StepAt    time.Time `json:"step_at"`
+	Policy    Policy    `json:"policy"`
+}
+
+// Version is one of a module's versions.
+type Version struct {
+	Module  string    `json:"module"`
+	Version uint64    `json:"version"`
+	Digest  string    `json:"digest"`
+	File    string    `json:"file"`
+	At      time.Time `json:"at"`
+	Cause   string    `json:"cause"`
+	Current bool      `json:"current"`
+}
+
+// RolloutStepRequest is one step of a rollout, proposed by the leader's
+// driver: reach more nodes, end it, or stop it (Failed: why). It is taken
+// only while the rollout is still at To and running, so a step decided on
+// an older state is refused.
+type RolloutStepRequest struct {
+	Module string   `json:"module"`
+	To     uint64   `json:"to"`
+	Reach  []string `json:"reach,omitempty"`
+	Done   bool     `json:"done,omitempty"`
+	Failed string   `json:"failed,omitempty"`
+	// Why is what the driver saw (n1 healthy for 10s).
+	Why string `json:"why,omitempty"`
+}
+
+func (*RolloutStepRequest) Op() string { return OpRolloutStep }
+func (r *RolloutStepRequest) describe() string {
+	switch {
+	case r.Failed != "":
+		return fmt.Sprintf("rollout of %s to v%d stopped: %s", r.Module, r.To, r.Failed)
+	case r.Done:
+		return fmt.Sprintf("rollout of %s to v%d done (%s)", r.Module, r.To, r.Why)
+	default:
+		return fmt.Sprintf("rollout of %s to v%d moves on to %s (%s)", r.Module, r.To, strings.Join(r.Reach, ", "), r.Why)
+	}
+}
+
+// ModuleRevertRequest gives a module back a version it had (To; 0: the
+// one before the current), through a rollout like any change; during a
+// running rollout, it stops it and puts every node back on its previous
+// version at once.
+type ModuleRevertRequest struct {
+	Module string `json:"module"`
+	To     uint64 `json:"to,omitempty"`
+}
+
+func (*ModuleRevertRequest) Op() string { return OpModuleRevert }
+func (r *ModuleRevertRequest) describe() string {
+	if r.To != 0 {
+		return fmt.Sprintf("mesh module revert %s --to %d", r.Module, r.To)
+	}
+	return "mesh module revert " + r.Module
+}
+
+// bg is the context of the FSM's reads (they carry nothing: applyTx).
+var bg = context.Background()
+
+// listRowsQ is listRows for any reader.
+func listRowsQ(q queryer, query string, args ...any) ([]string, error) {
+	var out []string
+	err := eachRow(bg, q, "rows", query, func(rows *sql.Rows) error {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return err
+		}
+		out = append(out, s)
+		return nil
+	}, args...)
+	return out, err
+}
+
+// HeldKey names a node's module held at its previous version by a rollout.
+type HeldKey struct{ Node, Module string }
+
+// keepHistory records, before the catalogue row of name changes, its
+// current version (the first time this format sees it), and after it the
+// new one: called by module.add and module.revert of the rollout format.
+func (ap *applier) keepHistory(name string) error {
+	return exec(ap.tx, `INSERT OR IGNORE INTO module_history (module, version, file, manifest, digest, spec, at, cause)
+		SELECT name, version, file, manifest, digest, spec, added_at, '' FROM modules WHERE name = ?`, name)
+}
+
+func (ap *applier) recordVersion(name, cause string) error {
+	return exec(ap.tx, `INSERT OR IGNORE INTO module_history (module, version, file, manifest, digest, spec, at, cause)
+		SELECT name, version, file, manifest, digest, spec, added_at, ? FROM modules WHERE name = ?`, cause, name)
+}
+
+// moduleNodes lists a module's nodes in assignment order.
+func moduleNodes(q queryer, module string) ([]string, error) {
+	return listRowsQ(q, `SELECT node FROM assignments WHERE module = ? ORDER BY seq, node`, module)
+}
+
+// readRollout reads a module's rollout row (nil: none).
+func readRollout(q queryer, module string) (*Rollout, error) {
+	r := &Rollout{Module: module}
+	var reached, started, stepAt string
+	err := q.QueryRowContext(bg, `SELECT from_version, to_version, state, reached, reason, started_at, step_index, step_at FROM rollouts WHERE module = ?`, module).
+		Scan(&r.From, &r.To, &r.State, &reached, &r.Reason, &started, &r.StepIndex, &stepAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the rollout of %s: %w", module, err)
+	}
+	r.Reached = strings.Fields(reached)
+	r.StartedAt, _ = time.Parse(time.RFC3339Nano, started)
+	r.StepAt, _ = time.Parse(time.RFC3339Nano, stepAt)
+	return r, nil
+}
+
+// startRollout begins the rollout of module name's new version when its
+// policy asks for one; from is the version its nodes run now.
+func (ap *applier) startRollout(name string, m *manifest.Manifest, from uint64) error {
+	nodes, err := moduleNodes(ap.tx, name)
+	if err != nil {
+		return err
+	}
+	p, ok := PolicyOf(m, len(nodes))
+	old, err := readRollout(ap.tx, name)
+	if err != nil {
+		return err
+	}
+	if old != nil && old.State == RolloutFailed {
+		// A fix after a stop: the nodes not reached still run its start.
+		from = old.From
+	}
+	if !ok {
+		// Applied everywhere at once: a stopped rollout ends with it.
+		return exec(ap.tx, `DELETE FROM rollouts WHERE module = ?`, name)
+	}
+	first := nodes[:min(p.MaxParallel, len(nodes))]
+	return exec(ap.tx, `INSERT INTO rollouts (module, from_version, to_version, state, reached, reason, started_at, step_index, step_at)
+		VALUES (?, ?, ?, ?, ?, '', ?, ?, ?)
+		ON CONFLICT (module) DO UPDATE SET from_version = excluded.from_version, to_version = excluded.to_version, state = excluded.state,
+			reached = excluded.reached, reason = '', started_at = excluded.started_at, step_index = excluded.step_index, step_at = excluded.step_at`,
+		name, from, ap.index, RolloutRunning, strings.Join(first, " "), ap.at, ap.index, ap.at)
+}
+
+// refuseDuringRollout refuses a new version of a module while one rolls out.
+func refuseDuringRollout(q queryer, name string) error {
+	r, err := readRollout(q, name)
+	if err != nil || r == nil || r.State != RolloutRunning {
+		return err
+	}
+	return ruleErr(ErrConflict, "module %s is rolling out v%d (%d of its nodes reached): wait for it to end (mesh status), or stop it and go back with `mesh module revert %s`", name, r.To, len(r.Reached), name)
+}
+
+func (ap *applier) rolloutStep(r *RolloutStepRequest) (bool, error) {
+	ro, err := readRollout(ap.tx, r.Module)
+	if err != nil {
+		return false, err
+	}
+	if ro == nil || ro.To != r.To || ro.State != RolloutRunning {
+		return false, ruleErr(ErrConflict, "the rollout of %s to v%d is not running (any more)", r.Module, r.To)
+	}
+	switch {
+	case r.Failed != "":
+		cat, err := ap.catalogue()
+		if err != nil {
+			return false, err
+		}
+		p, _ := PolicyOf(cat[r.Module], 1)
+		return true, ap.stopRollout(ro, r.Failed, p.AutoRevert)
+	case r.Done:
+		return true, exec(ap.tx, `UPDATE rollouts SET state = ?, reason = ?, step_index = ?, step_at = ? WHERE module = ?`, RolloutDone, r.Why, ap.index, ap.at, r.Module)
+	}
+	nodes, err := moduleNodes(ap.tx, r.Module)
+	if err != nil {
+		return false, err
+	}
+	if len(r.Reach) == 0 {
+		return false, ruleErr(ErrInvalid, "a rollout step names the nodes it reaches, ends it or stops it")
+	}
+	reached := slices.Clone(ro.Reached)
+	for _, n := range r.Reach {
+		if !slices.Contains(nodes, n) {
+			return false, ruleErr(ErrConflict, "module %s is not assigned to %s", r.Module, n)
+		}
+		if !slices.Contains(reached, n) {
+			reached = append(reached, n)
+		}
+	}
+	return true, exec(ap.tx, `UPDATE rollouts SET reached = ?, step_index = ?, step_at = ? WHERE module = ?`, strings.Join(reached, " "), ap.index, ap.at, r.Module)
+}
+
+// stopRollout stops a running rollout: reverting, the previous version
+// goes back into the catalogue (every node runs it again); else the
+// reached nodes keep the new one.
+func (ap *applier) stopRollout(ro *Rollout, why string, revert bool) error {
+	if !revert {
+		return exec(ap.tx, `UPDATE rollouts SET state = ?, reason = ?, step_index = ?, step_at = ? WHERE module = ?`, RolloutFailed, why, ap.index, ap.at, ro.Module)
+	}
+	if err := ap.putVersion(ro.Module, ro.From); err != nil {
+		return err
+	}
+	return exec(ap.tx, `UPDATE rollouts SET state = ?, reason = ?, step_index = ?, step_at = ? WHERE module = ?`, RolloutReverted, why, ap.index, ap.at, ro.Module)
+}
+
+// putVersion puts a version of the module's history back in the catalogue
+// as it was (its version number too).
+func (ap *applier) putVersion(module string, version uint64) error {
+	var file, text, digest, spec string
+	err := ap.tx.QueryRow(`SELECT file, manifest, digest, spec FROM module_history WHERE module = ? AND version = ?`, module, version).Scan(&file, &text, &digest, &spec)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ruleErr(ErrNotFound, "module %s has no version %d in its history (mesh module history %s)", module, version, module)
+	}
+	if err != nil {
+		return err
+	}
+	ap.catalogueChanges()
+	return exec(ap.tx, `UPDATE modules SET file = ?, manifest = ?, digest = ?, spec = ?, version = ? WHERE name = ?`, file, text, digest, spec, version, module)
+}
+
+func (ap *applier) moduleRevert(r *ModuleRevertRequest) (bool, error) {
+	if err := needModule(ap.tx, r.Module, "mesh module list"); err != nil {
+		return false, err
+	}
+	ro, err := readRollout(ap.tx, r.Module)
+	if err != nil {
+		return false, err
+	}
+	if ro != nil && ro.State == RolloutRunning && (r.To == 0 || r.To == ro.From) {
+		return true, ap.stopRollout(ro, "stopped by mesh module revert", true)
+	}
+	if ro != nil && ro.State == RolloutRunning {
+		return false, ruleErr(ErrConflict, "module %s is rolling out v%d: `mesh module revert %s` stops it first", r.Module, ro.To, r.Module)
+	}
+	var cur uint64
+	var curDigest string
+	if err := ap.tx.QueryRow(`SELECT version, digest FROM modules WHERE name = ?`, r.Module).Scan(&cur, &curDigest); err != nil {
+		return false, err
+	}
+	if err := ap.keepHistory(r.Module); err != nil {
+		return false, err
+	}
+	to := r.To
+	if to == 0 {
+		err := ap.tx.QueryRow(`SELECT version FROM module_history WHERE module = ? AND version < ? AND digest != ? ORDER BY version DESC LIMIT 1`, r.Module, cur, curDigest).Scan(&to)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, ruleErr(ErrNotFound, "module %s has no earlier version in its history to go back to (mesh module history %s)", r.Module, r.Module)
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+	if to == cur {
+		return false, ruleErr(ErrConflict, "module %s is at version %d already", r.Module, to)
+	}
+	var file, text, digest, spec string
+	err = ap.tx.QueryRow(`SELECT file, manifest, digest, spec FROM module_history WHERE module = ? AND version = ?`, r.Module, to).Scan(&file, &text, &digest, &spec)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, ruleErr(ErrNotFound, "module %s has no version %d in its history (mesh module history %s)", r.Module, to, r.Module)
+	}
+	if err != nil {
+		return false, err
+	}
+	// The old manifest as a new version, rolled out as any change.
+	ap.catalogueChanges()
+	if err := exec(ap.tx, `UPDATE modules SET file = ?, manifest = ?, digest = ?, spec = ?, version = ?, added_at = ? WHERE name = ?`, file, text, digest, spec, ap.index, ap.at, r.Module); err != nil {
+		return false, err
+	}
+	if err := ap.recordVersion(r.Module, fmt.Sprintf("%s (the manifest of v%d)", r.describe(), to)); err != nil {
+		return false, err
+	}
+	m, err := decodeSpec(file, digest, spec)
+	if err != nil {
+		return false, err
+	}
+	return true, ap.startRollout(r.Module, m, cur)
+}
+
+// heldModules is, per node a rollout has not reached yet, the version of
+// the module it keeps (the rollout's From).
+func heldModules(q queryer) (map[HeldKey]*manifest.Manifest, error) {
+	held := map[HeldKey]*manifest.Manifest{}
+	type row struct {
+		module  string
+		reached []string
+		file    string
+		digest  string
+		spec    string
+	}
+	var rows []row
+	err := eachRow(bg, q, "rollouts", `SELECT r.module, r.reached, h.file, h.digest, h.spec FROM rollouts r
+		JOIN module_history h ON h.module = r.module AND h.version = r.from_version
+		WHERE r.state IN ('running', 'failed') ORDER BY r.module`, func(rs *sql.Rows) error {
+		var x row
+		var reached string
+		if err := rs.Scan(&x.module, &reached, &x.file, &x.digest, &x.spec); err != nil {
+			return err
+		}
+		x.reached = strings.Fields(reached)
+		rows = append(rows, x)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, x := range rows {
+		m, err := decodeSpec(x.file, x.digest, x.spec)
+		if err != nil {
+			return nil, fmt.Errorf("the previous version of %s does not decode: %w", x.module, err)
+		}
+		nodes, err := moduleNodes(q, x.module)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range nodes {
+			if !slices.Contains(x.reached, n) {
+				held[HeldKey{Node: n, Module: x.module}] = m
+			}
+		}
+	}
+	return held, nil
+}
+
+// Rollouts reads every module's rollout, with its nodes and policy.
+func (s *Store) Rollouts(ctx context.Context) ([]Rollout, error) {
+	mods, err := listRowsQ(s.db, `SELECT module FROM rollouts ORDER BY module`)
+	if err != nil {
+		return nil, err
+	}
+	cat, err := s.readCatalogue(ctx, s.db)
+	if err != nil {
+		return nil, err
+	}
+	var out []Rollout
+	for _, m := range mods {
+		r, err := readRollout(s.db, m)
+		if err != nil || r == nil {
+			return nil, err
+		}
+		if r.Nodes, err = moduleNodes(s.db, m); err != nil {
+			return nil, err
+		}
+		r.Policy, _ = PolicyOf(cat[m], len(r.Nodes))
+		out = append(out, *r)
+	}
+	return out, nil
+}
+
+// History lists a module's versions, the newest first.
+func (s *Store) History(ctx context.Context, module string) ([]Version, error) {
+	if _, err := s.Module(ctx, module); err != nil {
+		return nil, err
+	}
+	var cur uint64
+	if err := s.db.QueryRowContext(ctx, `SELECT version FROM modules WHERE name = ?`, module).Scan(&cur); err != nil {
+		return nil, err
+	}
+	var out []Version
+	err := eachRow(ctx, s.db, "module_history", `SELECT version, digest, file, at, cause FROM module_history WHERE module = ? ORDER BY version DESC`, func(rows *sql.Rows) error {
+		v := Version{Module: module}
+		var at string
+		if err := rows.Scan(&v.Version, &v.Digest, &v.File, &at, &v.Cause); err != nil {
+			return err
+		}
+		v.At, _ = time.Parse(time.RFC3339Nano, at)
+		v.Current = v.Version == cur
+		out = append(out, v)
+		return nil
+	}, module)
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 || !slices.ContainsFunc(out, func(v Version) bool { return v.Current }) {
+		// Versions given before the history was kept: the current one only.
+		var v Version
+		var at string
+		if err := s.db.QueryRowContext(ctx, `SELECT version, digest, file, added_at FROM modules WHERE name = ?`, module).Scan(&v.Version, &v.Digest, &v.File, &at); err != nil {
+			return nil, err
+		}
+		v.Module, v.Current = module, true
+		v.At, _ = time.Parse(time.RFC3339Nano, at)
+		out = append([]Version{v}, out...)
+		sort.SliceStable(out, func(i, j int) bool { return out[i].Version > out[j].Version })
+	}
+	return out, nil
+}
