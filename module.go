@@ -14,17 +14,19 @@ import (
 
 // ModuleCmd groups catalogue commands.
 type ModuleCmd struct {
-	Add    ModuleAddCmd    `cmd:"" help:"Add or replace modules from manifest files (all or none)."`
-	List   ModuleListCmd   `cmd:"" help:"List the catalogue."`
-	Show   ModuleShowCmd   `cmd:"" help:"Print a module's manifest."`
-	Remove ModuleRemoveCmd `cmd:"" help:"Remove a module that is assigned nowhere."`
-	Pull   ModulePullCmd   `cmd:"" help:"Pull the images of MODULE's containers on every node running it now, and replace only the containers whose image changed."`
+	Add     ModuleAddCmd     `cmd:"" help:"Add or replace modules from manifest files (all or none)."`
+	List    ModuleListCmd    `cmd:"" help:"List the catalogue."`
+	Show    ModuleShowCmd    `cmd:"" help:"Print a module's manifest."`
+	Remove  ModuleRemoveCmd  `cmd:"" help:"Remove a module that is assigned nowhere."`
+	Pull    ModulePullCmd    `cmd:"" help:"Pull the images of MODULE's containers on every node running it now, and replace only the containers whose image changed."`
+	History ModuleHistoryCmd `cmd:"" help:"List MODULE's versions, the newest first, with the command that gave each."`
+	Revert  ModuleRevertCmd  `cmd:"" help:"Give MODULE back an earlier version, rolled out as any change; during a rollout, stop it and put every node back."`
 }
 
 // ModuleAddCmd adds manifests.
 type ModuleAddCmd struct {
 	Files   []string      `arg:"" type:"existingfile" help:"Manifest files." name:"FILE"`
-	Wait    bool          `help:"Return when every node whose plan changed has applied it and the health checks of the containers it changed pass; exit 1 if any fails."`
+	Wait    bool          `help:"Return when every node whose plan changed has applied it and the health checks of the containers it changed pass, and a rollout it started has ended; exit 1 if any fails or the rollout stopped."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 	DryRun  bool          `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
 }
@@ -48,7 +50,7 @@ func (c *ModuleAddCmd) Run(g *Globals) error {
 	if !c.Wait {
 		return nil
 	}
-	return waitChanged(g, r.Index, c.Timeout)
+	return waitAndRollouts(g, r.Modules, r.Index, c.Timeout)
 }
 
 func readManifests(files []string, dataDir string) (api.AddRequest, error) {

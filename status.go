@@ -216,6 +216,9 @@ func renderStatus(w io.Writer, st api.Status) error {
 			}
 		}
 	}
+	var b strings.Builder
+	renderRollouts(&b, st.Rollouts)
+	fmt.Fprint(w, b.String())
 	return nil
 }
 

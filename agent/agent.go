@@ -150,6 +150,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	go followSubnets(ctx, a.podman, a.resolver, a.cfg.Resync)
 	go a.sealer.run(ctx)
 	go a.net.run(ctx)
+	go a.driveRollouts(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

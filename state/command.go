@@ -129,6 +129,10 @@ type Request interface {
 	describe() string
 }
 
+// Describe is what a request's command says of itself (plans' causes, mesh
+// why, the log).
+func Describe(r Request) string { return r.describe() }
+
 // NewCommand wraps r in an envelope; the proposer stamps Time.
 func NewCommand(r Request) *Command {
 	b, err := json.Marshal(r)

@@ -198,6 +198,18 @@ func (c *Client) RestartModule(ctx context.Context, name string, req RestartRequ
 	return r, c.do(ctx, "POST", "/v1/modules/"+url.PathEscape(name)+"/restart", req, &r)
 }
 
+// RevertModule gives a module back an earlier version (or stops its rollout).
+func (c *Client) RevertModule(ctx context.Context, name string, req RevertRequest) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "POST", "/v1/modules/"+url.PathEscape(name)+"/revert", req, &r)
+}
+
+// ModuleHistory lists a module's versions, the newest first.
+func (c *Client) ModuleHistory(ctx context.Context, name string) ([]state.Version, error) {
+	var h []state.Version
+	return h, c.do(ctx, "GET", "/v1/modules/"+url.PathEscape(name)+"/history", nil, &h)
+}
+
 func (c *Client) PullModule(ctx context.Context, name string) (WriteResult, error) {
 	var r WriteResult
 	return r, c.do(ctx, "POST", "/v1/modules/"+url.PathEscape(name)+"/pull", nil, &r)

@@ -49,6 +49,14 @@ type Status struct {
 	// CA is the mesh's CA, and a rotation of it under way.
 	CA    *state.CAStatus `json:"ca,omitempty"`
 	Nodes []NodeStatus    `json:"nodes"`
+	// Rollouts are the modules' rollouts (issue 29), running or ended.
+	Rollouts []RolloutStatus `json:"rollouts,omitempty"`
+}
+
+// RolloutStatus is a rollout and, while it runs, what it waits for.
+type RolloutStatus struct {
+	state.Rollout
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // OverlayStatus is this node's end of the mesh's overlay.
@@ -140,6 +148,8 @@ func New(cfg Config) *API {
 	mux.HandleFunc("DELETE /v1/modules/{name}", a.removeModule)
 	mux.HandleFunc("POST /v1/modules/{name}/pull", a.pullModule)
 	mux.HandleFunc("POST /v1/modules/{name}/restart", a.restartModule)
+	mux.HandleFunc("POST /v1/modules/{name}/revert", a.revertModule)
+	mux.HandleFunc("GET /v1/modules/{name}/history", a.moduleHistory)
 	mux.HandleFunc("POST /v1/assign", a.assign(state.OpAssign))
 	mux.HandleFunc("POST /v1/unassign", a.assign(state.OpUnassign))
 	mux.HandleFunc("GET /v1/roster", a.roster)
@@ -174,7 +184,7 @@ func refuseUnpreviewable(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if dryRun(r) && r.Method != http.MethodGet {
 			p := r.URL.Path
-			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/assign" || p == "/v1/unassign" || (strings.HasPrefix(p, "/v1/modules/") && (strings.HasSuffix(p, "/pull") || strings.HasSuffix(p, "/restart"))))) ||
+			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/assign" || p == "/v1/unassign" || (strings.HasPrefix(p, "/v1/modules/") && (strings.HasSuffix(p, "/pull") || strings.HasSuffix(p, "/restart") || strings.HasSuffix(p, "/revert"))))) ||
 				(r.Method == http.MethodDelete && (strings.HasPrefix(p, "/v1/modules/") || strings.HasPrefix(p, "/v1/secrets/"))) ||
 				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/secrets/")) ||
 				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/nodes/") && (strings.HasSuffix(p, "/public-domain") || strings.HasSuffix(p, "/acme")))
@@ -493,7 +503,62 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Nodes = append(out.Nodes, ns)
 	}
+	if out.Rollouts, err = a.rollouts(ctx, reports); err != nil {
+		fail(w, err)
+		return
+	}
 	reply(w, out)
+}
+
+// rollouts reads the rollouts and says what each running one waits for,
+// as the leader's driver decides it (state.Progress).
+func (a *API) rollouts(ctx context.Context, reports map[string]state.Report) ([]RolloutStatus, error) {
+	rs, err := a.store.Rollouts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []RolloutStatus
+	for _, r := range rs {
+		st := RolloutStatus{Rollout: r}
+		if r.State == state.RolloutRunning {
+			plans := map[string]state.PlanVersion{}
+			for _, n := range r.Nodes {
+				if pv, err := a.store.Plan(ctx, n); err == nil {
+					plans[n] = pv
+				}
+			}
+			next := state.Progress(r, plans, reports, a.now())
+			st.Waiting = next.Waiting
+			if next.Step != nil {
+				st.Waiting = "next: " + state.Describe(next.Step)
+			}
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+func (a *API) moduleHistory(w http.ResponseWriter, r *http.Request) {
+	h, err := a.store.History(r.Context(), r.PathValue("name"))
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, h)
+}
+
+// RevertRequest names the version a revert goes back to (0: the one before).
+type RevertRequest struct {
+	To uint64 `json:"to,omitempty"`
+}
+
+func (a *API) revertModule(w http.ResponseWriter, r *http.Request) {
+	var req RevertRequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	a.write(w, r, &state.ModuleRevertRequest{Module: r.PathValue("name"), To: req.To})
 }
 
 func (a *API) nodes(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,117 @@
+package state
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"mesh/state/manifest"
+)
+
+// Next is what a running rollout does now: a step to propose, or what it
+// waits for (status shows it, the driver logs it when it changes).
+type Next struct {
+	Step    *RolloutStepRequest
+	Waiting string
+}
+
+// Progress decides a running rollout's next step from its nodes' plans and
+// reports, at now. It is pure: every node shows the same progress from the
+// same state, and the leader's driver proposes what it returns.
+//
+// A reached node is ready when it has applied its current plan and every
+// container of the module there that declares a health check has been
+// healthy for the policy's healthy-for (one without: the time since the
+// step); it fails when its apply failed for the module, a container of it
+// is unhealthy, or one exited since the rollout started.
+func Progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report, now time.Time) Next {
+	var reached, left []string
+	for _, n := range r.Nodes {
+		if slices.Contains(r.Reached, n) {
+			reached = append(reached, n)
+		} else {
+			left = append(left, n)
+		}
+	}
+	progress := fmt.Sprintf("%d/%d nodes", len(reached), len(r.Nodes))
+	least := time.Duration(-1)
+	for _, n := range reached {
+		pv, ok := plans[n]
+		if !ok || pv.Plan == nil {
+			return Next{Waiting: fmt.Sprintf("%s, waiting on %s: it has no plan", progress, n)}
+		}
+		rep, ok := reports[n]
+		if !ok || rep.Version < pv.Version {
+			return Next{Waiting: fmt.Sprintf("%s, waiting on %s to apply plan v%d", progress, n, pv.Version)}
+		}
+		for _, f := range rep.Failures {
+			if f.Module == r.Module {
+				return failed(r, fmt.Sprintf("%s: %s failed: %s", n, f.Resource, f.Reason))
+			}
+		}
+		for _, e := range rep.Exits {
+			if e.Module == r.Module && e.At.After(r.StartedAt) {
+				return failed(r, fmt.Sprintf("%s: container %s exited with code %d", n, e.Container, e.ExitCode))
+			}
+		}
+		for _, res := range pv.Plan.Resources {
+			if res.Module != r.Module || res.Kind != manifest.KindContainer {
+				continue
+			}
+			if res.Typed.Health == nil {
+				least = minDur(least, now.Sub(r.StepAt))
+				continue
+			}
+			h := healthOf(rep, res.Name)
+			switch {
+			case h == nil || h.Status == HealthStarting:
+				return Next{Waiting: fmt.Sprintf("%s, waiting on %s: %s starting", progress, n, res.Name)}
+			case h.Status == HealthUnhealthy:
+				why := fmt.Sprintf("%s: container %s is unhealthy", n, res.Name)
+				if h.Output != "" {
+					why += ": " + Tail(h.Output, 200)
+				}
+				return failed(r, why)
+			}
+			for_ := now.Sub(h.Since)
+			if for_ < r.Policy.HealthyFor {
+				return Next{Waiting: fmt.Sprintf("%s, waiting on %s: %s healthy %s/%s", progress, n, res.Name, round(for_), r.Policy.HealthyFor)}
+			}
+			least = minDur(least, for_)
+		}
+		if least >= 0 && least < r.Policy.HealthyFor {
+			return Next{Waiting: fmt.Sprintf("%s, waiting on %s: up %s/%s", progress, n, round(least), r.Policy.HealthyFor)}
+		}
+	}
+	why := fmt.Sprintf("%s healthy for %s", strings.Join(reached, ", "), r.Policy.HealthyFor)
+	if len(reached) == 0 {
+		why = "no node reached runs it any more"
+	}
+	if len(left) == 0 {
+		return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Done: true, Why: why}}
+	}
+	return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Reach: left[:min(max(r.Policy.MaxParallel, 1), len(left))], Why: why}}
+}
+
+func failed(r Rollout, why string) Next {
+	return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Failed: why}}
+}
+
+func healthOf(rep Report, container string) *ContainerHealth {
+	for i := range rep.Health {
+		if rep.Health[i].Container == container {
+			return &rep.Health[i]
+		}
+	}
+	return nil
+}
+
+func minDur(a, b time.Duration) time.Duration {
+	if a < 0 || b < a {
+		return b
+	}
+	return a
+}
+
+func round(d time.Duration) time.Duration { return max(d, 0).Truncate(time.Second) }

@@ -1,0 +1,65 @@
+package state
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"mesh/state/manifest"
+)
+
+// Progress waits for the reached nodes to apply and stay healthy for
+// healthy-for, then reaches the next nodes (max-parallel of them) or ends;
+// it stops the rollout on an unhealthy container, a failed apply or an
+// exit since the rollout started.
+func TestProgress(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	checked := Resource{Module: "app", Kind: manifest.KindContainer, Name: "app.server", Typed: manifest.Typed{Health: &manifest.HealthCheck{}}}
+	plan := func(v uint64) PlanVersion {
+		return PlanVersion{Version: v, Plan: &Plan{Resources: []Resource{checked}}}
+	}
+	r := Rollout{Module: "app", To: 50, State: RolloutRunning, Nodes: []string{"c", "a", "b"}, Reached: []string{"c"},
+		StartedAt: now.Add(-time.Minute), StepAt: now.Add(-time.Minute), Policy: Policy{MaxParallel: 2, HealthyFor: 10 * time.Second, AutoRevert: true}}
+	plans := map[string]PlanVersion{"c": plan(50), "a": plan(40), "b": plan(40)}
+	healthy := func(v uint64, since time.Duration) Report {
+		return Report{Version: v, Health: []ContainerHealth{{Module: "app", Container: "app.server", Status: HealthHealthy, Since: now.Add(-since)}}}
+	}
+	for _, c := range []struct {
+		what    string
+		rep     Report
+		waiting string
+		step    string
+	}{
+		{"not applied yet", healthy(49, time.Hour), "1/3 nodes, waiting on c to apply plan v50", ""},
+		{"starting", Report{Version: 50}, "1/3 nodes, waiting on c: app.server starting", ""},
+		{"healthy 4s", healthy(50, 4*time.Second), "1/3 nodes, waiting on c: app.server healthy 4s/10s", ""},
+		{"healthy 10s", healthy(50, 10*time.Second), "", "rollout of app to v50 moves on to a, b (c healthy for 10s)"},
+		{"unhealthy", Report{Version: 50, Health: []ContainerHealth{{Module: "app", Container: "app.server", Status: HealthUnhealthy, Output: "connection refused"}}},
+			"", "rollout of app to v50 stopped: c: container app.server is unhealthy: connection refused"},
+		{"apply failed", Report{Version: 50, Failures: []ModuleFailure{{Module: "app", Resource: "step app.migrate", Reason: "exited with code 1"}}},
+			"", "rollout of app to v50 stopped: c: step app.migrate failed: exited with code 1"},
+		{"exited", Report{Version: 50, Exits: []ContainerExit{{Module: "app", Container: "app.server", ExitCode: 137, At: now}}},
+			"", "rollout of app to v50 stopped: c: container app.server exited with code 137"},
+		{"an exit before the rollout", func() Report {
+			rep := healthy(50, time.Hour)
+			rep.Exits = []ContainerExit{{Module: "app", Container: "app.server", ExitCode: 1, At: now.Add(-time.Hour)}}
+			return rep
+		}(), "", "rollout of app to v50 moves on to a, b (c healthy for 10s)"},
+	} {
+		got := Progress(r, plans, map[string]Report{"c": c.rep}, now)
+		step := ""
+		if got.Step != nil {
+			step = got.Step.describe()
+		}
+		if got.Waiting != c.waiting || step != c.step {
+			t.Errorf("%s: waiting %q step %q; want %q %q", c.what, got.Waiting, step, c.waiting, c.step)
+		}
+	}
+	// Every node reached and healthy: done.
+	r.Reached = []string{"c", "a", "b"}
+	plans["a"], plans["b"] = plan(50), plan(50)
+	reps := map[string]Report{"c": healthy(50, time.Hour), "a": healthy(50, time.Hour), "b": healthy(51, 20*time.Second)}
+	if got := Progress(r, plans, reps, now); got.Step == nil || !got.Step.Done || !strings.Contains(got.Step.Why, "c, a, b healthy") {
+		t.Fatalf("all healthy: %+v", got)
+	}
+}
