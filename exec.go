@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/term"
 
-	"mesh/agent/operate"
+	"mesh/cluster/api"
 )
 
 // ExecCmd runs a command in a module's container on whichever node runs it.
@@ -38,8 +38,8 @@ func (c *ExecCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	q := operate.ExecQuery{Cmd: c.Command, TTY: c.TTY, Stdin: c.Interactive}
-	st := operate.ExecStreams{Stdout: g.out, Stderr: os.Stderr}
+	q := api.ExecQuery{Cmd: c.Command, TTY: c.TTY, Stdin: c.Interactive}
+	st := api.ExecStreams{Stdout: g.out, Stderr: os.Stderr}
 	if c.Interactive {
 		st.Stdin = os.Stdin
 	}
@@ -78,7 +78,7 @@ func (c *ExecCmd) Run(g *Globals) error {
 			cancel()
 		}()
 	}
-	e, err := operate.Exec(ctx, g.client().Streams(), c.Target, c.Node, q, st)
+	e, err := g.client().Exec(ctx, c.Target, c.Node, q, st)
 	if errors.Is(err, context.Canceled) {
 		return exitStatus(130)
 	}

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"mesh/agent/operate"
+	"mesh/cluster/api"
 )
 
 // LogsCmd prints a module's lines from the nodes that run it (issue 29).
@@ -30,12 +30,12 @@ func (c *LogsCmd) Run(g *Globals) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	q := operate.LogQuery{Follow: c.Follow, Tail: c.Tail}
+	q := api.LogQuery{Follow: c.Follow, Tail: c.Tail}
 	if c.Since > 0 {
 		q.Since = time.Now().Add(-c.Since)
 	}
 	prefix, failed := false, 0
-	err := operate.Logs(ctx, g.client().Streams(), c.Target, c.Node, q, func(r operate.Record) error {
+	err := g.client().Logs(ctx, c.Target, c.Node, q, func(r api.Record) error {
 		switch {
 		case r.Sources != nil:
 			prefix = len(r.Sources) > 1

@@ -8,68 +8,21 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"mesh/cluster/api"
 	"mesh/podman"
 )
-
-// maxMessage bounds one exec message either way (the data of a message
-// is cut to chunk).
-const (
-	maxMessage = 64 << 10
-	chunk      = 32 << 10
-)
-
-// ExecQuery is what /v1/exec takes besides the target and node.
-type ExecQuery struct {
-	Cmd           []string
-	TTY, Stdin    bool
-	Width, Height uint16
-}
-
-// Values encodes the query.
-func (q ExecQuery) Values(v url.Values) {
-	for _, c := range q.Cmd {
-		v.Add("cmd", c)
-	}
-	if q.TTY {
-		v.Set("tty", "1")
-	}
-	if q.Stdin {
-		v.Set("stdin", "1")
-	}
-	if q.Width > 0 {
-		v.Set("w", strconv.Itoa(int(q.Width)))
-		v.Set("h", strconv.Itoa(int(q.Height)))
-	}
-}
-
-func parseExecQuery(v url.Values) (ExecQuery, error) {
-	q := ExecQuery{Cmd: v["cmd"], TTY: v.Get("tty") == "1", Stdin: v.Get("stdin") == "1"}
-	if len(q.Cmd) == 0 {
-		return q, badRequest("no command: mesh exec MODULE.CONTAINER -- CMD...")
-	}
-	if s := v.Get("w"); s != "" {
-		w, err1 := strconv.ParseUint(s, 10, 16)
-		h, err2 := strconv.ParseUint(v.Get("h"), 10, 16)
-		if err1 != nil || err2 != nil {
-			return q, badRequest("bad window size %s x %s", s, v.Get("h"))
-		}
-		q.Width, q.Height = uint16(w), uint16(h)
-	}
-	return q, nil
-}
 
 // serveExec is the local API's /v1/exec?target=MODULE.CONTAINER[&node=N]&cmd=...:
 // a websocket to the command, on this node or relayed to the node that
 // runs it.
 func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 	v := r.URL.Query()
-	q, err := parseExecQuery(v)
+	q, err := api.ParseExecQuery(v)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -92,7 +45,7 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	ws.SetReadLimit(maxMessage)
+	ws.SetReadLimit(api.MaxMessage)
 	defer ws.CloseNow()
 	if src.Node == s.Node {
 		s.runExec(r.Context(), ws, src.Container, q)
@@ -104,7 +57,7 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 // serveNodeExec is a node's /v1/op/exec?name=CONTAINER&cmd=...
 func (s *Server) serveNodeExec(w http.ResponseWriter, r *http.Request) {
 	v := r.URL.Query()
-	q, err := parseExecQuery(v)
+	q, err := api.ParseExecQuery(v)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -118,30 +71,30 @@ func (s *Server) serveNodeExec(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	ws.SetReadLimit(maxMessage)
+	ws.SetReadLimit(api.MaxMessage)
 	defer ws.CloseNow()
 	s.runExec(r.Context(), ws, name, q)
 }
 
 // sendExit ends a stream with the command's exit, or why it did not run.
-func sendExit(ctx context.Context, ws *websocket.Conn, e Exit) {
+func sendExit(ctx context.Context, ws *websocket.Conn, e api.Exit) {
 	b, _ := json.Marshal(e)
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if ws.Write(wctx, websocket.MessageBinary, append([]byte{KindExit}, b...)) == nil {
+	if ws.Write(wctx, websocket.MessageBinary, append([]byte{api.KindExit}, b...)) == nil {
 		ws.Close(websocket.StatusNormalClosure, "")
 	}
 }
 
 // runExec runs the command in a container of this node, its streams on ws.
-func (s *Server) runExec(ctx context.Context, ws *websocket.Conn, name string, q ExecQuery) {
+func (s *Server) runExec(ctx context.Context, ws *websocket.Conn, name string, q api.ExecQuery) {
 	sess, err := s.RT.Exec(ctx, name, podman.ExecConfig{Cmd: q.Cmd, TTY: q.TTY, Stdin: q.Stdin, Width: q.Width, Height: q.Height})
 	if err != nil {
 		msg := fmt.Sprintf("exec in %s on %s: %v", name, s.Node, err)
 		if podman.IsNotRunning(err) {
 			msg = fmt.Sprintf("%s on %s is not running, so nothing can run in it (%v); mesh status says why", name, s.Node, err)
 		}
-		sendExit(ctx, ws, Exit{Code: -1, Error: msg})
+		sendExit(ctx, ws, api.Exit{Code: -1, Error: msg})
 		return
 	}
 	defer sess.Close()
@@ -162,13 +115,13 @@ func (s *Server) runExec(ctx context.Context, ws *websocket.Conn, name string, q
 				continue
 			}
 			switch b[0] {
-			case KindStdin:
+			case api.KindStdin:
 				if q.Stdin {
 					stdin.Write(b[1:])
 				}
-			case KindStdinEOF:
+			case api.KindStdinEOF:
 				stdin.Close()
-			case KindResize:
+			case api.KindResize:
 				if len(b) == 5 {
 					sess.Resize(ctx, binary.BigEndian.Uint16(b[1:]), binary.BigEndian.Uint16(b[3:]))
 				}
@@ -176,8 +129,8 @@ func (s *Server) runExec(ctx context.Context, ws *websocket.Conn, name string, q
 		}
 	}()
 	var mu sync.Mutex // one writer at a time keeps stdout and stderr whole
-	out := &wsWriter{ctx: ctx, ws: ws, kind: KindStdout, mu: &mu}
-	errw := &wsWriter{ctx: ctx, ws: ws, kind: KindStderr, mu: &mu}
+	out := &wsWriter{ctx: ctx, ws: ws, kind: api.KindStdout, mu: &mu}
+	errw := &wsWriter{ctx: ctx, ws: ws, kind: api.KindStderr, mu: &mu}
 	oerr := sess.Output(out, errw)
 	if ctx.Err() != nil {
 		return
@@ -185,11 +138,11 @@ func (s *Server) runExec(ctx context.Context, ws *websocket.Conn, name string, q
 	code, err := sess.ExitCode(ctx)
 	switch {
 	case err != nil:
-		sendExit(ctx, ws, Exit{Code: -1, Error: err.Error()})
+		sendExit(ctx, ws, api.Exit{Code: -1, Error: err.Error()})
 	case oerr != nil && !errors.Is(oerr, errWS):
-		sendExit(ctx, ws, Exit{Code: code, Error: "the output broke: " + oerr.Error()})
+		sendExit(ctx, ws, api.Exit{Code: code, Error: "the output broke: " + oerr.Error()})
 	default:
-		sendExit(ctx, ws, Exit{Code: code})
+		sendExit(ctx, ws, api.Exit{Code: code})
 	}
 }
 
@@ -209,7 +162,7 @@ func (w *wsWriter) Write(p []byte) (int, error) {
 	defer w.mu.Unlock()
 	n := 0
 	for len(p) > 0 {
-		c := min(len(p), chunk)
+		c := min(len(p), api.Chunk)
 		w.buf = append(append(w.buf[:0], w.kind), p[:c]...)
 		if err := w.ws.Write(w.ctx, websocket.MessageBinary, w.buf); err != nil {
 			return n, errWS
@@ -221,10 +174,10 @@ func (w *wsWriter) Write(p []byte) (int, error) {
 }
 
 // relayExec carries an exec to the node that runs the container and back.
-func (s *Server) relayExec(ctx context.Context, ws *websocket.Conn, src Source, q ExecQuery) {
+func (s *Server) relayExec(ctx context.Context, ws *websocket.Conn, src api.Source, q api.ExecQuery) {
 	addr := s.Peers.PeerAddr(src.Node)
 	if addr == "" {
-		sendExit(ctx, ws, Exit{Code: -1, Error: fmt.Sprintf("node %s: no address is known for it", src.Node)})
+		sendExit(ctx, ws, api.Exit{Code: -1, Error: fmt.Sprintf("node %s: no address is known for it", src.Node)})
 		return
 	}
 	v := url.Values{}
@@ -236,12 +189,12 @@ func (s *Server) relayExec(ctx context.Context, ws *websocket.Conn, src Source, 
 	if err != nil {
 		msg := fmt.Sprintf("node %s did not answer (%s): %v", src.Node, addr, err)
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			msg = fmt.Sprintf("node %s: %s", src.Node, errorBody(resp))
+			msg = fmt.Sprintf("node %s: %s", src.Node, api.ErrorBody(resp))
 		}
-		sendExit(ctx, ws, Exit{Code: -1, Error: msg})
+		sendExit(ctx, ws, api.Exit{Code: -1, Error: msg})
 		return
 	}
-	peer.SetReadLimit(maxMessage)
+	peer.SetReadLimit(api.MaxMessage)
 	defer peer.CloseNow()
 	client := ctx
 	ctx, stop := context.WithCancel(ctx)
@@ -257,7 +210,7 @@ func (s *Server) relayExec(ctx context.Context, ws *websocket.Conn, src Source, 
 			if err := to.Write(ctx, typ, b); err != nil {
 				return
 			}
-			if len(b) > 0 && b[0] == KindExit && from == peer {
+			if len(b) > 0 && b[0] == api.KindExit && from == peer {
 				exited = true
 				to.Close(websocket.StatusNormalClosure, "")
 				return
@@ -267,6 +220,6 @@ func (s *Server) relayExec(ctx context.Context, ws *websocket.Conn, src Source, 
 	go pipe(ws, peer)
 	pipe(peer, ws)
 	if !exited && client.Err() == nil {
-		sendExit(client, ws, Exit{Code: -1, Error: fmt.Sprintf("the stream from node %s broke before the command ended", src.Node)})
+		sendExit(client, ws, api.Exit{Code: -1, Error: fmt.Sprintf("the stream from node %s broke before the command ended", src.Node)})
 	}
 }

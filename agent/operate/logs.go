@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"time"
 
+	"mesh/cluster/api"
 	"mesh/podman"
 )
 
@@ -33,7 +34,7 @@ const repoll = 500 * time.Millisecond
 // the sources first, then their lines merged by time.
 func (s *Server) serveLogs(w http.ResponseWriter, r *http.Request) {
 	v := r.URL.Query()
-	q, err := parseLogQuery(v)
+	q, err := api.ParseLogQuery(v)
 	if err != nil {
 		writeError(w, badRequest("%v", err))
 		return
@@ -52,17 +53,17 @@ func (s *Server) serveLogs(w http.ResponseWriter, r *http.Request) {
 			f.Flush()
 		}
 	}
-	if err := enc.Encode(Record{Sources: srcs}); err != nil {
+	if err := enc.Encode(api.Record{Sources: srcs}); err != nil {
 		return
 	}
 	flush()
-	chans := make([]<-chan Record, len(srcs))
+	chans := make([]<-chan api.Record, len(srcs))
 	for i, src := range srcs {
-		ch := make(chan Record, perSource)
+		ch := make(chan api.Record, perSource)
 		chans[i] = ch
 		go func() {
 			defer close(ch)
-			emit := func(rec Record) error {
+			emit := func(rec api.Record) error {
 				rec.Node, rec.Container = src.Node, src.Container
 				select {
 				case ch <- rec:
@@ -78,7 +79,7 @@ func (s *Server) serveLogs(w http.ResponseWriter, r *http.Request) {
 				err = s.remoteLogs(ctx, src, q, emit)
 			}
 			if err != nil && ctx.Err() == nil {
-				emit(Record{Error: err.Error()})
+				emit(api.Record{Error: err.Error()})
 			}
 		}()
 	}
@@ -86,13 +87,13 @@ func (s *Server) serveLogs(w http.ResponseWriter, r *http.Request) {
 	if q.Follow {
 		wait = quiet
 	}
-	merge(ctx, chans, wait, func(rec Record) error {
+	merge(ctx, chans, wait, func(rec api.Record) error {
 		return enc.Encode(rec)
 	}, flush)
 }
 
 // remoteLogs reads one source from its node's peer API.
-func (s *Server) remoteLogs(ctx context.Context, src Source, q LogQuery, emit func(Record) error) error {
+func (s *Server) remoteLogs(ctx context.Context, src api.Source, q api.LogQuery, emit func(api.Record) error) error {
 	addr := s.Peers.PeerAddr(src.Node)
 	if addr == "" {
 		return fmt.Errorf("node %s: no address is known for it", src.Node)
@@ -102,7 +103,7 @@ func (s *Server) remoteLogs(ctx context.Context, src Source, q LogQuery, emit fu
 	if src.Step {
 		v.Set("step", "1")
 	}
-	q.values(v)
+	q.Values(v)
 	// The request is bounded until its answer starts (a node that is down
 	// or cut off is named within seconds); the stream after that by ctx.
 	hctx, hcancel := context.WithCancel(ctx)
@@ -125,12 +126,12 @@ func (s *Server) remoteLogs(ctx context.Context, src Source, q LogQuery, emit fu
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("node %s: %s", src.Node, errorBody(resp))
+		return fmt.Errorf("node %s: %s", src.Node, api.ErrorBody(resp))
 	}
 	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 8*podman.MaxLogLine)
+	sc.Buffer(make([]byte, 64<<10), api.MaxRecord)
 	for sc.Scan() {
-		var rec Record
+		var rec api.Record
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
 			return fmt.Errorf("node %s sent a bad record: %v", src.Node, err)
 		}
@@ -144,29 +145,16 @@ func (s *Server) remoteLogs(ctx context.Context, src Source, q LogQuery, emit fu
 	return nil
 }
 
-// errorBody is the message of an error answer.
-func errorBody(resp *http.Response) string {
-	var e struct {
-		Error string `json:"error"`
-	}
-	b := make([]byte, 4096)
-	n, _ := resp.Body.Read(b)
-	if json.Unmarshal(b[:n], &e) == nil && e.Error != "" {
-		return e.Error
-	}
-	return fmt.Sprintf("%s: %s", resp.Status, b[:n])
-}
-
 // serveNodeLogs is a node's /v1/op/logs?name=N[&step=1]...: one container's
 // lines (a step's last run's) as NDJSON.
 func (s *Server) serveNodeLogs(w http.ResponseWriter, r *http.Request) {
 	v := r.URL.Query()
-	q, err := parseLogQuery(v)
+	q, err := api.ParseLogQuery(v)
 	if err != nil {
 		writeError(w, badRequest("%v", err))
 		return
 	}
-	src := Source{Node: s.Node, Container: v.Get("name"), Step: v.Get("step") == "1"}
+	src := api.Source{Node: s.Node, Container: v.Get("name"), Step: v.Get("step") == "1"}
 	if src.Container == "" {
 		writeError(w, badRequest("name a container"))
 		return
@@ -174,7 +162,7 @@ func (s *Server) serveNodeLogs(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
 	f, _ := w.(http.Flusher)
-	err = s.nodeLogs(r.Context(), src, q, func(rec Record) error {
+	err = s.nodeLogs(r.Context(), src, q, func(rec api.Record) error {
 		if err := enc.Encode(rec); err != nil {
 			return err
 		}
@@ -184,19 +172,19 @@ func (s *Server) serveNodeLogs(w http.ResponseWriter, r *http.Request) {
 		return nil
 	})
 	if err != nil && r.Context().Err() == nil {
-		enc.Encode(Record{Error: err.Error()})
+		enc.Encode(api.Record{Error: err.Error()})
 	}
 }
 
 // nodeLogs reads a container of this node: with Follow, on across its
 // replacement (a new container of the same name: all its lines) and its
 // restarts, until ctx ends.
-func (s *Server) nodeLogs(ctx context.Context, src Source, q LogQuery, emit func(Record) error) error {
+func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, emit func(api.Record) error) error {
 	if src.Step {
 		return s.stepLog(src.Container, q, emit)
 	}
 	line := func(l podman.LogLine) error {
-		return emit(Record{Time: l.Time, Stream: l.Stream, Text: l.Text, Partial: l.Partial, Cut: l.Cut})
+		return emit(api.Record{Time: l.Time, Stream: l.Stream, Text: l.Text, Partial: l.Partial, Cut: l.Cut})
 	}
 	var lastID string
 	var last time.Time
@@ -216,7 +204,7 @@ func (s *Server) nodeLogs(ctx context.Context, src Source, q LogQuery, emit func
 			o := podman.LogOptions{Follow: q.Follow, Since: q.Since, Tail: q.Tail}
 			if lastID != "" {
 				o = podman.LogOptions{Follow: true} // a new container: all of it
-				if err := emit(Record{Note: fmt.Sprintf("%s was replaced (container %s); following the new one", src.Container, short(c.ID))}); err != nil {
+				if err := emit(api.Record{Note: fmt.Sprintf("%s was replaced (container %s); following the new one", src.Container, short(c.ID))}); err != nil {
 					return nil
 				}
 			}
@@ -238,7 +226,7 @@ func (s *Server) nodeLogs(ctx context.Context, src Source, q LogQuery, emit func
 			s.RT.StreamLogs(ctx, c.ID, o, func(l podman.LogLine) error { last = l.Time; return line(l) })
 		case !ok && !waiting:
 			waiting = true
-			if err := emit(Record{Note: fmt.Sprintf("no container %s on %s now; waiting for it", src.Container, s.Node)}); err != nil {
+			if err := emit(api.Record{Note: fmt.Sprintf("no container %s on %s now; waiting for it", src.Container, s.Node)}); err != nil {
 				return nil
 			}
 		}
@@ -274,7 +262,7 @@ func (s *Server) stepLogPath(name string) (string, bool) {
 }
 
 // stepLog reads a step's last run, as SaveStepLog kept it.
-func (s *Server) stepLog(name string, q LogQuery, emit func(Record) error) error {
+func (s *Server) stepLog(name string, q api.LogQuery, emit func(api.Record) error) error {
 	path, ok := s.stepLogPath(name)
 	if !ok {
 		return fmt.Errorf("no kept lines of step %s", name)
@@ -287,11 +275,11 @@ func (s *Server) stepLog(name string, q LogQuery, emit func(Record) error) error
 		return err
 	}
 	defer f.Close()
-	var recs []Record
+	var recs []api.Record
 	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 8*podman.MaxLogLine)
+	sc.Buffer(make([]byte, 64<<10), api.MaxRecord)
 	for sc.Scan() {
-		var rec Record
+		var rec api.Record
 		if json.Unmarshal(sc.Bytes(), &rec) != nil {
 			continue // a damaged line: the others still show
 		}
@@ -328,7 +316,7 @@ func (s *Server) SaveStepLog(ctx context.Context, name, id string) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	err := s.RT.StreamLogs(ctx, id, podman.LogOptions{Tail: maxStepLines}, func(l podman.LogLine) error {
-		b, _ := json.Marshal(Record{Time: l.Time, Stream: l.Stream, Text: l.Text, Partial: l.Partial, Cut: l.Cut})
+		b, _ := json.Marshal(api.Record{Time: l.Time, Stream: l.Stream, Text: l.Text, Partial: l.Partial, Cut: l.Cut})
 		recs, size = append(recs, b), size+len(b)+1
 		for size > maxStepLog && len(recs) > 1 {
 			size -= len(recs[0]) + 1

@@ -2,6 +2,7 @@ package operate
 
 import (
 	"context"
+	"mesh/cluster/api"
 	"reflect"
 	"time"
 )
@@ -14,8 +15,8 @@ import (
 // each. wait >= 0 (following): a source with nothing for that long does not
 // hold the others back. flush is called whenever the merge is about to
 // block.
-func merge(ctx context.Context, srcs []<-chan Record, wait time.Duration, write func(Record) error, flush func()) {
-	heads := make([]*Record, len(srcs))
+func merge(ctx context.Context, srcs []<-chan api.Record, wait time.Duration, write func(api.Record) error, flush func()) {
+	heads := make([]*api.Record, len(srcs))
 	open, idle := make([]bool, len(srcs)), make([]bool, len(srcs))
 	for i := range open {
 		open[i] = true
@@ -48,7 +49,7 @@ func merge(ctx context.Context, srcs []<-chan Record, wait time.Duration, write 
 	}
 }
 
-func before(a, b Record) bool {
+func before(a, b api.Record) bool {
 	if a.Time.IsZero() || b.Time.IsZero() {
 		return a.Time.IsZero() && !b.Time.IsZero()
 	}
@@ -60,7 +61,7 @@ func before(a, b Record) bool {
 // most wait once one record is held: a source that had nothing within it is
 // idle (not waited for) until it sends again. It reports false when ctx
 // ended.
-func fill(ctx context.Context, srcs []<-chan Record, heads []*Record, open, idle []bool, wait time.Duration, flush func()) bool {
+func fill(ctx context.Context, srcs []<-chan api.Record, heads []*api.Record, open, idle []bool, wait time.Duration, flush func()) bool {
 	held := 0
 	for i, ch := range srcs {
 		if heads[i] != nil {
@@ -118,7 +119,7 @@ func fill(ctx context.Context, srcs []<-chan Record, heads []*Record, open, idle
 		case !ok:
 			open[idx[chosen]] = false
 		default:
-			r := v.Interface().(Record)
+			r := v.Interface().(api.Record)
 			heads[idx[chosen]], idle[idx[chosen]] = &r, false
 			held++
 		}

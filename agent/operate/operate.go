@@ -15,109 +15,21 @@ package operate
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"sort"
-	"strconv"
 	"strings"
-	"time"
 
+	"mesh/cluster/api"
 	"mesh/podman"
 	"mesh/reconciler"
 	"mesh/state"
 	"mesh/state/manifest"
 )
-
-// Record is one line of a logs stream, or what the stream says about
-// itself: the sources it reads (the first record), a container replaced
-// and followed on (Note), a source that failed (Error).
-type Record struct {
-	Node      string    `json:"node,omitempty"`
-	Container string    `json:"container,omitempty"`
-	Time      time.Time `json:"time,omitzero"`
-	Stream    string    `json:"stream,omitempty"`
-	Text      string    `json:"text,omitempty"`
-	Partial   bool      `json:"partial,omitempty"`
-	Cut       bool      `json:"cut,omitempty"`
-	Note      string    `json:"note,omitempty"`
-	Error     string    `json:"error,omitempty"`
-	Sources   []Source  `json:"sources,omitempty"`
-}
-
-// Source is one container (or step) on one node.
-type Source struct {
-	Node      string `json:"node"`
-	Container string `json:"container"`
-	Step      bool   `json:"step,omitempty"`
-}
-
-// Exec message kinds: the first byte of each websocket message.
-const (
-	KindStdin    byte = 0 // to the command
-	KindStdout   byte = 1 // from it
-	KindStderr   byte = 2
-	KindStdinEOF byte = 3 // the caller's input ended
-	KindResize   byte = 4 // width, height: 2 bytes each, big-endian
-	KindExit     byte = 5 // an Exit, as JSON; the last message
-)
-
-// Exit ends an exec stream: the command's exit code, or why it did not run.
-type Exit struct {
-	Code  int    `json:"code"`
-	Error string `json:"error,omitempty"`
-}
-
-// Resize encodes a KindResize message.
-func Resize(width, height uint16) []byte {
-	b := []byte{KindResize, 0, 0, 0, 0}
-	binary.BigEndian.PutUint16(b[1:], width)
-	binary.BigEndian.PutUint16(b[3:], height)
-	return b
-}
-
-// LogQuery is what /v1/logs and /v1/op/logs take.
-type LogQuery struct {
-	Follow bool
-	Since  time.Time
-	Tail   int
-}
-
-func (q LogQuery) values(v url.Values) {
-	if q.Follow {
-		v.Set("follow", "1")
-	}
-	if !q.Since.IsZero() {
-		v.Set("since", q.Since.UTC().Format(time.RFC3339Nano))
-	}
-	if q.Tail > 0 {
-		v.Set("tail", strconv.Itoa(q.Tail))
-	}
-}
-
-func parseLogQuery(v url.Values) (LogQuery, error) {
-	q := LogQuery{Follow: v.Get("follow") == "1"}
-	if s := v.Get("since"); s != "" {
-		t, err := time.Parse(time.RFC3339Nano, s)
-		if err != nil {
-			return q, fmt.Errorf("since %q is not a time (RFC 3339)", s)
-		}
-		q.Since = t
-	}
-	if s := v.Get("tail"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 {
-			return q, fmt.Errorf("tail %q is not a count of lines", s)
-		}
-		q.Tail = n
-	}
-	return q, nil
-}
 
 // Runtime is what a node's end needs of its Podman.
 type Runtime interface {
@@ -206,7 +118,7 @@ func writeError(w http.ResponseWriter, err error) {
 // plans place them: MODULE is every container of the module, MODULE.NAME
 // the container of that name or the step NAME; node, when set, keeps that
 // node's. Containers only, when exec.
-func (s *Server) sources(ctx context.Context, target, node string, exec bool) ([]Source, error) {
+func (s *Server) sources(ctx context.Context, target, node string, exec bool) ([]api.Source, error) {
 	module, _, _ := strings.Cut(target, ".")
 	name := ""
 	if module != target {
@@ -229,7 +141,7 @@ func (s *Server) sources(ctx context.Context, target, node string, exec bool) ([
 	if node != "" && !contains(names, node) {
 		return nil, notFound("no node %q in this mesh (its nodes: %s)", node, strings.Join(names, ", "))
 	}
-	var out []Source
+	var out []api.Source
 	var runsOn, known []string
 	for _, n := range names {
 		pv, err := s.Store.Plan(ctx, n)
@@ -246,12 +158,12 @@ func (s *Server) sources(ctx context.Context, target, node string, exec bool) ([
 				runs = true
 				known = appendNew(known, r.Name)
 				if (name == "" || r.Name == name) && (node == "" || n == node) {
-					out = append(out, Source{Node: n, Container: r.Name})
+					out = append(out, api.Source{Node: n, Container: r.Name})
 				}
 			case r.Kind == manifest.KindStep && !exec:
 				known = appendNew(known, r.RuntimeName())
 				if name == r.RuntimeName() && (node == "" || n == node) {
-					out = append(out, Source{Node: n, Container: r.RuntimeName(), Step: true})
+					out = append(out, api.Source{Node: n, Container: r.RuntimeName(), Step: true})
 				}
 			}
 		}
