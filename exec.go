@@ -43,11 +43,27 @@ func (c *ExecCmd) Run(g *Globals) error {
 	if c.Interactive {
 		st.Stdin = os.Stdin
 	}
+	// Ctrl-C (without a raw terminal), SIGTERM and SIGHUP end the command
+	// (its streams close); the terminal is restored on the way out.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	go func() {
+		select {
+		case <-sigs:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	fd := int(os.Stdin.Fd())
 	if c.TTY && term.IsTerminal(fd) {
 		if w, h, err := term.GetSize(fd); err == nil {
 			q.Width, q.Height = uint16(w), uint16(h)
 		}
+	}
+	// Raw mode only when this terminal's keys go to the command (-i):
+	// then Ctrl-C is the command's to read.
+	if c.TTY && c.Interactive && term.IsTerminal(fd) {
 		old, err := term.MakeRaw(fd)
 		if err != nil {
 			return fmt.Errorf("put the terminal in raw mode: %w", err)
@@ -68,15 +84,6 @@ func (c *ExecCmd) Run(g *Globals) error {
 			}
 		}()
 		st.Resizes = sizes
-	} else {
-		// Without a terminal, Ctrl-C ends the command (its streams close).
-		ints := make(chan os.Signal, 1)
-		signal.Notify(ints, os.Interrupt, syscall.SIGTERM)
-		defer signal.Stop(ints)
-		go func() {
-			<-ints
-			cancel()
-		}()
 	}
 	e, err := g.client().Exec(ctx, c.Target, c.Node, q, st)
 	if errors.Is(err, context.Canceled) {

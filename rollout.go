@@ -117,6 +117,11 @@ func waitRollouts(g *Globals, modules []string, index uint64, limit time.Duratio
 			case state.RolloutDone:
 				line = fmt.Sprintf("rollout of %s to v%d done: %s", r.Module, r.To, r.Reason)
 			case state.RolloutReverted:
+				if r.StepIndex == index && r.Reason == "stopped by mesh module revert" {
+					// This very command stopped it: what was asked is done.
+					line = fmt.Sprintf("rollout of %s to v%d stopped; every node is back on v%d", r.Module, r.To, r.From)
+					break
+				}
 				errs = append(errs, fmt.Sprintf("rollout of %s to v%d stopped and reverted to v%d: %s", r.Module, r.To, r.From, r.Reason))
 			case state.RolloutFailed:
 				errs = append(errs, fmt.Sprintf("rollout of %s to v%d stopped (the nodes it reached keep v%d): %s", r.Module, r.To, r.To, r.Reason))

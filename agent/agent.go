@@ -287,7 +287,7 @@ func (a *Agent) startSealer() error {
 func (a *Agent) startOperate() error {
 	m := a.member
 	a.operate = &operate.Server{Node: m.ID.Name, Store: m.Store, RT: operateRuntime{a.podman}, Peers: m.Node,
-		StepLogs: filepath.Join(a.dir, "step-logs"), Log: a.log.With("component", "operate")}
+		StepLogs: filepath.Join(a.dir, "step-logs"), Log: a.log.With("component", "operate"), Stop: a.ctx}
 	m.Node.SetOperate(a.operate.PeerHandler())
 	return nil
 }

@@ -41,6 +41,7 @@ func (a *Agent) driveRollouts(ctx context.Context) {
 		if err != nil {
 			continue
 		}
+		broken := composeErrors(ctx, store)
 		for _, r := range rs {
 			if r.State != state.RolloutRunning {
 				delete(waiting, r.Module)
@@ -52,7 +53,7 @@ func (a *Agent) driveRollouts(ctx context.Context) {
 					plans[n] = pv
 				}
 			}
-			next := state.Progress(r, plans, reports, time.Now())
+			next := state.Progress(r, plans, reports, broken, time.Now())
 			if next.Step == nil {
 				if waiting[r.Module] != next.Waiting {
 					a.log.Info("rollout waits", "module", r.Module, "to_version", r.To, "waiting", next.Waiting)
@@ -71,4 +72,20 @@ func (a *Agent) driveRollouts(ctx context.Context) {
 			a.log.Info("rollout step", "module", r.Module, "step", state.Describe(next.Step), "index", idx)
 		}
 	}
+}
+
+// composeErrors is each node's composition error, for the rollout's check
+// that a reached node really has the new version's plan.
+func composeErrors(ctx context.Context, store *state.Store) map[string]string {
+	out := map[string]string{}
+	nodes, err := store.Nodes(ctx)
+	if err != nil {
+		return out
+	}
+	for _, n := range nodes {
+		if n.ComposeError != "" {
+			out[n.Name] = n.ComposeError
+		}
+	}
+	return out
 }

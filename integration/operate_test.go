@@ -248,6 +248,11 @@ func TestOperateBed(t *testing.T) {
 	n[1].mesh("assign", "n1", "chatty", "--wait")
 	n[1].mesh("assign", "n2", "chatty", "--wait")
 
+	// A remote container that prints nothing is followed, not taken for a
+	// node that does not answer (checked once what follows has run).
+	quiet := n[3].follow(t, "chatty.quits", "--node", "n1")
+	quietSince := time.Now()
+
 	// From n3, which runs neither: both nodes' lines, prefixed, in time order,
 	// stderr on stderr.
 	eventually(t, 30*time.Second, "n3 reads both nodes' lines", func() (bool, string) {
@@ -320,12 +325,30 @@ func TestOperateBed(t *testing.T) {
 		return code == 1 && strings.Contains(e, "chatty.quits on n1 is not running"), e
 	})
 
+	// A machine without a node's certificate gets nothing of either.
+	for _, path := range []string{"/v1/op/logs?name=chatty.talk", "/v1/op/exec?name=chatty.talk&cmd=id"} {
+		c := inNetns(n[3].h.netns, exec.Command("curl", "-sk", "--http1.1", "--max-time", "5", "-o", "/dev/null", "-w", "%{http_code}",
+			fmt.Sprintf("https://%s:%d%s", n[1].addr(), 7430, path)))
+		if out, _ := c.Output(); strings.TrimSpace(string(out)) != "403" {
+			t.Fatalf("%s without a node's certificate: HTTP %s", path, out)
+		}
+	}
 	// exec from n3 into n1's and n2's containers (a terminal too, resized).
 	checkExec(t, n[3], "chatty.talk", "--node", "n1")
 	if o, e, code := n[3].meshRun(nil, "exec", "chatty.talk", "--node", "n2", "--", "sh", "-c", "echo from $(hostname)"); code != 0 || !strings.HasPrefix(o, "from ") {
 		t.Fatalf("exec on n2: %d %q %q", code, o, e)
 	}
 	checkResize(t, n[3], "chatty.talk", "--node", "n2")
+
+	if time.Since(quietSince) < 12*time.Second {
+		t.Fatalf("the checks took %s, less than the 10 s a quiet stream must outlast", time.Since(quietSince))
+	}
+	if e := quiet.stderr(); strings.Contains(e, "did not answer") || strings.Contains(e, "could not be read") {
+		t.Fatalf("following a quiet remote container failed: %s", e)
+	}
+	if code := quiet.stop(t); code != 0 {
+		t.Fatalf("the quiet follower ended with %d: %s", code, quiet.stderr())
+	}
 
 	// A node that cannot be read is named; the others' lines still show.
 	n[2].stop()

@@ -846,6 +846,9 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 			// re-attaches to it.
 			return report(res, state.Failed, "the agent stopped while it ran; it is re-attached at the next start")
 		}
+		if x.r.cfg.StepEnded != nil {
+			x.r.cfg.StepEnded(context.WithoutCancel(ctx), want.Name, id)
+		}
 		x.rt.Remove(context.WithoutCancel(ctx), id)
 		return report(res, state.Failed, err.Error())
 	}

@@ -373,6 +373,11 @@ func (ap *applier) nodeRemove(r *NodeRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM assignments WHERE node = ?`, r.Name); err != nil {
 		return false, err
 	}
+	for _, m := range mods {
+		if err := ap.endIfUnassigned(m); err != nil {
+			return false, err
+		}
+	}
 	if err := exec(tx, `DELETE FROM nodes WHERE name = ?`, r.Name); err != nil {
 		return false, err
 	}
@@ -590,6 +595,9 @@ func (ap *applier) unassign(r *UnassignRequest) (bool, error) {
 		return false, ruleErr(ErrNotFound, "module %q is not assigned to node %q (%s)", a.Module, a.Node, known)
 	}
 	if err := exec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module); err != nil {
+		return false, err
+	}
+	if err := ap.endIfUnassigned(a.Module); err != nil {
 		return false, err
 	}
 	return true, nil

@@ -25,7 +25,22 @@ type Next struct {
 // healthy for the policy's healthy-for (one without: the time since the
 // step); it fails when its apply failed for the module, a container of it
 // is unhealthy, or one exited since the rollout started.
-func Progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report, now time.Time) Next {
+//
+// A reached node whose plan does not compose (it keeps its old plan) fails
+// the rollout; so does a wait longer than ProgressDeadline since the last
+// step (a reached node that is down, a container that never starts).
+func Progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report, composeErrors map[string]string, now time.Time) Next {
+	next := progress(r, plans, reports, composeErrors, now)
+	if next.Step == nil && now.Sub(r.StepAt) > ProgressDeadline {
+		return failed(r, fmt.Sprintf("no progress for %s: %s", ProgressDeadline, next.Waiting))
+	}
+	return next
+}
+
+// ProgressDeadline bounds how long a rollout waits on the nodes of a step.
+const ProgressDeadline = 10 * time.Minute
+
+func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report, composeErrors map[string]string, now time.Time) Next {
 	var reached, left []string
 	for _, n := range r.Nodes {
 		if slices.Contains(r.Reached, n) {
@@ -37,6 +52,9 @@ func Progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 	progress := fmt.Sprintf("%d/%d nodes", len(reached), len(r.Nodes))
 	least := time.Duration(-1)
 	for _, n := range reached {
+		if msg := composeErrors[n]; msg != "" {
+			return failed(r, fmt.Sprintf("%s: its plan does not compose: %s", n, Tail(msg, 300)))
+		}
 		pv, ok := plans[n]
 		if !ok || pv.Plan == nil {
 			return Next{Waiting: fmt.Sprintf("%s, waiting on %s: it has no plan", progress, n)}

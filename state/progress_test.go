@@ -46,7 +46,7 @@ func TestProgress(t *testing.T) {
 			return rep
 		}(), "", "rollout of app to v50 moves on to a, b (c healthy for 10s)"},
 	} {
-		got := Progress(r, plans, map[string]Report{"c": c.rep}, now)
+		got := Progress(r, plans, map[string]Report{"c": c.rep}, nil, now)
 		step := ""
 		if got.Step != nil {
 			step = got.Step.describe()
@@ -55,11 +55,21 @@ func TestProgress(t *testing.T) {
 			t.Errorf("%s: waiting %q step %q; want %q %q", c.what, got.Waiting, step, c.waiting, c.step)
 		}
 	}
+	// A reached node whose plan does not compose, and a wait past the
+	// deadline, stop the rollout.
+	if got := Progress(r, plans, map[string]Report{"c": healthy(50, time.Hour)}, map[string]string{"c": "a secret is not sealed yet"}, now); got.Step == nil || !strings.Contains(got.Step.Failed, "c: its plan does not compose: a secret is not sealed yet") {
+		t.Fatalf("compose error: %+v", got)
+	}
+	late := r
+	late.StepAt = now.Add(-ProgressDeadline - time.Second)
+	if got := Progress(late, plans, map[string]Report{"c": healthy(49, time.Hour)}, nil, now); got.Step == nil || !strings.Contains(got.Step.Failed, "no progress for 10m0s: 1/3 nodes, waiting on c to apply plan v50") {
+		t.Fatalf("deadline: %+v", got)
+	}
 	// Every node reached and healthy: done.
 	r.Reached = []string{"c", "a", "b"}
 	plans["a"], plans["b"] = plan(50), plan(50)
 	reps := map[string]Report{"c": healthy(50, time.Hour), "a": healthy(50, time.Hour), "b": healthy(51, 20*time.Second)}
-	if got := Progress(r, plans, reps, now); got.Step == nil || !got.Step.Done || !strings.Contains(got.Step.Why, "c, a, b healthy") {
+	if got := Progress(r, plans, reps, nil, now); got.Step == nil || !got.Step.Done || !strings.Contains(got.Step.Why, "c, a, b healthy") {
 		t.Fatalf("all healthy: %+v", got)
 	}
 }

@@ -153,8 +153,13 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 		nodes[n] = true
 	}
 	mods := map[string]bool{}
-	// A rollout does not go on across a restore; the history stays.
+	// A rollout does not go on across a restore, and the history is the
+	// snapshot's modules' (a version number of another mesh's history
+	// could name another manifest).
 	if err := exec(tx, `DELETE FROM rollouts`); err != nil {
+		return false, err
+	}
+	if err := exec(tx, `DELETE FROM module_history`); err != nil {
 		return false, err
 	}
 	if err := exec(tx, `DELETE FROM modules`); err != nil {

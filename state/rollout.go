@@ -286,6 +286,15 @@ func (ap *applier) rolloutStep(r *RolloutStepRequest) (bool, error) {
 		p, _ := PolicyOf(cat[r.Module], 1)
 		return true, ap.stopRollout(ro, r.Failed, p.AutoRevert)
 	case r.Done:
+		nodes, err := moduleNodes(ap.tx, r.Module)
+		if err != nil {
+			return false, err
+		}
+		for _, n := range nodes {
+			if !slices.Contains(ro.Reached, n) {
+				return false, ruleErr(ErrConflict, "the rollout of %s to v%d has not reached %s yet", r.Module, r.To, n)
+			}
+		}
 		return true, exec(ap.tx, `UPDATE rollouts SET state = ?, reason = ?, step_index = ?, step_at = ? WHERE module = ?`, RolloutDone, r.Why, ap.index, ap.at, r.Module)
 	}
 	nodes, err := moduleNodes(ap.tx, r.Module)
@@ -378,6 +387,9 @@ func (ap *applier) moduleRevert(r *ModuleRevertRequest) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if digest == curDigest {
+		return false, ruleErr(ErrConflict, "version %d of module %s is the manifest it runs now (version %d): there is nothing to go back to", to, r.Module, cur)
+	}
 	// The old manifest as a new version, rolled out as any change.
 	ap.catalogueChanges()
 	if err := exec(ap.tx, `UPDATE modules SET file = ?, manifest = ?, digest = ?, spec = ?, version = ?, added_at = ? WHERE name = ?`, file, text, digest, spec, ap.index, ap.at, r.Module); err != nil {
@@ -391,6 +403,14 @@ func (ap *applier) moduleRevert(r *ModuleRevertRequest) (bool, error) {
 		return false, err
 	}
 	return true, ap.startRollout(r.Module, m, cur)
+}
+
+// endIfUnassigned drops the rollout of a module assigned nowhere any more:
+// a node assigned to it later runs the catalogue's version. Called by
+// unassign and node.remove, of any format (a rollout row exists only after
+// a command of the rollout format).
+func (ap *applier) endIfUnassigned(module string) error {
+	return exec(ap.tx, `DELETE FROM rollouts WHERE module = ? AND NOT EXISTS (SELECT 1 FROM assignments WHERE module = ?)`, module, module)
 }
 
 // heldModules is, per node a rollout has not reached yet, the version of
@@ -451,8 +471,11 @@ func (s *Store) Rollouts(ctx context.Context) ([]Rollout, error) {
 	var out []Rollout
 	for _, m := range mods {
 		r, err := readRollout(s.db, m)
-		if err != nil || r == nil {
+		if err != nil {
 			return nil, err
+		}
+		if r == nil {
+			continue // gone since the list
 		}
 		if r.Nodes, err = moduleNodes(s.db, m); err != nil {
 			return nil, err

@@ -75,6 +75,7 @@ func TestRollout(t *testing.T) {
 		{&RolloutStepRequest{Module: "app", To: v1, Reach: []string{"ace"}}, "is not running"},
 		{&RolloutStepRequest{Module: "app", To: v2, Reach: []string{"dog"}}, "not assigned to dog"},
 		{&RolloutStepRequest{Module: "app", To: v2}, "names the nodes it reaches"},
+		{&RolloutStepRequest{Module: "app", To: v2, Done: true}, "has not reached ace yet"},
 	} {
 		before := dumpJSON(t, s)
 		if err := applyErr(t, s, &idx, c.r); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -163,9 +164,19 @@ func TestRollout(t *testing.T) {
 	if rs, _ := s.Rollouts(ctx); len(rs) != 0 {
 		t.Fatalf("a change applied at once left a rollout: %+v", rs)
 	}
+	// A stopped rollout ends when the module is assigned nowhere: a node
+	// assigned later runs the catalogue's version.
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", rollApp("1.41", noRevert))}})
+	mustApply(t, s, &idx, &RolloutStepRequest{Module: "app", To: idx, Failed: "cat: exited"})
+	if r := rollout(); r.State != RolloutFailed {
+		t.Fatalf("stopped: %+v", r)
+	}
 	mustApply(t, s, &idx, &UnassignRequest{Assignment: Assignment{Node: "ace", Module: "app"}})
 	mustApply(t, s, &idx, &UnassignRequest{Assignment: Assignment{Node: "bee", Module: "app"}})
 	mustApply(t, s, &idx, &UnassignRequest{Assignment: Assignment{Node: "cat", Module: "app"}})
+	if rs, _ := s.Rollouts(ctx); len(rs) != 0 {
+		t.Fatalf("a module assigned nowhere kept its rollout: %+v", rs)
+	}
 	mustApply(t, s, &idx, &ModuleRemoveRequest{Name: "app"})
 	var left int
 	s.db.QueryRow(`SELECT (SELECT count(*) FROM rollouts) + (SELECT count(*) FROM module_history)`).Scan(&left)

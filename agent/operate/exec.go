@@ -47,11 +47,13 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(api.MaxMessage)
 	defer ws.CloseNow()
+	ctx, cancel := s.streamContext(r.Context())
+	defer cancel()
 	if src.Node == s.Node {
-		s.runExec(r.Context(), ws, src.Container, q)
+		s.runExec(ctx, ws, src.Container, q)
 		return
 	}
-	s.relayExec(r.Context(), ws, src, q)
+	s.relayExec(ctx, ws, src, q)
 }
 
 // serveNodeExec is a node's /v1/op/exec?name=CONTAINER&cmd=...
@@ -73,7 +75,9 @@ func (s *Server) serveNodeExec(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(api.MaxMessage)
 	defer ws.CloseNow()
-	s.runExec(r.Context(), ws, name, q)
+	ctx, cancel := s.streamContext(r.Context())
+	defer cancel()
+	s.runExec(ctx, ws, name, q)
 }
 
 // sendExit ends a stream with the command's exit, or why it did not run.
@@ -196,30 +200,38 @@ func (s *Server) relayExec(ctx context.Context, ws *websocket.Conn, src api.Sour
 	}
 	peer.SetReadLimit(api.MaxMessage)
 	defer peer.CloseNow()
-	client := ctx
-	ctx, stop := context.WithCancel(ctx)
-	defer stop()
-	exited := false
-	pipe := func(from, to *websocket.Conn) {
-		defer stop()
+	// The caller's messages to the peer, until the caller goes (then the
+	// peer's end goes too, and the command loses its streams).
+	inCtx, stopIn := context.WithCancel(ctx)
+	defer stopIn()
+	go func() {
+		defer peer.CloseNow()
 		for {
-			typ, b, err := from.Read(ctx)
+			typ, b, err := ws.Read(inCtx)
 			if err != nil {
 				return
 			}
-			if err := to.Write(ctx, typ, b); err != nil {
-				return
-			}
-			if len(b) > 0 && b[0] == api.KindExit && from == peer {
-				exited = true
-				to.Close(websocket.StatusNormalClosure, "")
+			if err := peer.Write(inCtx, typ, b); err != nil {
 				return
 			}
 		}
+	}()
+	// The peer's messages to the caller, until its exit. The caller's end
+	// stays open after the peer's broke, to say so.
+	for {
+		typ, b, err := peer.Read(ctx)
+		if err != nil {
+			break
+		}
+		if err := ws.Write(ctx, typ, b); err != nil {
+			return
+		}
+		if len(b) > 0 && b[0] == api.KindExit {
+			ws.Close(websocket.StatusNormalClosure, "")
+			return
+		}
 	}
-	go pipe(ws, peer)
-	pipe(peer, ws)
-	if !exited && client.Err() == nil {
-		sendExit(client, ws, api.Exit{Code: -1, Error: fmt.Sprintf("the stream from node %s broke before the command ended", src.Node)})
+	if ctx.Err() == nil {
+		sendExit(ctx, ws, api.Exit{Code: -1, Error: fmt.Sprintf("the stream from node %s broke before the command ended", src.Node)})
 	}
 }

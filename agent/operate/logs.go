@@ -44,7 +44,7 @@ func (s *Server) serveLogs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := s.streamContext(r.Context())
 	defer cancel()
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
@@ -128,9 +128,19 @@ func (s *Server) remoteLogs(ctx context.Context, src api.Source, q api.LogQuery,
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("node %s: %s", src.Node, api.ErrorBody(resp))
 	}
+	// Without -f the stream ends by itself: a node that sends nothing for
+	// idleLimit has stalled (with -f, a quiet container is just quiet).
+	var idle *time.Timer
+	if !q.Follow {
+		idle = time.AfterFunc(idleLimit, hcancel)
+		defer idle.Stop()
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), api.MaxRecord)
 	for sc.Scan() {
+		if idle != nil {
+			idle.Reset(idleLimit)
+		}
 		var rec api.Record
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
 			return fmt.Errorf("node %s sent a bad record: %v", src.Node, err)
@@ -139,11 +149,20 @@ func (s *Server) remoteLogs(ctx context.Context, src api.Source, q api.LogQuery,
 			return nil
 		}
 	}
-	if err := sc.Err(); err != nil && ctx.Err() == nil {
+	if ctx.Err() != nil {
+		return nil
+	}
+	if hctx.Err() != nil {
+		return fmt.Errorf("node %s sent nothing for %s; its lines after that are not shown", src.Node, idleLimit)
+	}
+	if err := sc.Err(); err != nil {
 		return fmt.Errorf("node %s: the stream broke: %v", src.Node, err)
 	}
 	return nil
 }
+
+// idleLimit is how long a stream without -f may send nothing.
+const idleLimit = 30 * time.Second
 
 // serveNodeLogs is a node's /v1/op/logs?name=N[&step=1]...: one container's
 // lines (a step's last run's) as NDJSON.
@@ -160,9 +179,15 @@ func (s *Server) serveNodeLogs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
-	enc := json.NewEncoder(w)
+	w.WriteHeader(http.StatusOK)
 	f, _ := w.(http.Flusher)
-	err = s.nodeLogs(r.Context(), src, q, func(rec api.Record) error {
+	if f != nil {
+		f.Flush() // the caller knows at once that this node answers
+	}
+	enc := json.NewEncoder(w)
+	ctx, cancel := s.streamContext(r.Context())
+	defer cancel()
+	err = s.nodeLogs(ctx, src, q, func(rec api.Record) error {
 		if err := enc.Encode(rec); err != nil {
 			return err
 		}
@@ -171,7 +196,7 @@ func (s *Server) serveNodeLogs(w http.ResponseWriter, r *http.Request) {
 		}
 		return nil
 	})
-	if err != nil && r.Context().Err() == nil {
+	if err != nil && ctx.Err() == nil {
 		enc.Encode(api.Record{Error: err.Error()})
 	}
 }

@@ -66,6 +66,19 @@ type Server struct {
 	// StepLogs is the directory of the steps' last runs' lines.
 	StepLogs string
 	Log      *slog.Logger
+	// Stop ends every stream (the agent stops): a follower is not left
+	// holding the API's shutdown.
+	Stop context.Context
+}
+
+// streamContext is a request's context, ended too when the agent stops.
+func (s *Server) streamContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	if s.Stop != nil {
+		stop := context.AfterFunc(s.Stop, cancel)
+		return ctx, func() { stop(); cancel() }
+	}
+	return ctx, cancel
 }
 
 // PeerHandler serves /v1/op/logs and /v1/op/exec to the mesh's members

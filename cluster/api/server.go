@@ -503,7 +503,13 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Nodes = append(out.Nodes, ns)
 	}
-	if out.Rollouts, err = a.rollouts(ctx, reports); err != nil {
+	broken := map[string]string{}
+	for _, n := range nodes {
+		if n.ComposeError != "" {
+			broken[n.Name] = n.ComposeError
+		}
+	}
+	if out.Rollouts, err = a.rollouts(ctx, reports, broken); err != nil {
 		fail(w, err)
 		return
 	}
@@ -512,7 +518,7 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 
 // rollouts reads the rollouts and says what each running one waits for,
 // as the leader's driver decides it (state.Progress).
-func (a *API) rollouts(ctx context.Context, reports map[string]state.Report) ([]RolloutStatus, error) {
+func (a *API) rollouts(ctx context.Context, reports map[string]state.Report, broken map[string]string) ([]RolloutStatus, error) {
 	rs, err := a.store.Rollouts(ctx)
 	if err != nil {
 		return nil, err
@@ -527,7 +533,7 @@ func (a *API) rollouts(ctx context.Context, reports map[string]state.Report) ([]
 					plans[n] = pv
 				}
 			}
-			next := state.Progress(r, plans, reports, a.now())
+			next := state.Progress(r, plans, reports, broken, a.now())
 			st.Waiting = next.Waiting
 			if next.Step != nil {
 				st.Waiting = "next: " + state.Describe(next.Step)
