@@ -18,7 +18,7 @@ type ModuleCmd struct {
 	List    ModuleListCmd    `cmd:"" help:"List the catalogue."`
 	Show    ModuleShowCmd    `cmd:"" help:"Print a module's manifest."`
 	Remove  ModuleRemoveCmd  `cmd:"" help:"Remove a module that is assigned nowhere."`
-	Pull    ModulePullCmd    `cmd:"" help:"Pull the images of MODULE's containers on every node running it now, and replace only the containers whose image changed."`
+	Pull    ModulePullCmd    `cmd:"" help:"Pull the images of MODULE's containers on every node running it (node by node when it rolls out), and replace only the containers whose image changed."`
 	History ModuleHistoryCmd `cmd:"" help:"List MODULE's versions, the newest first, with the command that gave each."`
 	Revert  ModuleRevertCmd  `cmd:"" help:"Give MODULE back an earlier version, rolled out as any change; during a rollout, stop it and put every node back."`
 }
@@ -133,7 +133,7 @@ func (c *ModuleShowCmd) Run(g *Globals) error {
 // ModulePullCmd pulls a module's images everywhere it runs.
 type ModulePullCmd struct {
 	Name    string        `arg:"" predictor:"module" help:"The module."`
-	Wait    bool          `help:"Return when every node running it has pulled and applied, and the health checks of the containers it replaced pass; exit 1 if any fails."`
+	Wait    bool          `help:"Return when every node running it has pulled and applied, the health checks of the containers it replaced pass, and a rollout it started has ended; exit 1 if any fails or the rollout stopped."`
 	Timeout time.Duration `default:"10m" help:"How long --wait waits (pulls can be slow)."`
 	DryRun  bool          `name:"dry-run" help:"Print which containers would pull, on which nodes; write nothing."`
 }
@@ -150,11 +150,11 @@ func (c *ModulePullCmd) Run(g *Globals) error {
 	if r.Preview != nil {
 		return printPreview(g, r.Preview)
 	}
-	fmt.Fprintf(g.out, "every node running %s pulls its images and replaces the containers whose image changed (log index %d)\n", c.Name, r.Index)
+	fmt.Fprintf(g.out, "every node running %s pulls its images and replaces the containers whose image changed (log index %d; node by node when it rolls out)\n", c.Name, r.Index)
 	if !c.Wait {
 		return nil
 	}
-	if err := waitChanged(g, r.Index, c.Timeout); err != nil {
+	if err := waitAndRollouts(g, []string{c.Name}, r.Index, c.Timeout); err != nil {
 		return err
 	}
 	st, err := g.status()

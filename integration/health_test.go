@@ -32,10 +32,12 @@ func TestHealthBed(t *testing.T) {
 			t.Fatalf("assign %s --wait did not wait for health:\n%s", on, out)
 		}
 	}
-	// module add --wait: a changed check replaces both instances, and the
-	// command returns once both nodes applied and both checks pass.
+	// module add --wait: a changed check replaces both instances, one node
+	// at a time (issue 29: a module with a health check on two nodes rolls
+	// out), and the command returns once both checks pass.
 	hc = n[1].manifest("bedhc", bedHealthy, map[string]string{"name": "bedhc", "check": `"test", "-f", "/tmp/ok"`})
-	if out := n[1].mesh("module", "add", hc, "--wait"); strings.Count(out, "healthy: bedhc.server") != 2 {
+	if out := n[1].mesh("module", "add", hc, "--wait"); !strings.Contains(out, "healthy: bedhc.server") || !strings.Contains(out, "2/2 nodes, waiting on n2: bedhc.server") ||
+		!strings.Contains(out, "done: n1, n2 healthy for 10s") {
 		t.Fatalf("module add --wait did not wait for both nodes' checks:\n%s", out)
 	}
 	n[1].mesh("node", "public-domain", "n3", "bed.example", "--wait")

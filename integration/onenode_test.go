@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-var meshBin, dnsqBin, wgfloodBin string
+var meshBin, dnsqBin, wgfloodBin, maxrssBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "mesh-integration-")
@@ -40,6 +40,14 @@ func TestMain(m *testing.M) {
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build dnsq:", err)
+		os.Exit(1)
+	}
+	maxrssBin = filepath.Join(dir, "maxrss")
+	build = exec.Command("go", "build", "-o", maxrssBin, "./testdata/maxrss")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build maxrss:", err)
 		os.Exit(1)
 	}
 	wgfloodBin = filepath.Join(dir, "wgflood")

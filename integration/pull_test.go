@@ -101,7 +101,45 @@ func TestModulePullBed(t *testing.T) {
 	if why := a.mesh("why", "ace", "bedpull.web"); !strings.Contains(why, "mesh module pull bedpull") {
 		t.Fatalf("why:\n%s", why)
 	}
+
+	// Issue 29: a pull of a module that rolls out (update:) whose new image
+	// fails its health check is stopped and reverted: the container runs
+	// the image from before the pull again (its ID), and --wait says why.
+	push("roll:1", "good")
+	a.mesh("module", "add", a.manifest("bedroll", bedPullRoll, map[string]string{"registry": registry}))
+	if out := a.mesh("assign", "ace", "bedroll", "--wait"); !strings.Contains(out, "healthy: bedroll.web") {
+		t.Fatalf("assign bedroll --wait:\n%s", out)
+	}
+	good := strings.TrimSpace(h.podman("container", "inspect", "--format", "{{.Image}}", "bedroll.web"))
+	push("roll:1", "broken")
+	b, err := a.command("module", "pull", "bedroll", "--wait", "--data-dir", a.n.dir).CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "stopped and reverted") || !strings.Contains(string(b), "ace: container bedroll.web is unhealthy") {
+		t.Fatalf("a pull of a broken image: %v\n%s", err, b)
+	}
+	eventually(t, 60*time.Second, "the container runs the image from before the pull", func() (bool, string) {
+		// Not there for a moment while it is replaced: looked for again.
+		idb, _ := h.podmanCmd("container", "inspect", "--format", "{{.Image}}", "bedroll.web").Output()
+		out, _ := h.podmanCmd("exec", "bedroll.web", "cat", "/version").CombinedOutput()
+		id := strings.TrimSpace(string(idb))
+		return id == good && strings.TrimSpace(string(out)) == "good", id + " " + string(out)
+	})
+	if why := a.mesh("why", "ace", "bedroll.web"); !strings.Contains(why, "stopped: ace: container bedroll.web is unhealthy") {
+		t.Fatalf("why after the revert:\n%s", why)
+	}
 }
+
+const bedPullRoll = `module: bedroll
+update: {healthy-for: 2s}
+resources:
+  - container: bedroll.web
+    image: {{registry}}/bed/roll:1
+    command: ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
+    health:
+      command: ["grep", "-q", "good", "/version"]
+      interval: 1s
+      retries: 2
+      start-period: 1s
+`
 
 // buildContext is a build of the bed's busybox with /version (COPY, not
 // RUN: nothing runs at build time).

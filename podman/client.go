@@ -302,6 +302,27 @@ func (c *Client) ImageID(ctx context.Context, ref string) (string, error) {
 	return img.ID, nil
 }
 
+// Tag makes ref (NAME[:TAG]) name the local image id: a pull's rollout
+// that is reverted puts the image from before the pull back under it.
+func (c *Client) Tag(ctx context.Context, id, ref string) error {
+	if strings.Contains(ref, "@") {
+		return fmt.Errorf("%s names an image by digest; it cannot be tagged", ref)
+	}
+	repo, tag := ref, "latest"
+	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+		repo, tag = ref[:i], ref[i+1:]
+	}
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if err := images.Tag(cx, id, tag, repo, nil); err != nil {
+		return fmt.Errorf("tag image %s as %s: %w", short(id), ref, err)
+	}
+	return nil
+}
+
 // Create creates a container from spec.
 func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) {
 	g := specgen.NewSpecGenerator(s.Image, false)

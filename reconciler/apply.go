@@ -957,7 +957,25 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 				return report(res, state.Failed, err.Error())
 			}
 			action, reason = decidePull(action, reason, res.Decl.Image, have.ImageID, id)
+			if have.ImageID != "" && have.ImageID != id {
+				x.r.ledger.SetPrePull(want.Name, PrePull{Index: res.Pull, ImageID: have.ImageID})
+			}
 		}
+	} else if pre, ok := x.r.ledger.PrePull[want.Name]; pullUndone(res.Pull, x.r.ledger.Pulled[want.Name], pre, ok) {
+		// The pull's rollout was reverted: the name gives the image the
+		// container ran before it again, and the container runs that.
+		if err := x.rt.Tag(ctx, pre.ImageID, res.Decl.Image); err != nil {
+			return report(res, state.Failed, fmt.Sprintf("put back image %s as %s (a pull's rollout was reverted): %v", shortID(pre.ImageID), res.Decl.Image, err))
+		}
+		if have != nil && have.ImageID != pre.ImageID {
+			why := fmt.Sprintf("image %s back to %s (the rollout of mesh module pull was reverted)", res.Decl.Image, shortID(pre.ImageID))
+			if action == actReplace {
+				reason += "; " + why
+			} else {
+				action, reason = actReplace, why
+			}
+		}
+		x.r.ledger.UndoPull(want.Name, res.Pull)
 	}
 	if msg := x.mountsOK(res); msg != "" {
 		if have != nil && have.Running {

@@ -51,6 +51,11 @@ func (a *Around) ImageID(ctx context.Context, ref string) (_ string, err error) 
 	return a.Runtime.ImageID(ctx, ref)
 }
 
+func (a *Around) Tag(ctx context.Context, id, ref string) (err error) {
+	defer a.around(ctx, "tag", true)(&err)
+	return a.Runtime.Tag(ctx, id, ref)
+}
+
 func (a *Around) Create(ctx context.Context, s Spec) (_ string, err error) {
 	defer a.around(ctx, "create", true)(&err)
 	return a.Runtime.Create(ctx, s)

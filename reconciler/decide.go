@@ -268,6 +268,13 @@ func pullDue(pull, handled uint64) bool {
 	return pull > handled
 }
 
+// pullUndone says whether a container's last pull was taken back (a pull's
+// rollout reverted: the plan's pull index went below the one it handled)
+// and the image it ran before that pull is known.
+func pullUndone(pull, handled uint64, pre PrePull, known bool) bool {
+	return known && pull < handled && pre.Index == handled && pre.ImageID != ""
+}
+
 // decidePull turns decideContainer's answer once `mesh module pull` fetched
 // image: a container whose image (running, its image ID; "" when unknown) is
 // not the one the name gives now (pulled) is replaced, with that reason

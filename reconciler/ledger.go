@@ -27,9 +27,19 @@ type Ledger struct {
 	// Restarted maps a container to the `mesh restart` (its log index) it
 	// handled last.
 	Restarted map[string]uint64 `json:"restarted,omitempty"`
+	// PrePull maps a container that a `mesh module pull` replaced to the
+	// image it ran before (issue 29): a pull's rollout that is reverted
+	// puts that image back under the name.
+	PrePull map[string]PrePull `json:"pre_pull,omitempty"`
 
 	path  string
 	saved []byte
+}
+
+// PrePull is the image a container ran before the pull at Index.
+type PrePull struct {
+	Index   uint64 `json:"index"`
+	ImageID string `json:"image_id"`
 }
 
 // PathEntry is one path the mesh owns.
@@ -145,6 +155,25 @@ func (l *Ledger) MarkRestarted(name string, index uint64) {
 		l.Restarted = map[string]uint64{}
 	}
 	l.Restarted[name] = index
+}
+
+// SetPrePull records the image a container ran before a pull replaced it.
+func (l *Ledger) SetPrePull(name string, p PrePull) {
+	if l.PrePull == nil {
+		l.PrePull = map[string]PrePull{}
+	}
+	l.PrePull[name] = p
+}
+
+// UndoPull records that a container's last pull was taken back: it has
+// handled the pull at index (0: none) and its previous image is back.
+func (l *Ledger) UndoPull(name string, index uint64) {
+	delete(l.PrePull, name)
+	if index == 0 {
+		delete(l.Pulled, name)
+		return
+	}
+	l.MarkPulled(name, index)
 }
 
 // MarkPulled records that container name handled the module pull at index

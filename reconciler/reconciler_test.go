@@ -94,6 +94,16 @@ func (f *fake) ImageID(ctx context.Context, ref string) (string, error) {
 	defer f.mu.Unlock()
 	return f.imageID(ref), nil
 }
+func (f *fake) Tag(ctx context.Context, id, ref string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "tag "+ref)
+	if f.imageIDs == nil {
+		f.imageIDs = map[string]string{}
+	}
+	f.imageIDs[ref] = id
+	return nil
+}
 func (f *fake) imageID(ref string) string {
 	if id, ok := f.imageIDs[ref]; ok {
 		return id
@@ -694,5 +704,38 @@ func TestRestartOnce(t *testing.T) {
 	fresh.apply()
 	if rep := fresh.apply(); rep.Mutations != 0 || strings.Contains(fmt.Sprint(fresh.rt.calls), "restart ") {
 		t.Fatalf("a container made after the restart was restarted for it: %v", fresh.rt.calls)
+	}
+}
+
+// A pull's rollout reverted (the plan's pull index back below the one a
+// container handled): the name gives the image from before that pull
+// again, and the containers the pull replaced run it, saying why; the
+// next pass changes nothing.
+func TestPullRevertPutsBackTheImage(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	before := b.rt.byName("app.server").ImageID
+	b.rt.registry = map[string]string{"localhost/busybox:1": "sha256:0123456789abcdef0123"}
+	b.in.Pulls = map[string]uint64{"app": 7}
+	b.apply()
+	if got := b.rt.byName("app.server").ImageID; got != "sha256:0123456789abcdef0123" {
+		t.Fatalf("after the pull: %s", got)
+	}
+	delete(b.in.Pulls, "app")
+	rep := b.apply()
+	o := outcome(rep, "app.server")
+	if o.Outcome != state.Replaced || !strings.Contains(o.Reason, "image localhost/busybox:1 back to "+shortID(before)+" (the rollout of mesh module pull was reverted)") {
+		t.Fatalf("revert: %+v", o)
+	}
+	if got := b.rt.byName("app.server").ImageID; got != before {
+		t.Fatalf("after the revert the container runs %s, not %s", got, before)
+	}
+	if rep = b.apply(); rep.Mutations != 0 {
+		t.Fatalf("the pass after a revert made %d mutations: %v", rep.Mutations, b.rt.calls)
+	}
+	// A later pull pulls again.
+	b.in.Pulls["app"] = 9
+	if rep = b.apply(); outcome(rep, "app.server").Outcome != state.Replaced {
+		t.Fatalf("a pull after the revert: %+v", outcome(rep, "app.server"))
 	}
 }

@@ -35,6 +35,8 @@ type Runtime interface {
 	Pull(ctx context.Context, ref, policy string) error
 	// ImageID is the ID of the local image ref names.
 	ImageID(ctx context.Context, ref string) (string, error)
+	// Tag makes ref name the local image id (mutating).
+	Tag(ctx context.Context, id, ref string) error
 	// Create creates a container (mutating) and returns its ID.
 	Create(ctx context.Context, spec Spec) (string, error)
 	// Start starts a container (mutating); an error means it did not start.

@@ -319,7 +319,12 @@ type ModuleRemoveRequest struct {
 // containers' images now and replace the containers whose image changed.
 type ModulePullRequest struct {
 	Module string `json:"module"`
+	// Rollout: the proposer saw the module roll out (rollout.go); the
+	// command then needs the rollout format, whose FSM rolls the pull out.
+	Rollout bool `json:"rollout,omitempty"`
 }
+
+func (r *ModulePullRequest) formatNeeded() int { return iff(r.Rollout, rolloutFormat) }
 
 // AssignRequest assigns a module to a node, with the secrets of the
 // credentials it consumes (the FSM keeps the first secret it sees per pair).

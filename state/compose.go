@@ -80,8 +80,10 @@ type Input struct {
 	// Restarts is the index of the last `mesh restart` of each scope.
 	Restarts map[RestartKey]uint64
 	// Held is the manifest a node keeps for a module whose rollout has not
-	// reached it yet (rollout.go): the version before.
-	Held map[HeldKey]*manifest.Manifest
+	// reached it yet (rollout.go): the version before; HeldPulls the pull
+	// index it keeps while a pull's rollout has not reached it.
+	Held      map[HeldKey]*manifest.Manifest
+	HeldPulls map[HeldKey]uint64
 }
 
 // Name is one roster entry: a DNS name, the address it answers with, and the
@@ -299,6 +301,9 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			switch res.Kind {
 			case manifest.KindContainer:
 				res.Pull = in.Pulls[mod]
+				if p, ok := in.HeldPulls[HeldKey{Node: n.Name, Module: mod}]; ok {
+					res.Pull = p
+				}
 				res.Restart = in.restartOf(mod, res.Name, n.Name)
 			case manifest.KindFile:
 				res.Content = d.Content

@@ -534,8 +534,28 @@ func (ap *applier) modulePull(r *ModulePullRequest) (bool, error) {
 	if !assigned {
 		return false, ruleErr(ErrConflict, "module %q is assigned to no node; there is nothing to pull (a node pulls what it needs when the module is assigned)", r.Module)
 	}
+	// A pull rolls out as a new manifest does (rollout.go), for commands of
+	// that format and modules with a rollout row.
+	rolls := ap.v >= rolloutFormat
+	if !rolls {
+		if rolls, err = has(tx, `SELECT 1 FROM rollouts WHERE module = ?`, r.Module); err != nil {
+			return false, err
+		}
+	}
+	var prev uint64
+	if rolls {
+		if err := refuseDuringRollout(tx, r.Module); err != nil {
+			return false, err
+		}
+		if err := tx.QueryRow(`SELECT idx FROM pulls WHERE module = ?`, r.Module).Scan(&prev); err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return false, err
+		}
+	}
 	if err := exec(tx, `INSERT INTO pulls (module, idx) VALUES (?, ?) ON CONFLICT (module) DO UPDATE SET idx = excluded.idx`, r.Module, ap.index); err != nil {
 		return false, err
+	}
+	if rolls {
+		return true, ap.startPullRollout(r.Module, prev)
 	}
 	return true, nil
 }
@@ -900,7 +920,7 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 	if err != nil {
 		return in, err
 	}
-	if in.Held, err = heldModules(q); err != nil {
+	if in.Held, in.HeldPulls, err = heldBack(q); err != nil {
 		return in, err
 	}
 	err = eachRow(ctx, q, "pulls", `SELECT module, idx FROM pulls`, func(rows *sql.Rows) error {

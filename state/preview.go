@@ -220,10 +220,13 @@ func PlanActions(old, new *Plan) []Action {
 					}
 				}
 				pull := had && r.Kind == manifest.KindContainer && r.Pull > o.Pull && len(why) == 0
+				unpull := had && r.Kind == manifest.KindContainer && r.Pull < o.Pull && len(why) == 0
 				restart := had && r.Kind == manifest.KindContainer && r.Restart > o.Restart && len(why) == 0
 				switch {
 				case pull: // a replacement it makes restarts it too
 					out = append(out, Action{Do: "pull", Kind: r.Kind, Name: r.Name, Module: r.Module, Why: "mesh module pull: replaced only if its image changed"})
+				case unpull: // a pull's rollout reverted (rollout.go)
+					out = append(out, Action{Do: "pull", Kind: r.Kind, Name: r.Name, Module: r.Module, Why: "a pull taken back: the image from before it, back (replaced if it runs another)"})
 				case restart:
 					out = append(out, Action{Do: "restart", Kind: r.Kind, Name: r.Name, Module: r.Module, Why: "mesh restart: the same container, stopped and started again"})
 				case !had && r.Kind == manifest.KindStep:

@@ -120,6 +120,11 @@ type Rollout struct {
 	StepIndex uint64    `json:"step_index"`
 	StepAt    time.Time `json:"step_at"`
 	Policy    Policy    `json:"policy"`
+	// FromPull and ToPull are set on the rollout of a `mesh module pull`
+	// (the manifest stays; To is the pull's index): the pull index the
+	// nodes not reached keep, and the pull's.
+	FromPull uint64 `json:"from_pull,omitempty"`
+	ToPull   uint64 `json:"to_pull,omitempty"`
 }
 
 // Version is one of a module's versions.
@@ -218,8 +223,8 @@ func moduleNodes(q queryer, module string) ([]string, error) {
 func readRollout(q queryer, module string) (*Rollout, error) {
 	r := &Rollout{Module: module}
 	var reached, started, stepAt string
-	err := q.QueryRowContext(bg, `SELECT from_version, to_version, state, reached, reason, started_at, step_index, step_at FROM rollouts WHERE module = ?`, module).
-		Scan(&r.From, &r.To, &r.State, &reached, &r.Reason, &started, &r.StepIndex, &stepAt)
+	err := q.QueryRowContext(bg, `SELECT from_version, to_version, state, reached, reason, started_at, step_index, step_at, from_pull, to_pull FROM rollouts WHERE module = ?`, module).
+		Scan(&r.From, &r.To, &r.State, &reached, &r.Reason, &started, &r.StepIndex, &stepAt, &r.FromPull, &r.ToPull)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -253,11 +258,58 @@ func (ap *applier) startRollout(name string, m *manifest.Manifest, from uint64) 
 		return exec(ap.tx, `DELETE FROM rollouts WHERE module = ?`, name)
 	}
 	first := nodes[:min(p.MaxParallel, len(nodes))]
-	return exec(ap.tx, `INSERT INTO rollouts (module, from_version, to_version, state, reached, reason, started_at, step_index, step_at)
-		VALUES (?, ?, ?, ?, ?, '', ?, ?, ?)
+	return ap.writeRollout(name, from, ap.index, 0, 0, first)
+}
+
+// writeRollout starts a module's rollout (replacing the row of the last).
+func (ap *applier) writeRollout(name string, from, to, fromPull, toPull uint64, first []string) error {
+	return exec(ap.tx, `INSERT INTO rollouts (module, from_version, to_version, state, reached, reason, started_at, step_index, step_at, from_pull, to_pull)
+		VALUES (?, ?, ?, ?, ?, '', ?, ?, ?, ?, ?)
 		ON CONFLICT (module) DO UPDATE SET from_version = excluded.from_version, to_version = excluded.to_version, state = excluded.state,
-			reached = excluded.reached, reason = '', started_at = excluded.started_at, step_index = excluded.step_index, step_at = excluded.step_at`,
-		name, from, ap.index, RolloutRunning, strings.Join(first, " "), ap.at, ap.index, ap.at)
+			reached = excluded.reached, reason = '', started_at = excluded.started_at, step_index = excluded.step_index, step_at = excluded.step_at,
+			from_pull = excluded.from_pull, to_pull = excluded.to_pull`,
+		name, from, to, RolloutRunning, strings.Join(first, " "), ap.at, ap.index, ap.at, fromPull, toPull)
+}
+
+// startPullRollout begins the rollout of a `mesh module pull` when the
+// module's policy asks for one: the nodes not reached keep the pull index
+// prev (from a stopped rollout: the one they kept).
+func (ap *applier) startPullRollout(name string, prev uint64) error {
+	nodes, err := moduleNodes(ap.tx, name)
+	if err != nil {
+		return err
+	}
+	cat, err := ap.catalogue()
+	if err != nil {
+		return err
+	}
+	p, ok := PolicyOf(cat[name], len(nodes))
+	if !ok {
+		return exec(ap.tx, `DELETE FROM rollouts WHERE module = ?`, name)
+	}
+	old, err := readRollout(ap.tx, name)
+	if err != nil {
+		return err
+	}
+	if old != nil && old.State == RolloutFailed {
+		if old.ToPull > 0 {
+			prev = old.FromPull
+		} else if old.From != old.To {
+			// A stopped manifest rollout: the pull goes everywhere at once
+			// (the nodes not reached keep their manifest, with the pull).
+			return nil
+		}
+	}
+	var version uint64
+	if err := ap.tx.QueryRow(`SELECT version FROM modules WHERE name = ?`, name).Scan(&version); err != nil {
+		return err
+	}
+	if err := ap.keepHistory(name); err != nil {
+		return err
+	}
+	// Its To is the pull's own index, so no step of an older rollout of the
+	// same manifest is taken for it.
+	return ap.writeRollout(name, version, ap.index, prev, ap.index, nodes[:min(p.MaxParallel, len(nodes))])
 }
 
 // refuseDuringRollout refuses a new version of a module while one rolls out.
@@ -323,10 +375,24 @@ func (ap *applier) stopRollout(ro *Rollout, why string, revert bool) error {
 	if !revert {
 		return exec(ap.tx, `UPDATE rollouts SET state = ?, reason = ?, step_index = ?, step_at = ? WHERE module = ?`, RolloutFailed, why, ap.index, ap.at, ro.Module)
 	}
-	if err := ap.putVersion(ro.Module, ro.From); err != nil {
+	if ro.ToPull > 0 {
+		// A pull's rollout: the pull index goes back; the reached nodes put
+		// back the image their containers ran before it (their ledgers keep it).
+		if err := ap.putPull(ro.Module, ro.FromPull); err != nil {
+			return err
+		}
+	} else if err := ap.putVersion(ro.Module, ro.From); err != nil {
 		return err
 	}
 	return exec(ap.tx, `UPDATE rollouts SET state = ?, reason = ?, step_index = ?, step_at = ? WHERE module = ?`, RolloutReverted, why, ap.index, ap.at, ro.Module)
+}
+
+// putPull sets a module's pull index back (0: no pull).
+func (ap *applier) putPull(module string, idx uint64) error {
+	if idx == 0 {
+		return exec(ap.tx, `DELETE FROM pulls WHERE module = ?`, module)
+	}
+	return exec(ap.tx, `UPDATE pulls SET idx = ? WHERE module = ?`, idx, module)
 }
 
 // putVersion puts a version of the module's history back in the catalogue
@@ -413,24 +479,23 @@ func (ap *applier) endIfUnassigned(module string) error {
 	return exec(ap.tx, `DELETE FROM rollouts WHERE module = ? AND NOT EXISTS (SELECT 1 FROM assignments WHERE module = ?)`, module, module)
 }
 
-// heldModules is, per node a rollout has not reached yet, the version of
-// the module it keeps (the rollout's From).
-func heldModules(q queryer) (map[HeldKey]*manifest.Manifest, error) {
-	held := map[HeldKey]*manifest.Manifest{}
+// heldBack is what the nodes a rollout has not reached yet keep: the
+// module's previous manifest (held), or for a pull's rollout the pull index
+// before it (pulls; the manifest is the same).
+func heldBack(q queryer) (map[HeldKey]*manifest.Manifest, map[HeldKey]uint64, error) {
+	held, pulls := map[HeldKey]*manifest.Manifest{}, map[HeldKey]uint64{}
 	type row struct {
-		module  string
-		reached []string
-		file    string
-		digest  string
-		spec    string
+		module, file, digest, spec string
+		reached                    []string
+		fromPull, toPull           uint64
 	}
 	var rows []row
-	err := eachRow(bg, q, "rollouts", `SELECT r.module, r.reached, h.file, h.digest, h.spec FROM rollouts r
-		JOIN module_history h ON h.module = r.module AND h.version = r.from_version
+	err := eachRow(bg, q, "rollouts", `SELECT r.module, r.reached, r.from_pull, r.to_pull, COALESCE(h.file, ''), COALESCE(h.digest, ''), COALESCE(h.spec, '')
+		FROM rollouts r LEFT JOIN module_history h ON h.module = r.module AND h.version = r.from_version
 		WHERE r.state IN ('running', 'failed') ORDER BY r.module`, func(rs *sql.Rows) error {
 		var x row
 		var reached string
-		if err := rs.Scan(&x.module, &reached, &x.file, &x.digest, &x.spec); err != nil {
+		if err := rs.Scan(&x.module, &reached, &x.fromPull, &x.toPull, &x.file, &x.digest, &x.spec); err != nil {
 			return err
 		}
 		x.reached = strings.Fields(reached)
@@ -438,24 +503,34 @@ func heldModules(q queryer) (map[HeldKey]*manifest.Manifest, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, x := range rows {
-		m, err := decodeSpec(x.file, x.digest, x.spec)
-		if err != nil {
-			return nil, fmt.Errorf("the previous version of %s does not decode: %w", x.module, err)
+		var m *manifest.Manifest
+		if x.toPull == 0 {
+			if x.digest == "" {
+				continue // no previous version kept: nothing to hold
+			}
+			if m, err = decodeSpec(x.file, x.digest, x.spec); err != nil {
+				return nil, nil, fmt.Errorf("the previous version of %s does not decode: %w", x.module, err)
+			}
 		}
 		nodes, err := moduleNodes(q, x.module)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, n := range nodes {
-			if !slices.Contains(x.reached, n) {
-				held[HeldKey{Node: n, Module: x.module}] = m
+			if slices.Contains(x.reached, n) {
+				continue
+			}
+			if k := (HeldKey{Node: n, Module: x.module}); m != nil {
+				held[k] = m
+			} else {
+				pulls[k] = x.fromPull
 			}
 		}
 	}
-	return held, nil
+	return held, pulls, nil
 }
 
 // Rollouts reads every module's rollout, with its nodes and policy.
@@ -523,4 +598,24 @@ func (s *Store) History(ctx context.Context, module string) ([]Version, error) {
 		sort.SliceStable(out, func(i, j int) bool { return out[i].Version > out[j].Version })
 	}
 	return out, nil
+}
+
+// RollsOut says whether a change to module rolls out now (its policy, on
+// the nodes it runs on): the proposer of a pull asks for the rollout
+// format then.
+func (s *Store) RollsOut(ctx context.Context, module string) (bool, error) {
+	cat, err := s.readCatalogue(ctx, s.db)
+	if err != nil {
+		return false, err
+	}
+	m, ok := cat[module]
+	if !ok {
+		return false, nil // the FSM says it is not in the catalogue
+	}
+	nodes, err := moduleNodes(s.db, module)
+	if err != nil {
+		return false, err
+	}
+	_, ok = PolicyOf(m, len(nodes))
+	return ok, nil
 }

@@ -186,3 +186,61 @@ func TestRollout(t *testing.T) {
 }
 
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
+
+// A pull of a module that rolls out reaches its nodes as a new manifest
+// does: the others' plans keep the pull index they had; a failure with
+// auto-revert puts the index back everywhere (the reached nodes then put
+// back their previous image: the reconciler's side).
+func TestPullRollout(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", rollApp("1.36", ""))}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "app"}})
+	pulls := func() string {
+		var out []string
+		for _, n := range []string{"ace", "bee"} {
+			pv, _ := s.Plan(ctx, n)
+			for _, r := range pv.Plan.Resources {
+				if r.Name == "app.server" {
+					out = append(out, strconv.FormatUint(r.Pull, 10))
+				}
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	if ok, err := s.RollsOut(ctx, "app"); !ok || err != nil {
+		t.Fatalf("RollsOut: %v %v", ok, err)
+	}
+	mustApply(t, s, &idx, &ModulePullRequest{Module: "app", Rollout: true})
+	p1 := idx
+	if got := pulls(); got != itoa(p1)+" 0" {
+		t.Fatalf("the pull's first step: %s", got)
+	}
+	mustApply(t, s, &idx, &RolloutStepRequest{Module: "app", To: p1, Reach: []string{"bee"}, Why: "ace healthy"})
+	mustApply(t, s, &idx, &RolloutStepRequest{Module: "app", To: p1, Done: true, Why: "all healthy"})
+	if got := pulls(); got != itoa(p1)+" "+itoa(p1) {
+		t.Fatalf("the pull everywhere: %s", got)
+	}
+	mustApply(t, s, &idx, &ModulePullRequest{Module: "app", Rollout: true})
+	p2 := idx
+	if got := pulls(); got != itoa(p2)+" "+itoa(p1) {
+		t.Fatalf("the second pull's first step: %s", got)
+	}
+	mustApply(t, s, &idx, &RolloutStepRequest{Module: "app", To: p2, Failed: "ace: container app.server is unhealthy"})
+	rs, _ := s.Rollouts(ctx)
+	if got := pulls(); got != itoa(p1)+" "+itoa(p1) || len(rs) != 1 || rs[0].State != RolloutReverted || rs[0].FromPull != p1 {
+		t.Fatalf("after the failed pull: %s %+v", got, rs)
+	}
+	if m, _ := s.Module(ctx, "app"); !strings.Contains(m.Manifest, "busybox:1.36") {
+		t.Fatalf("a pull's revert changed the manifest: %s", m.Manifest)
+	}
+	// What the revert does, as preview and mesh why say it.
+	h, _ := s.PlanHistory(ctx, "ace", 2)
+	if acts := PlanActions(h[1].Plan, h[0].Plan); len(acts) != 1 || acts[0].Do != "pull" || !strings.Contains(acts[0].Why, "a pull taken back") || !strings.Contains(h[0].Cause, "stopped: ace: container app.server is unhealthy") {
+		t.Fatalf("the revert's actions: %+v (%s)", acts, h[0].Cause)
+	}
+}

@@ -252,7 +252,8 @@ var migrations = []string{
 		PRIMARY KEY (module, container, node)
 	 );`,
 	// 15: rollouts (rollout.go): every version a module is given, and each
-	// module's rollout of its last change over its nodes.
+	// module's rollout of its last change over its nodes (a new manifest,
+	// or a pull: from_pull and to_pull).
 	`CREATE TABLE module_history (
 		module TEXT NOT NULL,
 		version INTEGER NOT NULL,
@@ -273,7 +274,9 @@ var migrations = []string{
 		reason TEXT NOT NULL,
 		started_at TEXT NOT NULL,
 		step_index INTEGER NOT NULL,
-		step_at TEXT NOT NULL
+		step_at TEXT NOT NULL,
+		from_pull INTEGER NOT NULL DEFAULT 0,
+		to_pull INTEGER NOT NULL DEFAULT 0
 	 );`,
 }
 

@@ -869,7 +869,13 @@ func (a *API) restartModule(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *API) pullModule(w http.ResponseWriter, r *http.Request) {
-	a.write(w, r, &state.ModulePullRequest{Module: r.PathValue("name")})
+	name := r.PathValue("name")
+	rolls, err := a.store.RollsOut(r.Context(), name)
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	a.write(w, r, &state.ModulePullRequest{Module: name, Rollout: rolls})
 }
 
 func (a *API) removeModule(w http.ResponseWriter, r *http.Request) {
