@@ -239,10 +239,10 @@ func testSafety(t *testing.T, rootless bool) {
 			cmd := peakOf(t, a.command(args...))
 			outb, err := cmd.CombinedOutput()
 			took := time.Since(start)
-			rss := cmd.peak() // KiB
 			if err == nil || cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(outb), "mesh: ") {
 				t.Fatalf("%s: mesh %s: exit %d, want 1 with a message:\n%.500s", name, args[0], cmd.ProcessState.ExitCode(), outb)
 			}
+			rss := cmd.peak() // KiB
 			if rss > 200*1024 || took > 10*time.Second {
 				t.Fatalf("%s: mesh %s took %s and %d MiB", name, args[0], took, rss/1024)
 			}

@@ -308,15 +308,30 @@ func (c *Client) Tag(ctx context.Context, id, ref string) error {
 	if strings.Contains(ref, "@") {
 		return fmt.Errorf("%s names an image by digest; it cannot be tagged", ref)
 	}
-	repo, tag := ref, "latest"
-	if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
-		repo, tag = ref[:i], ref[i+1:]
-	}
 	cx, cancel, err := c.ctx(ctx, CallTimeout)
 	if err != nil {
 		return err
 	}
 	defer cancel()
+	// The name as the image the ref gives now carries it, fully qualified:
+	// Podman reads a short name as localhost/NAME when tagging, which the
+	// ref would then find first.
+	name := ref
+	if !strings.Contains(ref[strings.LastIndex(ref, "/")+1:], ":") {
+		name += ":latest"
+	}
+	if img, err := images.GetImage(cx, ref, nil); err == nil {
+		for _, t := range img.RepoTags {
+			if t == name || strings.HasSuffix(t, "/"+name) {
+				name = t
+				break
+			}
+		}
+	}
+	repo, tag := name, "latest"
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		repo, tag = name[:i], name[i+1:]
+	}
 	if err := images.Tag(cx, id, tag, repo, nil); err != nil {
 		return fmt.Errorf("tag image %s as %s: %w", short(id), ref, err)
 	}

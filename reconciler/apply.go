@@ -167,6 +167,11 @@ type run struct {
 	// publishOn is where containers' ports are published (the plan's
 	// PublishAddress: the overlay address; every interface when empty).
 	publishOn string
+	// undoing holds the containers whose last pull is taken back in this
+	// apply (a pull's rollout reverted): the ledger says so only once the
+	// container runs the image from before it, and no policy pull fetches
+	// the name's image again over it meanwhile.
+	undoing map[string]bool
 }
 
 func (x *run) inputsOf(module string) map[string]string {
@@ -660,7 +665,7 @@ func (r *Reconciler) keep(res state.Resource, have pathState) (string, error) {
 // container).
 func (x *run) ensureImage(ctx context.Context, res state.Resource) error {
 	ref, policy := res.Decl.Image, res.Decl.Pull
-	if policy == manifest.PullAlways || policy == manifest.PullNewer {
+	if (policy == manifest.PullAlways || policy == manifest.PullNewer) && !x.undoing[res.RuntimeName()] {
 		return x.rt.Pull(ctx, ref, policy)
 	}
 	ok, err := x.rt.ImageExists(ctx, ref)
@@ -910,9 +915,13 @@ func (x *run) waitStep(ctx context.Context, id string) (int, error) {
 
 func (x *run) container(ctx context.Context, res state.Resource) state.ResourceReport {
 	rep := x.applyContainer(ctx, res)
-	if res.Pull > 0 && rep.Outcome != state.Failed {
+	switch {
+	case x.undoing[res.RuntimeName()] && rep.Outcome != state.Failed:
+		x.r.ledger.UndoPull(res.RuntimeName(), res.Pull)
+	case res.Pull > 0 && rep.Outcome != state.Failed && !x.undoing[res.RuntimeName()]:
 		x.r.ledger.MarkPulled(res.RuntimeName(), res.Pull)
 	}
+	delete(x.undoing, res.RuntimeName())
 	// A restart is handled by any start this apply made (a new or
 	// replaced container, one started again), or by the restart itself.
 	if res.Restart > 0 && rep.Outcome != state.Failed && rep.Outcome != state.Waiting {
@@ -957,25 +966,34 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 				return report(res, state.Failed, err.Error())
 			}
 			action, reason = decidePull(action, reason, res.Decl.Image, have.ImageID, id)
-			if have.ImageID != "" && have.ImageID != id {
+			// A name by digest is never tagged back: nothing to keep.
+			if have.ImageID != "" && have.ImageID != id && !strings.Contains(res.Decl.Image, "@") {
 				x.r.ledger.SetPrePull(want.Name, PrePull{Index: res.Pull, ImageID: have.ImageID})
 			}
 		}
-	} else if pre, ok := x.r.ledger.PrePull[want.Name]; pullUndone(res.Pull, x.r.ledger.Pulled[want.Name], pre, ok) {
+	} else if pre, ok := x.r.ledger.PrePull[want.Name]; pullUndone(res.Pull, pre, ok) {
 		// The pull's rollout was reverted: the name gives the image the
 		// container ran before it again, and the container runs that.
 		if err := x.rt.Tag(ctx, pre.ImageID, res.Decl.Image); err != nil {
-			return report(res, state.Failed, fmt.Sprintf("put back image %s as %s (a pull's rollout was reverted): %v", shortID(pre.ImageID), res.Decl.Image, err))
-		}
-		if have != nil && have.ImageID != pre.ImageID {
-			why := fmt.Sprintf("image %s back to %s (the rollout of mesh module pull was reverted)", res.Decl.Image, shortID(pre.ImageID))
-			if action == actReplace {
-				reason += "; " + why
-			} else {
-				action, reason = actReplace, why
+			// The image is gone from this node (pruned): the container keeps
+			// the pulled one, and the ledger stops asking for it.
+			x.r.log.Warn("a pull's rollout was reverted, but the image from before it cannot be put back; the container keeps the pulled one",
+				"container", want.Name, "image", shortID(pre.ImageID), "err", err)
+			x.r.ledger.UndoPull(want.Name, res.Pull)
+		} else {
+			if x.undoing == nil {
+				x.undoing = map[string]bool{}
+			}
+			x.undoing[want.Name] = true
+			if have != nil && have.ImageID != pre.ImageID {
+				why := fmt.Sprintf("image %s back to %s (the rollout of mesh module pull was reverted)", res.Decl.Image, shortID(pre.ImageID))
+				if action == actReplace {
+					reason += "; " + why
+				} else {
+					action, reason = actReplace, why
+				}
 			}
 		}
-		x.r.ledger.UndoPull(want.Name, res.Pull)
 	}
 	if msg := x.mountsOK(res); msg != "" {
 		if have != nil && have.Running {
@@ -1132,6 +1150,11 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	for k := range x.r.ledger.Pulled {
 		if !want[manifest.KindContainer+"\x00"+k] {
 			delete(x.r.ledger.Pulled, k)
+		}
+	}
+	for k := range x.r.ledger.PrePull {
+		if !want[manifest.KindContainer+"\x00"+k] {
+			delete(x.r.ledger.PrePull, k)
 		}
 	}
 	for k := range x.r.ledger.Restarted {

@@ -268,11 +268,11 @@ func pullDue(pull, handled uint64) bool {
 	return pull > handled
 }
 
-// pullUndone says whether a container's last pull was taken back (a pull's
-// rollout reverted: the plan's pull index went below the one it handled)
-// and the image it ran before that pull is known.
-func pullUndone(pull, handled uint64, pre PrePull, known bool) bool {
-	return known && pull < handled && pre.Index == handled && pre.ImageID != ""
+// pullUndone says whether the pull that replaced a container was taken
+// back (a pull's rollout reverted: the plan's pull index is now below that
+// pull's) and the image it ran before is known.
+func pullUndone(pull uint64, pre PrePull, known bool) bool {
+	return known && pull < pre.Index && pre.ImageID != ""
 }
 
 // decidePull turns decideContainer's answer once `mesh module pull` fetched

@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -40,6 +41,8 @@ type fake struct {
 	health   func(name string) (HealthResult, error)
 	deaths   chan death
 	restarts int
+	// removeErr, when set, fails every Remove (the container stays).
+	removeErr error
 }
 
 var _ Runtime = (*fake)(nil)
@@ -145,6 +148,9 @@ func (f *fake) Start(ctx context.Context, id string) error {
 func (f *fake) Remove(ctx context.Context, id string) error {
 	if f.removing != nil {
 		f.removing()
+	}
+	if f.removeErr != nil {
+		return f.removeErr
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -734,8 +740,30 @@ func TestPullRevertPutsBackTheImage(t *testing.T) {
 		t.Fatalf("the pass after a revert made %d mutations: %v", rep.Mutations, b.rt.calls)
 	}
 	// A later pull pulls again.
-	b.in.Pulls["app"] = 9
+	b.in.Pulls = map[string]uint64{"app": 9}
 	if rep = b.apply(); outcome(rep, "app.server").Outcome != state.Replaced {
 		t.Fatalf("a pull after the revert: %+v", outcome(rep, "app.server"))
+	}
+}
+
+// A revert whose replacement fails is tried again at the next pass: the
+// ledger says the pull is taken back only once the container runs the
+// image from before it.
+func TestPullRevertRetriedAfterAFailure(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	before := b.rt.byName("app.server").ImageID
+	b.rt.registry = map[string]string{"localhost/busybox:1": "sha256:0123456789abcdef0123"}
+	b.in.Pulls = map[string]uint64{"app": 7}
+	b.apply()
+	delete(b.in.Pulls, "app")
+	b.rt.removeErr = errors.New("the Podman service went away")
+	if rep := b.apply(); outcome(rep, "app.server").Outcome != state.Failed {
+		t.Fatalf("a revert whose replacement fails: %+v", outcome(rep, "app.server"))
+	}
+	b.rt.removeErr = nil
+	rep := b.apply()
+	if o := outcome(rep, "app.server"); o.Outcome != state.Replaced || b.rt.byName("app.server").ImageID != before {
+		t.Fatalf("the revert tried again: %+v, image %s (want %s)", o, b.rt.byName("app.server").ImageID, before)
 	}
 }

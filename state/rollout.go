@@ -250,8 +250,16 @@ func (ap *applier) startRollout(name string, m *manifest.Manifest, from uint64) 
 		return err
 	}
 	if old != nil && old.State == RolloutFailed {
-		// A fix after a stop: the nodes not reached still run its start.
-		from = old.From
+		if old.ToPull > 0 {
+			// A stopped pull: taken back everywhere (the nodes it reached
+			// put back their image) before the new version rolls out.
+			if err := ap.putPull(name, old.FromPull); err != nil {
+				return err
+			}
+		} else {
+			// A fix after a stop: the nodes not reached still run its start.
+			from = old.From
+		}
 	}
 	if !ok {
 		// Applied everywhere at once: a stopped rollout ends with it.
@@ -420,6 +428,14 @@ func (ap *applier) moduleRevert(r *ModuleRevertRequest) (bool, error) {
 	}
 	if ro != nil && ro.State == RolloutRunning && (r.To == 0 || r.To == ro.From) {
 		return true, ap.stopRollout(ro, "stopped by mesh module revert", true)
+	}
+	if ro != nil && ro.State == RolloutFailed && ro.ToPull > 0 && r.To == 0 {
+		// A stopped pull: what goes back is the pull, not the manifest.
+		if err := ap.putPull(r.Module, ro.FromPull); err != nil {
+			return false, err
+		}
+		return true, exec(ap.tx, `UPDATE rollouts SET state = ?, reason = ?, step_index = ?, step_at = ? WHERE module = ?`,
+			RolloutReverted, ro.Reason+"; taken back by mesh module revert", ap.index, ap.at, r.Module)
 	}
 	if ro != nil && ro.State == RolloutRunning {
 		return false, ruleErr(ErrConflict, "module %s is rolling out v%d: `mesh module revert %s` stops it first", r.Module, ro.To, r.Module)

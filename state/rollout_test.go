@@ -243,4 +243,25 @@ func TestPullRollout(t *testing.T) {
 	if acts := PlanActions(h[1].Plan, h[0].Plan); len(acts) != 1 || acts[0].Do != "pull" || !strings.Contains(acts[0].Why, "a pull taken back") || !strings.Contains(h[0].Cause, "stopped: ace: container app.server is unhealthy") {
 		t.Fatalf("the revert's actions: %+v (%s)", acts, h[0].Cause)
 	}
+
+	// Without auto-revert a failed pull stays where it stopped; mesh module
+	// revert then takes the pull back (not the manifest).
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", rollApp("1.36", "update: {auto-revert: false}\n"))}})
+	v := idx
+	mustApply(t, s, &idx, &RolloutStepRequest{Module: "app", To: v, Reach: []string{"bee"}, Why: "ace healthy"})
+	mustApply(t, s, &idx, &RolloutStepRequest{Module: "app", To: v, Done: true, Why: "all healthy"})
+	mustApply(t, s, &idx, &ModulePullRequest{Module: "app", Rollout: true})
+	p3 := idx
+	mustApply(t, s, &idx, &RolloutStepRequest{Module: "app", To: p3, Failed: "ace: exited"})
+	if got := pulls(); got != itoa(p3)+" "+itoa(p1) {
+		t.Fatalf("a failed pull without auto-revert: %s", got)
+	}
+	mustApply(t, s, &idx, &ModuleRevertRequest{Module: "app"})
+	rs, _ = s.Rollouts(ctx)
+	if got := pulls(); got != itoa(p1)+" "+itoa(p1) || rs[0].State != RolloutReverted {
+		t.Fatalf("mesh module revert of a stopped pull: %s %+v", got, rs)
+	}
+	if m, _ := s.Module(ctx, "app"); !strings.Contains(m.Manifest, "auto-revert: false") {
+		t.Fatalf("the revert of a pull changed the manifest: %s", m.Manifest)
+	}
 }

@@ -28,5 +28,8 @@ func main() {
 	if out := os.Getenv("MAXRSS_OUT"); out != "" {
 		os.WriteFile(out, []byte(fmt.Sprint(cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss)), 0o644)
 	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		os.Exit(128 + int(ws.Signal())) // as a shell says it
+	}
 	os.Exit(cmd.ProcessState.ExitCode())
 }
