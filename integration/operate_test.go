@@ -220,27 +220,7 @@ func checkExec(t testing.TB, a *agent, target string, extra ...string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var mu sync.Mutex
-	var seen bytes.Buffer
-	go func() {
-		buf := make([]byte, 4096)
-		for {
-			n, err := f.Read(buf)
-			mu.Lock()
-			seen.Write(buf[:n])
-			mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	saw := func(what string) func() (bool, string) {
-		return func() (bool, string) {
-			mu.Lock()
-			defer mu.Unlock()
-			return strings.Contains(seen.String(), what), seen.String()
-		}
-	}
+	saw, seen := readPty(f)
 	fmt.Fprintf(f, "stty size; echo tty=$(tty)\n")
 	eventually(t, 20*time.Second, "the terminal's size in the container", saw("33 101"))
 	eventually(t, 5*time.Second, "a terminal in the container", saw("tty=/dev/pts/"))
@@ -250,8 +230,7 @@ func checkExec(t testing.TB, a *agent, target string, extra ...string) {
 	select {
 	case err := <-done:
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 {
-			mu.Lock()
-			t.Fatalf("exec -it ended with %v, want exit 3\n%s", err, seen.String())
+			t.Fatalf("exec -it ended with %v, want exit 3\n%s", err, seen())
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("exec -it did not end after exit 3")
@@ -459,27 +438,7 @@ func checkResize(t *testing.T, a *agent, target string, extra ...string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var mu sync.Mutex
-	var seen bytes.Buffer
-	go func() {
-		buf := make([]byte, 4096)
-		for {
-			n, err := f.Read(buf)
-			mu.Lock()
-			seen.Write(buf[:n])
-			mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	saw := func(what string) func() (bool, string) {
-		return func() (bool, string) {
-			mu.Lock()
-			defer mu.Unlock()
-			return strings.Contains(seen.String(), what), seen.String()
-		}
-	}
+	saw, _ := readPty(f)
 	fmt.Fprintf(f, "stty size\n")
 	eventually(t, 20*time.Second, "the first size", saw("20 70"))
 	pty.Setsize(f, &pty.Winsize{Rows: 41, Cols: 133})
@@ -496,4 +455,35 @@ func checkResize(t *testing.T, a *agent, target string, extra ...string) {
 		cmd.Process.Signal(syscall.SIGKILL)
 		t.Fatal("exec -it did not end after exit")
 	}
+}
+
+// readPty collects what a pty shows; saw(what) is a condition for
+// eventually, seen the whole of it so far.
+func readPty(f *os.File) (saw func(what string) func() (bool, string), seen func() string) {
+	var mu sync.Mutex
+	var b bytes.Buffer
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := f.Read(buf)
+			mu.Lock()
+			b.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	seen = func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return b.String()
+	}
+	saw = func(what string) func() (bool, string) {
+		return func() (bool, string) {
+			out := seen()
+			return strings.Contains(out, what), out
+		}
+	}
+	return saw, seen
 }

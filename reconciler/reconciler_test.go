@@ -718,15 +718,7 @@ func TestRestartOnce(t *testing.T) {
 // again, and the containers the pull replaced run it, saying why; the
 // next pass changes nothing.
 func TestPullRevertPutsBackTheImage(t *testing.T) {
-	b := newBed(t)
-	b.apply()
-	before := b.rt.byName("app.server").ImageID
-	b.rt.registry = map[string]string{"localhost/busybox:1": "sha256:0123456789abcdef0123"}
-	b.in.Pulls = map[string]uint64{"app": 7}
-	b.apply()
-	if got := b.rt.byName("app.server").ImageID; got != "sha256:0123456789abcdef0123" {
-		t.Fatalf("after the pull: %s", got)
-	}
+	b, before := pulledBed(t)
 	delete(b.in.Pulls, "app")
 	rep := b.apply()
 	o := outcome(rep, "app.server")
@@ -750,12 +742,7 @@ func TestPullRevertPutsBackTheImage(t *testing.T) {
 // ledger says the pull is taken back only once the container runs the
 // image from before it.
 func TestPullRevertRetriedAfterAFailure(t *testing.T) {
-	b := newBed(t)
-	b.apply()
-	before := b.rt.byName("app.server").ImageID
-	b.rt.registry = map[string]string{"localhost/busybox:1": "sha256:0123456789abcdef0123"}
-	b.in.Pulls = map[string]uint64{"app": 7}
-	b.apply()
+	b, before := pulledBed(t)
 	delete(b.in.Pulls, "app")
 	b.rt.removeErr = errors.New("the Podman service went away")
 	if rep := b.apply(); outcome(rep, "app.server").Outcome != state.Failed {
@@ -766,4 +753,20 @@ func TestPullRevertRetriedAfterAFailure(t *testing.T) {
 	if o := outcome(rep, "app.server"); o.Outcome != state.Replaced || b.rt.byName("app.server").ImageID != before {
 		t.Fatalf("the revert tried again: %+v, image %s (want %s)", o, b.rt.byName("app.server").ImageID, before)
 	}
+}
+
+// pulledBed is a bed whose containers a pull (index 7) moved to a new
+// image; before is the image app.server ran until then.
+func pulledBed(t *testing.T) (b *bed, before string) {
+	t.Helper()
+	b = newBed(t)
+	b.apply()
+	before = b.rt.byName("app.server").ImageID
+	b.rt.registry = map[string]string{"localhost/busybox:1": "sha256:0123456789abcdef0123"}
+	b.in.Pulls = map[string]uint64{"app": 7}
+	b.apply()
+	if got := b.rt.byName("app.server").ImageID; got != "sha256:0123456789abcdef0123" {
+		t.Fatalf("after the pull: %s", got)
+	}
+	return b, before
 }

@@ -41,14 +41,11 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	src := srcs[0]
-	ws, err := websocket.Accept(w, r, nil)
-	if err != nil {
+	ws, ctx, done := s.accept(w, r)
+	if ws == nil {
 		return
 	}
-	ws.SetReadLimit(api.MaxMessage)
-	defer ws.CloseNow()
-	ctx, cancel := s.streamContext(r.Context())
-	defer cancel()
+	defer done()
 	if src.Node == s.Node {
 		s.runExec(ctx, ws, src.Container, q)
 		return
@@ -69,15 +66,24 @@ func (s *Server) serveNodeExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("name a container"))
 		return
 	}
-	ws, err := websocket.Accept(w, r, nil)
-	if err != nil {
+	ws, ctx, done := s.accept(w, r)
+	if ws == nil {
 		return
 	}
-	ws.SetReadLimit(api.MaxMessage)
-	defer ws.CloseNow()
-	ctx, cancel := s.streamContext(r.Context())
-	defer cancel()
+	defer done()
 	s.runExec(ctx, ws, name, q)
+}
+
+// accept takes an exec's websocket (nil if the upgrade failed), with the
+// context it runs in, ended too when the agent stops; done closes both.
+func (s *Server) accept(w http.ResponseWriter, r *http.Request) (*websocket.Conn, context.Context, func()) {
+	ws, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return nil, nil, nil
+	}
+	ws.SetReadLimit(api.MaxMessage)
+	ctx, cancel := s.streamContext(r.Context())
+	return ws, ctx, func() { cancel(); ws.CloseNow() }
 }
 
 // sendExit ends a stream with the command's exit, or why it did not run.

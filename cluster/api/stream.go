@@ -169,15 +169,21 @@ func ErrorBody(resp *http.Response) string {
 	return fmt.Sprintf("%s: %s", resp.Status, b[:n])
 }
 
-// Logs reads /v1/logs (mesh logs) and calls each per record, until the stream ends or
-// ctx does.
-func (c *Client) Logs(ctx context.Context, target, node string, q LogQuery, each func(Record) error) error {
-	hc := c.Streams()
+// targetQuery names what logs and exec read: MODULE[.NAME], on node.
+func targetQuery(target, node string) url.Values {
 	v := url.Values{}
 	v.Set("target", target)
 	if node != "" {
 		v.Set("node", node)
 	}
+	return v
+}
+
+// Logs reads /v1/logs (mesh logs) and calls each per record, until the stream ends or
+// ctx does.
+func (c *Client) Logs(ctx context.Context, target, node string, q LogQuery, each func(Record) error) error {
+	hc := c.Streams()
+	v := targetQuery(target, node)
 	q.Values(v)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://mesh/v1/logs?"+v.Encode(), nil)
 	if err != nil {
@@ -222,11 +228,7 @@ type ExecStreams struct {
 // Exec runs q.Cmd (mesh exec) in target through /v1/exec and returns how it ended.
 func (c *Client) Exec(ctx context.Context, target, node string, q ExecQuery, st ExecStreams) (Exit, error) {
 	hc := c.Streams()
-	v := url.Values{}
-	v.Set("target", target)
-	if node != "" {
-		v.Set("node", node)
-	}
+	v := targetQuery(target, node)
 	q.Values(v)
 	ws, resp, err := websocket.Dial(ctx, "http://mesh/v1/exec?"+v.Encode(), &websocket.DialOptions{HTTPClient: hc})
 	if err != nil {
