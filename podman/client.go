@@ -6,6 +6,8 @@
 package podman
 
 import (
+	"sort"
+
 	imagemanifest "github.com/containers/image/v5/manifest"
 
 	"context"
@@ -302,6 +304,31 @@ func (c *Client) ImageID(ctx context.Context, ref string) (string, error) {
 	return img.ID, nil
 }
 
+// ImagePorts lists the ports a local image exposes ("5432/tcp"), none when
+// it is not in local storage.
+func (c *Client) ImagePorts(ctx context.Context, ref string) ([]string, error) {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	if ok, err := images.Exists(cx, ref, nil); err != nil || !ok {
+		return nil, err
+	}
+	img, err := images.GetImage(cx, ref, nil)
+	if err != nil {
+		return nil, fmt.Errorf("inspect image %s: %w", ref, err)
+	}
+	var out []string
+	if img.Config != nil {
+		for p := range img.Config.ExposedPorts {
+			out = append(out, p)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
 // Tag makes ref (NAME[:TAG]) name the local image id: a pull's rollout
 // that is reverted puts the image from before the pull back under it.
 func (c *Client) Tag(ctx context.Context, id, ref string) error {
@@ -340,6 +367,31 @@ func (c *Client) Tag(ctx context.Context, id, ref string) error {
 
 // Create creates a container from spec.
 func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) {
+	g := generator(s)
+	if s.EnvFile != "" {
+		if err := c.execEnv(ctx, g, s); err != nil {
+			return "", fmt.Errorf("create container %s: %w", s.Name, err)
+		}
+	}
+	// Podman 4.3 asks for rlimits above what this host lets root set
+	// (ENVIRONMENT.md §1); ask for the host's own hard limits instead.
+	g.Rlimits = c.rlimits()
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return "", err
+	}
+	defer cancel()
+	r, err := containers.CreateWithSpec(cx, g, nil)
+	if err != nil {
+		return "", fmt.Errorf("create container %s: %w", s.Name, err)
+	}
+	return r.ID, nil
+}
+
+// generator is the Podman spec of s, but for what needs the host or the
+// service (the environment of env-secrets, the rlimits): what each field of
+// the manifest becomes, table tested without a Podman.
+func generator(s reconciler.Spec) *specgen.SpecGenerator {
 	g := specgen.NewSpecGenerator(s.Image, false)
 	g.Name = s.Name
 	g.Command = s.Command
@@ -376,7 +428,7 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 	for _, t := range s.Tmpfs {
 		g.Mounts = append(g.Mounts, spec.Mount{Type: "tmpfs", Source: "tmpfs", Destination: t.Path, Options: t.Options})
 	}
-	if s.Memory > 0 || s.CPUs > 0 {
+	if s.Memory > 0 || s.CPUs > 0 || s.PidsLimit > 0 {
 		g.ResourceLimits = &spec.LinuxResources{}
 		if s.Memory > 0 {
 			m := s.Memory
@@ -387,7 +439,24 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 			quota := int64(s.CPUs * float64(period))
 			g.ResourceLimits.CPU = &spec.LinuxCPU{Period: &period, Quota: &quota}
 		}
+		if s.PidsLimit > 0 {
+			// Without it Podman sets its own default (containers.conf
+			// pids_limit); this one takes its place.
+			g.ResourceLimits.Pids = &spec.LinuxPids{Limit: s.PidsLimit}
+		}
 	}
+	if s.TTY {
+		on := true
+		g.Terminal = &on
+	}
+	if s.Init {
+		// Podman mounts its init binary (containers.conf init_path) at
+		// /run/podman-init and runs the command under it; a host without
+		// one fails the create, saying so.
+		on := true
+		g.Init = &on
+	}
+	g.Groups = s.GroupAdd
 	if s.StopSignal > 0 {
 		sig := syscall.Signal(s.StopSignal)
 		g.StopSignal = &sig
@@ -402,24 +471,7 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 			Interval: h.Interval, Timeout: h.Timeout, StartPeriod: h.StartPeriod, Retries: h.Retries,
 		}
 	}
-	if s.EnvFile != "" {
-		if err := c.execEnv(ctx, g, s); err != nil {
-			return "", fmt.Errorf("create container %s: %w", s.Name, err)
-		}
-	}
-	// Podman 4.3 asks for rlimits above what this host lets root set
-	// (ENVIRONMENT.md §1); ask for the host's own hard limits instead.
-	g.Rlimits = c.rlimits()
-	cx, cancel, err := c.ctx(ctx, CallTimeout)
-	if err != nil {
-		return "", err
-	}
-	defer cancel()
-	r, err := containers.CreateWithSpec(cx, g, nil)
-	if err != nil {
-		return "", fmt.Errorf("create container %s: %w", s.Name, err)
-	}
-	return r.ID, nil
+	return g
 }
 
 // rlimits are the limits to ask for: the hard limits of the Podman service

@@ -690,7 +690,8 @@ func (x *run) spec(ctx context.Context, res state.Resource, want desired) Spec {
 	d := res.Decl
 	s := Spec{Name: want.Name, Image: d.Image, Command: d.Command, Env: d.Env, Labels: labels(want), DNS: x.r.cfg.DNS, Restart: d.Restart, Health: res.Typed.Health,
 		Entrypoint: d.Entrypoint, User: d.User, WorkingDir: d.WorkingDir, CapAdd: d.CapAdd, CapDrop: d.CapDrop, Devices: res.Typed.Devices, ReadOnly: d.ReadOnly,
-		Tmpfs: res.Typed.Tmpfs, Memory: res.Typed.Memory, CPUs: d.CPUs, StopSignal: res.Typed.StopSignal, StopTimeout: res.Typed.StopTimeout, LogMaxSize: logMaxSize(res.Typed)}
+		Tmpfs: res.Typed.Tmpfs, Memory: res.Typed.Memory, CPUs: d.CPUs, StopSignal: res.Typed.StopSignal, StopTimeout: res.Typed.StopTimeout, LogMaxSize: logMaxSize(res.Typed),
+		TTY: d.TTY, Init: d.Init, PidsLimit: res.Typed.PidsLimit, GroupAdd: d.GroupAdd}
 	for k, v := range d.Labels {
 		if _, ours := s.Labels[k]; !ours {
 			s.Labels[k] = v

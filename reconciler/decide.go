@@ -68,6 +68,12 @@ type declFields struct {
 	// LogMaxSize is the log's bound, always in (a default when undeclared):
 	// a container made before bounds existed is replaced once to get one.
 	LogMaxSize int64 `json:"log-max-size,omitempty"`
+	// A terminal, an init as PID 1, a bound on processes, supplementary
+	// groups: each absent when unset, as the fields above.
+	TTY       bool     `json:"tty,omitempty"`
+	Init      bool     `json:"init,omitempty"`
+	PidsLimit int64    `json:"pids-limit,omitempty"`
+	GroupAdd  []string `json:"group-add,omitempty"`
 }
 
 // describe computes a step's or container's declaration and digest. inputs
@@ -76,7 +82,8 @@ func describe(r state.Resource, dnsAddr netip.Addr, publishOn string, inputs map
 	d := r.Decl
 	f := declFields{Image: d.Image, Command: d.Command, Env: d.Env, Mounts: d.Mounts, Ports: d.Ports, Restart: d.Restart, RestartOn: d.RestartOn, Health: r.Typed.Health,
 		User: d.User, Entrypoint: d.Entrypoint, WorkingDir: d.WorkingDir, CapAdd: d.CapAdd, CapDrop: d.CapDrop, Devices: d.Devices, ReadOnly: d.ReadOnly,
-		Tmpfs: d.Tmpfs, Memory: r.Typed.Memory, LogMaxSize: logMaxSize(r.Typed), CPUs: d.CPUs, StopSignal: r.Typed.StopSignal, StopTimeout: r.Typed.StopTimeout, Labels: d.Labels, EnvSecrets: d.EnvSecrets}
+		Tmpfs: d.Tmpfs, Memory: r.Typed.Memory, LogMaxSize: logMaxSize(r.Typed), CPUs: d.CPUs, StopSignal: r.Typed.StopSignal, StopTimeout: r.Typed.StopTimeout, Labels: d.Labels, EnvSecrets: d.EnvSecrets,
+		TTY: d.TTY, Init: d.Init, PidsLimit: r.Typed.PidsLimit, GroupAdd: d.GroupAdd}
 	if dnsAddr.IsValid() {
 		f.DNS = dnsAddr.String()
 	}

@@ -169,3 +169,156 @@ func TestPortsArePublishedOnThePlansAddress(t *testing.T) {
 		t.Fatalf("a host port in both: %v", err)
 	}
 }
+
+// Every key a container or step takes is part of what it is: set, it
+// changes the declaration (a running container is replaced, the reason
+// naming the key) and reaches the runtime's spec. The rows are checked
+// against the keys the manifest takes, so a key added there and not here,
+// in describe or in spec fails this test. pull is the one key that is not
+// part of the declaration: a policy, not what runs.
+func TestEveryContainerKeyIsDeclared(t *testing.T) {
+	dns := netip.MustParseAddr("169.254.53.53")
+	const pre = "module: f\nresources:\n  - directory: /srv/f\n  - container: f.app\n"
+	parse := func(lines string) state.Resource {
+		t.Helper()
+		m, err := manifest.Parse("f.yaml", []byte(pre+lines))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := m.Resources[1]
+		return state.Resource{Module: "f", Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
+	}
+	const image = "    image: b:2\n"
+	for _, row := range []struct {
+		key   string
+		lines string
+		spec  func(Spec) bool // nil: the key is an input, not a field of the spec
+	}{
+		{"image", "    image: b:3\n", func(s Spec) bool { return s.Image == "b:3" }},
+		{"command", image + "    command: [y]\n", func(s Spec) bool { return len(s.Command) == 1 && s.Command[0] == "y" }},
+		{"env", image + "    env: {discovery.type: single-node}\n", func(s Spec) bool { return s.Env["discovery.type"] == "single-node" }},
+		{"env-secrets", image + "    env-secrets: {xpack.password: pw}\n", func(s Spec) bool { return s.EnvFile != "" && s.EnvExec == "/mesh" }},
+		{"mounts", image + "    mounts: [\"/srv/f:/data:ro,z\"]\n", func(s Spec) bool {
+			return len(s.Mounts) == 1 && s.Mounts[0].Destination == "/data" && strings.Join(s.Mounts[0].Options, ",") == "ro,z"
+		}},
+		{"ports", image + "    ports: [\"8080:80\"]\n", func(s Spec) bool { return len(s.Ports) == 1 && s.Ports[0].HostPort == 8080 }},
+		{"public-ports", image + "    public-ports: [\"443:443\"]\n", func(s Spec) bool { return len(s.Ports) == 1 && s.Ports[0].HostPort == 443 }},
+		{"restart", image + "    restart: on-failure\n", func(s Spec) bool { return s.Restart == "on-failure" }},
+		{"restart-on", image + "    restart-on: [/srv/f]\n", nil},
+		{"health", image + "    health: {command: [\"true\"]}\n", func(s Spec) bool { return s.Health != nil && s.Health.Command[0] == "true" }},
+		{"pull", image + "    pull: always\n", nil},
+		{"user", image + "    user: \"1000:1000\"\n", func(s Spec) bool { return s.User == "1000:1000" }},
+		{"entrypoint", image + "    entrypoint: [/bin/sh]\n", func(s Spec) bool { return len(s.Entrypoint) == 1 }},
+		{"working-dir", image + "    working-dir: /srv\n", func(s Spec) bool { return s.WorkingDir == "/srv" }},
+		{"cap-add", image + "    cap-add: [NET_ADMIN]\n", func(s Spec) bool { return len(s.CapAdd) == 1 }},
+		{"cap-drop", image + "    cap-drop: [ALL]\n", func(s Spec) bool { return len(s.CapDrop) == 1 }},
+		{"devices", image + "    devices: [/dev/fuse]\n", func(s Spec) bool { return len(s.Devices) == 1 && s.Devices[0].Host == "/dev/fuse" }},
+		{"read-only", image + "    read-only: true\n", func(s Spec) bool { return s.ReadOnly }},
+		{"tmpfs", image + "    tmpfs: [/run]\n", func(s Spec) bool { return len(s.Tmpfs) == 1 }},
+		{"memory", image + "    memory: 64m\n", func(s Spec) bool { return s.Memory == 64<<20 }},
+		{"cpus", image + "    cpus: 0.5\n", func(s Spec) bool { return s.CPUs == 0.5 }},
+		{"stop-signal", image + "    stop-signal: SIGQUIT\n", func(s Spec) bool { return s.StopSignal == 3 }},
+		{"stop-timeout", image + "    stop-timeout: 20s\n", func(s Spec) bool { return s.StopTimeout != nil && *s.StopTimeout == 20 }},
+		{"labels", image + "    labels: {team: web}\n", func(s Spec) bool { return s.Labels["team"] == "web" }},
+		{"log-max-size", image + "    log-max-size: 1m\n", func(s Spec) bool { return s.LogMaxSize == 1<<20 }},
+		{"tty", image + "    tty: true\n", func(s Spec) bool { return s.TTY }},
+		{"init", image + "    init: true\n", func(s Spec) bool { return s.Init }},
+		{"pids-limit", image + "    pids-limit: 512\n", func(s Spec) bool { return s.PidsLimit == 512 }},
+		{"group-add", image + "    group-add: [\"1000\", video]\n", func(s Spec) bool { return strings.Join(s.GroupAdd, " ") == "1000 video" }},
+	} {
+		t.Run(row.key, func(t *testing.T) {
+			plain := describe(parse(image), dns, "", nil)
+			res := parse(row.lines)
+			want := describe(res, dns, "", nil)
+			have := &Container{Name: "f.app", Running: true, State: "running", Labels: map[string]string{LabelManaged: "1", LabelDigest: plain.Digest, LabelDecl: plain.Decl, LabelInputs: "{}"}}
+			act, reason, err := decideContainer(want, have, nil)
+			if row.key == "pull" {
+				if want.Digest != plain.Digest || act != actKeep {
+					t.Fatalf("a pull policy changed the container: %s %q", act, reason)
+				}
+				return
+			}
+			if err != nil || act != actReplace || reason != row.key+" changed" {
+				t.Fatalf("%s: %s %q %v, want a replacement because %s changed", row.lines, act, reason, err, row.key)
+			}
+			x := &run{r: &Reconciler{cfg: Config{DNS: dns, EnvExec: "/mesh"}}}
+			if s := x.spec(context.Background(), res, want); row.spec != nil && !row.spec(s) {
+				t.Fatalf("%s: spec %+v", row.lines, s)
+			}
+		})
+	}
+	// The rows are every key a step or a container takes.
+	rows := map[string]bool{}
+	for _, k := range []string{"image", "command", "env", "env-secrets", "mounts", "ports", "public-ports", "restart", "restart-on", "health", "pull",
+		"user", "entrypoint", "working-dir", "cap-add", "cap-drop", "devices", "read-only", "tmpfs", "memory", "cpus", "stop-signal", "stop-timeout", "labels", "log-max-size",
+		"tty", "init", "pids-limit", "group-add"} {
+		rows[k] = true
+	}
+	for _, kind := range []string{manifest.KindContainer, manifest.KindStep} {
+		for _, k := range manifest.Keys(kind) {
+			if !rows[k] {
+				t.Errorf("a %s takes %q, which this test (and maybe describe and spec) does not know", kind, k)
+			}
+		}
+	}
+}
+
+// tty:, init:, pids-limit: and group-add:, and a mount's label, on a
+// running container: each change replaces it once, saying which key; the
+// runtime gets the values; the next pass keeps it.
+func TestComposeKeysReplaceOnce(t *testing.T) {
+	b := newBed(t)
+	const sidecar = "  - container: app.sidecar\n    image: localhost/busybox:1\n"
+	if !strings.HasSuffix(appTmpl, sidecar) {
+		t.Fatal("appTmpl no longer ends with the sidecar")
+	}
+	apply := func(extra string) state.Report {
+		t.Helper()
+		var srcs []string
+		for _, src := range []string{appTmpl + extra, dbTmpl} {
+			s := strings.ReplaceAll(src, "{{d}}", b.dir)
+			for k, v := range b.vars {
+				s = strings.ReplaceAll(s, "{{"+k+"}}", v)
+			}
+			srcs = append(srcs, s)
+		}
+		return b.r.Apply(context.Background(), 1, composeAce(t, &b.in, srcs))
+	}
+	if rep := apply(""); rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	before := b.rt.byName("app.sidecar").ID
+	keys := "    tty: true\n    init: true\n    pids-limit: 64\n    group-add: [video]\n"
+	rep := apply(keys)
+	o := outcome(rep, "app.sidecar")
+	if rep.Error != "" || o.Outcome != state.Replaced || o.Reason != "group-add changed; init changed; pids-limit changed; tty changed" {
+		t.Fatalf("%q: %+v", rep.Error, o)
+	}
+	c := b.rt.byName("app.sidecar")
+	if s := b.rt.specs[c.ID]; c.ID == before || !s.TTY || !s.Init || s.PidsLimit != 64 || len(s.GroupAdd) != 1 || s.GroupAdd[0] != "video" {
+		t.Fatalf("id %s (was %s), spec %+v", c.ID, before, b.rt.specs[c.ID])
+	}
+	if o := outcome(apply(keys), "app.sidecar"); o.Outcome != state.Unchanged || b.rt.byName("app.sidecar").ID != c.ID {
+		t.Fatalf("the pass after: %+v", o)
+	}
+	// Back to none of them: replaced again, the keys gone from the spec.
+	if o := outcome(apply(""), "app.sidecar"); o.Outcome != state.Replaced {
+		t.Fatalf("dropping the keys: %+v", o)
+	}
+	if s := b.rt.specs[b.rt.byName("app.sidecar").ID]; s.TTY || s.Init || s.PidsLimit != 0 || s.GroupAdd != nil {
+		t.Fatalf("spec after dropping the keys: %+v", s)
+	}
+	// A label on a mount is a change of the mount.
+	server := b.rt.byName("app.server").ID
+	apply("    mounts: [\"{{d}}/app/data:/data:z\"]\n")
+	o = outcome(apply("    mounts: [\"{{d}}/app/data:/data:Z\"]\n"), "app.sidecar")
+	if o.Outcome != state.Replaced || o.Reason != "mounts changed" {
+		t.Fatalf("z to Z: %+v", o)
+	}
+	if s := b.rt.specs[b.rt.byName("app.sidecar").ID]; len(s.Mounts) != 1 || strings.Join(s.Mounts[0].Options, ",") != "Z" {
+		t.Fatalf("mount options: %+v", s.Mounts)
+	}
+	if b.rt.byName("app.server").ID != server {
+		t.Fatal("a change of the sidecar replaced the server")
+	}
+}

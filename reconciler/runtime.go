@@ -114,6 +114,13 @@ type Spec struct {
 	StopTimeout *uint
 	// LogMaxSize bounds the container's log file (bytes; 0: Podman's own).
 	LogMaxSize int64
+	// TTY gives the process a terminal; Init runs Podman's init as PID 1;
+	// PidsLimit bounds its processes (0: Podman's default); GroupAdd are
+	// supplementary groups (gids or names).
+	TTY       bool
+	Init      bool
+	PidsLimit int64
+	GroupAdd  []string
 	// EnvFile, when set, is a host file of NAME=VALUE entries (each ended
 	// by NUL) that the process gets in its environment, and EnvExec a
 	// static mesh binary: the runtime mounts both read-only and runs the

@@ -58,7 +58,13 @@ const (
 // with hosts; node.drain (drain.go) and module.restart (restart.go).
 // 10, rollouts (rollout.go): rollout.step, module.revert, and module.add of
 // a manifest that rolls out, which keeps the module's history.
-const CommandVersion = 10
+// 11, a manifest with a container's tty:, init:, pids-limit: or group-add:
+// (containerKeysFormat).
+const CommandVersion = 11
+
+// containerKeysFormat is the format of a manifest that declares a
+// container's (or step's) tty:, init:, pids-limit: or group-add:.
+const containerKeysFormat = 11
 
 // ops is every op this binary knows, one row each: the one place an op is
 // registered. NewCommand, NeedsVersion, Encode, Request and Apply all read
@@ -415,11 +421,17 @@ type ModuleSpec struct {
 
 // specFormat is the format a module's parsed form needs: an older binary
 // decodes it without the keys it does not know (public-ports:,
-// log-max-size:, both of format 7) and would store and run another module
-// than the newer nodes do.
+// log-max-size:, both of format 7; tty:, init:, pids-limit:, group-add:,
+// of format 11) and would store and run another module than the newer
+// nodes do.
 func specFormat(sp ModuleSpec) int {
 	if sp.Manifest == nil {
 		return 0
+	}
+	for _, r := range sp.Manifest.Resources {
+		if r.TTY || r.Init || r.PidsLimit != nil || r.GroupAdd != nil {
+			return containerKeysFormat
+		}
 	}
 	if manifestNeedsEdge(sp.Manifest) {
 		return edgeFormat

@@ -31,6 +31,13 @@ func TestEnviron(t *testing.T) {
 	if _, err := Environ(filepath.Join(dir, "missing"), nil); err == nil {
 		t.Error("a missing file taken")
 	}
+	// Keys are taken as written, dotted and dashed ones too (an env-secrets
+	// key such as elastic.password), and set over the same key.
+	os.WriteFile(f, []byte("xpack.security.password=pw\x00a-b=1\x00"), 0o444)
+	got, err = Environ(f, []string{"xpack.security.password=old", "PATH=/bin"})
+	if err != nil || strings.Join(got, "|") != "PATH=/bin|xpack.security.password=pw|a-b=1" {
+		t.Fatalf("dotted keys: %q %v", got, err)
+	}
 }
 
 // Run execs the command with the environment, in its place: the command's

@@ -13,7 +13,7 @@ import (
 // The container fields compose users rely on (issue 15): checked by `mesh
 // check`, typed once (Typed), and part of a container's digest.
 
-var containerFields = []string{"user", "entrypoint", "working-dir", "cap-add", "cap-drop", "devices", "read-only", "tmpfs", "memory", "cpus", "stop-signal", "stop-timeout", "labels", "log-max-size"}
+var containerFields = []string{"user", "entrypoint", "working-dir", "cap-add", "cap-drop", "devices", "read-only", "tmpfs", "memory", "cpus", "stop-signal", "stop-timeout", "labels", "log-max-size", "tty", "init", "pids-limit", "group-add"}
 
 // Bounds of a container's log (the k8s-file Podman writes: conmon truncates
 // it when it would pass the bound, so it never does).
@@ -27,8 +27,26 @@ const (
 	MaxLogMaxSize = 1 << 30
 )
 
+// MaxPidsLimit is the largest pids-limit: the kernel's own bound on
+// process ids (PID_MAX_LIMIT), so a limit above it would bound nothing.
+const MaxPidsLimit = 4194304
+
+// EnvKeyRule says in words what an env or env-secrets key may be
+// (ValidEnvKey).
+const EnvKeyRule = "use letters, digits, '_', '.' and '-', starting with a letter or '_'"
+
+// idName is a user or group name, or a numeric id, as a container's
+// passwd and group files may hold it.
+const idName = `[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}`
+
 var (
-	userRE   = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$`)
+	userRE   = regexp.MustCompile(`^` + idName + `(:` + idName + `)?$`)
+	groupRE  = regexp.MustCompile(`^` + idName + `$`)
+	digitsRE = regexp.MustCompile(`^[0-9]+$`)
+	// envKeyRE admits what images read besides shell names
+	// (elasticsearch's discovery.type): Podman and mesh exec-env take
+	// any key without '=' and NUL, and nothing passes a key to a shell.
+	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]*$`)
 	capRE    = regexp.MustCompile(`^(CAP_)?[A-Z][A-Z_]{1,30}$`)
 	signals  = map[string]int{"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "WINCH": 28, "PWR": 30, "STOP": 19}
 	tmpfsOpt = regexp.MustCompile(`^(size=[0-9]+[kmgKMG%]?|mode=[0-7]{3,4}|uid=[0-9]+|gid=[0-9]+|nr_inodes=[0-9]+[kmgKMG]?|noexec|exec|nosuid|suid|nodev|dev|ro|rw|notmpcopyup)$`)
@@ -117,7 +135,28 @@ func checkContainerFields(r *Resource) []fieldErr {
 			add("labels", -1, "label %q: keys starting with mesh. are the mesh's own", k)
 		}
 	}
+	if r.PidsLimit != nil {
+		if err := checkPidsLimit(*r.PidsLimit); err != nil {
+			add("pids-limit", -1, "%s", err)
+		}
+	}
+	for i, g := range r.GroupAdd {
+		switch {
+		case g == "keep-groups":
+			add("group-add", i, "group-add keep-groups is Podman's own (rootless with crun only), not a group; name the groups the process needs")
+		case !ValidGroup(g):
+			add("group-add", i, "group-add %q is not a group: a numeric gid (0 to 2147483647) or a name of letters, digits, '_', '.' and '-', as the container sees it", g)
+		}
+	}
 	return errs
+}
+
+// checkPidsLimit says what is wrong with a pids-limit.
+func checkPidsLimit(n int64) error {
+	if n < 1 || n > MaxPidsLimit {
+		return fmt.Errorf("pids-limit %d is not between 1 and %d; leave it out for Podman's default", n, MaxPidsLimit)
+	}
+	return nil
 }
 
 // ValidUser says whether s may be a container's user.
@@ -126,7 +165,17 @@ func ValidUser(s string) bool { return userRE.MatchString(s) }
 // ValidCapability says whether s may be named in cap-add or cap-drop.
 func ValidCapability(s string) bool { return s == "ALL" || capRE.MatchString(s) }
 
-// ValidEnvKey says whether s may be an env key.
+// ValidGroup says whether s may be named in group-add: a numeric gid or a
+// group name.
+func ValidGroup(s string) bool {
+	if digitsRE.MatchString(s) {
+		n, err := strconv.ParseUint(s, 10, 32)
+		return err == nil && n <= 1<<31-1
+	}
+	return groupRE.MatchString(s)
+}
+
+// ValidEnvKey says whether s may be an env or env-secrets key (EnvKeyRule).
 func ValidEnvKey(s string) bool { return envKeyRE.MatchString(s) }
 
 func cleanAbs(p string) bool { return strings.HasPrefix(p, "/") && path.Clean(p) == p }
@@ -263,6 +312,12 @@ func typeContainer(r *Resource, t *Typed) error {
 			return err
 		}
 		t.LogMaxSize = m
+	}
+	if r.PidsLimit != nil {
+		if err := checkPidsLimit(*r.PidsLimit); err != nil {
+			return err
+		}
+		t.PidsLimit = *r.PidsLimit
 	}
 	if r.StopSignal != "" {
 		n, err := ParseSignal(r.StopSignal)

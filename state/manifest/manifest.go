@@ -167,6 +167,12 @@ type Resource struct {
 	StopSignal  string            `yaml:"stop-signal,omitempty" json:"stop-signal,omitempty" jsonschema:"description=The signal that stops the container, e.g. SIGQUIT"`
 	StopTimeout string            `yaml:"stop-timeout,omitempty" json:"stop-timeout,omitempty" jsonschema:"description=How long a stop waits before it kills (a Go duration up to 90s, e.g. 30s; default 10s)"`
 	Labels      map[string]string `yaml:"labels,omitempty" json:"labels,omitempty" jsonschema:"description=Container labels; keys starting with mesh. are the mesh's own"`
+	// Compose's tty, init, pids_limit and group_add. PidsLimit is a
+	// pointer so that an explicit 0 is refused, not taken for no key.
+	TTY       bool     `yaml:"tty,omitempty" json:"tty,omitempty" jsonschema:"description=Give the process a terminal (compose's tty)"`
+	Init      bool     `yaml:"init,omitempty" json:"init,omitempty" jsonschema:"description=Run Podman's init as PID 1 (catatonit: it reaps zombies and passes signals on); the node needs Podman's init binary (containers.conf init_path)"`
+	PidsLimit *int64   `yaml:"pids-limit,omitempty" json:"pids-limit,omitempty" jsonschema:"minimum=1,maximum=4194304,description=Most processes (and threads) the container may have at once; without it Podman's default applies (containers.conf pids_limit: 2048 unless changed)"`
+	GroupAdd  []string `yaml:"group-add,omitempty" json:"group-add,omitempty" jsonschema:"description=Supplementary groups of the process: numeric gids or group names the image knows"`
 
 	// Typed holds the values parsed from the strings above. It travels in
 	// the log with the rest (the FSM never parses a manifest's text).
@@ -472,7 +478,6 @@ const SecretNameRule = "use 1 to 63 lower-case letters, digits, '.', '_' and '-'
 var (
 	labelRE   = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,127}$`)
-	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	ownerRE   = regexp.MustCompile(`^[0-9]{1,10}:[0-9]{1,10}$`)
 	restartOK = map[string]bool{"": true, "no": true, "always": true, "on-failure": true, "unless-stopped": true}
 	pullOK    = map[string]bool{"": true, PullMissing: true, PullAlways: true, PullNewer: true}
@@ -489,6 +494,10 @@ var fields = map[string][]string{
 	KindStep:       append([]string{"image", "command", "env", "env-secrets", "mounts", "restart-on", "pull"}, containerFields...),
 	KindContainer:  append([]string{"image", "command", "env", "env-secrets", "mounts", "ports", "public-ports", "restart", "restart-on", "health", "pull"}, containerFields...),
 }
+
+// Keys lists the optional keys a resource of kind takes (besides its kind
+// key), as `mesh check` names them.
+func Keys(kind string) []string { return slices.Clone(fields[kind]) }
 
 func (r *Resource) setFields() []string {
 	var s []string
@@ -529,6 +538,10 @@ func (r *Resource) setFields() []string {
 	add("stop-signal", r.StopSignal != "")
 	add("stop-timeout", r.StopTimeout != "")
 	add("labels", r.Labels != nil)
+	add("tty", r.TTY)
+	add("init", r.Init)
+	add("pids-limit", r.PidsLimit != nil)
+	add("group-add", r.GroupAdd != nil)
 	add("healthy", r.Healthy)
 	return s
 }
@@ -688,14 +701,14 @@ func (m *Manifest) check(p *positions) Errors {
 				add(ln, "%s %q has no `image:`; name the image it runs, e.g. docker.io/library/busybox:1.36", kind, name)
 			}
 			for k := range r.Env {
-				if !envKeyRE.MatchString(k) {
-					add(p.at(i, "env", -1), "env key %q is not a variable name; use letters, digits and '_'", k)
+				if !ValidEnvKey(k) {
+					add(p.at(i, "env", -1), "env key %q is not a variable name; %s", k, EnvKeyRule)
 				}
 			}
 			for k, v := range r.EnvSecrets {
 				switch {
-				case !envKeyRE.MatchString(k):
-					add(p.at(i, "env-secrets", -1), "env-secrets key %q is not a variable name; use letters, digits and '_'", k)
+				case !ValidEnvKey(k):
+					add(p.at(i, "env-secrets", -1), "env-secrets key %q is not a variable name; %s", k, EnvKeyRule)
 				case !SecretNameRE.MatchString(v):
 					add(p.at(i, "env-secrets", -1), "env-secrets %s: secret name %q: %s", k, v, SecretNameRule)
 				}

@@ -123,7 +123,7 @@ func TestParseErrors(t *testing.T) {
 		{"not a mapping", "- a\n- b\n", 1, "a manifest is a mapping"},
 		{"duplicate key", "module: a\nmodule: b\n", 2, "keep one"},
 		{"bad restart", "module: a\nresources:\n  - container: a.web\n    image: x\n    restart: sometimes\n", 5, `restart "sometimes" is not one of`},
-		{"bad env key", "module: a\nresources:\n  - container: a.web\n    image: x\n    env: {\"A-B\": x}\n", 5, `env key "A-B"`},
+		{"bad env key", "module: a\nresources:\n  - container: a.web\n    image: x\n    env: {\"A B\": x}\n", 5, `env key "A B" is not a variable name; use letters, digits, '_', '.' and '-', starting with a letter or '_'`},
 		{"self credential", "module: a\nresources:\n  - credential: /srv/a.pw\n    provider: a\n", 4, "names its own module"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -59,6 +59,10 @@ var (
 		"stop-signal":  text,
 		"stop-timeout": text,
 		"labels":       {kind: "map", example: `{com.example.team: "web"}`},
+		"tty":          flag,
+		"init":         flag,
+		"pids-limit":   {kind: "number", example: "512"},
+		"group-add":    texts(`["1000", video]`),
 		"healthy":      flag,
 	}}
 	manifestShape = &shape{kind: "object", fields: map[string]*shape{

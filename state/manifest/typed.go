@@ -35,6 +35,8 @@ type Typed struct {
 	LogMaxSize  int64 `json:"log_max_size,omitempty"`
 	StopSignal  int   `json:"stop_signal,omitempty"`
 	StopTimeout *uint `json:"stop_timeout,omitempty"`
+	// PidsLimit bounds the container's processes (0: Podman's default).
+	PidsLimit int64 `json:"pids_limit,omitempty"`
 }
 
 // Health is a container's health check as declared: Podman's own health
@@ -227,11 +229,22 @@ func ParseMount(s string) (Mount, error) {
 		return m, fmt.Errorf("container side is not clean; write %q", path.Clean(m.Destination))
 	}
 	if len(parts) == 3 {
+		// z and Z relabel the source for SELinux (z: a label other
+		// containers share, Z: one private to this container); Podman
+		// takes one of each pair at most, and so does the manifest.
+		var access, label string
 		for _, o := range strings.Split(parts[2], ",") {
 			switch o {
-			case "ro":
-				m.ReadOnly = true
-			case "rw", "z", "Z":
+			case "ro", "rw":
+				if access != "" {
+					return m, fmt.Errorf("options %s and %s: give one of ro and rw", access, o)
+				}
+				access, m.ReadOnly = o, o == "ro"
+			case "z", "Z":
+				if label != "" {
+					return m, fmt.Errorf("options %s and %s: give one of z (a label shared with other containers) and Z (a label private to this one)", label, o)
+				}
+				label = o
 			default:
 				return m, fmt.Errorf("option %q is not one of ro, rw, z, Z", o)
 			}

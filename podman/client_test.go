@@ -1,0 +1,54 @@
+package podman
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"mesh/reconciler"
+)
+
+// A container's terminal, init, pids limit, supplementary groups and mount
+// labels reach Podman's spec, under the names Podman 4.3's API reads; a
+// container without them asks for none, so Podman's defaults hold (its
+// pids_limit among them).
+func TestGeneratorCarriesTheComposeKeys(t *testing.T) {
+	s := reconciler.Spec{Name: "f.app", Image: "b:2", TTY: true, Init: true, PidsLimit: 512, GroupAdd: []string{"1000", "video"},
+		Mounts: []reconciler.Mount{{Source: "/srv/f", Destination: "/data", Options: []string{"ro", "z"}}, {Source: "/srv/g", Destination: "/g", Options: []string{"Z"}}}}
+	g := generator(s)
+	if g.Terminal == nil || !*g.Terminal || g.Init == nil || !*g.Init || strings.Join(g.Groups, " ") != "1000 video" {
+		t.Fatalf("terminal %v, init %v, groups %v", g.Terminal, g.Init, g.Groups)
+	}
+	if g.ResourceLimits == nil || g.ResourceLimits.Pids == nil || g.ResourceLimits.Pids.Limit != 512 || g.ResourceLimits.Memory != nil || g.ResourceLimits.CPU != nil {
+		t.Fatalf("resource limits: %+v", g.ResourceLimits)
+	}
+	if len(g.Mounts) != 2 || strings.Join(g.Mounts[0].Options, ",") != "rbind,ro,z" || strings.Join(g.Mounts[1].Options, ",") != "rbind,Z" {
+		t.Fatalf("mounts: %+v", g.Mounts)
+	}
+	b, err := json.Marshal(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{`"terminal":true`, `"init":true`, `"groups":["1000","video"]`, `"resource_limits":{"pids":{"limit":512}}`, `"options":["rbind","ro","z"]`} {
+		if !strings.Contains(string(b), k) {
+			t.Errorf("the request lacks %s: %s", k, b)
+		}
+	}
+
+	// Memory and a pids limit together: one set of limits with both.
+	both := generator(reconciler.Spec{Image: "b:2", Memory: 64 << 20, PidsLimit: 100})
+	if l := both.ResourceLimits; l == nil || l.Memory == nil || *l.Memory.Limit != 64<<20 || l.Pids == nil || l.Pids.Limit != 100 {
+		t.Fatalf("memory and pids: %+v", both.ResourceLimits)
+	}
+
+	plain := generator(reconciler.Spec{Name: "f.app", Image: "b:2"})
+	if plain.Terminal != nil || plain.Init != nil || plain.Groups != nil || plain.ResourceLimits != nil {
+		t.Fatalf("a container without the keys: terminal %v, init %v, groups %v, limits %+v", plain.Terminal, plain.Init, plain.Groups, plain.ResourceLimits)
+	}
+	b, _ = json.Marshal(plain)
+	for _, k := range []string{`"terminal"`, `"init"`, `"groups"`, `"resource_limits"`} {
+		if strings.Contains(string(b), k) {
+			t.Errorf("a container without the keys asks for %s: %s", k, b)
+		}
+	}
+}

@@ -1,0 +1,51 @@
+package state
+
+import (
+	"context"
+	"testing"
+)
+
+// A manifest with tty:, init:, pids-limit: or group-add: needs format 11:
+// a node whose binary is older would store it without them and run another
+// container than the newer nodes do. One without them, or with a dotted env
+// key (which every binary passes to Podman as it is), keeps its format.
+func TestContainerKeysFormat(t *testing.T) {
+	src := func(extra string) string {
+		return "module: ck\nresources:\n  - container: ck.app\n    image: b:1\n" + extra
+	}
+	for _, c := range []struct {
+		extra string
+		want  int
+	}{
+		{"", 3},
+		{"    env: {discovery.type: single-node}\n", 3},
+		{"    tty: true\n", containerKeysFormat},
+		{"    init: true\n", containerKeysFormat},
+		{"    pids-limit: 512\n", containerKeysFormat},
+		{"    group-add: [video]\n", containerKeysFormat},
+	} {
+		if v := NewCommand(&ModuleAddRequest{Modules: []ModuleSpec{spec("ck.yaml", src(c.extra))}}).V; v != c.want {
+			t.Errorf("%q: format %d, want %d", c.extra, v, c.want)
+		}
+		if v := NewCommand(&RestoreBody{Modules: []RestoredModule{{ModuleSpec: spec("ck.yaml", src(c.extra))}}}).V; v < c.want {
+			t.Errorf("restore of %q: format %d, want at least %d", c.extra, v, c.want)
+		}
+	}
+	if containerKeysFormat > CommandVersion {
+		t.Fatalf("this binary writes format %d and applies up to %d", containerKeysFormat, CommandVersion)
+	}
+
+	// This binary applies it, and the keys are in the stored form.
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("ck.yaml", src("    tty: true\n    init: true\n    pids-limit: 512\n    group-add: [\"1000\", video]\n"))}})
+	m, err := s.Manifest(context.Background(), "ck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := m.Resources[0]
+	if !r.TTY || !r.Init || r.PidsLimit == nil || *r.PidsLimit != 512 || r.Typed.PidsLimit != 512 || len(r.GroupAdd) != 2 || r.GroupAdd[1] != "video" {
+		t.Fatalf("stored: %+v", r)
+	}
+}
