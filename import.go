@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"mesh/internal/composeimport"
 	"mesh/internal/safefs"
+	"mesh/podman"
 	"mesh/state/manifest"
 )
 
@@ -21,8 +25,14 @@ type ImportComposeCmd struct {
 	File    string `arg:"" type:"existingfile" help:"The compose file (its .env, env files, extends and profiles resolve as docker compose resolves them)."`
 	Output  string `placeholder:"DIR" help:"Where to write the manifests (default: ./PROJECT)."`
 	Project string `placeholder:"NAME" help:"The project name (default: the file's name: key, else its directory's name); host paths go under ROOT/PROJECT-SERVICE."`
-	Root    string `default:"/srv" placeholder:"DIR" help:"Where the services' host paths go: DIR/PROJECT-SERVICE (default /srv)."`
-	Force   bool   `help:"Overwrite manifests already in the output directory."`
+	Root    string `default:"/srv" placeholder:"DIR" help:"Where the services' host paths go: DIR/PROJECT-SERVICE (default /srv); an absolute path a manifest may declare."`
+	Prefix  string `placeholder:"PREFIX" help:"Name each module PREFIX-SERVICE (module names are unique in the whole mesh; two projects' db would be one module). Hosts named in environment values and commands (db, postgres://u@db:5432) are renamed too, said in a note; config files are not."`
+	// CopyHostFiles: a bind-mounted text file outside the project's
+	// directory (an absolute host path) is read into the manifest only
+	// when asked.
+	CopyHostFiles bool `name:"copy-host-files" help:"Copy bind-mounted text files from outside the compose file's directory into the manifests (every node replicates them; a link leading out of the directory is never followed). Without it they are named, not copied."`
+	Force         bool `help:"Overwrite manifests already in the output directory."`
+	JSON          bool `name:"json" help:"Print the result as JSON: project, output, files, copied, notes [{service, kind (carried, dropped, action), text}]."`
 }
 
 // Run imports: every manifest is checked (as mesh check would) before any
@@ -36,13 +46,25 @@ func (c *ImportComposeCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := timeout()
 	defer cancel()
-	res, err := composeimport.Import(ctx, composeimport.Options{File: c.File, Project: c.Project, Root: c.Root})
+	res, err := composeimport.Import(ctx, composeimport.Options{
+		File: c.File, Project: c.Project, Root: c.Root, Prefix: c.Prefix,
+		CopyHostFiles: c.CopyHostFiles, ImagePorts: localImagePorts,
+	})
+	var ue composeimport.UsageError
+	if errors.As(err, &ue) {
+		return usageError{err}
+	}
 	if err != nil {
 		return err
 	}
 	out := c.Output
 	if out == "" {
 		out = res.Project
+	}
+	// Relative to where the command runs; the writes and the directory's
+	// sync need it absolute.
+	if out, err = filepath.Abs(out); err != nil {
+		return err
 	}
 	parsed := map[string]*manifest.Manifest{}
 	for _, m := range res.Manifests {
@@ -79,12 +101,46 @@ func (c *ImportComposeCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	for _, n := range res.Notes {
+	if c.JSON {
+		notes := res.Notes
+		if notes == nil {
+			notes = []composeimport.Note{}
+		}
+		return printJSON(g.out, map[string]any{"project": res.Project, "output": out, "files": written, "copied": nonNil(res.Copied), "notes": notes})
+	}
+	for _, n := range res.Lines() {
 		fmt.Fprintln(g.out, n)
+	}
+	if len(res.Copied) > 0 {
+		fmt.Fprintf(g.out, "copied into the manifests: %s\n", strings.Join(res.Copied, " "))
 	}
 	fmt.Fprintf(g.out, "wrote %d manifests for project %s to %s: %s\n", len(written), res.Project, out, strings.Join(written, " "))
 	fmt.Fprintf(g.out, "next: mesh check %s/*.yaml; mesh module add %s/*.yaml --dry-run (a module of the same name from another project would be replaced); then mesh assign NODE MODULE\n", out, out)
 	return nil
+}
+
+// localImagePorts asks this machine's Podman, if one listens, which ports a
+// local image exposes; any failure (no Podman, no image) is no answer.
+func localImagePorts(ctx context.Context, image string) []string {
+	rootless := os.Geteuid() != 0
+	sock := podman.DefaultSocket(rootless)
+	if s := os.Getenv("MESH_PODMAN_SOCKET"); s != "" {
+		sock = s
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ports, err := podman.New(podman.Config{Socket: sock}).ImagePorts(ctx, image)
+	if err != nil {
+		return nil
+	}
+	return ports
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // outFile is a file writeAll writes: its name in the directory, its bytes.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"sort"
@@ -61,5 +63,50 @@ func TestImportWritesAllOrNothing(t *testing.T) {
 	}
 	if got, want := strings.Join(list(), " "), strings.Join(before, " "); got != want {
 		t.Fatalf("after a failed import --force the output holds %s, not %s", got, want)
+	}
+}
+
+// Issue 31, item 2: a relative --output, the default ./PROJECT included,
+// works, and prints the notes; --json gives them with their kinds.
+func TestImportRelativeOutput(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "compose.yaml"), []byte("name: shop\nservices:\n  db:\n    image: postgres:16\n  app:\n    image: busybox\n    depends_on: [db]\n"), 0o644)
+	wd, _ := os.Getwd()
+	t.Cleanup(func() { os.Chdir(wd) })
+	if err := os.Chdir(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, out := range []string{"", "out", "./deeper/out"} {
+		var buf bytes.Buffer
+		if err := (&ImportComposeCmd{File: "compose.yaml", Output: out, Root: "/srv"}).Run(&Globals{out: &buf}); err != nil {
+			t.Fatalf("--output %q: %v", out, err)
+		}
+		want := out
+		if want == "" {
+			want = "shop"
+		}
+		if _, err := os.Stat(filepath.Join(dir, want, "db.yaml")); err != nil {
+			t.Errorf("--output %q: %v", out, err)
+		}
+		if !strings.Contains(buf.String(), "db: published at 5432:5432/tcp inside the mesh") || !strings.Contains(buf.String(), "wrote 2 manifests") {
+			t.Errorf("--output %q printed:\n%s", out, buf.String())
+		}
+	}
+	var buf bytes.Buffer
+	if err := (&ImportComposeCmd{File: "compose.yaml", Output: "j", Root: "/srv", JSON: true}).Run(&Globals{out: &buf}); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Project, Output string
+		Files           []string
+		Notes           []struct{ Service, Kind, Text string }
+	}
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil || got.Project != "shop" || got.Output != filepath.Join(dir, "j") || len(got.Files) != 2 || len(got.Notes) == 0 || got.Notes[0].Kind == "" {
+		t.Fatalf("--json: %v %+v\n%s", err, got, buf.String())
+	}
+	err := (&ImportComposeCmd{File: "compose.yaml", Output: "k", Root: "rel"}).Run(&Globals{out: &buf})
+	var ue usageError
+	if !errors.As(err, &ue) {
+		t.Fatalf("--root rel: %v, want a usage error", err)
 	}
 }

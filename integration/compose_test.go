@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -142,5 +144,108 @@ func TestComposeImportRootless(t *testing.T) {
 	var st syscall.Stat_t
 	if err := syscall.Stat(filepath.Dir(page), &st); err != nil || int(st.Uid) != h.hostID(0) || st.Mode&0o7777 != 0o750 {
 		t.Fatalf("the named volume's directory: uid %d (want %d, the container's root as mapped), mode %o, %v", st.Uid, h.hostID(0), st.Mode&0o7777, err)
+	}
+}
+
+// Issue 31: a three-service application as people write it (a web front, a
+// worker and a database, none with a port for the others, passwords in a
+// .env), imported from its own directory by a relative path into the
+// default ./PROJECT, the modules prefixed, assigned to two nodes: the web on
+// n3 answers a request by reading what the worker on n3 wrote into the
+// PostgreSQL on n2. Run in the examples bed, whose nodes hold the images.
+const appCompose = `services:
+  web:
+    image: docker.io/library/postgres:15
+    # A CGI script that asks the database, written at start with the
+    # connection's settings (busybox httpd gives a script no environment).
+    command:
+      - sh
+      - -c
+      - >-
+        mkdir -p /tmp/www/cgi-bin &&
+        printf '#!/bin/sh\necho Content-Type: text/plain\necho\nPGHOST=%s PGPASSWORD=%s /usr/lib/postgresql/15/bin/psql -U postgres -d postgres -tAc "SELECT count(*) || chr(32) || max(note) FROM notes"\n' "$$PGHOST" "$$PGPASSWORD" >/tmp/www/cgi-bin/rows &&
+        chmod +x /tmp/www/cgi-bin/rows &&
+        exec httpd -f -p 8080 -h /tmp/www
+    environment:
+      PGHOST: db
+      PGPASSWORD: ${DB_PASSWORD:?set DB_PASSWORD in .env}
+    ports: ["${WEB_PORT:-8080}:8080"]
+    depends_on:
+      db:
+        condition: service_healthy
+  worker:
+    image: docker.io/library/postgres:15
+    command: ["sh", "-c", "until psql -U postgres -d postgres -c 'CREATE TABLE IF NOT EXISTS notes (id serial PRIMARY KEY, note text)' -c \"INSERT INTO notes (note) VALUES ('from-the-worker')\"; do sleep 1; done; exec sleep 100000"]
+    environment:
+      PGHOST: db
+      PGPASSWORD: ${DB_PASSWORD}
+    depends_on: [db]
+  db:
+    image: docker.io/library/postgres:15
+    environment:
+      POSTGRES_PASSWORD: ${DB_PASSWORD}
+    volumes:
+      - dbdata:/var/lib/postgresql/data
+    healthcheck:
+      test: ["CMD-SHELL", "pg_isready -q -h 127.0.0.1 -U postgres"]
+      interval: 2s
+      timeout: 2s
+volumes:
+  dbdata: {}
+`
+
+func composeApp(t *testing.T, n []*agent) {
+	dir := filepath.Join(t.TempDir(), "shop-src")
+	os.MkdirAll(dir, 0o755)
+	os.WriteFile(filepath.Join(dir, "compose.yaml"), []byte(appCompose), 0o644)
+	os.WriteFile(filepath.Join(dir, ".env"), []byte("COMPOSE_PROJECT_NAME=shop\nDB_PASSWORD=bed-db-password\nWEB_PORT=18090\n"), 0o644)
+	// Relative: the file and the default output (./shop), from its
+	// directory, as a user runs it.
+	imp := exec.Command(meshBin, "import", "compose", "compose.yaml", "--prefix", "shop", "--json")
+	imp.Dir = dir
+	out, err := imp.CombinedOutput()
+	if err != nil {
+		t.Fatalf("mesh import compose compose.yaml: %v\n%s", err, out)
+	}
+	var res struct {
+		Project, Output string
+		Files           []string
+		Notes           []struct{ Service, Kind, Text string }
+	}
+	if err := json.Unmarshal(out, &res); err != nil || res.Project != "shop" || res.Output != filepath.Join(dir, "shop") || len(res.Files) != 3 {
+		t.Fatalf("the import: %v %+v\n%s", err, res, out)
+	}
+	said := func(service, text string) bool {
+		for _, n := range res.Notes {
+			if n.Service == service && strings.Contains(n.Text, text) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, want := range [][2]string{
+		{"db", "published at 5432:5432/tcp inside the mesh (the well-known port of postgres"},
+		{"web", `environment PGHOST: "db" -> "shop-db"`},
+		{"worker", `environment PGHOST: "db" -> "shop-db"`},
+		{"web", "depends_on db (service_healthy) -> binding"},
+	} {
+		if !said(want[0], want[1]) {
+			t.Fatalf("no note of %s says %q:\n%s", want[0], want[1], out)
+		}
+	}
+	n[1].mesh(append([]string{"check"}, res.Files...)...)
+	n[1].mesh(append([]string{"module", "add"}, res.Files...)...)
+	n[1].mesh("assign", "n2", "shop-db", "--wait", "--timeout", "3m")
+	n[1].mesh("assign", "n3", "shop-worker", "--wait", "--timeout", "2m")
+	n[1].mesh("assign", "n3", "shop-web", "--wait", "--timeout", "2m")
+	// From n1: the web's internal port on n3's overlay address.
+	url := "http://" + n[3].oaddr() + ":18090/cgi-bin/rows"
+	eventually(t, 90*time.Second, "the web on n3 reads the worker's row from the database on n2", func() (bool, string) {
+		out, err := exec.Command("ip", "netns", "exec", n[1].h.netns, "curl", "-sS", "-m", "5", url).CombinedOutput()
+		return err == nil && strings.HasSuffix(strings.TrimSpace(string(out)), " from-the-worker"), string(out) + errString(err)
+	})
+	// The database's data is in its declared directory on n2, none on n3.
+	if _, err := os.Stat(filepath.Join(n[2].h.dir, "srv", "shop-shop-db", "dbdata", "PG_VERSION")); err != nil {
+		t.Fatalf("the database's volume on n2: %v", err)
 	}
 }

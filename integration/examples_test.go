@@ -319,6 +319,7 @@ resources:
 	}
 
 	authorityMoves(t, n)
+	composeApp(t, n)
 }
 
 // authorityMoves is issue 28 item 3: examples/authority.yaml (a real cfssl

@@ -35,17 +35,24 @@ import (
 // maxComposeNodes: under a second of compose-go's time on a 2-core machine,
 // and about ten times what a 650-line compose file such as mailcow's has
 // (the real files in testdata have 50 to 130).
+//
+// compose-go's work per node also grows with how deep the node lies (it
+// carries each node's path): 2,000 nested mappings took it 3 s, 9,000 nested
+// sequences (an 18 KB file) 41 s and 320 MB. So the guard also bounds the
+// depth, aliases followed, at maxComposeDepth: real compose files nest less
+// than 15 deep.
 
 const (
 	maxComposeFile  = 4 << 20
 	maxGuardDepth   = 8
 	maxComposeNodes = 10000
+	maxComposeDepth = 64
 	// maxServicePorts bounds the ports one service publishes: a manifest
 	// lists each, and Podman sets each up.
 	maxServicePorts = 1024
 )
 
-func guardFiles(file string, env []string) error {
+func guardFiles(file string, env []string, projectDir string, hostFiles bool) error {
 	dir := filepath.Dir(file)
 	vars := map[string]string{}
 	for _, kv := range env {
@@ -61,6 +68,9 @@ func guardFiles(file string, env []string) error {
 		if err := regularFile(dotEnv, "the .env beside it"); err != nil {
 			return err
 		}
+		if err := insideProject(dotEnv, "the .env beside it", projectDir, hostFiles); err != nil {
+			return err
+		}
 		if m, err := dotenv.Read(dotEnv); err == nil {
 			for k, v := range m {
 				if _, set := vars[k]; !set {
@@ -69,7 +79,7 @@ func guardFiles(file string, env []string) error {
 			}
 		}
 	}
-	g := &guard{vars: vars, files: map[string]*guarded{}}
+	g := &guard{vars: vars, files: map[string]*guarded{}, project: projectDir, hostFiles: hostFiles}
 	if _, err := g.file(file, 0, false); err != nil {
 		return err
 	}
@@ -81,9 +91,11 @@ func guardFiles(file string, env []string) error {
 
 // guard walks a compose file and the files it names, once each.
 type guard struct {
-	vars  map[string]string
-	files map[string]*guarded // nil while the file is being walked (a cycle)
-	nodes int                 // what compose-go will expand, so far
+	project   string // the project's directory, links resolved
+	hostFiles bool   // --copy-host-files: files outside it may be read
+	vars      map[string]string
+	files     map[string]*guarded // nil while the file is being walked (a cycle)
+	nodes     int                 // what compose-go will expand, so far
 }
 
 // guarded is what one walked file costs and what each of its services
@@ -130,6 +142,30 @@ func regularFile(p, what string) error {
 	return nil
 }
 
+// insideProject refuses a file whose values would be read into a manifest
+// (an env_file, a label_file, the .env) when it lies outside the project's
+// directory once links are followed: a link to /root/secrets.env, or an
+// absolute host path, unless --copy-host-files asks for it.
+func insideProject(p, what, project string, hostFiles bool) error {
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return nil // absent: compose-go says whether that matters
+	}
+	if hostFiles || project == "" || withinDir(real, project) {
+		return nil
+	}
+	how := "is outside the project's directory " + project
+	if real != filepath.Clean(p) {
+		how = "leads out of the project's directory " + project + " (to " + real + ")"
+	}
+	return fmt.Errorf("%s %s %s: the import reads into manifests, which every node replicates, only the project's own files; copy it into the project, or pass --copy-host-files", what, p, how)
+}
+
+func withinDir(p, dir string) bool {
+	rel, err := filepath.Rel(dir, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
 // file walks one compose file and adds what it costs to g.nodes. A file
 // walked before costs again when again is set: compose-go loads an included
 // file for each include of it, but an extended one once.
@@ -168,9 +204,12 @@ func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
 		}
 		docs = append(docs, &n)
 	}
-	w := map[*yaml.Node]int{}
+	w, h := map[*yaml.Node]int{}, map[*yaml.Node]int{}
 	for _, d := range docs {
 		g.spend(expanded(d, w))
+		if depth := height(d, h); depth > maxComposeDepth {
+			return out, fmt.Errorf("%s nests more than %d levels deep (counting what anchors copy); the import reads compose files up to that depth, and real ones nest less than 15", file, maxComposeDepth)
+		}
 	}
 	if g.over() {
 		return out, nil
@@ -192,7 +231,10 @@ func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
 			return nil
 		}
 		if path, ok := resolve(s); ok {
-			return regularFile(path, what)
+			if err := regularFile(path, what); err != nil {
+				return err
+			}
+			return insideProject(path, what, g.project, g.hostFiles)
 		}
 		return nil
 	}
@@ -326,6 +368,29 @@ func expanded(n *yaml.Node, w map[*yaml.Node]int) int {
 	}
 	w[n] = c
 	return c
+}
+
+// height is how deep n nests once its aliases are followed, each anchored
+// node computed once; an alias to a node that contains it adds nothing
+// (compose-go refuses it). It stops counting past the bound, so a hostile
+// nesting costs no more than the bound to measure per node.
+func height(n *yaml.Node, h map[*yaml.Node]int) int {
+	if n == nil {
+		return 0
+	}
+	if c, ok := h[n]; ok {
+		return c
+	}
+	h[n] = 0 // in progress
+	c := 0
+	if n.Kind == yaml.AliasNode {
+		c = height(n.Alias, h)
+	}
+	for _, k := range n.Content {
+		c = max(c, height(k, h))
+	}
+	h[n] = min(c+1, maxComposeDepth+1)
+	return h[n]
 }
 
 // nodesOf counts the nodes of a decoded (already small) value.

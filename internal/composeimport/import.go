@@ -11,20 +11,24 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"io/fs"
 	"maps"
 	"math"
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
+	"github.com/sirupsen/logrus"
 
 	"mesh/state/manifest"
 )
@@ -34,12 +38,31 @@ type Options struct {
 	File    string // the compose file
 	Project string // overrides the project name ("" keeps compose's)
 	// Root is where the services' host paths go: ROOT/PROJECT-SERVICE
-	// (default /srv).
+	// (default /srv). It must be absolute and a place a manifest may
+	// declare (not /etc, /usr, ...).
 	Root string
+	// Prefix names each module PREFIX-SERVICE ("" keeps the service's
+	// name, which is how the other services reach it under compose).
+	Prefix string
+	// CopyHostFiles lets a bind-mounted text file outside the project's
+	// directory (an absolute host path) be read into its manifest. A link
+	// leading out of the project's directory is never followed.
+	CopyHostFiles bool
 	// Env replaces the process environment for interpolation (nil: the
-	// process's own).
+	// process's own). The .env beside the compose file fills in what it
+	// does not set, as docker compose does.
 	Env []string
+	// ImagePorts, when set, gives the ports an image present on this
+	// machine exposes ("5432/tcp"), so a service others depend on can be
+	// published where they reach it.
+	ImagePorts func(ctx context.Context, image string) []string
 }
+
+// UsageError is an option the import cannot work with (a relative or
+// system --root): the command was called wrongly, not the file.
+type UsageError struct{ error }
+
+func (e UsageError) Unwrap() error { return e.error }
 
 // Manifest is one module written from a service.
 type Manifest struct {
@@ -49,12 +72,40 @@ type Manifest struct {
 	Text    string
 }
 
+// The kinds of notes: what a key became, what was not carried (and what to
+// do instead), and what the operator must do before the module runs as it
+// did under compose.
+const (
+	NoteCarried = "carried"
+	NoteDropped = "dropped"
+	NoteAction  = "action"
+)
+
+// Note is one line of what the import decided, for one service.
+type Note struct {
+	Service string `json:"service"`
+	Kind    string `json:"kind"`
+	Text    string `json:"text"`
+}
+
+func (n Note) String() string { return n.Service + ": " + n.Text }
+
 // Result is the manifests and the lines that say what was decided.
 type Result struct {
 	Project   string
 	Manifests []Manifest
-	// Notes are one line each: "SERVICE: ..." decisions and drops.
-	Notes []string
+	Notes     []Note
+	// Copied lists the host files whose content is now in a manifest.
+	Copied []string
+}
+
+// Lines is the notes as printed, one "SERVICE: text" each.
+func (r *Result) Lines() []string {
+	out := make([]string, len(r.Notes))
+	for i, n := range r.Notes {
+		out[i] = n.String()
+	}
+	return out
 }
 
 var (
@@ -80,11 +131,29 @@ func moduleName(s string) string {
 	return m
 }
 
+// checkRoot says why root cannot hold the project's directories.
+func checkRoot(root, project string) error {
+	if !filepath.IsAbs(root) {
+		return UsageError{fmt.Errorf("--root %q is not an absolute path; write where the host paths go, e.g. --root /srv", root)}
+	}
+	if err := manifest.CheckHostPath(filepath.Join(filepath.Clean(root), project+"-x")); err != nil {
+		return UsageError{fmt.Errorf("--root %s: %v", root, err)}
+	}
+	return nil
+}
+
 // Import reads opts.File and returns the manifests, each checked by the
 // same parser as `mesh check`.
 func Import(ctx context.Context, opts Options) (*Result, error) {
 	if opts.Root == "" {
 		opts.Root = "/srv"
+	}
+	if !filepath.IsAbs(opts.Root) {
+		return nil, checkRoot(opts.Root, "")
+	}
+	opts.Root = filepath.Clean(opts.Root)
+	if opts.Prefix != "" && moduleName(opts.Prefix) != opts.Prefix {
+		return nil, UsageError{fmt.Errorf("--prefix %q is not a DNS label (lower-case letters, digits, '-'); try --prefix %s", opts.Prefix, moduleName(opts.Prefix))}
 	}
 	abs, err := filepath.Abs(opts.File)
 	if err != nil {
@@ -94,13 +163,23 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if env == nil {
 		env = os.Environ()
 	}
-	if err := guardFiles(abs, env); err != nil {
+	projectDir := filepath.Dir(abs)
+	if real, err := filepath.EvalSymlinks(projectDir); err == nil {
+		projectDir = real
+	}
+	if err := guardFiles(abs, env, projectDir, opts.CopyHostFiles); err != nil {
 		return nil, err
 	}
-	fns := []cli.ProjectOptionsFn{
-		cli.WithWorkingDirectory(filepath.Dir(abs)), cli.WithEnv(env), cli.WithDotEnv,
-		cli.WithResolvedPaths(true), cli.WithInterpolation(true), cli.WithNormalization(true),
+	fns := []cli.ProjectOptionsFn{cli.WithWorkingDirectory(filepath.Dir(abs)), cli.WithEnv(env)}
+	// The .env beside the file: read as docker compose reads it (what the
+	// environment sets wins), COMPOSE_PROJECT_NAME and COMPOSE_PROFILES
+	// included, unless COMPOSE_DISABLE_ENV_FILE says not to.
+	dotEnv := filepath.Join(filepath.Dir(abs), ".env")
+	if fi, err := os.Stat(dotEnv); err == nil && fi.Mode().IsRegular() && !envFlag(env, "COMPOSE_DISABLE_ENV_FILE") {
+		fns = append(fns, cli.WithEnvFiles(dotEnv), cli.WithDotEnv)
 	}
+	fns = append(fns, cli.WithDefaultProfiles(),
+		cli.WithResolvedPaths(true), cli.WithInterpolation(true), cli.WithNormalization(true))
 	if opts.Project != "" {
 		fns = append(fns, cli.WithName(opts.Project))
 	}
@@ -108,45 +187,124 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	proj, err := cli.ProjectFromOptions(ctx, po)
+	proj, warnings, err := load(ctx, po)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", opts.File, err)
 	}
-	res := &Result{Project: proj.Name}
-	names := make([]string, 0, len(proj.Services))
-	for n := range proj.Services {
-		names = append(names, n)
+	if err := checkRoot(opts.Root, proj.Name); err != nil {
+		return nil, err
 	}
-	sort.Strings(names)
-	// Which services mount each named volume: a volume belongs to the
-	// first; the mesh gives a path to one module only.
-	volOwner := map[string]string{}
-	for _, n := range names {
-		for _, v := range proj.Services[n].Volumes {
-			if v.Type == types.VolumeTypeVolume && v.Source != "" && volOwner[v.Source] == "" {
-				volOwner[v.Source] = n
-			}
+	p := &project{opts: opts, proj: proj, dir: projectDir, res: &Result{Project: proj.Name}}
+	for _, w := range warnings {
+		p.res.Notes = append(p.res.Notes, Note{"compose", NoteAction, w})
+	}
+	return p.run(ctx)
+}
+
+// load reads the project, keeping what compose-go warns of (a variable
+// not set, "defaulting to a blank string": an empty password) as notes
+// instead of log lines on stderr.
+func load(ctx context.Context, po *cli.ProjectOptions) (*types.Project, []string, error) {
+	std := logrus.StandardLogger()
+	h := &warnHook{}
+	hooks, out := std.ReplaceHooks(logrus.LevelHooks{}), std.Out
+	std.AddHook(h)
+	std.SetOutput(io.Discard)
+	defer func() { std.ReplaceHooks(hooks); std.SetOutput(out) }()
+	proj, err := po.LoadProject(ctx)
+	return proj, h.lines, err
+}
+
+type warnHook struct{ lines []string }
+
+func (*warnHook) Levels() []logrus.Level {
+	return []logrus.Level{logrus.PanicLevel, logrus.FatalLevel, logrus.ErrorLevel, logrus.WarnLevel}
+}
+
+func (h *warnHook) Fire(e *logrus.Entry) error {
+	if !slices.Contains(h.lines, e.Message) {
+		h.lines = append(h.lines, e.Message)
+	}
+	return nil
+}
+
+// envFlag says whether env sets k to a true value.
+func envFlag(env []string, k string) bool {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, k+"="); ok {
+			b, _ := strconv.ParseBool(v)
+			return b
 		}
 	}
-	mods := map[string]string{}
+	return false
+}
+
+// project is one import: what the services share, decided before any is
+// written.
+type project struct {
+	opts Options
+	proj *types.Project
+	dir  string // the project's directory, links resolved
+	res  *Result
+	// modules maps each service to its module.
+	modules map[string]string
+	// volOwner is the service whose module declares a named volume, and
+	// bindOwner the one that declares a host directory several mount: the
+	// first by name; the mesh gives a path to one module only.
+	volOwner, bindOwner map[string]string
+	// dependants lists, per service, the services that depend on it.
+	dependants map[string][]string
+	// renamed: some service's module is not its name (--prefix, or a name
+	// that is no DNS label), so the hosts its dependants name are renamed.
+	renamed bool
+}
+
+func (p *project) run(ctx context.Context) (*Result, error) {
+	proj := p.proj
+	names := sortedKeys(proj.Services)
+	p.modules = map[string]string{}
+	byModule := map[string]string{}
 	for _, n := range names {
 		m := moduleName(n)
-		if other, dup := mods[m]; dup {
-			return nil, fmt.Errorf("services %q and %q both become module %q; rename one", other, n, m)
+		if p.opts.Prefix != "" {
+			m = moduleName(p.opts.Prefix + "-" + n)
 		}
 		if m == "" {
 			return nil, fmt.Errorf("service %q has no letter or digit to name a module with", n)
 		}
-		mods[m] = n
+		if other, dup := byModule[m]; dup {
+			return nil, fmt.Errorf("services %q and %q both become module %q; rename one", other, n, m)
+		}
+		byModule[m] = n
+		p.modules[n] = m
+		p.renamed = p.renamed || m != n
+	}
+	p.volOwner, p.bindOwner, p.dependants = map[string]string{}, map[string]string{}, map[string][]string{}
+	for _, n := range names {
 		svc := proj.Services[n]
+		for _, v := range svc.Volumes {
+			switch {
+			case v.Type == types.VolumeTypeVolume && v.Source != "" && p.volOwner[v.Source] == "":
+				p.volOwner[v.Source] = n
+			case v.Type == types.VolumeTypeBind && v.Source != "" && p.bindOwner[filepath.Clean(v.Source)] == "":
+				p.bindOwner[filepath.Clean(v.Source)] = n
+			}
+		}
+		for _, d := range sortedKeys(svc.DependsOn) {
+			// One that waits for d to finish needs no port of it.
+			if svc.DependsOn[d].Condition != types.ServiceConditionCompletedSuccessfully {
+				p.dependants[d] = append(p.dependants[d], n)
+			}
+		}
+	}
+	for _, n := range names {
+		m := p.modules[n]
+		svc := proj.Services[n]
+		w := &writer{p: p, svc: n, module: m, root: filepath.Join(p.opts.Root, proj.Name+"-"+m)}
 		if m != n {
-			res.Notes = append(res.Notes, fmt.Sprintf("%s: becomes module %s (a module's name is a DNS label); other services reach it as %s", n, m, m))
+			w.note(NoteCarried, "becomes module %s (a module's name is a DNS label, unique in the mesh); other services reach it as %s", m, m)
 		}
-		w := &writer{svc: n, module: m, project: proj.Name, root: filepath.Join(opts.Root, proj.Name+"-"+m), deps: map[string]string{}}
-		for d := range svc.DependsOn {
-			w.deps[d] = moduleName(d)
-		}
-		w.service(svc, volOwner, proj.Secrets)
+		w.service(ctx, svc)
 		if w.err != nil {
 			return nil, w.err
 		}
@@ -154,24 +312,32 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 		if _, err := manifest.Parse(m+".yaml", []byte(text)); err != nil {
 			return nil, fmt.Errorf("the manifest made from service %s does not pass mesh check (a bug of the import; please report it with the compose file):\n%v\n---\n%s", n, err, text)
 		}
-		res.Manifests = append(res.Manifests, Manifest{Service: n, Module: m, File: m + ".yaml", Text: text})
-		res.Notes = append(res.Notes, w.notes...)
+		p.res.Manifests = append(p.res.Manifests, Manifest{Service: n, Module: m, File: m + ".yaml", Text: text})
+		p.res.Notes = append(p.res.Notes, w.notes...)
+		p.res.Copied = append(p.res.Copied, w.copied...)
 	}
 	for _, n := range sortedKeys(proj.DisabledServices) {
-		res.Notes = append(res.Notes, fmt.Sprintf("%s: not imported: its profile is not active (pass COMPOSE_PROFILES to import it)", n))
+		p.res.Notes = append(p.res.Notes, Note{n, NoteDropped, "not imported: its profile is not active (set COMPOSE_PROFILES, in the environment or .env, to import it)"})
 	}
-	return res, nil
+	return p.res, nil
 }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
 // writer builds one module's manifest.
 type writer struct {
-	svc, module, project, root string
-	deps                       map[string]string // service -> module
-	lines                      []string
-	notes                      []string
-	declared                   map[string]bool
+	p                  *project
+	svc, module, root  string
+	lines              []string
+	notes              []Note
+	copied             []string
+	owner              string
+	mounts, tmpfs      []string
+	devices, restartOn []string
+	// paths maps each declared path to what it stands for ("volume
+	// db_data", "bind /x/certs"), so two sources that would share a name
+	// get two directories; sources maps the other way.
+	paths, sources map[string]string
 	// err is the first thing of the service that has no manifest form.
 	err error
 }
@@ -184,8 +350,8 @@ func (w *writer) refuse(format string, a ...any) {
 	}
 }
 
-func (w *writer) note(format string, a ...any) {
-	w.notes = append(w.notes, w.svc+": "+fmt.Sprintf(format, a...))
+func (w *writer) note(kind, format string, a ...any) {
+	w.notes = append(w.notes, Note{w.svc, kind, fmt.Sprintf(format, a...)})
 }
 
 func js(v any) string {
@@ -205,12 +371,31 @@ func (w *writer) res(kind, name string, kv ...any) {
 }
 
 func (w *writer) text() string {
-	return "# made by mesh import compose from service " + w.svc + " of project " + w.project + "\nmodule: " + w.module + "\nresources:\n" + strings.Join(w.lines, "\n") + "\n"
+	return "# made by mesh import compose from service " + w.svc + " of project " + w.p.proj.Name + "\nmodule: " + w.module + "\nresources:\n" + strings.Join(w.lines, "\n") + "\n"
 }
 
-// owner is who owns the service's directories: its numeric user, else root
-// (the image's user is not known here), said so.
-func (w *writer) owner(user string) string {
+// path is the declared path for a source under the module's directory:
+// ROOT/PROJECT-MODULE/BASE, or BASE-2, BASE-3... when another source took
+// that name (volumes db_data and db-data, a file ./data and a volume data),
+// said so; the same source always gets the same path.
+func (w *writer) path(source, base string) (p string, fresh bool) {
+	if p, ok := w.sources[source]; ok {
+		return p, false
+	}
+	p = filepath.Join(w.root, base)
+	for i := 2; w.paths[p] != ""; i++ {
+		p = filepath.Join(w.root, base+"-"+strconv.Itoa(i))
+	}
+	if q := filepath.Join(w.root, base); p != q {
+		w.note(NoteCarried, "%s -> %s: %s is %s's already", source, p, q, w.paths[q])
+	}
+	w.paths[p], w.sources[source] = source, p
+	return p, true
+}
+
+// ownerOf is who owns the service's directories: its numeric user, else
+// root (the image's user is not known here), said so.
+func ownerOf(user string) string {
 	u, g, hasG := strings.Cut(user, ":")
 	if _, err := strconv.Atoi(u); err == nil {
 		if !hasG {
@@ -223,193 +408,87 @@ func (w *writer) owner(user string) string {
 	return "0:0"
 }
 
-func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string, secrets types.Secrets) {
-	w.declared = map[string]bool{}
-	owner := w.owner(svc.User)
-	if owner == "0:0" {
+func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
+	w.paths, w.sources = map[string]string{}, map[string]string{}
+	w.owner = ownerOf(svc.User)
+	if w.owner == "0:0" {
 		if svc.User != "" {
-			w.note("directories owned by 0:0: user %q is not numeric, so its ids are not known here; set owner if the image runs as another user", svc.User)
+			w.note(NoteAction, "directories owned by 0:0: user %q is not numeric, so its ids are not known here; set owner if the image runs as another user", svc.User)
 		} else {
-			w.note("directories owned by 0:0 (root in the container): the image's user is not known here; set owner if the image runs as another user")
+			w.note(NoteAction, "directories owned by 0:0 (root in the container): the image's user is not known here; set owner if the image runs as another user")
 		}
 	} else {
-		w.note("directories owned by %s, the service's user", owner)
+		w.note(NoteCarried, "directories owned by %s, the service's user", w.owner)
 	}
-	w.res("directory", w.root)
-	w.declared[w.root] = true
-
-	var mounts, tmpfs []string
+	w.res("directory", w.root, "owner", "0:0", "mode", "0755")
+	w.paths[w.root] = "the module's directory"
 	for _, v := range svc.Volumes {
-		ro := ""
-		if v.ReadOnly {
-			ro = ":ro"
-		}
-		if !path.IsAbs(v.Target) {
-			w.refuse("volume %s: its container path %q is not absolute; fix the compose file", v.Source, v.Target)
-			continue
-		}
-		switch v.Type {
-		case types.VolumeTypeVolume:
-			if v.Source == "" {
-				w.note("anonymous volume at %s: not carried over (the container's own storage keeps it until it is replaced); name it to keep its data", v.Target)
-				continue
-			}
-			if owner := volOwner[v.Source]; owner != w.svc {
-				w.note("volume %s is shared with service %s, whose module declares it; the mesh gives a path to one module only: not mounted here (mount a directory of its own, or run both in one module)", v.Source, owner)
-				continue
-			}
-			p := filepath.Join(w.root, safeBase(v.Source))
-			if !w.declared[p] {
-				w.res("directory", p, "owner", owner, "mode", "0750")
-				w.declared[p] = true
-				w.note("named volume %s -> directory %s (owner %s, mode 0750)", v.Source, p, owner)
-			}
-			mounts = append(mounts, p+":"+path.Clean(v.Target)+ro)
-		case types.VolumeTypeBind:
-			if strings.HasSuffix(v.Source, ".sock") || manifest.Within(v.Source, "/var/run") || manifest.Within(v.Source, "/run") {
-				w.note("bind mount %s: not carried over; the mesh hands no container a host socket or a path under /run (a container that drives the engine does not fit the mesh)", v.Source)
-				continue
-			}
-			p := filepath.Join(w.root, safeBase(v.Source))
-			if w.declared[p] {
-				p = filepath.Join(w.root, safeBase(v.Source)+"-"+strconv.Itoa(len(mounts)))
-			}
-			st, err := os.Stat(v.Source)
-			switch {
-			case err == nil && st.Mode().IsRegular() && st.Size() <= 64<<10:
-				b, rerr := os.ReadFile(v.Source)
-				if rerr != nil || !isText(b) {
-					w.note("bind mount %s is a file that is not text (or unreadable): not carried over; declare it as a file or copy it into a declared directory", v.Source)
-					continue
-				}
-				w.res("file", p, "mode", "0644", "content", string(b))
-				w.note("bind mount of the file %s -> file %s with its content (mode 0644); the content is now in the manifest, which every node replicates: keep secrets out of it", v.Source, p)
-			case err == nil && st.Mode().IsRegular():
-				w.note("bind mount %s is a file over 64 KiB: not carried over; copy it into a declared directory", v.Source)
-				continue
-			default:
-				w.res("directory", p, "owner", owner, "mode", "0750")
-				if err == nil {
-					w.note("bind mount of the directory %s -> directory %s (owner %s, mode 0750); copy its contents there before the first start", v.Source, p, owner)
-				} else {
-					w.note("bind mount %s (absent here) -> directory %s (owner %s, mode 0750)", v.Source, p, owner)
-				}
-			}
-			w.declared[p] = true
-			mounts = append(mounts, p+":"+path.Clean(v.Target)+ro)
-		case types.VolumeTypeTmpfs:
-			tmpfs = append(tmpfs, path.Clean(v.Target))
-		default:
-			w.note("volume of type %s at %s: not carried over", v.Type, v.Target)
-		}
+		w.volume(v)
 	}
-	// Each secret: a secret resource (its value set with mesh secret set,
-	// sealed to the nodes the module runs on), mounted where compose put it.
-	if len(svc.Secrets) > 0 {
-		dir := filepath.Join(w.root, "secrets")
-		w.res("directory", dir, "owner", owner, "mode", "0700")
-		w.declared[dir] = true
-		for _, s := range svc.Secrets {
-			name := secretName(s.Source)
-			if !manifest.SecretNameRE.MatchString(name) {
-				w.refuse("secret %q has no letter or digit to name a mesh secret with; rename it", s.Source)
-				return
-			}
-			target := s.Target
-			if target == "" {
-				target = s.Source
-			}
-			if !path.IsAbs(target) {
-				target = "/run/secrets/" + target
-			}
-			p := filepath.Join(dir, name)
-			if w.declared[p] {
-				continue
-			}
-			w.declared[p] = true
-			w.res("secret", p, "name", name, "owner", owner)
-			mounts = append(mounts, p+":"+path.Clean(target)+":ro")
-			how := fmt.Sprintf("printf '%%s' \"$VALUE\" | mesh secret set %s %s", w.module, name)
-			if sc, ok := secrets[s.Source]; ok && sc.File != "" {
-				how = fmt.Sprintf("mesh secret set %s %s --from-file %s", w.module, name, sc.File)
-			} else if ok && sc.Environment != "" {
-				how = fmt.Sprintf("printf '%%s' \"$%s\" | mesh secret set %s %s", sc.Environment, w.module, name)
-			}
-			w.note("secret %s -> secret %s (name %s, owner %s, mode 0600) mounted at %s; once the module is added and assigned, set its value: %s", s.Source, p, name, owner, path.Clean(target), how)
-		}
-	}
-	// depends_on: a binding to each dependency, so it is applied first on a
-	// node that runs both, and the service is recreated when it moves.
-	var restartOn []string
-	for _, d := range sortedKeys(w.deps) {
-		p := filepath.Join(w.root, w.deps[d]+".binding")
-		restartOn = append(restartOn, p)
-		cond := svc.DependsOn[d].Condition
-		switch cond {
-		case types.ServiceConditionHealthy:
-			w.res("binding", p, "provider", w.deps[d], "healthy", true)
-			w.note("depends_on %s (service_healthy) -> binding %s with healthy: true: the container starts once %s's instance it points at passes its health check", d, p, d)
-		default:
-			w.res("binding", p, "provider", w.deps[d])
-			w.note("depends_on %s -> binding %s (applied after it, recreated when it moves)", d, p)
-		}
-	}
+	w.secrets(svc)
+	w.dependsOn(svc)
 
 	name := w.module + ".main"
 	kv := []any{"image", svc.Image}
 	if svc.Image == "" {
-		kv[1] = "localhost/" + w.project + "-" + w.module + ":latest"
-		w.note("build: not carried over: mesh runs images; build it (podman build -t %s ...) on each node or push it to a registry, then set image", kv[1])
+		kv[1] = "localhost/" + w.p.proj.Name + "-" + w.module + ":latest"
+		w.note(NoteAction, "build: not carried over: mesh runs images; build it (podman build -t %s ...) on each node or push it to a registry, then set image", kv[1])
 	} else if svc.Build != nil {
-		w.note("build: dropped; mesh runs the image %s", svc.Image)
+		w.note(NoteDropped, "build: dropped; mesh runs the image %s", svc.Image)
 	}
 	add := func(k string, v any) { kv = append(kv, k, v) }
-	if len(svc.Entrypoint) > 0 {
-		add("entrypoint", []string(svc.Entrypoint))
+	entrypoint, command := []string(svc.Entrypoint), []string(svc.Command)
+	if svc.Entrypoint != nil && len(svc.Entrypoint) == 0 {
+		// entrypoint: [] clears the image's entrypoint: the command runs
+		// alone, so it becomes the entrypoint.
+		if len(command) > 0 {
+			entrypoint, command = command, nil
+			w.note(NoteCarried, "entrypoint: [] (the image's entrypoint cleared) -> entrypoint %s, the command run alone", js(entrypoint))
+		} else {
+			w.note(NoteAction, "entrypoint: [] clears the image's entrypoint, and no command is given: the image's command is not known here; set entrypoint to it (mesh cannot send an empty one)")
+		}
 	}
-	if len(svc.Command) > 0 {
-		add("command", []string(svc.Command))
+	entrypoint, command = w.rename("entrypoint", entrypoint), w.rename("command", command)
+	if len(entrypoint) > 0 {
+		add("entrypoint", entrypoint)
+	}
+	if len(command) > 0 {
+		add("command", command)
 	}
 	env := envOf(svc.Environment)
 	for _, k := range sortedKeys(env) {
 		if !manifest.ValidEnvKey(k) {
-			w.note("environment %s: dropped; a mesh env key is a variable name (letters, digits, _)", k)
+			w.note(NoteDropped, "environment %s: dropped; %s", k, manifest.EnvKeyRule)
 			delete(env, k)
+			continue
+		}
+		if v := w.renameValue(env[k]); v != env[k] {
+			w.note(NoteCarried, "environment %s: %q -> %q (the services' module names)", k, env[k], v)
+			env[k] = v
 		}
 	}
 	for _, k := range sortedKeys(env) {
 		if manifest.LooksSecret(k, env[k]) {
-			w.note("environment %s looks like a secret: its value is now in the manifest, which every node replicates; move it to env-secrets: {%s: %s} and set it with: printf '%%s' \"$VALUE\" | mesh secret set %s %s", k, k, secretName(k), w.module, secretName(k))
+			w.note(NoteAction, "environment %s looks like a secret: its value is now in the manifest, which every node replicates; move it to env-secrets: {%s: %s} and set it with: printf '%%s' \"$VALUE\" | mesh secret set %s %s", k, k, secretName(k), w.module, secretName(k))
 		}
 	}
 	if len(env) > 0 {
 		add("env", env)
 		if len(svc.EnvFiles) > 0 {
-			w.note("env_file read into env (%d variables in all)", len(env))
+			w.note(NoteCarried, "env_file read into env (%d variables in all)", len(env))
 		}
 	}
-	if len(mounts) > 0 {
-		add("mounts", mounts)
+	if len(w.mounts) > 0 {
+		add("mounts", w.mounts)
 	}
-	if ports := w.ports(svc); len(ports) > 0 {
+	if ports := w.ports(ctx, svc); len(ports) > 0 {
 		add("ports", ports)
 	}
-	switch svc.Restart {
-	case "", "no":
-		if svc.Restart == "" {
-			w.note("restart: none given; the mesh keeps containers running (restart always)")
-		} else {
-			add("restart", "no")
-		}
-	default:
-		r := svc.Restart
-		if strings.HasPrefix(r, "on-failure") {
-			r = "on-failure"
-		}
+	if r := w.restart(svc); r != "" {
 		add("restart", r)
 	}
-	if len(restartOn) > 0 {
-		add("restart-on", restartOn)
+	if len(w.restartOn) > 0 {
+		add("restart-on", w.restartOn)
 	}
 	if h := w.health(svc.HealthCheck); h != nil {
 		add("health", h)
@@ -418,7 +497,7 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string, se
 		if manifest.ValidUser(svc.User) {
 			add("user", svc.User)
 		} else {
-			w.note("user %q: dropped; write USER[:GROUP]", svc.User)
+			w.note(NoteDropped, "user %q: dropped; write USER[:GROUP]", svc.User)
 		}
 	}
 	if svc.WorkingDir != "" {
@@ -430,7 +509,7 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string, se
 			if u := strings.ToUpper(c); manifest.ValidCapability(u) {
 				out = append(out, u)
 			} else {
-				w.note("%s %q: dropped; not a capability name", key, c)
+				w.note(NoteDropped, "%s %q: dropped; not a capability name", key, c)
 			}
 		}
 		if len(out) > 0 {
@@ -439,57 +518,49 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string, se
 	}
 	caps("cap-add", svc.CapAdd)
 	caps("cap-drop", svc.CapDrop)
-	var devs []string
 	for _, d := range svc.Devices {
 		s := d.Source + ":" + d.Target
 		if d.Permissions != "" {
 			s += ":" + d.Permissions
 		}
-		if _, err := manifest.ParseDevice(s); err != nil {
-			w.note("device %s: dropped (%v)", s, err)
-			continue
-		}
-		devs = append(devs, s)
+		w.device(s)
 	}
-	if len(devs) > 0 {
-		add("devices", devs)
+	if len(w.devices) > 0 {
+		add("devices", w.devices)
 	}
 	if svc.ReadOnly {
 		add("read-only", true)
 	}
-	tmpfs = append(tmpfs, svc.Tmpfs...)
-	tmpfs = slices.DeleteFunc(tmpfs, func(t string) bool {
-		if _, err := manifest.ParseTmpfs(t); err != nil {
-			w.note("tmpfs %s: dropped (%v)", t, err)
-			return true
-		}
-		return false
-	})
-	if len(tmpfs) > 0 {
-		add("tmpfs", tmpfs)
+	for _, t := range svc.Tmpfs {
+		w.addTmpfs(t)
 	}
-	mem, cpus := int64(svc.MemLimit), float64(svc.CPUS)
-	if svc.Deploy != nil && svc.Deploy.Resources.Limits != nil {
-		if l := svc.Deploy.Resources.Limits; mem == 0 && l.MemoryBytes > 0 {
-			mem = int64(l.MemoryBytes)
-		}
-		if l := svc.Deploy.Resources.Limits; cpus == 0 && l.NanoCPUs > 0 {
-			cpus = float64(l.NanoCPUs.Value())
-		}
+	if len(w.tmpfs) > 0 {
+		add("tmpfs", w.tmpfs)
 	}
-	if mem > 0 {
-		if _, err := manifest.ParseMemory(strconv.FormatInt(mem, 10)); err != nil {
-			w.note("memory limit %d bytes: dropped (%v)", mem, err)
-		} else {
-			add("memory", strconv.FormatInt(mem, 10))
-		}
+	w.limits(svc, add)
+	if svc.Tty {
+		add("tty", true)
 	}
-	if cpus > 0 {
-		add("cpus", math.Round(cpus*100)/100)
+	if svc.Init != nil && *svc.Init {
+		add("init", true)
+		w.note(NoteAction, "init: true -> init: true: Podman runs its catatonit as PID 1, which each node that runs the module needs (Debian: apt install catatonit)")
+	}
+	if len(svc.GroupAdd) > 0 {
+		var groups []string
+		for _, g := range svc.GroupAdd {
+			if manifest.ValidGroup(g) {
+				groups = append(groups, g)
+			} else {
+				w.note(NoteDropped, "group_add %q: dropped; write a group name or a numeric id", g)
+			}
+		}
+		if len(groups) > 0 {
+			add("group-add", groups)
+		}
 	}
 	if svc.StopSignal != "" {
 		if _, err := manifest.ParseSignal(svc.StopSignal); err != nil {
-			w.note("stop_signal %s: dropped (%v)", svc.StopSignal, err)
+			w.note(NoteDropped, "stop_signal %s: dropped (%v)", svc.StopSignal, err)
 		} else {
 			add("stop-signal", svc.StopSignal)
 		}
@@ -497,7 +568,7 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string, se
 	if g := svc.StopGracePeriod; g != nil {
 		d := time.Duration(*g)
 		if d > 90*time.Second {
-			w.note("stop_grace_period %s: the mesh waits at most 90s; set to 90s", d)
+			w.note(NoteCarried, "stop_grace_period %s: the mesh waits at most 90s; set to 90s", d)
 			d = 90 * time.Second
 		}
 		add("stop-timeout", d.String())
@@ -506,7 +577,7 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string, se
 		labels := map[string]string{}
 		for k, v := range svc.Labels {
 			if strings.HasPrefix(k, "mesh.") {
-				w.note("label %s: dropped (mesh. labels are the mesh's own)", k)
+				w.note(NoteDropped, "label %s: dropped (mesh. labels are the mesh's own)", k)
 				continue
 			}
 			labels[k] = v
@@ -517,6 +588,464 @@ func (w *writer) service(svc types.ServiceConfig, volOwner map[string]string, se
 	}
 	w.res("container", name, kv...)
 	w.dropped(svc)
+}
+
+// volume carries one entry of volumes: a named volume or a bind of a
+// directory becomes a declared directory, a bind of a small text file in
+// the project a file with its content, a bind of a device a device, a tmpfs
+// a tmpfs; the rest is said.
+func (w *writer) volume(v types.ServiceVolumeConfig) {
+	opts := []string{}
+	if v.ReadOnly {
+		opts = append(opts, "ro")
+	}
+	if v.Bind != nil && (v.Bind.SELinux == "z" || v.Bind.SELinux == "Z") {
+		opts = append(opts, v.Bind.SELinux)
+	}
+	mount := func(p string) {
+		m := p + ":" + path.Clean(v.Target)
+		if len(opts) > 0 {
+			m += ":" + strings.Join(opts, ",")
+		}
+		if !slices.Contains(w.mounts, m) {
+			w.mounts = append(w.mounts, m)
+		}
+	}
+	if !path.IsAbs(v.Target) {
+		w.refuse("volume %s: its container path %q is not absolute; fix the compose file", v.Source, v.Target)
+		return
+	}
+	if v.Bind != nil && v.Bind.Propagation != "" {
+		w.note(NoteDropped, "volume %s: bind propagation %s dropped; the mesh's mounts are private", v.Target, v.Bind.Propagation)
+	}
+	if v.Volume != nil && v.Volume.NoCopy {
+		w.note(NoteCarried, "volume %s: nocopy: the mesh's directories start empty anyway (the image's files at %s are not copied in)", v.Source, v.Target)
+	}
+	switch v.Type {
+	case types.VolumeTypeVolume:
+		if v.Source == "" {
+			w.note(NoteDropped, "anonymous volume at %s: not carried over (the container's own storage keeps it until it is replaced); name it to keep its data", v.Target)
+			return
+		}
+		if owner := w.p.volOwner[v.Source]; owner != w.svc {
+			w.note(NoteAction, "volume %s is shared with service %s, whose module declares it; the mesh gives a path to one module only: not mounted here (mount a directory of its own, or run both in one module)", v.Source, owner)
+			return
+		}
+		p, fresh := w.path("volume "+v.Source, safeBase(v.Source))
+		if fresh {
+			w.res("directory", p, "owner", w.owner, "mode", "0750")
+			w.note(NoteCarried, "named volume %s -> directory %s (owner %s, mode 0750)", v.Source, p, w.owner)
+			w.volumeKind(v.Source, p)
+		}
+		if v.Volume != nil && v.Volume.Subpath != "" {
+			sub := path.Clean(v.Volume.Subpath)
+			if path.IsAbs(sub) || sub == ".." || strings.HasPrefix(sub, "../") || strings.ContainsAny(sub, ":,\n") {
+				w.refuse("volume %s: subpath %q does not stay inside the volume", v.Source, v.Volume.Subpath)
+				return
+			}
+			if sub != "." {
+				q := filepath.Join(p, sub)
+				if w.paths[q] == "" {
+					w.paths[q] = "volume " + v.Source + " subpath " + sub
+					w.res("directory", q, "owner", w.owner, "mode", "0750")
+					w.note(NoteCarried, "volume %s subpath %s -> directory %s", v.Source, sub, q)
+				}
+				p = q
+			}
+		}
+		mount(p)
+	case types.VolumeTypeBind:
+		src := filepath.Clean(v.Source)
+		if strings.HasSuffix(src, ".sock") || manifest.Within(src, "/var/run") || manifest.Within(src, "/run") {
+			w.note(NoteDropped, "bind mount %s: not carried over; the mesh hands no container a host socket or a path under /run (a container that drives the engine does not fit the mesh)", v.Source)
+			return
+		}
+		st, err := os.Stat(src)
+		switch {
+		case err == nil && st.Mode()&fs.ModeDevice != 0:
+			w.device(src + ":" + path.Clean(v.Target))
+			return
+		case err == nil && !st.IsDir() && !st.Mode().IsRegular():
+			w.note(NoteDropped, "bind mount %s is %s: not carried over; the mesh mounts directories and files it declares", v.Source, kindOf(st.Mode()))
+			return
+		case err == nil && st.Mode().IsRegular():
+			p, fresh := w.path("bind "+src, safeBase(src))
+			if fresh && !w.hostFile(src, p) {
+				delete(w.paths, p)
+				delete(w.sources, "bind "+src)
+				return
+			}
+			mount(p)
+			return
+		}
+		if owner := w.p.bindOwner[src]; owner != w.svc {
+			w.note(NoteAction, "bind mount of the directory %s is shared with service %s, whose module declares it as %s; the mesh gives a path to one module only: not mounted here (run both services as containers of one module to share it)", v.Source, owner, filepath.Join(w.p.opts.Root, w.p.proj.Name+"-"+w.p.modules[owner], safeBase(src)))
+			return
+		}
+		p, fresh := w.path("bind "+src, safeBase(src))
+		if fresh {
+			w.res("directory", p, "owner", w.owner, "mode", "0750")
+			if err == nil {
+				w.note(NoteAction, "bind mount of the directory %s -> directory %s (owner %s, mode 0750); copy its contents there before the first start", v.Source, p, w.owner)
+			} else {
+				w.note(NoteCarried, "bind mount %s (absent here) -> directory %s (owner %s, mode 0750)", v.Source, p, w.owner)
+			}
+		}
+		mount(p)
+	case types.VolumeTypeTmpfs:
+		t := path.Clean(v.Target)
+		var o []string
+		if v.Tmpfs != nil && v.Tmpfs.Size > 0 {
+			o = append(o, "size="+strconv.FormatInt(int64(v.Tmpfs.Size), 10))
+		}
+		if v.Tmpfs != nil && v.Tmpfs.Mode != 0 {
+			o = append(o, "mode="+strconv.FormatUint(uint64(v.Tmpfs.Mode), 8))
+		}
+		if len(o) > 0 {
+			t += ":" + strings.Join(o, ",")
+		}
+		w.addTmpfs(t)
+	default:
+		w.note(NoteDropped, "volume of type %s at %s: not carried over", v.Type, v.Target)
+	}
+}
+
+// volumeKind says what a top-level volume's own settings meant, which a
+// declared directory does not carry: an external volume's data lives in
+// the engine, an NFS one on another machine.
+func (w *writer) volumeKind(name, p string) {
+	vc, ok := w.p.proj.Volumes[name]
+	if !ok {
+		return
+	}
+	if bool(vc.External) {
+		w.note(NoteAction, "volume %s is external (made outside compose): its data is not carried; the directory %s starts empty: copy the volume's data there (podman volume export, or its mountpoint) before the first start", name, p)
+	}
+	if len(vc.DriverOpts) > 0 || vc.Driver != "" && vc.Driver != "local" {
+		how := "its driver's"
+		if t := vc.DriverOpts["type"]; t != "" {
+			how = t
+		}
+		w.note(NoteAction, "volume %s is a %s mount (driver %q, driver_opts %s): not carried; mount it on the host of each node that runs the module at %s (e.g. in /etc/fstab) before the module starts", name, how, vc.Driver, js(vc.DriverOpts), p)
+	}
+}
+
+func kindOf(m fs.FileMode) string {
+	switch t := m.Type(); {
+	case t&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case t&fs.ModeSocket != 0:
+		return "a socket"
+	case t&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "not a file or a directory"
+}
+
+// hostFile declares p as a file with src's content, when src is a small
+// text file the import may read: inside the project's directory (a link
+// leading out of it is never followed), or anywhere with --copy-host-files.
+func (w *writer) hostFile(src, p string) bool {
+	real, err := filepath.EvalSymlinks(src)
+	inside := err == nil && manifest.Within(real, w.p.dir)
+	switch {
+	case err != nil:
+		w.note(NoteDropped, "bind mount of the file %s: not carried over (%v)", src, err)
+		return false
+	case !inside && manifest.Within(filepath.Clean(src), w.p.dir):
+		w.note(NoteDropped, "bind mount of the file %s: a link leading out of the project's directory (to %s): not followed, not copied; copy the file into the project, or declare it as a file with its content", src, real)
+		return false
+	case !inside && !w.p.opts.CopyHostFiles:
+		w.note(NoteAction, "bind mount of the host file %s: outside the project's directory: not copied into the manifest, which every node replicates; pass --copy-host-files to copy it, or declare it as a file with its content", src)
+		return false
+	}
+	b, err := readSmall(real, 64<<10)
+	if err != nil {
+		w.note(NoteDropped, "bind mount of the file %s: not carried over (%v); copy it into a declared directory", src, err)
+		return false
+	}
+	if !isText(b) {
+		w.note(NoteDropped, "bind mount of the file %s is not text: not carried over; declare it as a file or copy it into a declared directory", src)
+		return false
+	}
+	w.res("file", p, "mode", "0644", "content", string(b))
+	w.copied = append(w.copied, src)
+	w.note(NoteCarried, "bind mount of the file %s -> file %s with its content, copied (mode 0644); the content is now in the manifest, which every node replicates: keep secrets out of it", src, p)
+	return true
+}
+
+// readSmall reads a regular file of at most max bytes, opened without
+// following a link at its last component (EvalSymlinks resolved the rest).
+func readSmall(p string, max int64) ([]byte, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is %s", p, kindOf(st.Mode()))
+	}
+	if st.Size() > max {
+		return nil, fmt.Errorf("a file over %d KiB", max>>10)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err == nil && int64(len(b)) > max {
+		err = fmt.Errorf("a file over %d KiB", max>>10)
+	}
+	return b, err
+}
+
+func (w *writer) device(s string) {
+	if _, err := manifest.ParseDevice(s); err != nil {
+		w.note(NoteDropped, "device %s: dropped (%v)", s, err)
+		return
+	}
+	if !slices.Contains(w.devices, s) {
+		w.devices = append(w.devices, s)
+	}
+}
+
+func (w *writer) addTmpfs(t string) {
+	if _, err := manifest.ParseTmpfs(t); err != nil {
+		w.note(NoteDropped, "tmpfs %s: dropped (%v)", t, err)
+		return
+	}
+	if !slices.Contains(w.tmpfs, t) {
+		w.tmpfs = append(w.tmpfs, t)
+	}
+}
+
+// secrets: each becomes a secret resource (its value set with mesh secret
+// set, sealed to the nodes the module runs on), mounted where compose put
+// it, owned and moded as compose says.
+func (w *writer) secrets(svc types.ServiceConfig) {
+	if len(svc.Secrets) == 0 {
+		return
+	}
+	dir, fresh := w.path("the module's secrets", "secrets")
+	if fresh {
+		w.res("directory", dir, "owner", w.owner, "mode", "0700")
+	}
+	for _, s := range svc.Secrets {
+		name := secretName(s.Source)
+		if !manifest.SecretNameRE.MatchString(name) {
+			w.refuse("secret %q has no letter or digit to name a mesh secret with; rename it", s.Source)
+			return
+		}
+		target := s.Target
+		if target == "" {
+			target = s.Source
+		}
+		if !path.IsAbs(target) {
+			target = "/run/secrets/" + target
+		}
+		p := filepath.Join(dir, name)
+		if w.paths[p] != "" {
+			continue
+		}
+		w.paths[p] = "secret " + s.Source
+		owner := w.owner
+		if s.UID != "" || s.GID != "" {
+			u, g := s.UID, s.GID
+			if u == "" {
+				u = "0"
+			}
+			if g == "" {
+				g = u
+			}
+			if _, _, err := manifest.ParseOwner(u + ":" + g); err == nil {
+				owner = u + ":" + g
+			} else {
+				w.note(NoteDropped, "secret %s: uid %q, gid %q: dropped (%v)", s.Source, s.UID, s.GID, err)
+			}
+		}
+		mode := "0600"
+		if s.Mode != nil {
+			m := uint32(*s.Mode) & 0o777
+			switch {
+			case m&0o077 != 0:
+				w.note(NoteCarried, "secret %s: mode %04o lets group or others read it; the mesh keeps a secret its owner's alone: 0600", s.Source, m)
+			case m&0o200 == 0:
+				mode = "0400"
+			}
+		}
+		w.res("secret", p, "name", name, "owner", owner, "mode", mode)
+		w.mounts = append(w.mounts, p+":"+path.Clean(target)+":ro")
+		how := fmt.Sprintf("printf '%%s' \"$VALUE\" | mesh secret set %s %s", w.module, name)
+		if sc, ok := w.p.proj.Secrets[s.Source]; ok && sc.File != "" {
+			how = fmt.Sprintf("mesh secret set %s %s --from-file %s", w.module, name, sc.File)
+		} else if ok && sc.Environment != "" {
+			how = fmt.Sprintf("printf '%%s' \"$%s\" | mesh secret set %s %s", sc.Environment, w.module, name)
+		}
+		w.note(NoteAction, "secret %s -> secret %s (name %s, owner %s, mode %s) mounted at %s; once the module is added and assigned, set its value: %s", s.Source, p, name, owner, mode, path.Clean(target), how)
+	}
+}
+
+// dependsOn: a binding to each dependency, so it is applied first on a node
+// that runs both, and the service is recreated when it moves.
+func (w *writer) dependsOn(svc types.ServiceConfig) {
+	for _, d := range sortedKeys(svc.DependsOn) {
+		dm, ok := w.p.modules[d]
+		if !ok {
+			continue // compose-go refuses a dependency on no service; a disabled one is said
+		}
+		p, _ := w.path("binding "+d, dm+".binding")
+		w.restartOn = append(w.restartOn, p)
+		dep := svc.DependsOn[d]
+		switch dep.Condition {
+		case types.ServiceConditionHealthy:
+			w.res("binding", p, "provider", dm, "healthy", true)
+			w.note(NoteCarried, "depends_on %s (service_healthy) -> binding %s with healthy: true: the container starts once %s's instance it points at passes its health check", d, p, d)
+		case types.ServiceConditionCompletedSuccessfully:
+			w.res("binding", p, "provider", dm)
+			w.note(NoteAction, "depends_on %s (service_completed_successfully) -> binding %s: the mesh does not wait for %s to finish; make what it does a step of this module (a step runs to its end before the containers start)", d, p, d)
+		default:
+			w.res("binding", p, "provider", dm)
+			w.note(NoteCarried, "depends_on %s -> binding %s (applied after it, recreated when it moves)", d, p)
+		}
+		if dep.Restart {
+			w.note(NoteCarried, "depends_on %s: restart: the binding's restart-on recreates this container when %s moves", d, d)
+		}
+	}
+}
+
+// rename replaces in a command the services' names that stand alone as
+// hosts with their modules' names, when they differ (--prefix, or a
+// service plausible_db that is module plausible-db); renameValue does it
+// for one value.
+func (w *writer) rename(key string, args []string) []string {
+	if !w.p.renamed {
+		return args
+	}
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = w.renameValue(a)
+		if out[i] != a {
+			w.note(NoteCarried, "%s %q -> %q (the services' module names)", key, a, out[i])
+		}
+	}
+	return out
+}
+
+// hostRE finds a host in a value: the whole value, or after // or @ and
+// before :, /, ? or the end (postgres://u:p@db:5432/x, redis://redis).
+var hostRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$|(//|@)([A-Za-z0-9_.-]+)([:/?]|$)`)
+
+func (w *writer) renameValue(v string) string {
+	if !w.p.renamed {
+		return v
+	}
+	if m, ok := w.p.modules[v]; ok {
+		return m
+	}
+	return hostRE.ReplaceAllStringFunc(v, func(s string) string {
+		sm := hostRE.FindStringSubmatch(s)
+		if sm[2] == "" {
+			return s
+		}
+		if m, ok := w.p.modules[sm[2]]; ok {
+			return sm[1] + m + sm[3]
+		}
+		return s
+	})
+}
+
+// restart maps compose's restart (or deploy.restart_policy, which docker
+// compose applies when restart is not set) to the mesh's.
+func (w *writer) restart(svc types.ServiceConfig) string {
+	r := svc.Restart
+	if rp := deployOf(svc).RestartPolicy; rp != nil {
+		if r == "" {
+			switch rp.Condition {
+			case "any", "":
+				r = "always"
+			case "on-failure":
+				r = "on-failure"
+			case "none":
+				r = "no"
+			}
+			w.note(NoteCarried, "deploy.restart_policy condition %q -> restart %s", rp.Condition, r)
+		}
+		if rp.MaxAttempts != nil || rp.Delay != nil || rp.Window != nil {
+			w.note(NoteDropped, "deploy.restart_policy max_attempts, delay and window: dropped; Podman restarts at once, without a count")
+		}
+	}
+	switch {
+	case r == "":
+		w.note(NoteCarried, "restart: none given; the mesh keeps containers running (restart always)")
+		return ""
+	case strings.HasPrefix(r, "on-failure:"):
+		w.note(NoteDropped, "restart %s: the count %s is dropped; the mesh restarts on failure without a count", r, strings.TrimPrefix(r, "on-failure:"))
+		return "on-failure"
+	}
+	return r
+}
+
+// deployOf is the service's deploy section, empty when it has none.
+func deployOf(svc types.ServiceConfig) types.DeployConfig {
+	if svc.Deploy == nil {
+		return types.DeployConfig{}
+	}
+	return *svc.Deploy
+}
+
+// limits carries memory, CPU and process limits and names the ones the mesh
+// does not set.
+func (w *writer) limits(svc types.ServiceConfig, add func(string, any)) {
+	mem, cpus, pids := int64(svc.MemLimit), float64(svc.CPUS), svc.PidsLimit
+	d := deployOf(svc)
+	if l := d.Resources.Limits; l != nil {
+		if mem == 0 && l.MemoryBytes > 0 {
+			mem = int64(l.MemoryBytes)
+		}
+		if cpus == 0 && l.NanoCPUs > 0 {
+			cpus = float64(l.NanoCPUs.Value())
+		}
+		if pids == 0 && l.Pids > 0 {
+			pids = l.Pids
+		}
+	}
+	if mem > 0 {
+		if _, err := manifest.ParseMemory(strconv.FormatInt(mem, 10)); err != nil {
+			w.note(NoteDropped, "memory limit %d bytes: dropped (%v)", mem, err)
+		} else {
+			add("memory", strconv.FormatInt(mem, 10))
+		}
+	}
+	if cpus > 0 {
+		add("cpus", math.Round(cpus*100)/100)
+	}
+	if pids > 0 {
+		add("pids-limit", pids)
+	}
+	if r := d.Resources.Reservations; r != nil {
+		if len(r.Devices) > 0 || len(r.GenericResources) > 0 {
+			w.note(NoteAction, "deploy.resources.reservations.devices (a GPU): dropped; list the GPU's device nodes under devices: (e.g. /dev/dri, or /dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm) and assign the module to a node that has it")
+		}
+		if r.MemoryBytes > 0 || r.NanoCPUs > 0 {
+			w.note(NoteDropped, "deploy.resources.reservations memory and cpus: dropped; the mesh reserves nothing (memory: and cpus: are limits)")
+		}
+	}
+	say := func(set bool, key string) {
+		if set {
+			w.note(NoteDropped, "%s: dropped; the mesh sets memory, cpus and pids-limit only", key)
+		}
+	}
+	say(svc.MemReservation > 0, "mem_reservation")
+	say(svc.MemSwapLimit != 0, "memswap_limit")
+	say(svc.MemSwappiness != 0, "mem_swappiness")
+	say(svc.CPUShares != 0, "cpu_shares")
+	say(svc.CPUQuota != 0 || svc.CPUPeriod != 0, "cpu_quota/cpu_period")
+	say(svc.CPUSet != "", "cpuset")
+	say(svc.CPUCount != 0 || svc.CPUPercent != 0, "cpu_count/cpu_percent")
+	say(svc.CPURTPeriod != 0 || svc.CPURTRuntime != 0, "cpu_rt_period/cpu_rt_runtime")
+	say(svc.OomKillDisable, "oom_kill_disable")
+	say(svc.OomScoreAdj != 0, "oom_score_adj")
+	say(svc.BlkioConfig != nil, "blkio_config")
 }
 
 // port says whether a port and protocol have a manifest form, refusing the
@@ -536,8 +1065,10 @@ func (w *writer) port(what, port, proto string) bool {
 // ports: published ports become ports: (internal: on the node's overlay
 // address), and the notes say how to make one public; exposed ones are
 // published too, at the same number, since another module reaches this one
-// at its node's address (the name answers that).
-func (w *writer) ports(svc types.ServiceConfig) []string {
+// at its node's address (the name answers that). A service others depend on
+// that publishes nothing is published at the ports its image exposes, or
+// its software's well-known port; else each dependant's edge is named.
+func (w *writer) ports(ctx context.Context, svc types.ServiceConfig) []string {
 	var out, published []string
 	seen := map[string]bool{}
 	for _, p := range svc.Ports {
@@ -551,10 +1082,10 @@ func (w *writer) ports(svc types.ServiceConfig) []string {
 		pub := p.Published
 		if pub == "" || pub == "0" { // compose picks a free port for either
 			pub = strconv.Itoa(int(p.Target))
-			w.note("port %d has no published port; published at %s on the node (compose would pick one at random)", p.Target, pub)
+			w.note(NoteCarried, "port %d has no published port; published at %s on the node (compose would pick one at random)", p.Target, pub)
 		}
 		if strings.Contains(pub, "-") {
-			w.note("port range %s: not carried over; list each port", pub)
+			w.note(NoteDropped, "port range %s: not carried over; list each port", pub)
 			continue
 		}
 		if !w.port("ports: published", pub, proto) {
@@ -562,7 +1093,10 @@ func (w *writer) ports(svc types.ServiceConfig) []string {
 		}
 		s := pub + ":" + strconv.Itoa(int(p.Target)) + "/" + proto
 		if p.HostIP != "" {
-			w.note("port %s was published on %s; in the mesh ports: answer on the node's overlay address only", s, p.HostIP)
+			w.note(NoteCarried, "port %s was published on %s; in the mesh ports: answer on the node's overlay address only", s, p.HostIP)
+		}
+		if p.Mode == "host" || p.Name != "" || p.AppProtocol != "" {
+			w.note(NoteDropped, "port %s: mode, name and app_protocol dropped", s)
 		}
 		if !seen[s] {
 			seen[s] = true
@@ -571,7 +1105,7 @@ func (w *writer) ports(svc types.ServiceConfig) []string {
 		}
 	}
 	if len(published) > 0 {
-		w.note("ports %s answer inside the mesh only (on the node's overlay address); move to public-ports: those the world must reach", strings.Join(published, ", "))
+		w.note(NoteAction, "ports %s answer inside the mesh only (on the node's overlay address); move to public-ports: those the world must reach", strings.Join(published, ", "))
 	}
 	for _, e := range svc.Expose {
 		port, proto, _ := strings.Cut(e, "/")
@@ -580,7 +1114,7 @@ func (w *writer) ports(svc types.ServiceConfig) []string {
 			proto = "tcp"
 		}
 		if strings.Contains(port, "-") {
-			w.note("expose range %s: not carried over; list each port", e)
+			w.note(NoteDropped, "expose range %s: not carried over; list each port", e)
 			continue
 		}
 		if !w.port("expose", port, proto) {
@@ -590,10 +1124,72 @@ func (w *writer) ports(svc types.ServiceConfig) []string {
 		if !seen[s] {
 			seen[s] = true
 			out = append(out, s)
-			w.note("expose %s -> published at %s on the node, where the name %s answers", e, port, w.module)
+			w.note(NoteCarried, "expose %s -> published at %s on the node, where the name %s answers", e, port, w.module)
 		}
 	}
+	deps := w.p.dependants[w.svc]
+	if len(out) > 0 || len(deps) == 0 {
+		return out
+	}
+	// Compose's services reach each other on any port; the mesh's, on the
+	// published ones only.
+	var found []string
+	from := ""
+	if w.p.opts.ImagePorts != nil && svc.Image != "" {
+		for _, e := range w.p.opts.ImagePorts(ctx, svc.Image) {
+			port, proto, _ := strings.Cut(e, "/")
+			if proto == "" {
+				proto = "tcp"
+			}
+			if n, err := strconv.Atoi(port); err == nil && n > 0 && n < 65536 && (proto == "tcp" || proto == "udp") {
+				found = append(found, port+":"+port+"/"+proto)
+			}
+		}
+		from = "the ports its image exposes"
+	}
+	if len(found) == 0 {
+		if p, sw := wellKnownPort(svc.Image); p != 0 {
+			found = []string{strconv.Itoa(p) + ":" + strconv.Itoa(p) + "/tcp"}
+			from = "the well-known port of " + sw
+		}
+	}
+	if len(found) > 0 {
+		slices.Sort(found)
+		found = slices.Compact(found)
+		w.note(NoteCarried, "published at %s inside the mesh (%s), for %s to reach it: compose's services reach each other on any port, the mesh's on published ones", strings.Join(found, ", "), from, strings.Join(deps, ", "))
+		return found
+	}
+	for _, d := range deps {
+		w.note(NoteAction, "%s depends on it, but it publishes no port and its image's ports are not known here: add the port %s connects to under ports: of %s.main (\"PORT:PORT/tcp\"), or %s cannot reach it", d, d, w.module, d)
+	}
 	return out
+}
+
+// wellKnown maps an image's name (its last path element, no tag) to the port
+// its software listens on.
+var wellKnown = map[string]int{
+	"postgres": 5432, "postgis": 5432, "timescaledb": 5432, "pgvector": 5432, "pgvecto-rs": 5432,
+	"mysql": 3306, "mariadb": 3306, "percona": 3306,
+	"redis": 6379, "valkey": 6379, "keydb": 6379, "redis-stack-server": 6379,
+	"mongo": 27017, "memcached": 11211, "rabbitmq": 5672,
+	"elasticsearch": 9200, "opensearch": 9200, "meilisearch": 7700, "typesense": 8108,
+	"clickhouse-server": 8123, "minio": 9000, "nats": 4222, "etcd": 2379,
+	"zookeeper": 2181, "kafka": 9092, "influxdb": 8086, "couchdb": 5984,
+	"cassandra": 9042, "neo4j": 7687, "qdrant": 6333, "ollama": 11434,
+	"gotenberg": 3000, "tika": 9998, "nginx": 80, "httpd": 80, "caddy": 80,
+	"immich-machine-learning": 3003,
+}
+
+func wellKnownPort(image string) (int, string) {
+	name := image
+	if i := strings.IndexAny(name, "@"); i >= 0 {
+		name = name[:i]
+	}
+	name = name[strings.LastIndex(name, "/")+1:]
+	if i := strings.Index(name, ":"); i >= 0 {
+		name = name[:i]
+	}
+	return wellKnown[name], name
 }
 
 func (w *writer) health(h *types.HealthCheckConfig) map[string]any {
@@ -614,7 +1210,9 @@ func (w *writer) health(h *types.HealthCheckConfig) map[string]any {
 	if len(cmd) == 0 {
 		return nil
 	}
-	out := map[string]any{"command": cmd}
+	// Compose's defaults, which differ from the mesh's (10s): a check
+	// healthy under compose stays healthy here.
+	out := map[string]any{"command": cmd, "interval": "30s", "timeout": "30s", "retries": 3}
 	dur := func(k string, d *types.Duration) {
 		if d != nil && *d > 0 {
 			out[k] = time.Duration(*d).String()
@@ -626,23 +1224,55 @@ func (w *writer) health(h *types.HealthCheckConfig) map[string]any {
 	if h.Retries != nil && *h.Retries > 0 {
 		out["retries"] = min(*h.Retries, 100)
 	}
-	if h.Interval != nil && h.Timeout != nil && *h.Timeout > *h.Interval {
-		out["timeout"] = time.Duration(*h.Interval).String()
-		w.note("healthcheck timeout longer than its interval: set to the interval")
+	iv, _ := time.ParseDuration(out["interval"].(string))
+	if to, _ := time.ParseDuration(out["timeout"].(string)); to > iv {
+		out["timeout"] = iv.String()
+		w.note(NoteCarried, "healthcheck timeout longer than its interval: set to the interval")
+	}
+	if h.StartInterval != nil {
+		w.note(NoteDropped, "healthcheck start_interval: dropped; the check runs every interval from the start (start-period still forgives its failures)")
 	}
 	return out
+}
+
+// carried lists the compose keys of a service the writer reads (carried, or
+// said in a note of its own); dropped names every other key a service sets,
+// so none is dropped without a line.
+var carried = map[string]bool{
+	"name": true, "image": true, "build": true, "entrypoint": true, "command": true,
+	"environment": true, "env_file": true, "volumes": true, "secrets": true,
+	"depends_on": true, "ports": true, "expose": true, "restart": true, "deploy": true,
+	"healthcheck": true, "user": true, "working_dir": true, "cap_add": true, "cap_drop": true,
+	"devices": true, "read_only": true, "tmpfs": true, "mem_limit": true, "cpus": true,
+	"pids_limit": true, "tty": true, "init": true, "group_add": true, "stop_signal": true,
+	"stop_grace_period": true, "labels": true, "profiles": true, "extends": true,
+	"mem_reservation": true, "memswap_limit": true, "mem_swappiness": true, "cpu_shares": true,
+	"cpu_quota": true, "cpu_period": true, "cpuset": true, "cpu_count": true, "cpu_percent": true,
+	"cpu_rt_period": true, "cpu_rt_runtime": true, "oom_kill_disable": true, "oom_score_adj": true,
+	"blkio_config": true,
+	// said by dropped below, with what to do instead
+	"network_mode": true, "networks": true, "privileged": true, "links": true, "external_links": true,
+	"container_name": true, "hostname": true, "extra_hosts": true, "dns": true, "dns_search": true,
+	"dns_opt": true, "configs": true, "volumes_from": true, "ulimits": true, "sysctls": true,
+	"security_opt": true, "logging": true, "scale": true, "pull_policy": true, "shm_size": true,
+	"gpus": true, "runtime": true, "platform": true, "stdin_open": true, "pid": true, "ipc": true,
 }
 
 // dropped names what compose sets and the manifest cannot carry.
 func (w *writer) dropped(svc types.ServiceConfig) {
 	say := func(set bool, what, instead string) {
 		if set {
-			w.note("%s: dropped; %s", what, instead)
+			w.note(NoteDropped, "%s: dropped; %s", what, instead)
 		}
 	}
 	say(svc.NetworkMode == "host", "network_mode: host", "publish the ports it listens on (ports:), the mesh runs every container on Podman's network")
 	say(svc.NetworkMode != "" && svc.NetworkMode != "host", "network_mode: "+svc.NetworkMode, "containers reach each other by their module names")
 	say(len(svc.Networks) > 0 && !onlyDefault(svc.Networks), "networks", "every container reaches every module by its name; no network is needed")
+	for _, n := range sortedKeys(svc.Networks) {
+		if c := svc.Networks[n]; c != nil && len(c.Aliases) > 0 {
+			say(true, "network aliases "+strings.Join(c.Aliases, ", "), "others reach it as "+w.module+" (a module answers to its name only)")
+		}
+	}
 	say(svc.Privileged, "privileged", "add only the capabilities it needs (cap-add) and the devices (devices)")
 	say(len(svc.Links) > 0, "links", "a service reaches another by its module name")
 	say(len(svc.ExternalLinks) > 0, "external_links", "a service reaches another by its module name")
@@ -652,15 +1282,45 @@ func (w *writer) dropped(svc types.ServiceConfig) {
 	say(len(svc.DNS) > 0 || len(svc.DNSSearch) > 0 || len(svc.DNSOpts) > 0, "dns settings", "every container asks the node's resolver")
 	say(len(svc.Configs) > 0, "configs", "declare each as a file with its content and mount it")
 	say(len(svc.VolumesFrom) > 0, "volumes_from", "mount the same declared directory")
-	say(len(svc.Ulimits) > 0, "ulimits", "the mesh sets none")
+	say(len(svc.Ulimits) > 0, "ulimits", "the mesh sets none; Podman's defaults apply")
 	say(len(svc.Sysctls) > 0, "sysctls", "the mesh sets none")
 	say(len(svc.SecurityOpt) > 0, "security_opt", "the mesh sets none")
-	say(svc.Logging != nil, "logging", "Podman's default log driver is used")
+	say(svc.Logging != nil, "logging", "Podman's default log driver is used (log-max-size bounds it)")
 	say(svc.Scale != nil && *svc.Scale > 1, "scale", "assign the module to several nodes")
 	say(svc.Deploy != nil && svc.Deploy.Replicas != nil && *svc.Deploy.Replicas > 1, "deploy.replicas", "assign the module to several nodes")
 	say(svc.PullPolicy != "", "pull_policy", "set pull: always or newer if needed")
-	say(svc.Init != nil && *svc.Init, "init", "the mesh sets none")
-	say(svc.ShmSize > 0, "shm_size", "the mesh sets none")
+	say(svc.ShmSize > 0, "shm_size", "the mesh sets none; mount a tmpfs at /dev/shm (tmpfs: [\"/dev/shm:size=N\"]) if it needs more")
+	say(len(svc.Gpus) > 0, "gpus", "list the GPU's device nodes under devices: (e.g. /dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm, or /dev/dri)")
+	say(svc.Runtime != "", "runtime "+svc.Runtime, "the node's Podman runs every container with its own runtime; for a GPU list its devices")
+	say(svc.Platform != "", "platform "+svc.Platform, "the node pulls the image for its own architecture")
+	say(svc.StdinOpen, "stdin_open", "a container's input is closed; use mesh exec -i for an interactive command")
+	say(svc.Pid != "", "pid: "+svc.Pid, "the container keeps its own process namespace")
+	say(svc.Ipc != "", "ipc: "+svc.Ipc, "the container keeps its own IPC namespace")
+	for _, k := range unknownKeys(reflect.ValueOf(svc)) {
+		say(true, k, "the import does not carry it")
+	}
+}
+
+// unknownKeys lists the keys a service sets (a non-zero field, embedded
+// structs walked) that the writer does not read.
+func unknownKeys(v reflect.Value) []string {
+	var out []string
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			out = append(out, unknownKeys(v.Field(i))...)
+			continue
+		}
+		key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if key == "" || key == "-" || strings.HasPrefix(key, "#") || carried[key] {
+			continue
+		}
+		if !v.Field(i).IsZero() {
+			out = append(out, key)
+		}
+	}
+	return out
 }
 
 func onlyDefault(n map[string]*types.ServiceNetworkConfig) bool {
