@@ -48,7 +48,7 @@ func (c *ImportComposeCmd) Run(g *Globals) error {
 	defer cancel()
 	res, err := composeimport.Import(ctx, composeimport.Options{
 		File: c.File, Project: c.Project, Root: c.Root, Prefix: c.Prefix,
-		CopyHostFiles: c.CopyHostFiles, ImagePorts: localImagePorts,
+		CopyHostFiles: c.CopyHostFiles, Inspect: localImage,
 	})
 	var ue composeimport.UsageError
 	if errors.As(err, &ue) {
@@ -119,9 +119,9 @@ func (c *ImportComposeCmd) Run(g *Globals) error {
 	return nil
 }
 
-// localImagePorts asks this machine's Podman, if one listens, which ports a
-// local image exposes; any failure (no Podman, no image) is no answer.
-func localImagePorts(ctx context.Context, image string) []string {
+// localImage asks this machine's Podman, if one listens, what a local image
+// declares; any failure (no Podman, no image) is no answer.
+func localImage(ctx context.Context, image string) (composeimport.Image, bool) {
 	rootless := os.Geteuid() != 0
 	sock := podman.DefaultSocket(rootless)
 	if s := os.Getenv("MESH_PODMAN_SOCKET"); s != "" {
@@ -129,11 +129,11 @@ func localImagePorts(ctx context.Context, image string) []string {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	ports, err := podman.New(podman.Config{Socket: sock}).ImagePorts(ctx, image)
-	if err != nil {
-		return nil
+	ports, user, ok, err := podman.New(podman.Config{Socket: sock}).ImageFacts(ctx, image)
+	if err != nil || !ok {
+		return composeimport.Image{}, false
 	}
-	return ports
+	return composeimport.Image{Ports: ports, User: user}, true
 }
 
 func nonNil(s []string) []string {

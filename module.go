@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"mesh/cluster/api"
+	"mesh/internal/composeimport"
 	"mesh/internal/safefs"
 	"mesh/state"
 	"mesh/state/manifest"
@@ -29,6 +31,7 @@ type ModuleAddCmd struct {
 	Wait    bool          `help:"Return when every node whose plan changed has applied it and the health checks of the containers it changed pass, and a rollout it started has ended; exit 1 if any fails or the rollout stopped."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 	DryRun  bool          `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
+	Replace bool          `help:"Let a manifest imported from a compose project replace a module of the same name from another project or written by hand (refused otherwise: module names are the mesh's, and two projects' db would be one module)."`
 }
 
 // Run checks every file first, then adds them in one command.
@@ -39,6 +42,11 @@ func (c *ModuleAddCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := timeout()
 	defer cancel()
+	if !c.Replace {
+		if err := importCollisions(ctx, g.client(), req); err != nil {
+			return err
+		}
+	}
 	r, err := g.writer(c.DryRun).AddModules(ctx, req)
 	if err != nil {
 		return err
@@ -51,6 +59,70 @@ func (c *ModuleAddCmd) Run(g *Globals) error {
 		return nil
 	}
 	return waitAndRollouts(g, r.Modules, r.Index, c.Timeout)
+}
+
+// importedFrom is the compose project and service a manifest was made from
+// (the first line mesh import compose writes), "" for one written by hand.
+func importedFrom(text string) (project, service string) {
+	line, _, _ := strings.Cut(text, "\n")
+	rest, ok := strings.CutPrefix(line, composeimport.Header)
+	if !ok {
+		return "", ""
+	}
+	service, project, ok = strings.Cut(rest, " of project ")
+	if !ok {
+		return "", ""
+	}
+	return project, service
+}
+
+// importCollisions refuses a manifest imported from a compose project that
+// would replace a module of the same name from another project, or one
+// written by hand: module names are the whole mesh's, so two projects' db
+// would silently become one module (the second's).
+func importCollisions(ctx context.Context, c *api.Client, req api.AddRequest) error {
+	var imported []state.ModuleText
+	for _, m := range req.Modules {
+		if p, _ := importedFrom(m.Text); p != "" {
+			imported = append(imported, m)
+		}
+	}
+	if len(imported) == 0 {
+		return nil
+	}
+	mods, err := c.Modules(ctx)
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for _, m := range mods {
+		have[m.Name] = true
+	}
+	var errs []string
+	for _, m := range imported {
+		pm, err := manifest.Parse(m.File, []byte(m.Text))
+		if err != nil || !have[pm.Module] {
+			continue // parsed before; not in the catalogue yet
+		}
+		info, err := c.Module(ctx, pm.Module)
+		if err != nil {
+			return err
+		}
+		proj, svc := importedFrom(m.Text)
+		oproj, osvc := importedFrom(info.Manifest)
+		if oproj == proj {
+			continue // the same project's, imported again
+		}
+		was := "a module written by hand"
+		if oproj != "" {
+			was = fmt.Sprintf("project %s's service %s", oproj, osvc)
+		}
+		errs = append(errs, fmt.Sprintf("%s (project %s's service %s) would replace the module %s, which is %s; import this project with --prefix %s (module %s-%s), or pass --replace", m.File, proj, svc, pm.Module, was, proj, proj, svc))
+	}
+	if len(errs) > 0 {
+		return usageError{fmt.Errorf("nothing was added:\n%s", strings.Join(errs, "\n"))}
+	}
+	return nil
 }
 
 func readManifests(files []string, dataDir string) (api.AddRequest, error) {

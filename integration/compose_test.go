@@ -59,6 +59,15 @@ func TestComposeImportBed(t *testing.T) {
 	}
 	n[1].run("check", filepath.Join(dir, "mesh", "bedcweb.yaml"), filepath.Join(dir, "mesh", "bedcclient.yaml"))
 	n[1].mesh("module", "add", filepath.Join(dir, "mesh", "bedcweb.yaml"), filepath.Join(dir, "mesh", "bedcclient.yaml"))
+	// Module names are the mesh's: another project's bedcweb is refused,
+	// naming both, and nothing is added.
+	n[1].run("import", "compose", filepath.Join(dir, "compose.yaml"), "--project", "otherproj", "--output", filepath.Join(dir, "other"), "--root", root)
+	if out := n[1].meshFails("module", "add", filepath.Join(dir, "other", "bedcweb.yaml")); !strings.Contains(out, "bedcweb.yaml (project otherproj's service bedcweb) would replace the module bedcweb, which is project bedproj's service bedcweb; import this project with --prefix otherproj") {
+		t.Fatalf("another project's module of the same name:\n%s", out)
+	}
+	if m := n[1].mesh("module", "show", "bedcweb"); !strings.Contains(m, "of project bedproj") {
+		t.Fatalf("the refused add changed bedcweb:\n%s", m)
+	}
 	n[1].mesh("assign", "n2", "bedcweb")
 	// The bind mount became a declared directory; its contents are the
 	// operator's to copy (the import said so). Until they are there,
@@ -163,7 +172,7 @@ const appCompose = `services:
       - -c
       - >-
         mkdir -p /tmp/www/cgi-bin &&
-        printf '#!/bin/sh\necho Content-Type: text/plain\necho\nPGHOST=%s PGPASSWORD=%s /usr/lib/postgresql/15/bin/psql -U postgres -d postgres -tAc "SELECT count(*) || chr(32) || max(note) FROM notes"\n' "$$PGHOST" "$$PGPASSWORD" >/tmp/www/cgi-bin/rows &&
+        printf '#!/bin/sh\necho Content-Type: text/plain\necho\nPGHOST=%s PGPASSWORD=%s /usr/lib/postgresql/15/bin/psql -U postgres -d postgres -tAc "SELECT count(*) || chr(32) || max(note) FROM notes" 2>&1\n' "$$PGHOST" "$$PGPASSWORD" >/tmp/www/cgi-bin/rows &&
         chmod +x /tmp/www/cgi-bin/rows &&
         exec httpd -f -p 8080 -h /tmp/www
     environment:

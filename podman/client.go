@@ -304,29 +304,29 @@ func (c *Client) ImageID(ctx context.Context, ref string) (string, error) {
 	return img.ID, nil
 }
 
-// ImagePorts lists the ports a local image exposes ("5432/tcp"), none when
-// it is not in local storage.
-func (c *Client) ImagePorts(ctx context.Context, ref string) ([]string, error) {
+// ImageFacts says what a local image declares: the ports it exposes
+// ("5432/tcp") and its USER; ok is false when it is not in local storage.
+func (c *Client) ImageFacts(ctx context.Context, ref string) (ports []string, user string, ok bool, err error) {
 	cx, cancel, err := c.ctx(ctx, CallTimeout)
 	if err != nil {
-		return nil, err
+		return nil, "", false, err
 	}
 	defer cancel()
 	if ok, err := images.Exists(cx, ref, nil); err != nil || !ok {
-		return nil, err
+		return nil, "", false, err
 	}
 	img, err := images.GetImage(cx, ref, nil)
 	if err != nil {
-		return nil, fmt.Errorf("inspect image %s: %w", ref, err)
+		return nil, "", false, fmt.Errorf("inspect image %s: %w", ref, err)
 	}
-	var out []string
 	if img.Config != nil {
 		for p := range img.Config.ExposedPorts {
-			out = append(out, p)
+			ports = append(ports, p)
 		}
+		user = img.Config.User
 	}
-	sort.Strings(out)
-	return out, nil
+	sort.Strings(ports)
+	return ports, user, true, nil
 }
 
 // Tag makes ref (NAME[:TAG]) name the local image id: a pull's rollout

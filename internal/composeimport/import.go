@@ -8,6 +8,7 @@
 package composeimport
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -52,10 +53,17 @@ type Options struct {
 	// process's own). The .env beside the compose file fills in what it
 	// does not set, as docker compose does.
 	Env []string
-	// ImagePorts, when set, gives the ports an image present on this
-	// machine exposes ("5432/tcp"), so a service others depend on can be
-	// published where they reach it.
-	ImagePorts func(ctx context.Context, image string) []string
+	// Inspect, when set, says what an image present on this machine
+	// declares (false when it is not here): its ports, so a service others
+	// depend on can be published where they reach it, and its user, who
+	// owns the service's directories.
+	Inspect func(ctx context.Context, image string) (Image, bool)
+}
+
+// Image is what an image declares that the import uses.
+type Image struct {
+	Ports []string // exposed, "5432/tcp"
+	User  string   // USER, "" for root
 }
 
 // UsageError is an option the import cannot work with (a relative or
@@ -332,6 +340,8 @@ type writer struct {
 	notes              []Note
 	copied             []string
 	owner              string
+	image              Image // what the local Podman says of its image
+	inspected          bool
 	mounts, tmpfs      []string
 	devices, restartOn []string
 	// paths maps each declared path to what it stands for ("volume
@@ -370,8 +380,13 @@ func (w *writer) res(kind, name string, kv ...any) {
 	}
 }
 
+// Header starts the first line of every manifest the import writes:
+// "HEADER SERVICE of project PROJECT" (mesh module add reads it, to refuse a
+// module of another project's under the same name).
+const Header = "# made by mesh import compose from service "
+
 func (w *writer) text() string {
-	return "# made by mesh import compose from service " + w.svc + " of project " + w.p.proj.Name + "\nmodule: " + w.module + "\nresources:\n" + strings.Join(w.lines, "\n") + "\n"
+	return Header + w.svc + " of project " + w.p.proj.Name + "\nmodule: " + w.module + "\nresources:\n" + strings.Join(w.lines, "\n") + "\n"
 }
 
 // path is the declared path for a source under the module's directory:
@@ -410,8 +425,14 @@ func ownerOf(user string) string {
 
 func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
 	w.paths, w.sources = map[string]string{}, map[string]string{}
+	if w.p.opts.Inspect != nil && svc.Image != "" {
+		w.image, w.inspected = w.p.opts.Inspect(ctx, svc.Image)
+	}
 	w.owner = ownerOf(svc.User)
-	if w.owner == "0:0" {
+	if svc.User == "" && w.inspected && ownerOf(w.image.User) != "0:0" {
+		w.owner = ownerOf(w.image.User)
+		w.note(NoteCarried, "directories owned by %s, the user its image %s runs as", w.owner, svc.Image)
+	} else if w.owner == "0:0" {
 		if svc.User != "" {
 			w.note(NoteAction, "directories owned by 0:0: user %q is not numeric, so its ids are not known here; set owner if the image runs as another user", svc.User)
 		} else {
@@ -426,6 +447,7 @@ func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
 		w.volume(v)
 	}
 	w.secrets(svc)
+	w.configs(svc)
 	w.dependsOn(svc)
 
 	name := w.module + ".main"
@@ -633,8 +655,9 @@ func (w *writer) volume(v types.ServiceVolumeConfig) {
 		}
 		p, fresh := w.path("volume "+v.Source, safeBase(v.Source))
 		if fresh {
-			w.res("directory", p, "owner", w.owner, "mode", "0750")
-			w.note(NoteCarried, "named volume %s -> directory %s (owner %s, mode 0750)", v.Source, p, w.owner)
+			owner, mode := w.dirOwner(v.Target)
+			w.res("directory", p, "owner", owner, "mode", mode)
+			w.note(NoteCarried, "named volume %s -> directory %s (owner %s, mode %s)", v.Source, p, owner, mode)
 			w.volumeKind(v.Source, p)
 		}
 		if v.Volume != nil && v.Volume.Subpath != "" {
@@ -670,7 +693,7 @@ func (w *writer) volume(v types.ServiceVolumeConfig) {
 			return
 		case err == nil && st.Mode().IsRegular():
 			p, fresh := w.path("bind "+src, safeBase(src))
-			if fresh && !w.hostFile(src, p) {
+			if fresh && !w.hostFile("bind mount of the file "+src, src, p, "0:0", "0644") {
 				delete(w.paths, p)
 				delete(w.sources, "bind "+src)
 				return
@@ -684,11 +707,12 @@ func (w *writer) volume(v types.ServiceVolumeConfig) {
 		}
 		p, fresh := w.path("bind "+src, safeBase(src))
 		if fresh {
-			w.res("directory", p, "owner", w.owner, "mode", "0750")
+			owner, mode := w.dirOwner(v.Target)
+			w.res("directory", p, "owner", owner, "mode", mode)
 			if err == nil {
-				w.note(NoteAction, "bind mount of the directory %s -> directory %s (owner %s, mode 0750); copy its contents there before the first start", v.Source, p, w.owner)
+				w.note(NoteAction, "bind mount of the directory %s -> directory %s (owner %s, mode %s); copy its contents there before the first start", v.Source, p, owner, mode)
 			} else {
-				w.note(NoteCarried, "bind mount %s (absent here) -> directory %s (owner %s, mode 0750)", v.Source, p, w.owner)
+				w.note(NoteCarried, "bind mount %s (absent here) -> directory %s (owner %s, mode %s)", v.Source, p, owner, mode)
 			}
 		}
 		mount(p)
@@ -708,6 +732,38 @@ func (w *writer) volume(v types.ServiceVolumeConfig) {
 	default:
 		w.note(NoteDropped, "volume of type %s at %s: not carried over", v.Type, v.Target)
 	}
+}
+
+// dataOwners are the owners the official images of common databases give
+// their data directory (their entrypoint starts as root, changes the
+// directory's owner, and drops to that user): declared as another owner,
+// every apply would set it back and the server would lose its data.
+var dataOwners = []struct {
+	image, alpine, target, owner, alpineOwner, mode string
+}{
+	{"postgres", "", "/var/lib/postgresql/data", "999:999", "70:70", "0700"},
+	{"postgis", "", "/var/lib/postgresql/data", "999:999", "70:70", "0700"},
+	{"mysql", "", "/var/lib/mysql", "999:999", "999:999", "0750"},
+	{"mariadb", "", "/var/lib/mysql", "999:999", "999:999", "0750"},
+	{"redis", "", "/data", "999:999", "999:1000", "0750"},
+	{"mongo", "", "/data/db", "999:999", "999:999", "0750"},
+}
+
+// dirOwner is the owner and mode of a directory the service mounts at
+// target: its database's own, for the images above, else the service's.
+func (w *writer) dirOwner(target string) (owner, mode string) {
+	name, tag := imageName(w.p.proj.Services[w.svc].Image)
+	for _, d := range dataOwners {
+		if d.image == name && manifest.Within(path.Clean(target), d.target) && w.p.proj.Services[w.svc].User == "" {
+			owner = d.owner
+			if strings.Contains(tag, "alpine") {
+				owner = d.alpineOwner
+			}
+			w.note(NoteCarried, "%s: owner %s, mode %s, as %s's image owns its data directory (its entrypoint changes the owner to it at every start)", target, owner, d.mode, name)
+			return owner, d.mode
+		}
+	}
+	return w.owner, "0750"
 }
 
 // volumeKind says what a top-level volume's own settings meant, which a
@@ -745,33 +801,83 @@ func kindOf(m fs.FileMode) string {
 // hostFile declares p as a file with src's content, when src is a small
 // text file the import may read: inside the project's directory (a link
 // leading out of it is never followed), or anywhere with --copy-host-files.
-func (w *writer) hostFile(src, p string) bool {
+// what names the source in notes ("bind mount of the file X").
+func (w *writer) hostFile(what, src, p, owner, mode string) bool {
 	real, err := filepath.EvalSymlinks(src)
 	inside := err == nil && manifest.Within(real, w.p.dir)
 	switch {
 	case err != nil:
-		w.note(NoteDropped, "bind mount of the file %s: not carried over (%v)", src, err)
+		w.note(NoteDropped, "%s: not carried over (%v)", what, err)
 		return false
 	case !inside && manifest.Within(filepath.Clean(src), w.p.dir):
-		w.note(NoteDropped, "bind mount of the file %s: a link leading out of the project's directory (to %s): not followed, not copied; copy the file into the project, or declare it as a file with its content", src, real)
+		w.note(NoteDropped, "%s: a link leading out of the project's directory (to %s): not followed, not copied; copy the file into the project, or declare it as a file with its content", what, real)
 		return false
 	case !inside && !w.p.opts.CopyHostFiles:
-		w.note(NoteAction, "bind mount of the host file %s: outside the project's directory: not copied into the manifest, which every node replicates; pass --copy-host-files to copy it, or declare it as a file with its content", src)
+		w.note(NoteAction, "%s: outside the project's directory: not copied into the manifest, which every node replicates; pass --copy-host-files to copy it, or declare it as a file with its content", what)
 		return false
 	}
 	b, err := readSmall(real, 64<<10)
 	if err != nil {
-		w.note(NoteDropped, "bind mount of the file %s: not carried over (%v); copy it into a declared directory", src, err)
+		w.note(NoteDropped, "%s: not carried over (%v); copy it into a declared directory", what, err)
 		return false
 	}
 	if !isText(b) {
-		w.note(NoteDropped, "bind mount of the file %s is not text: not carried over; declare it as a file or copy it into a declared directory", src)
+		w.note(NoteDropped, "%s is not text: not carried over; declare it as a file or copy it into a declared directory", what)
 		return false
 	}
-	w.res("file", p, "mode", "0644", "content", string(b))
+	w.res("file", p, "owner", owner, "mode", mode, "content", string(b))
 	w.copied = append(w.copied, src)
-	w.note(NoteCarried, "bind mount of the file %s -> file %s with its content, copied (mode 0644); the content is now in the manifest, which every node replicates: keep secrets out of it", src, p)
+	w.note(NoteCarried, "%s -> file %s with its content, copied (owner %s, mode %s); the content is now in the manifest, which every node replicates: keep secrets out of it", what, p, owner, mode)
 	return true
+}
+
+// configs: each becomes a file with its content (from its file in the
+// project, or inline), mounted read-only where compose puts it.
+func (w *writer) configs(svc types.ServiceConfig) {
+	for _, c := range svc.Configs {
+		target := c.Target
+		if target == "" {
+			target = "/" + c.Source
+		}
+		if !path.IsAbs(target) {
+			target = "/" + target
+		}
+		owner, mode := "0:0", "0444"
+		if c.UID != "" || c.GID != "" {
+			u, g := cmp.Or(c.UID, "0"), cmp.Or(c.GID, c.UID, "0")
+			if _, _, err := manifest.ParseOwner(u + ":" + g); err == nil {
+				owner = u + ":" + g
+			} else {
+				w.note(NoteDropped, "config %s: uid %q, gid %q: dropped (%v)", c.Source, c.UID, c.GID, err)
+			}
+		}
+		if c.Mode != nil {
+			mode = fmt.Sprintf("%04o", uint32(*c.Mode)&0o7777)
+		}
+		cfg := w.p.proj.Configs[c.Source]
+		p, fresh := w.path("config "+c.Source, safeBase(c.Source))
+		switch {
+		case !fresh:
+		case bool(cfg.External):
+			w.note(NoteAction, "config %s is external (made outside compose): not carried; declare %s as a file with its content, and mount it at %s", c.Source, p, target)
+			continue
+		case cfg.File != "":
+			if !w.hostFile("config "+c.Source+" (file "+cfg.File+")", cfg.File, p, owner, mode) {
+				delete(w.paths, p)
+				delete(w.sources, "config "+c.Source)
+				continue
+			}
+		case cfg.Content != "" && isText([]byte(cfg.Content)) && len(cfg.Content) <= 64<<10:
+			w.res("file", p, "owner", owner, "mode", mode, "content", cfg.Content)
+			w.note(NoteCarried, "config %s -> file %s with its content (owner %s, mode %s)", c.Source, p, owner, mode)
+		default:
+			w.note(NoteDropped, "config %s: no file in the project, nor text content of at most 64 KiB: not carried; declare it as a file", c.Source)
+			delete(w.paths, p)
+			delete(w.sources, "config "+c.Source)
+			continue
+		}
+		w.mounts = append(w.mounts, p+":"+path.Clean(target)+":ro")
+	}
 }
 
 // readSmall reads a regular file of at most max bytes, opened without
@@ -891,7 +997,10 @@ func (w *writer) dependsOn(svc types.ServiceConfig) {
 	for _, d := range sortedKeys(svc.DependsOn) {
 		dm, ok := w.p.modules[d]
 		if !ok {
-			continue // compose-go refuses a dependency on no service; a disabled one is said
+			// compose-go refuses a dependency on no service: d is one of
+			// an inactive profile (required: false), not imported.
+			w.note(NoteDropped, "depends_on %s: no binding; %s is not imported (its profile is not active)", d, d)
+			continue
 		}
 		p, _ := w.path("binding "+d, dm+".binding")
 		w.restartOn = append(w.restartOn, p)
@@ -1135,8 +1244,8 @@ func (w *writer) ports(ctx context.Context, svc types.ServiceConfig) []string {
 	// published ones only.
 	var found []string
 	from := ""
-	if w.p.opts.ImagePorts != nil && svc.Image != "" {
-		for _, e := range w.p.opts.ImagePorts(ctx, svc.Image) {
+	if w.inspected {
+		for _, e := range w.image.Ports {
 			port, proto, _ := strings.Cut(e, "/")
 			if proto == "" {
 				proto = "tcp"
@@ -1181,15 +1290,17 @@ var wellKnown = map[string]int{
 }
 
 func wellKnownPort(image string) (int, string) {
-	name := image
-	if i := strings.IndexAny(name, "@"); i >= 0 {
-		name = name[:i]
-	}
-	name = name[strings.LastIndex(name, "/")+1:]
-	if i := strings.Index(name, ":"); i >= 0 {
-		name = name[:i]
-	}
+	name, _ := imageName(image)
 	return wellKnown[name], name
+}
+
+// imageName is an image reference's last path element and its tag:
+// docker.io/library/postgres:16-alpine is postgres, 16-alpine.
+func imageName(image string) (name, tag string) {
+	name, _, _ = strings.Cut(image, "@")
+	name = name[strings.LastIndex(name, "/")+1:]
+	name, tag, _ = strings.Cut(name, ":")
+	return name, tag
 }
 
 func (w *writer) health(h *types.HealthCheckConfig) map[string]any {
@@ -1240,7 +1351,7 @@ func (w *writer) health(h *types.HealthCheckConfig) map[string]any {
 // so none is dropped without a line.
 var carried = map[string]bool{
 	"name": true, "image": true, "build": true, "entrypoint": true, "command": true,
-	"environment": true, "env_file": true, "volumes": true, "secrets": true,
+	"environment": true, "env_file": true, "label_file": true, "volumes": true, "secrets": true,
 	"depends_on": true, "ports": true, "expose": true, "restart": true, "deploy": true,
 	"healthcheck": true, "user": true, "working_dir": true, "cap_add": true, "cap_drop": true,
 	"devices": true, "read_only": true, "tmpfs": true, "mem_limit": true, "cpus": true,
@@ -1280,7 +1391,6 @@ func (w *writer) dropped(svc types.ServiceConfig) {
 	say(svc.Hostname != "", "hostname", "the module's name is how others reach it")
 	say(len(svc.ExtraHosts) > 0, "extra_hosts", "the mesh's resolver answers the mesh's names; nothing about the roster is copied into a container")
 	say(len(svc.DNS) > 0 || len(svc.DNSSearch) > 0 || len(svc.DNSOpts) > 0, "dns settings", "every container asks the node's resolver")
-	say(len(svc.Configs) > 0, "configs", "declare each as a file with its content and mount it")
 	say(len(svc.VolumesFrom) > 0, "volumes_from", "mount the same declared directory")
 	say(len(svc.Ulimits) > 0, "ulimits", "the mesh sets none; Podman's defaults apply")
 	say(len(svc.Sysctls) > 0, "sysctls", "the mesh sets none")

@@ -110,14 +110,17 @@ func TestImportKeepsDependenciesReachable(t *testing.T) {
 	if strings.Contains(manifestOf(t, res, "own"), "ports:") || !hasNote(res, NoteAction, `own: app depends on it, but it publishes no port`) {
 		t.Errorf("own: %v", res.Lines())
 	}
-	res = mustImport(t, Options{File: file, ImagePorts: func(_ context.Context, image string) []string {
+	res = mustImport(t, Options{File: file, Inspect: func(_ context.Context, image string) (Image, bool) {
 		if image == "example.org/own:1" {
-			return []string{"8080/tcp", "9000/udp"}
+			return Image{Ports: []string{"8080/tcp", "9000/udp"}, User: "1001"}, true
 		}
-		return nil
+		return Image{}, false
 	}})
 	if !strings.Contains(manifestOf(t, res, "own"), `ports: ["8080:8080/tcp","9000:9000/udp"]`) || !hasNote(res, NoteCarried, "the ports its image exposes") {
 		t.Errorf("own with its image's ports:\n%s", manifestOf(t, res, "own"))
+	}
+	if !hasNote(res, NoteCarried, "own: directories owned by 1001:1001, the user its image example.org/own:1 runs as") {
+		t.Errorf("the image's user: %v", res.Lines())
 	}
 }
 
@@ -348,5 +351,41 @@ func TestImportHostFiles(t *testing.T) {
 	os.Symlink(outside, filepath.Join(filepath.Dir(linkEnv), ".env"))
 	if _, err := Import(context.Background(), Options{File: linkEnv, Env: []string{}}); err == nil || !strings.Contains(err.Error(), "leads out of the project's directory") {
 		t.Errorf("a .env linked out of the project: %v", err)
+	}
+}
+
+// The official database images change their data directory's owner at
+// every start: the import declares that owner, so no apply sets it back.
+func TestImportDataOwners(t *testing.T) {
+	res := mustImport(t, Options{File: writeProject(t, map[string]string{
+		"compose.yaml": "services:\n  db:\n    image: docker.io/library/postgres:16\n    volumes: [pg:/var/lib/postgresql/data, other:/other]\n  adb:\n    image: postgres:16-alpine\n    volumes: [apg:/var/lib/postgresql/data]\n  mine:\n    image: postgres:16\n    user: \"1234:1234\"\n    volumes: [mpg:/var/lib/postgresql/data]\nvolumes: {pg: {}, other: {}, apg: {}, mpg: {}}\n",
+	})})
+	db, adb, mine := manifestOf(t, res, "db"), manifestOf(t, res, "adb"), manifestOf(t, res, "mine")
+	if !strings.Contains(db, "/pg\"\n    owner: \"999:999\"\n    mode: \"0700\"") || !strings.Contains(db, "/other\"\n    owner: \"0:0\"\n    mode: \"0750\"") {
+		t.Errorf("db:\n%s", db)
+	}
+	if !strings.Contains(adb, "/apg\"\n    owner: \"70:70\"") || !strings.Contains(mine, "/mpg\"\n    owner: \"1234:1234\"") {
+		t.Errorf("adb or mine:\n%s\n%s", adb, mine)
+	}
+}
+
+// A compose config becomes a file with its content (from the project's
+// file, or inline), mounted read-only at its target with its owner and
+// mode; one from outside the project is not read.
+func TestImportConfigs(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "host.conf")
+	os.WriteFile(outside, []byte("HOST SECRET\n"), 0o600)
+	res := mustImport(t, Options{File: writeProject(t, map[string]string{
+		"compose.yaml": "services:\n  a:\n    image: busybox\n    configs:\n      - app\n      - source: inline\n        target: /etc/inline.conf\n        uid: \"100\"\n        mode: 0o440\n      - host\nconfigs:\n  app:\n    file: ./app.ini\n  inline:\n    content: |\n      key = 1\n  host:\n    file: " + outside + "\n",
+		"app.ini":      "[app]\nname = shop\n",
+	})})
+	a := manifestOf(t, res, "a")
+	for _, want := range []string{`content: "[app]\nname = shop\n"`, `/app:/app:ro"`, `content: "key = 1\n"`, `/inline:/etc/inline.conf:ro"`, `owner: "100:100"`, `mode: "0440"`} {
+		if !strings.Contains(a, want) {
+			t.Errorf("no %s in\n%s", want, a)
+		}
+	}
+	if strings.Contains(a, "HOST SECRET") || !hasNote(res, NoteAction, "config host (file "+outside+"): outside the project's directory") {
+		t.Errorf("a config from outside the project:\n%s\n%v", a, res.Lines())
 	}
 }
