@@ -1,9 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"mesh/cluster/api"
 	"mesh/state"
+	"mesh/state/manifest"
+	"os"
+	"strings"
 	"time"
+
+	"golang.org/x/term"
 )
 
 // AssignCmd assigns a module to a node.
@@ -22,22 +30,77 @@ func (c *AssignCmd) Run(g *Globals) error {
 
 // UnassignCmd unassigns a module from a node.
 type UnassignCmd struct {
-	Node    string        `arg:"" predictor:"node" help:"The node."`
-	Module  string        `arg:"" predictor:"module" help:"The module."`
-	Wait    bool          `help:"Return when the node has applied the new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
-	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
-	DryRun  bool          `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
+	Node      string        `arg:"" predictor:"node" help:"The node."`
+	Module    string        `arg:"" predictor:"module" help:"The module."`
+	Wait      bool          `help:"Return when the node has applied the new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
+	Timeout   time.Duration `default:"5m" help:"How long --wait waits."`
+	DryRun    bool          `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
+	PurgeData bool          `name:"purge-data" help:"Also remove the module's data directories (data: true) on NODE, with everything in them, once its containers there are gone; says which and asks first (type the module's name), or takes --yes. Without it data directories are always kept."`
+	Yes       bool          `help:"With --purge-data: do not ask."`
 }
 
 // Run unassigns it.
 func (c *UnassignCmd) Run(g *Globals) error {
-	return assign(g, state.OpUnassign, c.Node, c.Module, c.Wait, c.DryRun, c.Timeout)
+	if c.Yes && !c.PurgeData {
+		return usageError{fmt.Errorf("--yes confirms --purge-data, which was not given")}
+	}
+	var purge []string
+	if c.PurgeData {
+		var err error
+		if purge, err = c.confirmPurge(g); err != nil {
+			return err
+		}
+	}
+	return assign(g, state.OpUnassign, c.Node, c.Module, c.Wait, c.DryRun, c.Timeout, purge...)
 }
 
-func assign(g *Globals, op, node, module string, wait, dryRun bool, limit time.Duration) error {
+// confirmPurge lists the module's data directories, says they go from NODE
+// with all they hold, and asks (unless --yes or --dry-run).
+func (c *UnassignCmd) confirmPurge(g *Globals) ([]string, error) {
 	ctx, cancel := timeout()
 	defer cancel()
-	r, err := g.writer(dryRun).Assign(ctx, op, node, module)
+	m, err := g.client().Module(ctx, c.Module)
+	if err != nil {
+		return nil, err
+	}
+	pm, err := manifest.Parse(m.File, []byte(m.Manifest))
+	if err != nil {
+		return nil, err
+	}
+	var data []string
+	for _, r := range pm.Resources {
+		if r.Directory != "" && r.Data {
+			data = append(data, r.Directory)
+		}
+	}
+	if len(data) == 0 {
+		return nil, usageError{fmt.Errorf("module %s declares no data directory (data: true), so --purge-data has nothing to remove; nothing was changed", c.Module)}
+	}
+	fmt.Fprintf(g.out, "--purge-data removes from %s, with everything in them, once %s's containers there are gone:\n  %s\n", c.Node, c.Module, strings.Join(data, "\n  "))
+	if c.Yes || c.DryRun {
+		return data, nil
+	}
+	if !term.IsTerminal(int(os.Stdin.Fd())) {
+		return nil, usageError{fmt.Errorf("not asked: the input is not a terminal; pass --yes to remove them; nothing was changed")}
+	}
+	fmt.Fprintf(g.out, "type the module's name (%s) to remove them: ", c.Module)
+	line, _ := bufio.NewReader(io.LimitReader(os.Stdin, 1024)).ReadString('\n')
+	if strings.TrimSpace(line) != c.Module {
+		return nil, fmt.Errorf("not confirmed; nothing was changed")
+	}
+	return data, nil
+}
+
+func assign(g *Globals, op, node, module string, wait, dryRun bool, limit time.Duration, purge ...string) error {
+	ctx, cancel := timeout()
+	defer cancel()
+	var r api.WriteResult
+	var err error
+	if op == state.OpUnassign {
+		r, err = g.writer(dryRun).Unassign(ctx, node, module, purge)
+	} else {
+		r, err = g.writer(dryRun).Assign(ctx, op, node, module)
+	}
 	if err != nil {
 		return err
 	}

@@ -62,9 +62,59 @@ func (c *CheckCmd) Run(g *Globals) error {
 			}
 		}
 	}
+	for _, m := range order {
+		data, warnings, problems := dataOf(m)
+		what := "none declared (data: true on a directory marks what a person backs up)"
+		if len(data) > 0 {
+			what = strings.Join(data, ", ")
+		}
+		fmt.Fprintf(g.out, "%s: data: %s\n", m.File, what)
+		for _, w := range warnings {
+			fmt.Fprintf(g.out, "%s: warning: %s\n", m.File, w)
+		}
+		for _, p := range problems {
+			errs = append(errs, m.File+": "+p)
+		}
+	}
 	if len(errs) > 0 {
 		return errors.New(strings.Join(errs, "\n"))
 	}
 	fmt.Fprintf(g.out, "%d manifest(s) ok\n", len(order))
 	return nil
+}
+
+// dataOf lists a module's data directories (issue 30), warns of a directory
+// a container or step mounts writable that is not data (the mesh writes
+// files, never a directory's contents: what the container writes there is
+// data nobody declared, and no backup takes it), and names each mounted
+// directory that does not declare its owner and mode (the runtime's root
+// and 0755 would be a mode nobody chose).
+func dataOf(m *manifest.Manifest) (data, warnings, problems []string) {
+	dirs := map[string]*manifest.Resource{}
+	for i := range m.Resources {
+		r := &m.Resources[i]
+		if r.Directory != "" {
+			dirs[r.Directory] = r
+			if r.Data {
+				data = append(data, r.Directory)
+			}
+		}
+	}
+	said := map[string]bool{}
+	for _, r := range m.Resources {
+		for _, mt := range r.Typed.Mounts {
+			d, ok := dirs[mt.Source]
+			if !ok || said[mt.Source] {
+				continue
+			}
+			said[mt.Source] = true
+			if d.Owner == "" || d.Mode == "" {
+				problems = append(problems, fmt.Sprintf("directory %s is mounted by %s but does not declare its owner and mode; write owner: \"UID:GID\" and mode: \"0750\" (as the container sees them), or the runtime's root and 0755 become a mode nobody chose", mt.Source, r.Name()))
+			}
+			if !mt.ReadOnly && !d.Data {
+				warnings = append(warnings, fmt.Sprintf("%s mounts %s writable, and it is not data: what it writes there is in no backup and not kept as data; add data: true to the directory if it holds what the module keeps, or mount it :ro", r.Name(), mt.Source))
+			}
+		}
+	}
+	return data, warnings, problems
 }

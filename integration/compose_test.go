@@ -48,9 +48,9 @@ func TestComposeImportBed(t *testing.T) {
 	root := filepath.Join(n[1].h.dir, "srv")
 	out := n[1].run("import", "compose", filepath.Join(dir, "compose.yaml"), "--output", filepath.Join(dir, "mesh"), "--root", root)
 	for _, want := range []string{
-		"bedcclient: named volume pages -> directory " + root + "/bedproj-bedcclient/pages",
+		"bedcclient: named volume pages -> data directory " + root + "/bedproj-bedcclient/pages",
 		"bedcweb: expose 18083 -> published at 18083 on the node, where the name bedcweb answers",
-		"bedcweb: bind mount of the directory " + dir + "/site -> directory " + root + "/bedproj-bedcweb/site",
+		"bedcweb: bind mount of the directory " + dir + "/site -> data directory " + root + "/bedproj-bedcweb/site",
 		"wrote 2 manifests for project bedproj",
 	} {
 		if !strings.Contains(out, want) {

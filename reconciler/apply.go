@@ -395,21 +395,21 @@ func (x *run) directory(res state.Resource) state.ResourceReport {
 	case dirMake:
 		// Recorded before it is made: only a directory the mesh created is the
 		// mesh's to remove later, and a crash after mkdir must not forget it.
-		if err := x.r.ledger.Put(res.Name, PathEntry{Kind: res.Kind, Module: res.Module}); err != nil {
+		if err := x.r.ledger.Put(res.Name, PathEntry{Kind: res.Kind, Module: res.Module, Data: res.Decl.Data}); err != nil {
 			return report(res, state.Failed, err.Error())
 		}
 	case dirTakeOver:
 		// Its owner and mode are recorded before they change, to be put
 		// back; the directory itself is never the mesh's to remove.
 		orig := &Original{UID: have.uid, GID: have.gid, Mode: have.mode}
-		if err := x.r.ledger.Put(res.Name, PathEntry{Kind: res.Kind, Module: res.Module, Original: orig}); err != nil {
+		if err := x.r.ledger.Put(res.Name, PathEntry{Kind: res.Kind, Module: res.Module, Original: orig, Data: res.Decl.Data}); err != nil {
 			return report(res, state.Failed, err.Error())
 		}
 		note = fmt.Sprintf("taken over; its owner and mode before (%d:%d %04o) are put back when the module lets go of it", have.uid, have.gid, have.mode)
 	case dirOurs:
-		if entry.Module != res.Module {
+		if entry.Module != res.Module || entry.Data != res.Decl.Data {
 			e := *entry
-			e.Module = res.Module
+			e.Module, e.Data = res.Module, res.Decl.Data
 			if err := x.r.ledger.Put(res.Name, e); err != nil {
 				return report(res, state.Failed, err.Error())
 			}
@@ -1102,6 +1102,26 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	wg.Wait()
 	crash.rethrow()
 	out = append(out, removed...)
+	// A module whose container is not gone keeps its data, purge or not.
+	running := map[string]bool{}
+	for _, rr := range removed {
+		if rr.Outcome == state.Failed {
+			running[rr.Module] = true
+		}
+	}
+	purge := map[string]string{}
+	for _, pg := range plan.Purge {
+		purge[pg.Path] = pg.Module
+		if _, ok := x.r.ledger.Paths[pg.Path]; !ok && !paths[pg.Path] {
+			if have, err := look(pg.Path); err == nil && have.exists && x.r.kept[pg.Path] == "" {
+				rr := state.ResourceReport{Module: pg.Module, Kind: manifest.KindDirectory, Name: pg.Path, Outcome: state.Kept,
+					Reason: "--purge-data: the mesh did not make it (it was there before), so it does not remove it"}
+				x.r.kept[pg.Path] = rr.Reason
+				x.r.logLine(rr)
+				out = append(out, rr)
+			}
+		}
+	}
 	var gone []string
 	for p := range x.r.ledger.Paths {
 		if !paths[p] {
@@ -1112,7 +1132,12 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	seen := map[string]bool{}
 	for _, p := range gone {
 		e := x.r.ledger.Paths[p]
-		rr := x.removePath(p, e)
+		var rr state.ResourceReport
+		if m, ok := purge[p]; ok && e.Data && e.Kind == manifest.KindDirectory && m == e.Module && !running[m] {
+			rr = x.purgePath(p, e)
+		} else {
+			rr = x.removePath(p, e)
+		}
 		if rr.Outcome == state.Removed || rr.Outcome == state.Restored {
 			if err := x.r.ledger.Drop(p); err != nil {
 				rr.Outcome, rr.Reason = state.Failed, err.Error()
@@ -1166,6 +1191,25 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	return out
 }
 
+// purgePath removes a data directory the mesh made, with everything in it
+// (mesh unassign --purge-data), following no link: a link inside is removed,
+// never what it points at. Cut short (a kill, a full disk), the ledger still
+// holds it and the next apply goes on.
+func (x *run) purgePath(p string, e PathEntry) state.ResourceReport {
+	rr := state.ResourceReport{Module: e.Module, Kind: e.Kind, Name: p}
+	if msg := x.r.refusedPath(p); msg != "" {
+		rr.Outcome, rr.Reason = state.Kept, msg
+		return rr
+	}
+	n, err := purgeDir(p)
+	if err != nil {
+		rr.Outcome, rr.Reason = state.Failed, "--purge-data: "+err.Error()
+		return rr
+	}
+	rr.Outcome, rr.Reason = state.Removed, fmt.Sprintf("purged with its %d entries (mesh unassign --purge-data)", n)
+	return rr
+}
+
 // removePath removes one path the mesh made and no longer wants, or puts
 // back the original of a file it took over.
 func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
@@ -1178,6 +1222,12 @@ func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 	var kept string
 	var err error
 	switch {
+	case e.Kind == manifest.KindDirectory && e.Data:
+		// A module's data: never the mesh's to remove, even empty (issue
+		// 30). A taken-over one keeps the owner and mode the module gave
+		// it, with its data.
+		rr.Outcome, rr.Reason = state.Kept, "a data directory of "+e.Module+": the mesh never removes one; mesh unassign NODE "+e.Module+" --purge-data removes it"
+		return rr
 	case e.Kind == manifest.KindDirectory && e.Original != nil:
 		// Taken over: it was there before, and gets its owner and mode back.
 		if err := restoreOwnerMode(p, e.Original.UID, e.Original.GID, e.Original.Mode); err != nil {

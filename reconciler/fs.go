@@ -355,3 +355,84 @@ func restoreOwnerMode(path string, uid, gid int, mode uint32) error {
 	_, err = fixOwnerMode(fd, uid, gid, mode)
 	return err
 }
+
+// purgeDir removes the directory path and everything in it, following no
+// link (path's own components included: safefs.OpenParent refuses a link),
+// and says how many entries it removed. A tree nested past maxPurgeDepth is
+// an error, not a stack of open directories.
+func purgeDir(path string) (int, error) {
+	dfd, base, err := safefs.OpenParent(path)
+	if errors.Is(err, unix.ENOENT) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(dfd)
+	var st unix.Stat_t
+	if err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); errors.Is(err, unix.ENOENT) {
+		return 0, nil
+	} else if err != nil {
+		return 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return 0, fmt.Errorf("%s is no longer a directory; the mesh removes only the directory it made", path)
+	}
+	n, err := removeTree(dfd, base, 0)
+	if err != nil {
+		return n, err
+	}
+	if err := unix.Fsync(dfd); err != nil {
+		return n, fmt.Errorf("sync directory of %s: %w", path, err)
+	}
+	return n, nil
+}
+
+const maxPurgeDepth = 256
+
+// removeTree removes name in dfd: a file or a link is unlinked, a directory
+// emptied first, each opened with O_NOFOLLOW relative to its parent.
+func removeTree(dfd int, name string, depth int) (int, error) {
+	err := unix.Unlinkat(dfd, name, 0)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return 0, nil
+	}
+	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
+		return 0, fmt.Errorf("remove %s: %w", name, err)
+	}
+	if depth >= maxPurgeDepth {
+		return 0, fmt.Errorf("nested more than %d directories deep; remove the rest by hand", maxPurgeDepth)
+	}
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("open %s: %w", name, err)
+	}
+	d := os.NewFile(uintptr(fd), name)
+	defer d.Close()
+	n := 0
+	// Read whole, then removed, until it reads empty: a directory read
+	// while entries go may skip some.
+	for {
+		if _, err := d.Seek(0, io.SeekStart); err != nil {
+			return n, fmt.Errorf("read %s: %w", name, err)
+		}
+		names, err := d.Readdirnames(-1)
+		if err != nil {
+			return n, fmt.Errorf("read %s: %w", name, err)
+		}
+		if len(names) == 0 {
+			break
+		}
+		for _, c := range names {
+			m, err := removeTree(int(d.Fd()), c, depth+1)
+			n += m + 1
+			if err != nil {
+				return n, fmt.Errorf("%s/%w", name, err)
+			}
+		}
+	}
+	if err := unix.Unlinkat(dfd, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		return n, fmt.Errorf("remove %s: %w", name, err)
+	}
+	return n, nil
+}

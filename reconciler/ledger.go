@@ -54,6 +54,9 @@ type PathEntry struct {
 	// Original is set when the mesh took over a file it did not write: the
 	// original bytes are kept aside and put back when the module lets go.
 	Original *Original `json:"original,omitempty"`
+	// Data marks a directory its module declares as data: kept when the
+	// module goes, even empty, until an unassign with --purge-data.
+	Data bool `json:"data,omitempty"`
 }
 
 // Original is a file that was there before the mesh took it over.

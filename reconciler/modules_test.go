@@ -36,7 +36,7 @@ func TestUnrelatedModulesOverlap(t *testing.T) {
 	b.in.Assignments = append(b.in.Assignments, state.Assignment{Node: "ace", Module: "solo1"}, state.Assignment{Node: "ace", Module: "solo2"})
 	var srcs []string
 	for _, src := range []string{appTmpl, dbTmpl} {
-		srcs = append(srcs, strings.ReplaceAll(strings.ReplaceAll(src, "{{d}}", b.dir), "{{gate}}", ""))
+		srcs = append(srcs, strings.NewReplacer("{{d}}", b.dir, "{{gate}}", "", "{{data}}", "").Replace(src))
 	}
 	srcs = append(srcs, solo(b.dir, "solo1"), solo(b.dir, "solo2"))
 	plan := composeAce(t, &b.in, srcs)
@@ -115,7 +115,7 @@ resources:
 `
 	var srcs []string
 	for _, src := range []string{appTmpl, dbTmpl} {
-		srcs = append(srcs, strings.NewReplacer("{{d}}", dir, "{{content}}", "x", "{{stepcmd}}", "true", "{{gate}}", "").Replace(src))
+		srcs = append(srcs, strings.NewReplacer("{{d}}", dir, "{{content}}", "x", "{{stepcmd}}", "true", "{{gate}}", "", "{{data}}", "").Replace(src))
 	}
 	srcs = append(srcs, solo(dir, "solo1"), nested, reader)
 	plan := composeAce(t, &in, srcs)

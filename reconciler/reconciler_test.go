@@ -232,7 +232,7 @@ resources:
     mode: "0750"
   - directory: {{d}}/app/data
     owner: "1000:1000"
-    mode: "0750"
+    mode: "0750"{{data}}
   - file: {{d}}/app/app.ini
     mode: "0640"
     content: "{{content}}"
@@ -273,7 +273,7 @@ type bed struct {
 
 func newBed(t *testing.T) *bed {
 	b := &bed{t: t, dir: t.TempDir(), rt: newFake(), secret: "s3cret",
-		vars: map[string]string{"content": "x = 1", "stepcmd": "true", "gate": ""}}
+		vars: map[string]string{"content": "x = 1", "stepcmd": "true", "gate": "", "data": ""}}
 	r, err := New(Config{
 		Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(b.dir, "ledger.json"),
 		Secret: func(ctx context.Context, p state.Pair) (string, error) { return b.secret, nil },
@@ -463,6 +463,122 @@ func TestUnassignKeepsForeignData(t *testing.T) {
 	b.apply()
 	if _, err := os.Stat(filepath.Join(b.dir, "app")); !os.IsNotExist(err) {
 		t.Fatalf("app dir still there: %v", err)
+	}
+}
+
+// Issue 30: a directory declared as data is never removed when its module
+// goes, even empty, and stays the module's in the ledger; the module's other
+// directories go as before, and it is the module's again when it comes back.
+func TestUnassignKeepsDataDirectories(t *testing.T) {
+	b := newBed(t)
+	b.vars["data"] = "\n    data: true"
+	b.apply()
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	for range 2 {
+		rep := b.apply()
+		if kept := outcome(rep, b.dir+"/app/data"); kept.Outcome != state.Kept && kept.Outcome != "" || kept.Outcome == state.Kept && !strings.Contains(kept.Reason, "a data directory of app: the mesh never removes one; mesh unassign NODE app --purge-data removes it") {
+			t.Fatalf("data dir: %+v", kept)
+		}
+		if st, err := os.Stat(filepath.Join(b.dir, "app/data")); err != nil || !st.IsDir() {
+			t.Fatalf("the empty data directory went: %v", err)
+		}
+	}
+	if o := outcome(b.apply(), b.dir+"/app/app.ini"); o.Outcome == state.Removed {
+		t.Fatalf("app.ini removed twice: %+v", o)
+	}
+	if _, err := os.Stat(filepath.Join(b.dir, "app/app.ini")); !os.IsNotExist(err) {
+		t.Fatalf("app.ini, not data, is still there: %v", err)
+	}
+	if e := b.r.ledger.Paths[b.dir+"/app/data"]; !e.Data || e.Module != "app" {
+		t.Fatalf("the ledger forgot the data directory: %+v", e)
+	}
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "app"}, {Node: "ace", Module: "db"}}
+	rep := b.apply()
+	if o := outcome(rep, b.dir+"/app/data"); o.Outcome != state.Unchanged {
+		t.Fatalf("the data directory when app comes back: %+v", o)
+	}
+	// Declared no longer as data, it goes as any directory the mesh made.
+	b.vars["data"] = ""
+	b.apply()
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.apply()
+	if _, err := os.Stat(filepath.Join(b.dir, "app")); !os.IsNotExist(err) {
+		t.Fatalf("app dir still there: %v", err)
+	}
+}
+
+// mesh unassign --purge-data: the data directory goes with all it holds,
+// once the module's containers are gone, following no link (a link to a
+// file outside is removed, the file kept); a directory the mesh did not
+// make is named and kept; assigned again, nothing is purged.
+func TestPurgeData(t *testing.T) {
+	b := newBed(t)
+	b.vars["data"] = "\n    data: true"
+	b.apply()
+	data := filepath.Join(b.dir, "app/data")
+	outside := filepath.Join(t.TempDir(), "shadow")
+	os.WriteFile(outside, []byte("keep me"), 0o600)
+	os.MkdirAll(filepath.Join(data, "a/b/c"), 0o755)
+	os.WriteFile(filepath.Join(data, "a/b/c/f"), []byte("x"), 0o600)
+	os.Symlink(outside, filepath.Join(data, "link"))
+	os.Symlink(filepath.Dir(outside), filepath.Join(data, "a/dirlink"))
+	foreign := filepath.Join(b.dir, "foreign")
+	os.Mkdir(foreign, 0o755)
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.in.Purges = map[string][]state.Purge{"ace": {{Module: "app", Path: data}, {Module: "app", Path: foreign}}}
+	rep := b.apply()
+	if o := outcome(rep, data); o.Outcome != state.Removed || !strings.Contains(o.Reason, "purged with its 6 entries") {
+		t.Fatalf("the purged data directory: %+v", o)
+	}
+	if _, err := os.Lstat(data); !os.IsNotExist(err) {
+		t.Fatalf("the data directory is still there: %v", err)
+	}
+	if b, err := os.ReadFile(outside); err != nil || string(b) != "keep me" {
+		t.Fatalf("a link was followed: %q %v", b, err)
+	}
+	if o := outcome(rep, foreign); o.Outcome != state.Kept || !strings.Contains(o.Reason, "the mesh did not make it") {
+		t.Fatalf("a directory the mesh did not make: %+v", o)
+	}
+	if _, err := os.Stat(foreign); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.r.ledger.Paths[data]; ok {
+		t.Fatal("the ledger still holds the purged directory")
+	}
+	// Assigned again (the FSM drops the purge then; the plan must hold
+	// none), its data directory is made again and left alone.
+	b.in.Purges = nil
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "app"}, {Node: "ace", Module: "db"}}
+	b.apply()
+	os.WriteFile(filepath.Join(data, "new"), []byte("y"), 0o600)
+	b.in.Purges = map[string][]state.Purge{"ace": {{Module: "app", Path: data}}}
+	if plan := b.plan(); len(plan.Purge) != 0 {
+		t.Fatalf("a plan purges the data of a module it runs: %+v", plan.Purge)
+	}
+	b.apply()
+	if _, err := os.Stat(filepath.Join(data, "new")); err != nil {
+		t.Fatalf("the data of a module that runs was purged: %v", err)
+	}
+}
+
+// A container that does not go keeps its module's data, purge or not.
+func TestPurgeWaitsForTheContainers(t *testing.T) {
+	b := newBed(t)
+	b.vars["data"] = "\n    data: true"
+	b.apply()
+	data := filepath.Join(b.dir, "app/data")
+	os.WriteFile(filepath.Join(data, "db"), []byte("x"), 0o600)
+	b.rt.removeErr = errors.New("podman is down")
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.in.Purges = map[string][]state.Purge{"ace": {{Module: "app", Path: data}}}
+	b.apply()
+	if _, err := os.Stat(filepath.Join(data, "db")); err != nil {
+		t.Fatalf("purged while its container runs: %v", err)
+	}
+	b.rt.removeErr = nil
+	b.apply()
+	if _, err := os.Lstat(data); !os.IsNotExist(err) {
+		t.Fatalf("not purged once the containers went: %v", err)
 	}
 }
 

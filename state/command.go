@@ -60,7 +60,12 @@ const (
 // a manifest that rolls out, which keeps the module's history.
 // 11, a manifest with a container's tty:, init:, pids-limit: or group-add:
 // (containerKeysFormat).
-const CommandVersion = 11
+// 12, a manifest with a data directory (data: true, dataFormat): an older
+// node would remove it, empty, when the module goes.
+const CommandVersion = 12
+
+// dataFormat is the format of a manifest that marks a directory as data.
+const dataFormat = 12
 
 // containerKeysFormat is the format of a manifest that declares a
 // container's (or step's) tty:, init:, pids-limit: or group-add:.
@@ -339,10 +344,18 @@ type AssignRequest struct {
 	Secrets []Secret `json:"secrets,omitempty"`
 }
 
-// UnassignRequest takes a module off a node.
+// UnassignRequest takes a module off a node. PurgeData lists the module's
+// data directories the operator confirmed the node removes, with all they
+// hold, once the module's containers are gone (issue 30): each must be one
+// of the module's data directories.
 type UnassignRequest struct {
 	Assignment
+	PurgeData []string `json:"purge_data,omitempty"`
 }
+
+// A purge needs format 12: an older replica would not record it, and its
+// state would differ from the others'.
+func (r *UnassignRequest) formatNeeded() int { return iff(len(r.PurgeData) > 0, dataFormat) }
 
 // ReportRequest is what a node says it last applied.
 type ReportRequest struct {
@@ -428,10 +441,17 @@ func specFormat(sp ModuleSpec) int {
 	if sp.Manifest == nil {
 		return 0
 	}
+	format := 0
 	for _, r := range sp.Manifest.Resources {
-		if r.TTY || r.Init || r.PidsLimit != nil || r.GroupAdd != nil {
-			return containerKeysFormat
+		if r.Data {
+			return dataFormat
 		}
+		if r.TTY || r.Init || r.PidsLimit != nil || r.GroupAdd != nil {
+			format = containerKeysFormat
+		}
+	}
+	if format != 0 {
+		return format
 	}
 	if manifestNeedsEdge(sp.Manifest) {
 		return edgeFormat

@@ -84,6 +84,16 @@ type Input struct {
 	// index it keeps while a pull's rollout has not reached it.
 	Held      map[HeldKey]*manifest.Manifest
 	HeldPulls map[HeldKey]uint64
+	// Purges lists, per node, the data directories an unassign
+	// --purge-data asked it to remove (issue 30).
+	Purges map[string][]Purge
+}
+
+// Purge is a data directory a node removes, with all it holds, while its
+// module is not assigned there.
+type Purge struct {
+	Module string `json:"module"`
+	Path   string `json:"path"`
 }
 
 // Name is one roster entry: a DNS name, the address it answers with, and the
@@ -146,6 +156,10 @@ type Plan struct {
 	// (not their public ports): its overlay address, its mesh address when
 	// the overlay is off, or every interface when empty (overlay.go).
 	PublishAddress string `json:"publish_address,omitempty"`
+	// Purge is the data directories the node removes, with all they hold,
+	// once the containers of their module are gone (mesh unassign
+	// --purge-data); never one a module the node runs declares.
+	Purge []Purge `json:"purge,omitempty"`
 }
 
 // Digest is the sha256 of the plan's canonical JSON.
@@ -378,6 +392,15 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			if err != nil {
 				return nil, nil, fmt.Errorf("%s: routes-file %s: %w", res.Module, res.Name, err)
 			}
+		}
+	}
+	// Data an unassign --purge-data asked the node to remove: never a path
+	// (or one inside or around a path) a module the node runs declares.
+	for _, pg := range in.Purges[n.Name] {
+		if !slices.ContainsFunc(plan.Resources, func(r Resource) bool {
+			return manifest.Within(r.Name, pg.Path) || manifest.Within(pg.Path, r.Name) && r.Kind == manifest.KindDirectory && r.Decl.Data
+		}) {
+			plan.Purge = append(plan.Purge, pg)
 		}
 	}
 	return plan, roster, nil

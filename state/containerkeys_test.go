@@ -49,3 +49,20 @@ func TestContainerKeysFormat(t *testing.T) {
 		t.Fatalf("stored: %+v", r)
 	}
 }
+
+// A manifest with a data directory needs format 12: an older node would
+// remove the directory, empty, when the module goes (issue 30).
+func TestDataFormat(t *testing.T) {
+	src := func(extra string) string {
+		return "module: dk\nresources:\n  - directory: /srv/dk\n    owner: \"0:0\"\n    mode: \"0750\"\n" + extra + "  - container: dk.app\n    image: b:1\n    tty: true\n"
+	}
+	if v := NewCommand(&ModuleAddRequest{Modules: []ModuleSpec{spec("dk.yaml", src(""))}}).V; v != containerKeysFormat {
+		t.Errorf("without data: format %d, want %d", v, containerKeysFormat)
+	}
+	if v := NewCommand(&ModuleAddRequest{Modules: []ModuleSpec{spec("dk.yaml", src("    data: true\n"))}}).V; v != dataFormat {
+		t.Errorf("with data: format %d, want %d", v, dataFormat)
+	}
+	if dataFormat > CommandVersion {
+		t.Fatalf("this binary writes format %d and applies up to %d", dataFormat, CommandVersion)
+	}
+}

@@ -589,6 +589,11 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 	if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, ap.index); err != nil {
 		return false, err
 	}
+	// Assigned again, its data is its own again: a purge asked before is
+	// not done now.
+	if err := exec(tx, `DELETE FROM purges WHERE node = ? AND module = ?`, a.Node, a.Module); err != nil {
+		return false, err
+	}
 	if err := ap.checkHosts(clashes); err != nil {
 		return false, err
 	}
@@ -613,6 +618,28 @@ func (ap *applier) unassign(r *UnassignRequest) (bool, error) {
 			return false, err
 		}
 		return false, ruleErr(ErrNotFound, "module %q is not assigned to node %q (%s)", a.Module, a.Node, known)
+	}
+	if len(r.PurgeData) > 0 {
+		cat, err := ap.catalogue()
+		if err != nil {
+			return false, err
+		}
+		data := map[string]bool{}
+		if m := cat[a.Module]; m != nil {
+			for _, res := range m.Resources {
+				if res.Directory != "" && res.Data {
+					data[res.Directory] = true
+				}
+			}
+		}
+		for _, p := range r.PurgeData {
+			if !data[p] {
+				return false, ruleErr(ErrInvalid, "--purge-data: %q is not a data directory of module %q; nothing was changed", p, a.Module)
+			}
+			if err := exec(tx, `INSERT INTO purges (node, module, path, idx) VALUES (?, ?, ?, ?) ON CONFLICT (node, path) DO UPDATE SET module = excluded.module, idx = excluded.idx`, a.Node, a.Module, p, ap.index); err != nil {
+				return false, err
+			}
+		}
 	}
 	if err := exec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module); err != nil {
 		return false, err
@@ -921,6 +948,19 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 		return in, err
 	}
 	if in.Held, in.HeldPulls, err = heldBack(q); err != nil {
+		return in, err
+	}
+	in.Purges = map[string][]Purge{}
+	err = eachRow(ctx, q, "purges", `SELECT node, module, path FROM purges ORDER BY node, path`, func(rows *sql.Rows) error {
+		var node string
+		var p Purge
+		if err := rows.Scan(&node, &p.Module, &p.Path); err != nil {
+			return err
+		}
+		in.Purges[node] = append(in.Purges[node], p)
+		return nil
+	})
+	if err != nil {
 		return in, err
 	}
 	err = eachRow(ctx, q, "pulls", `SELECT module, idx FROM pulls`, func(rows *sql.Rows) error {

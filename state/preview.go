@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -261,10 +262,15 @@ func PlanActions(old, new *Plan) []Action {
 			continue
 		}
 		a := Action{Do: "remove", Kind: r.Kind, Name: r.Name, Module: r.Module}
-		switch r.Kind {
-		case manifest.KindDirectory:
+		purged := new != nil && slices.ContainsFunc(new.Purge, func(p Purge) bool { return p.Path == r.Name && p.Module == r.Module })
+		switch {
+		case r.Kind == manifest.KindDirectory && r.Decl.Data && purged:
+			a.Do, a.Why = "purge", "a data directory: removed with everything in it (--purge-data), once the module's containers are gone"
+		case r.Kind == manifest.KindDirectory && r.Decl.Data:
+			a.Do, a.Why = "keep", "a data directory: never removed, even empty (mesh unassign --purge-data removes it)"
+		case r.Kind == manifest.KindDirectory:
 			a.Why = "kept if it holds anything the mesh did not put there"
-		case manifest.KindStep:
+		case r.Kind == manifest.KindStep:
 			a.Why = "its run marker goes; it runs again if declared again"
 		}
 		gone = append(gone, a)

@@ -162,6 +162,11 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 	if err := exec(tx, `DELETE FROM module_history`); err != nil {
 		return false, err
 	}
+	// Nor does a purge: the snapshot's assignments say what runs, and a
+	// data directory is removed only when an operator asks after it.
+	if err := exec(tx, `DELETE FROM purges`); err != nil {
+		return false, err
+	}
 	if err := exec(tx, `DELETE FROM modules`); err != nil {
 		return false, err
 	}

@@ -278,6 +278,15 @@ var migrations = []string{
 		from_pull INTEGER NOT NULL DEFAULT 0,
 		to_pull INTEGER NOT NULL DEFAULT 0
 	 );`,
+	// 16: data directories an unassign --purge-data asked a node to
+	// remove (issue 30), until the module is assigned there again.
+	`CREATE TABLE purges (
+		node TEXT NOT NULL,
+		module TEXT NOT NULL,
+		path TEXT NOT NULL,
+		idx INTEGER NOT NULL,
+		PRIMARY KEY (node, path)
+	 );`,
 }
 
 func (s *Store) migrate() error {

@@ -227,6 +227,13 @@ func (c *Client) Assign(ctx context.Context, op, node, module string) (WriteResu
 	return r, c.do(ctx, "POST", "/v1/"+op, map[string]string{"node": node, "module": module}, &r)
 }
 
+// Unassign takes module off node; purge names the module's data
+// directories the node removes with all they hold (--purge-data).
+func (c *Client) Unassign(ctx context.Context, node, module string, purge []string) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "POST", "/v1/unassign", map[string]any{"node": node, "module": module, "purge_data": purge}, &r)
+}
+
 // PublicDomain sets a node's public domains (none clears them), or adds or
 // removes those of req.
 func (c *Client) PublicDomain(ctx context.Context, node string, req DomainRequest) (WriteResult, error) {

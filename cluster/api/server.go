@@ -884,13 +884,17 @@ func (a *API) removeModule(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) assign(op string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var req state.Assignment
-		if err := decode(r, &req); err != nil {
+		var body struct {
+			state.Assignment
+			PurgeData []string `json:"purge_data,omitempty"`
+		}
+		if err := decode(r, &body); err != nil {
 			fail(w, err)
 			return
 		}
+		req := body.Assignment
 		if op == state.OpUnassign {
-			a.write(w, r, &state.UnassignRequest{Assignment: req})
+			a.write(w, r, &state.UnassignRequest{Assignment: req, PurgeData: body.PurgeData})
 			return
 		}
 		// The proposer seals a secret for each credential the assign makes

@@ -41,6 +41,21 @@ func TestImportCorpus(t *testing.T) {
 					t.Fatalf("%s does not pass mesh check: %v\n%s", m.File, err, m.Text)
 				}
 				parsed[pm.Module] = pm
+				// Every directory a container mounts declares its owner
+				// and mode (mesh check refuses it otherwise).
+				dirs := map[string]manifest.Resource{}
+				for _, r := range pm.Resources {
+					if r.Directory != "" {
+						dirs[r.Directory] = r
+					}
+				}
+				for _, r := range pm.Resources {
+					for _, mt := range r.Typed.Mounts {
+						if d, ok := dirs[mt.Source]; ok && (d.Owner == "" || d.Mode == "") {
+							t.Errorf("%s: %s mounts %s, which declares no owner or mode", m.File, r.Name(), mt.Source)
+						}
+					}
+				}
 			}
 			for _, pm := range parsed {
 				if err := manifest.CheckProvidersOffline(pm, func(n string) (*manifest.Manifest, bool) { p, ok := parsed[n]; return p, ok }); err != nil {

@@ -656,8 +656,8 @@ func (w *writer) volume(v types.ServiceVolumeConfig) {
 		p, fresh := w.path("volume "+v.Source, safeBase(v.Source))
 		if fresh {
 			owner, mode := w.dirOwner(v.Target)
-			w.res("directory", p, "owner", owner, "mode", mode)
-			w.note(NoteCarried, "named volume %s -> directory %s (owner %s, mode %s)", v.Source, p, owner, mode)
+			w.res("directory", p, "owner", owner, "mode", mode, "data", true)
+			w.note(NoteCarried, "named volume %s -> data directory %s (owner %s, mode %s; kept when the module goes)", v.Source, p, owner, mode)
 			w.volumeKind(v.Source, p)
 		}
 		if v.Volume != nil && v.Volume.Subpath != "" {
@@ -670,7 +670,7 @@ func (w *writer) volume(v types.ServiceVolumeConfig) {
 				q := filepath.Join(p, sub)
 				if w.paths[q] == "" {
 					w.paths[q] = "volume " + v.Source + " subpath " + sub
-					w.res("directory", q, "owner", w.owner, "mode", "0750")
+					w.res("directory", q, "owner", w.owner, "mode", "0750", "data", true)
 					w.note(NoteCarried, "volume %s subpath %s -> directory %s", v.Source, sub, q)
 				}
 				p = q
@@ -708,11 +708,11 @@ func (w *writer) volume(v types.ServiceVolumeConfig) {
 		p, fresh := w.path("bind "+src, safeBase(src))
 		if fresh {
 			owner, mode := w.dirOwner(v.Target)
-			w.res("directory", p, "owner", owner, "mode", mode)
+			w.res("directory", p, "owner", owner, "mode", mode, "data", true)
 			if err == nil {
-				w.note(NoteAction, "bind mount of the directory %s -> directory %s (owner %s, mode %s); copy its contents there before the first start", v.Source, p, owner, mode)
+				w.note(NoteAction, "bind mount of the directory %s -> data directory %s (owner %s, mode %s); copy its contents there before the first start", v.Source, p, owner, mode)
 			} else {
-				w.note(NoteCarried, "bind mount %s (absent here) -> directory %s (owner %s, mode %s)", v.Source, p, owner, mode)
+				w.note(NoteCarried, "bind mount %s (absent here) -> data directory %s (owner %s, mode %s)", v.Source, p, owner, mode)
 			}
 		}
 		mount(p)

@@ -21,7 +21,7 @@ func TestImportRealWorldFiles(t *testing.T) {
 	notes := map[string][]string{
 		"nextcloud": {
 			"app: depends_on db (service_healthy) -> binding /srv/cloud-app/db.binding with healthy: true: the container starts once db's instance it points at passes its health check",
-			"app: named volume html -> directory /srv/cloud-app/html (owner 0:0, mode 0750)",
+			"app: named volume html -> data directory /srv/cloud-app/html (owner 0:0, mode 0750; kept when the module goes)",
 			"app: bind mount of the file ",
 			"app: env_file read into env",
 			"app: networks: dropped",
@@ -44,7 +44,7 @@ func TestImportRealWorldFiles(t *testing.T) {
 			"traefik: network_mode: host: dropped",
 			"whoami: deploy.replicas: dropped; assign the module to several nodes",
 			"whoami: extra_hosts: dropped",
-			"traefik: named volume letsencrypt -> directory /srv/edge-traefik/letsencrypt",
+			"traefik: named volume letsencrypt -> data directory /srv/edge-traefik/letsencrypt",
 		},
 	}
 	for _, name := range []string{"nextcloud", "gitea", "traefik"} {

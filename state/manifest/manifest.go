@@ -143,6 +143,10 @@ type Resource struct {
 	// back when the module no longer declares the file. Without it such a
 	// file makes the module fail, and nothing is written.
 	TakeOver bool `yaml:"take-over,omitempty" json:"take-over,omitempty" jsonschema:"description=Take over a file that exists and that the mesh did not write (its original is kept in the node's data dir), or a directory the mesh did not make whose owner or mode differ (they are recorded); either is put back when the module lets go of it"`
+	// Data, on a directory, marks it as the module's data (issue 30): what
+	// a person backs up. The mesh never removes a data directory, even
+	// empty, when the module goes: only mesh unassign --purge-data does.
+	Data bool `yaml:"data,omitempty" json:"data,omitempty" jsonschema:"description=On a directory: the module's data (what a person backs up); the mesh never removes it when the module goes (even empty) but for mesh unassign --purge-data"`
 
 	// Healthy, on a binding, holds the resources after it until the
 	// provider's instance it points at is healthy (a health gate).
@@ -485,7 +489,7 @@ var (
 
 // fields lists which optional keys each kind may carry.
 var fields = map[string][]string{
-	KindDirectory:  {"owner", "mode", "take-over"},
+	KindDirectory:  {"owner", "mode", "take-over", "data"},
 	KindFile:       {"owner", "mode", "content", "take-over"},
 	KindRoutesFile: {"owner", "mode", "template", "take-over"},
 	KindBinding:    {"owner", "mode", "provider", "take-over", "healthy"},
@@ -522,6 +526,7 @@ func (r *Resource) setFields() []string {
 	add("restart", r.Restart != "")
 	add("restart-on", r.RestartOn != nil)
 	add("take-over", r.TakeOver)
+	add("data", r.Data)
 	add("health", r.Health != nil)
 	add("pull", r.Pull != "")
 	add("user", r.User != "")

@@ -43,6 +43,7 @@ var (
 		"restart":      text,
 		"restart-on":   texts(`[/srv/web/app.ini]`),
 		"take-over":    flag,
+		"data":         flag,
 		"pull":         text,
 		"health":       healthShape,
 		"user":         text,
