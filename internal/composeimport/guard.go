@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -80,7 +81,7 @@ func guardFiles(file string, env []string, projectDir string, hostFiles bool) er
 		}
 	}
 	g := &guard{vars: vars, files: map[string]*guarded{}, project: projectDir, hostFiles: hostFiles}
-	if _, err := g.file(file, 0, false); err != nil {
+	if _, err := g.file(file, dir, 0, false); err != nil {
 		return err
 	}
 	if g.nodes > maxComposeNodes {
@@ -148,17 +149,27 @@ func regularFile(p, what string) error {
 // absolute host path, unless --copy-host-files asks for it.
 func insideProject(p, what, project string, hostFiles bool) error {
 	real, err := filepath.EvalSymlinks(p)
-	if err != nil {
+	if err != nil || project == "" || withinDir(real, project) {
 		return nil // absent: compose-go says whether that matters
 	}
-	if hostFiles || project == "" || withinDir(real, project) {
+	if named := namedAt(p); withinDir(named, project) {
+		// In the project by its name, out of it by a link: never followed.
+		return fmt.Errorf("%s %s leads out of the project's directory %s (to %s): the import follows no link out of it; copy the file into the project", what, p, project, real)
+	}
+	if hostFiles {
 		return nil
 	}
-	how := "is outside the project's directory " + project
-	if real != filepath.Clean(p) {
-		how = "leads out of the project's directory " + project + " (to " + real + ")"
+	return fmt.Errorf("%s %s is outside the project's directory %s: the import reads into manifests, which every node replicates, only the project's own files; copy it into the project, or pass --copy-host-files", what, p, project)
+}
+
+// namedAt is where p is by its name: its directory with links resolved, and
+// its last element as it is (a link there not followed).
+func namedAt(p string) string {
+	p = filepath.Clean(p)
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
+		return filepath.Join(dir, filepath.Base(p))
 	}
-	return fmt.Errorf("%s %s %s: the import reads into manifests, which every node replicates, only the project's own files; copy it into the project, or pass --copy-host-files", what, p, how)
+	return p
 }
 
 func withinDir(p, dir string) bool {
@@ -169,7 +180,7 @@ func withinDir(p, dir string) bool {
 // file walks one compose file and adds what it costs to g.nodes. A file
 // walked before costs again when again is set: compose-go loads an included
 // file for each include of it, but an extended one once.
-func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
+func (g *guard) file(file, base string, depth int, again bool) (*guarded, error) {
 	if done, seen := g.files[file]; seen {
 		if done != nil && again {
 			g.spend(done.cost)
@@ -214,7 +225,7 @@ func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
 	if g.over() {
 		return out, nil
 	}
-	dir := filepath.Dir(file)
+	dir := base // where the file's relative paths start (an include's project_directory)
 	resolve := func(p string) (string, bool) {
 		s, err := template.Substitute(p, g.lookup)
 		if err != nil || s == "" {
@@ -238,7 +249,10 @@ func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
 		}
 		return nil
 	}
-	nested := func(p any, what string, again bool) (*guarded, error) {
+	// nested walks a file an extends or include names: a regular file,
+	// inside the project (its values land in manifests as an env_file's
+	// do), from base.
+	nested := func(p any, what string, again bool, base string) (*guarded, error) {
 		s, ok := p.(string)
 		if !ok {
 			return nil, nil
@@ -247,9 +261,75 @@ func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
 			if err := regularFile(path, what); err != nil {
 				return nil, err
 			}
-			return g.file(path, depth+1, again)
+			if err := insideProject(path, what, g.project, g.hostFiles); err != nil {
+				return nil, err
+			}
+			if base == "" {
+				base = filepath.Dir(path)
+			}
+			return g.file(path, base, depth+1, again)
 		}
 		return nil, nil
+	}
+	// include walks one include entry: its files, interpolated with its
+	// env files (by default the .env of its project directory) under the
+	// includer's environment, each checked as the top file's .env is.
+	include := func(paths []any, projectDir any, envFiles []any) error {
+		incDir := ""
+		if pd, ok := projectDir.(string); ok && pd != "" {
+			p, ok := resolve(pd)
+			if !ok {
+				return nil
+			}
+			if err := insideProject(p, "project_directory of an include:", g.project, g.hostFiles); err != nil {
+				return err
+			}
+			incDir = p
+		} else if len(paths) > 0 {
+			if s, ok := paths[0].(string); ok {
+				if p, ok := resolve(s); ok {
+					incDir = filepath.Dir(p)
+				}
+			}
+		}
+		if envFiles == nil && incDir != "" {
+			if _, err := os.Lstat(filepath.Join(incDir, ".env")); err == nil {
+				envFiles = []any{filepath.Join(incDir, ".env")}
+			}
+		}
+		vars := maps.Clone(g.vars)
+		for _, e := range envFiles {
+			es, ok := e.(string)
+			if !ok {
+				continue
+			}
+			p, ok := resolve(es)
+			if !ok {
+				continue
+			}
+			if err := regularFile(p, "env_file of an include:"); err != nil {
+				return err
+			}
+			if err := insideProject(p, "env_file of an include:", g.project, g.hostFiles); err != nil {
+				return err
+			}
+			if m, err := dotenv.Read(p); err == nil {
+				for k, v := range m {
+					if _, set := vars[k]; !set {
+						vars[k] = v
+					}
+				}
+			}
+		}
+		saved := g.vars
+		g.vars = vars
+		defer func() { g.vars = saved }()
+		for _, p := range paths {
+			if _, err := nested(p, "include", true, incDir); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	for _, d := range docs {
 		// Small enough now to expand: at most maxComposeNodes nodes.
@@ -303,7 +383,7 @@ func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
 					}
 					base = b
 				} else {
-					other, err := nested(ext["file"], fmt.Sprintf("extends file of service %s:", name), false)
+					other, err := nested(ext["file"], fmt.Sprintf("extends file of service %s:", name), false, "")
 					if err != nil {
 						return 0, err
 					}
@@ -325,19 +405,12 @@ func (g *guard) file(file string, depth int, again bool) (*guarded, error) {
 		for _, inc := range includes {
 			switch v := inc.(type) {
 			case string:
-				if _, err := nested(v, "include", true); err != nil {
+				if err := include([]any{v}, nil, nil); err != nil {
 					return out, err
 				}
 			case map[string]any:
-				for _, p := range pathsOf(v["path"]) {
-					if _, err := nested(p, "include", true); err != nil {
-						return out, err
-					}
-				}
-				for _, p := range pathsOf(v["env_file"]) {
-					if err := check(p, "env_file of an include:"); err != nil {
-						return out, err
-					}
+				if err := include(pathsOf(v["path"]), v["project_directory"], pathsOf(v["env_file"])); err != nil {
+					return out, err
 				}
 			}
 		}

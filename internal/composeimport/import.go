@@ -26,6 +26,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
@@ -202,6 +203,9 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if err := checkRoot(opts.Root, proj.Name); err != nil {
 		return nil, err
 	}
+	if len(proj.Name) > 100 {
+		return nil, UsageError{fmt.Errorf("the project's name is %d characters; host paths are ROOT/PROJECT-MODULE, and a path's element is at most 255 bytes: give --project a shorter one (at most 100)", len(proj.Name))}
+	}
 	p := &project{opts: opts, proj: proj, dir: projectDir, res: &Result{Project: proj.Name}}
 	for _, w := range warnings {
 		p.res.Notes = append(p.res.Notes, Note{"compose", NoteAction, w})
@@ -304,6 +308,31 @@ func (p *project) run(ctx context.Context) (*Result, error) {
 				p.dependants[d] = append(p.dependants[d], n)
 			}
 		}
+		// A service named as a host in the environment or the command
+		// (DATABASE_URL: postgres://u@db/x) is reached too, depends_on or
+		// not.
+		named := map[string]bool{}
+		for k, v := range envOf(svc.Environment) {
+			p.hosts(k, v, n, named)
+		}
+		for _, args := range [][]string{svc.Entrypoint, svc.Command} {
+			for i := 1; i < len(args); i++ {
+				flag := ""
+				if strings.HasPrefix(args[i-1], "-") {
+					flag = args[i-1]
+				}
+				p.hosts(flag, args[i], n, named)
+			}
+		}
+		for _, d := range sortedKeys(named) {
+			if _, dep := svc.DependsOn[d]; !dep && d != n {
+				p.dependants[d] = append(p.dependants[d], n)
+			}
+		}
+	}
+	for d := range p.dependants {
+		slices.Sort(p.dependants[d])
+		p.dependants[d] = slices.Compact(p.dependants[d])
 	}
 	for _, n := range names {
 		m := p.modules[n]
@@ -340,6 +369,7 @@ type writer struct {
 	notes              []Note
 	copied             []string
 	owner              string
+	copiedBytes        int
 	image              Image // what the local Podman says of its image
 	inspected          bool
 	mounts, tmpfs      []string
@@ -433,7 +463,9 @@ func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
 		w.owner = ownerOf(w.image.User)
 		w.note(NoteCarried, "directories owned by %s, the user its image %s runs as", w.owner, svc.Image)
 	} else if w.owner == "0:0" {
-		if svc.User != "" {
+		if u, _, _ := strings.Cut(svc.User, ":"); u == "0" || u == "root" {
+			w.note(NoteCarried, "directories owned by 0:0, the service's user (root)")
+		} else if svc.User != "" {
 			w.note(NoteAction, "directories owned by 0:0: user %q is not numeric, so its ids are not known here; set owner if the image runs as another user", svc.User)
 		} else {
 			w.note(NoteAction, "directories owned by 0:0 (root in the container): the image's user is not known here; set owner if the image runs as another user")
@@ -479,14 +511,21 @@ func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
 	}
 	env := envOf(svc.Environment)
 	for _, k := range sortedKeys(env) {
+		if strings.ContainsRune(env[k], 0) {
+			w.note(NoteDropped, "environment %s: dropped; its value holds a NUL byte, which no process's environment can", k)
+			delete(env, k)
+			continue
+		}
 		if !manifest.ValidEnvKey(k) {
 			w.note(NoteDropped, "environment %s: dropped; %s", k, manifest.EnvKeyRule)
 			delete(env, k)
 			continue
 		}
-		if v := w.renameValue(env[k]); v != env[k] {
+		if v := w.renameValue(k, env[k]); v != env[k] {
 			w.note(NoteCarried, "environment %s: %q -> %q (the services' module names)", k, env[k], v)
 			env[k] = v
+		} else if m, ok := w.p.modules[v]; ok && w.p.renamed && m != v {
+			w.note(NoteAction, "environment %s is %q, the name of service %s, left as it is: if it is a host, write %s (the module's name)", k, v, v, m)
 		}
 	}
 	for _, k := range sortedKeys(env) {
@@ -522,8 +561,12 @@ func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
 			w.note(NoteDropped, "user %q: dropped; write USER[:GROUP]", svc.User)
 		}
 	}
-	if svc.WorkingDir != "" {
-		add("working-dir", svc.WorkingDir)
+	if wd := svc.WorkingDir; wd != "" {
+		if path.IsAbs(wd) {
+			add("working-dir", path.Clean(wd))
+		} else {
+			w.note(NoteDropped, "working_dir %q: dropped; it is not an absolute path (the image's own applies)", wd)
+		}
 	}
 	caps := func(key string, in []string) {
 		var out []string
@@ -570,7 +613,9 @@ func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
 	if len(svc.GroupAdd) > 0 {
 		var groups []string
 		for _, g := range svc.GroupAdd {
-			if manifest.ValidGroup(g) {
+			if g == "keep-groups" {
+				w.note(NoteDropped, "group_add keep-groups: dropped; it is Podman's own (rootless with crun), not a group: name the groups the process needs")
+			} else if manifest.ValidGroup(g) {
 				groups = append(groups, g)
 			} else {
 				w.note(NoteDropped, "group_add %q: dropped; write a group name or a numeric id", g)
@@ -587,7 +632,9 @@ func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
 			add("stop-signal", svc.StopSignal)
 		}
 	}
-	if g := svc.StopGracePeriod; g != nil {
+	if g := svc.StopGracePeriod; g != nil && time.Duration(*g) < 0 {
+		w.note(NoteDropped, "stop_grace_period %s: dropped; not a duration of 0s or more", time.Duration(*g))
+	} else if g != nil {
 		d := time.Duration(*g)
 		if d > 90*time.Second {
 			w.note(NoteCarried, "stop_grace_period %s: the mesh waits at most 90s; set to 90s", d)
@@ -598,8 +645,8 @@ func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
 	if len(svc.Labels) > 0 {
 		labels := map[string]string{}
 		for k, v := range svc.Labels {
-			if strings.HasPrefix(k, "mesh.") {
-				w.note(NoteDropped, "label %s: dropped (mesh. labels are the mesh's own)", k)
+			if strings.HasPrefix(k, "mesh.") || k == "" {
+				w.note(NoteDropped, "label %q: dropped (empty, or mesh. labels are the mesh's own)", k)
 				continue
 			}
 			labels[k] = v
@@ -625,17 +672,18 @@ func (w *writer) volume(v types.ServiceVolumeConfig) {
 		opts = append(opts, v.Bind.SELinux)
 	}
 	mount := func(p string) {
-		m := p + ":" + path.Clean(v.Target)
-		if len(opts) > 0 {
-			m += ":" + strings.Join(opts, ",")
-		}
-		if !slices.Contains(w.mounts, m) {
-			w.mounts = append(w.mounts, m)
-		}
+		w.mount(p, path.Clean(v.Target), opts)
 	}
 	if !path.IsAbs(v.Target) {
 		w.refuse("volume %s: its container path %q is not absolute; fix the compose file", v.Source, v.Target)
 		return
+	}
+	if badTarget(v.Target) {
+		w.note(NoteDropped, "volume %s at %q: not carried over; a mesh mount's container path may not hold ':', ',' or a newline", v.Source, v.Target)
+		return
+	}
+	if v.Bind != nil && !bool(v.Bind.CreateHostPath) && v.Type == types.VolumeTypeBind {
+		w.note(NoteCarried, "bind mount %s: create_host_path: false; the mesh makes the directory it declares all the same", v.Source)
 	}
 	if v.Bind != nil && v.Bind.Propagation != "" {
 		w.note(NoteDropped, "volume %s: bind propagation %s dropped; the mesh's mounts are private", v.Target, v.Bind.Propagation)
@@ -743,6 +791,9 @@ var dataOwners = []struct {
 }{
 	{"postgres", "", "/var/lib/postgresql/data", "999:999", "70:70", "0700"},
 	{"postgis", "", "/var/lib/postgresql/data", "999:999", "70:70", "0700"},
+	// postgres 18's volume is the parent; PGDATA is 18/docker under it.
+	{"postgres", "", "/var/lib/postgresql", "999:999", "70:70", "0750"},
+	{"postgis", "", "/var/lib/postgresql", "999:999", "70:70", "0750"},
 	{"mysql", "", "/var/lib/mysql", "999:999", "999:999", "0750"},
 	{"mariadb", "", "/var/lib/mysql", "999:999", "999:999", "0750"},
 	{"redis", "", "/data", "999:999", "999:1000", "0750"},
@@ -764,6 +815,33 @@ func (w *writer) dirOwner(target string) (owner, mode string) {
 		}
 	}
 	return w.owner, "0750"
+}
+
+// badTarget says whether a container path cannot be written in a mount
+// (HOST:CONTAINER[:OPTIONS]).
+func badTarget(t string) bool { return strings.ContainsAny(t, ":,\n") }
+
+// mount adds HOST:CONTAINER[:OPTIONS], once; one whose host path lies inside
+// (or around) another writable one of the service is dropped, said: a
+// container that can write the outer could swap the inner for a link.
+func (w *writer) mount(src, target string, opts []string) {
+	m := src + ":" + target
+	if len(opts) > 0 {
+		m += ":" + strings.Join(opts, ",")
+	}
+	if slices.Contains(w.mounts, m) {
+		return
+	}
+	ro := slices.Contains(opts, "ro")
+	for _, o := range w.mounts {
+		osrc, _, _ := strings.Cut(o, ":")
+		ors := strings.HasSuffix(o, ":ro") || strings.Contains(o, ":ro,")
+		if osrc != src && (manifest.Within(src, osrc) && !ors || manifest.Within(osrc, src) && !ro) {
+			w.note(NoteDropped, "mount %s at %s: dropped; it lies inside (or around) the writable mount %s, which the mesh refuses (mount one of them :ro, or mount only the outer)", src, target, o)
+			return
+		}
+	}
+	w.mounts = append(w.mounts, m)
 }
 
 // volumeKind says what a top-level volume's own settings meant, which a
@@ -809,7 +887,7 @@ func (w *writer) hostFile(what, src, p, owner, mode string) bool {
 	case err != nil:
 		w.note(NoteDropped, "%s: not carried over (%v)", what, err)
 		return false
-	case !inside && manifest.Within(filepath.Clean(src), w.p.dir):
+	case !inside && manifest.Within(namedAt(src), w.p.dir):
 		w.note(NoteDropped, "%s: a link leading out of the project's directory (to %s): not followed, not copied; copy the file into the project, or declare it as a file with its content", what, real)
 		return false
 	case !inside && !w.p.opts.CopyHostFiles:
@@ -822,7 +900,11 @@ func (w *writer) hostFile(what, src, p, owner, mode string) bool {
 		return false
 	}
 	if !isText(b) {
-		w.note(NoteDropped, "%s is not text: not carried over; declare it as a file or copy it into a declared directory", what)
+		w.note(NoteDropped, "%s is not text (UTF-8 without control characters): not carried over; declare it as a file or copy it into a declared directory", what)
+		return false
+	}
+	if !w.spend(len(b)) {
+		w.note(NoteDropped, "%s: not copied; the manifest's copied files would pass %d KiB (a manifest is at most 1 MiB): copy it into a declared directory", what, maxCopied>>10)
 		return false
 	}
 	w.res("file", p, "owner", owner, "mode", mode, "content", string(b))
@@ -852,7 +934,11 @@ func (w *writer) configs(svc types.ServiceConfig) {
 			}
 		}
 		if c.Mode != nil {
-			mode = fmt.Sprintf("%04o", uint32(*c.Mode)&0o7777)
+			mode = fmt.Sprintf("0%03o", uint32(*c.Mode)&0o7777)
+		}
+		if badTarget(target) {
+			w.note(NoteDropped, "config %s at %q: not carried over; a mesh mount's container path may not hold ':', ',' or a newline", c.Source, target)
+			continue
 		}
 		cfg := w.p.proj.Configs[c.Source]
 		p, fresh := w.path("config "+c.Source, safeBase(c.Source))
@@ -867,7 +953,7 @@ func (w *writer) configs(svc types.ServiceConfig) {
 				delete(w.sources, "config "+c.Source)
 				continue
 			}
-		case cfg.Content != "" && isText([]byte(cfg.Content)) && len(cfg.Content) <= 64<<10:
+		case cfg.Content != "" && isText([]byte(cfg.Content)) && len(cfg.Content) <= 64<<10 && w.spend(len(cfg.Content)):
 			w.res("file", p, "owner", owner, "mode", mode, "content", cfg.Content)
 			w.note(NoteCarried, "config %s -> file %s with its content (owner %s, mode %s)", c.Source, p, owner, mode)
 		default:
@@ -878,6 +964,19 @@ func (w *writer) configs(svc types.ServiceConfig) {
 		}
 		w.mounts = append(w.mounts, p+":"+path.Clean(target)+":ro")
 	}
+}
+
+// maxCopied bounds the bytes of files one manifest carries (copied files,
+// configs), under manifest.MaxSize with room for the rest and for escapes.
+const maxCopied = 512 << 10
+
+// spend takes n bytes of the manifest's budget for copied content.
+func (w *writer) spend(n int) bool {
+	if w.copiedBytes+n > maxCopied {
+		return false
+	}
+	w.copiedBytes += n
+	return true
 }
 
 // readSmall reads a regular file of at most max bytes, opened without
@@ -949,11 +1048,25 @@ func (w *writer) secrets(svc types.ServiceConfig) {
 		if !path.IsAbs(target) {
 			target = "/run/secrets/" + target
 		}
-		p := filepath.Join(dir, name)
-		if w.paths[p] != "" {
+		if badTarget(target) {
+			w.note(NoteDropped, "secret %s at %q: not carried over; a mesh mount's container path may not hold ':', ',' or a newline", s.Source, target)
 			continue
 		}
-		w.paths[p] = "secret " + s.Source
+		if p, ok := w.sources["secret "+s.Source]; ok {
+			// One secret at a second place: mounted there too.
+			w.mounts = append(w.mounts, p+":"+path.Clean(target)+":ro")
+			w.note(NoteCarried, "secret %s mounted at %s too", s.Source, path.Clean(target))
+			continue
+		}
+		p := filepath.Join(dir, name)
+		for i := 2; w.paths[p] != ""; i++ {
+			name = secretName(s.Source) + "-" + strconv.Itoa(i)
+			p = filepath.Join(dir, name)
+		}
+		if name != secretName(s.Source) {
+			w.note(NoteCarried, "secret %s is mesh secret %s: %s is another of its secrets' name", s.Source, name, secretName(s.Source))
+		}
+		w.paths[p], w.sources["secret "+s.Source] = "secret "+s.Source, p
 		owner := w.owner
 		if s.UID != "" || s.GID != "" {
 			u, g := s.UID, s.GID
@@ -1022,44 +1135,91 @@ func (w *writer) dependsOn(svc types.ServiceConfig) {
 	}
 }
 
-// rename replaces in a command the services' names that stand alone as
-// hosts with their modules' names, when they differ (--prefix, or a
-// service plausible_db that is module plausible-db); renameValue does it
-// for one value.
+// rename replaces, in a command, the hosts that name services whose module
+// is another name (--prefix, or a service plausible_db that is module
+// plausible-db): never its first word (a program), only a URL's host, a
+// HOST:PORT, and a word that follows a flag naming a host (-h, --host,
+// --redis-host).
 func (w *writer) rename(key string, args []string) []string {
-	if !w.p.renamed {
+	if !w.p.renamed || len(args) == 0 {
 		return args
 	}
-	out := make([]string, len(args))
-	for i, a := range args {
-		out[i] = w.renameValue(a)
-		if out[i] != a {
-			w.note(NoteCarried, "%s %q -> %q (the services' module names)", key, a, out[i])
+	out := slices.Clone(args)
+	for i := 1; i < len(args); i++ {
+		flag := ""
+		if strings.HasPrefix(args[i-1], "-") && !strings.Contains(args[i-1], "=") {
+			flag = args[i-1]
+		}
+		out[i] = w.p.hosts(flag, args[i], w.module, nil)
+		if out[i] != args[i] {
+			w.note(NoteCarried, "%s %q -> %q (the services' module names)", key, args[i], out[i])
 		}
 	}
 	return out
 }
 
-// hostRE finds a host in a value: the whole value, or after // or @ and
-// before :, /, ? or the end (postgres://u:p@db:5432/x, redis://redis).
-var hostRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$|(//|@)([A-Za-z0-9_.-]+)([:/?]|$)`)
-
-func (w *writer) renameValue(v string) string {
+// renameValue is rename for one environment value, its key saying whether
+// a lone word in it is a host (DB_HOST: db, REDIS_ADDR, *_SERVER).
+func (w *writer) renameValue(key, v string) string {
 	if !w.p.renamed {
 		return v
 	}
-	if m, ok := w.p.modules[v]; ok {
-		return m
+	return w.p.hosts(key, v, w.module, nil)
+}
+
+var (
+	// tokenRE is a word of a value: separated by spaces, commas or
+	// semicolons.
+	tokenRE = regexp.MustCompile(`[^\s,;]+`)
+	// urlRE is a URL's scheme and user part, then its host.
+	urlRE = regexp.MustCompile(`^([A-Za-z][A-Za-z0-9+.-]*://(?:[^@/?#]*@)?)([A-Za-z0-9_.-]+)(.*)$`)
+	// hostPortRE is HOST:PORT, or [FLAG=]HOST:PORT.
+	hostPortRE = regexp.MustCompile(`^([A-Za-z0-9_.-]+)(:[0-9]{1,5})((?:/.*)?)$`)
+)
+
+// hostKey says whether an env key or a flag names a host, so that a lone
+// word after it is one.
+func hostKey(k string) bool {
+	u := strings.ToUpper(strings.TrimLeft(k, "-"))
+	return k == "-h" || strings.Contains(u, "HOST") || strings.Contains(u, "ADDR") || strings.Contains(u, "SERVER") || strings.Contains(u, "ENDPOINT")
+}
+
+// hosts finds, in a value, the services it names as hosts (a URL's host,
+// HOST:PORT, or a lone word when key names a host) and, when the service's
+// module has another name, writes the module's; seen, when set, collects
+// the services named (their dependants must reach them).
+func (p *project) hosts(key, v, from string, seen map[string]bool) string {
+	service := func(h string) (string, bool) {
+		if _, ok := p.proj.Services[h]; ok {
+			return h, true
+		}
+		return "", false
 	}
-	return hostRE.ReplaceAllStringFunc(v, func(s string) string {
-		sm := hostRE.FindStringSubmatch(s)
-		if sm[2] == "" {
-			return s
+	sub := func(h string) string {
+		if n, ok := service(h); ok {
+			if seen != nil {
+				seen[n] = true
+			}
+			return p.modules[n]
 		}
-		if m, ok := w.p.modules[sm[2]]; ok {
-			return sm[1] + m + sm[3]
+		return h
+	}
+	return tokenRE.ReplaceAllStringFunc(v, func(tok string) string {
+		k := key
+		prefix := ""
+		if f, rest, ok := strings.Cut(tok, "="); ok && !strings.Contains(f, "://") && !strings.Contains(f, "/") {
+			k, prefix, tok = f, f+"=", rest
 		}
-		return s
+		if m := urlRE.FindStringSubmatch(tok); m != nil {
+			return prefix + m[1] + sub(m[2]) + m[3]
+		}
+		if m := hostPortRE.FindStringSubmatch(tok); m != nil {
+			return prefix + sub(m[1]) + m[2] + m[3]
+		}
+		if hostKey(k) {
+			return prefix + sub(tok)
+		}
+		return prefix + tok
 	})
 }
 
@@ -1090,6 +1250,9 @@ func (w *writer) restart(svc types.ServiceConfig) string {
 	case strings.HasPrefix(r, "on-failure:"):
 		w.note(NoteDropped, "restart %s: the count %s is dropped; the mesh restarts on failure without a count", r, strings.TrimPrefix(r, "on-failure:"))
 		return "on-failure"
+	case r != "no" && r != "always" && r != "on-failure" && r != "unless-stopped":
+		w.note(NoteDropped, "restart %q: dropped; not one of no, always, on-failure, unless-stopped (the mesh keeps it running)", r)
+		return ""
 	}
 	return r
 }
@@ -1125,10 +1288,18 @@ func (w *writer) limits(svc types.ServiceConfig, add func(string, any)) {
 			add("memory", strconv.FormatInt(mem, 10))
 		}
 	}
-	if cpus > 0 {
-		add("cpus", math.Round(cpus*100)/100)
+	switch c := math.Round(cpus*100) / 100; {
+	case cpus <= 0:
+	case c < 0.01 || c > 1024:
+		w.note(NoteDropped, "cpus %.4g: dropped; not between 0.01 and 1024", cpus)
+	default:
+		add("cpus", c)
 	}
-	if pids > 0 {
+	switch {
+	case pids <= 0:
+	case pids > manifest.MaxPidsLimit:
+		w.note(NoteDropped, "pids_limit %d: dropped; over %d, the kernel's bound", pids, manifest.MaxPidsLimit)
+	default:
 		add("pids-limit", pids)
 	}
 	if r := d.Resources.Reservations; r != nil {
@@ -1178,8 +1349,9 @@ func (w *writer) port(what, port, proto string) bool {
 // that publishes nothing is published at the ports its image exposes, or
 // its software's well-known port; else each dependant's edge is named.
 func (w *writer) ports(ctx context.Context, svc types.ServiceConfig) []string {
-	var out, published []string
+	var out, published, targets []string
 	seen := map[string]bool{}
+	hostPort := map[string]string{} // "8080/tcp" -> the entry publishing it
 	for _, p := range svc.Ports {
 		proto := strings.ToLower(p.Protocol)
 		if proto == "" {
@@ -1207,11 +1379,32 @@ func (w *writer) ports(ctx context.Context, svc types.ServiceConfig) []string {
 		if p.Mode == "host" || p.Name != "" || p.AppProtocol != "" {
 			w.note(NoteDropped, "port %s: mode, name and app_protocol dropped", s)
 		}
-		if !seen[s] {
-			seen[s] = true
-			out = append(out, s)
-			published = append(published, pub)
+		if seen[s] {
+			continue
 		}
+		if other := hostPort[pub+"/"+proto]; other != "" {
+			w.note(NoteDropped, "port %s: dropped; host port %s/%s is %s's already (a node publishes a port once)", s, pub, proto, other)
+			continue
+		}
+		seen[s], hostPort[pub+"/"+proto] = true, s
+		out = append(out, s)
+		published = append(published, pub)
+		if t := strconv.Itoa(int(p.Target)); t != pub && len(w.p.dependants[w.svc]) > 0 {
+			targets = append(targets, t+":"+t+"/"+proto)
+		}
+	}
+	// Compose's services reach each other at the container's port (api:3000
+	// where ports: says 8080:3000); in the mesh a name answers with the
+	// node's address, so that port is published too.
+	for _, t := range targets {
+		hp := strings.SplitN(t, ":", 2)[0] + "/" + t[strings.LastIndex(t, "/")+1:]
+		if seen[t] || hostPort[hp] != "" {
+			w.note(NoteAction, "%s reach it at its container's port %s under compose; that host port is taken here, so they must use the published one", strings.Join(w.p.dependants[w.svc], ", "), t)
+			continue
+		}
+		seen[t], hostPort[hp] = true, t
+		out = append(out, t)
+		w.note(NoteCarried, "port %s published too inside the mesh: under compose %s reach it at its container's port", t, strings.Join(w.p.dependants[w.svc], ", "))
 	}
 	if len(published) > 0 {
 		w.note(NoteAction, "ports %s answer inside the mesh only (on the node's overlay address); move to public-ports: those the world must reach", strings.Join(published, ", "))
@@ -1230,11 +1423,16 @@ func (w *writer) ports(ctx context.Context, svc types.ServiceConfig) []string {
 			continue
 		}
 		s := port + ":" + port + "/" + proto
-		if !seen[s] {
-			seen[s] = true
-			out = append(out, s)
-			w.note(NoteCarried, "expose %s -> published at %s on the node, where the name %s answers", e, port, w.module)
+		if seen[s] {
+			continue
 		}
+		if other := hostPort[port+"/"+proto]; other != "" {
+			w.note(NoteDropped, "expose %s: not published at %s; that host port is %s's (a node publishes a port once)", e, port, other)
+			continue
+		}
+		seen[s], hostPort[port+"/"+proto] = true, s
+		out = append(out, s)
+		w.note(NoteCarried, "expose %s -> published at %s on the node, where the name %s answers", e, port, w.module)
 	}
 	deps := w.p.dependants[w.svc]
 	if len(out) > 0 || len(deps) == 0 {
@@ -1318,27 +1516,40 @@ func (w *writer) health(h *types.HealthCheckConfig) map[string]any {
 	default:
 		cmd = []string{"/bin/sh", "-c", strings.Join(h.Test, " ")}
 	}
-	if len(cmd) == 0 {
+	if len(cmd) == 0 || cmd[0] == "" {
+		w.note(NoteDropped, "healthcheck %q: dropped; it names no command", []string(h.Test))
 		return nil
 	}
 	// Compose's defaults, which differ from the mesh's (10s): a check
 	// healthy under compose stays healthy here.
 	out := map[string]any{"command": cmd, "interval": "30s", "timeout": "30s", "retries": 3}
-	dur := func(k string, d *types.Duration) {
-		if d != nil && *d > 0 {
-			out[k] = time.Duration(*d).String()
+	dur := func(k string, d *types.Duration, least time.Duration) time.Duration {
+		if d == nil || *d <= 0 {
+			v, _ := time.ParseDuration(fmt.Sprint(out[k]))
+			return v
 		}
+		v := time.Duration(*d)
+		if c := min(max(v, least), 24*time.Hour); c != v {
+			w.note(NoteCarried, "healthcheck %s %s: set to %s (the mesh takes %s to 24h)", k, v, c, least)
+			v = c
+		}
+		out[k] = v.String()
+		return v
 	}
-	dur("interval", h.Interval)
-	dur("timeout", h.Timeout)
-	dur("start-period", h.StartPeriod)
+	iv := dur("interval", h.Interval, time.Second)
+	to := dur("timeout", h.Timeout, time.Second)
+	dur("start-period", h.StartPeriod, 0)
 	if h.Retries != nil && *h.Retries > 0 {
 		out["retries"] = min(*h.Retries, 100)
+		if *h.Retries > 100 {
+			w.note(NoteCarried, "healthcheck retries %d: set to 100, the most the mesh takes", *h.Retries)
+		}
 	}
-	iv, _ := time.ParseDuration(out["interval"].(string))
-	if to, _ := time.ParseDuration(out["timeout"].(string)); to > iv {
+	if to > iv {
 		out["timeout"] = iv.String()
-		w.note(NoteCarried, "healthcheck timeout longer than its interval: set to the interval")
+		if h.Timeout != nil && *h.Timeout > 0 {
+			w.note(NoteCarried, "healthcheck timeout %s longer than its interval %s: set to the interval", to, iv)
+		}
 	}
 	if h.StartInterval != nil {
 		w.note(NoteDropped, "healthcheck start_interval: dropped; the check runs every interval from the start (start-period still forgives its failures)")
@@ -1369,6 +1580,9 @@ var carried = map[string]bool{
 	"gpus": true, "runtime": true, "platform": true, "stdin_open": true, "pid": true, "ipc": true,
 }
 
+// deployCarried lists the deploy keys the writer reads.
+var deployCarried = map[string]bool{"resources": true, "restart_policy": true, "replicas": true}
+
 // dropped names what compose sets and the manifest cannot carry.
 func (w *writer) dropped(svc types.ServiceConfig) {
 	say := func(set bool, what, instead string) {
@@ -1398,6 +1612,21 @@ func (w *writer) dropped(svc types.ServiceConfig) {
 	say(svc.Logging != nil, "logging", "Podman's default log driver is used (log-max-size bounds it)")
 	say(svc.Scale != nil && *svc.Scale > 1, "scale", "assign the module to several nodes")
 	say(svc.Deploy != nil && svc.Deploy.Replicas != nil && *svc.Deploy.Replicas > 1, "deploy.replicas", "assign the module to several nodes")
+	if svc.Scale != nil && *svc.Scale == 0 || svc.Deploy != nil && svc.Deploy.Replicas != nil && *svc.Deploy.Replicas == 0 {
+		w.note(NoteAction, "scale 0: compose does not start it; the mesh runs a module wherever it is assigned: do not assign %s until it should run", w.module)
+	}
+	if svc.Deploy != nil {
+		for _, k := range unknownKeys(reflect.ValueOf(*svc.Deploy), deployCarried) {
+			say(true, "deploy."+k, "the mesh places a module where it is assigned, one instance a node")
+		}
+	}
+	for _, n := range sortedKeys(svc.Networks) {
+		if c := svc.Networks[n]; c != nil {
+			for _, k := range unknownKeys(reflect.ValueOf(*c), map[string]bool{"aliases": true}) {
+				say(true, "networks."+n+"."+k, "the mesh gives each container Podman's address; others reach it by its module's name")
+			}
+		}
+	}
 	say(svc.PullPolicy != "", "pull_policy", "set pull: always or newer if needed")
 	say(svc.ShmSize > 0, "shm_size", "the mesh sets none; mount a tmpfs at /dev/shm (tmpfs: [\"/dev/shm:size=N\"]) if it needs more")
 	say(len(svc.Gpus) > 0, "gpus", "list the GPU's device nodes under devices: (e.g. /dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm, or /dev/dri)")
@@ -1406,20 +1635,20 @@ func (w *writer) dropped(svc types.ServiceConfig) {
 	say(svc.StdinOpen, "stdin_open", "a container's input is closed; use mesh exec -i for an interactive command")
 	say(svc.Pid != "", "pid: "+svc.Pid, "the container keeps its own process namespace")
 	say(svc.Ipc != "", "ipc: "+svc.Ipc, "the container keeps its own IPC namespace")
-	for _, k := range unknownKeys(reflect.ValueOf(svc)) {
+	for _, k := range unknownKeys(reflect.ValueOf(svc), carried) {
 		say(true, k, "the import does not carry it")
 	}
 }
 
 // unknownKeys lists the keys a service sets (a non-zero field, embedded
 // structs walked) that the writer does not read.
-func unknownKeys(v reflect.Value) []string {
+func unknownKeys(v reflect.Value, carried map[string]bool) []string {
 	var out []string
 	t := v.Type()
 	for i := range t.NumField() {
 		f := t.Field(i)
 		if f.Anonymous && f.Type.Kind() == reflect.Struct {
-			out = append(out, unknownKeys(v.Field(i))...)
+			out = append(out, unknownKeys(v.Field(i), carried)...)
 			continue
 		}
 		key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
@@ -1462,9 +1691,15 @@ func safeBase(p string) string {
 	return b
 }
 
+// isText says whether b is text a manifest carries as it is: valid UTF-8
+// (JSON would replace a bad byte), no control character but tab, newline
+// and carriage return (each would be six bytes escaped).
 func isText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
 	for _, c := range b {
-		if c == 0 {
+		if c < 0x20 && c != '\t' && c != '\n' && c != '\r' || c == 0x7f {
 			return false
 		}
 	}

@@ -164,16 +164,20 @@ func TestImportNames(t *testing.T) {
 		t.Errorf("a module collision: %v", err)
 	}
 	res = mustImport(t, Options{Prefix: "shop", File: writeProject(t, map[string]string{
-		"compose.yaml": "services:\n  db:\n    image: postgres:16\n  app:\n    image: busybox\n    command: [\"wait-for\", \"db:5432\"]\n    environment:\n      DB_HOST: db\n      URL: postgres://u:p@db:5432/db\n      OTHER: dbx\n    depends_on: [db]\n",
+		"compose.yaml": "services:\n  db:\n    image: postgres:16\n  app:\n    image: busybox\n    command: [\"db\", \"db:5432\", \"--host\", \"db\", \"--name\", \"db\", \"--redis=db:6379\"]\n    environment:\n      DB_HOST: db\n      URL: postgres://u:p@db:5432/db\n      OTHER: dbx\n      POSTGRES_USER: db\n      HOSTS: \"db, db:1\"\n      FILE: file:///db/x\n      GITEA__database__HOST: db:5432\n    depends_on: [db]\n",
 	})})
 	app := manifestOf(t, res, "shop-app")
-	for _, want := range []string{`"DB_HOST":"shop-db"`, `"URL":"postgres://u:p@shop-db:5432/db"`, `"OTHER":"dbx"`, `"provider": "shop-db"`, `"/srv/`} {
+	for _, want := range []string{`"DB_HOST":"shop-db"`, `"URL":"postgres://u:p@shop-db:5432/db"`, `"OTHER":"dbx"`, `"provider": "shop-db"`, `"/srv/`,
+		`"POSTGRES_USER":"db"`, `"HOSTS":"shop-db, shop-db:1"`, `"FILE":"file:///db/x"`, `"GITEA__database__HOST":"shop-db:5432"`} {
 		if !strings.Contains(strings.ReplaceAll(app, `provider: "shop-db"`, `"provider": "shop-db"`), want) {
 			t.Errorf("no %s in\n%s", want, app)
 		}
 	}
-	if !strings.Contains(app, `command: ["wait-for","db:5432"]`) {
-		t.Errorf("a command's host:port is not a lone host; left as it is:\n%s", app)
+	if !strings.Contains(app, `command: ["db","shop-db:5432","--host","shop-db","--name","db","--redis=shop-db:6379"]`) {
+		t.Errorf("a command's hosts (never its program, nor a word that is no host):\n%s", app)
+	}
+	if !hasNote(res, NoteAction, `shop-app: environment POSTGRES_USER is "db", the name of service db, left as it is`) && !hasNote(res, NoteAction, `app: environment POSTGRES_USER is "db", the name of service db, left as it is`) {
+		t.Errorf("a value that names a service but is no host is not said: %v", res.Lines())
 	}
 	if _, err := Import(context.Background(), Options{Prefix: "Shop_", Env: []string{}, File: writeProject(t, map[string]string{"compose.yaml": "services:\n  a:\n    image: busybox\n"})}); !errors.As(err, new(UsageError)) {
 		t.Errorf("a bad --prefix: %v", err)
