@@ -105,6 +105,7 @@ type CLI struct {
 	Plan       PlanCmd       `cmd:"" help:"Show what a node must hold, its history and what changed."`
 	Status     StatusCmd     `cmd:"" help:"Show the mesh: nodes, plan versions, what each applied, errors."`
 	Roster     RosterCmd     `cmd:"" help:"Show every name the mesh answers and its addresses."`
+	History    HistoryCmd    `cmd:"" help:"Set how much of the plans', manifests' and roster's history the mesh keeps."`
 	Resolve    ResolveCmd    `cmd:"" help:"Ask this node's resolver for NAME (A and AAAA)."`
 	Check      CheckCmd      `cmd:"" help:"Check manifests offline; exit 1 on any error."`
 	Import     ImportCmd     `cmd:"" help:"Write manifests from the files of other tools (docker-compose)."`

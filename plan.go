@@ -73,6 +73,14 @@ func (c *PlanCmd) Run(g *Globals) error {
 			fmt.Fprintf(tw, "v%d\t%s\t%.12s\t%d\t%s\n", v.Version, v.CreatedAt.Format(time.RFC3339), v.Digest, len(v.Plan.Resources), v.Cause)
 		}
 		tw.Flush()
+		switch {
+		case !p.Kept.Set:
+			fmt.Fprintln(w, "kept: every version (a mesh made before the bound; mesh history keep sets one)")
+		case len(p.Versions) > 0:
+			oldest := p.Versions[len(p.Versions)-1]
+			fmt.Fprintf(w, "kept: the last %d versions younger than %d days (the newest always); the kept history starts at v%d, %s\n",
+				p.Kept.Versions, p.Kept.Days, oldest.Version, oldest.CreatedAt.Format(time.RFC3339))
+		}
 		printComposeError(w, p)
 		return nil
 	}

@@ -61,7 +61,9 @@ const (
 // 11, a manifest with a container's tty:, init:, pids-limit: or group-add:
 // (containerKeysFormat).
 // 12, a manifest with a data directory (data: true, dataFormat): an older
-// node would remove it, empty, when the module goes.
+// node would remove it, empty, when the module goes; an unassign with
+// --purge-data; history.keep, and an init that sets the history's bound
+// (historyFormat, history.go).
 const CommandVersion = 12
 
 // dataFormat is the format of a manifest that marks a directory as data.
@@ -100,6 +102,7 @@ var ops = map[string]opDef{
 	OpModuleRestart: opOf(edgeFormat, (*applier).moduleRestart),
 	OpRolloutStep:   opOf(rolloutFormat, (*applier).rolloutStep),
 	OpModuleRevert:  opOf(rolloutFormat, (*applier).moduleRevert),
+	OpHistoryKeep:   opOf(historyFormat, (*applier).historyKeep),
 }
 
 // opDef is one op: the format it needs when this binary writes it, a fresh
@@ -185,7 +188,11 @@ func (r *RestoreBody) formatNeeded() int {
 func (r *NodeAddRequest) formatNeeded() int {
 	return max(iff(r.Node.SealKey != "", 5), iff(r.Node.OverlayKey != "", 7))
 }
-func (r *InitRequest) formatNeeded() int        { return iff(r.Overlay != "" || r.Node.OverlayKey != "", 7) }
+
+// An init by this binary sets the history's default bound (history.go).
+func (r *InitRequest) formatNeeded() int {
+	return max(iff(r.Overlay != "" || r.Node.OverlayKey != "", 7), historyFormat)
+}
 func (r *TokenRotateRequest) formatNeeded() int { return iff(r.Sealed != nil, 5) }
 func (r *PublicDomainRequest) formatNeeded() int {
 	return iff(len(r.Domains) > 1 || len(r.Add) > 0 || len(r.Remove) > 0, edgeFormat)

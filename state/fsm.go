@@ -287,6 +287,11 @@ func (ap *applier) init(r *InitRequest) (bool, error) {
 		r.MeshID, domain, ap.at, r.CACert, r.CAKey, r.JoinSecret, fmt.Sprint(voters)); err != nil {
 		return false, err
 	}
+	if ap.v >= historyFormat {
+		if err := ap.setHistoryBound(DefaultHistoryVersions, DefaultHistoryDays); err != nil {
+			return false, err
+		}
+	}
 	if v := r.SealedCAKey; v != nil {
 		if err := ap.setVoterSecret("ca_key", v.Sealed, v.Recipients); err != nil {
 			return false, err
@@ -1033,6 +1038,10 @@ func (ap *applier) recompose(cause string) error {
 	}
 	out := Compose(in)
 	roster := out.Roster
+	bound, err := historyBound(tx)
+	if err != nil {
+		return err
+	}
 	for _, n := range in.Nodes {
 		if msg, failed := out.Errors[n.Name]; failed {
 			if err := exec(tx, `UPDATE nodes SET compose_error = ? WHERE name = ?`, msg, n.Name); err != nil {
@@ -1069,6 +1078,11 @@ func (ap *applier) recompose(cause string) error {
 			if err := exec(tx, `INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)`, n.Name, index, d, jsonString(p), cause, at); err != nil {
 				return err
 			}
+			if bound.Set {
+				if err := ap.prunePlans(bound, n.Name); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	SortRoster(roster)
@@ -1079,9 +1093,16 @@ func (ap *applier) recompose(cause string) error {
 	} else if old, err = readRoster(ctx, tx); err != nil {
 		return fmt.Errorf("read the roster: %w", err)
 	}
+	pruned := map[string]bool{}
 	for _, c := range RosterChanges(old, roster) {
 		if err := exec(tx, `INSERT INTO roster_history VALUES (?, ?, ?, ?, ?, ?, ?)`, index, at, cause, c.Op, c.Name, c.Address, c.Node); err != nil {
 			return err
+		}
+		if bound.Set && !pruned[c.Name] {
+			pruned[c.Name] = true
+			if err := ap.pruneRoster(bound, c.Name); err != nil {
+				return err
+			}
 		}
 	}
 	// Only the rows that changed are written: rewriting the whole roster on

@@ -210,8 +210,15 @@ func (ap *applier) keepHistory(name string) error {
 }
 
 func (ap *applier) recordVersion(name, cause string) error {
-	return exec(ap.tx, `INSERT OR IGNORE INTO module_history (module, version, file, manifest, digest, spec, at, cause)
-		SELECT name, version, file, manifest, digest, spec, added_at, ? FROM modules WHERE name = ?`, cause, name)
+	if err := exec(ap.tx, `INSERT OR IGNORE INTO module_history (module, version, file, manifest, digest, spec, at, cause)
+		SELECT name, version, file, manifest, digest, spec, added_at, ? FROM modules WHERE name = ?`, cause, name); err != nil {
+		return err
+	}
+	b, err := historyBound(ap.tx)
+	if err != nil || !b.Set {
+		return err
+	}
+	return ap.pruneModule(b, name)
 }
 
 // moduleNodes lists a module's nodes in assignment order.

@@ -282,7 +282,7 @@ func TestSealedCommandsNeedFormat5(t *testing.T) {
 		{&NodeKeyRequest{}, 5},
 		{&NodeCertRequest{}, 5},
 		{&NodeCertRequest{Key: strings.Repeat("0", 64)}, 6},
-		{&InitRequest{}, 5},
+		{&InitRequest{}, historyFormat}, // it sets the history's bound
 		// The keys of format 7 in a manifest: an older binary would drop
 		// them from the module it stores.
 		{&ModuleAddRequest{Modules: []ModuleSpec{spec("a.yaml", "module: a\nresources:\n  - container: a.x\n    image: i\n    ports: [\"80:80\"]\n")}}, 3},

@@ -227,6 +227,12 @@ func (c *Client) Assign(ctx context.Context, op, node, module string) (WriteResu
 	return r, c.do(ctx, "POST", "/v1/"+op, map[string]string{"node": node, "module": module}, &r)
 }
 
+// HistoryKeep sets how much history the mesh keeps.
+func (c *Client) HistoryKeep(ctx context.Context, versions, days int) (WriteResult, error) {
+	var r WriteResult
+	return r, c.do(ctx, "POST", "/v1/history/keep", state.HistoryKeepRequest{Versions: versions, Days: days}, &r)
+}
+
 // Unassign takes module off node; purge names the module's data
 // directories the node removes with all they hold (--purge-data).
 func (c *Client) Unassign(ctx context.Context, node, module string, purge []string) (WriteResult, error) {

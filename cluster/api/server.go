@@ -155,6 +155,7 @@ func New(cfg Config) *API {
 	mux.HandleFunc("GET /v1/roster", a.roster)
 	mux.HandleFunc("GET /v1/roster/history", a.rosterHistory)
 	mux.HandleFunc("GET /v1/plans/{node}", a.plans)
+	mux.HandleFunc("POST /v1/history/keep", a.historyKeep)
 	mux.HandleFunc("GET /v1/token", a.token)
 	mux.HandleFunc("POST /v1/token/rotate", a.rotateToken)
 	mux.HandleFunc("GET /v1/snapshot", a.snapshot)
@@ -944,6 +945,17 @@ type PlansReply struct {
 	Node     string              `json:"node"`
 	Error    string              `json:"compose_error,omitempty"`
 	Versions []state.PlanVersion `json:"versions"`
+	// Kept is how much history the mesh keeps (not set: all of it).
+	Kept state.HistoryBound `json:"kept"`
+}
+
+func (a *API) historyKeep(w http.ResponseWriter, r *http.Request) {
+	var req state.HistoryKeepRequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	a.write(w, r, &req)
 }
 
 func (a *API) plans(w http.ResponseWriter, r *http.Request) {
@@ -962,7 +974,12 @@ func (a *API) plans(w http.ResponseWriter, r *http.Request) {
 	if h == nil {
 		h = []state.PlanVersion{}
 	}
-	reply(w, PlansReply{Node: node, Error: n.ComposeError, Versions: h})
+	kept, err := a.store.HistoryBound(r.Context())
+	if err != nil {
+		fail(w, err)
+		return
+	}
+	reply(w, PlansReply{Node: node, Error: n.ComposeError, Versions: h, Kept: kept})
 }
 
 // snapshot answers with a consistent copy of the replicated state (one read
