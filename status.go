@@ -85,7 +85,7 @@ func statusKey(st api.Status) string {
 		Name, Address, Domain, Version, Compose, ApplyError string
 		Plan, Applied                                       uint64
 		Reachable, Draining                                 bool
-		Failures, Health, Exits, Kept, Certs                string
+		Failures, Health, Exits, Kept, Certs, Scheduled     string
 	}
 	keys := []nodeKey{}
 	for _, n := range st.Nodes {
@@ -105,6 +105,9 @@ func statusKey(st api.Status) string {
 			}
 			for _, c := range r.Certificates {
 				k.Certs += c.Name + "=" + c.Issuer + c.NotAfter.String() + c.Error + " "
+			}
+			for _, c := range r.Scheduled {
+				k.Scheduled += fmt.Sprintf("%s %v %s %s ", c.Step, c.OK, c.Last, c.Next)
 			}
 		}
 		keys = append(keys, k)
@@ -209,6 +212,16 @@ func renderStatus(w io.Writer, st api.Status) error {
 			fmt.Fprintln(w, line)
 		}
 		renderCerts(w, n.Name, n.Report.Certificates)
+		for _, c := range n.Report.Scheduled {
+			switch {
+			case !c.OK:
+				fmt.Fprintf(w, "%s: error: scheduled step %s (%s) failed at %s; tried again at %s: %s\n", n.Name, c.Step, c.Module, c.Last.Local().Format(time.DateTime), c.Next.Local().Format(time.DateTime), c.Reason)
+			case c.Last.IsZero():
+				fmt.Fprintf(w, "%s: scheduled step %s (%s): first slot %s\n", n.Name, c.Step, c.Module, c.Next.Local().Format(time.DateTime))
+			default:
+				fmt.Fprintf(w, "%s: scheduled step %s (%s) ran at %s; next %s\n", n.Name, c.Step, c.Module, c.Last.Local().Format(time.DateTime), c.Next.Local().Format(time.DateTime))
+			}
+		}
 		for _, e := range n.Report.Exits {
 			fmt.Fprintf(w, "%s: container %s (%s) exited with code %d at %s; Podman restarted it %d time(s)\n", n.Name, e.Container, e.Module, e.ExitCode, e.At.Local().Format(time.TimeOnly), e.Restarts)
 			if e.Logs != "" {

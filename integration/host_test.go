@@ -269,6 +269,9 @@ func testHost(t testing.TB, rootless bool) {
 		return !exists(srv + "/bedapp"), ""
 	})
 
+	// Issue 30: a data directory is kept, and purged only when asked.
+	checkData(t, a)
+
 	// 7. Issue 10, here too (rootless as well): --wait waits for a declared
 	// health check, and one turned failing from inside shows as unhealthy.
 	a.mesh("module", "add", a.manifest("bedhc", bedHealthy, map[string]string{"name": "bedhc", "check": `"test", "-e", "/tmp/ok"`}))

@@ -809,40 +809,60 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 		delete(x.managed, want.Name)
 		return report(res, state.Unchanged, "")
 	}
-	if msg := x.mountsOK(res); msg != "" {
-		return report(res, state.Failed, msg+"; not run")
-	}
-	if stop := x.writeEnv(ctx, res, want.Name); stop != nil {
-		return *stop
-	}
-	// Its environment is kept only while it runs.
-	defer x.dropEnv(want.Name)
-	var id string
+	reattach := ""
 	if d.Action == stepReattach {
 		// The same run, started before the agent stopped or Podman went
 		// away: waited for, not run twice.
-		id = leftover.ID
-	} else {
-		if d.Action == stepClearAndRun {
-			if err := x.rt.Remove(ctx, leftover.ID); err != nil {
-				return report(res, state.Failed, err.Error())
-			}
-		}
-		delete(x.managed, want.Name)
-		if err := x.ensureImage(ctx, res); err != nil {
+		reattach = leftover.ID
+	} else if d.Action == stepClearAndRun {
+		if err := x.rt.Remove(ctx, leftover.ID); err != nil {
 			return report(res, state.Failed, err.Error())
 		}
+	}
+	id, rr, ok := x.stepRun(ctx, res, want, reattach)
+	if !ok {
+		return rr
+	}
+	// The marker is durable before anything else happens, so a crash from
+	// here on never reruns the step.
+	if err := x.r.ledger.Mark(want.Name, Marker{Digest: want.Digest, Decl: want.Decl, Inputs: want.Inputs}); err != nil {
+		return report(res, state.Failed, "the step ran, but its marker could not be recorded: "+err.Error())
+	}
+	x.rt.Remove(context.WithoutCancel(ctx), id)
+	x.ranOf(res.Module)[res.Name] = true
+	return report(res, state.Ran, d.Reason)
+}
+
+// stepRun runs a step's container to its end (or waits on the one started
+// before, reattach): ok when it exited 0, its container left for the caller
+// to remove once the run is recorded; else removed, and the report says
+// why.
+func (x *run) stepRun(ctx context.Context, res state.Resource, want desired, reattach string) (string, state.ResourceReport, bool) {
+	if msg := x.mountsOK(res); msg != "" {
+		return "", report(res, state.Failed, msg+"; not run"), false
+	}
+	if stop := x.writeEnv(ctx, res, want.Name); stop != nil {
+		return "", *stop, false
+	}
+	// Its environment is kept only while it runs.
+	defer x.dropEnv(want.Name)
+	id := reattach
+	if id == "" {
+		delete(x.managed, want.Name)
+		if err := x.ensureImage(ctx, res); err != nil {
+			return "", report(res, state.Failed, err.Error()), false
+		}
 		if msg := x.reachable(ctx, res.Decl.Image); msg != "" {
-			return report(res, state.Failed, msg)
+			return "", report(res, state.Failed, msg), false
 		}
 		var err error
 		id, err = x.rt.Create(ctx, x.spec(ctx, res, want))
 		if err != nil {
-			return report(res, state.Failed, err.Error())
+			return "", report(res, state.Failed, err.Error()), false
 		}
 		if err := x.rt.Start(ctx, id); err != nil {
 			x.rt.Remove(context.WithoutCancel(ctx), id)
-			return report(res, state.Failed, err.Error())
+			return "", report(res, state.Failed, err.Error()), false
 		}
 	}
 	code, err := x.waitStep(ctx, id)
@@ -850,13 +870,13 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 		if ctx.Err() != nil {
 			// The agent is stopping: the run goes on, and the next start
 			// re-attaches to it.
-			return report(res, state.Failed, "the agent stopped while it ran; it is re-attached at the next start")
+			return "", report(res, state.Failed, "the agent stopped while it ran; it is re-attached at the next start"), false
 		}
 		if x.r.cfg.StepEnded != nil {
 			x.r.cfg.StepEnded(context.WithoutCancel(ctx), want.Name, id)
 		}
 		x.rt.Remove(context.WithoutCancel(ctx), id)
-		return report(res, state.Failed, err.Error())
+		return "", report(res, state.Failed, err.Error()), false
 	}
 	if x.r.cfg.StepEnded != nil {
 		x.r.cfg.StepEnded(ctx, want.Name, id)
@@ -870,16 +890,9 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 			msg += "; last lines:\n"
 			msg += state.Tail(logs, state.MaxText-len(msg)) // the code stays in
 		}
-		return report(res, state.Failed, msg)
+		return "", report(res, state.Failed, msg), false
 	}
-	// The marker is durable before anything else happens, so a crash from
-	// here on never reruns the step.
-	if err := x.r.ledger.Mark(want.Name, Marker{Digest: want.Digest, Decl: want.Decl, Inputs: want.Inputs}); err != nil {
-		return report(res, state.Failed, "the step ran, but its marker could not be recorded: "+err.Error())
-	}
-	x.rt.Remove(context.WithoutCancel(ctx), id)
-	x.ranOf(res.Module)[res.Name] = true
-	return report(res, state.Ran, d.Reason)
+	return id, state.ResourceReport{}, true
 }
 
 // waitStep waits for a step's container to exit, within the step timeout. A
@@ -1186,6 +1199,11 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	for k := range x.r.ledger.Restarted {
 		if !want[manifest.KindContainer+"\x00"+k] {
 			delete(x.r.ledger.Restarted, k)
+		}
+	}
+	for k := range x.r.ledger.Schedules {
+		if !want[manifest.KindStep+"\x00"+k] {
+			delete(x.r.ledger.Schedules, k)
 		}
 	}
 	return out

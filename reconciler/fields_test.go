@@ -251,8 +251,21 @@ func TestEveryContainerKeyIsDeclared(t *testing.T) {
 	rows := map[string]bool{}
 	for _, k := range []string{"image", "command", "env", "env-secrets", "mounts", "ports", "public-ports", "restart", "restart-on", "health", "pull",
 		"user", "entrypoint", "working-dir", "cap-add", "cap-drop", "devices", "read-only", "tmpfs", "memory", "cpus", "stop-signal", "stop-timeout", "labels", "log-max-size",
-		"tty", "init", "pids-limit", "group-add"} {
+		"tty", "init", "pids-limit", "group-add", "schedule"} {
 		rows[k] = true
+	}
+	// A step's schedule is when it runs again, not what it is: a changed
+	// one reruns nothing.
+	step := func(extra string) state.Resource {
+		m, err := manifest.Parse("f.yaml", []byte("module: f\nresources:\n  - step: s\n    image: b:2\n    command: [x]\n"+extra))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := m.Resources[0]
+		return state.Resource{Module: "f", Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
+	}
+	if a, b := describe(step(""), dns, "", nil), describe(step("    schedule: every 15m\n"), dns, "", nil); a.Digest != b.Digest || a.Decl != b.Decl {
+		t.Fatal("a step's schedule is part of its declaration: a new schedule would rerun it")
 	}
 	for _, kind := range []string{manifest.KindContainer, manifest.KindStep} {
 		for _, k := range manifest.Keys(kind) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"mesh/internal/safefs"
 )
@@ -31,6 +32,8 @@ type Ledger struct {
 	// image it ran before (issue 29): a pull's rollout that is reverted
 	// puts that image back under the name.
 	PrePull map[string]PrePull `json:"pre_pull,omitempty"`
+	// Schedules maps a scheduled step (MODULE.STEP) to its runs.
+	Schedules map[string]Scheduled `json:"schedules,omitempty"`
 
 	path  string
 	saved []byte
@@ -71,6 +74,18 @@ type Original struct {
 
 // Marker is a step's last successful run: its digest and what went into it,
 // so a rerun can say which input moved.
+// Scheduled is a scheduled step's runs on this node (issue 30): its next
+// slot, and how its last run went.
+type Scheduled struct {
+	Next   time.Time `json:"next"`
+	Last   time.Time `json:"last,omitzero"`
+	OK     bool      `json:"ok"`
+	Reason string    `json:"reason,omitempty"`
+	// Schedule is the schedule Next was computed from: a changed one
+	// starts over.
+	Schedule string `json:"schedule"`
+}
+
 type Marker struct {
 	Digest string            `json:"digest"`
 	Decl   string            `json:"decl"`

@@ -74,6 +74,18 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 	healthDue := time.NewTimer(time.Hour)
 	healthDue.Stop()
 	defer healthDue.Stop()
+	// The next slot of the plan's scheduled steps (schedule.go).
+	slot := time.NewTimer(time.Hour)
+	slot.Stop()
+	defer slot.Stop()
+	var slotPlan *state.Plan
+	planSlot := func(plan *state.Plan) {
+		slot.Stop()
+		slotPlan = plan
+		if at := r.nextSlot(plan); !at.IsZero() {
+			slot.Reset(max(time.Until(at), 0))
+		}
+	}
 	sendHealth := func() {
 		if sent == nil {
 			return
@@ -110,6 +122,27 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			continue
 		case <-healthDue.C:
 			sendHealth()
+			continue
+		case <-slot.C:
+			// A scheduled step's slot: it runs here, between applies.
+			if slotPlan != nil {
+				runs := r.RunScheduled(ctx, slotPlan)
+				if ctx.Err() != nil {
+					return
+				}
+				if sent != nil {
+					rep := *sent
+					rep.Scheduled = runs
+					if healthKey(&rep) != healthKey(sent) {
+						if err := src.Report(ctx, rep); err != nil {
+							r.log.Warn("send report", "err", err)
+						} else {
+							sent = &rep
+						}
+					}
+				}
+				planSlot(slotPlan)
+			}
 			continue
 		case <-changed:
 			onChange = true
@@ -150,6 +183,11 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 		if ctx.Err() != nil {
 			return
 		}
+		rep.Scheduled = r.RunScheduled(ctx, plan)
+		if ctx.Err() != nil {
+			return
+		}
+		planSlot(plan)
 		if r.cfg.Observe != nil {
 			r.cfg.Observe(&rep, time.Since(began))
 		}
@@ -207,6 +245,9 @@ func healthKey(r *state.Report) string {
 	}
 	for _, e := range r.Exits {
 		s += fmt.Sprintf("%s exited %d at %s after %d restarts\n", e.Container, e.ExitCode, e.At, e.Restarts)
+	}
+	for _, c := range r.Scheduled {
+		s += fmt.Sprintf("scheduled %s %s %v %s %s\n", c.Step, c.Last, c.OK, c.Reason, c.Next)
 	}
 	return s + certKey(r.Certificates)
 }

@@ -450,7 +450,7 @@ func specFormat(sp ModuleSpec) int {
 	}
 	format := 0
 	for _, r := range sp.Manifest.Resources {
-		if r.Data {
+		if r.Data || r.Schedule != "" {
 			return dataFormat
 		}
 		if r.TTY || r.Init || r.PidsLimit != nil || r.GroupAdd != nil {

@@ -51,7 +51,23 @@ type Report struct {
 	// Certificates is, per public routed name of the node, the certificate
 	// its route proxy serves on port 443, or why it serves none (issue 28).
 	Certificates []CertStatus `json:"certificates,omitempty"`
+	// Scheduled is each scheduled step's last run and next slot (issue 30).
+	Scheduled []ScheduledRun `json:"scheduled,omitempty"`
 }
+
+// ScheduledRun is a scheduled step as its node last ran it: when, whether
+// it succeeded (why not), and its next slot.
+type ScheduledRun struct {
+	Module string    `json:"module"`
+	Step   string    `json:"step"`
+	Last   time.Time `json:"last,omitzero"`
+	OK     bool      `json:"ok"`
+	Reason string    `json:"reason,omitempty"`
+	Next   time.Time `json:"next"`
+}
+
+// MaxScheduled caps the scheduled steps one report tells of.
+const MaxScheduled = 256
 
 // MaxCertificates caps the names one report tells certificates of, and
 // MaxCertError the text of each one's error (with both, a report's
@@ -243,6 +259,13 @@ func (r *Report) Bound() {
 		c := &r.Certificates[i]
 		c.Name, c.Module, c.Issuer = Tail(c.Name, 253), Tail(c.Module, 63), Tail(c.Issuer, 256)
 		c.Error = Tail(c.Error, MaxCertError)
+	}
+	if len(r.Scheduled) > MaxScheduled {
+		r.Scheduled = r.Scheduled[:MaxScheduled]
+	}
+	for i := range r.Scheduled {
+		c := &r.Scheduled[i]
+		c.Module, c.Step, c.Reason = Tail(c.Module, 63), Tail(c.Step, 200), Tail(c.Reason, MaxText)
 	}
 }
 

@@ -143,6 +143,10 @@ type Resource struct {
 	// back when the module no longer declares the file. Without it such a
 	// file makes the module fail, and nothing is written.
 	TakeOver bool `yaml:"take-over,omitempty" json:"take-over,omitempty" jsonschema:"description=Take over a file that exists and that the mesh did not write (its original is kept in the node's data dir), or a directory the mesh did not make whose owner or mode differ (they are recorded); either is put back when the module lets go of it"`
+	// Schedule, on a step, runs it again on that schedule on the node that
+	// holds it (issue 30): daily, hourly, weekly, every DURATION, or a cron
+	// line (UTC). Nothing that names the step is recreated by those runs.
+	Schedule string `yaml:"schedule,omitempty" json:"schedule,omitempty" jsonschema:"description=On a step: run it again on this schedule (daily or hourly or weekly or every 15m or a cron line in UTC); a failed run is reported and tried at the next slot; runs never overlap; nothing that names the step is recreated"`
 	// Data, on a directory, marks it as the module's data (issue 30): what
 	// a person backs up. The mesh never removes a data directory, even
 	// empty, when the module goes: only mesh unassign --purge-data does.
@@ -495,7 +499,7 @@ var fields = map[string][]string{
 	KindBinding:    {"owner", "mode", "provider", "take-over", "healthy"},
 	KindCredential: {"owner", "mode", "provider", "take-over"},
 	KindSecret:     {"name", "owner", "mode"},
-	KindStep:       append([]string{"image", "command", "env", "env-secrets", "mounts", "restart-on", "pull"}, containerFields...),
+	KindStep:       append([]string{"image", "command", "env", "env-secrets", "mounts", "restart-on", "pull", "schedule"}, containerFields...),
 	KindContainer:  append([]string{"image", "command", "env", "env-secrets", "mounts", "ports", "public-ports", "restart", "restart-on", "health", "pull"}, containerFields...),
 }
 
@@ -527,6 +531,7 @@ func (r *Resource) setFields() []string {
 	add("restart-on", r.RestartOn != nil)
 	add("take-over", r.TakeOver)
 	add("data", r.Data)
+	add("schedule", r.Schedule != "")
 	add("health", r.Health != nil)
 	add("pull", r.Pull != "")
 	add("user", r.User != "")
@@ -672,6 +677,11 @@ func (m *Manifest) check(p *positions) Errors {
 		}
 		if !pullOK[r.Pull] {
 			add(p.at(i, "pull", -1), "pull %q is not one of missing, always, newer", r.Pull)
+		}
+		if r.Schedule != "" {
+			if _, err := ParseSchedule(r.Schedule); err != nil {
+				add(p.at(i, "schedule", -1), "%s", err)
+			}
 		}
 		if r.Mode != "" {
 			if _, err := ParseMode(r.Mode); err != nil {

@@ -381,3 +381,26 @@ func TestNestedMountsIsEveryPair(t *testing.T) {
 		}
 	}
 }
+
+// Issue 30, item 3: a step's schedule is daily, hourly, weekly, every
+// DURATION (10s at least) or a cron line in UTC; anything else, or one on
+// another kind, is an error naming the line.
+func TestStepSchedule(t *testing.T) {
+	for _, c := range []struct{ sched, err string }{
+		{"daily", ""}, {"hourly", ""}, {"weekly", ""}, {"every 15m", ""}, {"every 10s", ""}, {"30 3 * * *", ""}, {"*/5 * * * 1-5", ""},
+		{"every 5s", "between 10s and 366 days"}, {"every soon", "between 10s and 366 days"}, {"@every 1m", "write daily"},
+		{"61 * * * *", "cron line"}, {"* * *", "cron line"}, {"CRON_TZ=Europe/Paris 0 3 * * *", "write daily"},
+	} {
+		_, err := Parse("s.yaml", []byte("module: s\nresources:\n  - step: run\n    image: b:1\n    schedule: \""+c.sched+"\"\n"))
+		if c.err == "" && err != nil || c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), "s.yaml:5")) {
+			t.Errorf("schedule %q: %v, want %q", c.sched, err, c.err)
+		}
+	}
+	if _, err := Parse("s.yaml", []byte("module: s\nresources:\n  - container: s.main\n    image: b:1\n    schedule: daily\n")); err == nil || !strings.Contains(err.Error(), "schedule") {
+		t.Errorf("a container's schedule: %v", err)
+	}
+	s, _ := ParseSchedule("30 3 * * *")
+	if n := s.Next(time.Date(2026, 12, 1, 4, 0, 0, 0, time.FixedZone("X", 5*3600))); !n.Equal(time.Date(2026, 12, 1, 3, 30, 0, 0, time.UTC)) { // 04:00 at +05:00 is 23:00 UTC the day before
+		t.Errorf("a cron line is read in UTC: next %s", n)
+	}
+}

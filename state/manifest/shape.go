@@ -44,6 +44,7 @@ var (
 		"restart-on":   texts(`[/srv/web/app.ini]`),
 		"take-over":    flag,
 		"data":         flag,
+		"schedule":     text,
 		"pull":         text,
 		"health":       healthShape,
 		"user":         text,

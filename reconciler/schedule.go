@@ -1,0 +1,118 @@
+package reconciler
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// Scheduled steps (issue 30, item 3). A step with schedule: runs once as
+// any step does, when the plan first holds it; then, on the node that holds
+// it, again at each slot of its schedule. Those runs go through the loop,
+// one at a time and never during an apply, so runs of a step never overlap
+// (a slot that passes while one runs is not run twice). They record no
+// marker: nothing that names the step (restart-on) is recreated by them. A
+// run that fails is reported, and tried again at the next slot. The slots
+// are kept in the ledger, so a restarted agent keeps them.
+
+// nextSlot is the earliest slot of the plan's scheduled steps, as the
+// ledger has them (zero: none).
+func (r *Reconciler) nextSlot(plan *state.Plan) time.Time {
+	var next time.Time
+	for _, res := range plan.Resources {
+		if res.Kind != manifest.KindStep || res.Decl.Schedule == "" {
+			continue
+		}
+		st, ok := r.ledger.Schedules[res.RuntimeName()]
+		if !ok || st.Schedule != res.Decl.Schedule {
+			return r.cfg.Now() // not planned yet: now
+		}
+		if next.IsZero() || st.Next.Before(next) {
+			next = st.Next
+		}
+	}
+	return next
+}
+
+// RunScheduled runs each scheduled step of plan whose slot has come, and
+// plans the next slot of each; it returns each scheduled step's state for
+// the report.
+func (r *Reconciler) RunScheduled(ctx context.Context, plan *state.Plan) []state.ScheduledRun {
+	x := &run{r: r, rt: r.rt, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
+		managed: map[string]Container{}, failed: map[string]*state.ModuleFailure{}, kinds: map[string]string{}, publishOn: plan.PublishAddress}
+	for _, res := range plan.Resources {
+		if res.Kind != manifest.KindStep && res.Kind != manifest.KindContainer {
+			x.kinds[res.Name] = res.Kind
+		}
+	}
+	if r.ledger.Schedules == nil {
+		r.ledger.Schedules = map[string]Scheduled{}
+	}
+	for _, res := range plan.Resources {
+		if res.Kind != manifest.KindStep || res.Decl.Schedule == "" {
+			continue
+		}
+		sch, err := manifest.ParseSchedule(res.Decl.Schedule)
+		if err != nil {
+			continue // the manifest's check refuses it; an older plan's text
+		}
+		name := res.RuntimeName()
+		now := r.cfg.Now()
+		st, ok := r.ledger.Schedules[name]
+		if !ok || st.Schedule != res.Decl.Schedule {
+			// First seen (its first run is the apply's): the next slot.
+			r.ledger.Schedules[name] = Scheduled{Next: sch.Next(now), Schedule: res.Decl.Schedule, OK: st.OK, Last: st.Last, Reason: st.Reason}
+			continue
+		}
+		if now.Before(st.Next) {
+			continue
+		}
+		if _, ran := r.ledger.Markers[name]; !ran {
+			continue // its first run has not succeeded yet: the apply runs it
+		}
+		want := describe(res, r.cfg.DNS, plan.PublishAddress, nil)
+		// A container of the step's name left by an agent killed mid-run
+		// goes first: this run starts afresh.
+		if c, found, err := r.rt.Lookup(ctx, want.Name); err == nil && found && c.Labels[LabelManaged] == "1" {
+			r.rt.Remove(context.WithoutCancel(ctx), c.ID)
+		}
+		id, rr, ok := x.stepRun(ctx, res, want, "")
+		if ctx.Err() != nil {
+			return r.scheduledRuns(plan)
+		}
+		if ok {
+			r.rt.Remove(context.WithoutCancel(ctx), id)
+		}
+		st = Scheduled{Schedule: res.Decl.Schedule, Last: now.UTC(), OK: ok, Reason: rr.Reason, Next: sch.Next(r.cfg.Now())}
+		r.ledger.Schedules[name] = st
+		if ok {
+			r.log.Info("ran scheduled step", "step", name, "next", st.Next.UTC().Format(time.RFC3339))
+		} else {
+			r.log.Warn("scheduled step failed; tried again at its next slot", "step", name, "err", rr.Reason, "next", st.Next.UTC().Format(time.RFC3339))
+		}
+	}
+	if err := r.ledger.Save(); err != nil {
+		r.log.Warn("record the scheduled steps' runs", "err", err)
+	}
+	return r.scheduledRuns(plan)
+}
+
+// scheduledRuns is what the report says of the plan's scheduled steps.
+func (r *Reconciler) scheduledRuns(plan *state.Plan) []state.ScheduledRun {
+	var out []state.ScheduledRun
+	for _, res := range plan.Resources {
+		if res.Kind != manifest.KindStep || res.Decl.Schedule == "" {
+			continue
+		}
+		st, ok := r.ledger.Schedules[res.RuntimeName()]
+		if !ok {
+			continue
+		}
+		out = append(out, state.ScheduledRun{Module: res.Module, Step: res.Name, Last: st.Last, OK: st.OK || st.Last.IsZero(), Reason: st.Reason, Next: st.Next.UTC()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Step < out[j].Step })
+	return out
+}
