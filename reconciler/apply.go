@@ -101,6 +101,9 @@ type Reconciler struct {
 	verified map[string]bool
 	// health runs the declared health checks of the containers in place.
 	health *monitor
+	// lastFailed is the modules that failed in the last apply: their
+	// scheduled steps wait for one that succeeds (schedule.go).
+	lastFailed map[string]bool
 }
 
 // New loads the ledger and returns a reconciler.
@@ -237,8 +240,10 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 		mods = append(mods, m)
 	}
 	sort.Strings(mods)
+	r.lastFailed = map[string]bool{}
 	for _, m := range mods {
 		rep.Failures = append(rep.Failures, *x.failed[m])
+		r.lastFailed[m] = true
 	}
 	for _, rr := range rep.Resources {
 		if rr.Outcome == state.Failed && x.failed[rr.Module] == nil {
@@ -1146,7 +1151,7 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	for _, p := range gone {
 		e := x.r.ledger.Paths[p]
 		var rr state.ResourceReport
-		if m, ok := purge[p]; ok && e.Data && e.Kind == manifest.KindDirectory && m == e.Module && !running[m] {
+		if m, ok := purge[p]; ok && e.Data && e.Kind == manifest.KindDirectory && e.Original == nil && m == e.Module && !running[m] {
 			rr = x.purgePath(p, e)
 		} else {
 			rr = x.removePath(p, e)
@@ -1240,10 +1245,15 @@ func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 	var kept string
 	var err error
 	switch {
+	case e.Kind == manifest.KindDirectory && e.Data && e.Original != nil:
+		// Taken over: there before the module, so never the mesh's to
+		// remove, --purge-data or not; it keeps the owner and mode the
+		// module gave it, with its data.
+		rr.Outcome, rr.Reason = state.Kept, "a data directory of "+e.Module+" that was there before the mesh took it over: never removed, --purge-data included"
+		return rr
 	case e.Kind == manifest.KindDirectory && e.Data:
 		// A module's data: never the mesh's to remove, even empty (issue
-		// 30). A taken-over one keeps the owner and mode the module gave
-		// it, with its data.
+		// 30), but for mesh unassign --purge-data.
 		rr.Outcome, rr.Reason = state.Kept, "a data directory of "+e.Module+": the mesh never removes one; mesh unassign NODE "+e.Module+" --purge-data removes it"
 		return rr
 	case e.Kind == manifest.KindDirectory && e.Original != nil:

@@ -370,6 +370,12 @@ func purgeDir(path string) (int, error) {
 	}
 	defer unix.Close(dfd)
 	var st unix.Stat_t
+	// What a purge cut short left aside goes first.
+	if err := unix.Fstatat(dfd, base+purgeSuffix, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		if _, err := removeTree(dfd, base+purgeSuffix, 0, st.Dev); err != nil {
+			return 0, err
+		}
+	}
 	if err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); errors.Is(err, unix.ENOENT) {
 		return 0, nil
 	} else if err != nil {
@@ -378,7 +384,16 @@ func purgeDir(path string) (int, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return 0, fmt.Errorf("%s is no longer a directory; the mesh removes only the directory it made", path)
 	}
-	n, err := removeTree(dfd, base, 0)
+	// Renamed aside first: cut short, what is left is not the data
+	// directory a module assigned there again would find half emptied.
+	aside := base + purgeSuffix
+	if err := unix.Renameat(dfd, base, dfd, aside); err != nil {
+		return 0, fmt.Errorf("rename %s aside: %w", path, err)
+	}
+	if err := unix.Fsync(dfd); err != nil {
+		return 0, fmt.Errorf("sync directory of %s: %w", path, err)
+	}
+	n, err := removeTree(dfd, aside, 0, st.Dev)
 	if err != nil {
 		return n, err
 	}
@@ -390,9 +405,13 @@ func purgeDir(path string) (int, error) {
 
 const maxPurgeDepth = 256
 
+// purgeSuffix names a data directory a purge renamed aside.
+const purgeSuffix = ".mesh-purging"
+
 // removeTree removes name in dfd: a file or a link is unlinked, a directory
-// emptied first, each opened with O_NOFOLLOW relative to its parent.
-func removeTree(dfd int, name string, depth int) (int, error) {
+// emptied first, each opened with O_NOFOLLOW relative to its parent; a
+// directory on another device than dev (a mount inside) is not entered.
+func removeTree(dfd int, name string, depth int, dev uint64) (int, error) {
 	err := unix.Unlinkat(dfd, name, 0)
 	if err == nil || errors.Is(err, unix.ENOENT) {
 		return 0, nil
@@ -409,6 +428,13 @@ func removeTree(dfd int, name string, depth int) (int, error) {
 	}
 	d := os.NewFile(uintptr(fd), name)
 	defer d.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", name, err)
+	}
+	if st.Dev != dev {
+		return 0, fmt.Errorf("%s is a mount point (another file system); the purge does not cross it: unmount it, then the next apply goes on", name)
+	}
 	n := 0
 	// Read whole, then removed, until it reads empty: a directory read
 	// while entries go may skip some.
@@ -424,7 +450,7 @@ func removeTree(dfd int, name string, depth int) (int, error) {
 			break
 		}
 		for _, c := range names {
-			m, err := removeTree(int(d.Fd()), c, depth+1)
+			m, err := removeTree(int(d.Fd()), c, depth+1, dev)
 			n += m + 1
 			if err != nil {
 				return n, fmt.Errorf("%s/%w", name, err)

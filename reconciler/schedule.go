@@ -19,19 +19,28 @@ import (
 // are kept in the ledger, so a restarted agent keeps them.
 
 // nextSlot is the earliest slot of the plan's scheduled steps, as the
-// ledger has them (zero: none).
+// ledger has them (zero: none). A step the ledger has not planned yet is due
+// now (RunScheduled plans it); one whose schedule does not parse, or has no
+// slot to come, is left out, so the loop's timer never spins.
 func (r *Reconciler) nextSlot(plan *state.Plan) time.Time {
 	var next time.Time
 	for _, res := range plan.Resources {
 		if res.Kind != manifest.KindStep || res.Decl.Schedule == "" {
 			continue
 		}
-		st, ok := r.ledger.Schedules[res.RuntimeName()]
-		if !ok || st.Schedule != res.Decl.Schedule {
-			return r.cfg.Now() // not planned yet: now
+		if _, err := manifest.ParseSchedule(res.Decl.Schedule); err != nil {
+			continue
 		}
-		if next.IsZero() || st.Next.Before(next) {
-			next = st.Next
+		st, ok := r.ledger.Schedules[res.RuntimeName()]
+		at := st.Next
+		if !ok || st.Schedule != res.Decl.Schedule {
+			at = r.cfg.Now()
+		}
+		if at.IsZero() {
+			continue
+		}
+		if next.IsZero() || at.Before(next) {
+			next = at
 		}
 	}
 	return next
@@ -39,9 +48,12 @@ func (r *Reconciler) nextSlot(plan *state.Plan) time.Time {
 
 // RunScheduled runs each scheduled step of plan whose slot has come, and
 // plans the next slot of each; it returns each scheduled step's state for
-// the report.
+// the report. A step whose first run has not succeeded, or whose module
+// failed in the last apply, is not run: its slot passes, said.
 func (r *Reconciler) RunScheduled(ctx context.Context, plan *state.Plan) []state.ScheduledRun {
-	x := &run{r: r, rt: r.rt, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
+	count := &counting{}
+	counted := &Around{Runtime: r.rt, Before: count.count}
+	x := &run{r: r, rt: counted, counted: counted, count: count, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
 		managed: map[string]Container{}, failed: map[string]*state.ModuleFailure{}, kinds: map[string]string{}, publishOn: plan.PublishAddress}
 	for _, res := range plan.Resources {
 		if res.Kind != manifest.KindStep && res.Kind != manifest.KindContainer {
@@ -65,13 +77,22 @@ func (r *Reconciler) RunScheduled(ctx context.Context, plan *state.Plan) []state
 		if !ok || st.Schedule != res.Decl.Schedule {
 			// First seen (its first run is the apply's): the next slot.
 			r.ledger.Schedules[name] = Scheduled{Next: sch.Next(now), Schedule: res.Decl.Schedule, OK: st.OK, Last: st.Last, Reason: st.Reason}
+			r.saveSchedules()
 			continue
 		}
-		if now.Before(st.Next) {
+		if st.Next.IsZero() || now.Before(st.Next) {
 			continue
 		}
+		skip := ""
 		if _, ran := r.ledger.Markers[name]; !ran {
-			continue // its first run has not succeeded yet: the apply runs it
+			skip = "its first run (the apply's) has not succeeded; not run at this slot"
+		} else if r.lastFailed[res.Module] {
+			skip = "its module failed in the last apply; not run at this slot"
+		}
+		if skip != "" {
+			r.ledger.Schedules[name] = Scheduled{Schedule: st.Schedule, Last: now.UTC(), OK: false, Reason: skip, Next: sch.Next(now)}
+			r.saveSchedules()
+			continue
 		}
 		want := describe(res, r.cfg.DNS, plan.PublishAddress, nil)
 		// A container of the step's name left by an agent killed mid-run
@@ -86,18 +107,24 @@ func (r *Reconciler) RunScheduled(ctx context.Context, plan *state.Plan) []state
 		if ok {
 			r.rt.Remove(context.WithoutCancel(ctx), id)
 		}
+		// The next slot after the run: a slot that passed while it ran is
+		// not run twice.
 		st = Scheduled{Schedule: res.Decl.Schedule, Last: now.UTC(), OK: ok, Reason: rr.Reason, Next: sch.Next(r.cfg.Now())}
 		r.ledger.Schedules[name] = st
+		r.saveSchedules() // each run's, at once: a kill does not run it again
 		if ok {
 			r.log.Info("ran scheduled step", "step", name, "next", st.Next.UTC().Format(time.RFC3339))
 		} else {
 			r.log.Warn("scheduled step failed; tried again at its next slot", "step", name, "err", rr.Reason, "next", st.Next.UTC().Format(time.RFC3339))
 		}
 	}
+	return r.scheduledRuns(plan)
+}
+
+func (r *Reconciler) saveSchedules() {
 	if err := r.ledger.Save(); err != nil {
 		r.log.Warn("record the scheduled steps' runs", "err", err)
 	}
-	return r.scheduledRuns(plan)
 }
 
 // scheduledRuns is what the report says of the plan's scheduled steps.

@@ -118,3 +118,36 @@ func TestScheduledStep(t *testing.T) {
 		t.Fatal("the ledger keeps the slots of a step no longer planned")
 	}
 }
+
+// The loop's timer never spins: a step whose first run failed lets its slot
+// pass (said), a step of a module that failed in the last apply is not run,
+// and a schedule with no slot to come is left out of the next slot.
+func TestScheduledStepNeverSpins(t *testing.T) {
+	dir := t.TempDir()
+	clock := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	rt := newFake()
+	rt.exit = func(s Spec) int { return 1 } // the first run fails
+	r, err := New(Config{Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(dir, "ledger.json"), Now: func() time.Time { return clock }}, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := state.Input{Domain: "internal", Nodes: []state.Node{{Name: "ace", Address: "10.0.0.1"}}, Assignments: []state.Assignment{{Node: "ace", Module: "job"}}}
+	plan := composeAce(t, &in, []string{strings.ReplaceAll(scheduledTmpl, "{{d}}", dir)})
+	ctx := context.Background()
+	r.Apply(ctx, 1, plan)
+	r.RunScheduled(ctx, plan)
+	clock = clock.Add(16 * time.Minute)
+	sch := r.RunScheduled(ctx, plan)
+	if len(sch) != 1 || sch[0].OK || !strings.Contains(sch[0].Reason, "its first run (the apply's) has not succeeded") || !sch[0].Next.After(clock) {
+		t.Fatalf("a slot of a step whose first run failed: %+v", sch)
+	}
+	if next := r.nextSlot(plan); !next.After(clock) {
+		t.Fatalf("the next slot %s is not after now (%s): the loop would spin", next, clock)
+	}
+	// A cron line with no day to come (30 February) is no slot at all.
+	never := composeAce(t, &in, []string{strings.ReplaceAll(strings.ReplaceAll(scheduledTmpl, "{{d}}", dir), "every 15m", "0 0 30 2 *")})
+	r.RunScheduled(ctx, never)
+	if next := r.nextSlot(never); !next.IsZero() {
+		t.Fatalf("a schedule that never comes has a next slot %s", next)
+	}
+}

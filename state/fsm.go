@@ -390,6 +390,9 @@ func (ap *applier) nodeRemove(r *NodeRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM roster WHERE node = ?`, r.Name); err != nil {
 		return false, err
 	}
+	if err := exec(tx, `DELETE FROM purges WHERE node = ?`, r.Name); err != nil {
+		return false, err
+	}
 	if err := exec(tx, `DELETE FROM reports WHERE node = ?`, r.Name); err != nil {
 		return false, err
 	}

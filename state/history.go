@@ -68,8 +68,11 @@ func (ap *applier) historyKeep(r *HistoryKeepRequest) (bool, error) {
 }
 
 func (ap *applier) setHistoryBound(versions, days int) error {
-	for k, v := range map[string]int{"history_versions": versions, "history_days": days} {
-		if err := exec(ap.tx, `INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value`, k, strconv.Itoa(v)); err != nil {
+	for _, kv := range []struct {
+		k string
+		v int
+	}{{"history_versions", versions}, {"history_days", days}} {
+		if err := exec(ap.tx, `INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value`, kv.k, strconv.Itoa(kv.v)); err != nil {
 			return err
 		}
 	}
@@ -108,9 +111,11 @@ func (ap *applier) cutoff(b HistoryBound) time.Time {
 }
 
 // prune keeps, of the rows query lists newest first (a key and a time
-// each), the first b.Versions whose time is not before the cutoff (the
-// first always), and returns the oldest key kept (0: none to drop).
-func (ap *applier) prune(b HistoryBound, query string, args ...any) (uint64, error) {
+// each), at most b.Versions, and of those only the ones replaced (by the
+// row after them) since the cutoff, but always the first least (a plan's
+// diff needs the one before; a rollout, the version it goes from); it
+// returns the oldest key kept (0: none to drop).
+func (ap *applier) prune(b HistoryBound, least int, query string, args ...any) (uint64, error) {
 	rows, err := ap.tx.Query(query, args...)
 	if err != nil {
 		return 0, err
@@ -118,6 +123,7 @@ func (ap *applier) prune(b HistoryBound, query string, args ...any) (uint64, err
 	defer rows.Close()
 	cut, keep, n := ap.cutoff(b), uint64(0), 0
 	drop := false
+	var replaced time.Time // when the row after this one came: this one's end
 	for rows.Next() {
 		var k uint64
 		var at string
@@ -125,11 +131,11 @@ func (ap *applier) prune(b HistoryBound, query string, args ...any) (uint64, err
 			return 0, err
 		}
 		t, _ := time.Parse(timeLayout, at)
-		if n > 0 && (n >= b.Versions || t.Before(cut)) {
+		if n >= least && (n >= b.Versions || replaced.Before(cut)) {
 			drop = true
 			break
 		}
-		keep, n = k, n+1
+		keep, n, replaced = k, n+1, t
 	}
 	if err := rows.Err(); err != nil {
 		return 0, err
@@ -142,7 +148,7 @@ func (ap *applier) prune(b HistoryBound, query string, args ...any) (uint64, err
 
 // prunePlans drops a node's plan versions past the bound.
 func (ap *applier) prunePlans(b HistoryBound, node string) error {
-	keep, err := ap.prune(b, `SELECT version, created_at FROM plans WHERE node = ? ORDER BY version DESC`, node)
+	keep, err := ap.prune(b, 2, `SELECT version, created_at FROM plans WHERE node = ? ORDER BY version DESC`, node)
 	if err != nil || keep == 0 {
 		return err
 	}
@@ -151,7 +157,7 @@ func (ap *applier) prunePlans(b HistoryBound, node string) error {
 
 // pruneRoster drops a name's roster events past the bound.
 func (ap *applier) pruneRoster(b HistoryBound, name string) error {
-	keep, err := ap.prune(b, `SELECT idx, at FROM roster_history WHERE name = ? ORDER BY idx DESC`, name)
+	keep, err := ap.prune(b, 2, `SELECT idx, at FROM roster_history WHERE name = ? ORDER BY idx DESC`, name)
 	if err != nil || keep == 0 {
 		return err
 	}
@@ -161,7 +167,7 @@ func (ap *applier) pruneRoster(b HistoryBound, name string) error {
 // pruneModule drops a module's versions past the bound, never one its
 // rollout goes from or to (a revert needs it).
 func (ap *applier) pruneModule(b HistoryBound, module string) error {
-	keep, err := ap.prune(b, `SELECT version, at FROM module_history WHERE module = ? ORDER BY version DESC`, module)
+	keep, err := ap.prune(b, 2, `SELECT version, at FROM module_history WHERE module = ? ORDER BY version DESC`, module)
 	if err != nil || keep == 0 {
 		return err
 	}

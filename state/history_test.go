@@ -54,10 +54,6 @@ func TestHistoryIsBounded(t *testing.T) {
 		if err != nil || len(ev) > DefaultHistoryVersions {
 			t.Fatalf("web.internal keeps %d roster events (%v)", len(ev), err)
 		}
-		v, err := s.History(ctx, "web")
-		if err != nil || len(v) == 0 || len(v) > DefaultHistoryVersions {
-			t.Fatalf("web keeps %d versions (%v)", len(v), err)
-		}
 	}
 	da, _ := a.Dump(ctx)
 	db, _ := b.Dump(ctx)
@@ -68,7 +64,8 @@ func TestHistoryIsBounded(t *testing.T) {
 	}
 
 	// Days: a bound of 10 versions and 1 day; a day later one command
-	// leaves its plan and the one before only if it is younger than a day.
+	// leaves its plan and the one it replaced (a diff, a rollout's revert
+	// need it), however old: a version's age is from when it was replaced.
 	idx++
 	for _, s := range []*Store{a, b} {
 		if err := s.Apply(idx, encodeAt(&HistoryKeepRequest{Versions: 10, Days: 1}, at)); err != nil {
@@ -80,9 +77,10 @@ func TestHistoryIsBounded(t *testing.T) {
 	}
 	at = at.Add(25 * time.Hour)
 	both(&ModuleAddRequest{Modules: []ModuleSpec{spec("web.yaml", "module: web\nresources:\n  - container: web.main\n    image: busybox:late\n")}})
-	if h, _ := a.PlanHistory(ctx, "ace", 0); len(h) != 1 || !strings.Contains(h[0].Plan.Resources[0].Decl.Image, "late") {
-		t.Fatalf("a day later the versions older than a day are kept: %d", len(h))
+	if h, _ := a.PlanHistory(ctx, "ace", 0); len(h) != 2 || !strings.Contains(h[0].Plan.Resources[0].Decl.Image, "late") {
+		t.Fatalf("a day later %d versions are kept, want the newest and the one it replaced", len(h))
 	}
+
 	b2, _ := a.HistoryBound(ctx)
 	if b2 != (HistoryBound{Set: true, Versions: 10, Days: 1}) {
 		t.Fatalf("the bound: %+v", b2)
@@ -118,5 +116,34 @@ func TestHistoryUnboundedBeforeKeep(t *testing.T) {
 	}
 	if h, _ := s.PlanHistory(ctx, "ace", 0); len(h) < 120 {
 		t.Fatalf("pruned without a bound: %d versions", len(h))
+	}
+}
+
+// A module's versions (kept for rollouts) are pruned alike, but never the
+// two newest nor a version its rollout goes from or to, however old.
+func TestModuleHistoryPruning(t *testing.T) {
+	s := openStore(t)
+	tx, err := s.db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	at := t0.Add(200 * 24 * time.Hour)
+	ap := &applier{s: s, tx: tx, at: at.Format(timeLayout)}
+	for v := 1; v <= 30; v++ {
+		when := t0.Add(time.Duration(v) * time.Hour) // all replaced long before the cutoff
+		if _, err := tx.Exec(`INSERT INTO module_history (module, version, file, manifest, digest, spec, at, cause) VALUES ('m', ?, 'm.yaml', '', '', '', ?, '')`, v, when.Format(timeLayout)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tx.Exec(`INSERT INTO rollouts (module, from_version, to_version, state, reached, reason, started_at, step_index, step_at) VALUES ('m', 7, 30, 'running', '', '', '', 0, '')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := ap.pruneModule(HistoryBound{Set: true, Versions: 10, Days: 90}, "m"); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := listRowsQ(tx, `SELECT version FROM module_history WHERE module = 'm' ORDER BY version`)
+	if err != nil || strings.Join(kept, " ") != "7 29 30" {
+		t.Fatalf("kept %v (%v), want the rollout's from (7) and the two newest", kept, err)
 	}
 }

@@ -302,6 +302,8 @@ func declChanges(a, b Resource) string {
 	x.Content, y.Content, x.Digest, y.Digest = "", "", "", ""
 	// The pull policy is not part of what a container is.
 	x.Decl.Pull, y.Decl.Pull, x.Pull, y.Pull = "", "", 0, 0
+	// Nor is a step's schedule: when it runs again, not what it runs.
+	x.Decl.Schedule, y.Decl.Schedule = "", ""
 	x.Restart, y.Restart = 0, 0
 	return changedFields(x, y)
 }
