@@ -26,7 +26,11 @@ const (
 const overlayProvider = `module: {{name}}
 resources:
   - directory: {{root}}/{{name}}
+    owner: "0:0"
+    mode: "0755"
   - directory: {{root}}/{{name}}-sink
+    owner: "0:0"
+    mode: "0755"
   - file: {{root}}/{{name}}/index.html
     content: "provider page\n"
   - container: {{name}}.web
