@@ -67,12 +67,7 @@ func (c *UnassignCmd) confirmPurge(g *Globals) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var data []string
-	for _, r := range pm.Resources {
-		if r.Directory != "" && r.Data {
-			data = append(data, r.Directory)
-		}
-	}
+	data := pm.DataDirs()
 	if len(data) == 0 {
 		return nil, usageError{fmt.Errorf("module %s declares no data directory (data: true), so --purge-data has nothing to remove; nothing was changed", c.Module)}
 	}

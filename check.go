@@ -90,14 +90,11 @@ func (c *CheckCmd) Run(g *Globals) error {
 // directory that does not declare its owner and mode (the runtime's root
 // and 0755 would be a mode nobody chose).
 func dataOf(m *manifest.Manifest) (data, warnings, problems []string) {
+	data = m.DataDirs()
 	dirs := map[string]*manifest.Resource{}
 	for i := range m.Resources {
-		r := &m.Resources[i]
-		if r.Directory != "" {
+		if r := &m.Resources[i]; r.Directory != "" {
 			dirs[r.Directory] = r
-			if r.Data {
-				data = append(data, r.Directory)
-			}
 		}
 	}
 	said := map[string]bool{}

@@ -195,6 +195,14 @@ func (x *run) ranOf(module string) map[string]bool {
 	return m
 }
 
+// newRun is one pass over plan: an apply, or a scheduled step's run.
+func (r *Reconciler) newRun(plan *state.Plan) *run {
+	count := &counting{}
+	counted := &Around{Runtime: r.rt, Before: count.count}
+	return &run{r: r, rt: counted, counted: counted, count: count, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
+		managed: map[string]Container{}, failed: map[string]*state.ModuleFailure{}, kinds: map[string]string{}, publishOn: plan.PublishAddress}
+}
+
 // Apply makes the node hold plan (version is the plan's version) and reports
 // each resource's outcome. Failure is per module: a module stops at its own
 // first failure (its later resources wait, and so do the modules on this node
@@ -203,10 +211,7 @@ func (x *run) ranOf(module string) map[string]bool {
 func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan) state.Report {
 	start := time.Now()
 	rep := state.Report{Node: r.cfg.Node, Version: version, AppliedAt: r.cfg.Now().UTC()}
-	count := &counting{}
-	counted := &Around{Runtime: r.rt, Before: count.count}
-	x := &run{r: r, rt: counted, counted: counted, count: count, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
-		managed: map[string]Container{}, failed: map[string]*state.ModuleFailure{}, kinds: map[string]string{}, publishOn: plan.PublishAddress}
+	x := r.newRun(plan)
 	list, err := x.rt.Managed(ctx)
 	if err != nil {
 		rep.Error = "podman: " + err.Error()

@@ -51,10 +51,7 @@ func (r *Reconciler) nextSlot(plan *state.Plan) time.Time {
 // the report. A step whose first run has not succeeded, or whose module
 // failed in the last apply, is not run: its slot passes, said.
 func (r *Reconciler) RunScheduled(ctx context.Context, plan *state.Plan) []state.ScheduledRun {
-	count := &counting{}
-	counted := &Around{Runtime: r.rt, Before: count.count}
-	x := &run{r: r, rt: counted, counted: counted, count: count, inputs: map[string]map[string]string{}, ran: map[string]map[string]bool{},
-		managed: map[string]Container{}, failed: map[string]*state.ModuleFailure{}, kinds: map[string]string{}, publishOn: plan.PublishAddress}
+	x := r.newRun(plan)
 	for _, res := range plan.Resources {
 		if res.Kind != manifest.KindStep && res.Kind != manifest.KindContainer {
 			x.kinds[res.Name] = res.Kind

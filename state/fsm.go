@@ -632,16 +632,12 @@ func (ap *applier) unassign(r *UnassignRequest) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		data := map[string]bool{}
+		var data []string
 		if m := cat[a.Module]; m != nil {
-			for _, res := range m.Resources {
-				if res.Directory != "" && res.Data {
-					data[res.Directory] = true
-				}
-			}
+			data = m.DataDirs()
 		}
 		for _, p := range r.PurgeData {
-			if !data[p] {
+			if !slices.Contains(data, p) {
 				return false, ruleErr(ErrInvalid, "--purge-data: %q is not a data directory of module %q; nothing was changed", p, a.Module)
 			}
 			if err := exec(tx, `INSERT INTO purges (node, module, path, idx) VALUES (?, ?, ?, ?) ON CONFLICT (node, path) DO UPDATE SET module = excluded.module, idx = excluded.idx`, a.Node, a.Module, p, ap.index); err != nil {

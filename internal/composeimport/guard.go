@@ -215,10 +215,11 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 		}
 		docs = append(docs, &n)
 	}
-	w, h := map[*yaml.Node]int{}, map[*yaml.Node]int{}
+	memo := map[*yaml.Node]size{}
 	for _, d := range docs {
-		g.spend(expanded(d, w))
-		if depth := height(d, h); depth > maxComposeDepth {
+		m := measure(d, memo)
+		g.spend(m.nodes)
+		if m.depth > maxComposeDepth {
 			return out, fmt.Errorf("%s nests more than %d levels deep (counting what anchors copy); the import reads compose files up to that depth, and real ones nest less than 15", file, maxComposeDepth)
 		}
 	}
@@ -420,51 +421,38 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 
 func (g *guard) lookup(k string) (string, bool) { v, ok := g.vars[k]; return v, ok }
 
-// expanded counts the nodes n stands for once its aliases are copied,
-// computing each anchored node once (so a "billion laughs" is counted, not
-// walked). An alias to a node that contains it counts nothing more: compose-go
-// refuses it.
-func expanded(n *yaml.Node, w map[*yaml.Node]int) int {
+// size is what a node stands for once its aliases are copied: how many
+// nodes, and how deep it nests.
+type size struct{ nodes, depth int }
+
+// measure computes n's size, each anchored node once (so a "billion
+// laughs" is counted, not walked). An alias to a node that contains it adds
+// nothing more: compose-go refuses it. Both counts stop past their bounds,
+// so no hostile sum wraps and a deep nesting costs no more than the bound.
+func measure(n *yaml.Node, memo map[*yaml.Node]size) size {
 	if n == nil {
-		return 0
+		return size{}
 	}
-	if c, ok := w[n]; ok {
+	if c, ok := memo[n]; ok {
 		return c
 	}
-	w[n] = 0 // in progress
-	c := 1
+	memo[n] = size{} // in progress
+	c := size{nodes: 1}
 	if n.Kind == yaml.AliasNode {
-		c = expanded(n.Alias, w)
+		c = measure(n.Alias, memo)
 	}
 	for _, k := range n.Content {
-		c = min(c+expanded(k, w), 4*maxComposeNodes)
+		m := measure(k, memo)
+		c.nodes = min(c.nodes+m.nodes, 4*maxComposeNodes)
+		c.depth = max(c.depth, m.depth)
 	}
-	w[n] = c
+	c.depth = min(c.depth+1, maxComposeDepth+1)
+	memo[n] = c
 	return c
 }
 
-// height is how deep n nests once its aliases are followed, each anchored
-// node computed once; an alias to a node that contains it adds nothing
-// (compose-go refuses it). It stops counting past the bound, so a hostile
-// nesting costs no more than the bound to measure per node.
-func height(n *yaml.Node, h map[*yaml.Node]int) int {
-	if n == nil {
-		return 0
-	}
-	if c, ok := h[n]; ok {
-		return c
-	}
-	h[n] = 0 // in progress
-	c := 0
-	if n.Kind == yaml.AliasNode {
-		c = height(n.Alias, h)
-	}
-	for _, k := range n.Content {
-		c = max(c, height(k, h))
-	}
-	h[n] = min(c+1, maxComposeDepth+1)
-	return h[n]
-}
+// expanded is how many nodes n stands for.
+func expanded(n *yaml.Node, memo map[*yaml.Node]size) int { return measure(n, memo).nodes }
 
 // nodesOf counts the nodes of a decoded (already small) value.
 func nodesOf(v any) int {

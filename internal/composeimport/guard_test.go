@@ -244,7 +244,7 @@ func TestExpandedCountsAliases(t *testing.T) {
 		t.Fatal(err)
 	}
 	// document 1 + mapping 1 + keys a,b 2 + seq a 3 + seq b 1 + 3 copies of 3.
-	if got := expanded(&n, map[*yaml.Node]int{}); got != 1+1+2+3+1+9 {
+	if got := expanded(&n, map[*yaml.Node]size{}); got != 1+1+2+3+1+9 {
 		t.Fatalf("expanded = %d, want 17", got)
 	}
 }

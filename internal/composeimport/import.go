@@ -313,16 +313,10 @@ func (p *project) run(ctx context.Context) (*Result, error) {
 		// not.
 		named := map[string]bool{}
 		for k, v := range envOf(svc.Environment) {
-			p.hosts(k, v, n, named)
+			p.hosts(k, v, named)
 		}
 		for _, args := range [][]string{svc.Entrypoint, svc.Command} {
-			for i := 1; i < len(args); i++ {
-				flag := ""
-				if strings.HasPrefix(args[i-1], "-") {
-					flag = args[i-1]
-				}
-				p.hosts(flag, args[i], n, named)
-			}
+			p.argHosts(args, named)
 		}
 		for _, d := range sortedKeys(named) {
 			if _, dep := svc.DependsOn[d]; !dep && d != n {
@@ -436,6 +430,12 @@ func (w *writer) path(source, base string) (p string, fresh bool) {
 	}
 	w.paths[p], w.sources[source] = source, p
 	return p, true
+}
+
+// unclaim gives back a path that path took for a source not carried.
+func (w *writer) unclaim(source, p string) {
+	delete(w.paths, p)
+	delete(w.sources, source)
 }
 
 // ownerOf is who owns the service's directories: its numeric user, else
@@ -742,8 +742,7 @@ func (w *writer) volume(v types.ServiceVolumeConfig) {
 		case err == nil && st.Mode().IsRegular():
 			p, fresh := w.path("bind "+src, safeBase(src))
 			if fresh && !w.hostFile("bind mount of the file "+src, src, p, "0:0", "0644") {
-				delete(w.paths, p)
-				delete(w.sources, "bind "+src)
+				w.unclaim("bind "+src, p)
 				return
 			}
 			mount(p)
@@ -949,8 +948,7 @@ func (w *writer) configs(svc types.ServiceConfig) {
 			continue
 		case cfg.File != "":
 			if !w.hostFile("config "+c.Source+" (file "+cfg.File+")", cfg.File, p, owner, mode) {
-				delete(w.paths, p)
-				delete(w.sources, "config "+c.Source)
+				w.unclaim("config "+c.Source, p)
 				continue
 			}
 		case cfg.Content != "" && isText([]byte(cfg.Content)) && len(cfg.Content) <= 64<<10 && w.spend(len(cfg.Content)):
@@ -958,8 +956,7 @@ func (w *writer) configs(svc types.ServiceConfig) {
 			w.note(NoteCarried, "config %s -> file %s with its content (owner %s, mode %s)", c.Source, p, owner, mode)
 		default:
 			w.note(NoteDropped, "config %s: no file in the project, nor text content of at most 64 KiB: not carried; declare it as a file", c.Source)
-			delete(w.paths, p)
-			delete(w.sources, "config "+c.Source)
+			w.unclaim("config "+c.Source, p)
 			continue
 		}
 		w.mounts = append(w.mounts, p+":"+path.Clean(target)+":ro")
@@ -1144,16 +1141,25 @@ func (w *writer) rename(key string, args []string) []string {
 	if !w.p.renamed || len(args) == 0 {
 		return args
 	}
+	out := w.p.argHosts(args, nil)
+	for i := range args {
+		if out[i] != args[i] {
+			w.note(NoteCarried, "%s %q -> %q (the services' module names)", key, args[i], out[i])
+		}
+	}
+	return out
+}
+
+// argHosts is hosts for a command's words: never its first (a program), a
+// word after a flag (-h db) read with that flag as its key.
+func (p *project) argHosts(args []string, seen map[string]bool) []string {
 	out := slices.Clone(args)
 	for i := 1; i < len(args); i++ {
 		flag := ""
 		if strings.HasPrefix(args[i-1], "-") && !strings.Contains(args[i-1], "=") {
 			flag = args[i-1]
 		}
-		out[i] = w.p.hosts(flag, args[i], w.module, nil)
-		if out[i] != args[i] {
-			w.note(NoteCarried, "%s %q -> %q (the services' module names)", key, args[i], out[i])
-		}
+		out[i] = p.hosts(flag, args[i], seen)
 	}
 	return out
 }
@@ -1164,7 +1170,7 @@ func (w *writer) renameValue(key, v string) string {
 	if !w.p.renamed {
 		return v
 	}
-	return w.p.hosts(key, v, w.module, nil)
+	return w.p.hosts(key, v, nil)
 }
 
 var (
@@ -1188,7 +1194,7 @@ func hostKey(k string) bool {
 // HOST:PORT, or a lone word when key names a host) and, when the service's
 // module has another name, writes the module's; seen, when set, collects
 // the services named (their dependants must reach them).
-func (p *project) hosts(key, v, from string, seen map[string]bool) string {
+func (p *project) hosts(key, v string, seen map[string]bool) string {
 	service := func(h string) (string, bool) {
 		if _, ok := p.proj.Services[h]; ok {
 			return h, true

@@ -64,15 +64,7 @@ resources:
 		{`labels: {mesh.digest: x}`, "keys starting with mesh. are the mesh's own"},
 		{`read-only: "yes"`, "read-only"},
 	} {
-		bad := "module: cf\nresources:\n  - container: cf.app\n    image: busybox\n    " + tc.line + "\n"
-		_, err := Parse("cf.yaml", []byte(bad))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want %q", tc.line, err, tc.want)
-			continue
-		}
-		if !strings.Contains(err.Error(), "cf.yaml:5") {
-			t.Errorf("%s: the error does not name line 5: %v", tc.line, err)
-		}
+		refusedAtLine5(t, tc.line, tc.want)
 	}
 	// The fields belong to steps and containers only.
 	if _, err := Parse("cf.yaml", []byte("module: cf\nresources:\n  - directory: /srv/cf\n    user: root\n")); err == nil || !strings.Contains(err.Error(), "user") {
@@ -136,15 +128,7 @@ resources:
 		{`mounts: ["/srv/cf:/d:ro,rw"]`, "options ro and rw: give one of ro and rw"},
 		{`mounts: ["/srv/cf:/d:shared"]`, `option "shared" is not one of ro, rw, z, Z`},
 	} {
-		bad := "module: cf\nresources:\n  - container: cf.app\n    image: busybox\n    " + tc.line + "\n"
-		_, err := Parse("cf.yaml", []byte(bad))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want %q", tc.line, err, tc.want)
-			continue
-		}
-		if !strings.Contains(err.Error(), "cf.yaml:5") {
-			t.Errorf("%s: the error does not name line 5: %v", tc.line, err)
-		}
+		refusedAtLine5(t, tc.line, tc.want)
 	}
 	for _, key := range []string{"tty: true", "init: true", "pids-limit: 5", "group-add: [video]"} {
 		if _, err := Parse("cf.yaml", []byte("module: cf\nresources:\n  - directory: /srv/cf\n    "+key+"\n")); err == nil || !strings.Contains(err.Error(), "a directory does not take `"+strings.Split(key, ":")[0]+"`") {
@@ -270,5 +254,19 @@ func TestEveryKeyIsHandled(t *testing.T) {
 		if !slices.Contains(Keys(KindContainer), k) || !slices.Contains(Keys(KindStep), k) {
 			t.Errorf("%s: not taken by both steps and containers", k)
 		}
+	}
+}
+
+// refusedAtLine5 checks that a container with line as its fifth line is
+// refused, saying want and naming that line.
+func refusedAtLine5(t *testing.T, line, want string) {
+	t.Helper()
+	_, err := Parse("cf.yaml", []byte("module: cf\nresources:\n  - container: cf.app\n    image: busybox\n    "+line+"\n"))
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: %v, want %q", line, err, want)
+		return
+	}
+	if !strings.Contains(err.Error(), "cf.yaml:5") {
+		t.Errorf("%s: the error does not name line 5: %v", line, err)
 	}
 }
