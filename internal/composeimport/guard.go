@@ -53,7 +53,7 @@ const (
 	maxServicePorts = 1024
 )
 
-func guardFiles(file string, env []string, projectDir string, hostFiles bool) error {
+func guardFiles(file string, env []string, project projectDir, hostFiles bool) error {
 	dir := filepath.Dir(file)
 	vars := map[string]string{}
 	for _, kv := range env {
@@ -69,7 +69,7 @@ func guardFiles(file string, env []string, projectDir string, hostFiles bool) er
 		if err := regularFile(dotEnv, "the .env beside it"); err != nil {
 			return err
 		}
-		if err := insideProject(dotEnv, "the .env beside it", projectDir, hostFiles); err != nil {
+		if err := insideProject(dotEnv, "the .env beside it", project, hostFiles); err != nil {
 			return err
 		}
 		if m, err := dotenv.Read(dotEnv); err == nil {
@@ -80,7 +80,7 @@ func guardFiles(file string, env []string, projectDir string, hostFiles bool) er
 			}
 		}
 	}
-	g := &guard{vars: vars, files: map[string]*guarded{}, project: projectDir, hostFiles: hostFiles}
+	g := &guard{vars: vars, files: map[string]*guarded{}, project: project, hostFiles: hostFiles}
 	if _, err := g.file(file, dir, 0, false); err != nil {
 		return err
 	}
@@ -92,8 +92,8 @@ func guardFiles(file string, env []string, projectDir string, hostFiles bool) er
 
 // guard walks a compose file and the files it names, once each.
 type guard struct {
-	project   string // the project's directory, links resolved
-	hostFiles bool   // --copy-host-files: files outside it may be read
+	project   projectDir
+	hostFiles bool // --copy-host-files: files outside it may be read
 	vars      map[string]string
 	files     map[string]*guarded // nil while the file is being walked (a cycle)
 	nodes     int                 // what compose-go will expand, so far
@@ -147,29 +147,31 @@ func regularFile(p, what string) error {
 // (an env_file, a label_file, the .env) when it lies outside the project's
 // directory once links are followed: a link to /root/secrets.env, or an
 // absolute host path, unless --copy-host-files asks for it.
-func insideProject(p, what, project string, hostFiles bool) error {
+func insideProject(p, what string, project projectDir, hostFiles bool) error {
 	real, err := filepath.EvalSymlinks(p)
-	if err != nil || project == "" || withinDir(real, project) {
+	if err != nil || project.real == "" || withinDir(real, project.real) {
 		return nil // absent: compose-go says whether that matters
 	}
-	if named := namedAt(p); withinDir(named, project) {
-		// In the project by its name, out of it by a link: never followed.
-		return fmt.Errorf("%s %s leads out of the project's directory %s (to %s): the import follows no link out of it; copy the file into the project", what, p, project, real)
+	if project.holds(p) {
+		// In the project by its name, out of it by a link (at any level):
+		// never followed.
+		return fmt.Errorf("%s %s leads out of the project's directory %s (to %s): the import follows no link out of it; copy the file into the project", what, p, project.real, real)
 	}
 	if hostFiles {
 		return nil
 	}
-	return fmt.Errorf("%s %s is outside the project's directory %s: the import reads into manifests, which every node replicates, only the project's own files; copy it into the project, or pass --copy-host-files", what, p, project)
+	return fmt.Errorf("%s %s is outside the project's directory %s: the import reads into manifests, which every node replicates, only the project's own files; copy it into the project, or pass --copy-host-files", what, p, project.real)
 }
 
-// namedAt is where p is by its name: its directory with links resolved, and
-// its last element as it is (a link there not followed).
-func namedAt(p string) string {
+// projectDir is the compose file's directory as it was named (a link to
+// it included) and with links resolved.
+type projectDir struct{ named, real string }
+
+// holds says whether p is in the project by its name: under the directory
+// as named or as resolved, whatever links lie below it.
+func (d projectDir) holds(p string) bool {
 	p = filepath.Clean(p)
-	if dir, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
-		return filepath.Join(dir, filepath.Base(p))
-	}
-	return p
+	return d.named != "" && withinDir(p, d.named) || d.real != "" && withinDir(p, d.real)
 }
 
 func withinDir(p, dir string) bool {

@@ -134,3 +134,26 @@ func TestImportLinkedProjectDirectory(t *testing.T) {
 		}
 	}
 }
+
+// A link at any level inside the project (a directory ./conf linked to
+// /elsewhere) leads out of it just the same: the file under it is never
+// read, --copy-host-files or not, nor an env_file under it.
+func TestImportLinkAtAnyLevel(t *testing.T) {
+	outside := t.TempDir()
+	os.WriteFile(filepath.Join(outside, "app.ini"), []byte("SECRET\n"), 0o600)
+	os.WriteFile(filepath.Join(outside, "app.env"), []byte("LEAK=1\n"), 0o600)
+	file := writeProject(t, map[string]string{"compose.yaml": "services:\n  app:\n    image: busybox\n    volumes: [./conf/app.ini:/etc/app.ini:ro]\n"})
+	os.Symlink(outside, filepath.Join(filepath.Dir(file), "conf"))
+	for _, copyHost := range []bool{false, true} {
+		res := mustImport(t, Options{File: file, CopyHostFiles: copyHost})
+		if app := manifestOf(t, res, "app"); strings.Contains(app, "SECRET") || !hasNote(res, NoteDropped, "a link leading out of the project's directory") {
+			t.Fatalf("copy-host-files %v:\n%s\n%v", copyHost, app, res.Lines())
+		}
+	}
+	envFile := writeProject(t, map[string]string{"compose.yaml": "services:\n  app:\n    image: busybox\n    env_file: conf/app.env\n"})
+	os.Symlink(outside, filepath.Join(filepath.Dir(envFile), "conf"))
+	_, err := Import(context.Background(), Options{File: envFile, Env: []string{}, CopyHostFiles: true})
+	if err == nil || !strings.Contains(err.Error(), "leads out of the project's directory") {
+		t.Fatalf("an env_file under a linked directory with --copy-host-files: %v", err)
+	}
+}

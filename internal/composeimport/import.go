@@ -172,11 +172,11 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if env == nil {
 		env = os.Environ()
 	}
-	projectDir := filepath.Dir(abs)
-	if real, err := filepath.EvalSymlinks(projectDir); err == nil {
-		projectDir = real
+	dir := projectDir{named: filepath.Dir(abs), real: filepath.Dir(abs)}
+	if real, err := filepath.EvalSymlinks(dir.named); err == nil {
+		dir.real = real
 	}
-	if err := guardFiles(abs, env, projectDir, opts.CopyHostFiles); err != nil {
+	if err := guardFiles(abs, env, dir, opts.CopyHostFiles); err != nil {
 		return nil, err
 	}
 	fns := []cli.ProjectOptionsFn{cli.WithWorkingDirectory(filepath.Dir(abs)), cli.WithEnv(env)}
@@ -206,7 +206,7 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if len(proj.Name) > 100 {
 		return nil, UsageError{fmt.Errorf("the project's name is %d characters; host paths are ROOT/PROJECT-MODULE, and a path's element is at most 255 bytes: give --project a shorter one (at most 100)", len(proj.Name))}
 	}
-	p := &project{opts: opts, proj: proj, dir: projectDir, res: &Result{Project: proj.Name}}
+	p := &project{opts: opts, proj: proj, dir: dir, res: &Result{Project: proj.Name}}
 	for _, w := range warnings {
 		p.res.Notes = append(p.res.Notes, Note{"compose", NoteAction, w})
 	}
@@ -256,7 +256,7 @@ func envFlag(env []string, k string) bool {
 type project struct {
 	opts Options
 	proj *types.Project
-	dir  string // the project's directory, links resolved
+	dir  projectDir
 	res  *Result
 	// modules maps each service to its module.
 	modules map[string]string
@@ -881,12 +881,12 @@ func kindOf(m fs.FileMode) string {
 // what names the source in notes ("bind mount of the file X").
 func (w *writer) hostFile(what, src, p, owner, mode string) bool {
 	real, err := filepath.EvalSymlinks(src)
-	inside := err == nil && manifest.Within(real, w.p.dir)
+	inside := err == nil && manifest.Within(real, w.p.dir.real)
 	switch {
 	case err != nil:
 		w.note(NoteDropped, "%s: not carried over (%v)", what, err)
 		return false
-	case !inside && manifest.Within(namedAt(src), w.p.dir):
+	case !inside && w.p.dir.holds(src):
 		w.note(NoteDropped, "%s: a link leading out of the project's directory (to %s): not followed, not copied; copy the file into the project, or declare it as a file with its content", what, real)
 		return false
 	case !inside && !w.p.opts.CopyHostFiles:
