@@ -886,3 +886,37 @@ func pulledBed(t *testing.T) (b *bed, before string) {
 	}
 	return b, before
 }
+
+// A purge cut short (a kill -9 after the rename aside, or midway through the
+// removal) is finished by the next apply: the ledger still holds the path,
+// and what was set aside goes first, following no link.
+func TestPurgeCutShortIsFinished(t *testing.T) {
+	b := newBed(t)
+	b.vars["data"] = "\n    data: true"
+	b.apply()
+	data := filepath.Join(b.dir, "app/data")
+	outside := filepath.Join(t.TempDir(), "keep")
+	os.WriteFile(outside, []byte("keep me"), 0o600)
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.apply() // app's containers go; its data is kept
+	// As a purge killed after its rename left it: aside, half removed.
+	aside := data + purgeSuffix
+	if err := os.Rename(data, aside); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(aside, "x/y"), 0o755)
+	os.Symlink(outside, filepath.Join(aside, "x/link"))
+	b.in.Purges = map[string][]state.Purge{"ace": {{Module: "app", Path: data}}}
+	if o := outcome(b.apply(), data); o.Outcome != state.Removed {
+		t.Fatalf("the purge's second pass: %+v", o)
+	}
+	if _, err := os.Lstat(aside); !os.IsNotExist(err) {
+		t.Fatalf("what the first pass set aside is still there: %v", err)
+	}
+	if b, err := os.ReadFile(outside); err != nil || string(b) != "keep me" {
+		t.Fatalf("a link was followed: %q %v", b, err)
+	}
+	if _, ok := b.r.ledger.Paths[data]; ok {
+		t.Fatal("the ledger still holds the purged directory")
+	}
+}
