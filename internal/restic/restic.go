@@ -1,0 +1,684 @@
+// Package restic runs Debian's restic binary (0.14, the one apt installs)
+// for a mesh agent backing up a module's data directories. It owns how
+// restic is called: the repository and password travel in the child's
+// environment only, that environment is built from nothing (an operator's
+// RESTIC_* variables never redirect a run), every value put on a command
+// line is checked first, and restic's text is turned into typed errors here,
+// once. It decides nothing: what to back up, when, and what to keep are the
+// caller's.
+package restic
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// StopGrace is how long a run has, after SIGINT, to remove its lock and
+// exit before it is killed.
+const StopGrace = 10 * time.Second
+
+// Bounds on what is kept of a run's output.
+const (
+	stderrTail = 4 << 10  // the end of stderr, for errors
+	maxStdout  = 64 << 20 // snapshots and forget answer in one JSON document
+	maxLine    = 64 << 10 // one backup status line (current_files can be long)
+)
+
+// defaultPath is the child's PATH when the agent has none (systemd units).
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Errors a caller branches on, wrapped in a sentence naming the run.
+// restic 0.14 has no exit codes for these, so its messages are read here.
+var (
+	ErrNotInstalled  = errors.New("restic is not installed (apt-get install restic)")
+	ErrWrongPassword = errors.New("the repository's password is wrong (it is not the one the repository was initialised with)")
+	ErrNoRepository  = errors.New("the repository does not exist yet")
+	// ErrIncomplete: the snapshot was made, but some files could not be read
+	// and are missing from it (restic's exit code 3).
+	ErrIncomplete = errors.New("the snapshot is incomplete: some files could not be read")
+)
+
+// errExists is init's answer when another run initialised it first.
+var errExists = errors.New("the repository exists already")
+
+// Repo is one restic repository as mesh uses it.
+type Repo struct {
+	URL      string   // as restic takes it: a local path, sftp:..., s3:..., rest:...
+	Password []byte   // passed as RESTIC_PASSWORD in the child's environment, never on its command line
+	Binary   string   // "" = "restic" found on PATH
+	CacheDir string   // "" = --no-cache; else RESTIC_CACHE_DIR
+	Host     string   // --host for backup (the node's name); "" = the machine's hostname
+	Env      []string // extra environment (AWS_ACCESS_KEY_ID=... for s3:), appended
+}
+
+// Snapshot is one snapshot as restic lists it.
+type Snapshot struct {
+	ID, ShortID string
+	Time        time.Time
+	Host        string
+	Paths, Tags []string
+}
+
+// Summary is what a backup reports at its end.
+type Summary struct {
+	SnapshotID                              string // restic 0.14 gives the short ID
+	FilesNew, FilesChanged, FilesUnmodified int
+	DataAdded, TotalBytes                   int64
+	TotalFiles                              int
+	Duration                                time.Duration
+}
+
+// Keep is a forget policy: how many of the newest snapshots to keep, in all
+// and per hour, day, week, month and year.
+type Keep struct {
+	Last, Hourly, Daily, Weekly, Monthly, Yearly int
+}
+
+// Progress is a backup's status line.
+type Progress struct {
+	PercentDone           float64
+	FilesDone, TotalFiles int
+	BytesDone, TotalBytes int64
+}
+
+// Ensure initialises the repository when it does not exist yet, and tells
+// whether it did. An existing one is opened, which checks the password.
+func (r Repo) Ensure(ctx context.Context) (created bool, err error) {
+	err = r.run(ctx, nil, "cat", "config")
+	if !errors.Is(err, ErrNoRepository) {
+		return false, err
+	}
+	err = r.run(ctx, nil, "init")
+	if errors.Is(err, errExists) {
+		// Another agent initialised it between the two runs: open it as ours.
+		return false, r.run(ctx, nil, "cat", "config")
+	}
+	return err == nil, err
+}
+
+// Backup makes one snapshot of paths (absolute, existing) with tags. Stale
+// locks of killed runs are removed first, or they would block it; locks of
+// live runs are left. progress, when not nil, is called with each status
+// line, from another goroutine, one call at a time, before Backup returns.
+// A snapshot that misses files it could not read is returned with an error
+// wrapping ErrIncomplete.
+func (r Repo) Backup(ctx context.Context, paths []string, tags []string, progress func(Progress)) (Summary, error) {
+	if len(paths) == 0 {
+		return Summary{}, errors.New("restic backup: no paths given")
+	}
+	for _, p := range paths {
+		if !filepath.IsAbs(p) {
+			return Summary{}, fmt.Errorf("restic backup: %q is not an absolute path (restic would resolve it against the agent's working directory)", p)
+		}
+		// restic skips a missing path with a warning and exits 0: the
+		// snapshot would silently lack a data directory.
+		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+			return Summary{}, fmt.Errorf("restic backup: %s does not exist (restic would leave it out of the snapshot and succeed): %w", p, err)
+		} else if err != nil {
+			return Summary{}, fmt.Errorf("restic backup: %w", err)
+		}
+	}
+	if err := checkTags(tags); err != nil {
+		return Summary{}, fmt.Errorf("restic backup: %w", err)
+	}
+	if strings.HasPrefix(r.Host, "-") {
+		return Summary{}, fmt.Errorf("restic backup: host %q starts with '-'", r.Host)
+	}
+	if err := r.unlock(ctx); err != nil {
+		return Summary{}, err
+	}
+
+	args := []string{"backup", "--json"}
+	if r.Host != "" {
+		args = append(args, "--host="+r.Host)
+	}
+	if len(tags) > 0 {
+		args = append(args, "--tag="+strings.Join(tags, ","))
+	}
+	args = append(args, "--")
+	args = append(args, paths...)
+
+	var sum *Summary
+	out := &lineWriter{line: func(b []byte) {
+		var l backupLine
+		if json.Unmarshal(b, &l) != nil {
+			return
+		}
+		switch l.MessageType {
+		case "status":
+			if progress != nil {
+				progress(Progress{PercentDone: l.PercentDone, FilesDone: l.FilesDone, TotalFiles: l.TotalFiles, BytesDone: l.BytesDone, TotalBytes: l.TotalBytes})
+			}
+		case "summary":
+			sum = &Summary{
+				SnapshotID: l.SnapshotID, FilesNew: l.FilesNew, FilesChanged: l.FilesChanged, FilesUnmodified: l.FilesUnmodified,
+				DataAdded: l.DataAdded, TotalBytes: l.TotalBytesProcessed, TotalFiles: l.TotalFilesProcessed,
+				Duration: time.Duration(l.TotalDuration * float64(time.Second)),
+			}
+		}
+	}}
+	err := r.run(ctx, out, args...)
+	out.flush()
+	var rerr *runError
+	if errors.As(err, &rerr) && rerr.code == 3 && sum != nil {
+		msg := strings.Join(fileErrors(rerr.stderr), "; ")
+		return *sum, fmt.Errorf("restic backup: snapshot %s: %w (%s)", sum.SnapshotID, ErrIncomplete, msg)
+	}
+	if err != nil {
+		return Summary{}, err
+	}
+	if sum == nil || !validID(sum.SnapshotID) {
+		return Summary{}, errors.New("restic backup: it printed no summary with a snapshot ID (is this restic 0.14 or newer?)")
+	}
+	return *sum, nil
+}
+
+// backupLine is any line restic backup --json prints: status or summary.
+type backupLine struct {
+	MessageType string  `json:"message_type"`
+	PercentDone float64 `json:"percent_done"`
+	TotalFiles  int     `json:"total_files"`
+	FilesDone   int     `json:"files_done"`
+	TotalBytes  int64   `json:"total_bytes"`
+	BytesDone   int64   `json:"bytes_done"`
+
+	FilesNew            int     `json:"files_new"`
+	FilesChanged        int     `json:"files_changed"`
+	FilesUnmodified     int     `json:"files_unmodified"`
+	DataAdded           int64   `json:"data_added"`
+	TotalFilesProcessed int     `json:"total_files_processed"`
+	TotalBytesProcessed int64   `json:"total_bytes_processed"`
+	TotalDuration       float64 `json:"total_duration"` // seconds
+	SnapshotID          string  `json:"snapshot_id"`
+}
+
+// Snapshots lists the snapshots holding every one of tags (none: all),
+// oldest first.
+func (r Repo) Snapshots(ctx context.Context, tags []string) ([]Snapshot, error) {
+	if err := checkTags(tags); err != nil {
+		return nil, fmt.Errorf("restic snapshots: %w", err)
+	}
+	args := []string{"snapshots", "--json"}
+	if len(tags) > 0 {
+		// One --tag with a comma list: all must match (repeated --tag ORs).
+		args = append(args, "--tag="+strings.Join(tags, ","))
+	}
+	out := &boundedBuffer{max: maxStdout}
+	if err := r.run(ctx, out, args...); err != nil {
+		return nil, err
+	}
+	if out.over {
+		return nil, fmt.Errorf("restic snapshots: its answer is over %d MiB (forget old snapshots)", maxStdout>>20)
+	}
+	var list []jsonSnapshot
+	if err := json.Unmarshal(out.Bytes(), &list); err != nil {
+		return nil, fmt.Errorf("restic snapshots: read its answer: %w", err)
+	}
+	snaps := make([]Snapshot, len(list))
+	for i, s := range list {
+		snaps[i] = s.snapshot()
+	}
+	sort.SliceStable(snaps, func(i, j int) bool { return snaps[i].Time.Before(snaps[j].Time) })
+	return snaps, nil
+}
+
+// jsonSnapshot is a snapshot as restic prints it.
+type jsonSnapshot struct {
+	ID       string    `json:"id"`
+	ShortID  string    `json:"short_id"`
+	Time     time.Time `json:"time"`
+	Hostname string    `json:"hostname"`
+	Paths    []string  `json:"paths"`
+	Tags     []string  `json:"tags"`
+}
+
+func (s jsonSnapshot) snapshot() Snapshot {
+	return Snapshot{ID: s.ID, ShortID: s.ShortID, Time: s.Time, Host: s.Hostname, Paths: s.Paths, Tags: s.Tags}
+}
+
+// Restore writes snapshot id (full or short) under target, each path at its
+// absolute path below target (/srv/db in the snapshot is target/srv/db);
+// with paths (absolute, as backed up) only those and what is below them.
+// Owners, modes and times are restored, symbolic links as links (never
+// followed), hard links as links. restic 0.14 writes a sparse file's holes
+// as zeros.
+func (r Repo) Restore(ctx context.Context, id, target string, paths ...string) error {
+	if !validID(id) {
+		return fmt.Errorf("restic restore: %q is not a snapshot ID (8 to 64 lower-case hex digits)", id)
+	}
+	if !filepath.IsAbs(target) {
+		return fmt.Errorf("restic restore: target %q is not an absolute path", target)
+	}
+	args := []string{"restore", id, "--target=" + target}
+	for _, p := range paths {
+		if !filepath.IsAbs(p) {
+			return fmt.Errorf("restic restore: %q is not an absolute path (give it as it was backed up)", p)
+		}
+		// --include takes a pattern: a path's own *, ? and [ are escaped.
+		args = append(args, "--include="+globEscape.Replace(p))
+	}
+	return r.run(ctx, nil, args...)
+}
+
+// globEscape makes a path a pattern that matches only itself.
+var globEscape = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`)
+
+// Forget removes the snapshots holding every one of tags that keep does not
+// keep, and with prune their data too; it returns the IDs removed. keep
+// applies to each group of the same host and paths (restic's default), so a
+// module moved to another node keeps its last snapshots of the old one.
+// Stale locks are removed first, as for Backup.
+func (r Repo) Forget(ctx context.Context, tags []string, keep Keep, prune bool) ([]string, error) {
+	if err := checkTags(tags); err != nil {
+		return nil, fmt.Errorf("restic forget: %w", err)
+	}
+	flags := []struct {
+		name string
+		n    int
+	}{{"last", keep.Last}, {"hourly", keep.Hourly}, {"daily", keep.Daily}, {"weekly", keep.Weekly}, {"monthly", keep.Monthly}, {"yearly", keep.Yearly}}
+	args := []string{"forget", "--json"}
+	if len(tags) > 0 {
+		args = append(args, "--tag="+strings.Join(tags, ","))
+	}
+	for _, f := range flags {
+		if f.n < 0 {
+			return nil, fmt.Errorf("restic forget: keep %s is %d (a count of snapshots cannot be negative)", f.name, f.n)
+		}
+		if f.n > 0 {
+			args = append(args, "--keep-"+f.name+"="+strconv.Itoa(f.n))
+		}
+	}
+	if keep == (Keep{}) {
+		return nil, errors.New("restic forget: the keep policy is all zero, which would forget every snapshot (set at least one of Last, Hourly, Daily, Weekly, Monthly, Yearly)")
+	}
+	if prune {
+		args = append(args, "--prune")
+	}
+	if err := r.unlock(ctx); err != nil {
+		return nil, err
+	}
+	out := &boundedBuffer{max: maxStdout}
+	if err := r.run(ctx, out, args...); err != nil {
+		return nil, err
+	}
+	// The JSON comes first; with --prune, prune's text report follows it.
+	var groups []struct {
+		Remove []jsonSnapshot `json:"remove"`
+	}
+	if err := json.NewDecoder(bytes.NewReader(out.Bytes())).Decode(&groups); err != nil {
+		return nil, fmt.Errorf("restic forget: read its answer: %w", err)
+	}
+	removed := []string{}
+	for _, g := range groups {
+		for _, s := range g.Remove {
+			removed = append(removed, s.ID)
+		}
+	}
+	return removed, nil
+}
+
+// unlock removes the locks of runs that are gone (killed, or a rebooted
+// node); restic leaves those of live runs.
+func (r Repo) unlock(ctx context.Context) error {
+	return r.run(ctx, nil, "unlock")
+}
+
+// checkTags refuses a tag restic would read otherwise: a comma splits it
+// into two, and a leading '-' reads as a flag.
+func checkTags(tags []string) error {
+	for _, t := range tags {
+		switch {
+		case t == "":
+			return errors.New("a tag is empty")
+		case strings.Contains(t, ","):
+			return fmt.Errorf("tag %q holds a comma (restic would split it in two)", t)
+		case strings.HasPrefix(t, "-"):
+			return fmt.Errorf("tag %q starts with '-'", t)
+		}
+	}
+	return nil
+}
+
+// validID is a snapshot ID as restic prints it, short (8) or full (64).
+func validID(id string) bool {
+	if len(id) < 8 || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// run runs restic with args, stdout to out (nil: discarded). A run that
+// fails is a *runError naming it by its leading words ("restic backup").
+func (r Repo) run(ctx context.Context, out io.Writer, args ...string) error {
+	name := runName(args)
+	bin, err := r.binary()
+	if err != nil {
+		return err
+	}
+	env, err := r.environ()
+	if err != nil {
+		return fmt.Errorf("restic %s: %w", name, err)
+	}
+	if r.CacheDir == "" {
+		args = append([]string{"--no-cache"}, args...)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = env
+	cmd.Stdout = out
+	stderr := &tailBuffer{max: stderrTail}
+	cmd.Stderr = stderr
+	// SIGINT lets restic remove its lock; a kill would leave it behind.
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = StopGrace
+	err = cmd.Run()
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("restic %s: stopped: %w", name, context.Cause(ctx))
+	}
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) {
+		return fmt.Errorf("restic %s: %w", name, err)
+	}
+	return newRunError(name, exit.ExitCode(), stderr.Bytes())
+}
+
+// runName is a run's leading words, for messages: "cat config",
+// "restore 1a2b3c4d".
+func runName(args []string) string {
+	var words []string
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") || len(words) == 2 {
+			break
+		}
+		words = append(words, a)
+	}
+	return strings.Join(words, " ")
+}
+
+// binary is the restic to run, as an absolute path.
+func (r Repo) binary() (string, error) {
+	name := r.Binary
+	if name == "" {
+		name = "restic"
+	}
+	path, err := exec.LookPath(name)
+	if err != nil {
+		if r.Binary == "" {
+			return "", ErrNotInstalled
+		}
+		return "", fmt.Errorf("%w: %s is no executable", ErrNotInstalled, r.Binary)
+	}
+	return filepath.Abs(path)
+}
+
+// owned are the variables the Repo's fields set; Env may not set them too.
+var owned = []string{"RESTIC_REPOSITORY", "RESTIC_REPOSITORY_FILE", "RESTIC_PASSWORD", "RESTIC_PASSWORD_FILE", "RESTIC_PASSWORD_COMMAND", "RESTIC_CACHE_DIR"}
+
+// environ is the child's whole environment: PATH, HOME and TMPDIR of the
+// agent, the repository, password and cache, and Env. Nothing else of the
+// agent's is passed, so no RESTIC_* of an operator's shell reaches it.
+func (r Repo) environ() ([]string, error) {
+	if r.URL == "" {
+		return nil, errors.New("the repository URL is empty")
+	}
+	if len(r.Password) == 0 {
+		return nil, errors.New("the repository password is empty (restic would ask for one on its terminal)")
+	}
+	if bytes.IndexByte(r.Password, 0) >= 0 || strings.IndexByte(r.URL, 0) >= 0 {
+		return nil, errors.New("the repository URL or password holds a NUL byte")
+	}
+	path := os.Getenv("PATH")
+	if path == "" {
+		path = defaultPath
+	}
+	env := []string{"PATH=" + path}
+	if home := os.Getenv("HOME"); home != "" {
+		env = append(env, "HOME="+home)
+	} else if r.CacheDir != "" {
+		env = append(env, "HOME="+r.CacheDir)
+	}
+	if tmp := os.Getenv("TMPDIR"); tmp != "" {
+		env = append(env, "TMPDIR="+tmp) // where restic stages packs before upload
+	}
+	env = append(env, "RESTIC_REPOSITORY="+r.URL, "RESTIC_PASSWORD="+string(r.Password))
+	if r.CacheDir != "" {
+		env = append(env, "RESTIC_CACHE_DIR="+r.CacheDir)
+	}
+	for _, kv := range r.Env {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.IndexByte(kv, 0) >= 0 {
+			return nil, fmt.Errorf("environment entry %q is not NAME=value", k)
+		}
+		for _, o := range owned {
+			if k == o {
+				return nil, fmt.Errorf("Env sets %s, which the Repo's URL, Password and CacheDir set (set those instead)", k)
+			}
+		}
+		env = append(env, kv)
+	}
+	return env, nil
+}
+
+// runError is a restic run that exited non-zero.
+type runError struct {
+	name   string
+	code   int
+	stderr []string // its last lines, cleaned
+	kind   error    // one of the Err values, or nil
+}
+
+func newRunError(name string, code int, stderr []byte) *runError {
+	e := &runError{name: name, code: code, stderr: stderrLines(stderr)}
+	all := strings.Join(e.stderr, "\n")
+	switch {
+	case strings.Contains(all, "wrong password or no key found"):
+		e.kind = ErrWrongPassword
+	case strings.Contains(all, "config file already exists"):
+		e.kind = errExists
+	case strings.Contains(all, "unable to open config file"), strings.Contains(all, "Is there a repository at the following location?"):
+		e.kind = ErrNoRepository
+	}
+	return e
+}
+
+func (e *runError) Error() string {
+	said := lastLines(e.stderr, 3)
+	if said == "" {
+		said = "exit status " + strconv.Itoa(e.code)
+	}
+	if e.kind != nil {
+		return fmt.Sprintf("restic %s: %v; restic says: %s", e.name, e.kind, said)
+	}
+	return fmt.Sprintf("restic %s: %s", e.name, said)
+}
+
+func (e *runError) Unwrap() error { return e.kind }
+
+// lastLines joins the last n lines, for a message.
+func lastLines(lines []string, n int) string {
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "; ")
+}
+
+// csi is a terminal control sequence (restic clears its status line with one).
+var csi = regexp.MustCompile("\x1b\\[[0-9;?]*[ -/]*[@-~]")
+
+// stderrLines is restic's stderr as lines fit for a message: control
+// sequences and characters gone, a JSON error line told in words, empty
+// lines dropped.
+func stderrLines(b []byte) []string {
+	s := csi.ReplaceAllString(string(b), "")
+	var lines []string
+	for _, l := range strings.FieldsFunc(s, func(c rune) bool { return c == '\n' || c == '\r' }) {
+		l = strings.TrimSpace(strings.Map(func(c rune) rune {
+			if c < ' ' || c == 0x7f {
+				return -1
+			}
+			return c
+		}, l))
+		if l == "" {
+			continue
+		}
+		if msg, ok := jsonError(l); ok {
+			l = msg
+		}
+		lines = append(lines, l)
+	}
+	return lines
+}
+
+// fileErrors are the lines about files that could not be read.
+func fileErrors(lines []string) []string {
+	var errs []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "Warning: at least one source file could not be read") {
+			continue
+		}
+		errs = append(errs, l)
+	}
+	if len(errs) == 0 {
+		return lines
+	}
+	return errs
+}
+
+// jsonError tells in words an error line of restic backup --json:
+// {"message_type":"error","error":{"Op":"open","Path":"/x","Err":13},"item":"/x"}
+// is "open /x: permission denied".
+func jsonError(line string) (string, bool) {
+	var m struct {
+		MessageType string          `json:"message_type"`
+		Error       json.RawMessage `json:"error"`
+		During      string          `json:"during"`
+		Item        string          `json:"item"`
+	}
+	if !strings.HasPrefix(line, "{") || json.Unmarshal([]byte(line), &m) != nil || m.MessageType != "error" {
+		return "", false
+	}
+	var text string
+	var pathErr struct {
+		Op   string
+		Path string
+		Err  *int
+	}
+	switch {
+	case json.Unmarshal(m.Error, &text) == nil && text != "":
+	case json.Unmarshal(m.Error, &pathErr) == nil && pathErr.Op != "" && pathErr.Err != nil:
+		text = fmt.Sprintf("%s %s: %v", pathErr.Op, pathErr.Path, syscall.Errno(*pathErr.Err))
+	default:
+		text = string(m.Error)
+	}
+	if m.Item != "" && !strings.Contains(text, m.Item) {
+		text = m.Item + ": " + text
+	}
+	return text, true
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	max  int
+	buf  []byte
+	lost bool // bytes before buf were dropped
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > 2*t.max {
+		t.buf = append(t.buf[:0], t.buf[len(t.buf)-t.max:]...)
+		t.lost = true
+	}
+	return len(p), nil
+}
+
+// Bytes is the tail, from the first whole line when the start was dropped.
+func (t *tailBuffer) Bytes() []byte {
+	b := t.buf
+	if len(b) > t.max {
+		b, t.lost = b[len(b)-t.max:], true
+	}
+	if t.lost {
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			b = b[i+1:]
+		}
+	}
+	return b
+}
+
+// boundedBuffer keeps up to max bytes and notes that more came; it keeps
+// accepting, so restic is never blocked or broken on a full pipe.
+type boundedBuffer struct {
+	bytes.Buffer
+	max  int
+	over bool
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	if room := b.max - b.Len(); len(p) > room {
+		b.over = true
+		b.Buffer.Write(p[:max(room, 0)])
+		return len(p), nil
+	}
+	return b.Buffer.Write(p)
+}
+
+// lineWriter calls line with each whole line written to it; a line longer
+// than maxLine is dropped.
+type lineWriter struct {
+	line func([]byte)
+	buf  []byte
+	skip bool // inside a line too long to keep
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			if !w.skip {
+				w.buf = append(w.buf, p...)
+				if len(w.buf) > maxLine {
+					w.buf, w.skip = w.buf[:0], true
+				}
+			}
+			break
+		}
+		if !w.skip && len(w.buf)+i <= maxLine {
+			w.buf = append(w.buf, p[:i]...)
+			w.line(w.buf)
+		}
+		w.buf, w.skip = w.buf[:0], false
+		p = p[i+1:]
+	}
+	return n, nil
+}
+
+// flush hands over a last line that had no newline.
+func (w *lineWriter) flush() {
+	if len(w.buf) > 0 && !w.skip {
+		w.line(w.buf)
+	}
+	w.buf, w.skip = w.buf[:0], false
+}

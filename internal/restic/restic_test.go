@@ -1,0 +1,503 @@
+package restic
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io/fs"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// These tests run the real restic (CI installs it): a missing one fails
+// them, as a missing Podman fails the integration beds.
+
+// newRepo is an initialised repository in a temp dir.
+func newRepo(t *testing.T) Repo {
+	t.Helper()
+	if _, err := exec.LookPath("restic"); err != nil {
+		t.Fatal("restic is not on PATH (apt-get install restic); these tests run the real binary")
+	}
+	r := Repo{URL: filepath.Join(t.TempDir(), "repo"), Password: []byte("correct horse"), Host: "node-a"}
+	if _, err := r.Ensure(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// fakeRestic is a script standing in for restic: it records its arguments
+// and its environment as exec gave them, writes stderr and exits with code.
+func fakeRestic(t *testing.T, stderr string, code int) (bin, dir string) {
+	t.Helper()
+	dir = t.TempDir()
+	bin = filepath.Join(dir, "restic")
+	script := "#!/bin/sh\nprintf '%s\\n' \"$@\" > " + dir + "/args\ncat /proc/$$/environ > " + dir + "/env\nprintf '" + stderr + "' >&2\nexit " + string(rune('0'+code)) + "\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin, dir
+}
+
+// The first Ensure creates the repository, the next finds it; a wrong
+// password is told as such, not as a missing repository.
+func TestEnsure(t *testing.T) {
+	ctx := t.Context()
+	r := Repo{URL: filepath.Join(t.TempDir(), "repo"), Password: []byte("correct horse")}
+	created, err := r.Ensure(ctx)
+	if err != nil || !created {
+		t.Fatalf("first Ensure: created %v, %v", created, err)
+	}
+	if _, err := os.Stat(filepath.Join(r.URL, "config")); err != nil {
+		t.Fatalf("no repository made: %v", err)
+	}
+	created, err = r.Ensure(ctx)
+	if err != nil || created {
+		t.Fatalf("second Ensure: created %v, %v", created, err)
+	}
+
+	r.Password = []byte("battery staple")
+	created, err = r.Ensure(ctx)
+	if !errors.Is(err, ErrWrongPassword) || created {
+		t.Fatalf("wrong password: created %v, %v", created, err)
+	}
+	if !strings.Contains(err.Error(), "the repository's password is wrong") {
+		t.Errorf("message does not say the password is wrong: %v", err)
+	}
+	if _, err := r.Snapshots(ctx, nil); !errors.Is(err, ErrWrongPassword) {
+		t.Errorf("snapshots with a wrong password: %v", err)
+	}
+}
+
+// entry is what a restore must give back of one path.
+type entry struct {
+	mode     fs.FileMode
+	uid, gid uint32
+	link     string
+	digest   [32]byte
+	mtime    time.Time
+	ino      uint64
+}
+
+func tree(t *testing.T, root string) map[string]entry {
+	t.Helper()
+	m := map[string]entry{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		e := entry{mode: fi.Mode(), uid: st.Uid, gid: st.Gid, ino: st.Ino}
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			if e.link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		case fi.Mode().IsRegular():
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			e.digest, e.mtime = sha256.Sum256(b), fi.ModTime()
+		}
+		rel, _ := filepath.Rel(root, p)
+		m[rel] = e
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// A restored tree is the tree backed up: modes, owners, times, contents,
+// a link to /etc/shadow as that link (never its target's content), a hard
+// link pair as one inode, a sparse file's bytes.
+func TestBackupRestore(t *testing.T) {
+	ctx := t.Context()
+	r := newRepo(t)
+	src := filepath.Join(t.TempDir(), "data")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(src, "sub"), 0o750))
+	must(os.WriteFile(filepath.Join(src, "plain.txt"), []byte("hello\n"), 0o644))
+	must(os.WriteFile(filepath.Join(src, "sub", "secret.key"), []byte("key material\n"), 0o600))
+	must(os.Chmod(filepath.Join(src, "sub", "secret.key"), 0o600))
+	must(os.Chown(filepath.Join(src, "sub", "secret.key"), 1234, 5678))
+	must(os.Chown(filepath.Join(src, "sub"), 1234, 5678))
+	must(os.Symlink("/etc/shadow", filepath.Join(src, "shadow")))
+	must(os.WriteFile(filepath.Join(src, "a"), []byte("one inode, two names\n"), 0o644))
+	must(os.Link(filepath.Join(src, "a"), filepath.Join(src, "sub", "b")))
+	f, err := os.Create(filepath.Join(src, "sparse"))
+	must(err)
+	_, err = f.WriteAt([]byte("start"), 0)
+	must(err)
+	_, err = f.WriteAt([]byte("end"), 3<<20)
+	must(err)
+	must(f.Close())
+
+	var calls int
+	sum, err := r.Backup(ctx, []string{src}, []string{"mod-a"}, func(Progress) { calls++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !validID(sum.SnapshotID) || sum.FilesNew != 5 || sum.TotalFiles != 5 || sum.DataAdded == 0 {
+		t.Errorf("summary %+v: want a snapshot ID and 5 new files", sum)
+	}
+	t.Logf("summary %+v, %d progress calls", sum, calls)
+
+	target := filepath.Join(t.TempDir(), "restored")
+	if err := r.Restore(ctx, sum.SnapshotID, target); err != nil {
+		t.Fatal(err)
+	}
+	want, got := tree(t, src), tree(t, filepath.Join(target, src))
+	for p, w := range want {
+		g, ok := got[p]
+		switch {
+		case !ok:
+			t.Errorf("%s: not restored", p)
+		case g.mode != w.mode || g.uid != w.uid || g.gid != w.gid:
+			t.Errorf("%s: restored %v %d:%d, want %v %d:%d", p, g.mode, g.uid, g.gid, w.mode, w.uid, w.gid)
+		case g.link != w.link || g.digest != w.digest:
+			t.Errorf("%s: restored link %q digest %x, want %q %x", p, g.link, g.digest, w.link, w.digest)
+		case !g.mtime.Equal(w.mtime):
+			t.Errorf("%s: restored mtime %v, want %v", p, g.mtime, w.mtime)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("restored %d entries, backed up %d", len(got), len(want))
+	}
+	if got["shadow"].mode&fs.ModeSymlink == 0 || got["shadow"].link != "/etc/shadow" {
+		t.Errorf("the link to /etc/shadow came back as %+v", got["shadow"])
+	}
+	if got["a"].ino != got["sub/b"].ino {
+		t.Error("the hard link pair came back as two files")
+	}
+	if shadow, err := os.ReadFile("/etc/shadow"); err == nil {
+		d := sha256.Sum256(shadow)
+		for p, e := range got {
+			if e.mode.IsRegular() && e.digest == d {
+				t.Errorf("%s holds /etc/shadow's content: the link was followed", p)
+			}
+		}
+	}
+
+	// Restoring one path of the snapshot restores only it.
+	part := filepath.Join(t.TempDir(), "part")
+	if err := r.Restore(ctx, sum.SnapshotID, part, filepath.Join(src, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	only := tree(t, filepath.Join(part, src))
+	key, wantKey := only["sub/secret.key"], want["sub/secret.key"]
+	key.ino, wantKey.ino = 0, 0
+	if _, ok := only["plain.txt"]; ok || key != wantKey || only["sub/b"].digest != want["sub/b"].digest {
+		t.Errorf("restore of sub alone gave %v", slices.Sorted(maps.Keys(only)))
+	}
+
+	// The next backup reads the same files as unmodified.
+	sum, err = r.Backup(ctx, []string{src}, []string{"mod-a"}, nil)
+	if err != nil || sum.FilesUnmodified != 5 || sum.FilesNew != 0 {
+		t.Errorf("second backup: %+v, %v", sum, err)
+	}
+}
+
+// Snapshots with tags lists those holding all of them, oldest first.
+func TestSnapshotsTags(t *testing.T) {
+	ctx := t.Context()
+	r := newRepo(t)
+	r.CacheDir = t.TempDir() // the other tests run with --no-cache
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644)
+	var ids []string
+	for _, tags := range [][]string{{"mod-a", "daily"}, {"mod-b"}, {"mod-a"}} {
+		sum, err := r.Backup(ctx, []string{src}, tags, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sum.SnapshotID)
+	}
+	for _, c := range []struct {
+		tags []string
+		want []string
+	}{
+		{nil, ids},
+		{[]string{"mod-a"}, []string{ids[0], ids[2]}},
+		{[]string{"mod-a", "daily"}, ids[:1]},
+		{[]string{"daily", "mod-a"}, ids[:1]},
+		{[]string{"mod-b", "daily"}, nil},
+		{[]string{"none"}, nil},
+	} {
+		snaps, err := r.Snapshots(ctx, c.tags)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, s := range snaps {
+			got = append(got, s.ShortID)
+			if s.Host != "node-a" || !slices.Equal(s.Paths, []string{src}) || !strings.HasPrefix(s.ID, s.ShortID) {
+				t.Errorf("snapshot %+v: want host node-a, paths [%s]", s, src)
+			}
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("tags %q: got %q, want %q", c.tags, got, c.want)
+		}
+		if !slices.IsSortedFunc(snaps, func(a, b Snapshot) int { return a.Time.Compare(b.Time) }) {
+			t.Errorf("tags %q: not oldest first", c.tags)
+		}
+	}
+	if cached, _ := os.ReadDir(r.CacheDir); len(cached) == 0 {
+		t.Error("nothing cached in CacheDir")
+	}
+}
+
+// Forget with Keep{Last: 1} removes the older snapshot of the tag and no
+// other; an all-zero Keep is refused and removes nothing.
+func TestForget(t *testing.T) {
+	ctx := t.Context()
+	r := newRepo(t)
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644)
+	var ids []string
+	for _, tag := range []string{"mod-a", "mod-b", "mod-a"} {
+		sum, err := r.Backup(ctx, []string{src}, []string{tag}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sum.SnapshotID)
+	}
+	for _, keep := range []Keep{{}, {Daily: -1}} {
+		if _, err := r.Forget(ctx, []string{"mod-a"}, keep, true); err == nil {
+			t.Errorf("Keep %+v taken", keep)
+		} else {
+			t.Log(err)
+		}
+	}
+	if snaps, _ := r.Snapshots(ctx, nil); len(snaps) != 3 {
+		t.Fatalf("a refused forget removed snapshots: %d left", len(snaps))
+	}
+
+	removed, err := r.Forget(ctx, []string{"mod-a"}, Keep{Last: 1}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || !strings.HasPrefix(removed[0], ids[0]) {
+		t.Errorf("removed %q, want the older mod-a snapshot %s", removed, ids[0])
+	}
+	snaps, err := r.Snapshots(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, s := range snaps {
+		left = append(left, s.ShortID)
+	}
+	if !slices.Equal(left, ids[1:]) {
+		t.Errorf("left %q, want %q", left, ids[1:])
+	}
+	// Nothing more to forget: an empty list, not nil or an error.
+	if removed, err := r.Forget(ctx, []string{"mod-a"}, Keep{Last: 1}, false); err != nil || removed == nil || len(removed) != 0 {
+		t.Errorf("second forget: %q, %v", removed, err)
+	}
+}
+
+// A cancelled backup ends at once (SIGINT, well within StopGrace), leaves
+// no snapshot and no lock behind.
+func TestBackupCancel(t *testing.T) {
+	r := newRepo(t)
+	src := t.TempDir()
+	f, err := os.Create(filepath.Join(src, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(8 << 30) // sparse: costs no disk, takes restic many seconds to read
+	f.Close()
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var once sync.Once
+	var at time.Time
+	_, err = r.Backup(ctx, []string{src}, nil, func(p Progress) {
+		if p.BytesDone > 0 {
+			once.Do(func() { at = time.Now(); cancel() })
+		}
+	})
+	if at.IsZero() {
+		t.Fatalf("the backup ended before it reported progress: %v", err)
+	}
+	took := time.Since(at)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("err %v, want context.Canceled", err)
+	}
+	if took > StopGrace/2 {
+		t.Errorf("backup took %v to stop", took)
+	}
+	t.Logf("stopped in %v: %v", took, err)
+	if snaps, err := r.Snapshots(t.Context(), nil); err != nil || len(snaps) != 0 {
+		t.Errorf("snapshots after a cancelled backup: %v, %v", snaps, err)
+	}
+	if locks, _ := os.ReadDir(filepath.Join(r.URL, "locks")); len(locks) != 0 {
+		t.Errorf("the interrupted run left %d locks", len(locks))
+	}
+}
+
+// Without restic the error says how to install it.
+func TestMissingBinary(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	r := Repo{URL: filepath.Join(t.TempDir(), "repo"), Password: []byte("pw")}
+	_, err := r.Ensure(t.Context())
+	if !errors.Is(err, ErrNotInstalled) || err.Error() != "restic is not installed (apt-get install restic)" {
+		t.Errorf("no restic on PATH: %v", err)
+	}
+	r.Binary = "/nonexistent/restic"
+	_, err = r.Snapshots(t.Context(), nil)
+	if !errors.Is(err, ErrNotInstalled) || !strings.Contains(err.Error(), "apt-get install restic") || !strings.Contains(err.Error(), r.Binary) {
+		t.Errorf("a missing Binary: %v", err)
+	}
+}
+
+// The child sees only what the Repo says and the agent's PATH, HOME and
+// TMPDIR: an operator's RESTIC_* and other variables never reach it, and
+// the password is never an argument.
+func TestEnvironment(t *testing.T) {
+	bin, dir := fakeRestic(t, "", 0)
+	t.Setenv("RESTIC_REPOSITORY", "/decoy")
+	t.Setenv("RESTIC_PASSWORD_FILE", "/decoy/pw")
+	t.Setenv("OPERATOR_TOKEN", "x")
+	t.Setenv("HOME", "/home/agent")
+	t.Setenv("TMPDIR", "/var/tmp")
+	r := Repo{URL: "s3:s3.example.com/bucket", Password: []byte("pass word\n"), Binary: bin, CacheDir: "/var/cache/mesh-restic", Env: []string{"AWS_ACCESS_KEY_ID=key"}}
+	if err := r.Restore(t.Context(), "0123abcd", "/restore/here"); err != nil {
+		t.Fatal(err)
+	}
+	args, _ := os.ReadFile(filepath.Join(dir, "args"))
+	if string(args) != "restore\n0123abcd\n--target=/restore/here\n" {
+		t.Errorf("args %q", args)
+	}
+	env, _ := os.ReadFile(filepath.Join(dir, "env"))
+	got := strings.Split(strings.TrimSuffix(string(env), "\x00"), "\x00")
+	want := []string{"PATH=" + os.Getenv("PATH"), "HOME=/home/agent", "TMPDIR=/var/tmp", "RESTIC_REPOSITORY=s3:s3.example.com/bucket", "RESTIC_PASSWORD=pass word\n", "RESTIC_CACHE_DIR=/var/cache/mesh-restic", "AWS_ACCESS_KEY_ID=key"}
+	if !slices.Equal(got, want) {
+		t.Errorf("environment\n%q\nwant\n%q", got, want)
+	}
+
+	// Without a cache: --no-cache, and with no HOME a HOME at CacheDir only.
+	t.Setenv("HOME", "")
+	r.CacheDir = ""
+	if _, err := r.Snapshots(t.Context(), []string{"a", "b"}); err == nil {
+		t.Error("empty output taken as a snapshot list")
+	}
+	args, _ = os.ReadFile(filepath.Join(dir, "args"))
+	env, _ = os.ReadFile(filepath.Join(dir, "env"))
+	if string(args) != "--no-cache\nsnapshots\n--json\n--tag=a,b\n" || strings.Contains(string(env), "HOME=") {
+		t.Errorf("no cache: args %q env %q", args, env)
+	}
+}
+
+// A failed run's error is "restic NAME: " and restic's last lines, cleaned
+// of terminal sequences.
+func TestRunError(t *testing.T) {
+	bin, _ := fakeRestic(t, `loading\n\033[2Ksignal interrupt received\nFatal: unable to create target directory: permission denied\n`, 1)
+	r := Repo{URL: "/r", Password: []byte("pw"), Binary: bin}
+	err := r.Restore(t.Context(), "0123abcd", "/restore/here")
+	want := "restic restore 0123abcd: loading; signal interrupt received; Fatal: unable to create target directory: permission denied"
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v\nwant %s", err, want)
+	}
+}
+
+// What restic would misread, or what would do harm, is refused before
+// restic runs.
+func TestRefused(t *testing.T) {
+	bin, dir := fakeRestic(t, "", 0)
+	good := Repo{URL: "/r", Password: []byte("pw"), Binary: bin}
+	ctx := t.Context()
+	abs := t.TempDir()
+	backup := func(r Repo, paths, tags []string) error {
+		_, err := r.Backup(ctx, paths, tags, nil)
+		return err
+	}
+	withRepo := func(f func(*Repo)) Repo { r := good; f(&r); return r }
+	for name, err := range map[string]error{
+		"no paths":         backup(good, nil, nil),
+		"relative path":    backup(good, []string{"data"}, nil),
+		"dash path":        backup(good, []string{"-rf"}, nil),
+		"missing path":     backup(good, []string{filepath.Join(abs, "missing")}, nil),
+		"comma tag":        backup(good, []string{abs}, []string{"a,b"}),
+		"dash tag":         backup(good, []string{abs}, []string{"--exclude=x"}),
+		"empty tag":        backup(good, []string{abs}, []string{""}),
+		"dash host":        backup(withRepo(func(r *Repo) { r.Host = "-h" }), []string{abs}, nil),
+		"snapshots tag":    func() error { _, err := good.Snapshots(ctx, []string{"x,y"}); return err }(),
+		"id latest":        good.Restore(ctx, "latest", abs),
+		"id flag":          good.Restore(ctx, "--help", abs),
+		"id upper":         good.Restore(ctx, "DEADBEEF", abs),
+		"id short":         good.Restore(ctx, "abc", abs),
+		"id long":          good.Restore(ctx, strings.Repeat("a", 65), abs),
+		"relative target":  good.Restore(ctx, "0123abcd", "out"),
+		"relative include": good.Restore(ctx, "0123abcd", abs, "srv/db"),
+		"dash target":      good.Restore(ctx, "0123abcd", "-x"),
+		"keep nothing":     func() error { _, err := good.Forget(ctx, nil, Keep{}, true); return err }(),
+		"keep negative":    func() error { _, err := good.Forget(ctx, nil, Keep{Last: 1, Weekly: -1}, false); return err }(),
+		"forget tag":       func() error { _, err := good.Forget(ctx, []string{"-a"}, Keep{Last: 1}, false); return err }(),
+		"env owned":        withRepo(func(r *Repo) { r.Env = []string{"RESTIC_PASSWORD_FILE=/x"} }).Restore(ctx, "0123abcd", abs),
+		"env not an entry": withRepo(func(r *Repo) { r.Env = []string{"AWS"} }).Restore(ctx, "0123abcd", abs),
+		"no password":      withRepo(func(r *Repo) { r.Password = nil }).Restore(ctx, "0123abcd", abs),
+		"no url":           withRepo(func(r *Repo) { r.URL = "" }).Restore(ctx, "0123abcd", abs),
+	} {
+		if err == nil {
+			t.Errorf("%s: taken", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "args")); err == nil {
+		t.Error("a refused call ran restic")
+	}
+	// The same Repo and arguments, made right, do run it; a path's pattern
+	// characters are escaped, so --include matches that path only.
+	if err := good.Restore(ctx, "0123abcd", abs, "/srv/d[1]*?"); err != nil {
+		t.Fatal(err)
+	}
+	if args, err := os.ReadFile(filepath.Join(dir, "args")); err != nil || string(args) != "--no-cache\nrestore\n0123abcd\n--target="+abs+"\n--include=/srv/d\\[1]\\*\\?\n" {
+		t.Errorf("the good call: %q, %v", args, err)
+	}
+}
+
+// restic's stderr becomes message lines: a JSON error in words, terminal
+// sequences gone, a cut first line dropped.
+func TestStderrLines(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		in   string
+		want []string
+	}{
+		{"json path error", `{"message_type":"error","error":{"Op":"open","Path":"/proc/1/mem","Err":13},"during":"archival","item":"/proc/1/mem"}` + "\nWarning: at least one source file could not be read\n",
+			[]string{"open /proc/1/mem: permission denied", "Warning: at least one source file could not be read"}},
+		{"json text error", `{"message_type":"error","error":"boom","during":"scan","item":"/x"}`, []string{"/x: boom"}},
+		{"terminal", "\x1b[2Ksignal interrupt received, cleaning up\r\n\n", []string{"signal interrupt received, cleaning up"}},
+		{"not json", "{not json\n", []string{"{not json"}},
+	} {
+		if got := stderrLines([]byte(c.in)); !slices.Equal(got, c.want) {
+			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+	tb := &tailBuffer{max: 16}
+	tb.Write([]byte(strings.Repeat("x", 40) + "\nlast\n"))
+	if got := string(tb.Bytes()); got != "last\n" {
+		t.Errorf("tail %q", got)
+	}
+}
