@@ -64,7 +64,15 @@ const (
 // node would remove it, empty, when the module goes; an unassign with
 // --purge-data; history.keep, and an init that sets the history's bound
 // (historyFormat, history.go).
-const CommandVersion = 12
+// 13, a manifest with backup: or a before-backup step (backupFormat): an
+// older node would store the module without its backups, and run its
+// before-backup steps at every apply as ordinary steps; backup.repo.set
+// (backup.go), the repository and its password sealed to every node.
+const CommandVersion = 13
+
+// backupFormat is the format of a manifest that declares backups: a
+// backup: policy, or a step with before-backup: true.
+const backupFormat = 13
 
 // dataFormat is the format of a manifest that marks a directory as data.
 const dataFormat = 12
@@ -103,6 +111,7 @@ var ops = map[string]opDef{
 	OpRolloutStep:   opOf(rolloutFormat, (*applier).rolloutStep),
 	OpModuleRevert:  opOf(rolloutFormat, (*applier).moduleRevert),
 	OpHistoryKeep:   opOf(historyFormat, (*applier).historyKeep),
+	OpBackupRepoSet: opOf(backupFormat, (*applier).backupRepoSet),
 }
 
 // opDef is one op: the format it needs when this binary writes it, a fresh
@@ -442,11 +451,19 @@ type ModuleSpec struct {
 // specFormat is the format a module's parsed form needs: an older binary
 // decodes it without the keys it does not know (public-ports:,
 // log-max-size:, both of format 7; tty:, init:, pids-limit:, group-add:,
-// of format 11) and would store and run another module than the newer
-// nodes do.
+// of format 11; backup: and before-backup:, of format 13) and would store
+// and run another module than the newer nodes do.
 func specFormat(sp ModuleSpec) int {
 	if sp.Manifest == nil {
 		return 0
+	}
+	if sp.Manifest.Backup != nil {
+		return backupFormat
+	}
+	for i := range sp.Manifest.Resources {
+		if sp.Manifest.Resources[i].BeforeBackup {
+			return backupFormat
+		}
 	}
 	format := 0
 	for _, r := range sp.Manifest.Resources {

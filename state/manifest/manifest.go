@@ -62,6 +62,9 @@ type Manifest struct {
 	Resources          []Resource `yaml:"resources,omitempty" json:"resources,omitempty"`
 	// Update is how a change to the module rolls out over its nodes.
 	Update *Update `yaml:"update,omitempty" json:"update,omitempty" jsonschema:"description=How a change rolls out over the module's nodes: max-parallel nodes at a time, each healthy for healthy-for before the next; auto-revert goes back to the previous version when one fails. The defaults (1, 10s, true) apply to a module on several nodes with a health check"`
+	// Backup is when the module's data directories are copied to the
+	// mesh's restic repository, and which copies are kept (backup.go).
+	Backup *Backup `yaml:"backup,omitempty" json:"backup,omitempty" jsonschema:"description=Backups of the module's data directories (data: true) to the mesh's restic repository: on schedule: (daily or hourly or weekly or every 6h or a cron line in UTC)\\, keeping the snapshots keep: names\\, with the module's containers paused during the copy when pause: is true; a step with before-backup: true runs first"`
 
 	// Digest is the sha256 of the manifest text, hex.
 	Digest string `yaml:"-" json:"-"`
@@ -151,6 +154,9 @@ type Resource struct {
 	// a person backs up. The mesh never removes a data directory, even
 	// empty, when the module goes: only mesh unassign --purge-data does.
 	Data bool `yaml:"data,omitempty" json:"data,omitempty" jsonschema:"description=On a directory: the module's data (what a person backs up); the mesh never removes it when the module goes (even empty) but for mesh unassign --purge-data"`
+	// BeforeBackup, on a step, runs it before each backup of the module
+	// (a pg_dump into a data directory, say) instead of at applies.
+	BeforeBackup bool `yaml:"before-backup,omitempty" json:"before-backup,omitempty" jsonschema:"description=On a step: never run by an apply; it runs before each backup of the module instead (a pg_dump into a data directory\\, say). Not with schedule: and never named by restart-on"`
 
 	// Healthy, on a binding, holds the resources after it until the
 	// provider's instance it points at is healthy (a health gate).
@@ -467,6 +473,19 @@ func (p *positions) top(key string) int {
 	return line(p.body)
 }
 
+// topAt returns the line of a value nested under a top-level key
+// (backup.keep.daily), or of the nearest enclosing one found.
+func (p *positions) topAt(keys ...string) int {
+	n, ln := p.body, line(p.body)
+	for _, k := range keys {
+		if n = mapValue(n, k); n == nil {
+			break
+		}
+		ln = line(n)
+	}
+	return ln
+}
+
 var secretishRE = regexp.MustCompile(`(?i)(pass(word|wd)?|secret|token|api_?key|private_?key)`)
 
 // LooksSecret says whether an env: entry looks like a secret (by its
@@ -499,7 +518,7 @@ var fields = map[string][]string{
 	KindBinding:    {"owner", "mode", "provider", "take-over", "healthy"},
 	KindCredential: {"owner", "mode", "provider", "take-over"},
 	KindSecret:     {"name", "owner", "mode"},
-	KindStep:       append([]string{"image", "command", "env", "env-secrets", "mounts", "restart-on", "pull", "schedule"}, containerFields...),
+	KindStep:       append([]string{"image", "command", "env", "env-secrets", "mounts", "restart-on", "pull", "schedule", "before-backup"}, containerFields...),
 	KindContainer:  append([]string{"image", "command", "env", "env-secrets", "mounts", "ports", "public-ports", "restart", "restart-on", "health", "pull"}, containerFields...),
 }
 
@@ -532,6 +551,7 @@ func (r *Resource) setFields() []string {
 	add("take-over", r.TakeOver)
 	add("data", r.Data)
 	add("schedule", r.Schedule != "")
+	add("before-backup", r.BeforeBackup)
 	add("health", r.Health != nil)
 	add("pull", r.Pull != "")
 	add("user", r.User != "")
@@ -769,6 +789,8 @@ func (m *Manifest) check(p *positions) Errors {
 					add(p.at(i, "restart-on", j), "restart-on %q names nothing declared above it in this manifest; name a path or a step listed before %q", on, name)
 				} else if kindOf[on] == KindContainer {
 					add(p.at(i, "restart-on", j), "restart-on %q names a container; name a path or a step", on)
+				} else if kindOf[on] == KindStep && m.Resources[declared[on]].BeforeBackup {
+					add(p.at(i, "restart-on", j), "%s", beforeBackupNamed(on))
 				}
 			}
 		}
@@ -787,6 +809,7 @@ func (m *Manifest) check(p *positions) Errors {
 			add(p.at(c.Inner.Resource, "mounts", c.Inner.Index), "%s", c)
 		}
 	}
+	m.checkBackup(p, add)
 	if m.AcceptsCredentials != "" {
 		if _, ok := declared[m.AcceptsCredentials]; !ok || kindOf[m.AcceptsCredentials] != KindDirectory {
 			add(p.top("accepts-credentials"), "accepts-credentials %q is not a directory declared in this manifest; declare it under resources", m.AcceptsCredentials)

@@ -240,6 +240,7 @@ func TestExamplesParse(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(gitea))
+	f.Add([]byte(pgBackup))
 	f.Add([]byte("module: a\nresources:\n  - directory: /srv/a\n"))
 	f.Add([]byte("module: a\n---\n"))
 	f.Add([]byte("- [\n"))
@@ -277,7 +278,7 @@ func TestSchemaMatchesParser(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := string(b)
-	for _, k := range []string{`"accepts-credentials"`, `"restart-on"`, `"routes-file"`, `"additionalProperties": false`, `"module"`} {
+	for _, k := range []string{`"accepts-credentials"`, `"restart-on"`, `"routes-file"`, `"additionalProperties": false`, `"module"`, `"backup"`, `"before-backup"`, `"keep"`} {
 		if !strings.Contains(s, k) {
 			t.Errorf("schema lacks %s", k)
 		}

@@ -44,7 +44,7 @@ var (
 		"restart-on":   texts(`[/srv/web/app.ini]`),
 		"take-over":    flag,
 		"data":         flag,
-		"schedule":     text,
+		"schedule":     text, "before-backup": flag,
 		"pull":         text,
 		"health":       healthShape,
 		"user":         text,
@@ -76,6 +76,13 @@ var (
 		"resources": {kind: "list", example: "[{directory: /srv/web}]", elem: resourceShape},
 		"update": {kind: "object", example: "{max-parallel: 1, healthy-for: 10s, auto-revert: true}", fields: map[string]*shape{
 			"max-parallel": {kind: "number", example: "1"}, "healthy-for": text, "auto-revert": flag,
+		}},
+		"backup": {kind: "object", example: "{schedule: daily, keep: {daily: 7, weekly: 4}}", fields: map[string]*shape{
+			"schedule": text, "pause": flag,
+			"keep": {kind: "object", example: "{daily: 7, weekly: 4}", fields: map[string]*shape{
+				"last": {kind: "number", example: "10"}, "hourly": {kind: "number", example: "24"}, "daily": {kind: "number", example: "7"},
+				"weekly": {kind: "number", example: "4"}, "monthly": {kind: "number", example: "12"}, "yearly": {kind: "number", example: "3"},
+			}},
 		}},
 	}}
 )
