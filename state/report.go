@@ -53,6 +53,27 @@ type Report struct {
 	Certificates []CertStatus `json:"certificates,omitempty"`
 	// Scheduled is each scheduled step's last run and next slot (issue 30).
 	Scheduled []ScheduledRun `json:"scheduled,omitempty"`
+	// Backups is, per module of the node with data, its last backup and,
+	// for one with backup: schedule:, its next (issue 30).
+	Backups []BackupRun `json:"backups,omitempty"`
+}
+
+// BackupRun is a module's backups on its node: the last one (when, whether
+// it succeeded and why not, the snapshot it made), the last that
+// succeeded, and for a scheduled one its next slot and whether it is
+// overdue.
+type BackupRun struct {
+	Module   string    `json:"module"`
+	Last     time.Time `json:"last,omitzero"`
+	OK       bool      `json:"ok"`
+	Reason   string    `json:"reason,omitempty"`
+	Snapshot string    `json:"snapshot,omitempty"`
+	// LastOK is when the last backup that succeeded ended.
+	LastOK   time.Time `json:"last_ok,omitzero"`
+	Schedule string    `json:"schedule,omitempty"`
+	Next     time.Time `json:"next,omitzero"`
+	// By is who asked for the last one: "schedule" or the command's node.
+	By string `json:"by,omitempty"`
 }
 
 // ScheduledRun is a scheduled step as its node last ran it: when, whether
@@ -266,6 +287,13 @@ func (r *Report) Bound() {
 	for i := range r.Scheduled {
 		c := &r.Scheduled[i]
 		c.Module, c.Step, c.Reason = Tail(c.Module, 63), Tail(c.Step, 200), Tail(c.Reason, MaxText)
+	}
+	if len(r.Backups) > MaxScheduled {
+		r.Backups = r.Backups[:MaxScheduled]
+	}
+	for i := range r.Backups {
+		c := &r.Backups[i]
+		c.Module, c.Reason, c.Snapshot, c.Schedule, c.By = Tail(c.Module, 63), Tail(c.Reason, MaxText), Tail(c.Snapshot, 64), Tail(c.Schedule, 200), Tail(c.By, 63)
 	}
 }
 

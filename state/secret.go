@@ -112,11 +112,22 @@ func checkRef(r SecretRef) error {
 }
 
 func (ap *applier) secretSet(r *SecretSetRequest) (bool, error) {
+	if r.Module == MeshSecrets {
+		return false, ruleErr(ErrInvalid, "secret %s is the mesh's own (mesh backup repo set sets it)", r.SecretRef)
+	}
+	return ap.setSecret(r)
+}
+
+// setSecret stores a sealed value: an operator's secret of a module, or
+// one of the mesh's own (backupRepoSet).
+func (ap *applier) setSecret(r *SecretSetRequest) (bool, error) {
 	if err := checkRef(r.SecretRef); err != nil {
 		return false, err
 	}
-	if err := needModule(ap.tx, r.Module, "mesh module list"); err != nil {
-		return false, err
+	if r.Module != MeshSecrets {
+		if err := needModule(ap.tx, r.Module, "mesh module list"); err != nil {
+			return false, err
+		}
 	}
 	if r.Size <= 0 || r.Size > MaxSecretSize {
 		return false, ruleErr(ErrInvalid, "secret %s: a value of %d bytes; a secret holds 1 byte to 1 MiB", r, r.Size)
@@ -158,6 +169,9 @@ func (ap *applier) secretSet(r *SecretSetRequest) (bool, error) {
 func (ap *applier) secretRemove(r *SecretRemoveRequest) (bool, error) {
 	if err := checkRef(r.SecretRef); err != nil {
 		return false, err
+	}
+	if r.Module == MeshSecrets {
+		return false, ruleErr(ErrInvalid, "secret %s is the mesh's own (mesh backup repo set replaces it)", r)
 	}
 	ok, err := has(ap.tx, `SELECT 1 FROM secrets WHERE module = ? AND name = ?`, r.Module, r.Name)
 	if err != nil {
@@ -209,6 +223,9 @@ func (ap *applier) secretSeal(r *SecretSealRequest) (bool, error) {
 // module runs nowhere (nothing could open it) or a node of it has not
 // given its key yet.
 func secretRecipients(ctx context.Context, q queryer, module string) ([]string, error) {
+	if module == MeshSecrets {
+		return meshRecipients(ctx, q)
+	}
 	var keys, missing []string
 	err := eachRow(ctx, q, "the module's nodes", `SELECT n.name, n.seal_key FROM assignments a JOIN nodes n ON n.name = a.node WHERE a.module = ? ORDER BY n.name`, func(rows *sql.Rows) error {
 		var n, k string
@@ -385,7 +402,7 @@ func (s *Store) SecretTarget(ctx context.Context, ref SecretRef) (SecretTarget, 
 	if err != nil {
 		return t, err
 	}
-	if !slices.Contains(mods, ref.Module) {
+	if !slices.Contains(mods, ref.Module) && ref.Module != MeshSecrets {
 		known := "the catalogue is empty"
 		if len(mods) > 0 {
 			known = "known: " + strings.Join(mods, ", ")

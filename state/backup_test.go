@@ -1,0 +1,92 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The backup repository's password is one of the mesh's own secrets: sealed
+// to every node (not to a module's), refused until every node has a key,
+// never set or removed through the operator's secret ops, and sealed again
+// by a holder when a node joins.
+func TestBackupRepoSet(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1", SealKey: "kA"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2", SealKey: "kB"}})
+
+	if r, err := s.BackupRepo(ctx); err != nil || r.URL != "" {
+		t.Fatalf("a new mesh has a repository: %+v %v", r, err)
+	}
+	tgt, err := s.SecretTarget(ctx, BackupPassword)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(tgt.Keys, []string{"kA", "kB"}) || !slices.Equal(tgt.Nodes, []string{"ace", "bee"}) {
+		t.Fatalf("the password is sealed to %v (%v), not to every node", tgt.Keys, tgt.Nodes)
+	}
+	pw := *setReq(MeshSecrets, "backup-password", "hunter2", "kA", "kB")
+	set := &BackupRepoSetRequest{URL: "/srv/backups/restic", Password: pw}
+	if c := NewCommand(set); c.V != backupFormat {
+		t.Fatalf("backup.repo.set is written in format %d", c.V)
+	}
+	mustApply(t, s, &idx, set)
+	r, err := s.BackupRepo(ctx)
+	if err != nil || r.URL != "/srv/backups/restic" || !slices.Equal(r.SealedTo, []string{"ace", "bee"}) {
+		t.Fatalf("repository: %+v %v", r, err)
+	}
+	sv, err := s.SecretSealed(ctx, BackupPassword)
+	if err != nil || sv.Sealed != "SEALED:hunter2" {
+		t.Fatalf("sealed password: %+v %v", sv, err)
+	}
+
+	// Sealed to fewer nodes than the mesh has: refused, nothing changes.
+	short := &BackupRepoSetRequest{URL: "/elsewhere", Password: *setReq(MeshSecrets, "backup-password", "other", "kA")}
+	if err := applyErr(t, s, &idx, short); !errors.Is(err, ErrConflict) {
+		t.Fatalf("sealed to one node of two: %v", err)
+	}
+	// Bad URLs and another secret's name: refused.
+	for _, u := range []string{"", "-o=evil", "a\nb", strings.Repeat("x", MaxRepoURL+1)} {
+		if err := applyErr(t, s, &idx, &BackupRepoSetRequest{URL: u, Password: pw}); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("URL %q: %v", u, err)
+		}
+	}
+	other := pw
+	other.Name = "other"
+	if err := applyErr(t, s, &idx, &BackupRepoSetRequest{URL: "/x", Password: other}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("another secret: %v", err)
+	}
+	if r, _ := s.BackupRepo(ctx); r.URL != "/srv/backups/restic" {
+		t.Fatalf("a refused set changed the repository to %q", r.URL)
+	}
+	// The operator's secret ops never reach the mesh's own.
+	if err := applyErr(t, s, &idx, setReq(MeshSecrets, "backup-password", "mine", "kA", "kB")); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("secret.set of the mesh's own: %v", err)
+	}
+	if err := applyErr(t, s, &idx, &SecretRemoveRequest{SecretRef: BackupPassword}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("secret.rm of the mesh's own: %v", err)
+	}
+	if sv, _ := s.SecretSealed(ctx, BackupPassword); sv.Sealed != "SEALED:hunter2" {
+		t.Fatalf("the password changed: %q", sv.Sealed)
+	}
+
+	// A node without a key yet: a new set waits for it.
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "cat", Address: "10.0.0.3"}})
+	if _, err := s.SecretTarget(ctx, BackupPassword); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "cat") {
+		t.Fatalf("a node without a key: %v", err)
+	}
+	// Once it has one, a holder seals the password again to all three.
+	mustApply(t, s, &idx, &NodeKeyRequest{Node: "cat", SealKey: "kC"})
+	stale, err := s.StaleSecrets(ctx, "kA")
+	if err != nil || len(stale) != 1 || stale[0].SecretRef != BackupPassword || !slices.Equal(stale[0].Nodes, []string{"ace", "bee", "cat"}) {
+		t.Fatalf("stale for kA: %+v %v", stale, err)
+	}
+	mustApply(t, s, &idx, &SecretSealRequest{SecretRef: BackupPassword, Sealed: "SEALED:hunter2", Digest: pw.Digest, Recipients: []string{"kA", "kB", "kC"}})
+	if r, _ := s.BackupRepo(ctx); !slices.Equal(r.SealedTo, []string{"ace", "bee", "cat"}) {
+		t.Fatalf("after the reseal: %v", r.SealedTo)
+	}
+}
