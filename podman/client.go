@@ -556,6 +556,32 @@ func (c *Client) Restart(ctx context.Context, id string) error {
 	return nil
 }
 
+// Pause freezes a container's processes (a backup's copy, issue 30).
+func (c *Client) Pause(ctx context.Context, id string) error {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if err := containers.Pause(cx, id, nil); err != nil {
+		return fmt.Errorf("pause container %s: %w", short(id), err)
+	}
+	return nil
+}
+
+// Unpause lets a paused container's processes run again.
+func (c *Client) Unpause(ctx context.Context, id string) error {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if err := containers.Unpause(cx, id, nil); err != nil {
+		return fmt.Errorf("unpause container %s: %w", short(id), err)
+	}
+	return nil
+}
+
 // Remove force-removes a container.
 func (c *Client) Remove(ctx context.Context, id string) error {
 	cx, cancel, err := c.ctx(ctx, CallTimeout)

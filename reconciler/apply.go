@@ -86,6 +86,9 @@ type Config struct {
 	// container once its run has ended, before the container goes: `mesh
 	// logs MODULE.STEP` keeps its lines from there.
 	StepEnded func(ctx context.Context, name, id string)
+	// Backups, when set, is what every report says of the node's backups
+	// (the agent runs them, backup.go).
+	Backups func() []state.BackupRun
 }
 
 // Reconciler applies plans on one node.
@@ -104,6 +107,9 @@ type Reconciler struct {
 	// lastFailed is the modules that failed in the last apply: their
 	// scheduled steps wait for one that succeeds (schedule.go).
 	lastFailed map[string]bool
+	// pass is held by an apply (with its scheduled steps) and by a backup
+	// or restore (Exclusive): one at a time. soon asks the loop for a pass.
+	pass, soon chan struct{}
 }
 
 // New loads the ledger and returns a reconciler.
@@ -125,7 +131,8 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 		cfg.PodmanBack = 2 * time.Minute
 	}
 	log := cfg.Logger.With("component", "reconciler")
-	r := &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, kept: map[string]string{}, verified: map[string]bool{}, health: newMonitor(rt, log, cfg.Now)}
+	r := &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, kept: map[string]string{}, verified: map[string]bool{}, health: newMonitor(rt, log, cfg.Now),
+		pass: make(chan struct{}, 1), soon: make(chan struct{}, 1)}
 	r.health.certDial = cfg.CertProbe
 	return r, nil
 }
@@ -781,6 +788,15 @@ func deviceOK(p string) string {
 func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport {
 	want := describe(res, x.r.cfg.DNS, x.publishOn, x.inputsOf(res.Module))
 	x.inputsOf(res.Module)[res.Name] = want.Digest
+	if res.Decl.BeforeBackup {
+		// It runs before each backup of its module (backup.go), never in
+		// an apply; a run that an agent's end cut short left its container.
+		if c, ok := x.managed[want.Name]; ok {
+			x.rt.Remove(ctx, c.ID)
+			delete(x.managed, want.Name)
+		}
+		return report(res, state.Unchanged, "")
+	}
 	var marker *Marker
 	if m, ok := x.r.ledger.Markers[want.Name]; ok {
 		marker = &m

@@ -251,7 +251,7 @@ func TestEveryContainerKeyIsDeclared(t *testing.T) {
 	rows := map[string]bool{}
 	for _, k := range []string{"image", "command", "env", "env-secrets", "mounts", "ports", "public-ports", "restart", "restart-on", "health", "pull",
 		"user", "entrypoint", "working-dir", "cap-add", "cap-drop", "devices", "read-only", "tmpfs", "memory", "cpus", "stop-signal", "stop-timeout", "labels", "log-max-size",
-		"tty", "init", "pids-limit", "group-add", "schedule"} {
+		"tty", "init", "pids-limit", "group-add", "schedule", "before-backup"} {
 		rows[k] = true
 	}
 	// A step's schedule is when it runs again, not what it is: a changed
@@ -266,6 +266,10 @@ func TestEveryContainerKeyIsDeclared(t *testing.T) {
 	}
 	if a, b := describe(step(""), dns, "", nil), describe(step("    schedule: every 15m\n"), dns, "", nil); a.Digest != b.Digest || a.Decl != b.Decl {
 		t.Fatal("a step's schedule is part of its declaration: a new schedule would rerun it")
+	}
+	// So is before-backup: (an apply never runs such a step, backup.go).
+	if a, b := describe(step(""), dns, "", nil), describe(step("    before-backup: true\n  - directory: /srv/f\n    data: true\n"), dns, "", nil); a.Digest != b.Digest {
+		t.Fatal("a step's before-backup is part of its digest")
 	}
 	for _, kind := range []string{manifest.KindContainer, manifest.KindStep} {
 		for _, k := range manifest.Keys(kind) {

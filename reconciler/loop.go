@@ -94,6 +94,7 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 		rep.Health = r.health.snapshot()
 		rep.Exits = r.health.exitsSnapshot()
 		rep.Certificates = r.health.certsSnapshot()
+		rep.Backups = r.backupRuns()
 		if healthKey(&rep) == healthKey(sent) {
 			return
 		}
@@ -126,13 +127,18 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 		case <-slot.C:
 			// A scheduled step's slot: it runs here, between applies.
 			if slotPlan != nil {
+				if !r.take(ctx) {
+					return
+				}
 				runs := r.RunScheduled(ctx, slotPlan)
+				r.give()
 				if ctx.Err() != nil {
 					return
 				}
 				if sent != nil {
 					rep := *sent
 					rep.Scheduled = runs
+					rep.Backups = r.backupRuns()
 					if healthKey(&rep) != healthKey(sent) {
 						if err := src.Report(ctx, rep); err != nil {
 							r.log.Warn("send report", "err", err)
@@ -160,6 +166,9 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 				}
 			}
 		case <-next.C:
+		case <-r.soon:
+			// A restore stopped a module's containers, or a backup ended:
+			// a pass now, whose report says so.
 		}
 		// Taken before the plan is read: a change while this pass applies (a
 		// new plan during a long step) wakes the next pass at once, rather than
@@ -179,14 +188,20 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			continue
 		}
 		began := time.Now()
+		if !r.take(ctx) {
+			return
+		}
 		rep := r.Apply(ctx, version, plan)
 		if ctx.Err() != nil {
+			r.give()
 			return
 		}
 		rep.Scheduled = r.RunScheduled(ctx, plan)
+		r.give()
 		if ctx.Err() != nil {
 			return
 		}
+		rep.Backups = r.backupRuns()
 		planSlot(plan)
 		if r.cfg.Observe != nil {
 			r.cfg.Observe(&rep, time.Since(began))
@@ -249,7 +264,29 @@ func healthKey(r *state.Report) string {
 	for _, c := range r.Scheduled {
 		s += fmt.Sprintf("scheduled %s %s %v %s %s\n", c.Step, c.Last, c.OK, c.Reason, c.Next)
 	}
-	return s + certKey(r.Certificates)
+	return s + certKey(r.Certificates) + backupKey(r.Backups)
+}
+
+// take waits for the node to be this pass's alone (no backup runs, see
+// Exclusive); false when ctx ended first.
+func (r *Reconciler) take(ctx context.Context) bool {
+	select {
+	case r.pass <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (r *Reconciler) give() { <-r.pass }
+
+// backupRuns is what the agent says of its modules' backups (nil without
+// Config.Backups).
+func (r *Reconciler) backupRuns() []state.BackupRun {
+	if r.cfg.Backups == nil {
+		return nil
+	}
+	return r.cfg.Backups()
 }
 
 func changes(r *state.Report) string {

@@ -1,0 +1,160 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// Backups and restores of a module's data (issue 30, item 2). The agent
+// runs restic; the reconciler gives it the node to itself for the length of
+// one (Exclusive: never during an apply or a scheduled step, and one at a
+// time), runs the module's before-backup steps and pauses its containers
+// when it asks (Quiesce), and stops them for a restore (StopModule), the
+// next pass starting them again as the plan says.
+
+// pauser is a runtime that can freeze a container (Podman can; the tests'
+// fakes need not).
+type pauser interface {
+	Pause(ctx context.Context, id string) error
+	Unpause(ctx context.Context, id string) error
+}
+
+// Exclusive runs f while no apply, scheduled step or other backup runs on
+// this node; it waits for one that runs to end, or for ctx.
+func (r *Reconciler) Exclusive(ctx context.Context, f func(ctx context.Context) error) error {
+	select {
+	case r.pass <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the node's apply to end: %w", ctx.Err())
+	}
+	defer func() { <-r.pass }()
+	return f(ctx)
+}
+
+// DataDirs are the data directories (data: true) plan gives module here.
+func DataDirs(plan *state.Plan, module string) []string {
+	var out []string
+	for _, res := range plan.Resources {
+		if res.Module == module && res.Kind == manifest.KindDirectory && res.Decl.Data {
+			out = append(out, res.Name)
+		}
+	}
+	return out
+}
+
+// Quiesce readies module's data for a copy, inside Exclusive: its
+// before-backup steps run, in the plan's order (one that fails stops the
+// backup, said), then, with pause, its running containers are paused.
+// resume unpauses them; it is safe to call once whatever Quiesce returned.
+func (r *Reconciler) Quiesce(ctx context.Context, plan *state.Plan, module string, pause bool) (resume func(), err error) {
+	resume = func() {}
+	x := r.newRun(plan)
+	for _, res := range plan.Resources {
+		if res.Kind != manifest.KindStep && res.Kind != manifest.KindContainer {
+			x.kinds[res.Name] = res.Kind
+		}
+	}
+	for _, res := range plan.Resources {
+		if res.Module != module || res.Kind != manifest.KindStep || !res.Decl.BeforeBackup {
+			continue
+		}
+		want := describe(res, r.cfg.DNS, plan.PublishAddress, nil)
+		if c, found, err := r.rt.Lookup(ctx, want.Name); err == nil && found && c.Labels[LabelManaged] == "1" {
+			r.rt.Remove(context.WithoutCancel(ctx), c.ID) // left by a run an agent's end cut short
+		}
+		id, rr, ok := x.stepRun(ctx, res, want, "")
+		if id != "" {
+			r.rt.Remove(context.WithoutCancel(ctx), id)
+		}
+		if !ok {
+			return resume, fmt.Errorf("before-backup step %s failed: %s", res.RuntimeName(), rr.Reason)
+		}
+		r.log.Info("ran before-backup step", "step", res.RuntimeName())
+	}
+	if !pause {
+		return resume, nil
+	}
+	p, ok := r.rt.(pauser)
+	if !ok {
+		return resume, errors.New("this node's runtime cannot pause containers")
+	}
+	var paused []string
+	resume = func() {
+		for _, id := range paused {
+			if err := p.Unpause(context.WithoutCancel(ctx), id); err != nil {
+				r.log.Warn("unpause after the backup", "container", id, "err", err)
+			}
+		}
+	}
+	for _, name := range containersOf(plan, module, r) {
+		c, found, err := r.rt.Lookup(ctx, name)
+		if err != nil {
+			resume()
+			return func() {}, err
+		}
+		if !found || !c.Running {
+			continue
+		}
+		if err := p.Pause(ctx, c.ID); err != nil {
+			resume()
+			return func() {}, err
+		}
+		paused = append(paused, c.ID)
+	}
+	return resume, nil
+}
+
+// StopModule removes module's containers, inside Exclusive, so that its
+// data can be replaced (a restore); the next apply creates them again from
+// the plan (ApplySoon). It says which it removed.
+func (r *Reconciler) StopModule(ctx context.Context, plan *state.Plan, module string) ([]string, error) {
+	var stopped []string
+	for _, name := range containersOf(plan, module, r) {
+		c, found, err := r.rt.Lookup(ctx, name)
+		if err != nil {
+			return stopped, err
+		}
+		if !found || c.Labels[LabelManaged] != "1" {
+			continue
+		}
+		if err := r.rt.Remove(ctx, c.ID); err != nil {
+			return stopped, err
+		}
+		stopped = append(stopped, name)
+	}
+	return stopped, nil
+}
+
+// containersOf are the runtime names of module's containers in plan.
+func containersOf(plan *state.Plan, module string, r *Reconciler) []string {
+	var out []string
+	for _, res := range plan.Resources {
+		if res.Module == module && res.Kind == manifest.KindContainer {
+			out = append(out, describe(res, r.cfg.DNS, plan.PublishAddress, nil).Name)
+		}
+	}
+	return out
+}
+
+// ApplySoon makes the loop run a pass now (after a restore), and send a
+// report with the backups' latest (Config.Backups).
+func (r *Reconciler) ApplySoon() {
+	select {
+	case r.soon <- struct{}{}:
+	default:
+	}
+}
+
+// backupKey is what of the backups' state a report is sent again for.
+func backupKey(runs []state.BackupRun) string {
+	var b strings.Builder
+	for _, x := range runs {
+		fmt.Fprintf(&b, "backup %s %s %v %s %s %s\n", x.Module, x.Last, x.OK, x.Snapshot, x.Reason, x.Next)
+	}
+	return b.String()
+}
