@@ -116,6 +116,8 @@ type CLI struct {
 	Recover    RecoverCmd    `cmd:"" help:"With the agent stopped, make this node the only voter (when the majority of voters is gone for good)."`
 	Version    VersionCmd    `cmd:"" help:"Print the version."`
 	Completion CompletionCmd `cmd:"" help:"Print a shell completion script (bash, zsh, fish)."`
+	Backup     BackupCmd     `cmd:"" help:"Back up MODULE's data directories (data: true) to the mesh's restic repository now (mesh backup MODULE), list its snapshots, or set the repository."`
+	Restore    RestoreCmd    `cmd:"" help:"Put MODULE's data directories back from a snapshot (its latest by default): its containers stop, the data is swapped in (what was there is kept aside), they start again and their health checks pass."`
 	Restart    RestartCmd    `cmd:"" help:"Restart MODULE's containers (or MODULE.CONTAINER) on every node running it, or on --node: the same containers, stopped and started again, recorded so mesh why says who asked."`
 	Logs       LogsCmd       `cmd:"" help:"Print MODULE's lines (or MODULE.CONTAINER's, or a step's last run) from the nodes running it, merged in time order; -f follows."`
 	Exec       ExecCmd       `cmd:"" help:"Run a command in MODULE.CONTAINER on the node running it (-i for input, -t for a terminal); exits with its code."`

@@ -106,6 +106,9 @@ func statusKey(st api.Status) string {
 			for _, c := range r.Certificates {
 				k.Certs += c.Name + "=" + c.Issuer + c.NotAfter.String() + c.Error + " "
 			}
+			for _, c := range r.Backups {
+				k.Scheduled += fmt.Sprintf("backup %s %v %s %s %s ", c.Module, c.OK, c.Last, c.Next, c.Snapshot)
+			}
 			for _, c := range r.Scheduled {
 				k.Scheduled += fmt.Sprintf("%s %v %s %s ", c.Step, c.OK, c.Last, c.Next)
 			}
@@ -222,6 +225,7 @@ func renderStatus(w io.Writer, st api.Status) error {
 				fmt.Fprintf(w, "%s: scheduled step %s (%s) ran at %s; next %s\n", n.Name, c.Step, c.Module, c.Last.Local().Format(time.DateTime), c.Next.Local().Format(time.DateTime))
 			}
 		}
+		renderBackups(w, n.Name, n.Report.Backups, time.Now())
 		for _, e := range n.Report.Exits {
 			fmt.Fprintf(w, "%s: container %s (%s) exited with code %d at %s; Podman restarted it %d time(s)\n", n.Name, e.Container, e.Module, e.ExitCode, e.At.Local().Format(time.TimeOnly), e.Restarts)
 			if e.Logs != "" {
@@ -311,4 +315,33 @@ func bytesText(b uint64) string {
 		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", b)
+}
+
+// overdueAfter is how long past its slot a scheduled backup that has not
+// run is an error in status.
+const overdueAfter = 15 * time.Minute
+
+// renderBackups says of each module's backups on node: the last one and
+// its age, and as an error one that failed or a scheduled one overdue.
+func renderBackups(w io.Writer, node string, runs []state.BackupRun, now time.Time) {
+	for _, b := range runs {
+		next := ""
+		if !b.Next.IsZero() {
+			next = "; next " + b.Next.Local().Format(time.DateTime)
+		}
+		switch {
+		case !b.Last.IsZero() && !b.OK:
+			last := "never"
+			if !b.LastOK.IsZero() {
+				last = fmt.Sprintf("%s ago", now.Sub(b.LastOK).Round(time.Second))
+			}
+			fmt.Fprintf(w, "%s: error: backup of %s failed at %s (last good one: %s)%s: %s\n", node, b.Module, b.Last.Local().Format(time.DateTime), last, next, strings.ReplaceAll(b.Reason, "\n", " | "))
+		case !b.Next.IsZero() && now.Sub(b.Next) > overdueAfter:
+			fmt.Fprintf(w, "%s: error: backup of %s is overdue: its slot was %s ago (is the agent's schedule stuck? its log says)\n", node, b.Module, now.Sub(b.Next).Round(time.Second))
+		case b.Last.IsZero():
+			fmt.Fprintf(w, "%s: backup of %s: none yet%s\n", node, b.Module, next)
+		default:
+			fmt.Fprintf(w, "%s: backup of %s: snapshot %s, %s ago%s\n", node, b.Module, b.Snapshot, now.Sub(b.LastOK).Round(time.Second), next)
+		}
+	}
 }

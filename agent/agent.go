@@ -85,6 +85,7 @@ type Agent struct {
 	sealer       *sealer
 	reconciler   *reconciler.Reconciler
 	operate      *operate.Server
+	backups      *backups
 	api          *api.API
 	metrics      *metrics.Metrics
 
@@ -151,6 +152,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	go a.sealer.run(ctx)
 	go a.net.run(ctx)
 	go a.driveRollouts(ctx)
+	go a.backups.schedule(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -286,8 +288,9 @@ func (a *Agent) startSealer() error {
 // serves it to the other nodes (the local API serves it to the CLI).
 func (a *Agent) startOperate() error {
 	m := a.member
+	a.backups = newBackups(m.ID.Name, m.Store, a.sealer.OperatorSecret, a.dir, a.log.With("component", "backup"))
 	a.operate = &operate.Server{Node: m.ID.Name, Store: m.Store, RT: operateRuntime{a.podman}, Peers: m.Node,
-		StepLogs: filepath.Join(a.dir, "step-logs"), Log: a.log.With("component", "operate"), Stop: a.ctx}
+		StepLogs: filepath.Join(a.dir, "step-logs"), Log: a.log.With("component", "operate"), Stop: a.ctx, Backups: a.backups}
 	m.Node.SetOperate(a.operate.PeerHandler())
 	return nil
 }
@@ -321,7 +324,7 @@ func (a *Agent) startReconciler() error {
 	rec, err := reconciler.New(reconciler.Config{
 		Node: m.ID.Name, CertProbe: m.ID.Address, DNS: a.cfg.DNSAddress, LedgerPath: filepath.Join(a.dir, "ledger.json"), DataDir: a.dir,
 		Secret: a.sealer.Secret, OperatorSecret: a.sealer.OperatorSecret, EnvDir: envDir(a.dir), EnvExec: a.cfg.Binary,
-		Logger: a.log, Observe: observe, StepEnded: a.operate.SaveStepLog,
+		Logger: a.log, Observe: observe, StepEnded: a.operate.SaveStepLog, Backups: a.backups.Runs,
 		ProviderHealthy: m.Store.ProviderHealthy,
 		Domain:          domain,
 		Probe: &reconciler.ProbeConfig{Binary: a.cfg.Binary, Name: func(ctx context.Context) string {
@@ -336,6 +339,7 @@ func (a *Agent) startReconciler() error {
 		return err
 	}
 	a.reconciler = rec
+	a.backups.start(rec)
 	return nil
 }
 

@@ -69,6 +69,8 @@ type Server struct {
 	// Stop ends every stream (the agent stops): a follower is not left
 	// holding the API's shutdown.
 	Stop context.Context
+	// Backups runs this node's backups and restores (nil: none).
+	Backups Backups
 }
 
 // streamContext is a request's context, ended too when the agent stops.
@@ -87,6 +89,7 @@ func (s *Server) PeerHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/op/logs", s.serveNodeLogs)
 	mux.HandleFunc("GET /v1/op/exec", s.serveNodeExec)
+	mux.HandleFunc("POST /v1/op/backup", s.serveNodeBackup)
 	return mux
 }
 
@@ -95,6 +98,7 @@ func (s *Server) LocalHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/logs", s.serveLogs)
 	mux.HandleFunc("GET /v1/exec", s.serveExec)
+	mux.HandleFunc("POST /v1/backup", s.serveBackup)
 	return mux
 }
 

@@ -126,8 +126,8 @@ type Config struct {
 	Resolver string
 	// Overlay, when set, says how this node's overlay is.
 	Overlay func() OverlayStatus
-	// Operate, when set, serves GET /v1/logs and GET /v1/exec (the agent's
-	// operate package).
+	// Operate, when set, serves GET /v1/logs, GET /v1/exec and POST
+	// /v1/backup (the agent's operate package).
 	Operate http.Handler
 	Logger  *slog.Logger
 }
@@ -165,9 +165,12 @@ func New(cfg Config) *API {
 	mux.HandleFunc("GET /v1/secrets", a.secrets)
 	mux.HandleFunc("PUT /v1/secrets/{module}/{name}", a.setSecret)
 	mux.HandleFunc("DELETE /v1/secrets/{module}/{name}", a.removeSecret)
+	mux.HandleFunc("PUT /v1/backup/repo", a.setBackupRepo)
+	mux.HandleFunc("GET /v1/backup/repo", a.backupRepo)
 	if cfg.Operate != nil {
 		mux.Handle("GET /v1/logs", cfg.Operate)
 		mux.Handle("GET /v1/exec", cfg.Operate)
+		mux.Handle("POST /v1/backup", cfg.Operate)
 	}
 	a.srv = &http.Server{Handler: refuseUnpreviewable(a.readsYourWrites(mux)), ReadHeaderTimeout: 10 * time.Second}
 	return a

@@ -1,0 +1,544 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"mesh/cluster/api"
+	"mesh/internal/restic"
+	"mesh/reconciler"
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// Backups of a module's data with restic (issue 30, item 2), on the node
+// that holds it: restic runs on the host, as the agent (root, or a rootless
+// agent inside Podman's user namespace, where a container's files keep
+// their owners), with the repository the mesh keeps (mesh backup repo set)
+// and its password opened from the replicated state. A backup holds the
+// node (reconciler.Exclusive: no apply meanwhile), runs the module's
+// before-backup steps, pauses its containers when backup: pause: asks,
+// copies its data directories, and forgets what keep: does not keep. A
+// restore stops the module's containers, restores each data directory
+// beside it and swaps it in (the directory as it was is kept aside), and
+// lets the next apply start the containers again.
+type backups struct {
+	node   string
+	store  *state.Store
+	rec    *reconciler.Reconciler
+	secret func(ctx context.Context, ref state.SecretRef) ([]byte, error)
+	dir    string // the node's data dir
+	log    *slog.Logger
+	now    func() time.Time
+
+	// ready is closed once rec is set (the reconciler is made after the
+	// peer API serves).
+	ready chan struct{}
+
+	mu   sync.Mutex
+	runs map[string]state.BackupRun // module -> its backups here, kept in backups.json
+}
+
+// start gives the backups the node's reconciler.
+func (b *backups) start(rec *reconciler.Reconciler) {
+	b.rec = rec
+	close(b.ready)
+}
+
+const backupsFile = "backups.json"
+
+// restoreAside is the suffix of a data directory's content before a
+// restore, kept beside it until the next restore of that directory.
+const restoreAside = ".mesh-before-restore"
+
+// restoreStaging is the suffix of the directory a restore writes into.
+const restoreStaging = ".mesh-restoring"
+
+func newBackups(node string, store *state.Store, secret func(context.Context, state.SecretRef) ([]byte, error), dir string, log *slog.Logger) *backups {
+	b := &backups{node: node, store: store, secret: secret, dir: dir, log: log, now: time.Now, runs: map[string]state.BackupRun{}, ready: make(chan struct{})}
+	if raw, err := os.ReadFile(filepath.Join(dir, backupsFile)); err == nil {
+		if err := json.Unmarshal(raw, &b.runs); err != nil {
+			log.Warn("the backups' record is damaged; starting afresh (the repository keeps every snapshot)", "file", backupsFile, "err", err)
+			b.runs = map[string]state.BackupRun{}
+		}
+	}
+	return b
+}
+
+// save writes the record (a kill after a backup keeps it).
+func (b *backups) save() {
+	raw, err := json.Marshal(b.runs)
+	if err == nil {
+		err = writeFileAtomic(filepath.Join(b.dir, backupsFile), raw)
+	}
+	if err != nil {
+		b.log.Warn("record the backups", "err", err)
+	}
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// Runs is what the node's reports say of its backups, by module.
+func (b *backups) Runs() []state.BackupRun {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]state.BackupRun, 0, len(b.runs))
+	for _, r := range b.runs {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(x, y state.BackupRun) int { return strings.Compare(x.Module, y.Module) })
+	return out
+}
+
+// repo is the mesh's repository, its password opened here.
+func (b *backups) repo(ctx context.Context) (restic.Repo, error) {
+	r, err := b.store.BackupRepo(ctx)
+	if err != nil {
+		return restic.Repo{}, err
+	}
+	if r.URL == "" {
+		return restic.Repo{}, errors.New("no backup repository is set: mesh backup repo set URL --password-file FILE")
+	}
+	pw, err := b.secret(ctx, state.BackupPassword)
+	if errors.Is(err, state.ErrNotFound) {
+		return restic.Repo{}, errors.New("the backup repository's password is not in the state: mesh backup repo set URL --password-file FILE")
+	}
+	if err != nil {
+		return restic.Repo{}, fmt.Errorf("the backup repository's password: %w", err)
+	}
+	cache := filepath.Join(b.dir, "restic-cache")
+	if err := os.MkdirAll(cache, 0o700); err != nil {
+		return restic.Repo{}, err
+	}
+	return restic.Repo{URL: r.URL, Password: pw, CacheDir: cache, Host: b.node}, nil
+}
+
+// Run is operate.Backups: req on this node.
+func (b *backups) Run(ctx context.Context, req api.BackupRequest, progress func(string)) (api.BackupResult, error) {
+	select {
+	case <-b.ready:
+	case <-ctx.Done():
+		return api.BackupResult{}, ctx.Err()
+	}
+	switch req.Op {
+	case api.BackupRun:
+		return b.backup(ctx, req.Module, req.By, progress)
+	case api.BackupRestore:
+		return b.restore(ctx, req.Module, req.Snapshot, progress)
+	case api.BackupList:
+		return b.list(ctx, req.Module)
+	}
+	return api.BackupResult{}, fmt.Errorf("unknown backup op %q", req.Op)
+}
+
+// here is the module's part of this node's plan: its data directories,
+// the plan's version, and the manifest's backup policy and digest.
+type here struct {
+	plan     *state.Plan
+	version  uint64
+	dirs     []string
+	policy   manifest.Backup
+	manifest string
+}
+
+func (b *backups) here(ctx context.Context, module string) (here, error) {
+	pv, err := b.store.Plan(ctx, b.node)
+	if err != nil || pv.Plan == nil {
+		return here{}, fmt.Errorf("node %s has no plan yet", b.node)
+	}
+	h := here{plan: pv.Plan, version: pv.Version, dirs: reconciler.DataDirs(pv.Plan, module)}
+	if len(h.dirs) == 0 {
+		return h, fmt.Errorf("module %s holds no data directory (data: true) on %s", module, b.node)
+	}
+	info, err := b.store.Module(ctx, module)
+	if err != nil {
+		return h, err
+	}
+	h.manifest = info.Digest
+	if m, err := b.store.Manifest(ctx, module); err == nil && m.Backup != nil {
+		h.policy = *m.Backup
+	}
+	return h, nil
+}
+
+// tags are a snapshot's: the module's and node's (what list, restore and
+// forget select by), the plan version and the manifest's digest.
+func moduleTags(module, node string) []string {
+	return []string{"mesh", "module=" + module, "node=" + node}
+}
+
+func (b *backups) backup(ctx context.Context, module, by string, progress func(string)) (api.BackupResult, error) {
+	res := api.BackupResult{Module: module, Node: b.node}
+	if by == "" {
+		by = "a command"
+	}
+	h, err := b.here(ctx, module)
+	if err != nil {
+		return res, err
+	}
+	res.Dirs = h.dirs
+	run := func() (api.BackupResult, error) {
+		repo, err := b.repo(ctx)
+		if err != nil {
+			return res, err
+		}
+		progress("opening the repository")
+		if res.Created, err = repo.Ensure(ctx); err != nil {
+			return res, err
+		}
+		if res.Created {
+			progress("initialised the repository")
+		}
+		tags := append(moduleTags(module, b.node), "plan="+strconv.FormatUint(h.version, 10), "manifest="+short(h.manifest))
+		var sum restic.Summary
+		err = b.rec.Exclusive(ctx, func(ctx context.Context) error {
+			if h.hasBefore(module) {
+				progress("running the before-backup steps")
+			}
+			resume, err := b.rec.Quiesce(ctx, h.plan, module, h.policy.Pause)
+			defer resume()
+			if err != nil {
+				return err
+			}
+			if h.policy.Pause {
+				progress("paused the module's containers")
+			}
+			progress("copying " + strings.Join(h.dirs, ", "))
+			last := time.Time{}
+			sum, err = repo.Backup(ctx, h.dirs, tags, func(p restic.Progress) {
+				if time.Since(last) < 2*time.Second {
+					return
+				}
+				last = time.Now()
+				progress(fmt.Sprintf("%.0f%%: %d of %d files, %s of %s", p.PercentDone*100, p.FilesDone, p.TotalFiles, size(p.BytesDone), size(p.TotalBytes)))
+			})
+			return err
+		})
+		if err != nil {
+			return res, err
+		}
+		res.Snapshot, res.Files, res.Bytes, res.Added, res.Duration = sum.SnapshotID, sum.TotalFiles, sum.TotalBytes, sum.DataAdded, sum.Duration.Round(time.Millisecond).String()
+		if k := h.policy.Keep; k != nil {
+			progress("forgetting what keep: does not keep")
+			gone, err := repo.Forget(ctx, moduleTags(module, b.node), restic.Keep{Last: k.Last, Hourly: k.Hourly, Daily: k.Daily, Weekly: k.Weekly, Monthly: k.Monthly, Yearly: k.Yearly}, true)
+			if err != nil {
+				return res, fmt.Errorf("snapshot %s made, but keep: failed: %w", res.Snapshot, err)
+			}
+			res.Forgotten = gone
+		}
+		return res, nil
+	}
+	res, err = run()
+	b.record(module, h.policy.Schedule, by, res.Snapshot, err)
+	return res, err
+}
+
+// record keeps a backup's outcome and has it reported.
+func (b *backups) record(module, schedule, by, snapshot string, err error) {
+	b.mu.Lock()
+	now := b.now().UTC()
+	r := b.runs[module]
+	r.Module, r.Last, r.By, r.Schedule = module, now, by, schedule
+	r.OK, r.Reason, r.Snapshot = err == nil, "", snapshot
+	if err != nil {
+		r.Reason = err.Error()
+	} else {
+		r.LastOK = now
+	}
+	b.runs[module] = r
+	b.save()
+	b.mu.Unlock()
+	if err != nil {
+		b.log.Warn("backup failed", "module", module, "by", by, "err", err)
+	} else {
+		b.log.Info("backed up", "module", module, "snapshot", snapshot, "by", by)
+	}
+	b.rec.ApplySoon()
+}
+
+func (h here) hasBefore(module string) bool {
+	for _, res := range h.plan.Resources {
+		if res.Module == module && res.Kind == manifest.KindStep && res.Decl.BeforeBackup {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *backups) list(ctx context.Context, module string) (api.BackupResult, error) {
+	res := api.BackupResult{Module: module, Node: b.node}
+	repo, err := b.repo(ctx)
+	if err != nil {
+		return res, err
+	}
+	snaps, err := repo.Snapshots(ctx, []string{"mesh", "module=" + module})
+	if errors.Is(err, restic.ErrNoRepository) {
+		return res, nil // nothing backed up yet
+	}
+	if err != nil {
+		return res, err
+	}
+	for _, s := range snaps {
+		res.Snapshots = append(res.Snapshots, toSnapshot(s))
+	}
+	return res, nil
+}
+
+func toSnapshot(s restic.Snapshot) api.Snapshot {
+	out := api.Snapshot{ID: s.ShortID, Time: s.Time, Node: s.Host, Paths: s.Paths}
+	for _, t := range s.Tags {
+		k, v, _ := strings.Cut(t, "=")
+		switch k {
+		case "node":
+			out.Node = v
+		case "plan":
+			out.Plan = v
+		case "manifest":
+			out.Manifest = v
+		}
+	}
+	return out
+}
+
+// restore puts snapshot id (the module's latest when "") back into the
+// module's data directories on this node.
+func (b *backups) restore(ctx context.Context, module, id string, progress func(string)) (api.BackupResult, error) {
+	res := api.BackupResult{Module: module, Node: b.node, Kept: map[string]string{}}
+	h, err := b.here(ctx, module)
+	if err != nil {
+		return res, err
+	}
+	repo, err := b.repo(ctx)
+	if err != nil {
+		return res, err
+	}
+	snaps, err := repo.Snapshots(ctx, []string{"mesh", "module=" + module})
+	if err != nil {
+		return res, err
+	}
+	var snap *restic.Snapshot
+	for i := range snaps {
+		s := &snaps[i]
+		if id == "" || strings.HasPrefix(s.ID, id) || s.ShortID == id {
+			snap = s // oldest first: the last that matches is the newest
+		}
+	}
+	if snap == nil {
+		if id == "" {
+			return res, fmt.Errorf("module %s has no snapshot in the repository yet (mesh backup %s)", module, module)
+		}
+		return res, fmt.Errorf("module %s has no snapshot %s (mesh backup list %s)", module, id, module)
+	}
+	res.Snapshot = snap.ShortID
+	// Only the directories both the snapshot and the plan hold: a snapshot
+	// never writes where the module declares no data now.
+	for _, d := range h.dirs {
+		if slices.Contains(snap.Paths, d) {
+			res.Dirs = append(res.Dirs, d)
+		}
+	}
+	if len(res.Dirs) == 0 {
+		return res, fmt.Errorf("snapshot %s holds %s, none of which is a data directory of %s on %s now (%s)", snap.ShortID, strings.Join(snap.Paths, ", "), module, b.node, strings.Join(h.dirs, ", "))
+	}
+	err = b.rec.Exclusive(ctx, func(ctx context.Context) error {
+		// Staged first, beside each directory (the same filesystem): the
+		// module's data is touched only once the whole snapshot is here.
+		staged := map[string]string{}
+		defer func() {
+			for _, s := range staged {
+				os.RemoveAll(s) // what is left of a staging that failed
+			}
+		}()
+		for _, d := range res.Dirs {
+			s := d + restoreStaging
+			if err := os.RemoveAll(s); err != nil {
+				return err
+			}
+			if err := os.Mkdir(s, 0o700); err != nil {
+				return err
+			}
+			staged[d] = s
+			progress("restoring " + d + " from " + snap.ShortID)
+			if err := repo.Restore(ctx, snap.ID, s, d); err != nil {
+				return err
+			}
+			if fi, err := os.Lstat(s + d); err != nil || !fi.IsDir() {
+				return fmt.Errorf("snapshot %s restored no directory %s", snap.ShortID, d)
+			}
+		}
+		progress("stopping the module's containers")
+		stopped, err := b.rec.StopModule(ctx, h.plan, module)
+		res.Stopped = stopped
+		if err != nil {
+			return err
+		}
+		for _, d := range res.Dirs {
+			aside := d + restoreAside
+			if err := os.RemoveAll(aside); err != nil {
+				return err
+			}
+			if err := os.Rename(d, aside); err != nil {
+				return err
+			}
+			if err := os.Rename(staged[d]+d, d); err != nil {
+				os.Rename(aside, d) // as it was
+				return err
+			}
+			res.Kept[d] = aside
+		}
+		return nil
+	})
+	// The next pass starts the containers again (and fixes each data
+	// directory's owner and mode to the manifest's).
+	b.rec.ApplySoon()
+	if err != nil {
+		return res, err
+	}
+	b.log.Info("restored", "module", module, "snapshot", snap.ShortID, "dirs", res.Dirs)
+	return res, nil
+}
+
+func short(digest string) string {
+	if len(digest) > 12 {
+		return digest[:12]
+	}
+	return digest
+}
+
+func size(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// schedule runs the backups of the modules whose manifest has backup:
+// schedule:, on this node, one at a time, until ctx ends. A slot that
+// passes while the agent is down is run when it is back (once); a backup
+// that fails is reported and tried at the next slot.
+func (b *backups) schedule(ctx context.Context) {
+	<-b.ready // Run comes after New
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		t.Reset(b.runDue(ctx))
+	}
+}
+
+// scheduleCheck is how often the plan is read again for schedules.
+const scheduleCheck = 30 * time.Second
+
+// runDue runs each backup whose slot has come, and says how long until
+// the next look.
+func (b *backups) runDue(ctx context.Context) time.Duration {
+	wait := scheduleCheck
+	pv, err := b.store.Plan(ctx, b.node)
+	if err != nil || pv.Plan == nil {
+		return wait
+	}
+	mods := map[string]bool{}
+	for _, res := range pv.Plan.Resources {
+		if res.Kind == manifest.KindDirectory && res.Decl.Data {
+			mods[res.Module] = true
+		}
+	}
+	b.mu.Lock()
+	for m := range b.runs {
+		if !mods[m] {
+			delete(b.runs, m) // the module holds no data here any more
+			b.save()
+		}
+	}
+	b.mu.Unlock()
+	for _, m := range slices.Sorted(maps.Keys(mods)) {
+		man, err := b.store.Manifest(ctx, m)
+		if err != nil || man.Backup == nil || man.Backup.Schedule == "" {
+			b.unschedule(m)
+			continue
+		}
+		sch, err := manifest.ParseSchedule(man.Backup.Schedule)
+		if err != nil {
+			continue
+		}
+		now := b.now()
+		b.mu.Lock()
+		r := b.runs[m]
+		first := r.Schedule != man.Backup.Schedule || r.Next.IsZero()
+		if first {
+			r.Module, r.Schedule, r.Next = m, man.Backup.Schedule, sch.Next(now).UTC()
+			b.runs[m] = r
+			b.save()
+		}
+		b.mu.Unlock()
+		if first {
+			b.rec.ApplySoon() // reported
+		} else if !now.Before(r.Next) {
+			b.backup(ctx, m, "schedule", func(string) {})
+			if ctx.Err() != nil {
+				return wait
+			}
+			b.mu.Lock()
+			r = b.runs[m]
+			r.Next = sch.Next(b.now()).UTC() // a slot that passed while it ran is not run twice
+			b.runs[m] = r
+			b.save()
+			b.mu.Unlock()
+		}
+		if d := time.Until(r.Next); d < wait {
+			wait = max(d, time.Second)
+		}
+	}
+	return wait
+}
+
+// unschedule forgets module's next slot (its schedule is gone), keeping
+// its last backup.
+func (b *backups) unschedule(module string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r, ok := b.runs[module]; ok && (r.Schedule != "" || !r.Next.IsZero()) {
+		r.Schedule, r.Next = "", time.Time{}
+		b.runs[module] = r
+		b.save()
+	}
+}
