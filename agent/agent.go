@@ -324,7 +324,7 @@ func (a *Agent) startReconciler() error {
 	rec, err := reconciler.New(reconciler.Config{
 		Node: m.ID.Name, CertProbe: m.ID.Address, DNS: a.cfg.DNSAddress, LedgerPath: filepath.Join(a.dir, "ledger.json"), DataDir: a.dir,
 		Secret: a.sealer.Secret, OperatorSecret: a.sealer.OperatorSecret, EnvDir: envDir(a.dir), EnvExec: a.cfg.Binary,
-		Logger: a.log, Observe: observe, StepEnded: a.operate.SaveStepLog, Backups: a.backups.Runs,
+		Logger: a.log, Observe: observe, StepEnded: a.operate.SaveStepLog, Backups: a.backups.Runs, Pauser: a.podman,
 		ProviderHealthy: m.Store.ProviderHealthy,
 		Domain:          domain,
 		Probe: &reconciler.ProbeConfig{Binary: a.cfg.Binary, Name: func(ctx context.Context) string {

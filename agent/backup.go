@@ -139,7 +139,23 @@ func (b *backups) repo(ctx context.Context) (restic.Repo, error) {
 	if err := os.MkdirAll(cache, 0o700); err != nil {
 		return restic.Repo{}, err
 	}
-	return restic.Repo{URL: r.URL, Password: pw, CacheDir: cache, Host: b.node}, nil
+	return restic.Repo{URL: r.URL, Password: pw, CacheDir: cache, Host: b.node, Env: backendEnv(os.Environ())}, nil
+}
+
+// backendEnv is what of the agent's environment restic's backends read:
+// the credentials of s3:, b2:, azure:, gs: and swift: repositories. The
+// rest (an operator's RESTIC_REPOSITORY, say) never reaches restic.
+func backendEnv(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		for _, p := range []string{"AWS_", "B2_", "AZURE_", "GOOGLE_", "OS_", "ST_"} {
+			if strings.HasPrefix(kv, p) {
+				out = append(out, kv)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // Run is operate.Backups: req on this node.
@@ -345,12 +361,21 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 	if err != nil {
 		return res, err
 	}
-	var snap *restic.Snapshot
+	// By default the newest of this node's snapshots (a module on several
+	// nodes has data of each), or of any node's when it has none (the
+	// module was on another node before).
+	var snap, mine *restic.Snapshot
 	for i := range snaps {
 		s := &snaps[i]
 		if id == "" || strings.HasPrefix(s.ID, id) || s.ShortID == id {
 			snap = s // oldest first: the last that matches is the newest
+			if slices.Contains(s.Tags, "node="+b.node) {
+				mine = s
+			}
 		}
+	}
+	if id == "" && mine != nil {
+		snap = mine
 	}
 	if snap == nil {
 		if id == "" {

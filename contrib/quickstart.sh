@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 . contrib/lib.sh
 need_root
 
-apt_install podman runc uidmap slirp4netns iproute2 ca-certificates git busybox-static
+apt_install podman runc uidmap slirp4netns iproute2 ca-certificates git busybox-static restic
 # Podman 4.3 on hosts with hybrid cgroups needs runc (crun refuses them; see
 # ../shared/ENVIRONMENT.md). A drop-in, never the main file. The agent sets
 # each container's rlimits itself, to what the Podman service may grant.

@@ -37,7 +37,8 @@ import (
 //     none fails;
 //   - Pebble stopped, a new name's ACME error shows in status and the
 //     names already served keep their certificates;
-//   - the exporter unassigned, its role is left alone and reported.
+//   - the exporter unassigned, its role is left alone and reported;
+//   - postgres backed up with restic and restored (checkBackups).
 func TestExamplesBed(t *testing.T) {
 	for _, bin := range []string{"curl", "openssl", "pebble"} {
 		if _, err := exec.LookPath(bin); err != nil {
@@ -318,6 +319,7 @@ resources:
 		t.Fatal("a secret is in the provisioner's output")
 	}
 
+	checkBackups(t, n, files[0])
 	authorityMoves(t, n)
 	composeApp(t, n)
 }

@@ -89,6 +89,9 @@ type Config struct {
 	// Backups, when set, is what every report says of the node's backups
 	// (the agent runs them, backup.go).
 	Backups func() []state.BackupRun
+	// Pauser pauses containers for a backup (backup: pause:); by default
+	// the runtime, when it can.
+	Pauser Pauser
 }
 
 // Reconciler applies plans on one node.
@@ -228,6 +231,7 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	for _, c := range list {
 		x.managed[c.Name] = c
 	}
+	r.unpauseLeftovers(ctx, x)
 	// What the plan wants, whole: a resource that waits behind a failure is
 	// still wanted, so nothing of a failed module is removed.
 	wantPaths := map[string]bool{}

@@ -17,11 +17,20 @@ import (
 // when it asks (Quiesce), and stops them for a restore (StopModule), the
 // next pass starting them again as the plan says.
 
-// pauser is a runtime that can freeze a container (Podman can; the tests'
-// fakes need not).
-type pauser interface {
+// Pauser freezes a container's processes and lets them run again
+// (Podman's pause and unpause).
+type Pauser interface {
 	Pause(ctx context.Context, id string) error
 	Unpause(ctx context.Context, id string) error
+}
+
+// pauser is Config.Pauser, or the runtime when it is one; nil if neither.
+func (r *Reconciler) pauser() Pauser {
+	if r.cfg.Pauser != nil {
+		return r.cfg.Pauser
+	}
+	p, _ := r.rt.(Pauser)
+	return p
 }
 
 // Exclusive runs f while no apply, scheduled step or other backup runs on
@@ -79,8 +88,8 @@ func (r *Reconciler) Quiesce(ctx context.Context, plan *state.Plan, module strin
 	if !pause {
 		return resume, nil
 	}
-	p, ok := r.rt.(pauser)
-	if !ok {
+	p := r.pauser()
+	if p == nil {
 		return resume, errors.New("this node's runtime cannot pause containers")
 	}
 	var paused []string
@@ -107,6 +116,29 @@ func (r *Reconciler) Quiesce(ctx context.Context, plan *state.Plan, module strin
 		paused = append(paused, c.ID)
 	}
 	return resume, nil
+}
+
+// unpauseLeftovers unpauses the mesh's containers found paused at an
+// apply: no backup runs meanwhile (Exclusive), so each was left paused by a
+// backup that the agent's end cut short (or paused by hand, which the mesh
+// does not keep, as it keeps no other drift).
+func (r *Reconciler) unpauseLeftovers(ctx context.Context, x *run) {
+	p := r.pauser()
+	if p == nil {
+		return
+	}
+	for name, c := range x.managed {
+		if c.State != "paused" {
+			continue
+		}
+		if err := p.Unpause(ctx, c.ID); err != nil {
+			r.log.Warn("unpause a container left paused", "container", name, "err", err)
+			continue
+		}
+		r.log.Info("unpaused a container a backup left paused", "container", name)
+		c.State, c.Running = "running", true
+		x.managed[name] = c
+	}
 }
 
 // StopModule removes module's containers, inside Exclusive, so that its

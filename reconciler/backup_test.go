@@ -44,6 +44,7 @@ func (p *pausing) Pause(ctx context.Context, id string) error {
 	defer p.mu.Unlock()
 	p.calls = append(p.calls, "pause "+id)
 	p.paused = append(p.paused, id)
+	p.state(id, "paused")
 	return nil
 }
 
@@ -52,7 +53,16 @@ func (p *pausing) Unpause(ctx context.Context, id string) error {
 	defer p.mu.Unlock()
 	p.calls = append(p.calls, "unpause "+id)
 	p.paused = slices.DeleteFunc(p.paused, func(x string) bool { return x == id })
+	p.state(id, "running")
 	return nil
+}
+
+func (p *pausing) state(id, st string) {
+	for _, c := range p.ctrs {
+		if c.ID == id {
+			c.State = st
+		}
+	}
 }
 
 // Issue 30, item 2: a before-backup step never runs in an apply (a leftover
@@ -103,6 +113,14 @@ func TestBackupQuiesce(t *testing.T) {
 	resume()
 	if len(rt.paused) != 0 {
 		t.Fatalf("still paused after resume: %v", rt.paused)
+	}
+	// A backup the agent's end cut short left the server paused: the next
+	// apply unpauses it, recreating nothing.
+	if _, err := r.Quiesce(ctx, plan, "db", true); err != nil || len(rt.paused) != 1 {
+		t.Fatalf("paused again: %v %v", err, rt.paused)
+	}
+	if rep := r.Apply(ctx, 1, plan); rep.Error != "" || len(rt.paused) != 0 || rt.byName("db.server").ID != server {
+		t.Fatalf("after the apply: %q, paused %v", rep.Error, rt.paused)
 	}
 
 	// A step that fails: the backup stops, nothing is paused.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sort"
 	"strings"
 	"unicode"
 )
@@ -128,5 +129,6 @@ func meshRecipients(ctx context.Context, q queryer) ([]string, error) {
 	if len(keys) == 0 {
 		return nil, ruleErr(ErrConflict, "no node has given its sealing key yet; try again")
 	}
+	sort.Strings(keys)
 	return keys, nil
 }

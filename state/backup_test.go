@@ -16,7 +16,7 @@ func TestBackupRepoSet(t *testing.T) {
 	ctx := context.Background()
 	s := openStore(t)
 	var idx uint64
-	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1", SealKey: "kA"}})
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1", SealKey: "kZ"}})
 	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2", SealKey: "kB"}})
 
 	if r, err := s.BackupRepo(ctx); err != nil || r.URL != "" {
@@ -26,10 +26,11 @@ func TestBackupRepoSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(tgt.Keys, []string{"kA", "kB"}) || !slices.Equal(tgt.Nodes, []string{"ace", "bee"}) {
+	// Keys sorted (as the FSM compares them), nodes in the keys' order.
+	if !slices.Equal(tgt.Keys, []string{"kB", "kZ"}) || !slices.Equal(tgt.Nodes, []string{"bee", "ace"}) {
 		t.Fatalf("the password is sealed to %v (%v), not to every node", tgt.Keys, tgt.Nodes)
 	}
-	pw := *setReq(MeshSecrets, "backup-password", "hunter2", "kA", "kB")
+	pw := *setReq(MeshSecrets, "backup-password", "hunter2", "kB", "kZ")
 	set := &BackupRepoSetRequest{URL: "/srv/backups/restic", Password: pw}
 	if c := NewCommand(set); c.V != backupFormat {
 		t.Fatalf("backup.repo.set is written in format %d", c.V)
@@ -45,7 +46,7 @@ func TestBackupRepoSet(t *testing.T) {
 	}
 
 	// Sealed to fewer nodes than the mesh has: refused, nothing changes.
-	short := &BackupRepoSetRequest{URL: "/elsewhere", Password: *setReq(MeshSecrets, "backup-password", "other", "kA")}
+	short := &BackupRepoSetRequest{URL: "/elsewhere", Password: *setReq(MeshSecrets, "backup-password", "other", "kZ")}
 	if err := applyErr(t, s, &idx, short); !errors.Is(err, ErrConflict) {
 		t.Fatalf("sealed to one node of two: %v", err)
 	}
@@ -64,7 +65,7 @@ func TestBackupRepoSet(t *testing.T) {
 		t.Fatalf("a refused set changed the repository to %q", r.URL)
 	}
 	// The operator's secret ops never reach the mesh's own.
-	if err := applyErr(t, s, &idx, setReq(MeshSecrets, "backup-password", "mine", "kA", "kB")); !errors.Is(err, ErrInvalid) {
+	if err := applyErr(t, s, &idx, setReq(MeshSecrets, "backup-password", "mine", "kB", "kZ")); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("secret.set of the mesh's own: %v", err)
 	}
 	if err := applyErr(t, s, &idx, &SecretRemoveRequest{SecretRef: BackupPassword}); !errors.Is(err, ErrInvalid) {
@@ -81,11 +82,11 @@ func TestBackupRepoSet(t *testing.T) {
 	}
 	// Once it has one, a holder seals the password again to all three.
 	mustApply(t, s, &idx, &NodeKeyRequest{Node: "cat", SealKey: "kC"})
-	stale, err := s.StaleSecrets(ctx, "kA")
-	if err != nil || len(stale) != 1 || stale[0].SecretRef != BackupPassword || !slices.Equal(stale[0].Nodes, []string{"ace", "bee", "cat"}) {
-		t.Fatalf("stale for kA: %+v %v", stale, err)
+	stale, err := s.StaleSecrets(ctx, "kZ")
+	if err != nil || len(stale) != 1 || stale[0].SecretRef != BackupPassword || !slices.Equal(stale[0].Nodes, []string{"bee", "cat", "ace"}) {
+		t.Fatalf("stale for kZ: %+v %v", stale[0].Nodes, err)
 	}
-	mustApply(t, s, &idx, &SecretSealRequest{SecretRef: BackupPassword, Sealed: "SEALED:hunter2", Digest: pw.Digest, Recipients: []string{"kA", "kB", "kC"}})
+	mustApply(t, s, &idx, &SecretSealRequest{SecretRef: BackupPassword, Sealed: "SEALED:hunter2", Digest: pw.Digest, Recipients: []string{"kB", "kZ", "kC"}})
 	if r, _ := s.BackupRepo(ctx); !slices.Equal(r.SealedTo, []string{"ace", "bee", "cat"}) {
 		t.Fatalf("after the reseal: %v", r.SealedTo)
 	}

@@ -142,6 +142,9 @@ func (ap *applier) setSecret(r *SecretSetRequest) (bool, error) {
 	rec := slices.Clone(r.Recipients)
 	sort.Strings(rec)
 	if !slices.Equal(rec, want) {
+		if r.Module == MeshSecrets {
+			return false, ruleErr(ErrConflict, "secret %s was sealed to other nodes than the mesh has now (one joined or left meanwhile); run the command again", r)
+		}
 		return false, ruleErr(ErrConflict, "secret %s was sealed to other nodes than module %s runs on now (it was assigned or moved meanwhile); run mesh secret set again", r, r.Module)
 	}
 	var digest, have string

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"mesh/internal/seal"
@@ -174,7 +175,7 @@ func (a *API) setBackupRepo(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := &state.BackupRepoSetRequest{URL: body.URL, Password: state.SecretSetRequest{SecretRef: state.BackupPassword, Sealed: sealed, Digest: digest, Salt: salt, Size: len(body.Password), Recipients: t.Keys}}
-	res := RepoWrite{SealedTo: t.Nodes}
+	res := RepoWrite{SealedTo: slices.Sorted(slices.Values(t.Nodes))}
 	if err := a.writeInto(r, req, &res.WriteResult); err != nil {
 		fail(w, err)
 		return
