@@ -19,6 +19,8 @@ LINK=mbbackdns0
 cleanup() {
 	pkill -f "$B" 2>/dev/null || true
 	sleep 0.5
+	# What Podman's storage left mounted under the bench dir goes first.
+	awk -v b="$B/" 'index($2, b) == 1 { print $2 }' /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
 	ip link del "$LINK" 2>/dev/null || true
 	rm -rf "$B"
 }
