@@ -110,9 +110,8 @@ func (r Repo) Ensure(ctx context.Context) (created bool, err error) {
 	return err == nil, err
 }
 
-// Backup makes one snapshot of paths (absolute, existing) with tags. Stale
-// locks of killed runs are removed first, or they would block it; locks of
-// live runs are left. progress, when not nil, is called with each status
+// Backup makes one snapshot of paths (absolute, existing) with tags.
+// progress, when not nil, is called with each status
 // line, from another goroutine, one call at a time, before Backup returns.
 // A snapshot that misses files it could not read is returned with an error
 // wrapping ErrIncomplete.
@@ -138,10 +137,6 @@ func (r Repo) Backup(ctx context.Context, paths []string, tags []string, progres
 	if strings.HasPrefix(r.Host, "-") {
 		return Summary{}, fmt.Errorf("restic backup: host %q starts with '-'", r.Host)
 	}
-	if err := r.unlock(ctx); err != nil {
-		return Summary{}, err
-	}
-
 	args := []string{"backup", "--json"}
 	if r.Host != "" {
 		args = append(args, "--host="+r.Host)
@@ -281,7 +276,6 @@ var globEscape = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`)
 // keep, and with prune their data too; it returns the IDs removed. keep
 // applies to each group of the same host and paths (restic's default), so a
 // module moved to another node keeps its last snapshots of the old one.
-// Stale locks are removed first, as for Backup.
 func (r Repo) Forget(ctx context.Context, tags []string, keep Keep, prune bool) ([]string, error) {
 	if err := checkTags(tags); err != nil {
 		return nil, fmt.Errorf("restic forget: %w", err)
@@ -308,9 +302,6 @@ func (r Repo) Forget(ctx context.Context, tags []string, keep Keep, prune bool) 
 	if prune {
 		args = append(args, "--prune")
 	}
-	if err := r.unlock(ctx); err != nil {
-		return nil, err
-	}
 	out := &boundedBuffer{max: maxStdout}
 	if err := r.run(ctx, out, args...); err != nil {
 		return nil, err
@@ -331,10 +322,24 @@ func (r Repo) Forget(ctx context.Context, tags []string, keep Keep, prune bool) 
 	return removed, nil
 }
 
-// unlock removes the locks of runs that are gone (killed, or a rebooted
-// node); restic leaves those of live runs.
-func (r Repo) unlock(ctx context.Context) error {
-	return r.run(ctx, nil, "unlock")
+// No run unlocks the repository by itself: restic takes a lock for stale
+// when its host name is this machine's and its process is not running
+// here, so on two machines of one host name (cloned from one image) an
+// unlock would remove a live run's lock, and a prune under a running backup
+// loses its data. A lock left by a run killed with SIGKILL is restic's own
+// error, saying to run restic unlock when no other run is going on.
+
+// ForgetID removes one snapshot (and with prune its data): a snapshot that
+// missed files is not kept to be restored by default.
+func (r Repo) ForgetID(ctx context.Context, id string, prune bool) error {
+	if !validID(id) {
+		return fmt.Errorf("restic forget: %q is not a snapshot ID (8 to 64 lower-case hex digits)", id)
+	}
+	args := []string{"forget", id}
+	if prune {
+		args = append(args, "--prune")
+	}
+	return r.run(ctx, nil, args...)
 }
 
 // checkTags refuses a tag restic would read otherwise: a comma splits it
