@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
 	"sort"
 	"strings"
 	"unicode"
@@ -39,7 +40,25 @@ type BackupRepoSetRequest struct {
 
 func (*BackupRepoSetRequest) Op() string { return OpBackupRepoSet }
 func (r *BackupRepoSetRequest) describe() string {
-	return "backup.repo.set " + r.URL
+	return "backup.repo.set " + RedactRepoURL(r.URL)
+}
+
+// RedactRepoURL is a repository's URL with the password of a rest: or s3:
+// URL's user (rest:https://user:secret@host/) left out, for whatever shows
+// it: status, logs, mesh backup repo show.
+func RedactRepoURL(u string) string {
+	scheme, rest, ok := strings.Cut(u, ":")
+	if !ok || !strings.Contains(rest, "@") {
+		return u
+	}
+	parsed, err := url.Parse(rest)
+	if err != nil || parsed.User == nil {
+		return u
+	}
+	if _, has := parsed.User.Password(); !has {
+		return u
+	}
+	return scheme + ":" + parsed.Redacted()
 }
 
 // CheckRepoURL says what is wrong with a repository's URL, nil if nothing.
@@ -107,8 +126,23 @@ func (s *Store) BackupRepo(ctx context.Context) (BackupRepo, error) {
 // meshRecipients are the sealing keys of every node, sorted: whom the
 // mesh's own secrets are sealed to.
 func meshRecipients(ctx context.Context, q queryer) ([]string, error) {
-	var keys, missing []string
-	err := eachRow(ctx, q, "the nodes", `SELECT name, seal_key FROM nodes ORDER BY name`, func(rows *sql.Rows) error {
+	keys, missing, err := sealKeys(ctx, q, "the nodes", `SELECT name, seal_key FROM nodes ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	if len(missing) > 0 {
+		return nil, ruleErr(ErrConflict, "node %s has not given its sealing key yet (it does within seconds of starting); try again", strings.Join(missing, ", "))
+	}
+	if len(keys) == 0 {
+		return nil, ruleErr(ErrConflict, "no node has given its sealing key yet; try again")
+	}
+	return keys, nil
+}
+
+// sealKeys reads the rows (name, seal_key) of query: the keys, sorted, and
+// the nodes that have not given one yet.
+func sealKeys(ctx context.Context, q queryer, what, query string, args ...any) (keys, missing []string, err error) {
+	err = eachRow(ctx, q, what, query, func(rows *sql.Rows) error {
 		var n, k string
 		if err := rows.Scan(&n, &k); err != nil {
 			return err
@@ -119,16 +153,7 @@ func meshRecipients(ctx context.Context, q queryer) ([]string, error) {
 			keys = append(keys, k)
 		}
 		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if len(missing) > 0 {
-		return nil, ruleErr(ErrConflict, "node %s has not given its sealing key yet (it does within seconds of starting); try again", strings.Join(missing, ", "))
-	}
-	if len(keys) == 0 {
-		return nil, ruleErr(ErrConflict, "no node has given its sealing key yet; try again")
-	}
+	}, args...)
 	sort.Strings(keys)
-	return keys, nil
+	return keys, missing, err
 }

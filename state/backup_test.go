@@ -91,3 +91,19 @@ func TestBackupRepoSet(t *testing.T) {
 		t.Fatalf("after the reseal: %v", r.SealedTo)
 	}
 }
+
+// A URL's password never shows: status, logs and repo show print it
+// redacted.
+func TestRedactRepoURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"/srv/backups":                            "/srv/backups",
+		"sftp:user@host:/srv/restic":              "sftp:user@host:/srv/restic",
+		"rest:https://user:s3cret@host:8000/r":    "rest:https://user:xxxxx@host:8000/r",
+		"rest:https://host:8000/r":                "rest:https://host:8000/r",
+		"s3:https://key:secret@s3.example/bucket": "s3:https://key:xxxxx@s3.example/bucket",
+	} {
+		if got := RedactRepoURL(in); got != want {
+			t.Errorf("%s: %s, want %s", in, got, want)
+		}
+	}
+}

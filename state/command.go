@@ -67,7 +67,8 @@ const (
 // 13, a manifest with backup: or a before-backup step (backupFormat): an
 // older node would store the module without its backups, and run its
 // before-backup steps at every apply as ordinary steps; backup.repo.set
-// (backup.go), the repository and its password sealed to every node.
+// (backup.go), the repository and its password sealed to every node;
+// module.move and move.step (move.go).
 const CommandVersion = 13
 
 // backupFormat is the format of a manifest that declares backups: a
@@ -112,6 +113,8 @@ var ops = map[string]opDef{
 	OpModuleRevert:  opOf(rolloutFormat, (*applier).moduleRevert),
 	OpHistoryKeep:   opOf(historyFormat, (*applier).historyKeep),
 	OpBackupRepoSet: opOf(backupFormat, (*applier).backupRepoSet),
+	OpModuleMove:    opOf(backupFormat, (*applier).moduleMove),
+	OpMoveStep:      opOf(backupFormat, (*applier).moveStep),
 }
 
 // opDef is one op: the format it needs when this binary writes it, a fresh

@@ -87,6 +87,12 @@ type Input struct {
 	// Purges lists, per node, the data directories an unassign
 	// --purge-data asked it to remove (issue 30).
 	Purges map[string][]Purge
+	// Stopped holds the modules a move holds stopped on a node (move.go),
+	// with the move's phase: the node keeps their directories and files,
+	// none of their containers or steps, and answers none of their names;
+	// once the module starts on the move's TO (phase start), it provides
+	// no binding either.
+	Stopped map[HeldKey]string
 }
 
 // Purge is a data directory a node removes, with all it holds, while its
@@ -207,6 +213,9 @@ func Compose(in Input) Output {
 	})
 	for _, a := range as {
 		byNode[a.Node] = append(byNode[a.Node], a.Module)
+		if in.Stopped[HeldKey{Node: a.Node, Module: a.Module}] == MoveStart {
+			continue // TO provides it now
+		}
 		byModule[a.Module] = append(byModule[a.Module], a.Node)
 	}
 	for n, s := range byNode {
@@ -279,8 +288,14 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		if !ok {
 			return nil, nil, fmt.Errorf("module %q is assigned but not in the catalogue; add it with `mesh module add` or `mesh unassign %s %s`", mod, n.Name, mod)
 		}
-		roster = append(roster, Name{Name: mod + "." + in.Domain, Address: addr, Node: n.Name})
+		_, stopped := in.Stopped[HeldKey{Node: n.Name, Module: mod}]
+		if !stopped {
+			roster = append(roster, Name{Name: mod + "." + in.Domain, Address: addr, Node: n.Name})
+		}
 		for _, r := range m.Routes {
+			if stopped {
+				break
+			}
 			if other, ok := routeOwner[r.Name]; ok {
 				return nil, nil, fmt.Errorf("route %q is claimed by both %s and %s on node %s; rename one route", r.Name, other, mod, n.Name)
 			}
@@ -303,6 +318,9 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		for i := range m.Resources {
 			d := m.Resources[i]
 			res := Resource{Module: mod, Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
+			if stopped && (res.Kind == manifest.KindContainer || res.Kind == manifest.KindStep) {
+				continue
+			}
 			if err := claim(res.RuntimeName(), mod); err != nil {
 				return nil, nil, err
 			}

@@ -393,6 +393,10 @@ func (ap *applier) nodeRemove(r *NodeRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM purges WHERE node = ?`, r.Name); err != nil {
 		return false, err
 	}
+	// A move from or to it ends with it (its assignments went above).
+	if err := exec(tx, `DELETE FROM moves WHERE from_node = ? OR to_node = ?`, r.Name, r.Name); err != nil {
+		return false, err
+	}
 	if err := exec(tx, `DELETE FROM reports WHERE node = ?`, r.Name); err != nil {
 		return false, err
 	}
@@ -441,6 +445,10 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 		name := sp.Manifest.Module
 		if other, dup := seen[name]; dup {
 			return false, ruleErr(ErrInvalid, "module %q is given twice (%s and %s)", name, other, sp.File)
+		}
+		// Its data directories are the move's while it moves.
+		if err := ap.refuseMoving(name, "change its manifest"); err != nil {
+			return false, err
 		}
 		seen[name] = sp.File
 		// Rollouts (rollout.go), for commands of their format: a version
@@ -518,6 +526,9 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM rollouts WHERE module = ?`, r.Name); err != nil {
 		return false, err
 	}
+	if err := exec(tx, `DELETE FROM moves WHERE module = ?`, r.Name); err != nil {
+		return false, err
+	}
 	if err := exec(tx, `DELETE FROM module_history WHERE module = ?`, r.Name); err != nil {
 		return false, err
 	}
@@ -533,6 +544,9 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 func (ap *applier) modulePull(r *ModulePullRequest) (bool, error) {
 	tx := ap.tx
 	if err := needModule(tx, r.Module, "mesh module list"); err != nil {
+		return false, err
+	}
+	if err := ap.refuseMoving(r.Module, "pull it"); err != nil {
 		return false, err
 	}
 	assigned, err := has(tx, `SELECT 1 FROM assignments WHERE module = ?`, r.Module)
@@ -590,6 +604,9 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 	if err := ap.refuseDraining(a.Node, a.Module); err != nil {
 		return false, err
 	}
+	if err := ap.refuseMoving(a.Module, "assign it"); err != nil {
+		return false, err
+	}
 	clashes, err := ap.hostsBefore()
 	if err != nil {
 		return false, err
@@ -598,8 +615,11 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 		return false, err
 	}
 	// Assigned again, its data is its own again: a purge asked before is
-	// not done now.
+	// not done now, nor the finish of a move from there.
 	if err := exec(tx, `DELETE FROM purges WHERE node = ? AND module = ?`, a.Node, a.Module); err != nil {
+		return false, err
+	}
+	if err := exec(tx, `DELETE FROM moves WHERE module = ? AND from_node = ? AND phase IN ('done', 'aborted')`, a.Module, a.Node); err != nil {
 		return false, err
 	}
 	if err := ap.checkHosts(clashes); err != nil {
@@ -626,6 +646,9 @@ func (ap *applier) unassign(r *UnassignRequest) (bool, error) {
 			return false, err
 		}
 		return false, ruleErr(ErrNotFound, "module %q is not assigned to node %q (%s)", a.Module, a.Node, known)
+	}
+	if err := ap.refuseMoving(a.Module, "unassign it"); err != nil {
+		return false, err
 	}
 	if len(r.PurgeData) > 0 {
 		cat, err := ap.catalogue()
@@ -953,6 +976,16 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 	}
 	if in.Held, in.HeldPulls, err = heldBack(q); err != nil {
 		return in, err
+	}
+	moves, err := readMoves(ctx, q, "")
+	if err != nil {
+		return in, err
+	}
+	in.Stopped = map[HeldKey]string{}
+	for _, mv := range moves {
+		if mv.Phase == MoveCopy || mv.Phase == MoveStart {
+			in.Stopped[HeldKey{Node: mv.From, Module: mv.Module}] = mv.Phase
+		}
 	}
 	in.Purges = map[string][]Purge{}
 	err = eachRow(ctx, q, "purges", `SELECT node, module, path FROM purges ORDER BY node, path`, func(rows *sql.Rows) error {

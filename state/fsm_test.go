@@ -26,7 +26,7 @@ import (
 func TestEveryOpRoundTrips(t *testing.T) {
 	known := []string{OpInit, OpNodeAdd, OpNodeRemove, OpPublicDomain, OpModuleAdd, OpModuleRemove, OpAssign, OpUnassign,
 		OpReport, OpTokenRotate, OpRestore, OpModulePull, OpSeal, OpNodeKey, OpNodeCert, OpNodeOverlay,
-		OpSecretSet, OpSecretRemove, OpSecretSeal, OpCARotate, OpNodeACME, OpNodeDrain, OpModuleRestart, OpRolloutStep, OpModuleRevert, OpHistoryKeep, OpBackupRepoSet}
+		OpSecretSet, OpSecretRemove, OpSecretSeal, OpCARotate, OpNodeACME, OpNodeDrain, OpModuleRestart, OpRolloutStep, OpModuleRevert, OpHistoryKeep, OpBackupRepoSet, OpModuleMove, OpMoveStep}
 	if len(ops) != len(known) {
 		t.Fatalf("the table has %d ops, the constants %d", len(ops), len(known))
 	}

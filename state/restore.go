@@ -167,6 +167,10 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 	if err := exec(tx, `DELETE FROM purges`); err != nil {
 		return false, err
 	}
+	// Nor a move: the snapshot's assignments say where a module runs.
+	if err := exec(tx, `DELETE FROM moves`); err != nil {
+		return false, err
+	}
 	if err := exec(tx, `DELETE FROM modules`); err != nil {
 		return false, err
 	}

@@ -429,6 +429,9 @@ func (ap *applier) moduleRevert(r *ModuleRevertRequest) (bool, error) {
 	if err := needModule(ap.tx, r.Module, "mesh module list"); err != nil {
 		return false, err
 	}
+	if err := ap.refuseMoving(r.Module, "revert it"); err != nil {
+		return false, err
+	}
 	ro, err := readRollout(ap.tx, r.Module)
 	if err != nil {
 		return false, err

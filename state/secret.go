@@ -229,19 +229,7 @@ func secretRecipients(ctx context.Context, q queryer, module string) ([]string, 
 	if module == MeshSecrets {
 		return meshRecipients(ctx, q)
 	}
-	var keys, missing []string
-	err := eachRow(ctx, q, "the module's nodes", `SELECT n.name, n.seal_key FROM assignments a JOIN nodes n ON n.name = a.node WHERE a.module = ? ORDER BY n.name`, func(rows *sql.Rows) error {
-		var n, k string
-		if err := rows.Scan(&n, &k); err != nil {
-			return err
-		}
-		if k == "" {
-			missing = append(missing, n)
-		} else {
-			keys = append(keys, k)
-		}
-		return nil
-	}, module)
+	keys, missing, err := sealKeys(ctx, q, "the module's nodes", `SELECT n.name, n.seal_key FROM assignments a JOIN nodes n ON n.name = a.node WHERE a.module = ? ORDER BY n.name`, module)
 	if err != nil {
 		return nil, err
 	}
@@ -251,7 +239,6 @@ func secretRecipients(ctx context.Context, q queryer, module string) ([]string, 
 	if len(keys) == 0 {
 		return nil, ruleErr(ErrConflict, "module %s is assigned to no node, so no node could open its secret; assign it first (mesh assign NODE %s), then set the secret", module, module)
 	}
-	sort.Strings(keys)
 	return keys, nil
 }
 

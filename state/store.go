@@ -287,6 +287,17 @@ var migrations = []string{
 		idx INTEGER NOT NULL,
 		PRIMARY KEY (node, path)
 	 );`,
+	// 17: moves of a module with its data (issue 30, move.go).
+	`CREATE TABLE moves (
+		module TEXT PRIMARY KEY,
+		id INTEGER NOT NULL,
+		from_node TEXT NOT NULL,
+		to_node TEXT NOT NULL,
+		phase TEXT NOT NULL,
+		reason TEXT NOT NULL,
+		since TEXT NOT NULL,
+		data TEXT NOT NULL
+	 );`,
 }
 
 func (s *Store) migrate() error {

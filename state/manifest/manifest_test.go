@@ -391,6 +391,7 @@ func TestStepSchedule(t *testing.T) {
 		{"daily", ""}, {"hourly", ""}, {"weekly", ""}, {"every 15m", ""}, {"every 10s", ""}, {"30 3 * * *", ""}, {"*/5 * * * 1-5", ""},
 		{"every 5s", "between 10s and 366 days"}, {"every soon", "between 10s and 366 days"}, {"@every 1m", "write daily"},
 		{"61 * * * *", "cron line"}, {"* * *", "cron line"}, {"CRON_TZ=Europe/Paris 0 3 * * *", "write daily"},
+		{"0 0 30 2 *", "no day matches it"}, {"0 0 31 4 *", "no day matches it"},
 	} {
 		_, err := Parse("s.yaml", []byte("module: s\nresources:\n  - step: run\n    image: b:1\n    schedule: \""+c.sched+"\"\n"))
 		if c.err == "" && err != nil || c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), "s.yaml:5")) {

@@ -43,6 +43,11 @@ func ParseSchedule(s string) (Schedule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("schedule %q: %v; write daily, hourly, weekly, every DURATION, or a cron line of five fields (minute hour day month weekday, in UTC)", s, err)
 	}
+	// A line no date matches (30 2: February 30th) has no slot ever; from
+	// a fixed day, so that every node's check agrees.
+	if sch.Next(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)).IsZero() {
+		return nil, fmt.Errorf("schedule %q: no day matches it, so it would never run", s)
+	}
 	return utc{sch}, nil
 }
 

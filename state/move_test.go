@@ -1,0 +1,196 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"mesh/state/manifest"
+)
+
+const moveDBSrc = `module: db
+resources:
+  - directory: /srv/db
+  - directory: /srv/db/data
+    data: true
+  - step: migrate
+    image: localhost/busybox:1
+  - container: db.server
+    image: localhost/busybox:1
+    mounts: ["/srv/db/data:/data"]
+`
+
+const moveAppSrc = `module: app
+resources:
+  - directory: /srv/app
+  - binding: /srv/app/db.binding
+    provider: db
+`
+
+// kinds lists what node's plan holds of module, KIND NAME each.
+func kindsOf(t *testing.T, s *Store, node, module string) []string {
+	t.Helper()
+	pv, err := s.Plan(context.Background(), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range pv.Plan.Resources {
+		if r.Module == module {
+			out = append(out, r.Kind+" "+r.Name)
+		}
+	}
+	return out
+}
+
+func bindingOn(t *testing.T, s *Store, node string) string {
+	t.Helper()
+	pv, err := s.Plan(context.Background(), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range pv.Plan.Resources {
+		if r.Kind == manifest.KindBinding {
+			return r.Provider
+		}
+	}
+	return ""
+}
+
+// Issue 30, item 4: a move holds the module stopped on FROM (its
+// directories kept, no container, step or name) while the data is copied;
+// at start it is assigned to TO, which alone provides its bindings; done
+// takes it off FROM; finish purges FROM's copy; an abort puts it back on
+// FROM as before. Steps are taken once, in order; what would change where
+// the module runs meanwhile is refused.
+func TestModuleMove(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "cat", Address: "10.0.0.3"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", moveDBSrc), spec("app.yaml", moveAppSrc)}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "cat", Module: "app"}})
+	full := kindsOf(t, s, "ace", "db")
+
+	for _, bad := range []*ModuleMoveRequest{
+		{Module: "db", From: "ace", To: "ace"},
+		{Module: "db", From: "bee", To: "cat"},
+		{Module: "db", From: "ace", To: "dog"},
+		{Module: "nope", From: "ace", To: "bee"},
+	} {
+		if err := applyErr(t, s, &idx, bad); err == nil {
+			t.Fatalf("%+v was taken", bad)
+		}
+	}
+	if c := NewCommand(&ModuleMoveRequest{Module: "db", From: "ace", To: "bee"}); c.V != backupFormat {
+		t.Fatalf("module.move is written in format %d", c.V)
+	}
+	mustApply(t, s, &idx, &ModuleMoveRequest{Module: "db", From: "ace", To: "bee"})
+	id := idx
+	mv, err := s.Moves(ctx, "db")
+	if err != nil || len(mv) != 1 || mv[0].Phase != MoveCopy || mv[0].ID != id || !slices.Equal(mv[0].Data, []string{"/srv/db/data"}) {
+		t.Fatalf("the move: %+v %v", mv, err)
+	}
+	if got := kindsOf(t, s, "ace", "db"); !slices.Equal(got, []string{"directory /srv/db", "directory /srv/db/data"}) {
+		t.Fatalf("ace holds of db while its data is copied: %v", got)
+	}
+	if got := kindsOf(t, s, "bee", "db"); len(got) != 0 {
+		t.Fatalf("bee holds db before the copy: %v", got)
+	}
+	roster, _ := s.Roster(ctx)
+	if slices.ContainsFunc(roster, func(n Name) bool { return n.Name == "db.internal" }) {
+		t.Fatal("a stopped instance is answered")
+	}
+	if p := bindingOn(t, s, "cat"); p != "ace" {
+		t.Fatalf("during the copy app's binding points at %q", p)
+	}
+	// Meanwhile: no second move, no assign or unassign of it.
+	for _, r := range []Request{&ModuleMoveRequest{Module: "db", From: "ace", To: "cat"}, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "db"}}, &UnassignRequest{Assignment: Assignment{Node: "ace", Module: "db"}}} {
+		if err := applyErr(t, s, &idx, r); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "mesh move --abort db") {
+			t.Fatalf("%T during a move: %v", r, err)
+		}
+	}
+	// A step from the wrong phase, or of another move, changes nothing.
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveStart, To: MoveDone})
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id + 100, From: MoveCopy, To: MoveStart})
+	if mv, _ := s.Moves(ctx, "db"); mv[0].Phase != MoveCopy {
+		t.Fatalf("a stale step moved it to %s", mv[0].Phase)
+	}
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveCopy, To: MoveStart})
+	if got := kindsOf(t, s, "bee", "db"); !slices.Equal(got, full) {
+		t.Fatalf("bee at start: %v, want %v", got, full)
+	}
+	if p := bindingOn(t, s, "cat"); p != "bee" {
+		t.Fatalf("at start app's binding points at %q, not the new instance", p)
+	}
+	if got := kindsOf(t, s, "ace", "db"); len(got) != 2 {
+		t.Fatalf("ace at start: %v", got)
+	}
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveStart, To: MoveDone})
+	if got := kindsOf(t, s, "ace", "db"); len(got) != 0 {
+		t.Fatalf("ace after done: %v", got)
+	}
+	if err := applyErr(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveStart, To: MoveAborted}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("an abort of a done move: %v", err)
+	}
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", Finish: true})
+	pv, _ := s.Plan(ctx, "ace")
+	if len(pv.Plan.Purge) != 1 || pv.Plan.Purge[0].Path != "/srv/db/data" {
+		t.Fatalf("finish purges %+v on ace", pv.Plan.Purge)
+	}
+	if mv, _ := s.Moves(ctx, "db"); len(mv) != 0 {
+		t.Fatalf("a finished move stays: %+v", mv)
+	}
+
+	// Back to ace, aborted at start: bee lets it go, ace runs it whole
+	// again, and its purge is not done (it is ace's data again).
+	mustApply(t, s, &idx, &ModuleMoveRequest{Module: "db", From: "bee", To: "ace"})
+	id = idx
+	// From the copy on: ace would otherwise remove the copy it receives.
+	if pv, _ := s.Plan(ctx, "ace"); len(pv.Plan.Purge) != 0 {
+		t.Fatalf("ace still purges while it receives a copy: %+v", pv.Plan.Purge)
+	}
+	// Its manifest, pull and revert are the move's meanwhile.
+	for _, r := range []Request{&ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", moveDBSrc+"  - directory: /srv/db/more\n    data: true\n")}}, &ModulePullRequest{Module: "db"}} {
+		if err := applyErr(t, s, &idx, r); !errors.Is(err, ErrConflict) {
+			t.Fatalf("%T during a move: %v", r, err)
+		}
+	}
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveCopy, To: MoveStart})
+	// An abort that read an earlier phase still aborts.
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveCopy, To: MoveAborted, Reason: "db.server is unhealthy"})
+	if got := kindsOf(t, s, "bee", "db"); !slices.Equal(got, full) {
+		t.Fatalf("bee after the abort: %v", got)
+	}
+	if got := kindsOf(t, s, "ace", "db"); len(got) != 0 {
+		t.Fatalf("ace after the abort: %v", got)
+	}
+	if mv, _ := s.Moves(ctx, "db"); mv[0].Phase != MoveAborted || mv[0].Reason != "db.server is unhealthy" {
+		t.Fatalf("the aborted move: %+v", mv)
+	}
+	if p := bindingOn(t, s, "cat"); p != "bee" {
+		t.Fatalf("after the abort app's binding points at %q", p)
+	}
+}
+
+// Of nested data directories a move carries the outer one only (it holds
+// the inner).
+func TestModuleMoveNested(t *testing.T) {
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	src := "module: app\nresources:\n  - directory: /srv/app\n    data: true\n  - directory: /srv/app/db\n    data: true\n  - directory: /srv/other\n    data: true\n"
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", src)}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}})
+	mustApply(t, s, &idx, &ModuleMoveRequest{Module: "app", From: "ace", To: "bee"})
+	mv, _ := s.Moves(context.Background(), "app")
+	if !slices.Equal(mv[0].Data, []string{"/srv/app", "/srv/other"}) {
+		t.Fatalf("the move carries %v", mv[0].Data)
+	}
+}
