@@ -14,7 +14,7 @@ import (
 // runs restic; the reconciler gives it the node to itself for the length of
 // one (Exclusive: never during an apply or a scheduled step, and one at a
 // time), runs the module's before-backup steps and pauses its containers
-// when it asks (Quiesce), and stops them for a restore (StopModule), the
+// when it asks (Quiesce), and stops them for a restore (StopAll), the
 // next pass starting them again as the plan says.
 
 // Pauser freezes a container's processes and lets them run again
@@ -100,13 +100,14 @@ func (r *Reconciler) Quiesce(ctx context.Context, plan *state.Plan, module strin
 			}
 		}
 	}
-	for _, name := range containersOf(plan, module, r) {
-		c, found, err := r.rt.Lookup(ctx, name)
-		if err != nil {
-			resume()
-			return func() {}, err
-		}
-		if !found || !c.Running {
+	// Every running container of the module, by its label: the plan read
+	// before the node was this backup's may name fewer.
+	list, err := r.rt.Managed(ctx)
+	if err != nil {
+		return resume, err
+	}
+	for _, c := range list {
+		if c.Labels[LabelModule] != module || !c.Running {
 			continue
 		}
 		if err := p.Pause(ctx, c.ID); err != nil {
@@ -139,38 +140,6 @@ func (r *Reconciler) unpauseLeftovers(ctx context.Context, x *run) {
 		c.State, c.Running = "running", true
 		x.managed[name] = c
 	}
-}
-
-// StopModule removes module's containers, inside Exclusive, so that its
-// data can be replaced (a restore); the next apply creates them again from
-// the plan (ApplySoon). It says which it removed.
-func (r *Reconciler) StopModule(ctx context.Context, plan *state.Plan, module string) ([]string, error) {
-	var stopped []string
-	for _, name := range containersOf(plan, module, r) {
-		c, found, err := r.rt.Lookup(ctx, name)
-		if err != nil {
-			return stopped, err
-		}
-		if !found || c.Labels[LabelManaged] != "1" {
-			continue
-		}
-		if err := r.rt.Remove(ctx, c.ID); err != nil {
-			return stopped, err
-		}
-		stopped = append(stopped, name)
-	}
-	return stopped, nil
-}
-
-// containersOf are the runtime names of module's containers in plan.
-func containersOf(plan *state.Plan, module string, r *Reconciler) []string {
-	var out []string
-	for _, res := range plan.Resources {
-		if res.Module == module && res.Kind == manifest.KindContainer {
-			out = append(out, describe(res, r.cfg.DNS, plan.PublishAddress, nil).Name)
-		}
-	}
-	return out
 }
 
 // ApplySoon makes the loop run a pass now (after a restore), and send a

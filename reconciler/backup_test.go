@@ -68,7 +68,7 @@ func (p *pausing) state(id, st string) {
 // Issue 30, item 2: a before-backup step never runs in an apply (a leftover
 // run's container is removed there); Quiesce runs it, then pauses the
 // module's running containers, and resume unpauses them; a step that fails
-// stops the backup before anything is paused; StopModule removes the
+// stops the backup before anything is paused; StopAll removes the
 // module's containers and the next apply creates them again; Exclusive
 // keeps the loop's passes out while it runs.
 func TestBackupQuiesce(t *testing.T) {
@@ -146,7 +146,7 @@ func TestBackupQuiesce(t *testing.T) {
 	}
 
 	// A restore's stop, and the apply after it.
-	stopped, err := r.StopModule(ctx, plan, "db")
+	stopped, err := r.StopAll(ctx, "db")
 	if err != nil || !slices.Equal(stopped, []string{"db.server"}) || rt.byName("db.server") != nil {
 		t.Fatalf("stop: %v %v", stopped, err)
 	}

@@ -130,6 +130,12 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 				if !r.take(ctx) {
 					return
 				}
+				// The plan as it is now: a move or a backup that held the
+				// node may have changed it (a module stopped for a move
+				// runs no step here).
+				if _, p, err := src.Plan(ctx); err == nil {
+					slotPlan = p
+				}
 				runs := r.RunScheduled(ctx, slotPlan)
 				r.give()
 				if ctx.Err() != nil {
@@ -174,8 +180,15 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 		// new plan during a long step) wakes the next pass at once, rather than
 		// waiting for the periodic pass or the backoff.
 		changed = src.Changed()
+		// The node is this pass's before the plan is read: a backup or a
+		// move that held it (Exclusive) is followed by the plan as it is
+		// after them, never by one read before.
+		if !r.take(ctx) {
+			return
+		}
 		version, plan, err := src.Plan(ctx)
 		if err != nil {
+			r.give()
 			if !errors.Is(err, state.ErrNotFound) {
 				r.log.Warn("read plan", "err", err)
 			}
@@ -185,12 +198,10 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 		if onChange && (version == applied || backoff > 0 && version == sentVersion(sent)) {
 			// Not this node's plan that changed (another node's report, say),
 			// or a failing plan whose retry the backoff already schedules.
+			r.give()
 			continue
 		}
 		began := time.Now()
-		if !r.take(ctx) {
-			return
-		}
 		rep := r.Apply(ctx, version, plan)
 		if ctx.Err() != nil {
 			r.give()

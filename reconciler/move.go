@@ -1,0 +1,75 @@
+package reconciler
+
+import (
+	"context"
+	"strings"
+
+	"mesh/state/manifest"
+)
+
+// Moves (issue 30, item 4). FROM's reconciler stops the module while its
+// data is copied (StopAll, inside Exclusive) and gives its steps' markers
+// to the copy (MarkersOf); TO's takes them, and the data directories the
+// copy made, into its ledger (Adopt), so its first apply of the module
+// reruns no step that ran on FROM and treats the directories as the
+// mesh's own data.
+
+// StopAll removes every container of module this node's runtime holds
+// (the plan of a stopped module names none of them any more); it says
+// which.
+func (r *Reconciler) StopAll(ctx context.Context, module string) ([]string, error) {
+	list, err := r.rt.Managed(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var stopped []string
+	for _, c := range list {
+		if c.Labels[LabelModule] != module {
+			continue
+		}
+		if err := r.rt.Remove(ctx, c.ID); err != nil {
+			return stopped, err
+		}
+		stopped = append(stopped, c.Name)
+	}
+	return stopped, nil
+}
+
+// MarkersOf are the markers of module's steps (MODULE.STEP -> marker).
+func (r *Reconciler) MarkersOf(module string) map[string]Marker {
+	out := map[string]Marker{}
+	for name, m := range r.ledger.Markers {
+		if strings.HasPrefix(name, module+".") {
+			out[name] = m
+		}
+	}
+	return out
+}
+
+// Adopt records, inside Exclusive, what a move brought: markers of
+// module's steps, the data directories it wrote and the parents it made
+// for them, each the mesh's own from now on (never removed but for
+// --purge-data, as data made here would be).
+func (r *Reconciler) Adopt(module string, markers map[string]Marker, data, parents []string) error {
+	for name, m := range markers {
+		if !strings.HasPrefix(name, module+".") {
+			continue // a peer gives markers of its module's steps only
+		}
+		r.ledger.Markers[name] = m
+	}
+	for _, p := range parents {
+		if _, ok := r.ledger.Paths[p]; !ok {
+			r.ledger.Paths[p] = PathEntry{Kind: manifest.KindDirectory, Module: module}
+		}
+	}
+	for _, d := range data {
+		r.ledger.Paths[d] = PathEntry{Kind: manifest.KindDirectory, Module: module, Data: true}
+	}
+	return r.ledger.Save()
+}
+
+// RefusedPath says why the host will not touch a path ("" when it will).
+func (r *Reconciler) RefusedPath(p string) string { return r.refusedPath(p) }
+
+// PathModule is the module the ledger gives path to ("" if none).
+func (r *Reconciler) PathModule(path string) string { return r.ledger.Paths[path].Module }
