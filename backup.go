@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -57,16 +57,7 @@ func (c *BackupRunCmd) Run(g *Globals) error {
 func runBackup(g *Globals, req api.BackupRequest, limit time.Duration, show bool) ([]api.BackupResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	go func() {
-		select {
-		case <-sigs:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	defer cancelOnSignal(ctx, cancel, os.Interrupt, syscall.SIGTERM)()
 	if host, err := os.Hostname(); err == nil {
 		req.By = host
 	}
@@ -107,10 +98,19 @@ func (c *BackupListCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	// Each node holding its data lists the repository: one shared by
+	// them gives the same snapshots to each.
 	var snaps []api.Snapshot
+	seen := map[string]bool{}
 	for _, r := range results {
-		snaps = append(snaps, r.Snapshots...)
+		for _, s := range r.Snapshots {
+			if !seen[s.ID] {
+				seen[s.ID] = true
+				snaps = append(snaps, s)
+			}
+		}
 	}
+	sort.Slice(snaps, func(i, j int) bool { return snaps[i].Time.Before(snaps[j].Time) })
 	if c.JSON {
 		if snaps == nil {
 			snaps = []api.Snapshot{}
@@ -138,7 +138,7 @@ type BackupRepoCmd struct {
 // BackupRepoSetCmd sets it.
 type BackupRepoSetCmd struct {
 	URL          string `arg:"" name:"URL" help:"The repository, as restic takes it."`
-	PasswordFile string `name:"password-file" required:"" placeholder:"FILE" type:"path" help:"A file holding the repository's password (a regular file, at most 1 MiB; one trailing newline is not part of it, as restic reads it)."`
+	PasswordFile string `name:"password-file" required:"" placeholder:"FILE" type:"path" help:"A file holding the repository's password (a regular file, at most 1 MiB; white space around it is not part of it, as restic reads it)."`
 	JSON         bool   `name:"json" help:"Print the result as JSON."`
 }
 
@@ -151,9 +151,9 @@ func (c *BackupRepoSetCmd) Run(g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("read the password: %w", err)
 	}
-	// restic's own --password-file drops one trailing newline: the same
+	// restic's own --password-file trims the same white space: the same
 	// file gives the same password to both.
-	pw = []byte(strings.TrimSuffix(strings.TrimSuffix(string(pw), "\n"), "\r"))
+	pw = []byte(strings.TrimSpace(string(pw)))
 	if len(pw) == 0 {
 		return usageError{fmt.Errorf("%s holds no password", c.PasswordFile)}
 	}
@@ -166,7 +166,7 @@ func (c *BackupRepoSetCmd) Run(g *Globals) error {
 	if c.JSON {
 		return printJSON(g.out, r)
 	}
-	fmt.Fprintf(g.out, "backup repository set to %s, its password sealed to %s (log index %d)\n", c.URL, strings.Join(r.SealedTo, ", "), r.Index)
+	fmt.Fprintf(g.out, "backup repository set to %s, its password sealed to %s (log index %d)\n", state.RedactRepoURL(c.URL), strings.Join(r.SealedTo, ", "), r.Index)
 	return nil
 }
 

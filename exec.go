@@ -23,6 +23,21 @@ type ExecCmd struct {
 	TTY         bool     `short:"t" name:"tty" help:"Give the command a terminal (with this window's size)."`
 }
 
+// cancelOnSignal calls cancel at the first of sigs, until ctx ends or the
+// returned stop is called.
+func cancelOnSignal(ctx context.Context, cancel context.CancelFunc, sigs ...os.Signal) (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sigs...)
+	go func() {
+		select {
+		case <-ch:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return func() { signal.Stop(ch) }
+}
+
 // exitStatus is a command's own exit code, which mesh exits with.
 type exitStatus int
 
@@ -45,16 +60,7 @@ func (c *ExecCmd) Run(g *Globals) error {
 	}
 	// Ctrl-C (without a raw terminal), SIGTERM and SIGHUP end the command
 	// (its streams close); the terminal is restored on the way out.
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	go func() {
-		select {
-		case <-sigs:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	defer cancelOnSignal(ctx, cancel, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)()
 	fd := int(os.Stdin.Fd())
 	if c.TTY && term.IsTerminal(fd) {
 		if w, h, err := term.GetSize(fd); err == nil {

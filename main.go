@@ -117,6 +117,7 @@ type CLI struct {
 	Version    VersionCmd    `cmd:"" help:"Print the version."`
 	Completion CompletionCmd `cmd:"" help:"Print a shell completion script (bash, zsh, fish)."`
 	Backup     BackupCmd     `cmd:"" help:"Back up MODULE's data directories (data: true) to the mesh's restic repository now (mesh backup MODULE), list its snapshots, or set the repository."`
+	Move       MoveCmd       `cmd:"" help:"Move MODULE from FROM to TO with its data: stopped on FROM, its data directories copied over the peer API (checked by digest), started on TO; FROM keeps its copy until mesh move --finish MODULE. Any failure before TO is healthy puts it back on FROM."`
 	Restore    RestoreCmd    `cmd:"" help:"Put MODULE's data directories back from a snapshot (its latest by default): its containers stop, the data is swapped in (what was there is kept aside), they start again and their health checks pass."`
 	Restart    RestartCmd    `cmd:"" help:"Restart MODULE's containers (or MODULE.CONTAINER) on every node running it, or on --node: the same containers, stopped and started again, recorded so mesh why says who asked."`
 	Logs       LogsCmd       `cmd:"" help:"Print MODULE's lines (or MODULE.CONTAINER's, or a step's last run) from the nodes running it, merged in time order; -f follows."`

@@ -131,7 +131,8 @@ func statusKey(st api.Status) string {
 	b, _ := json.Marshal(struct {
 		Leader, State, Overlay, CA string
 		Nodes                      []nodeKey
-	}{st.Leader, st.RaftState, overlay, ca, keys})
+		Moves                      []state.MoveInfo
+	}{st.Leader, st.RaftState, overlay, ca, keys, st.Moves})
 	return string(b)
 }
 
@@ -236,7 +237,27 @@ func renderStatus(w io.Writer, st api.Status) error {
 	var b strings.Builder
 	renderRollouts(&b, st.Rollouts)
 	fmt.Fprint(w, b.String())
+	renderMoves(w, st.Moves)
 	return nil
+}
+
+// renderMoves says how far each move is, what FROM still keeps after one,
+// and as an error why one was aborted.
+func renderMoves(w io.Writer, moves []state.MoveInfo) {
+	for _, mv := range moves {
+		at := mv.Since.Local().Format(time.DateTime)
+		data := strings.Join(mv.Data, ", ")
+		switch mv.Phase {
+		case state.MoveCopy:
+			fmt.Fprintf(w, "move of %s from %s to %s: %s stopped it and copies %s (since %s)\n", mv.Module, mv.From, mv.To, mv.From, data, at)
+		case state.MoveStart:
+			fmt.Fprintf(w, "move of %s from %s to %s: copied; starting on %s, waiting for its health checks (since %s)\n", mv.Module, mv.From, mv.To, mv.To, at)
+		case state.MoveDone:
+			fmt.Fprintf(w, "move of %s to %s done at %s; %s keeps its copy of %s until mesh move --finish %s\n", mv.Module, mv.To, at, mv.From, data, mv.Module)
+		case state.MoveAborted:
+			fmt.Fprintf(w, "error: the move of %s from %s to %s was aborted at %s; it runs on %s: %s (mesh move --finish %s clears this)\n", mv.Module, mv.From, mv.To, at, mv.From, printable(mv.Reason), mv.Module)
+		}
+	}
 }
 
 // renderCerts says, for a node's route proxy, each name it serves no valid
@@ -335,7 +356,7 @@ func renderBackups(w io.Writer, node string, runs []state.BackupRun, now time.Ti
 			if !b.LastOK.IsZero() {
 				last = fmt.Sprintf("%s ago", now.Sub(b.LastOK).Round(time.Second))
 			}
-			fmt.Fprintf(w, "%s: error: backup of %s failed at %s (last good one: %s)%s: %s\n", node, b.Module, b.Last.Local().Format(time.DateTime), last, next, strings.ReplaceAll(b.Reason, "\n", " | "))
+			fmt.Fprintf(w, "%s: error: backup of %s failed at %s (last good one: %s)%s: %s\n", node, b.Module, b.Last.Local().Format(time.DateTime), last, next, printable(b.Reason))
 		case !b.Next.IsZero() && now.Sub(b.Next) > overdueAfter:
 			fmt.Fprintf(w, "%s: error: backup of %s is overdue: its slot was %s ago (is the agent's schedule stuck? its log says)\n", node, b.Module, now.Sub(b.Next).Round(time.Second))
 		case b.Last.IsZero():
@@ -344,4 +365,22 @@ func renderBackups(w io.Writer, node string, runs []state.BackupRun, now time.Ti
 			fmt.Fprintf(w, "%s: backup of %s: snapshot %s, %s ago%s\n", node, b.Module, b.Snapshot, now.Sub(b.LastOK).Round(time.Second), next)
 		}
 	}
+}
+
+// printable is text a node reports (restic's errors name files a
+// container made) with its control characters shown, never sent to the
+// terminal: a newline as " | ", others as \xNN.
+func printable(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r == '\n':
+			b.WriteString(" | ")
+		case r < 0x20 || r == 0x7f || r >= 0x80 && r < 0xa0:
+			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

@@ -16,10 +16,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"mesh/agent/metrics"
@@ -86,8 +88,10 @@ type Agent struct {
 	reconciler   *reconciler.Reconciler
 	operate      *operate.Server
 	backups      *backups
-	api          *api.API
-	metrics      *metrics.Metrics
+	// moveMu lets one move's copy into this node run at a time.
+	moveMu  sync.Mutex
+	api     *api.API
+	metrics *metrics.Metrics
 
 	// ctx ends when Close begins: the loops New starts (the resolver's
 	// feed, the metrics server) end with it.
@@ -153,6 +157,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	go a.net.run(ctx)
 	go a.driveRollouts(ctx)
 	go a.backups.schedule(ctx)
+	go a.driveMoves(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -172,6 +177,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("stopping")
 	sdNotify("STOPPING=1")
 	<-done
+	// A backup's end unpauses what it paused: let it.
+	a.backups.Wait(15 * time.Second)
 	return nil
 }
 
@@ -291,7 +298,10 @@ func (a *Agent) startOperate() error {
 	a.backups = newBackups(m.ID.Name, m.Store, a.sealer.OperatorSecret, a.dir, a.log.With("component", "backup"))
 	a.operate = &operate.Server{Node: m.ID.Name, Store: m.Store, RT: operateRuntime{a.podman}, Peers: m.Node,
 		StepLogs: filepath.Join(a.dir, "step-logs"), Log: a.log.With("component", "operate"), Stop: a.ctx, Backups: a.backups}
-	m.Node.SetOperate(a.operate.PeerHandler())
+	peer := http.NewServeMux()
+	peer.Handle("/", a.operate.PeerHandler())
+	peer.HandleFunc("POST /v1/op/move/receive", a.receiveMove)
+	m.Node.SetOperate(peer)
 	return nil
 }
 

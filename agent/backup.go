@@ -5,15 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"mesh/cluster/api"
 	"mesh/internal/restic"
@@ -46,8 +51,30 @@ type backups struct {
 	// peer API serves).
 	ready chan struct{}
 
+	// one lets one backup, restore or list run here at a time (each runs
+	// restic, which loads the repository's index): more wait their turn.
+	one chan struct{}
+	// running counts what runs now, for the agent's end to wait for (a
+	// backup's deferred unpause, above all).
+	running sync.WaitGroup
+
 	mu   sync.Mutex
 	runs map[string]state.BackupRun // module -> its backups here, kept in backups.json
+}
+
+// scheduledLimit bounds a scheduled backup: one that hangs (a backend that
+// stopped answering) ends, said, and frees the node.
+const scheduledLimit = 6 * time.Hour
+
+// Wait waits, up to limit, for the backups and restores running now.
+func (b *backups) Wait(limit time.Duration) {
+	done := make(chan struct{})
+	go func() { b.running.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		b.log.Warn("a backup or restore is still running as the agent stops")
+	}
 }
 
 // start gives the backups the node's reconciler.
@@ -66,9 +93,9 @@ const restoreAside = ".mesh-before-restore"
 const restoreStaging = ".mesh-restoring"
 
 func newBackups(node string, store *state.Store, secret func(context.Context, state.SecretRef) ([]byte, error), dir string, log *slog.Logger) *backups {
-	b := &backups{node: node, store: store, secret: secret, dir: dir, log: log, now: time.Now, runs: map[string]state.BackupRun{}, ready: make(chan struct{})}
+	b := &backups{node: node, store: store, secret: secret, dir: dir, log: log, now: time.Now, runs: map[string]state.BackupRun{}, ready: make(chan struct{}), one: make(chan struct{}, 1)}
 	if raw, err := os.ReadFile(filepath.Join(dir, backupsFile)); err == nil {
-		if err := json.Unmarshal(raw, &b.runs); err != nil {
+		if err := json.Unmarshal(raw, &b.runs); err != nil || b.runs == nil {
 			log.Warn("the backups' record is damaged; starting afresh (the repository keeps every snapshot)", "file", backupsFile, "err", err)
 			b.runs = map[string]state.BackupRun{}
 		}
@@ -104,7 +131,10 @@ func writeFileAtomic(path string, data []byte) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
 }
 
 // Runs is what the node's reports say of its backups, by module.
@@ -165,6 +195,19 @@ func (b *backups) Run(ctx context.Context, req api.BackupRequest, progress func(
 	case <-ctx.Done():
 		return api.BackupResult{}, ctx.Err()
 	}
+	b.running.Add(1)
+	defer b.running.Done()
+	select {
+	case b.one <- struct{}{}:
+	default:
+		progress("waiting for the backup or restore running on this node")
+		select {
+		case b.one <- struct{}{}:
+		case <-ctx.Done():
+			return api.BackupResult{}, ctx.Err()
+		}
+	}
+	defer func() { <-b.one }()
 	switch req.Op {
 	case api.BackupRun:
 		return b.backup(ctx, req.Module, req.By, progress)
@@ -172,6 +215,8 @@ func (b *backups) Run(ctx context.Context, req api.BackupRequest, progress func(
 		return b.restore(ctx, req.Module, req.Snapshot, progress)
 	case api.BackupList:
 		return b.list(ctx, req.Module)
+	case api.BackupSize:
+		return b.measure(ctx, req.Module)
 	}
 	return api.BackupResult{}, fmt.Errorf("unknown backup op %q", req.Op)
 }
@@ -187,6 +232,11 @@ type here struct {
 }
 
 func (b *backups) here(ctx context.Context, module string) (here, error) {
+	// A module being moved is its move's: a restore here would be lost at
+	// its end, a backup copy data that is being copied away.
+	if l, err := b.store.Moves(ctx, module); err == nil && len(l) == 1 && (l[0].Phase == state.MoveCopy || l[0].Phase == state.MoveStart) {
+		return here{}, fmt.Errorf("module %s is being moved from %s to %s: back it up or restore it once the move ends", module, l[0].From, l[0].To)
+	}
 	pv, err := b.store.Plan(ctx, b.node)
 	if err != nil || pv.Plan == nil {
 		return here{}, fmt.Errorf("node %s has no plan yet", b.node)
@@ -259,6 +309,13 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 			})
 			return err
 		})
+		if errors.Is(err, restic.ErrIncomplete) && sum.SnapshotID != "" {
+			// Never a default restore's choice, nor counted by keep:.
+			if ferr := repo.ForgetID(context.WithoutCancel(ctx), sum.SnapshotID, false); ferr != nil {
+				return res, fmt.Errorf("%w; it could not be removed (%v): do not restore it", err, ferr)
+			}
+			return res, fmt.Errorf("%w; that snapshot was removed", err)
+		}
 		if err != nil {
 			return res, err
 		}
@@ -346,9 +403,17 @@ func toSnapshot(s restic.Snapshot) api.Snapshot {
 }
 
 // restore puts snapshot id (the module's latest when "") back into the
-// module's data directories on this node.
+// module's data directories on this node. The module's containers stop
+// first, so nothing of it writes beside a directory while it is staged
+// there. Each directory is restored into DIR.mesh-restoring, then swapped
+// with what is at DIR in one atomic exchange (there is never a moment
+// without DIR, which an apply would make again, empty), and what was there
+// is kept as DIR.mesh-before-restore (until the next restore of DIR).
 func (b *backups) restore(ctx context.Context, module, id string, progress func(string)) (api.BackupResult, error) {
 	res := api.BackupResult{Module: module, Node: b.node, Kept: map[string]string{}}
+	if id != "" && !snapshotID.MatchString(id) {
+		return res, fmt.Errorf("%q is not a snapshot ID: give at least 8 of its hex digits (mesh backup list %s)", id, module)
+	}
 	h, err := b.here(ctx, module)
 	if err != nil {
 		return res, err
@@ -361,49 +426,38 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 	if err != nil {
 		return res, err
 	}
-	// By default the newest of this node's snapshots (a module on several
-	// nodes has data of each), or of any node's when it has none (the
-	// module was on another node before).
-	var snap, mine *restic.Snapshot
-	for i := range snaps {
-		s := &snaps[i]
-		if id == "" || strings.HasPrefix(s.ID, id) || s.ShortID == id {
-			snap = s // oldest first: the last that matches is the newest
-			if slices.Contains(s.Tags, "node="+b.node) {
-				mine = s
-			}
-		}
-	}
-	if id == "" && mine != nil {
-		snap = mine
-	}
-	if snap == nil {
-		if id == "" {
-			return res, fmt.Errorf("module %s has no snapshot in the repository yet (mesh backup %s)", module, module)
-		}
-		return res, fmt.Errorf("module %s has no snapshot %s (mesh backup list %s)", module, id, module)
+	snap, err := pickSnapshot(snaps, id, b.node, module)
+	if err != nil {
+		return res, err
 	}
 	res.Snapshot = snap.ShortID
-	// Only the directories both the snapshot and the plan hold: a snapshot
-	// never writes where the module declares no data now.
+	// Only the directories both the snapshot and the plan hold (a snapshot
+	// never writes where the module declares no data now), and of nested
+	// ones the outer (it holds the inner).
 	for _, d := range h.dirs {
-		if slices.Contains(snap.Paths, d) {
+		if slices.Contains(snap.Paths, d) && !slices.ContainsFunc(h.dirs, func(o string) bool { return o != d && manifest.Within(d, o) }) {
 			res.Dirs = append(res.Dirs, d)
 		}
 	}
 	if len(res.Dirs) == 0 {
 		return res, fmt.Errorf("snapshot %s holds %s, none of which is a data directory of %s on %s now (%s)", snap.ShortID, strings.Join(snap.Paths, ", "), module, b.node, strings.Join(h.dirs, ", "))
 	}
+	for _, d := range res.Dirs {
+		if err := sameDevice(d); err != nil {
+			return res, err
+		}
+	}
 	err = b.rec.Exclusive(ctx, func(ctx context.Context) error {
-		// Staged first, beside each directory (the same filesystem): the
-		// module's data is touched only once the whole snapshot is here.
-		staged := map[string]string{}
-		defer func() {
-			for _, s := range staged {
-				os.RemoveAll(s) // what is left of a staging that failed
-			}
-		}()
+		progress("stopping the module's containers")
+		stopped, err := b.rec.StopAll(ctx, module)
+		res.Stopped = stopped
+		if err != nil {
+			return err
+		}
 		for _, d := range res.Dirs {
+			if err := finishSwap(d); err != nil {
+				return err
+			}
 			s := d + restoreStaging
 			if err := os.RemoveAll(s); err != nil {
 				return err
@@ -411,38 +465,26 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 			if err := os.Mkdir(s, 0o700); err != nil {
 				return err
 			}
-			staged[d] = s
 			progress("restoring " + d + " from " + snap.ShortID)
 			if err := repo.Restore(ctx, snap.ID, s, d); err != nil {
+				os.RemoveAll(s)
 				return err
 			}
 			if fi, err := os.Lstat(s + d); err != nil || !fi.IsDir() {
+				os.RemoveAll(s)
 				return fmt.Errorf("snapshot %s restored no directory %s", snap.ShortID, d)
 			}
 		}
-		progress("stopping the module's containers")
-		stopped, err := b.rec.StopModule(ctx, h.plan, module)
-		res.Stopped = stopped
-		if err != nil {
-			return err
-		}
 		for _, d := range res.Dirs {
-			aside := d + restoreAside
-			if err := os.RemoveAll(aside); err != nil {
-				return err
-			}
-			if err := os.Rename(d, aside); err != nil {
-				return err
-			}
-			if err := os.Rename(staged[d]+d, d); err != nil {
-				os.Rename(aside, d) // as it was
+			aside, err := swapIn(d)
+			if err != nil {
 				return err
 			}
 			res.Kept[d] = aside
 		}
 		return nil
 	})
-	// The next pass starts the containers again (and fixes each data
+	// The next pass starts the containers again (and sets each data
 	// directory's owner and mode to the manifest's).
 	b.rec.ApplySoon()
 	if err != nil {
@@ -450,6 +492,116 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 	}
 	b.log.Info("restored", "module", module, "snapshot", snap.ShortID, "dirs", res.Dirs)
 	return res, nil
+}
+
+// snapshotID is what --snapshot takes: 8 to 64 hex digits.
+var snapshotID = regexp.MustCompile(`^[0-9a-f]{8,64}$`)
+
+// pickSnapshot is the snapshot a restore on node takes: the one id names
+// (exactly one must match), or, by default, the newest this node made, or
+// the newest of any node when it made none (the module was elsewhere). A
+// snapshot tagged incomplete is taken only when named.
+func pickSnapshot(snaps []restic.Snapshot, id, node, module string) (*restic.Snapshot, error) {
+	var match, mine, any *restic.Snapshot
+	n := 0
+	for i := range snaps {
+		s := &snaps[i]
+		if id != "" {
+			if strings.HasPrefix(s.ID, id) {
+				match = s
+				n++
+			}
+			continue
+		}
+		if slices.Contains(s.Tags, "incomplete") {
+			continue
+		}
+		any = s // oldest first: the last is the newest
+		if slices.Contains(s.Tags, "node="+node) {
+			mine = s
+		}
+	}
+	switch {
+	case id != "" && n == 1:
+		return match, nil
+	case id != "" && n > 1:
+		return nil, fmt.Errorf("%s names %d snapshots of %s; give more of its digits (mesh backup list %s)", id, n, module, module)
+	case id != "":
+		return nil, fmt.Errorf("module %s has no snapshot %s (mesh backup list %s)", module, id, module)
+	case mine != nil:
+		return mine, nil
+	case any != nil:
+		return any, nil
+	}
+	return nil, fmt.Errorf("module %s has no snapshot in the repository yet (mesh backup %s)", module, module)
+}
+
+// sameDevice refuses a data directory that is a mount point: its copy
+// could not be swapped in by a rename.
+func sameDevice(d string) error {
+	var st, pt syscall.Stat_t
+	if err := syscall.Lstat(d, &st); err != nil {
+		return err
+	}
+	if err := syscall.Lstat(filepath.Dir(d), &pt); err != nil {
+		return err
+	}
+	if st.Dev != pt.Dev {
+		return fmt.Errorf("%s is a mount point: a restore stages beside it and swaps it in, which cannot cross filesystems; restore it with restic by hand, or mount its parent instead", d)
+	}
+	return nil
+}
+
+// swapped marks a staging directory whose copy was exchanged with the data
+// directory: what it holds is the data as it was before, to be kept.
+const swapped = ".mesh-swapped"
+
+// swapIn exchanges DIR with its restored copy in one step, then keeps what
+// was at DIR as DIR.mesh-before-restore. A kill at any point leaves DIR in
+// place (restored, or as it was); a kill after the exchange leaves the old
+// data in the staging directory, marked, which finishSwap keeps.
+func swapIn(d string) (string, error) {
+	s := d + restoreStaging
+	aside := d + restoreAside
+	if err := os.RemoveAll(aside); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(s, swapped), nil, 0o600); err != nil {
+		return "", err
+	}
+	if err := syncDir(s); err != nil {
+		return "", err
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, s+d, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
+		return "", fmt.Errorf("swap %s with its restored copy: %w", d, err)
+	}
+	return aside, finishSwap(d)
+}
+
+// finishSwap keeps what a swap put in DIR's staging directory (the data as
+// it was, once exchanged) as DIR.mesh-before-restore, and removes the
+// staging directory; one without the mark holds a restore cut short, and
+// goes.
+func finishSwap(d string) error {
+	s := d + restoreStaging
+	if _, err := os.Lstat(filepath.Join(s, swapped)); err == nil {
+		if err := os.RemoveAll(d + restoreAside); err != nil {
+			return err
+		}
+		if err := os.Rename(s+d, d+restoreAside); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return os.RemoveAll(s)
+}
+
+func syncDir(d string) error {
+	f, err := os.Open(d)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 func short(digest string) string {
@@ -526,11 +678,18 @@ func (b *backups) runDue(ctx context.Context) time.Duration {
 			continue
 		}
 		now := b.now()
+		next := sch.Next(now).UTC()
+		if next.IsZero() {
+			b.unschedule(m) // a schedule with no slot to come (Feb 30)
+			continue
+		}
 		b.mu.Lock()
 		r := b.runs[m]
-		first := r.Schedule != man.Backup.Schedule || r.Next.IsZero()
+		// A new schedule, or a slot later than the schedule's next (the
+		// clock went back): planned again.
+		first := r.Schedule != man.Backup.Schedule || r.Next.IsZero() || r.Next.After(next)
 		if first {
-			r.Module, r.Schedule, r.Next = m, man.Backup.Schedule, sch.Next(now).UTC()
+			r.Module, r.Schedule, r.Next = m, man.Backup.Schedule, next
 			b.runs[m] = r
 			b.save()
 		}
@@ -538,22 +697,35 @@ func (b *backups) runDue(ctx context.Context) time.Duration {
 		if first {
 			b.rec.ApplySoon() // reported
 		} else if !now.Before(r.Next) {
-			b.backup(ctx, m, "schedule", func(string) {})
+			// The next slot is planned before the run (status never calls a
+			// running backup overdue) and again after it (a slot that
+			// passes while it runs is not run twice).
+			b.plan(m, next)
+			bctx, cancel := context.WithTimeout(ctx, scheduledLimit)
+			b.Run(bctx, api.BackupRequest{Op: api.BackupRun, Module: m, By: "schedule"}, func(string) {})
+			cancel()
 			if ctx.Err() != nil {
 				return wait
 			}
-			b.mu.Lock()
-			r = b.runs[m]
-			r.Next = sch.Next(b.now()).UTC() // a slot that passed while it ran is not run twice
-			b.runs[m] = r
-			b.save()
-			b.mu.Unlock()
+			r = b.plan(m, sch.Next(b.now()).UTC())
+			b.rec.ApplySoon()
 		}
 		if d := time.Until(r.Next); d < wait {
 			wait = max(d, time.Second)
 		}
 	}
 	return wait
+}
+
+// plan sets module's next slot.
+func (b *backups) plan(module string, next time.Time) state.BackupRun {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.runs[module]
+	r.Module, r.Next = module, next
+	b.runs[module] = r
+	b.save()
+	return r
 }
 
 // unschedule forgets module's next slot (its schedule is gone), keeping
@@ -566,4 +738,43 @@ func (b *backups) unschedule(module string) {
 		b.runs[module] = r
 		b.save()
 	}
+}
+
+// measure counts what module's data directories hold here: files and
+// their bytes (a sparse file's allocated ones), walked without following
+// a link.
+func (b *backups) measure(ctx context.Context, module string) (api.BackupResult, error) {
+	res := api.BackupResult{Module: module, Node: b.node}
+	h, err := b.here(ctx, module)
+	if err != nil {
+		return res, err
+	}
+	res.Dirs = h.dirs
+	for _, d := range h.dirs {
+		err := filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if e.Type().IsRegular() {
+				fi, err := e.Info()
+				if err != nil {
+					return err
+				}
+				res.Files++
+				n := fi.Size()
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Blocks*512 < n {
+					n = st.Blocks * 512
+				}
+				res.Bytes += n
+			}
+			return nil
+		})
+		if err != nil {
+			return res, err
+		}
+	}
+	return res, nil
 }

@@ -20,14 +20,7 @@ const rolloutEvery = time.Second
 func (a *Agent) driveRollouts(ctx context.Context) {
 	store, node := a.member.Store, a.member.Node
 	waiting := map[string]string{} // what each rollout was last logged waiting for
-	for {
-		changed := store.Changed()
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
-		case <-time.After(rolloutEvery):
-		}
+	for nextChange(ctx, store, rolloutEvery) {
 		if node.State() != "Leader" {
 			clear(waiting)
 			continue
@@ -72,6 +65,19 @@ func (a *Agent) driveRollouts(ctx context.Context) {
 			a.log.Info("rollout step", "module", r.Module, "step", state.Describe(next.Step), "index", idx)
 		}
 	}
+}
+
+// nextChange waits for the next change of the replica, or every, and says
+// false once ctx ended.
+func nextChange(ctx context.Context, store *state.Store, every time.Duration) bool {
+	changed := store.Changed()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-changed:
+	case <-time.After(every):
+	}
+	return true
 }
 
 // composeErrors is each node's composition error, for the rollout's check

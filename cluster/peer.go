@@ -161,6 +161,10 @@ func (n *Node) peerHandler() http.Handler {
 	return mux
 }
 
+// PeerName is the node whose certificate made request r ("" for none of
+// this mesh's nodes).
+func (n *Node) PeerName(r *http.Request) string { return n.peerName(r) }
+
 // SetOperate serves h at the peer API's /v1/op/ (members only).
 func (n *Node) SetOperate(h http.Handler) { n.operate.Store(&h) }
 

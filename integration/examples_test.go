@@ -38,7 +38,8 @@ import (
 //   - Pebble stopped, a new name's ACME error shows in status and the
 //     names already served keep their certificates;
 //   - the exporter unassigned, its role is left alone and reported;
-//   - postgres backed up with restic and restored (checkBackups).
+//   - postgres backed up with restic and restored (checkBackups), and
+//     moved with its data to another node and back (checkMove).
 func TestExamplesBed(t *testing.T) {
 	for _, bin := range []string{"curl", "openssl", "pebble"} {
 		if _, err := exec.LookPath(bin); err != nil {
@@ -320,6 +321,7 @@ resources:
 	}
 
 	checkBackups(t, n, files[0])
+	checkMove(t, n)
 	authorityMoves(t, n)
 	composeApp(t, n)
 }

@@ -24,13 +24,27 @@ type Backups interface {
 // maxBackupBody bounds a request's body.
 const maxBackupBody = 64 << 10
 
+// backupRequest reads r's request, answering the error itself when it is
+// bad or this agent runs no backups.
+func (s *Server) backupRequest(w http.ResponseWriter, r *http.Request) (api.BackupRequest, bool) {
+	req, err := readBackupRequest(r)
+	if err == nil && s.Backups == nil {
+		err = errors.New("this agent runs no backups")
+	}
+	if err != nil {
+		writeError(w, err)
+		return req, false
+	}
+	return req, true
+}
+
 func readBackupRequest(r *http.Request) (api.BackupRequest, error) {
 	var req api.BackupRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, maxBackupBody)).Decode(&req); err != nil {
 		return req, badRequest("the request does not decode: %v", err)
 	}
 	switch req.Op {
-	case api.BackupRun, api.BackupRestore, api.BackupList:
+	case api.BackupRun, api.BackupRestore, api.BackupList, api.BackupSize:
 	default:
 		return req, badRequest("unknown backup op %q", req.Op)
 	}
@@ -51,6 +65,9 @@ func newEvents(w http.ResponseWriter) *events {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	f, _ := w.(http.Flusher)
+	if f != nil {
+		f.Flush() // the caller knows at once that this node took it
+	}
 	return &events{w: w, f: f}
 }
 
@@ -74,24 +91,24 @@ func (e *events) send(ev api.BackupEvent) error {
 // holds the module's data (a list on this node: every node can read the
 // repository), one node after the other.
 func (s *Server) serveBackup(w http.ResponseWriter, r *http.Request) {
-	req, err := readBackupRequest(r)
-	if err != nil {
-		writeError(w, err)
+	req, ok := s.backupRequest(w, r)
+	if !ok {
 		return
 	}
-	if s.Backups == nil {
-		writeError(w, errors.New("this agent runs no backups"))
-		return
-	}
+	var err error
 	ctx, cancel := s.streamContext(r.Context())
 	defer cancel()
 	var nodes []string
 	if req.Op == api.BackupList {
+		// Listed where the module's data is (a repository at a local path
+		// is that node's own), or here when it is nowhere now.
 		if _, err := s.Store.Module(ctx, req.Module); err != nil {
 			writeError(w, notFound("%v", err))
 			return
 		}
-		nodes = []string{s.Node}
+		if nodes, err = s.dataNodes(ctx, req.Module, ""); err != nil {
+			nodes = []string{s.Node}
+		}
 	} else if nodes, err = s.dataNodes(ctx, req.Module, req.Node); err != nil {
 		writeError(w, err)
 		return
@@ -166,17 +183,12 @@ func (s *Server) runThere(ctx context.Context, req api.BackupRequest, ev *events
 
 // serveNodeBackup is a node's /v1/op/backup: req on this node.
 func (s *Server) serveNodeBackup(w http.ResponseWriter, r *http.Request) {
-	req, err := readBackupRequest(r)
-	if err != nil {
-		writeError(w, err)
+	req, ok := s.backupRequest(w, r)
+	if !ok {
 		return
 	}
 	if req.Node != s.Node {
 		writeError(w, badRequest("this is node %s, not %s", s.Node, req.Node))
-		return
-	}
-	if s.Backups == nil {
-		writeError(w, errors.New("this agent runs no backups"))
 		return
 	}
 	ctx, cancel := s.streamContext(r.Context())

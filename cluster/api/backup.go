@@ -8,10 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"time"
 
-	"mesh/internal/seal"
 	"mesh/state"
 )
 
@@ -25,6 +25,9 @@ const (
 	BackupRun     = "backup"
 	BackupRestore = "restore"
 	BackupList    = "list"
+	// BackupSize measures the module's data directories (mesh move
+	// --dry-run).
+	BackupSize = "size"
 )
 
 // BackupRequest asks for a backup, a restore or a list of snapshots.
@@ -155,26 +158,12 @@ func (a *API) setBackupRepo(w http.ResponseWriter, r *http.Request) {
 		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: "the repository's password is larger than 1 MiB"})
 		return
 	}
-	t, err := a.store.SecretTarget(r.Context(), state.BackupPassword)
+	set, t, err := a.sealSecret(r.Context(), state.BackupPassword, body.Password)
 	if err != nil {
 		fail(w, err)
 		return
 	}
-	salt := t.Salt
-	if salt == "" {
-		salt = seal.NewSalt()
-	}
-	digest, err := seal.ValueDigest(body.Password, salt)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	sealed, err := seal.Seal(string(body.Password), t.Keys)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	req := &state.BackupRepoSetRequest{URL: body.URL, Password: state.SecretSetRequest{SecretRef: state.BackupPassword, Sealed: sealed, Digest: digest, Salt: salt, Size: len(body.Password), Recipients: t.Keys}}
+	req := &state.BackupRepoSetRequest{URL: body.URL, Password: *set}
 	res := RepoWrite{SealedTo: slices.Sorted(slices.Values(t.Nodes))}
 	if err := a.writeInto(r, req, &res.WriteResult); err != nil {
 		fail(w, err)
@@ -189,6 +178,7 @@ func (a *API) backupRepo(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
+	repo.URL = state.RedactRepoURL(repo.URL)
 	reply(w, repo)
 }
 
@@ -202,4 +192,44 @@ func (c *Client) SetBackupRepo(ctx context.Context, url string, password []byte)
 func (c *Client) BackupRepo(ctx context.Context) (state.BackupRepo, error) {
 	var res state.BackupRepo
 	return res, c.do(ctx, "GET", "/v1/backup/repo", nil, &res)
+}
+
+// moveModule starts a move (mesh move MODULE FROM TO).
+func (a *API) moveModule(w http.ResponseWriter, r *http.Request) {
+	var req state.ModuleMoveRequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	a.write(w, r, &req)
+}
+
+// moveStep aborts a move or finishes one (mesh move --abort, --finish).
+func (a *API) moveStep(w http.ResponseWriter, r *http.Request) {
+	var req state.MoveStepRequest
+	if err := decode(r, &req); err != nil {
+		fail(w, err)
+		return
+	}
+	req.Module = r.PathValue("module")
+	// The operator ends a move, or finishes one; its other steps are the
+	// agents' (a start proposed here would skip the copy).
+	if !req.Finish && req.To != state.MoveAborted {
+		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: "a move is only aborted or finished from the command line (mesh move --abort|--finish MODULE)"})
+		return
+	}
+	a.write(w, r, &req)
+}
+
+// MoveModule starts moving module from one node to another (a preview on
+// a DryRun client).
+func (c *Client) MoveModule(ctx context.Context, module, from, to string) (WriteResult, error) {
+	var res WriteResult
+	return res, c.do(ctx, "POST", "/v1/moves", state.ModuleMoveRequest{Module: module, From: from, To: to}, &res)
+}
+
+// MoveStep takes a module's move to its next phase (abort, finish).
+func (c *Client) MoveStep(ctx context.Context, req state.MoveStepRequest) (WriteResult, error) {
+	var res WriteResult
+	return res, c.do(ctx, "POST", "/v1/moves/"+url.PathEscape(req.Module)+"/step", req, &res)
 }

@@ -53,16 +53,7 @@ func (a *API) setSecret(w http.ResponseWriter, r *http.Request) {
 		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("secret %s: the value is %d bytes; a secret holds at most 1 MiB (%d bytes)", ref, len(body.Value), state.MaxSecretSize)})
 		return
 	}
-	t, err := a.store.SecretTarget(r.Context(), ref)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	salt := t.Salt
-	if salt == "" {
-		salt = seal.NewSalt()
-	}
-	digest, err := seal.ValueDigest(body.Value, salt)
+	req, t, err := a.sealSecret(r.Context(), ref, body.Value)
 	if err != nil {
 		fail(w, err)
 		return
@@ -70,18 +61,35 @@ func (a *API) setSecret(w http.ResponseWriter, r *http.Request) {
 	res := SecretWrite{SealedTo: t.Nodes}
 	if l, err := a.store.Secrets(r.Context(), ref.Module); err == nil {
 		for _, s := range l {
-			if s.Name == ref.Name && s.State == state.SecretSealed && len(digest) >= len(s.Digest) && digest[:len(s.Digest)] == s.Digest {
+			if s.Name == ref.Name && s.State == state.SecretSealed && len(req.Digest) >= len(s.Digest) && req.Digest[:len(s.Digest)] == s.Digest {
 				res.Unchanged = true
 			}
 		}
 	}
-	sealed, err := seal.Seal(string(body.Value), t.Keys)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	req := &state.SecretSetRequest{SecretRef: ref, Sealed: sealed, Digest: digest, Salt: salt, Size: len(body.Value), Recipients: t.Keys}
 	a.secretWrite(w, r, req, res)
+}
+
+// sealSecret seals value to the nodes that may open ref as this replica
+// knows them, with the digest of the stored salt (the same value gives the
+// same digest, and changes nothing): the body of a secret.set.
+func (a *API) sealSecret(ctx context.Context, ref state.SecretRef, value []byte) (*state.SecretSetRequest, state.SecretTarget, error) {
+	t, err := a.store.SecretTarget(ctx, ref)
+	if err != nil {
+		return nil, t, err
+	}
+	salt := t.Salt
+	if salt == "" {
+		salt = seal.NewSalt()
+	}
+	digest, err := seal.ValueDigest(value, salt)
+	if err != nil {
+		return nil, t, err
+	}
+	sealed, err := seal.Seal(string(value), t.Keys)
+	if err != nil {
+		return nil, t, err
+	}
+	return &state.SecretSetRequest{SecretRef: ref, Sealed: sealed, Digest: digest, Salt: salt, Size: len(value), Recipients: t.Keys}, t, nil
 }
 
 func (a *API) removeSecret(w http.ResponseWriter, r *http.Request) {

@@ -51,6 +51,9 @@ type Status struct {
 	Nodes []NodeStatus    `json:"nodes"`
 	// Rollouts are the modules' rollouts (issue 29), running or ended.
 	Rollouts []RolloutStatus `json:"rollouts,omitempty"`
+	// Moves are the modules' moves with their data (issue 30), going on,
+	// done (FROM keeps its copy) or aborted.
+	Moves []state.MoveInfo `json:"moves,omitempty"`
 }
 
 // RolloutStatus is a rollout and, while it runs, what it waits for.
@@ -165,6 +168,8 @@ func New(cfg Config) *API {
 	mux.HandleFunc("GET /v1/secrets", a.secrets)
 	mux.HandleFunc("PUT /v1/secrets/{module}/{name}", a.setSecret)
 	mux.HandleFunc("DELETE /v1/secrets/{module}/{name}", a.removeSecret)
+	mux.HandleFunc("POST /v1/moves", a.moveModule)
+	mux.HandleFunc("POST /v1/moves/{module}/step", a.moveStep)
 	mux.HandleFunc("PUT /v1/backup/repo", a.setBackupRepo)
 	mux.HandleFunc("GET /v1/backup/repo", a.backupRepo)
 	if cfg.Operate != nil {
@@ -188,7 +193,7 @@ func refuseUnpreviewable(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if dryRun(r) && r.Method != http.MethodGet {
 			p := r.URL.Path
-			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/assign" || p == "/v1/unassign" || (strings.HasPrefix(p, "/v1/modules/") && (strings.HasSuffix(p, "/pull") || strings.HasSuffix(p, "/restart") || strings.HasSuffix(p, "/revert"))))) ||
+			ok := (r.Method == http.MethodPost && (p == "/v1/modules" || p == "/v1/moves" || p == "/v1/assign" || p == "/v1/unassign" || (strings.HasPrefix(p, "/v1/modules/") && (strings.HasSuffix(p, "/pull") || strings.HasSuffix(p, "/restart") || strings.HasSuffix(p, "/revert"))))) ||
 				(r.Method == http.MethodDelete && (strings.HasPrefix(p, "/v1/modules/") || strings.HasPrefix(p, "/v1/secrets/"))) ||
 				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/secrets/")) ||
 				(r.Method == http.MethodPut && strings.HasPrefix(p, "/v1/nodes/") && (strings.HasSuffix(p, "/public-domain") || strings.HasSuffix(p, "/acme")))
@@ -514,6 +519,10 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if out.Rollouts, err = a.rollouts(ctx, reports, broken); err != nil {
+		fail(w, err)
+		return
+	}
+	if out.Moves, err = a.store.Moves(ctx, ""); err != nil {
 		fail(w, err)
 		return
 	}

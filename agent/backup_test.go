@@ -1,0 +1,103 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"mesh/internal/restic"
+)
+
+// A restore's default is the newest snapshot this node made, else any
+// node's; an incomplete one only when named; a named one must be one.
+func TestPickSnapshot(t *testing.T) {
+	at := func(m int) time.Time { return time.Date(2026, 12, 1, 10, m, 0, 0, time.UTC) }
+	snaps := []restic.Snapshot{
+		{ID: "aaaa1111bbbb", ShortID: "aaaa1111", Time: at(1), Tags: []string{"mesh", "module=db", "node=ace"}},
+		{ID: "aaaa2222bbbb", ShortID: "aaaa2222", Time: at(2), Tags: []string{"mesh", "module=db", "node=bee"}},
+		{ID: "cccc3333dddd", ShortID: "cccc3333", Time: at(3), Tags: []string{"mesh", "module=db", "node=ace", "incomplete"}},
+	}
+	for _, c := range []struct{ id, node, want, err string }{
+		{"", "ace", "aaaa1111", ""},
+		{"", "bee", "aaaa2222", ""},
+		{"", "cat", "aaaa2222", ""},
+		{"cccc3333", "ace", "cccc3333", ""},
+		{"aaaa", "ace", "", "names 2 snapshots"},
+		{"eeee5555", "ace", "", "has no snapshot eeee5555"},
+	} {
+		got, err := pickSnapshot(snaps, c.id, c.node, "db")
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%q on %s: %v, want %q", c.id, c.node, err, c.err)
+		case c.err == "" && (err != nil || got.ShortID != c.want):
+			t.Errorf("%q on %s: %v %v, want %s", c.id, c.node, got, err, c.want)
+		}
+	}
+	if _, err := pickSnapshot(nil, "", "ace", "db"); err == nil || !strings.Contains(err.Error(), "no snapshot in the repository yet") {
+		t.Errorf("none: %v", err)
+	}
+}
+
+// The swap of a restored copy is one exchange: DIR is never missing; the
+// data as it was is kept aside; a kill after the exchange leaves it in the
+// staging directory, marked, and the next restore keeps it rather than
+// removing it; a staging directory without the mark (a restore cut short)
+// goes.
+func TestSwapIn(t *testing.T) {
+	root := t.TempDir()
+	d := filepath.Join(root, "srv", "db")
+	write := func(p, s string) {
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(p string) string { b, _ := os.ReadFile(p); return string(b) }
+	write(d+"/v", "old")
+	write(d+restoreStaging+d+"/v", "restored")
+	aside, err := swapIn(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read(d+"/v") != "restored" || read(aside+"/v") != "old" || aside != d+restoreAside {
+		t.Fatalf("after the swap: %q, aside %q", read(d+"/v"), read(aside+"/v"))
+	}
+	if _, err := os.Lstat(d + restoreStaging); !os.IsNotExist(err) {
+		t.Fatalf("the staging directory stays: %v", err)
+	}
+
+	// Killed after the exchange: the old data waits, marked, in staging.
+	write(d+restoreStaging+d+"/v", "second")
+	write(filepath.Join(d+restoreStaging, swapped), "")
+	if err := unix.Renameat2(unix.AT_FDCWD, d+restoreStaging+d, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
+		t.Fatal(err)
+	}
+	if err := finishSwap(d); err != nil {
+		t.Fatal(err)
+	}
+	if read(d+"/v") != "second" || read(d+restoreAside+"/v") != "restored" {
+		t.Fatalf("after a cut swap: %q, aside %q", read(d+"/v"), read(d+restoreAside+"/v"))
+	}
+	// A restore cut short (no mark): its staging goes, nothing else moves.
+	write(d+restoreStaging+d+"/v", "partial")
+	if err := finishSwap(d); err != nil {
+		t.Fatal(err)
+	}
+	if read(d+"/v") != "second" || read(d+restoreAside+"/v") != "restored" {
+		t.Fatal("a cut restore moved something")
+	}
+	if _, err := os.Lstat(d + restoreStaging); !os.IsNotExist(err) {
+		t.Fatalf("a cut restore's staging stays: %v", err)
+	}
+	// A mount point is refused before anything is staged.
+	if err := sameDevice(d); err != nil {
+		t.Fatalf("a plain directory: %v", err)
+	}
+	if err := sameDevice("/proc"); err == nil || !strings.Contains(err.Error(), "mount point") {
+		t.Fatalf("/proc: %v", err)
+	}
+}

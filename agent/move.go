@@ -1,0 +1,551 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"mesh/internal/datacopy"
+	"mesh/reconciler"
+	"mesh/state"
+	"mesh/state/manifest"
+)
+
+// Moves of a module with its data (issue 30, item 4; state/move.go): the
+// agents drive them from the replicated state, so a kill of either end, of
+// the CLI or of the leader leaves a move where it was and it goes on.
+// FROM's agent, once its plan holds the module stopped, copies the data
+// directories to TO's over the peer API (holding its node: no apply
+// meanwhile) and proposes the start; a copy that fails moveTries times
+// proposes the abort, and the module runs on FROM again as before. TO's
+// agent writes the copy beside each directory, checks its digest, swaps it
+// in (what was there is kept aside), takes FROM's step markers, and, once
+// the module applied there and its health checks pass, proposes done; a
+// failure there proposes the abort.
+
+// moveTries is how many times a copy is tried before the move is aborted;
+// moveBackoff the first wait between tries (doubling).
+const (
+	moveTries   = 5
+	moveBackoff = 3 * time.Second
+	moveEvery   = 2 * time.Second
+	// moveLimit bounds a move without its CLI: FROM aborts one whose phase
+	// has not changed for that long (the CLI's --timeout aborts sooner).
+	moveLimit = 2 * time.Hour
+	// moveIdle ends a copy whose stream carried nothing for that long (a
+	// sender or receiver that stalled), freeing both nodes.
+	moveIdle = time.Minute
+	// moveSettle is how long TO's containers without a health check run,
+	// without an exit, before the move is done.
+	moveSettle = 10 * time.Second
+)
+
+// Suffixes of a move's directories on TO: the copy while it is written,
+// and what was at the path before the copy was swapped in.
+const (
+	moveStaging = ".mesh-moving"
+	moveAside   = ".mesh-before-move"
+)
+
+// moveResult is what TO answers a copy with.
+type moveResult struct {
+	Summary datacopy.Summary  `json:"summary"`
+	Aside   map[string]string `json:"aside,omitempty"`
+}
+
+// moveMeta travels with the data: FROM's markers of the module's steps.
+type moveMeta struct {
+	Markers map[string]reconciler.Marker `json:"markers"`
+}
+
+type movers struct {
+	a       *Agent
+	mu      sync.Mutex
+	copying map[uint64]bool // the moves whose copy runs here now
+	logged  map[uint64]string
+}
+
+// driveMoves runs this node's part of every move, until ctx ends.
+func (a *Agent) driveMoves(ctx context.Context) {
+	<-a.backups.ready
+	m := &movers{a: a, copying: map[uint64]bool{}, logged: map[uint64]string{}}
+	store := a.member.Store
+	for nextChange(ctx, store, moveEvery) {
+		moves, err := store.Moves(ctx, "")
+		if err != nil {
+			continue
+		}
+		for _, mv := range moves {
+			if (mv.Phase == state.MoveCopy || mv.Phase == state.MoveStart) && mv.From == a.member.ID.Name && time.Since(mv.Since) > moveLimit {
+				m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("it was at %s for more than %s", mv.Phase, moveLimit))
+				continue
+			}
+			switch {
+			case mv.Phase == state.MoveCopy && mv.From == a.member.ID.Name:
+				m.mu.Lock()
+				busy := m.copying[mv.ID]
+				m.copying[mv.ID] = true
+				m.mu.Unlock()
+				if !busy {
+					go m.copyOut(ctx, mv)
+				}
+			case mv.Phase == state.MoveStart && mv.To == a.member.ID.Name:
+				m.checkStarted(ctx, mv)
+			}
+		}
+	}
+}
+
+// step proposes a move's next phase.
+func (m *movers) step(ctx context.Context, mv state.MoveInfo, to, reason string) error {
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req := &state.MoveStepRequest{Module: mv.Module, ID: mv.ID, From: mv.Phase, To: to, Reason: reason}
+	if _, err := m.a.member.Node.Propose(pctx, req); err != nil {
+		m.a.log.Warn("move step not taken", "module", mv.Module, "to", to, "err", err)
+		return err
+	}
+	m.a.log.Info("move step", "module", mv.Module, "from", mv.From, "to_node", mv.To, "phase", to, "reason", reason)
+	return nil
+}
+
+// copyOut is FROM's side: the copy, tried again after a failure, then the
+// start or the abort.
+func (m *movers) copyOut(ctx context.Context, mv state.MoveInfo) {
+	defer func() {
+		m.mu.Lock()
+		delete(m.copying, mv.ID)
+		m.mu.Unlock()
+	}()
+	wait := moveBackoff
+	var last error
+	for try := 1; try <= moveTries; try++ {
+		if !m.stillAt(ctx, mv) {
+			return
+		}
+		began := time.Now()
+		res, err := m.send(ctx, mv)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			note := fmt.Sprintf("copied %d files (%s) to %s in %s, digest %s", res.Summary.Files, size(res.Summary.Bytes), mv.To, time.Since(began).Round(time.Millisecond), short(res.Summary.Digest))
+			for _, d := range slices.Sorted(maps.Keys(res.Aside)) {
+				note += fmt.Sprintf("; what %s held at %s is kept as %s", mv.To, d, res.Aside[d])
+			}
+			if len(res.Summary.Skipped) > 0 {
+				note += "; not copied: " + strings.Join(res.Summary.Skipped, ", ")
+			}
+			m.a.log.Info("move copied", "module", mv.Module, "to", mv.To, "note", note)
+			m.start(ctx, mv, note)
+			return
+		}
+		last = err
+		m.a.log.Warn("move: the copy failed; trying again", "module", mv.Module, "to", mv.To, "try", try, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+	if m.stillAt(ctx, mv) {
+		m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("the copy to %s failed %d times; the last: %v", mv.To, moveTries, last))
+	}
+}
+
+// start proposes the start once the copy is on TO: tried again while the
+// leader cannot be reached, never by copying again; a start the state
+// refuses (TO began draining, say) aborts the move.
+func (m *movers) start(ctx context.Context, mv state.MoveInfo, note string) {
+	wait := moveBackoff
+	for try := 1; ; try++ {
+		err := m.step(ctx, mv, state.MoveStart, note)
+		var rule *state.RuleError
+		switch {
+		case err == nil || !m.stillAt(ctx, mv):
+			return
+		case errors.As(err, &rule) || try == moveTries:
+			m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("the copy is on %s, but its start was not taken: %v", mv.To, err))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+}
+
+// stillAt says whether mv is still the module's move, at its phase.
+func (m *movers) stillAt(ctx context.Context, mv state.MoveInfo) bool {
+	l, err := m.a.member.Store.Moves(ctx, mv.Module)
+	return err == nil && len(l) == 1 && l[0].ID == mv.ID && l[0].Phase == mv.Phase
+}
+
+// send stops the module here and streams its data directories to TO,
+// holding the node so that no apply starts anything of it meanwhile.
+func (m *movers) send(ctx context.Context, mv state.MoveInfo) (moveResult, error) {
+	var res moveResult
+	a := m.a
+	addr := a.member.Node.PeerAddr(mv.To)
+	if addr == "" {
+		return res, fmt.Errorf("no address is known for %s", mv.To)
+	}
+	// Holding the node only to stop the module and read its markers: the
+	// plan holds none of its containers or steps from the copy on, so no
+	// apply starts anything of it, and no node waits on another's copy (two
+	// moves the other way round would hold each other for ever).
+	var meta []byte
+	err := a.reconciler.Exclusive(ctx, func(ctx context.Context) error {
+		// The module is stopped in the plan; what of it still runs goes.
+		if stopped, err := a.reconciler.StopAll(ctx, mv.Module); err != nil {
+			return fmt.Errorf("stop %s here: %w", mv.Module, err)
+		} else if len(stopped) > 0 {
+			a.log.Info("move: stopped", "module", mv.Module, "containers", stopped)
+		}
+		var err error
+		meta, err = json.Marshal(moveMeta{Markers: a.reconciler.MarkersOf(mv.Module)})
+		return err
+	})
+	if err != nil {
+		return res, err
+	}
+	for _, d := range mv.Data {
+		if fi, err := os.Lstat(d); err != nil || !fi.IsDir() {
+			return res, fmt.Errorf("data directory %s is not a directory here: %v", d, errOr(err, "not a directory"))
+		}
+	}
+	err = func() error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		pr, pw := io.Pipe()
+		sent := make(chan error, 1)
+		var sum datacopy.Summary
+		// TO reads as fast as it writes: a stream that takes nothing for
+		// moveIdle is a TO that stalled.
+		stall := time.AfterFunc(moveIdle, cancel)
+		go func() {
+			var err error
+			sum, err = datacopy.Send(ctx, &idle{w: pw, t: stall}, mv.Data, meta)
+			stall.Stop() // TO checks what it wrote now: that takes its time
+			pw.CloseWithError(err)
+			sent <- err
+		}()
+		v := url.Values{"module": {mv.Module}, "id": {strconv.FormatUint(mv.ID, 10)}}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+"/v1/op/move/receive?"+v.Encode(), pr)
+		if err != nil {
+			pr.Close()
+			<-sent
+			return err
+		}
+		resp, err := a.member.Node.StreamClient().Do(req)
+		pr.CloseWithError(errors.New("the request ended"))
+		serr := <-sent
+		if err != nil {
+			return fmt.Errorf("%s did not take the copy: %w", mv.To, err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s refused the copy: %s", mv.To, strings.TrimSpace(string(body)))
+		}
+		if serr != nil {
+			return fmt.Errorf("read the data here: %w", serr)
+		}
+		if err := json.Unmarshal(body, &res); err != nil {
+			return fmt.Errorf("%s answered the copy with %q", mv.To, body)
+		}
+		if res.Summary.Digest != sum.Digest {
+			return fmt.Errorf("%s wrote a copy whose digest %s is not this node's %s", mv.To, short(res.Summary.Digest), short(sum.Digest))
+		}
+		res.Summary.Skipped = sum.Skipped
+		return nil
+	}()
+	return res, err
+}
+
+// idle puts off t at each write or read that moves bytes: t ends a
+// stream that stalled.
+type idle struct {
+	r io.Reader
+	w io.Writer
+	t *time.Timer
+}
+
+func (s *idle) Write(p []byte) (int, error) { return s.moved(s.w.Write(p)) }
+func (s *idle) Read(p []byte) (int, error)  { return s.moved(s.r.Read(p)) }
+
+func (s *idle) moved(n int, err error) (int, error) {
+	if n > 0 {
+		s.t.Reset(moveIdle)
+	}
+	return n, err
+}
+
+func errOr(err error, s string) string {
+	if err != nil {
+		return err.Error()
+	}
+	return s
+}
+
+// receive is TO's side of a copy: the peer API's POST /v1/op/move/receive.
+func (a *Agent) receiveMove(w http.ResponseWriter, r *http.Request) {
+	module := r.URL.Query().Get("module")
+	id, _ := strconv.ParseUint(r.URL.Query().Get("id"), 10, 64)
+	select {
+	case <-a.backups.ready: // the reconciler is made
+	case <-r.Context().Done():
+		return
+	}
+	res, code, err := a.receive(r.Context(), a.member.Node.PeerName(r), module, id, r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), code)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(res)
+}
+
+func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, body io.Reader) (moveResult, int, error) {
+	var res moveResult
+	l, err := a.member.Store.Moves(ctx, module)
+	if err != nil || len(l) != 1 {
+		return res, http.StatusNotFound, fmt.Errorf("no move of %q is known here", module)
+	}
+	mv := l[0]
+	if mv.ID != id || mv.To != a.member.ID.Name || mv.Phase != state.MoveCopy {
+		return res, http.StatusConflict, fmt.Errorf("the move of %s here is #%d to %s at %s, not #%d to this node at copy", module, mv.ID, mv.To, mv.Phase, id)
+	}
+	if peer != mv.From {
+		// Only the node the module moves from sends its data.
+		return res, http.StatusForbidden, fmt.Errorf("the move of %s comes from %s, not from %s", module, mv.From, peer)
+	}
+	a.moveMu.Lock() // one copy into this node at a time
+	defer a.moveMu.Unlock()
+	for _, d := range mv.Data {
+		if d != filepath.Clean(d) || !filepath.IsAbs(d) {
+			return res, http.StatusBadRequest, fmt.Errorf("data directory %q is not a clean absolute path", d)
+		}
+		if msg := a.reconciler.RefusedPath(d); msg != "" {
+			return res, http.StatusBadRequest, fmt.Errorf("%s: %s", d, msg)
+		}
+		if _, err := os.Lstat(d); err == nil {
+			if err := sameDevice(d); err != nil {
+				return res, http.StatusConflict, err
+			}
+		}
+	}
+	// A path of another module here is never taken (the ledger is read
+	// while no apply writes it).
+	othersPath := func() error {
+		for _, d := range mv.Data {
+			if other := a.reconciler.PathModule(d); other != "" && other != module {
+				return fmt.Errorf("%s is module %s's on %s; the move would take it", d, other, mv.To)
+			}
+		}
+		return nil
+	}
+	err = a.reconciler.Exclusive(ctx, func(context.Context) error { return othersPath() })
+	if err != nil {
+		return res, http.StatusConflict, err
+	}
+	// The copy is written beside each directory, on its filesystem, while
+	// the node goes on applying (nothing of the module is in its plan
+	// yet); only the swap and the ledger hold the node.
+	var parents []string
+	for _, d := range mv.Data {
+		made, err := makeParents(filepath.Dir(d))
+		parents = append(parents, made...)
+		if err != nil {
+			return res, http.StatusInternalServerError, err
+		}
+		if err := os.RemoveAll(d + moveStaging); err != nil { // a copy cut short
+			return res, http.StatusInternalServerError, err
+		}
+	}
+	cleanup := func() {
+		for _, d := range mv.Data {
+			os.RemoveAll(d + moveStaging)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	stall := time.AfterFunc(moveIdle, cancel)
+	raw, sum, err := datacopy.Receive(rctx, &idle{r: body, t: stall}, mv.Data, func(root string) string { return root + moveStaging })
+	stall.Stop()
+	cancel()
+	if err != nil {
+		cleanup()
+		if rctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%s sent nothing for %s: %w", mv.From, moveIdle, err)
+		}
+		return res, http.StatusInternalServerError, err
+	}
+	var meta moveMeta
+	if err := json.Unmarshal(raw, &meta); err != nil {
+		meta = moveMeta{} // no markers: the steps run again here
+	}
+	res.Summary, res.Aside = sum, map[string]string{}
+	err = a.reconciler.Exclusive(ctx, func(ctx context.Context) error {
+		// Still this move, still at its copy: a move aborted meanwhile
+		// leaves the node as it was.
+		if l, err := a.member.Store.Moves(ctx, module); err != nil || len(l) != 1 || l[0].ID != id || l[0].Phase != state.MoveCopy {
+			return fmt.Errorf("the move of %s ended while its copy was written", module)
+		}
+		if err := othersPath(); err != nil {
+			return err
+		}
+		for _, d := range mv.Data {
+			if _, err := os.Lstat(d); err == nil {
+				aside := d + moveAside
+				if _, err := os.Lstat(aside); err == nil {
+					aside = fmt.Sprintf("%s-%d", aside, time.Now().Unix())
+				}
+				if err := os.Rename(d, aside); err != nil {
+					return err
+				}
+				res.Aside[d] = aside
+			}
+			if err := os.Rename(d+moveStaging, d); err != nil {
+				if aside, ok := res.Aside[d]; ok {
+					os.Rename(aside, d) // as it was
+					delete(res.Aside, d)
+				}
+				return err
+			}
+		}
+		return a.reconciler.Adopt(module, meta.Markers, mv.Data, parents)
+	})
+	if err != nil {
+		cleanup()
+		return res, http.StatusInternalServerError, err
+	}
+	a.log.Info("move: received", "module", module, "from", mv.From, "files", res.Summary.Files, "bytes", res.Summary.Bytes, "aside", res.Aside)
+	return res, http.StatusOK, nil
+}
+
+// makeParents makes the missing directories of p (0755, root's), following
+// no link: an existing component must be a directory. It returns those it
+// made, outermost first.
+func makeParents(p string) ([]string, error) {
+	var missing []string
+	for q := p; q != "/"; q = filepath.Dir(q) {
+		fi, err := os.Lstat(q)
+		if err == nil {
+			if !fi.IsDir() {
+				return nil, fmt.Errorf("%s is not a directory (a link is never followed)", q)
+			}
+			break
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		missing = append(missing, q)
+	}
+	slices.Reverse(missing)
+	for i, q := range missing {
+		if err := os.Mkdir(q, 0o755); err != nil {
+			return missing[:i], err
+		}
+	}
+	return missing, nil
+}
+
+// checkStarted is TO's side once the module is assigned here: done when
+// TO's plan holds the module, its apply of that plan created what the
+// module runs, and its health checks pass (its containers without one have
+// run moveSettle without an exit); the abort when it failed there. A wait
+// (a health gate, a secret being sealed to TO, a provider) goes on.
+func (m *movers) checkStarted(ctx context.Context, mv state.MoveInfo) {
+	store := m.a.member.Store
+	if n, err := store.Node(ctx, mv.To); err == nil && n.ComposeError != "" {
+		m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("%s's plan does not compose with %s: %s", mv.To, mv.Module, n.ComposeError))
+		return
+	}
+	pv, err := store.Plan(ctx, mv.To)
+	if err != nil || pv.Plan == nil {
+		return
+	}
+	var ctrs []string
+	holds := false
+	for _, res := range pv.Plan.Resources {
+		if res.Module == mv.Module {
+			holds = true
+			if res.Kind == manifest.KindContainer {
+				ctrs = append(ctrs, res.Name)
+			}
+		}
+	}
+	if !holds {
+		return // the plan of the start is not composed here yet
+	}
+	reports, err := store.Reports(ctx)
+	if err != nil {
+		return
+	}
+	rep, ok := reports[mv.To]
+	if !ok || rep.Version < pv.Version {
+		return
+	}
+	if f := rep.Failed(mv.Module); f != nil {
+		if f.SecretUnset {
+			m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("%s waits on %s for secret %s, which is not set (mesh secret set %s %s)", mv.Module, mv.To, f.Secret, mv.Module, f.Secret))
+			return
+		}
+		if f.HealthGate || f.Secret != "" || f.Provider != "" {
+			return // a wait, not a failure: it goes on as they change
+		}
+		m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("%s failed on %s at %s: %s", mv.Module, mv.To, f.Resource, f.Reason))
+		return
+	}
+	if rep.Error != "" && rep.Failed(mv.Module) == nil && len(rep.Failures) == 0 {
+		return // the apply failed as a whole (Podman away): tried again
+	}
+	for _, e := range rep.Exits {
+		if slices.Contains(ctrs, e.Container) && e.At.After(mv.Since) {
+			m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("%s exited on %s with code %d", e.Container, mv.To, e.ExitCode))
+			return
+		}
+	}
+	health := map[string]string{}
+	for _, h := range rep.Health {
+		health[h.Container] = h.Status
+		if h.Status == state.HealthUnhealthy && slices.Contains(ctrs, h.Container) {
+			m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("%s is unhealthy on %s: %q", h.Container, mv.To, h.Output))
+			return
+		}
+	}
+	unchecked := false
+	for _, c := range ctrs {
+		st, checked := health[c]
+		if !checked {
+			unchecked = true
+			continue
+		}
+		if st != state.HealthHealthy {
+			if m.logged[mv.ID] != c {
+				m.logged[mv.ID] = c
+				m.a.log.Info("move waits for health", "module", mv.Module, "container", c, "status", st)
+			}
+			return
+		}
+	}
+	if unchecked && time.Since(rep.AppliedAt) < moveSettle {
+		return
+	}
+	m.step(ctx, mv, state.MoveDone, fmt.Sprintf("%s runs on %s (plan v%d), its health checks pass", mv.Module, mv.To, pv.Version))
+}
