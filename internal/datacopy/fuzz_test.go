@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,13 +109,21 @@ func FuzzReceive(f *testing.F) {
 	})
 }
 
-// TestWriteFuzzSeeds keeps the seeds in testdata (go test -run
-// WriteFuzzSeeds -datacopy.writeseeds), so that plain go test runs them.
+// TestWriteFuzzSeeds checks that the seeds are kept in testdata, where
+// plain go test runs them through FuzzReceive; with -datacopy.writeseeds
+// (go test -run WriteFuzzSeeds -datacopy.writeseeds) it writes them again.
 func TestWriteFuzzSeeds(t *testing.T) {
-	if !*writeSeeds {
-		t.Skip("-datacopy.writeseeds not given")
-	}
+	needRoot(t)
 	dir := filepath.Join("testdata", "fuzz", "FuzzReceive")
+	if !*writeSeeds {
+		for i := range seeds(t) {
+			b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("seed%d", i)))
+			if err != nil || !strings.HasPrefix(string(b), "go test fuzz v1\n") {
+				t.Fatalf("seed%d is not kept in %s (%v): go test -run WriteFuzzSeeds -datacopy.writeseeds ./internal/datacopy", i, dir, err)
+			}
+		}
+		return
+	}
 	must(t, os.MkdirAll(dir, 0o755))
 	for i, s := range seeds(t) {
 		body := "go test fuzz v1\n[]byte(" + strconv.Quote(string(s)) + ")\n"
