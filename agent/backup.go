@@ -22,6 +22,7 @@ import (
 
 	"mesh/cluster/api"
 	"mesh/internal/restic"
+	"mesh/internal/safefs"
 	"mesh/reconciler"
 	"mesh/state"
 	"mesh/state/manifest"
@@ -107,34 +108,11 @@ func newBackups(node string, store *state.Store, secret func(context.Context, st
 func (b *backups) save() {
 	raw, err := json.Marshal(b.runs)
 	if err == nil {
-		err = writeFileAtomic(filepath.Join(b.dir, backupsFile), raw)
+		err = safefs.WriteFile(filepath.Join(b.dir, backupsFile), raw, 0o600)
 	}
 	if err != nil {
 		b.log.Warn("record the backups", "err", err)
 	}
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(path))
 }
 
 // Runs is what the node's reports say of its backups, by module.
@@ -569,7 +547,7 @@ func swapIn(d string) (string, error) {
 	if err := os.WriteFile(filepath.Join(s, swapped), nil, 0o600); err != nil {
 		return "", err
 	}
-	if err := syncDir(s); err != nil {
+	if err := safefs.SyncDir(s); err != nil {
 		return "", err
 	}
 	if err := unix.Renameat2(unix.AT_FDCWD, s+d, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
@@ -593,15 +571,6 @@ func finishSwap(d string) error {
 		}
 	}
 	return os.RemoveAll(s)
-}
-
-func syncDir(d string) error {
-	f, err := os.Open(d)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 func short(digest string) string {
