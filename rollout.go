@@ -110,21 +110,22 @@ func waitRollouts(g *Globals, modules []string, index uint64, limit time.Duratio
 				continue
 			}
 			line := ""
+			name, before, after := rolloutWords(r.Rollout)
 			switch r.State {
 			case state.RolloutRunning:
 				running++
-				line = fmt.Sprintf("rollout of %s to v%d: %s", r.Module, r.To, r.Waiting)
+				line = fmt.Sprintf("%s: %s", name, r.Waiting)
 			case state.RolloutDone:
-				line = fmt.Sprintf("rollout of %s to v%d done: %s", r.Module, r.To, r.Reason)
+				line = fmt.Sprintf("%s done: %s", name, r.Reason)
 			case state.RolloutReverted:
 				if r.StepIndex == index && r.Reason == "stopped by mesh module revert" {
 					// This very command stopped it: what was asked is done.
-					line = fmt.Sprintf("rollout of %s to v%d stopped; every node is back on v%d", r.Module, r.To, r.From)
+					line = fmt.Sprintf("%s stopped; every node is back on %s", name, before)
 					break
 				}
-				errs = append(errs, fmt.Sprintf("rollout of %s to v%d stopped and reverted to v%d: %s", r.Module, r.To, r.From, r.Reason))
+				errs = append(errs, fmt.Sprintf("%s stopped and reverted to %s: %s", name, before, r.Reason))
 			case state.RolloutFailed:
-				errs = append(errs, fmt.Sprintf("rollout of %s to v%d stopped (the nodes it reached keep v%d): %s", r.Module, r.To, r.To, r.Reason))
+				errs = append(errs, fmt.Sprintf("%s stopped (the nodes it reached keep %s): %s", name, after, r.Reason))
 			}
 			if line != "" && shown[r.Module] != line {
 				fmt.Fprintln(g.out, line)
@@ -156,13 +157,25 @@ func contains(list []string, s string) bool {
 // stopped ones with their reason.
 func renderRollouts(w *strings.Builder, rs []api.RolloutStatus) {
 	for _, r := range rs {
+		name, before, after := rolloutWords(r.Rollout)
 		switch r.State {
 		case state.RolloutRunning:
-			fmt.Fprintf(w, "rollout of %s to v%d (from v%d): %s\n", r.Module, r.To, r.From, r.Waiting)
+			fmt.Fprintf(w, "%s (from %s): %s\n", name, before, r.Waiting)
 		case state.RolloutReverted:
-			fmt.Fprintf(w, "rollout of %s to v%d failed and was reverted to v%d: %s\n", r.Module, r.To, r.From, r.Reason)
+			fmt.Fprintf(w, "%s failed and was reverted to %s: %s\n", name, before, r.Reason)
 		case state.RolloutFailed:
-			fmt.Fprintf(w, "rollout of %s to v%d failed and stopped (%s keep v%d, the others v%d): %s\n", r.Module, r.To, strings.Join(r.Reached, ", "), r.To, r.From, r.Reason)
+			fmt.Fprintf(w, "%s failed and stopped (%s keep %s, the others %s): %s\n", name, strings.Join(r.Reached, ", "), after, before, r.Reason)
 		}
 	}
+}
+
+// rolloutWords names a rollout, what it goes from and what it goes to:
+// "rollout of gitea to v812", "v790", "v812"; for a secret's new value
+// "rollout of gitea's secret smtp (v812)", "the value before", "the new value".
+func rolloutWords(r state.Rollout) (name, before, after string) {
+	name = state.RolloutName(r.Module, r.To, r.Secret)
+	if r.Secret != "" {
+		return name, "the value before", "the new value"
+	}
+	return name, fmt.Sprintf("v%d", r.From), fmt.Sprintf("v%d", r.To)
 }

@@ -28,8 +28,8 @@ type SecretSetCmd struct {
 	Module   string        `arg:"" predictor:"module" help:"The module the secret is for."`
 	Name     string        `arg:"" help:"The secret's name, as the manifest's secret resource (name:) or env-secrets name it."`
 	FromFile string        `name:"from-file" placeholder:"FILE" type:"path" help:"Read the value from FILE (a regular file, at most 1 MiB), byte for byte. Without it the value is read from standard input, byte for byte (printf '%s' \"$PW\" | ..., as echo adds a newline), or asked for without echo on a terminal."`
-	Wait     bool          `help:"Return when every node whose plan changed has applied it and the health checks of the containers it replaced pass; exit 1 if any fails."`
-	Timeout  time.Duration `default:"5m" help:"How long --wait waits."`
+	Wait     bool          `help:"Return when every node whose plan changed has applied it and the health checks of the containers it replaced pass, and a rollout of the new value (a module with update: or a health check on several nodes) has ended; exit 1 if any fails or the rollout stopped."`
+	Timeout  time.Duration `default:"10m" help:"How long --wait waits."`
 	DryRun   bool          `name:"dry-run" help:"Print, per node, which containers would be replaced (and why); write nothing."`
 	JSON     bool          `name:"json" help:"Print the result as JSON."`
 }
@@ -63,7 +63,7 @@ func (c *SecretSetCmd) Run(g *Globals) error {
 	if !c.Wait {
 		return nil
 	}
-	return waitChanged(g, r.Index, c.Timeout)
+	return waitAndRollouts(g, []string{c.Module}, r.Index, c.Timeout)
 }
 
 func (c *SecretSetCmd) read(stdin *os.File) ([]byte, error) {

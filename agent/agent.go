@@ -295,7 +295,9 @@ func (a *Agent) startSealer() error {
 // serves it to the other nodes (the local API serves it to the CLI).
 func (a *Agent) startOperate() error {
 	m := a.member
-	a.backups = newBackups(m.ID.Name, m.Store, a.sealer.OperatorSecret, a.dir, a.log.With("component", "backup"))
+	a.backups = newBackups(m.ID.Name, m.Store, func(ctx context.Context, ref state.SecretRef) ([]byte, error) {
+		return a.sealer.OperatorSecret(ctx, ref, "")
+	}, a.dir, a.log.With("component", "backup"))
 	a.operate = &operate.Server{Node: m.ID.Name, Store: m.Store, RT: operateRuntime{a.podman}, Peers: m.Node,
 		StepLogs: filepath.Join(a.dir, "step-logs"), Log: a.log.With("component", "operate"), Stop: a.ctx, Backups: a.backups}
 	peer := http.NewServeMux()

@@ -44,7 +44,7 @@ type sealStore interface {
 	VoterSealStale(ctx context.Context) (map[string]bool, error)
 	Identity(ctx context.Context) (state.Identity, error)
 	VoterKeys(ctx context.Context) ([]string, error)
-	SecretSealed(ctx context.Context, ref state.SecretRef) (state.SealedValue, error)
+	SecretSealedAt(ctx context.Context, ref state.SecretRef, digest string) (state.SealedValue, error)
 	StaleSecrets(ctx context.Context, key string) ([]state.StaleSecret, error)
 	Changed() <-chan struct{}
 }
@@ -231,9 +231,10 @@ func (s *sealer) sealVoterSecrets(ctx context.Context) error {
 }
 
 // OperatorSecret opens one of the operator's secrets (state/secret.go) for
-// the reconciler to deliver. Only a node the module runs on can.
-func (s *sealer) OperatorSecret(ctx context.Context, ref state.SecretRef) ([]byte, error) {
-	row, err := s.store.SecretSealed(ctx, ref)
+// the reconciler to deliver: the value of digest (its current one when
+// empty). Only a node the module runs on can.
+func (s *sealer) OperatorSecret(ctx context.Context, ref state.SecretRef, digest string) ([]byte, error) {
+	row, err := s.store.SecretSealedAt(ctx, ref, digest)
 	if err != nil {
 		return nil, err
 	}

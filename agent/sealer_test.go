@@ -22,7 +22,7 @@ type fakeSealStore struct {
 	stale   []state.StaleSecret
 }
 
-func (f *fakeSealStore) SecretSealed(_ context.Context, ref state.SecretRef) (state.SealedValue, error) {
+func (f *fakeSealStore) SecretSealedAt(_ context.Context, ref state.SecretRef, _ string) (state.SealedValue, error) {
 	v, ok := f.values[ref]
 	if !ok {
 		return v, state.ErrNotFound
@@ -258,7 +258,7 @@ func TestSealerOpensOperatorSecrets(t *testing.T) {
 				st.values[ref] = *tc.row
 			}
 			s := &sealer{id: me, store: st, node: &fakeSealNode{}, name: "n1", log: discard}
-			got, err := s.OperatorSecret(context.Background(), ref)
+			got, err := s.OperatorSecret(context.Background(), ref, "")
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || got != nil {
 					t.Fatalf("got %q, %v; want nothing and an error saying %q", got, err, tc.wantErr)

@@ -30,10 +30,33 @@ resources:
       start-period: 1s
 `
 
+// bedRollSecret is roll reading a secret, which its health check judges: a
+// value holding "bad" makes it unhealthy (issue 29 item 3: a change to a
+// secret the module reads rolls out like a new manifest).
+const bedRollSecret = `module: roll
+update: {max-parallel: 1, healthy-for: 3s, auto-revert: true}
+resources:
+  - directory: /srv/bedroll
+  - secret: /srv/bedroll/tag
+    name: tag
+  - container: roll.web
+    image: {{image}}
+    env: {TAG: "v5"}
+    mounts: ["/srv/bedroll/tag:/run/tag:ro"]
+    restart-on: [/srv/bedroll/tag]
+    command: ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
+    health:
+      command: ["sh", "-c", "! grep -q bad /run/tag"]
+      interval: 1s
+      retries: 2
+      start-period: 1s
+`
+
 type rolloutView struct {
 	Leader   string `json:"leader"`
 	Rollouts []struct {
 		Module  string   `json:"module"`
+		Secret  string   `json:"secret"`
 		From    uint64   `json:"from_version"`
 		To      uint64   `json:"to_version"`
 		State   string   `json:"state"`
@@ -232,5 +255,100 @@ func TestRolloutBed(t *testing.T) {
 	})
 	if got := tags(); got != "v4 v4 v4" {
 		t.Fatalf("after the rollout across a leader kill: %s", got)
+	}
+
+	checkSecretRollout(t, n, image)
+}
+
+// checkSecretRollout: a new value of a secret roll reads reaches one node
+// at a time, each after the one before was healthy for 3 s; a bad value
+// stops at n1, which goes back to the value before while n2 and n3 are
+// never touched.
+func checkSecretRollout(t *testing.T, n []*agent, image string) {
+	mustSet := func(value string, args ...string) string {
+		t.Helper()
+		out, err := setSecret(t, n[2], []byte(value), append([]string{"roll", "tag"}, args...)...)
+		if err != nil {
+			t.Fatalf("mesh secret set roll tag (%q): %v\n%s", value, err, out)
+		}
+		return out
+	}
+	// Set before the manifest reads it: nothing reads it yet, nothing moves.
+	mustSet("good1")
+	n[1].mesh("module", "add", n[1].manifest("roll", bedRollSecret, map[string]string{"image": image}), "--wait", "--timeout", "3m")
+	values := func() string {
+		var out []string
+		for _, a := range n[1:] {
+			o, e, code := n[1].meshRun(nil, "exec", "roll.web", "--node", a.name, "--", "cat", "/run/tag")
+			if code != 0 {
+				o = "(" + strings.TrimSpace(e) + ")"
+			}
+			out = append(out, strings.TrimSpace(o))
+		}
+		return strings.Join(out, " ")
+	}
+	ids := func() []string {
+		return []string{n[1].h.containerID("roll.web"), n[2].h.containerID("roll.web"), n[3].h.containerID("roll.web")}
+	}
+	if got := values(); got != "good1 good1 good1" {
+		t.Fatalf("before the secret's rollout: %s", got)
+	}
+	before := ids()
+
+	// A good value: n1, then n2, then n3, with the waits.
+	start := time.Now()
+	out := mustSet("good2", "--wait", "--timeout", "3m")
+	took := time.Since(start)
+	last := -1
+	for _, want := range []string{"rollout of roll's secret tag (v", "1/3 nodes, waiting on n1", "2/3 nodes, waiting on n2", "3/3 nodes, waiting on n3", "done: n1, n2, n3 healthy for 3s"} {
+		i := strings.Index(out, want)
+		if i < last {
+			t.Fatalf("secret set --wait output lacks %q after the previous step:\n%s", want, out)
+		}
+		last = i
+	}
+	good := ids()
+	for i := range good {
+		if good[i] == before[i] || good[i] == "" {
+			t.Fatalf("n%d's container was not replaced by the secret's rollout: %v -> %v", i+1, before, good)
+		}
+	}
+	if got := values(); got != "good2 good2 good2" {
+		t.Fatalf("after the secret's rollout: %s", got)
+	}
+	if w := n[3].mesh("why", "n3", "roll.web"); !strings.Contains(w, "rollout of roll's secret tag (v") || !strings.Contains(w, "moves on to n3 (n1, n2 healthy for 3s)") {
+		t.Fatalf("mesh why does not say the secret's rollout moved on to n3:\n%s", w)
+	}
+	t.Logf("a secret's rollout over 3 nodes at healthy-for 3s took %s", took.Round(100*time.Millisecond))
+
+	// A bad value: n1 fails its check, goes back to good2; n2 and n3 are
+	// never touched; the secret's value is good2 again.
+	cmd := n[2].command("secret", "set", "roll", "tag", "--wait", "--timeout", "3m", "--data-dir", n[2].n.dir)
+	cmd.Stdin = strings.NewReader("bad")
+	b, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "stopped and reverted to the value before") || !strings.Contains(string(b), "n1: container roll.web is unhealthy") {
+		t.Fatalf("a bad value: %v\n%s", err, b)
+	}
+	eventually(t, 60*time.Second, "n1 back on good2", func() (bool, string) {
+		got := values()
+		return got == "good2 good2 good2", got
+	})
+	after := ids()
+	if after[1] != good[1] || after[2] != good[2] || after[0] == good[0] {
+		t.Fatalf("a secret's rollout that stopped at n1 (replaced there, then back): %v -> %v", good, after)
+	}
+	st := n[3].mesh("status")
+	if !strings.Contains(st, "rollout of roll's secret tag (v") || !strings.Contains(st, "failed and was reverted to the value before") {
+		t.Fatalf("status does not say the secret's rollout failed and was reverted:\n%s", st)
+	}
+	var list []struct {
+		Name, State string
+	}
+	if err := json.Unmarshal([]byte(n[3].mesh("secret", "list", "--json")), &list); err != nil || len(list) != 1 || list[0].State != "sealed" {
+		t.Fatalf("secret list after the revert: %+v %v", list, err)
+	}
+	// The value is good2 again: setting good2 changes nothing.
+	if out := mustSet("good2"); !strings.Contains(out, "already this value") {
+		t.Fatalf("after the revert, good2 is not the secret's value:\n%s", out)
 	}
 }

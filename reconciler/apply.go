@@ -61,8 +61,10 @@ type Config struct {
 	// Secret returns a credential's secret from the local replica.
 	Secret func(ctx context.Context, p state.Pair) (string, error)
 	// OperatorSecret opens one of the operator's secrets (mesh secret set)
-	// from the local replica; state.ErrNotFound when it is not set.
-	OperatorSecret func(ctx context.Context, ref state.SecretRef) ([]byte, error)
+	// from the local replica, the value whose digest the plan gives (a
+	// rollout of a new value keeps the one before for the nodes it has not
+	// reached); state.ErrNotFound when it is not set.
+	OperatorSecret func(ctx context.Context, ref state.SecretRef, digest string) ([]byte, error)
 	// EnvDir is where the environment of the containers with env-secrets
 	// is kept while they exist: a directory on a tmpfs (/run), never on
 	// disk, mode 0700. EnvExec is a static mesh binary, mounted read-only
@@ -1376,7 +1378,7 @@ func (x *run) secretValue(ctx context.Context, res state.Resource, name string) 
 		r := report(res, state.Failed, "this node opens no secret (no sealing key given to the reconciler)")
 		return nil, &r
 	}
-	v, err := x.r.cfg.OperatorSecret(ctx, state.SecretRef{Module: res.Module, Name: name})
+	v, err := x.r.cfg.OperatorSecret(ctx, state.SecretRef{Module: res.Module, Name: name}, res.Secrets[name])
 	if errors.Is(err, state.ErrNotFound) {
 		r := wait(fmt.Sprintf("it is not set; set it with: mesh secret set %s %s", res.Module, name))
 		x.failed[res.Module].SecretUnset = true

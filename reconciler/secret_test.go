@@ -43,7 +43,7 @@ func newSecretBed(t *testing.T) *secretBed {
 	b := &secretBed{t: t, dir: t.TempDir(), rt: newFake(), values: map[string]string{}}
 	r, err := New(Config{
 		Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(b.dir, "ledger.json"),
-		OperatorSecret: func(_ context.Context, ref state.SecretRef) ([]byte, error) {
+		OperatorSecret: func(_ context.Context, ref state.SecretRef, _ string) ([]byte, error) {
 			v, ok := b.values[ref.Name]
 			if !ok {
 				return nil, state.ErrNotFound

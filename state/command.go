@@ -69,7 +69,9 @@ const (
 // before-backup steps at every apply as ordinary steps; backup.repo.set
 // (backup.go), the repository and its password sealed to every node;
 // module.move and move.step (move.go).
-const CommandVersion = 13
+// 14, a secret.set that rolls out (secretRolloutFormat, rollout.go): an
+// older node would give every node the new value at once.
+const CommandVersion = 14
 
 // backupFormat is the format of a manifest that declares backups: a
 // backup: policy, or a step with before-backup: true.

@@ -84,6 +84,10 @@ type Input struct {
 	// index it keeps while a pull's rollout has not reached it.
 	Held      map[HeldKey]*manifest.Manifest
 	HeldPulls map[HeldKey]uint64
+	// HeldSecrets are the digests of the values a node keeps, by secret
+	// name, while the rollout of a new value has not reached it (only a
+	// node the value before was sealed to keeps it).
+	HeldSecrets map[HeldKey]map[string]string
 	// Purges lists, per node, the data directories an unassign
 	// --purge-data asked it to remove (issue 30).
 	Purges map[string][]Purge
@@ -326,8 +330,12 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			}
 			if names := SecretsOf(&d); len(names) > 0 {
 				res.Secrets = map[string]string{}
+				held := in.HeldSecrets[HeldKey{Node: n.Name, Module: mod}]
 				for _, sn := range names {
 					res.Secrets[sn] = in.Secrets[SecretRef{Module: mod, Name: sn}]
+					if d, ok := held[sn]; ok {
+						res.Secrets[sn] = d
+					}
 				}
 			}
 			switch res.Kind {

@@ -523,7 +523,7 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM pulls WHERE module = ?`, r.Name); err != nil {
 		return false, err
 	}
-	if err := exec(tx, `DELETE FROM rollouts WHERE module = ?`, r.Name); err != nil {
+	if err := ap.dropRollout(r.Name); err != nil {
 		return false, err
 	}
 	if err := exec(tx, `DELETE FROM moves WHERE module = ?`, r.Name); err != nil {
@@ -974,7 +974,7 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 	if err != nil {
 		return in, err
 	}
-	if in.Held, in.HeldPulls, err = heldBack(q); err != nil {
+	if in.Held, in.HeldPulls, in.HeldSecrets, err = heldBack(q); err != nil {
 		return in, err
 	}
 	moves, err := readMoves(ctx, q, "")

@@ -107,13 +107,13 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 		why = "no node reached runs it any more"
 	}
 	if len(left) == 0 {
-		return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Done: true, Why: why}}
+		return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Done: true, Why: why, Secret: r.Secret}}
 	}
-	return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Reach: left[:min(max(r.Policy.MaxParallel, 1), len(left))], Why: why}}
+	return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Reach: left[:min(max(r.Policy.MaxParallel, 1), len(left))], Why: why, Secret: r.Secret}}
 }
 
 func failed(r Rollout, why string) Next {
-	return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Failed: why}}
+	return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Failed: why, Secret: r.Secret}}
 }
 
 func healthOf(rep Report, container string) *ContainerHealth {

@@ -159,6 +159,9 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 	if err := exec(tx, `DELETE FROM rollouts`); err != nil {
 		return false, err
 	}
+	if err := exec(tx, `DELETE FROM held_secrets`); err != nil {
+		return false, err
+	}
 	if err := exec(tx, `DELETE FROM module_history`); err != nil {
 		return false, err
 	}

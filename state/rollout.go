@@ -125,6 +125,10 @@ type Rollout struct {
 	// nodes not reached keep, and the pull's.
 	FromPull uint64 `json:"from_pull,omitempty"`
 	ToPull   uint64 `json:"to_pull,omitempty"`
+	// Secret is set on the rollout of a new value of one of the module's
+	// secrets (mesh secret set; To is its index): the nodes not reached
+	// keep the value before, which held_secrets holds until it ends.
+	Secret string `json:"secret,omitempty"`
 }
 
 // Version is one of a module's versions.
@@ -150,18 +154,32 @@ type RolloutStepRequest struct {
 	Failed string   `json:"failed,omitempty"`
 	// Why is what the driver saw (n1 healthy for 10s).
 	Why string `json:"why,omitempty"`
+	// Secret names the secret the rollout carries, for the description
+	// only (the FSM reads the rollout's own).
+	Secret string `json:"secret,omitempty"`
 }
 
 func (*RolloutStepRequest) Op() string { return OpRolloutStep }
 func (r *RolloutStepRequest) describe() string {
+	what := RolloutName(r.Module, r.To, r.Secret)
 	switch {
 	case r.Failed != "":
-		return fmt.Sprintf("rollout of %s to v%d stopped: %s", r.Module, r.To, r.Failed)
+		return fmt.Sprintf("%s stopped: %s", what, r.Failed)
 	case r.Done:
-		return fmt.Sprintf("rollout of %s to v%d done (%s)", r.Module, r.To, r.Why)
+		return fmt.Sprintf("%s done (%s)", what, r.Why)
 	default:
-		return fmt.Sprintf("rollout of %s to v%d moves on to %s (%s)", r.Module, r.To, strings.Join(r.Reach, ", "), r.Why)
+		return fmt.Sprintf("%s moves on to %s (%s)", what, strings.Join(r.Reach, ", "), r.Why)
 	}
+}
+
+// RolloutName is how the log, why and status name a rollout: "rollout of
+// gitea to v812", or of a secret's new value "rollout of gitea's secret
+// smtp (v812)".
+func RolloutName(module string, to uint64, secret string) string {
+	if secret != "" {
+		return fmt.Sprintf("rollout of %s's secret %s (v%d)", module, secret, to)
+	}
+	return fmt.Sprintf("rollout of %s to v%d", module, to)
 }
 
 // ModuleRevertRequest gives a module back a version it had (To; 0: the
@@ -230,8 +248,8 @@ func moduleNodes(q queryer, module string) ([]string, error) {
 func readRollout(q queryer, module string) (*Rollout, error) {
 	r := &Rollout{Module: module}
 	var reached, started, stepAt string
-	err := q.QueryRowContext(bg, `SELECT from_version, to_version, state, reached, reason, started_at, step_index, step_at, from_pull, to_pull FROM rollouts WHERE module = ?`, module).
-		Scan(&r.From, &r.To, &r.State, &reached, &r.Reason, &started, &r.StepIndex, &stepAt, &r.FromPull, &r.ToPull)
+	err := q.QueryRowContext(bg, `SELECT from_version, to_version, state, reached, reason, started_at, step_index, step_at, from_pull, to_pull, secret FROM rollouts WHERE module = ?`, module).
+		Scan(&r.From, &r.To, &r.State, &reached, &r.Reason, &started, &r.StepIndex, &stepAt, &r.FromPull, &r.ToPull, &r.Secret)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -270,20 +288,106 @@ func (ap *applier) startRollout(name string, m *manifest.Manifest, from uint64) 
 	}
 	if !ok {
 		// Applied everywhere at once: a stopped rollout ends with it.
-		return exec(ap.tx, `DELETE FROM rollouts WHERE module = ?`, name)
+		return ap.dropRollout(name)
 	}
 	first := nodes[:min(p.MaxParallel, len(nodes))]
-	return ap.writeRollout(name, from, ap.index, 0, 0, first)
+	return ap.writeRollout(name, from, ap.index, 0, 0, "", first)
 }
 
 // writeRollout starts a module's rollout (replacing the row of the last).
-func (ap *applier) writeRollout(name string, from, to, fromPull, toPull uint64, first []string) error {
-	return exec(ap.tx, `INSERT INTO rollouts (module, from_version, to_version, state, reached, reason, started_at, step_index, step_at, from_pull, to_pull)
-		VALUES (?, ?, ?, ?, ?, '', ?, ?, ?, ?, ?)
+// A secret's value held by the last one goes: the nodes it had not reached
+// take the new value with the new rollout's first step or its held
+// manifest (only a rollout of the same secret keeps what they ran).
+func (ap *applier) writeRollout(name string, from, to, fromPull, toPull uint64, secret string, first []string) error {
+	if err := exec(ap.tx, `DELETE FROM held_secrets WHERE module = ? AND name != ?`, name, secret); err != nil {
+		return err
+	}
+	return exec(ap.tx, `INSERT INTO rollouts (module, from_version, to_version, state, reached, reason, started_at, step_index, step_at, from_pull, to_pull, secret)
+		VALUES (?, ?, ?, ?, ?, '', ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (module) DO UPDATE SET from_version = excluded.from_version, to_version = excluded.to_version, state = excluded.state,
 			reached = excluded.reached, reason = '', started_at = excluded.started_at, step_index = excluded.step_index, step_at = excluded.step_at,
-			from_pull = excluded.from_pull, to_pull = excluded.to_pull`,
-		name, from, to, RolloutRunning, strings.Join(first, " "), ap.at, ap.index, ap.at, fromPull, toPull)
+			from_pull = excluded.from_pull, to_pull = excluded.to_pull, secret = excluded.secret`,
+		name, from, to, RolloutRunning, strings.Join(first, " "), ap.at, ap.index, ap.at, fromPull, toPull, secret)
+}
+
+// secretRolloutFormat is the format of a secret.set whose new value rolls
+// out: its proposer saw the module's changes roll out.
+const secretRolloutFormat = 14
+
+// startSecretRollout begins the rollout of a new value of one of a
+// module's secrets (secretSet has just stored it, and kept the value
+// before in held_secrets) when the module's policy asks for one and its
+// manifest reads the secret; otherwise the new value goes everywhere at
+// once and nothing is held.
+func (ap *applier) startSecretRollout(ref SecretRef) error {
+	drop := func() error {
+		return exec(ap.tx, `DELETE FROM held_secrets WHERE module = ? AND name = ? AND NOT EXISTS
+			(SELECT 1 FROM rollouts WHERE module = ? AND secret = ? AND state = 'failed')`, ref.Module, ref.Name, ref.Module, ref.Name)
+	}
+	nodes, err := moduleNodes(ap.tx, ref.Module)
+	if err != nil {
+		return err
+	}
+	cat, err := ap.catalogue()
+	if err != nil {
+		return err
+	}
+	m := cat[ref.Module]
+	p, ok := PolicyOf(m, len(nodes))
+	if !ok || m == nil || !manifestReads(m, ref.Name) {
+		return drop()
+	}
+	old, err := readRollout(ap.tx, ref.Module)
+	if err != nil {
+		return err
+	}
+	if old != nil && old.State == RolloutFailed {
+		if old.Secret != ref.Name {
+			// Another change stopped midway: the nodes it did not reach
+			// keep what it held, and this value goes everywhere at once.
+			return drop()
+		}
+		// A fix after a stopped rollout of this secret: the nodes it did
+		// not reach still run the value from before it (kept), and the
+		// new value rolls out from the start.
+	}
+	var version uint64
+	if err := ap.tx.QueryRow(`SELECT version FROM modules WHERE name = ?`, ref.Module).Scan(&version); err != nil {
+		return err
+	}
+	return ap.writeRollout(ref.Module, version, ap.index, 0, 0, ref.Name, nodes[:min(p.MaxParallel, len(nodes))])
+}
+
+// manifestReads says whether a resource of m reads the module's secret name.
+func manifestReads(m *manifest.Manifest, name string) bool {
+	for i := range m.Resources {
+		if slices.Contains(SecretsOf(&m.Resources[i]), name) {
+			return true
+		}
+	}
+	return false
+}
+
+// dropRollout forgets a module's rollout and what it held.
+func (ap *applier) dropRollout(module string) error {
+	if err := exec(ap.tx, `DELETE FROM held_secrets WHERE module = ?`, module); err != nil {
+		return err
+	}
+	return exec(ap.tx, `DELETE FROM rollouts WHERE module = ?`, module)
+}
+
+// putSecret puts a rollout's held value of a module's secret back as its
+// value (a revert): the nodes not reached run it still, the reached ones
+// go back to it. Sealed to the nodes of then; a node assigned since gets
+// it when a holder seals it again (StaleSecrets).
+func (ap *applier) putSecret(module, name string) error {
+	if err := exec(ap.tx, `INSERT INTO secrets (module, name, sealed, digest, salt, size, set_at, set_index, recipients)
+		SELECT module, name, sealed, digest, salt, size, set_at, set_index, recipients FROM held_secrets WHERE module = ? AND name = ?
+		ON CONFLICT (module, name) DO UPDATE SET sealed = excluded.sealed, digest = excluded.digest, salt = excluded.salt, size = excluded.size,
+			set_at = excluded.set_at, set_index = excluded.set_index, recipients = excluded.recipients`, module, name); err != nil {
+		return err
+	}
+	return exec(ap.tx, `DELETE FROM held_secrets WHERE module = ?`, module)
 }
 
 // startPullRollout begins the rollout of a `mesh module pull` when the
@@ -300,7 +404,7 @@ func (ap *applier) startPullRollout(name string, prev uint64) error {
 	}
 	p, ok := PolicyOf(cat[name], len(nodes))
 	if !ok {
-		return exec(ap.tx, `DELETE FROM rollouts WHERE module = ?`, name)
+		return ap.dropRollout(name)
 	}
 	old, err := readRollout(ap.tx, name)
 	if err != nil {
@@ -324,7 +428,7 @@ func (ap *applier) startPullRollout(name string, prev uint64) error {
 	}
 	// Its To is the pull's own index, so no step of an older rollout of the
 	// same manifest is taken for it.
-	return ap.writeRollout(name, version, ap.index, prev, ap.index, nodes[:min(p.MaxParallel, len(nodes))])
+	return ap.writeRollout(name, version, ap.index, prev, ap.index, "", nodes[:min(p.MaxParallel, len(nodes))])
 }
 
 // refuseDuringRollout refuses a new version of a module while one rolls out.
@@ -333,7 +437,11 @@ func refuseDuringRollout(q queryer, name string) error {
 	if err != nil || r == nil || r.State != RolloutRunning {
 		return err
 	}
-	return ruleErr(ErrConflict, "module %s is rolling out v%d (%d of its nodes reached): wait for it to end (mesh status), or stop it and go back with `mesh module revert %s`", name, r.To, len(r.Reached), name)
+	what := fmt.Sprintf("v%d", r.To)
+	if r.Secret != "" {
+		what = fmt.Sprintf("a new value of secret %s (v%d)", r.Secret, r.To)
+	}
+	return ruleErr(ErrConflict, "module %s is rolling out %s (%d of its nodes reached): wait for it to end (mesh status), or stop it and go back with `mesh module revert %s`", name, what, len(r.Reached), name)
 }
 
 func (ap *applier) rolloutStep(r *RolloutStepRequest) (bool, error) {
@@ -361,6 +469,10 @@ func (ap *applier) rolloutStep(r *RolloutStepRequest) (bool, error) {
 			if !slices.Contains(ro.Reached, n) {
 				return false, ruleErr(ErrConflict, "the rollout of %s to v%d has not reached %s yet", r.Module, r.To, n)
 			}
+		}
+		// Every node runs the new version: a value held for the others goes.
+		if err := exec(ap.tx, `DELETE FROM held_secrets WHERE module = ?`, r.Module); err != nil {
+			return false, err
 		}
 		return true, exec(ap.tx, `UPDATE rollouts SET state = ?, reason = ?, step_index = ?, step_at = ? WHERE module = ?`, RolloutDone, r.Why, ap.index, ap.at, r.Module)
 	}
@@ -390,7 +502,12 @@ func (ap *applier) stopRollout(ro *Rollout, why string, revert bool) error {
 	if !revert {
 		return exec(ap.tx, `UPDATE rollouts SET state = ?, reason = ?, step_index = ?, step_at = ? WHERE module = ?`, RolloutFailed, why, ap.index, ap.at, ro.Module)
 	}
-	if ro.ToPull > 0 {
+	if ro.Secret != "" {
+		// A secret's rollout: the value before is the secret's again.
+		if err := ap.putSecret(ro.Module, ro.Secret); err != nil {
+			return err
+		}
+	} else if ro.ToPull > 0 {
 		// A pull's rollout: the pull index goes back; the reached nodes put
 		// back the image their containers ran before it (their ledgers keep it).
 		if err := ap.putPull(ro.Module, ro.FromPull); err != nil {
@@ -439,9 +556,14 @@ func (ap *applier) moduleRevert(r *ModuleRevertRequest) (bool, error) {
 	if ro != nil && ro.State == RolloutRunning && (r.To == 0 || r.To == ro.From) {
 		return true, ap.stopRollout(ro, "stopped by mesh module revert", true)
 	}
-	if ro != nil && ro.State == RolloutFailed && ro.ToPull > 0 && r.To == 0 {
-		// A stopped pull: what goes back is the pull, not the manifest.
-		if err := ap.putPull(r.Module, ro.FromPull); err != nil {
+	if ro != nil && ro.State == RolloutFailed && (ro.ToPull > 0 || ro.Secret != "") && r.To == 0 {
+		// A stopped pull or secret: what goes back is the pull or the
+		// secret's value, not the manifest.
+		if ro.Secret != "" {
+			if err := ap.putSecret(r.Module, ro.Secret); err != nil {
+				return false, err
+			}
+		} else if err := ap.putPull(r.Module, ro.FromPull); err != nil {
 			return false, err
 		}
 		return true, exec(ap.tx, `UPDATE rollouts SET state = ?, reason = ?, step_index = ?, step_at = ? WHERE module = ?`,
@@ -502,26 +624,30 @@ func (ap *applier) moduleRevert(r *ModuleRevertRequest) (bool, error) {
 // unassign and node.remove, of any format (a rollout row exists only after
 // a command of the rollout format).
 func (ap *applier) endIfUnassigned(module string) error {
+	if err := exec(ap.tx, `DELETE FROM held_secrets WHERE module = ? AND NOT EXISTS (SELECT 1 FROM assignments WHERE module = ?)`, module, module); err != nil {
+		return err
+	}
 	return exec(ap.tx, `DELETE FROM rollouts WHERE module = ? AND NOT EXISTS (SELECT 1 FROM assignments WHERE module = ?)`, module, module)
 }
 
 // heldBack is what the nodes a rollout has not reached yet keep: the
-// module's previous manifest (held), or for a pull's rollout the pull index
-// before it (pulls; the manifest is the same).
-func heldBack(q queryer) (map[HeldKey]*manifest.Manifest, map[HeldKey]uint64, error) {
-	held, pulls := map[HeldKey]*manifest.Manifest{}, map[HeldKey]uint64{}
+// module's previous manifest (held), for a pull's rollout the pull index
+// before it (pulls; the manifest is the same), for a secret's the digest
+// of its value before (secrets; on the nodes that value was sealed to).
+func heldBack(q queryer) (map[HeldKey]*manifest.Manifest, map[HeldKey]uint64, map[HeldKey]map[string]string, error) {
+	held, pulls, secrets := map[HeldKey]*manifest.Manifest{}, map[HeldKey]uint64{}, map[HeldKey]map[string]string{}
 	type row struct {
-		module, file, digest, spec string
-		reached                    []string
-		fromPull, toPull           uint64
+		module, file, digest, spec, secret string
+		reached                            []string
+		fromPull, toPull                   uint64
 	}
 	var rows []row
-	err := eachRow(bg, q, "rollouts", `SELECT r.module, r.reached, r.from_pull, r.to_pull, COALESCE(h.file, ''), COALESCE(h.digest, ''), COALESCE(h.spec, '')
+	err := eachRow(bg, q, "rollouts", `SELECT r.module, r.reached, r.from_pull, r.to_pull, r.secret, COALESCE(h.file, ''), COALESCE(h.digest, ''), COALESCE(h.spec, '')
 		FROM rollouts r LEFT JOIN module_history h ON h.module = r.module AND h.version = r.from_version
 		WHERE r.state IN ('running', 'failed') ORDER BY r.module`, func(rs *sql.Rows) error {
 		var x row
 		var reached string
-		if err := rs.Scan(&x.module, &reached, &x.fromPull, &x.toPull, &x.file, &x.digest, &x.spec); err != nil {
+		if err := rs.Scan(&x.module, &reached, &x.fromPull, &x.toPull, &x.secret, &x.file, &x.digest, &x.spec); err != nil {
 			return err
 		}
 		x.reached = strings.Fields(reached)
@@ -529,21 +655,27 @@ func heldBack(q queryer) (map[HeldKey]*manifest.Manifest, map[HeldKey]uint64, er
 		return nil
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	for _, x := range rows {
+		nodes, err := moduleNodes(q, x.module)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if x.secret != "" {
+			if err := heldSecret(q, x.module, x.secret, nodes, x.reached, secrets); err != nil {
+				return nil, nil, nil, err
+			}
+			continue
+		}
 		var m *manifest.Manifest
 		if x.toPull == 0 {
 			if x.digest == "" {
 				continue // no previous version kept: nothing to hold
 			}
 			if m, err = decodeSpec(x.file, x.digest, x.spec); err != nil {
-				return nil, nil, fmt.Errorf("the previous version of %s does not decode: %w", x.module, err)
+				return nil, nil, nil, fmt.Errorf("the previous version of %s does not decode: %w", x.module, err)
 			}
-		}
-		nodes, err := moduleNodes(q, x.module)
-		if err != nil {
-			return nil, nil, err
 		}
 		for _, n := range nodes {
 			if slices.Contains(x.reached, n) {
@@ -556,7 +688,37 @@ func heldBack(q queryer) (map[HeldKey]*manifest.Manifest, map[HeldKey]uint64, er
 			}
 		}
 	}
-	return held, pulls, nil
+	return held, pulls, secrets, nil
+}
+
+// heldSecret adds to out the digest of the held value of module's secret
+// for each node of nodes not reached that the value was sealed to (one
+// assigned since could not open it: it takes the new value at once).
+func heldSecret(q queryer, module, name string, nodes, reached []string, out map[HeldKey]map[string]string) error {
+	var digest, recipients string
+	err := q.QueryRowContext(bg, `SELECT digest, recipients FROM held_secrets WHERE module = ? AND name = ?`, module, name).Scan(&digest, &recipients)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil // nothing held (removed since, or a stopped rollout taken over)
+	}
+	if err != nil {
+		return fmt.Errorf("read the held value of secret %s/%s: %w", module, name, err)
+	}
+	holder, err := keyHolders(bg, q)
+	if err != nil {
+		return err
+	}
+	for _, k := range splitNonEmpty(recipients) {
+		n := holder[k]
+		if n == "" || !slices.Contains(nodes, n) || slices.Contains(reached, n) {
+			continue
+		}
+		key := HeldKey{Node: n, Module: module}
+		if out[key] == nil {
+			out[key] = map[string]string{}
+		}
+		out[key][name] = digest
+	}
+	return nil
 }
 
 // Rollouts reads every module's rollout, with its nodes and policy.

@@ -68,7 +68,13 @@ type SecretSetRequest struct {
 	Salt       string   `json:"salt"`
 	Size       int      `json:"size"`
 	Recipients []string `json:"recipients"`
+	// Rollout is set by a proposer that sees the module's changes roll
+	// out: the command then needs the format in which a changed value
+	// rolls out too (rollout.go), and the FSM decides from its own state.
+	Rollout bool `json:"rollout,omitempty"`
 }
+
+func (r *SecretSetRequest) formatNeeded() int { return iff(r.Rollout, secretRolloutFormat) }
 
 // SecretRemoveRequest removes a module's secret.
 type SecretRemoveRequest struct {
@@ -152,6 +158,21 @@ func (ap *applier) setSecret(r *SecretSetRequest) (bool, error) {
 	if err != nil && err != sql.ErrNoRows {
 		return false, fmt.Errorf("read secret %s: %w", r, err)
 	}
+	rolls := ap.v >= secretRolloutFormat && r.Module != MeshSecrets
+	if rolls && digest != r.Digest {
+		if err := refuseDuringRollout(ap.tx, r.Module); err != nil {
+			return false, err
+		}
+		// The value the nodes run now, for those a rollout of the new
+		// one has not reached yet (startSecretRollout keeps it or drops it).
+		if digest != "" {
+			if err := exec(ap.tx, `INSERT INTO held_secrets (module, name, sealed, digest, salt, size, set_at, set_index, recipients)
+				SELECT module, name, sealed, digest, salt, size, set_at, set_index, recipients FROM secrets WHERE module = ? AND name = ?
+				ON CONFLICT (module, name) DO NOTHING`, r.Module, r.Name); err != nil {
+				return false, err
+			}
+		}
+	}
 	if digest == r.Digest {
 		if have == strings.Join(rec, ",") {
 			return false, nil // the same value, sealed so already: nothing changes
@@ -165,6 +186,9 @@ func (ap *applier) setSecret(r *SecretSetRequest) (bool, error) {
 		set_at = excluded.set_at, set_index = excluded.set_index, recipients = excluded.recipients`,
 		r.Module, r.Name, r.Sealed, r.Digest, r.Salt, r.Size, ap.at, ap.index, strings.Join(rec, ",")); err != nil {
 		return false, err
+	}
+	if rolls && digest != "" {
+		return true, ap.startSecretRollout(r.SecretRef)
 	}
 	return true, nil
 }
@@ -186,6 +210,20 @@ func (ap *applier) secretRemove(r *SecretRemoveRequest) (bool, error) {
 			return false, err
 		}
 		return false, ruleErr(ErrNotFound, "module %s has no secret %q (%s)", r.Module, r.Name, known)
+	}
+	// A rollout of a new value of it (rows of the secret-rollout format,
+	// which every replica applying this knows): the nodes it has not
+	// reached run the value before, which a removal would take from them
+	// mid-rollout.
+	ro, err := readRollout(ap.tx, r.Module)
+	if err != nil {
+		return false, err
+	}
+	if ro != nil && ro.Secret == r.Name && ro.State == RolloutRunning {
+		return false, ruleErr(ErrConflict, "module %s is rolling out a new value of secret %s (%d of its nodes reached): wait for it to end (mesh status), or go back with `mesh module revert %s`, then remove it", r.Module, r.Name, len(ro.Reached), r.Module)
+	}
+	if err := exec(ap.tx, `DELETE FROM held_secrets WHERE module = ? AND name = ?`, r.Module, r.Name); err != nil {
+		return false, err
 	}
 	return true, exec(ap.tx, `DELETE FROM secrets WHERE module = ? AND name = ?`, r.Module, r.Name)
 }
@@ -363,6 +401,29 @@ func (s *Store) SecretSealed(ctx context.Context, ref SecretRef) (SealedValue, e
 	}
 	v.Recipients = splitNonEmpty(rec)
 	return v, nil
+}
+
+// SecretSealedAt reads the sealed value of one secret whose digest is
+// digest: the current value, or the one a rollout of a new value keeps for
+// the nodes it has not reached (held_secrets). An empty digest reads the
+// current value. A digest that is neither (the plan was composed before a
+// later change) is a wait: the node's next plan names the value it needs.
+func (s *Store) SecretSealedAt(ctx context.Context, ref SecretRef, digest string) (SealedValue, error) {
+	v, err := s.SecretSealed(ctx, ref)
+	if err != nil || digest == "" || v.Digest == digest {
+		return v, err
+	}
+	var rec string
+	held := SealedValue{Digest: digest}
+	err = s.db.QueryRowContext(ctx, `SELECT sealed, salt, recipients FROM held_secrets WHERE module = ? AND name = ? AND digest = ?`, ref.Module, ref.Name, digest).Scan(&held.Sealed, &held.Salt, &rec)
+	if err == sql.ErrNoRows {
+		return v, fmt.Errorf("secret %s has changed since this node's plan was made; it delivers the value its next plan names", ref)
+	}
+	if err != nil {
+		return v, fmt.Errorf("read secret %s: %w", ref, err)
+	}
+	held.Recipients = splitNonEmpty(rec)
+	return held, nil
 }
 
 // SecretTarget is what the proposer of `mesh secret set` needs: the keys

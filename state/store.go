@@ -298,6 +298,22 @@ var migrations = []string{
 		since TEXT NOT NULL,
 		data TEXT NOT NULL
 	 );`,
+	// 18: a secret's value from before a change that rolls out (issue 29,
+	// rollout.go), kept for the nodes the rollout has not reached yet (and
+	// for a revert) until it ends; the secret a rollout carries.
+	`CREATE TABLE held_secrets (
+		module TEXT NOT NULL,
+		name TEXT NOT NULL,
+		sealed TEXT NOT NULL,
+		digest TEXT NOT NULL,
+		salt TEXT NOT NULL,
+		size INTEGER NOT NULL,
+		set_at TEXT NOT NULL,
+		set_index INTEGER NOT NULL,
+		recipients TEXT NOT NULL,
+		PRIMARY KEY (module, name)
+	 );
+	 ALTER TABLE rollouts ADD COLUMN secret TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate() error {

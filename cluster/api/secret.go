@@ -58,6 +58,13 @@ func (a *API) setSecret(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
+	// A module whose changes roll out takes a new value through a rollout
+	// too: the command asks for the format that does it (the FSM decides
+	// from its own state whether this one does).
+	if req.Rollout, err = a.store.RollsOut(r.Context(), ref.Module); err != nil {
+		fail(w, err)
+		return
+	}
 	res := SecretWrite{SealedTo: t.Nodes}
 	if l, err := a.store.Secrets(r.Context(), ref.Module); err == nil {
 		for _, s := range l {
