@@ -519,6 +519,29 @@ func (n *Node) Leader() string {
 	return string(id)
 }
 
+// ReadIndex is the index a linearizable read must see (Raft's read-index):
+// the commit index, once this node has confirmed with a quorum that it is
+// still the leader. A node that is not the leader, or that a quorum no
+// longer follows (deposed while paused or cut off), gets ErrNoLeader.
+func (n *Node) ReadIndex(ctx context.Context) (uint64, error) {
+	if n.raft.State() != raft.Leader {
+		return 0, fmt.Errorf("%w: %s is not the leader (the leader is %q); ask the leader", ErrNoLeader, n.cfg.ID, n.Leader())
+	}
+	idx := n.raft.CommitIndex()
+	f := n.raft.VerifyLeader()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return 0, fmt.Errorf("%w: %s could not confirm with a quorum that it still leads: %v", ErrNoLeader, n.cfg.ID, err)
+		}
+		return idx, nil
+	case <-ctx.Done():
+		return 0, fmt.Errorf("%w: %s could not confirm with a quorum that it still leads: %v", ErrNoLeader, n.cfg.ID, ctx.Err())
+	}
+}
+
 // Snapshot takes a snapshot now (tests and `mesh` maintenance).
 func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
 

@@ -64,7 +64,7 @@ func unmountNS() {
 
 func multiCleanup() {
 	exec.Command("pkill", "-f", multiDir).Run()
-	for i := 1; i <= 4; i++ {
+	for i := 1; i <= 5; i++ {
 		dir := fmt.Sprintf("%s/n%d", multiDir, i)
 		if _, err := os.Stat(dir + "/root"); err == nil {
 			// In the node's mount namespace, where its storage is mounted.

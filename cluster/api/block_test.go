@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -115,5 +116,35 @@ func TestReadsWaitForTheirWrite(t *testing.T) {
 	// A fresh client (another command) does not wait.
 	if _, err := NewClient(dir).Modules(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A linearizable read is answered by the leader once a quorum confirmed
+// it, with everything it had committed; a node that is not the leader
+// (here: one that has lost its quorum's confirmation, stopped) refuses.
+func TestLinearizableRead(t *testing.T) {
+	dir := initDir(t, cluster.LogStoreWAL)
+	a := startAgent(t, dir)
+	t.Cleanup(func() { a.Stop() })
+	waitLeader(t, a)
+	c := NewClient(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w, err := c.AddModules(ctx, AddRequest{Modules: []state.ModuleText{{File: "db.yaml", Text: dbManifest}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A fresh client carries no write of its own: the read-index alone
+	// makes it see the write.
+	st, err := NewClient(dir).Linearizable().Status(ctx)
+	if err != nil || st.AppliedIndex < w.Index {
+		t.Fatalf("a linearizable read: applied %d (write at %d), %v", st.AppliedIndex, w.Index, err)
+	}
+	if _, err := a.Node.ReadIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.Node.Shutdown()
+	if _, err := a.Node.ReadIndex(ctx); !errors.Is(err, cluster.ErrNoLeader) {
+		t.Fatalf("a node that is not the leader any more: %v", err)
 	}
 }

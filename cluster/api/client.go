@@ -29,6 +29,8 @@ type Client struct {
 	dir    string
 	http   *http.Client
 	dryRun bool
+	// linearizable asks every read to be linearizable (LinearizableParam).
+	linearizable bool
 	// written is the log index of this client's last write: every read
 	// after it asks the agent to answer only once its replica holds it
 	// (shared with the DryRun copy).
@@ -40,6 +42,15 @@ type Client struct {
 func (c *Client) DryRun() *Client {
 	cp := *c
 	cp.dryRun = true
+	return &cp
+}
+
+// Linearizable is a client whose reads are linearizable: answered by the
+// leader only (another node answers an ErrNoLeader error), after it has
+// confirmed with a quorum that it still leads.
+func (c *Client) Linearizable() *Client {
+	cp := *c
+	cp.linearizable = true
 	return &cp
 }
 
@@ -80,6 +91,10 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		path += sep + DryRunParam + "=1"
 	} else if w := c.written.Load(); method == http.MethodGet && w > 0 {
 		path += fmt.Sprintf("%s%s=%d", sep, MinIndexParam, w)
+		sep = "&"
+	}
+	if c.linearizable && method == http.MethodGet {
+		path += sep + LinearizableParam + "=1"
 	}
 	req, err := http.NewRequestWithContext(ctx, method, "http://mesh"+path, rd)
 	if err != nil {

@@ -181,6 +181,11 @@ func New(cfg Config) *API {
 	return a
 }
 
+// LinearizableParam asks a read to be linearizable: answered only by the
+// leader, after it confirmed its leadership, from a replica that holds
+// everything committed before the read began.
+const LinearizableParam = "linearizable"
+
 // DryRunParam asks a write endpoint for a preview instead of the write.
 const DryRunParam = "dry-run"
 
@@ -351,6 +356,22 @@ const MinIndexParam = "min_index"
 // write.
 func (a *API) readsYourWrites(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Query().Get(LinearizableParam) != "" {
+			// A read no later write can have overtaken: on the leader,
+			// after a quorum confirmed it, once the replica holds all it
+			// had committed (the robustness suite checks these reads).
+			ctx, cancel := context.WithTimeout(r.Context(), readWait)
+			idx, err := a.node.ReadIndex(ctx)
+			cancel()
+			if err != nil {
+				fail(w, err)
+				return
+			}
+			if applied, ok := a.waitApplied(r.Context(), idx, readWait); !ok {
+				fail(w, fmt.Errorf("%w: the leader's replica has applied up to index %d, not yet its commit index %d, after %s", cluster.ErrNoLeader, applied, idx, readWait))
+				return
+			}
+		}
 		v := r.URL.Query().Get(MinIndexParam)
 		if v == "" || r.Method != http.MethodGet {
 			next.ServeHTTP(w, r)
