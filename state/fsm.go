@@ -476,6 +476,9 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 				if err := refuseDuringRollout(ap.tx, name); err != nil {
 					return false, err
 				}
+				if err := refuseAfterStoppedSecret(ap.tx, name); err != nil {
+					return false, err
+				}
 				if err := ap.keepHistory(name); err != nil {
 					return false, err
 				}
@@ -567,6 +570,9 @@ func (ap *applier) modulePull(r *ModulePullRequest) (bool, error) {
 	var prev uint64
 	if rolls {
 		if err := refuseDuringRollout(tx, r.Module); err != nil {
+			return false, err
+		}
+		if err := refuseAfterStoppedSecret(tx, r.Module); err != nil {
 			return false, err
 		}
 		if err := tx.QueryRow(`SELECT idx FROM pulls WHERE module = ?`, r.Module).Scan(&prev); err != nil && !errors.Is(err, sql.ErrNoRows) {

@@ -320,9 +320,17 @@ const secretRolloutFormat = 14
 // manifest reads the secret; otherwise the new value goes everywhere at
 // once and nothing is held.
 func (ap *applier) startSecretRollout(ref SecretRef) error {
-	drop := func() error {
-		return exec(ap.tx, `DELETE FROM held_secrets WHERE module = ? AND name = ? AND NOT EXISTS
-			(SELECT 1 FROM rollouts WHERE module = ? AND secret = ? AND state = 'failed')`, ref.Module, ref.Name, ref.Module, ref.Name)
+	old, err := readRollout(ap.tx, ref.Module)
+	if err != nil {
+		return err
+	}
+	// At once everywhere: the value held for this set goes, and a stopped
+	// rollout of this secret ends with it (every node takes the new value).
+	atOnce := func() error {
+		if old != nil && old.Secret == ref.Name {
+			return ap.dropRollout(ref.Module)
+		}
+		return exec(ap.tx, `DELETE FROM held_secrets WHERE module = ? AND name = ?`, ref.Module, ref.Name)
 	}
 	nodes, err := moduleNodes(ap.tx, ref.Module)
 	if err != nil {
@@ -335,17 +343,23 @@ func (ap *applier) startSecretRollout(ref SecretRef) error {
 	m := cat[ref.Module]
 	p, ok := PolicyOf(m, len(nodes))
 	if !ok || m == nil || !manifestReads(m, ref.Name) {
-		return drop()
+		return atOnce()
 	}
-	old, err := readRollout(ap.tx, ref.Module)
-	if err != nil {
-		return err
+	// During a move (a move waits for no rollout, and none starts during
+	// one): the module's FROM runs none of its containers, so there is no
+	// health to wait on; the value goes to TO and FROM at once.
+	if err := ap.refuseMoving(ref.Module, ""); err != nil {
+		var rule *RuleError
+		if !errors.As(err, &rule) {
+			return err
+		}
+		return atOnce()
 	}
 	if old != nil && old.State == RolloutFailed {
 		if old.Secret != ref.Name {
 			// Another change stopped midway: the nodes it did not reach
 			// keep what it held, and this value goes everywhere at once.
-			return drop()
+			return atOnce()
 		}
 		// A fix after a stopped rollout of this secret: the nodes it did
 		// not reach still run the value from before it (kept), and the
@@ -429,6 +443,18 @@ func (ap *applier) startPullRollout(name string, prev uint64) error {
 	// Its To is the pull's own index, so no step of an older rollout of the
 	// same manifest is taken for it.
 	return ap.writeRollout(name, version, ap.index, prev, ap.index, "", nodes[:min(p.MaxParallel, len(nodes))])
+}
+
+// refuseAfterStoppedSecret refuses a new manifest or pull of a module
+// whose rollout of a secret's new value stopped without going back: the
+// nodes it did not reach run the value before, which a rollout of another
+// kind could not keep for them (nor give back, reverted).
+func refuseAfterStoppedSecret(q queryer, name string) error {
+	r, err := readRollout(q, name)
+	if err != nil || r == nil || r.State != RolloutFailed || r.Secret == "" {
+		return err
+	}
+	return ruleErr(ErrConflict, "module %s's rollout of a new value of secret %s stopped (reached: %s; its other nodes run the value before): set a fixed value (mesh secret set %s %s) or go back (mesh module revert %s) first", name, r.Secret, strings.Join(r.Reached, ", "), name, r.Secret, name)
 }
 
 // refuseDuringRollout refuses a new version of a module while one rolls out.

@@ -158,7 +158,15 @@ func (ap *applier) setSecret(r *SecretSetRequest) (bool, error) {
 	if err != nil && err != sql.ErrNoRows {
 		return false, fmt.Errorf("read secret %s: %w", r, err)
 	}
-	rolls := ap.v >= secretRolloutFormat && r.Module != MeshSecrets
+	// A module with a rollout of a secret is handled so by any command:
+	// such a row exists only after a command of the format, which every
+	// replica that goes on applying knows (as module.add does).
+	rolls := r.Module != MeshSecrets && ap.v >= secretRolloutFormat
+	if r.Module != MeshSecrets && !rolls {
+		if rolls, err = has(ap.tx, `SELECT 1 FROM rollouts WHERE module = ? AND secret != ''`, r.Module); err != nil {
+			return false, err
+		}
+	}
 	if rolls && digest != r.Digest {
 		if err := refuseDuringRollout(ap.tx, r.Module); err != nil {
 			return false, err

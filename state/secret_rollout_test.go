@@ -208,15 +208,22 @@ func TestSecretRollout(t *testing.T) {
 		t.Fatalf("a revert during the fix's rollout: %v %+v", got, rollout())
 	}
 
-	// A stopped secret rollout, then a new manifest: the nodes it had not
-	// reached take the new value with the manifest's rollout (no value is
-	// held past it).
+	// A stopped secret rollout, then a new manifest: refused (its rollout
+	// could not keep the value before for the nodes not reached) until the
+	// secret is fixed or reverted; a fix that does not roll out (the
+	// module on one node) ends the stopped rollout: the value everywhere.
 	apply(set("pw5", keys...))
-	v5, d5 := idx, set("pw5").Digest
+	v5 := idx
 	apply(&RolloutStepRequest{Module: "mail", To: v5, Failed: "cat: broken", Secret: "smtp"})
+	refused(&ModuleAddRequest{Modules: []ModuleSpec{spec("mail.yaml", rollMail("update: {auto-revert: false, max-parallel: 3}\n"))}}, "rollout of a new value of secret smtp stopped (reached: cat")
+	refused(&ModulePullRequest{Module: "mail", Rollout: true}, "rollout of a new value of secret smtp stopped")
+	apply(&ModuleRevertRequest{Module: "mail"})
+	if got := digests(); got != [3]string{d2, d2, d2} || held() != 0 {
+		t.Fatalf("a revert after a stopped secret rollout: %v, %d held", got, held())
+	}
 	apply(&ModuleAddRequest{Modules: []ModuleSpec{spec("mail.yaml", rollMail("update: {auto-revert: false, max-parallel: 3}\n"))}})
-	if got := digests(); got != [3]string{d5, d5, d5} || held() != 0 || rollout().Secret != "" {
-		t.Fatalf("a manifest after a stopped secret rollout: %v, %d held, %+v", got, held(), rollout())
+	if got := digests(); got != [3]string{d2, d2, d2} || rollout().Secret != "" {
+		t.Fatalf("a manifest after the revert: %v, %+v", got, rollout())
 	}
 
 	// A proposer that did not ask for the format: everywhere at once.
