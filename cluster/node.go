@@ -75,8 +75,11 @@ type Config struct {
 
 // Node is one Raft member holding a replica in a state.Store.
 type Node struct {
-	cfg       Config
-	raft      *raft.Raft
+	cfg  Config
+	raft *raft.Raft
+	// readyTerm is the term in which this node, leading, committed a
+	// barrier: its commit index is then its own (readIndex).
+	readyTerm atomic.Uint64
 	store     *state.Store
 	transport *raft.NetworkTransport
 	mux       *mux
@@ -520,26 +523,56 @@ func (n *Node) Leader() string {
 }
 
 // ReadIndex is the index a linearizable read must see (Raft's read-index):
-// the commit index, once this node has confirmed with a quorum that it is
-// still the leader. A node that is not the leader, or that a quorum no
-// longer follows (deposed while paused or cut off), gets ErrNoLeader.
+// the commit index, once this node has committed an entry of its own term
+// and confirmed with a quorum that it is still the leader. A node that is
+// not the leader, or that a quorum no longer follows (deposed while paused
+// or cut off), gets ErrNoLeader.
 func (n *Node) ReadIndex(ctx context.Context) (uint64, error) {
 	if n.raft.State() != raft.Leader {
 		return 0, fmt.Errorf("%w: %s is not the leader (the leader is %q); ask the leader", ErrNoLeader, n.cfg.ID, n.Leader())
 	}
-	idx := n.raft.CommitIndex()
-	f := n.raft.VerifyLeader()
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return 0, fmt.Errorf("%w: %s could not confirm with a quorum that it still leads: %v", ErrNoLeader, n.cfg.ID, err)
-		}
-		return idx, nil
-	case <-ctx.Done():
-		return 0, fmt.Errorf("%w: %s could not confirm with a quorum that it still leads: %v", ErrNoLeader, n.cfg.ID, ctx.Err())
+	idx, err := readIndex(ctx, n.raft, &n.readyTerm)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s could not confirm with a quorum that it still leads: %v", ErrNoLeader, n.cfg.ID, err)
 	}
+	return idx, nil
+}
+
+// readIndex is ReadIndex on r. A leader just elected knows the commit
+// index only as it was when it followed, which may be older than a write
+// its predecessor acknowledged, until an entry of its own term commits
+// (Raft's section 6.4; hashicorp/raft does not wait for that before
+// VerifyLeader succeeds): so the first read of each term waits for a
+// barrier, and ready remembers the term that had one.
+func readIndex(ctx context.Context, r *raft.Raft, ready *atomic.Uint64) (uint64, error) {
+	wait := func(f raft.Future) error {
+		done := make(chan error, 1)
+		go func() { done <- f.Error() }()
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if term := r.CurrentTerm(); ready.Load() != term {
+		limit := 5 * time.Second
+		if d, ok := ctx.Deadline(); ok {
+			limit = time.Until(d)
+		}
+		if err := wait(r.Barrier(limit)); err != nil {
+			return 0, err
+		}
+		if r.CurrentTerm() != term {
+			return 0, errors.New("the term changed during the read")
+		}
+		ready.Store(term)
+	}
+	idx := r.CommitIndex()
+	if err := wait(r.VerifyLeader()); err != nil {
+		return 0, err
+	}
+	return idx, nil
 }
 
 // Snapshot takes a snapshot now (tests and `mesh` maintenance).

@@ -229,12 +229,11 @@ type robustBed struct {
 	// fullDisk is the node whose data dir is a small tmpfs; oldCopy the
 	// node with a copy of its data dir from early in the run.
 	fullDisk, oldCopy int
-	// rolledBack[i] is set while node i runs from its older copy: its
-	// reads may go back once.
-	mu         sync.Mutex
-	rolledBack map[int]bool
-	netem      bool
-	fr         followerReads
+	netem             bool
+	// readers read each node's own replica, apart from the writers (whose
+	// reads would wait for their own writes).
+	readers []*api.Client
+	fr      followerReads
 	// refusedReads counts linearizable reads refused (by a follower, or a
 	// leader that could not confirm it leads).
 	refusedReads atomic.Int64
@@ -275,15 +274,41 @@ func (b *robustBed) kill(i int) func() {
 	return func() { b.n[i].startAsync() }
 }
 
+// pause stops the node's agent (SIGSTOP), checked: its process is in
+// state T.
 func (b *robustBed) pause(i int) func() {
-	exec.Command("pkill", "-STOP", "-f", "mesh agent --data-dir "+b.n[i].n.dir).Run()
-	return func() { exec.Command("pkill", "-CONT", "-f", "mesh agent --data-dir "+b.n[i].n.dir).Run() }
+	pattern := "mesh agent --data-dir " + b.n[i].n.dir
+	exec.Command("pkill", "-STOP", "-f", pattern).Run()
+	out, _ := exec.Command("pgrep", "-f", pattern).Output()
+	for _, pid := range strings.Fields(string(out)) {
+		stat, _ := os.ReadFile("/proc/" + pid + "/stat")
+		if f := strings.Fields(string(stat[bytesIndex(stat, ')')+1:])); len(f) == 0 || f[0] != "T" {
+			b.t.Errorf("n%d's agent (pid %s) is not stopped after SIGSTOP: %q", i, pid, stat)
+		}
+	}
+	if len(out) == 0 {
+		b.t.Logf("n%d's agent was not running when it was to be paused", i)
+	}
+	return func() { exec.Command("pkill", "-CONT", "-f", pattern).Run() }
 }
 
+func bytesIndex(b []byte, c byte) int {
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// cut takes the node's link down at the bridge: nothing goes in or out.
 func (b *robustBed) cut(i int) func() {
 	link := b.n[i].h.netns + "-h"
-	exec.Command("ip", "link", "set", link, "down").Run()
-	return func() { exec.Command("ip", "link", "set", link, "up").Run() }
+	sh(b.t, "ip", "link", "set", link, "down")
+	if st, _ := os.ReadFile("/sys/class/net/" + link + "/operstate"); strings.TrimSpace(string(st)) != "down" {
+		b.t.Errorf("n%d's link %s is %q after ip link set down", i, link, st)
+	}
+	return func() { sh(b.t, "ip", "link", "set", link, "up") }
 }
 
 // degrade drops 30 % of the node's packets each way (iptables' statistic
@@ -298,7 +323,7 @@ func (b *robustBed) degrade(i int) func() {
 	}
 	return func() {
 		for _, chain := range []string{"INPUT", "OUTPUT"} {
-			exec.Command("ip", "netns", "exec", ns, "iptables", "-F", chain).Run()
+			sh(b.t, "ip", "netns", "exec", ns, "iptables", "-D", chain, "-m", "statistic", "--mode", "random", "--probability", "0.3", "-j", "DROP")
 		}
 		if b.netem {
 			exec.Command("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root").Run()
@@ -322,10 +347,15 @@ func (b *robustBed) fill() func() {
 func (b *robustBed) rollBack() func() {
 	a := b.n[b.oldCopy]
 	a.kill9()
-	b.mu.Lock()
-	b.rolledBack[b.oldCopy] = true
-	b.mu.Unlock()
-	os.RemoveAll(a.n.dir)
+	// Its reads start again from the copy's index: from the restart on
+	// they must not go back.
+	b.fr.mu.Lock()
+	b.fr.last[b.oldCopy] = 0
+	b.fr.rolledBack++
+	b.fr.mu.Unlock()
+	if err := os.RemoveAll(a.n.dir); err != nil {
+		b.t.Fatalf("remove n%d's data dir for the older copy: %v", b.oldCopy, err)
+	}
 	sh(b.t, "cp", "-a", a.n.dir+".old", a.n.dir)
 	return func() { a.startAsync() }
 }
@@ -356,7 +386,7 @@ func newRobustBed(t *testing.T, count int) *robustBed {
 	if os.Geteuid() != 0 {
 		t.Fatal("the robustness suite runs as root (network namespaces); run contrib/test.sh as root")
 	}
-	b := &robustBed{t: t, fullDisk: count, oldCopy: 2, rolledBack: map[int]bool{}, fr: followerReads{last: map[int]uint64{}}}
+	b := &robustBed{t: t, fullDisk: count, oldCopy: 2, fr: followerReads{last: map[int]uint64{}}}
 	cleanup := func() {
 		exec.Command("umount", "-l", fmt.Sprintf("%s/n%d/data", multiDir, b.fullDisk)).Run()
 		multiCleanup()
@@ -383,9 +413,10 @@ func newRobustBed(t *testing.T, count int) *robustBed {
 		n[i].run("join", n[1].addr(), "--token", token, "--name", n[i].name, "--address", n[i].addr(), "--data-dir", n[i].n.dir)
 		n[i].start()
 	}
-	b.clients = []*api.Client{nil}
+	b.clients, b.readers = []*api.Client{nil}, []*api.Client{nil}
 	for i := 1; i <= count; i++ {
 		b.clients = append(b.clients, api.NewClient(n[i].n.dir))
+		b.readers = append(b.readers, api.NewClient(n[i].n.dir))
 	}
 	eventually(t, 60*time.Second, "every node sees every node and a leader", func() (bool, string) {
 		for i := 1; i <= count; i++ {
@@ -487,6 +518,9 @@ func (b *robustBed) bits(nodes []string) uint32 {
 				v |= 1 << (j - 1)
 			}
 		}
+		if !slices.ContainsFunc(b.n[1:], func(a *agent) bool { return a.name == name }) {
+			v |= 1 << 31 // a node that is not the bed's: no model state has it
+		}
 	}
 	return v
 }
@@ -497,6 +531,9 @@ type followerReads struct {
 	last     map[int]uint64
 	backward []string
 	reads    int
+	errors   int
+	// rolledBack counts the restarts from an older copy.
+	rolledBack int
 }
 
 // followerRead reads node i's own replica (status, no leader involved) and
@@ -504,28 +541,19 @@ type followerReads struct {
 func (b *robustBed) followerRead(i int, h *robustHistory) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := b.clients[i].Status(ctx)
-	if err != nil {
-		return
-	}
+	st, err := b.readers[i].Status(ctx)
 	fr := &b.fr
 	fr.mu.Lock()
 	defer fr.mu.Unlock()
+	if err != nil {
+		fr.errors++
+		return
+	}
 	fr.reads++
-	b.mu.Lock()
-	rolled := b.rolledBack[i]
-	b.mu.Unlock()
-	if last := fr.last[i]; st.AppliedIndex < last && !rolled {
+	if last := fr.last[i]; st.AppliedIndex < last {
 		fr.backward = append(fr.backward, fmt.Sprintf("n%d's replica read index %d after %d", i, st.AppliedIndex, last))
 	}
-	if rolled && st.AppliedIndex >= fr.last[i] {
-		b.mu.Lock()
-		delete(b.rolledBack, i) // caught up past where it was
-		b.mu.Unlock()
-	}
-	if !rolled || st.AppliedIndex >= fr.last[i] {
-		fr.last[i] = max(fr.last[i], st.AppliedIndex)
-	}
+	fr.last[i] = max(fr.last[i], st.AppliedIndex)
 }
 
 // resolverWatch asks every node's resolver for every module's name and
@@ -560,12 +588,12 @@ func (b *robustBed) resolverWatch(h *robustHistory, stop <-chan struct{}, bad *[
 				if err != nil || r.Id != q.Id {
 					continue
 				}
-				*answers++
 				for _, rr := range r.Answer {
 					a, ok := rr.(*dns.A)
 					if !ok {
 						continue
 					}
+					*answers++
 					node, known := addr[a.A.String()]
 					h.mu.Lock()
 					ever := known && h.everAssigned[m][node]
@@ -675,7 +703,17 @@ func TestRobustnessBed(t *testing.T) {
 		}
 		// Let the cluster settle before the next fault: a leader, and
 		// every agent process up.
-		eventually(t, 2*time.Minute, "a leader after the fault", func() (bool, string) { return b.leader() != 0, "" })
+		eventually(t, 2*time.Minute, "every node up and following a leader after the fault", func() (bool, string) {
+			for i := 1; i <= count; i++ {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				st, err := b.readers[i].Status(ctx)
+				cancel()
+				if err != nil || st.Leader == "" {
+					return false, fmt.Sprintf("n%d: leader %q, %v", i, st.Leader, err)
+				}
+			}
+			return true, ""
+		})
 		time.Sleep(2 * time.Second)
 	}
 	close(stop)
@@ -735,6 +773,58 @@ func TestRobustnessBed(t *testing.T) {
 		return true, ""
 	})
 
+	// Every resolver answers each module's name with exactly the nodes the
+	// final read shows.
+	eventually(t, time.Minute, "every resolver answers what the final state holds", func() (bool, string) {
+		for i := 1; i <= count; i++ {
+			co := nsConn(t, b.n[i].h.netns)
+			defer co.Close()
+			for m := 0; m < robustModules; m++ {
+				want := map[string]bool{}
+				for j := 1; j <= count; j++ {
+					if final[m].Nodes&(1<<(j-1)) != 0 {
+						want[b.n[j].oaddr()] = true
+					}
+				}
+				q := new(dns.Msg)
+				q.SetQuestion(dns.Fqdn(fmt.Sprintf("rb%d.internal", m)), dns.TypeA)
+				co.SetDeadline(time.Now().Add(time.Second))
+				if co.WriteMsg(q) != nil {
+					return false, "write"
+				}
+				r, err := co.ReadMsg()
+				if err != nil {
+					return false, err.Error()
+				}
+				got := map[string]bool{}
+				for _, rr := range r.Answer {
+					if a, ok := rr.(*dns.A); ok {
+						got[a.A.String()] = true
+					}
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					return false, fmt.Sprintf("n%d answers rb%d with %v, the final state holds %v", i, m, got, want)
+				}
+			}
+		}
+		return true, ""
+	})
+
+	// A history that checks nothing passes every check: make sure it holds
+	// each kind of answer.
+	nonEmptyReads := 0
+	for _, op := range h.ops {
+		if in, out := op.Input.(robustInput), op.Output.(robustOutput); in.Op == "read" && out.Result == outOK && out.Nodes != 0 {
+			nonEmptyReads++
+		}
+	}
+	for what, n := range map[string]int{"acknowledged adds": h.counts["add ok"], "acknowledged assigns": h.counts["assign ok"], "acknowledged unassigns": h.counts["unassign ok"],
+		"linearizable reads of assigned modules": nonEmptyReads, "follower reads": fr0(b).reads, "resolver A records": answers, "restarts from an older copy": fr0(b).rolledBack} {
+		if n == 0 {
+			t.Errorf("the history holds no %s: the checks would pass on nothing", what)
+		}
+	}
+
 	res, info := porcupine.CheckOperationsVerbose(robustModel.ToModel(), h.ops, 5*time.Minute)
 	if res != porcupine.Ok {
 		dir := os.Getenv("MESH_ARTIFACTS")
@@ -746,7 +836,11 @@ func TestRobustnessBed(t *testing.T) {
 		if err := porcupine.VisualizePath(robustModel.ToModel(), info, p); err != nil {
 			t.Log(err)
 		}
-		t.Errorf("the history of %d operations is %s (not linearizable): porcupine's visualisation is %s", len(h.ops), res, p)
+		if res == porcupine.Unknown {
+			t.Errorf("porcupine could not decide on the history of %d operations within its 5 minutes: the visualisation of what it reached is %s", len(h.ops), p)
+		} else {
+			t.Errorf("the history of %d operations is not linearizable: porcupine's visualisation is %s", len(h.ops), p)
+		}
 	}
 	fr := &b.fr
 	if len(fr.backward) > 0 {
@@ -878,3 +972,35 @@ func TestRobustModel(t *testing.T) {
 		}
 	}
 }
+
+// review: cases TestRobustModel does not cover: unknown outcomes that are
+// seen then unseen, an assign acknowledged while its add's fate is
+// unknown, already-assigned no-ops, refusals before the add.
+func TestReviewRobustModel(t *testing.T) {
+	m := robustModel.ToModel()
+	op := func(c int, op string, mod, node int, call, ret int64, res string, nodes uint32) porcupine.Operation {
+		return porcupine.Operation{ClientId: c, Input: robustInput{Op: op, Module: mod, Node: node}, Call: call, Output: robustOutput{Result: res, Nodes: nodes}, Return: ret}
+	}
+	inf := int64(math.MaxInt64)
+	add := op(0, "add", 0, 0, 0, 1, outOK, 0)
+	for _, c := range []struct {
+		name string
+		h    []porcupine.Operation
+		ok   bool
+	}{
+		{"an already-assigned assign is an ok no-op", []porcupine.Operation{add, op(0, "assign", 0, 1, 2, 3, outOK, 0), op(0, "assign", 0, 1, 4, 5, outOK, 0), op(1, "read", 0, 0, 6, 7, outOK, 0b10)}, true},
+		{"an unknown assign seen, then unseen with no unassign", []porcupine.Operation{add, op(0, "assign", 0, 1, 2, inf, outUnknown, 0), op(1, "read", 0, 0, 4, 5, outOK, 0b10), op(1, "read", 0, 0, 6, 7, outOK, 0)}, false},
+		{"an unknown add, missing, then there", []porcupine.Operation{op(0, "add", 0, 0, 0, inf, outUnknown, 0), op(1, "read", 0, 0, 2, 3, outMissing, 0), op(1, "read", 0, 0, 4, 5, outOK, 0)}, true},
+		{"there, then missing", []porcupine.Operation{op(0, "add", 0, 0, 0, inf, outUnknown, 0), op(1, "read", 0, 0, 2, 3, outOK, 0), op(1, "read", 0, 0, 4, 5, outMissing, 0)}, false},
+		{"an acknowledged assign while the add is unknown, then missing", []porcupine.Operation{op(0, "add", 0, 0, 0, inf, outUnknown, 0), op(1, "assign", 0, 2, 2, 3, outOK, 0), op(1, "read", 0, 0, 4, 5, outMissing, 0)}, false},
+		{"an assign before the add is missing", []porcupine.Operation{op(0, "assign", 0, 1, 0, 1, outMissing, 0), op(0, "add", 0, 0, 2, 3, outOK, 0), op(1, "read", 0, 0, 4, 5, outOK, 0)}, true},
+		{"an unassign before the add is not-assigned", []porcupine.Operation{op(0, "unassign", 0, 1, 0, 1, outNotAssigned, 0), add}, true},
+		{"an acknowledged unassign undone with no assign", []porcupine.Operation{add, op(0, "assign", 0, 1, 2, 3, outOK, 0), op(1, "read", 0, 0, 4, 5, outOK, 0b10), op(0, "unassign", 0, 1, 6, 7, outOK, 0), op(1, "read", 0, 0, 8, 9, outOK, 0b10)}, false},
+	} {
+		if got := porcupine.CheckOperations(m, c.h); got != c.ok {
+			t.Errorf("%s: linearizable=%v, want %v", c.name, got, c.ok)
+		}
+	}
+}
+
+func fr0(b *robustBed) *followerReads { return &b.fr }
