@@ -522,57 +522,42 @@ func (n *Node) Leader() string {
 	return string(id)
 }
 
-// ReadIndex is the index a linearizable read must see (Raft's read-index):
-// the commit index, once this node has committed an entry of its own term
-// and confirmed with a quorum that it is still the leader. A node that is
-// not the leader, or that a quorum no longer follows (deposed while paused
-// or cut off), gets ErrNoLeader.
-func (n *Node) ReadIndex(ctx context.Context) (uint64, error) {
+// Linearize returns once this node, the leader, has committed a barrier
+// entry in its current term, and so has applied to its replica every write
+// committed before the call: a read of the replica then is linearizable.
+// The barrier is a log write, so each such read costs one; the cheaper
+// read-index (the commit index, then VerifyLeader) is not enough here: a
+// leader just elected knows the commit index only as it was when it
+// followed, which can be older than a write its predecessor acknowledged
+// (TestLinearizeOnNewLeader), and entries that are no command (a new
+// leader's no-op, a barrier, a configuration) never reach the replica's
+// applied index, so waiting for the commit index on it can hang. A node
+// that is not the leader, or that a quorum no longer follows (deposed
+// while paused or cut off), gets ErrNoLeader.
+func (n *Node) Linearize(ctx context.Context) error {
 	if n.raft.State() != raft.Leader {
-		return 0, fmt.Errorf("%w: %s is not the leader (the leader is %q); ask the leader", ErrNoLeader, n.cfg.ID, n.Leader())
+		return fmt.Errorf("%w: %s is not the leader (the leader is %q); ask the leader", ErrNoLeader, n.cfg.ID, n.Leader())
 	}
-	idx, err := readIndex(ctx, n.raft, &n.readyTerm)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %s could not confirm with a quorum that it still leads: %v", ErrNoLeader, n.cfg.ID, err)
+	if err := linearize(ctx, n.raft); err != nil {
+		return fmt.Errorf("%w: %s could not commit a barrier with a quorum: %v", ErrNoLeader, n.cfg.ID, err)
 	}
-	return idx, nil
+	return nil
 }
 
-// readIndex is ReadIndex on r. A leader just elected knows the commit
-// index only as it was when it followed, which may be older than a write
-// its predecessor acknowledged, until an entry of its own term commits
-// (Raft's section 6.4; hashicorp/raft does not wait for that before
-// VerifyLeader succeeds): so the first read of each term waits for a
-// barrier, and ready remembers the term that had one.
-func readIndex(ctx context.Context, r *raft.Raft, ready *atomic.Uint64) (uint64, error) {
-	wait := func(f raft.Future) error {
-		done := make(chan error, 1)
-		go func() { done <- f.Error() }()
-		select {
-		case err := <-done:
-			return err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+func linearize(ctx context.Context, r *raft.Raft) error {
+	limit := 5 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		limit = time.Until(d)
 	}
-	if term := r.CurrentTerm(); ready.Load() != term {
-		limit := 5 * time.Second
-		if d, ok := ctx.Deadline(); ok {
-			limit = time.Until(d)
-		}
-		if err := wait(r.Barrier(limit)); err != nil {
-			return 0, err
-		}
-		if r.CurrentTerm() != term {
-			return 0, errors.New("the term changed during the read")
-		}
-		ready.Store(term)
+	f := r.Barrier(limit)
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	idx := r.CommitIndex()
-	if err := wait(r.VerifyLeader()); err != nil {
-		return 0, err
-	}
-	return idx, nil
 }
 
 // Snapshot takes a snapshot now (tests and `mesh` maintenance).

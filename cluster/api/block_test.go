@@ -83,10 +83,10 @@ func TestStatusBlocksUntilTheIndexMoves(t *testing.T) {
 	}
 }
 
-// A read after a write answers only once the replica holds that write: the
-// client sends the index of its last write with every read, and a replica
-// that does not reach it in time says so rather than answer older.
-func TestReadsWaitForTheirWrite(t *testing.T) {
+// agentWithWrite starts a one-node mesh's agent and adds a module through
+// a client: the data dir, the agent, the client and the write.
+func agentWithWrite(t *testing.T) (string, *agent, *Client, WriteResult) {
+	t.Helper()
 	dir := initDir(t, cluster.LogStoreWAL)
 	a := startAgent(t, dir)
 	t.Cleanup(func() { a.Stop() })
@@ -98,6 +98,16 @@ func TestReadsWaitForTheirWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return dir, a, c, w
+}
+
+// A read after a write answers only once the replica holds that write: the
+// client sends the index of its last write with every read, and a replica
+// that does not reach it in time says so rather than answer older.
+func TestReadsWaitForTheirWrite(t *testing.T) {
+	dir, _, c, w := agentWithWrite(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	if got := c.written.Load(); got != w.Index {
 		t.Fatalf("the client remembers write %d, want %d", got, w.Index)
 	}
@@ -123,28 +133,20 @@ func TestReadsWaitForTheirWrite(t *testing.T) {
 // it, with everything it had committed; a node that is not the leader
 // (here: one that has lost its quorum's confirmation, stopped) refuses.
 func TestLinearizableRead(t *testing.T) {
-	dir := initDir(t, cluster.LogStoreWAL)
-	a := startAgent(t, dir)
-	t.Cleanup(func() { a.Stop() })
-	waitLeader(t, a)
-	c := NewClient(dir)
+	dir, a, _, w := agentWithWrite(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	w, err := c.AddModules(ctx, AddRequest{Modules: []state.ModuleText{{File: "db.yaml", Text: dbManifest}}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A fresh client carries no write of its own: the read-index alone
 	// makes it see the write.
 	st, err := NewClient(dir).Linearizable().Status(ctx)
 	if err != nil || st.AppliedIndex < w.Index {
 		t.Fatalf("a linearizable read: applied %d (write at %d), %v", st.AppliedIndex, w.Index, err)
 	}
-	if _, err := a.Node.ReadIndex(ctx); err != nil {
+	if err := a.Node.Linearize(ctx); err != nil {
 		t.Fatal(err)
 	}
 	a.Node.Shutdown()
-	if _, err := a.Node.ReadIndex(ctx); !errors.Is(err, cluster.ErrNoLeader) {
+	if err := a.Node.Linearize(ctx); !errors.Is(err, cluster.ErrNoLeader) {
 		t.Fatalf("a node that is not the leader any more: %v", err)
 	}
 }

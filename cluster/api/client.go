@@ -46,8 +46,8 @@ func (c *Client) DryRun() *Client {
 }
 
 // Linearizable is a client whose reads are linearizable: answered by the
-// leader only (another node answers an ErrNoLeader error), after it has
-// confirmed with a quorum that it still leads.
+// leader only (another node answers an ErrNoLeader error), once a barrier
+// it proposed has committed with a quorum.
 func (c *Client) Linearizable() *Client {
 	cp := *c
 	cp.linearizable = true
