@@ -80,6 +80,9 @@ func multiCleanup() {
 			exec.Command(um[0], um[1:]...).Run()
 		}
 		exec.Command("ip", "netns", "del", fmt.Sprintf("mbn%d", i)).Run()
+		// The robustness suite's tmpfs data dir, left mounted by a run
+		// that was killed: RemoveAll cannot take a mount point away.
+		exec.Command("umount", "-l", dir+"/data").Run()
 		os.RemoveAll(filepath.Dir(meshagent.EnvDir(dir + "/data")))
 		exec.Command("ip", "link", "del", fmt.Sprintf("mbn%d-h", i)).Run()
 	}
