@@ -75,11 +75,8 @@ type Config struct {
 
 // Node is one Raft member holding a replica in a state.Store.
 type Node struct {
-	cfg  Config
-	raft *raft.Raft
-	// readyTerm is the term in which this node, leading, committed a
-	// barrier: its commit index is then its own (readIndex).
-	readyTerm atomic.Uint64
+	cfg       Config
+	raft      *raft.Raft
 	store     *state.Store
 	transport *raft.NetworkTransport
 	mux       *mux

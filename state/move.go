@@ -280,15 +280,21 @@ func readMoves(ctx context.Context, q queryer, module string) ([]MoveInfo, error
 	return out, err
 }
 
+// moving says whether a move of module holds it now (phase copy or
+// start), with the phase and its nodes.
+func (ap *applier) moving(module string) (moving bool, phase, from, to string, err error) {
+	err = ap.tx.QueryRow(`SELECT phase, from_node, to_node FROM moves WHERE module = ?`, module).Scan(&phase, &from, &to)
+	if err == sql.ErrNoRows {
+		return false, "", "", "", nil
+	}
+	return err == nil && (phase == MoveCopy || phase == MoveStart), phase, from, to, err
+}
+
 // refuseMoving refuses what would change where module runs while a move
 // of it goes on.
 func (ap *applier) refuseMoving(module, what string) error {
-	var phase, from, to string
-	err := ap.tx.QueryRow(`SELECT phase, from_node, to_node FROM moves WHERE module = ?`, module).Scan(&phase, &from, &to)
-	if err == sql.ErrNoRows || err == nil && phase != MoveCopy && phase != MoveStart {
-		return nil
-	}
-	if err != nil {
+	moving, phase, from, to, err := ap.moving(module)
+	if err != nil || !moving {
 		return err
 	}
 	return ruleErr(ErrConflict, "module %s is being moved from %s to %s (%s): %s once the move ends, or end it with mesh move --abort %s", module, from, to, phase, what, module)

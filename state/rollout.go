@@ -348,9 +348,8 @@ func (ap *applier) startSecretRollout(ref SecretRef) error {
 	// During a move (a move waits for no rollout, and none starts during
 	// one): the module's FROM runs none of its containers, so there is no
 	// health to wait on; the value goes to TO and FROM at once.
-	if err := ap.refuseMoving(ref.Module, ""); err != nil {
-		var rule *RuleError
-		if !errors.As(err, &rule) {
+	if moving, _, _, _, err := ap.moving(ref.Module); err != nil || moving {
+		if err != nil {
 			return err
 		}
 		return atOnce()
