@@ -122,6 +122,7 @@ type CLI struct {
 	Restart    RestartCmd    `cmd:"" help:"Restart MODULE's containers (or MODULE.CONTAINER) on every node running it, or on --node: the same containers, stopped and started again, recorded so mesh why says who asked."`
 	Logs       LogsCmd       `cmd:"" help:"Print MODULE's lines (or MODULE.CONTAINER's, or a step's last run) from the nodes running it, merged in time order; -f follows."`
 	Exec       ExecCmd       `cmd:"" help:"Run a command in MODULE.CONTAINER on the node running it (-i for input, -t for a terminal); exits with its code."`
+	Web        WebCmd        `cmd:"" help:"Log in to this node's web page (mesh web token prints a one-time link) or end its sessions (mesh web logout --all)."`
 	Why        WhyCmd        `cmd:"" help:"Why RESOURCE on NODE last changed: the plan version, the command that made it, and what moved, down to the input whose digest changed."`
 
 	VersionFlag kong.VersionFlag `name:"version" help:"Print the version and exit."`

@@ -63,6 +63,9 @@ type Config struct {
 	// MetricsListen, when set, serves Prometheus metrics at
 	// http://MetricsListen/metrics.
 	MetricsListen string
+	// WebListen, when set, serves the fleet's web page at WebListen
+	// (plain HTTP on loopback, TLS with the node's certificate elsewhere).
+	WebListen string
 	// Version is this binary's version, shown in every node's status.
 	Version string
 	// Binary is this program's path: the reconciler's resolver probe runs it.
@@ -133,7 +136,7 @@ func New(cfg Config) (_ *Agent, err error) {
 	if err := ensureResolverAddress(cfg.DNSAddress); err != nil {
 		return nil, err
 	}
-	for _, start := range []func() error{a.startMember, a.startOverlay, a.startMetrics, a.startPodman, a.startResolver, a.startSealer, a.startOperate, a.startReconciler, a.startAPI, a.serveMetrics} {
+	for _, start := range []func() error{a.startMember, a.startOverlay, a.startMetrics, a.startPodman, a.startResolver, a.startSealer, a.startOperate, a.startReconciler, a.startAPI, a.serveWeb, a.serveMetrics} {
 		if err := start(); err != nil {
 			return nil, err
 		}

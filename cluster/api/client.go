@@ -314,3 +314,34 @@ func (c *Client) Restore(ctx context.Context, req RestoreRequest) (RestoreResult
 	var r RestoreResult
 	return r, c.do(ctx, "POST", "/v1/snapshot/restore", req, &r)
 }
+
+// WebTokenRequest asks the node's web page for a one-time login link
+// (TTL 0: the page's default).
+type WebTokenRequest struct {
+	TTL time.Duration `json:"ttl,omitempty"`
+}
+
+// WebTokenReply is a login link and when it stops working.
+type WebTokenReply struct {
+	URL     string    `json:"url"`
+	Expires time.Time `json:"expires"`
+}
+
+// WebLogoutReply says how many of the page's sessions a logout ended.
+type WebLogoutReply struct {
+	Sessions int `json:"sessions"`
+}
+
+// WebToken asks for a one-time link that logs a browser in to the node's
+// web page (mesh web token).
+func (c *Client) WebToken(ctx context.Context, ttl time.Duration) (WebTokenReply, error) {
+	var r WebTokenReply
+	return r, c.do(ctx, "POST", "/v1/web/token", WebTokenRequest{TTL: ttl}, &r)
+}
+
+// WebLogout ends every session of the node's web page and every link not
+// used yet (mesh web logout --all).
+func (c *Client) WebLogout(ctx context.Context) (WebLogoutReply, error) {
+	var r WebLogoutReply
+	return r, c.do(ctx, "POST", "/v1/web/logout", struct{}{}, &r)
+}

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -116,6 +117,22 @@ type API struct {
 	behindSince time.Time
 	now         func() time.Time
 	srv         *http.Server
+	// web is the web page's end of the local API (mesh web token, mesh
+	// web logout), nil while the agent serves no page.
+	web atomic.Pointer[http.Handler]
+}
+
+// SetWeb serves the web page's local end (POST /v1/web/...): the agent
+// sets it when it serves the page (--web-listen).
+func (a *API) SetWeb(h http.Handler) { a.web.Store(&h) }
+
+func (a *API) serveWeb(w http.ResponseWriter, r *http.Request) {
+	h := a.web.Load()
+	if h == nil {
+		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: "this node serves no web page: start its agent with --web-listen ADDR (e.g. 127.0.0.1:8430)"})
+		return
+	}
+	(*h).ServeHTTP(w, r)
 }
 
 // Config is what the local API serves from. Everything it reports exists
@@ -172,6 +189,7 @@ func New(cfg Config) *API {
 	mux.HandleFunc("POST /v1/moves/{module}/step", a.moveStep)
 	mux.HandleFunc("PUT /v1/backup/repo", a.setBackupRepo)
 	mux.HandleFunc("GET /v1/backup/repo", a.backupRepo)
+	mux.Handle("POST /v1/web/", http.HandlerFunc(a.serveWeb))
 	if cfg.Operate != nil {
 		mux.Handle("GET /v1/logs", cfg.Operate)
 		mux.Handle("GET /v1/exec", cfg.Operate)

@@ -1,0 +1,268 @@
+package web
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Lifetimes and bounds of the page's access (DESIGN.md, "The web page").
+const (
+	// TokenLife is how long a login link works when none is asked for.
+	TokenLife = 10 * time.Minute
+	// MaxTokenLife bounds what `mesh web token --ttl` may ask for.
+	MaxTokenLife = 24 * time.Hour
+	// SessionIdle ends a session nobody used for that long; SessionLife
+	// ends any session.
+	SessionIdle = 12 * time.Hour
+	SessionLife = 7 * 24 * time.Hour
+	// maxTokens and maxSessions bound what a flood of `mesh web token` or of
+	// logins can make the agent hold; the oldest goes first.
+	maxTokens   = 64
+	maxSessions = 256
+	// Failed logins: loginBurst in a row from one address, then one per
+	// loginEvery; failedBurst from all addresses together, then one per
+	// failedEvery (a spread-out guesser is bounded too).
+	loginBurst  = 5
+	loginEvery  = 12 * time.Second
+	failedBurst = 30
+	failedEvery = 2 * time.Second
+	// CookieName is the session cookie.
+	CookieName = "mesh_session"
+)
+
+// secret is a random value as it travels (base64url) and, kept, its digest:
+// the agent never holds a live token or session id in the clear, so a dump
+// of its memory's maps does not log anybody in.
+func newSecret() (string, [32]byte) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	s := base64.RawURLEncoding.EncodeToString(b)
+	return s, sha256.Sum256([]byte(s))
+}
+
+func digest(s string) [32]byte { return sha256.Sum256([]byte(s)) }
+
+type session struct {
+	csrf    string
+	created time.Time
+	used    time.Time
+}
+
+// access holds the login links not used yet, the sessions, and the failed
+// logins' limiter. Everything is in memory: an agent that restarts has no
+// session left (log in again with a new link).
+type access struct {
+	mu       sync.Mutex
+	now      func() time.Time
+	tokens   map[[32]byte]time.Time // digest -> expiry
+	sessions map[[32]byte]*session
+	perAddr  map[netip.Addr]*bucket
+	all      bucket
+}
+
+func newAccess(now func() time.Time) *access {
+	return &access{now: now, tokens: map[[32]byte]time.Time{}, sessions: map[[32]byte]*session{}, perAddr: map[netip.Addr]*bucket{}}
+}
+
+// mint makes a one-time login token that works for life.
+func (a *access) mint(life time.Duration) (string, time.Time) {
+	tok, d := newSecret()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now()
+	a.expire(now)
+	for len(a.tokens) >= maxTokens {
+		a.dropOldestToken()
+	}
+	exp := now.Add(life)
+	a.tokens[d] = exp
+	return tok, exp
+}
+
+func (a *access) dropOldestToken() {
+	var oldest [32]byte
+	var at time.Time
+	for d, exp := range a.tokens {
+		if at.IsZero() || exp.Before(at) {
+			oldest, at = d, exp
+		}
+	}
+	delete(a.tokens, oldest)
+}
+
+// exchange spends a login token for a new session: its id and CSRF token.
+// ok is false for a token that is unknown, spent or expired, and limited
+// is true when from has failed too often to be heard (the token is then
+// not looked at, so a guesser learns nothing, and a good token is kept).
+func (a *access) exchange(tok string, from netip.Addr) (id, csrf string, ok, limited bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now()
+	b := a.perAddr[from]
+	if b == nil {
+		b = &bucket{}
+	}
+	if !b.allows(now, loginBurst, loginEvery) || !a.all.allows(now, failedBurst, failedEvery) {
+		return "", "", false, true
+	}
+	d := digest(tok)
+	exp, found := a.tokens[d]
+	if !found || !now.Before(exp) {
+		b.fail(now, loginBurst, loginEvery)
+		a.all.fail(now, failedBurst, failedEvery)
+		if len(a.perAddr) < 4096 {
+			a.perAddr[from] = b
+		}
+		return "", "", false, false
+	}
+	delete(a.tokens, d)
+	a.expire(now)
+	for len(a.sessions) >= maxSessions {
+		a.dropOldestSession()
+	}
+	id, sd := newSecret()
+	csrf, _ = newSecret()
+	a.sessions[sd] = &session{csrf: csrf, created: now, used: now}
+	return id, csrf, true, false
+}
+
+func (a *access) dropOldestSession() {
+	var oldest [32]byte
+	var at time.Time
+	for d, s := range a.sessions {
+		if at.IsZero() || s.used.Before(at) {
+			oldest, at = d, s.used
+		}
+	}
+	delete(a.sessions, oldest)
+}
+
+// session finds a live session by its id and marks it used; nil when there
+// is none (unknown, idle too long, too old, or logged out).
+func (a *access) session(id string) *session {
+	if id == "" {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now()
+	d := digest(id)
+	s := a.sessions[d]
+	if s == nil {
+		return nil
+	}
+	if now.Sub(s.used) > SessionIdle || now.Sub(s.created) > SessionLife {
+		delete(a.sessions, d)
+		return nil
+	}
+	s.used = now
+	cp := *s
+	return &cp
+}
+
+// logout ends one session; logoutAll every session and every login link
+// not used yet, and says how many sessions it ended.
+func (a *access) logout(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.sessions, digest(id))
+}
+
+func (a *access) logoutAll() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := len(a.sessions)
+	a.sessions = map[[32]byte]*session{}
+	a.tokens = map[[32]byte]time.Time{}
+	return n
+}
+
+func (a *access) expire(now time.Time) {
+	for d, exp := range a.tokens {
+		if !now.Before(exp) {
+			delete(a.tokens, d)
+		}
+	}
+	for d, s := range a.sessions {
+		if now.Sub(s.used) > SessionIdle || now.Sub(s.created) > SessionLife {
+			delete(a.sessions, d)
+		}
+	}
+	for addr, b := range a.perAddr {
+		if b.full(now, loginBurst, loginEvery) {
+			delete(a.perAddr, addr)
+		}
+	}
+}
+
+// bucket counts failures: each takes a token, tokens come back one per
+// every, up to burst; with none left, nothing is heard.
+type bucket struct {
+	used int
+	at   time.Time
+}
+
+func (b *bucket) refill(now time.Time, burst int, every time.Duration) {
+	if b.at.IsZero() {
+		b.at = now
+		return
+	}
+	back := int(now.Sub(b.at) / every)
+	if back > 0 {
+		b.used = max(0, b.used-back)
+		b.at = b.at.Add(time.Duration(back) * every)
+	}
+	if b.used == 0 {
+		b.at = now
+	}
+}
+
+func (b *bucket) allows(now time.Time, burst int, every time.Duration) bool {
+	b.refill(now, burst, every)
+	return b.used < burst
+}
+
+func (b *bucket) fail(now time.Time, burst int, every time.Duration) {
+	b.refill(now, burst, every)
+	b.used++
+}
+
+func (b *bucket) full(now time.Time, burst int, every time.Duration) bool {
+	b.refill(now, burst, every)
+	return b.used == 0
+}
+
+// sameOrigin says whether a request that changes something comes from the
+// page itself: a browser names the site that sent it (Sec-Fetch-Site,
+// which every current browser sends), or else its origin (Origin); a
+// request from another site is refused even with a good CSRF token. A
+// request that names neither (not a browser's) passes on the CSRF token
+// alone.
+func sameOrigin(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "same-origin", "none":
+		return true
+	case "":
+	default:
+		return false
+	}
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return true
+	}
+	host := strings.TrimPrefix(strings.TrimPrefix(o, "https://"), "http://")
+	return host == r.Host
+}
+
+func equalSecret(a, b string) bool {
+	return len(a) == len(b) && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}

@@ -1,0 +1,657 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"html/template"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"mesh/cluster/api"
+	"mesh/state"
+)
+
+// partHeader asks for the page's main part alone: the page's script sends
+// it when an event says the state changed, and swaps the part in.
+const partHeader = "X-Mesh-Part"
+
+var funcs = template.FuncMap{
+	"ago": func(t any) string {
+		var at time.Time
+		switch v := t.(type) {
+		case time.Time:
+			at = v
+		case *time.Time:
+			if v == nil {
+				return "never"
+			}
+			at = *v
+		}
+		if at.IsZero() {
+			return "never"
+		}
+		d := time.Since(at).Round(time.Second)
+		if d < 0 {
+			return "in " + (-d).String()
+		}
+		return d.String() + " ago"
+	},
+	"when": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z")
+	},
+	"short": func(s string) string {
+		if len(s) > 12 {
+			return s[:12]
+		}
+		return s
+	},
+	"join": strings.Join,
+}
+
+func (s *Server) parse() error {
+	base, err := template.New("base.html").Funcs(funcs).ParseFS(assets, "templates/base.html")
+	if err != nil {
+		return err
+	}
+	s.pages = map[string]*template.Template{}
+	for _, p := range []string{"login", "fleet", "node", "module", "roster", "preview"} {
+		t, err := template.Must(base.Clone()).ParseFS(assets, "templates/"+p+".html")
+		if err != nil {
+			return fmt.Errorf("page %s: %w", p, err)
+		}
+		s.pages[p] = t
+	}
+	return nil
+}
+
+// page is what every page's template gets.
+type page struct {
+	Title string
+	CSRF  string
+	// Live: the page's main part follows the state's events.
+	Live bool
+	Data any
+}
+
+// render writes a page whole, or only its main part when the page's
+// script asks for it. The page is rendered into a buffer first: a template
+// that fails shows an error, not half a page.
+func (s *Server) render(w http.ResponseWriter, r *http.Request, code int, name string, sess *session, data any) {
+	p := page{Title: name, Data: data, Live: sess != nil && name != "preview"}
+	if sess != nil {
+		p.CSRF = sess.csrf
+	}
+	if t, ok := data.(interface{ title() string }); ok {
+		p.Title = t.title()
+	}
+	tpl := "base.html"
+	if r.Header.Get(partHeader) != "" && sess != nil {
+		tpl = "main"
+	}
+	var b bytes.Buffer
+	if err := s.pages[name].ExecuteTemplate(&b, tpl, p); err != nil {
+		s.log.Error("web page did not render", "page", name, "err", err)
+		http.Error(w, "the page did not render: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
+	w.Write(b.Bytes())
+}
+
+// Problem is one failing thing of the fleet, shown first.
+type Problem struct {
+	Module, Node, What, Reason string
+}
+
+type fleetView struct {
+	Status   api.Status
+	Error    string
+	Problems []Problem
+	Modules  []moduleRow
+	Healthy  int
+}
+
+func (fleetView) title() string { return "fleet" }
+
+type moduleRow struct {
+	Name      string
+	Instances []instance
+	Failing   bool
+}
+
+type instance struct {
+	Node   string
+	Health string // healthy, unhealthy, starting, failing, applied, pending
+	Reason string
+}
+
+// fleet is the fleet page: problems first, then the nodes, then every
+// module with where it runs and how it is.
+func (s *Server) fleet(w http.ResponseWriter, r *http.Request, sess *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	v := fleetView{}
+	st, err := s.cfg.Client.Status(ctx)
+	if err != nil {
+		v.Error = apiError(err)
+		s.render(w, r, http.StatusOK, "fleet", sess, v)
+		return
+	}
+	v.Status = st
+	mods, err := s.cfg.Client.Modules(ctx)
+	if err != nil {
+		v.Error = apiError(err)
+	}
+	v.Problems = problems(st)
+	failing := map[string]bool{}
+	for _, p := range v.Problems {
+		failing[p.Module] = true
+	}
+	for _, m := range mods {
+		row := moduleRow{Name: m.Name, Failing: failing[m.Name]}
+		for _, n := range m.Nodes {
+			row.Instances = append(row.Instances, instanceOf(st, m.Name, n))
+		}
+		if !row.Failing {
+			v.Healthy++
+		}
+		v.Modules = append(v.Modules, row)
+	}
+	// Failing modules first, then by name.
+	sort.SliceStable(v.Modules, func(i, j int) bool {
+		if v.Modules[i].Failing != v.Modules[j].Failing {
+			return v.Modules[i].Failing
+		}
+		return v.Modules[i].Name < v.Modules[j].Name
+	})
+	s.render(w, r, http.StatusOK, "fleet", sess, v)
+}
+
+// problems lists what fails: each node's compose and apply errors, each
+// module's failures, unhealthy containers and exits, and stopped rollouts.
+func problems(st api.Status) []Problem {
+	var out []Problem
+	for _, n := range st.Nodes {
+		if n.ComposeError != "" {
+			out = append(out, Problem{Node: n.Name, What: "plan does not compose", Reason: n.ComposeError})
+		}
+		if !n.Reachable {
+			out = append(out, Problem{Node: n.Name, What: "unreachable", Reason: "not heard from since " + funcs["ago"].(func(any) string)(n.LastSeen)})
+		}
+		rep := n.Report
+		if rep == nil {
+			continue
+		}
+		for _, f := range rep.Failures {
+			what := f.Resource
+			if f.HealthGate {
+				what = "waits for " + f.Provider + " to be healthy"
+			} else if f.Secret != "" {
+				what = "waits for secret " + f.Secret
+			}
+			out = append(out, Problem{Module: f.Module, Node: n.Name, What: what, Reason: f.Reason})
+		}
+		if len(rep.Failures) == 0 && rep.Error != "" {
+			out = append(out, Problem{Node: n.Name, What: "apply failed", Reason: rep.Error})
+		}
+		for _, h := range rep.Health {
+			if h.Status == "unhealthy" {
+				out = append(out, Problem{Module: h.Module, Node: n.Name, What: "container " + h.Container + " unhealthy", Reason: h.Output})
+			}
+		}
+		for _, e := range rep.Exits {
+			out = append(out, Problem{Module: e.Module, Node: n.Name, What: fmt.Sprintf("container %s exited %d (restarts %d)", e.Container, e.ExitCode, e.Restarts), Reason: lastLine(e.Logs)})
+		}
+	}
+	for _, ro := range st.Rollouts {
+		if ro.State == "stopped" {
+			out = append(out, Problem{Module: ro.Module, What: "rollout stopped", Reason: ro.Reason})
+		}
+	}
+	return out
+}
+
+func lastLine(s string) string {
+	s = strings.TrimRight(s, "\n")
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+// instanceOf says how module runs on node, from the node's last report.
+func instanceOf(st api.Status, module, node string) instance {
+	in := instance{Node: node, Health: "pending", Reason: "not applied yet"}
+	for _, n := range st.Nodes {
+		if n.Name != node || n.Report == nil {
+			continue
+		}
+		rep := n.Report
+		in.Health, in.Reason = "applied", ""
+		if n.AppliedVersion < n.PlanVersion {
+			in.Health, in.Reason = "pending", fmt.Sprintf("applied v%d of v%d", n.AppliedVersion, n.PlanVersion)
+		}
+		for _, h := range rep.Health {
+			if h.Module != module {
+				continue
+			}
+			switch {
+			case h.Status == "unhealthy":
+				in.Health, in.Reason = "unhealthy", h.Container+": "+h.Output
+			case h.Status == "starting" && in.Health != "unhealthy":
+				in.Health, in.Reason = "starting", h.Container
+			case h.Status == "healthy" && in.Health == "applied":
+				in.Health = "healthy"
+			}
+		}
+		for _, f := range rep.Failures {
+			if f.Module == module {
+				in.Health, in.Reason = "failing", f.Resource+": "+f.Reason
+			}
+		}
+		for _, e := range rep.Exits {
+			if e.Module == module {
+				in.Health, in.Reason = "failing", fmt.Sprintf("%s exited %d", e.Container, e.ExitCode)
+			}
+		}
+	}
+	return in
+}
+
+type nodeView struct {
+	Name     string
+	Error    string
+	Node     *api.NodeStatus
+	Plan     *state.PlanVersion
+	Versions []state.PlanVersion
+	Kept     []state.ResourceReport
+	From, To uint64
+	Diff     []state.Change
+	DiffErr  string
+	Modules  []string
+}
+
+func (v nodeView) title() string { return "node " + v.Name }
+
+// node is a node's page: its plan, its history with the command that made
+// each version, a diff between two versions, and what its host keeps.
+func (s *Server) node(w http.ResponseWriter, r *http.Request, sess *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	v := nodeView{Name: r.PathValue("name")}
+	st, err := s.cfg.Client.Status(ctx)
+	if err != nil {
+		v.Error = apiError(err)
+		s.render(w, r, http.StatusOK, "node", sess, v)
+		return
+	}
+	for i := range st.Nodes {
+		if st.Nodes[i].Name == v.Name {
+			v.Node = &st.Nodes[i]
+		}
+	}
+	if v.Node == nil {
+		v.Error = "no node " + v.Name + " in the mesh"
+		s.render(w, r, http.StatusNotFound, "node", sess, v)
+		return
+	}
+	if rep := v.Node.Report; rep != nil {
+		for _, res := range rep.Resources {
+			if res.Outcome == state.Kept {
+				v.Kept = append(v.Kept, res)
+			}
+		}
+	}
+	p, err := s.cfg.Client.Plans(ctx, v.Name, 0)
+	if err != nil {
+		v.Error = apiError(err)
+		s.render(w, r, http.StatusOK, "node", sess, v)
+		return
+	}
+	v.Versions = p.Versions
+	if len(p.Versions) > 0 {
+		v.Plan = &p.Versions[0]
+		seen := map[string]bool{}
+		if v.Plan.Plan != nil {
+			for _, res := range v.Plan.Plan.Resources {
+				if !seen[res.Module] {
+					seen[res.Module] = true
+					v.Modules = append(v.Modules, res.Module)
+				}
+			}
+		}
+	}
+	v.From, _ = strconv.ParseUint(r.URL.Query().Get("from"), 10, 64)
+	v.To, _ = strconv.ParseUint(r.URL.Query().Get("to"), 10, 64)
+	if v.From != 0 || v.To != 0 {
+		old, nw := findVersion(p.Versions, v.From), findVersion(p.Versions, v.To)
+		switch {
+		case old == nil:
+			v.DiffErr = fmt.Sprintf("no plan v%d of %s is kept", v.From, v.Name)
+		case nw == nil:
+			v.DiffErr = fmt.Sprintf("no plan v%d of %s is kept", v.To, v.Name)
+		default:
+			v.Diff = state.Diff(old.Plan, nw.Plan)
+		}
+	}
+	s.render(w, r, http.StatusOK, "node", sess, v)
+}
+
+func findVersion(vs []state.PlanVersion, n uint64) *state.PlanVersion {
+	for i := range vs {
+		if vs[i].Version == n {
+			return &vs[i]
+		}
+	}
+	return nil
+}
+
+type moduleView struct {
+	Name      string
+	Error     string
+	Info      state.ModuleInfo
+	Instances []instance
+	Routes    []state.Route
+	Names     []state.Name
+	Changes   []*change
+	Rollouts  []api.RolloutStatus
+	Logs      []api.Record
+	LogsError string
+}
+
+func (v moduleView) title() string { return "module " + v.Name }
+
+// change is one of a module's last changes on one node, with why's chain.
+type change struct {
+	*state.Explanation
+	// Moved is the index in Chain of the input whose digest moved: the
+	// step the "replaced" line links to (-1: none).
+	Moved int
+}
+
+// Anchor is the change's id in the page.
+func (c *change) Anchor() string { return fmt.Sprintf("c-%s-%d", c.Node, c.Version) }
+
+// maxChanges bounds the changes a module's page lists.
+const maxChanges = 12
+
+// module is a module's page: manifest, instances and health, routes and
+// names, last changes with why's chain, last log lines.
+func (s *Server) module(w http.ResponseWriter, r *http.Request, sess *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	v := moduleView{Name: r.PathValue("name")}
+	mi, err := s.cfg.Client.Module(ctx, v.Name)
+	if err != nil {
+		v.Error = apiError(err)
+		s.render(w, r, http.StatusNotFound, "module", sess, v)
+		return
+	}
+	v.Info = mi
+	st, err := s.cfg.Client.Status(ctx)
+	if err != nil {
+		v.Error = apiError(err)
+		s.render(w, r, http.StatusOK, "module", sess, v)
+		return
+	}
+	for _, ro := range st.Rollouts {
+		if ro.Module == v.Name {
+			v.Rollouts = append(v.Rollouts, ro)
+		}
+	}
+	roster, _ := s.cfg.Client.Roster(ctx)
+	for _, n := range mi.Nodes {
+		v.Instances = append(v.Instances, instanceOf(st, v.Name, n))
+		p, err := s.cfg.Client.Plans(ctx, n, 0)
+		if err != nil || len(p.Versions) == 0 || p.Versions[0].Plan == nil {
+			continue
+		}
+		plan := p.Versions[0].Plan
+		for _, rt := range plan.Routes {
+			if rt.Module == v.Name {
+				v.Routes = append(v.Routes, rt)
+			}
+		}
+		seen := map[string]bool{}
+		for _, res := range plan.Resources {
+			if res.Module != v.Name || seen[res.Name] {
+				continue
+			}
+			seen[res.Name] = true
+			e, err := state.Explain(n, p.Versions, res.Name)
+			if err != nil {
+				continue
+			}
+			v.Changes = append(v.Changes, newChange(e))
+		}
+	}
+	v.Names = moduleNames(roster, v.Name, mi.Nodes)
+	// Newest first; one line per node and version, the one with the
+	// longest chain (a replaced container says why, down to the input).
+	sort.SliceStable(v.Changes, func(i, j int) bool {
+		a, b := v.Changes[i], v.Changes[j]
+		if a.Version != b.Version {
+			return a.Version > b.Version
+		}
+		if a.Node != b.Node {
+			return a.Node < b.Node
+		}
+		return len(a.Chain) > len(b.Chain)
+	})
+	v.Changes = slices.CompactFunc(v.Changes, func(a, b *change) bool { return a.Node == b.Node && a.Version == b.Version })
+	if len(v.Changes) > maxChanges {
+		v.Changes = v.Changes[:maxChanges]
+	}
+	v.Logs, v.LogsError = s.lastLines(ctx, v.Name, len(mi.Nodes) > 0)
+	s.render(w, r, http.StatusOK, "module", sess, v)
+}
+
+func newChange(e *state.Explanation) *change {
+	c := &change{Explanation: e, Moved: -1}
+	deepest := 0
+	for i, st := range e.Chain {
+		if (st.Before != "" || st.After != "") && st.Depth >= deepest {
+			c.Moved, deepest = i, st.Depth
+		}
+	}
+	return c
+}
+
+// moduleNames is the roster's names the module's nodes answer that are
+// the module's: NAME or NAME.anything of the module (the manifest's names
+// are module-scoped).
+func moduleNames(roster []state.Name, module string, nodes []string) []state.Name {
+	var out []state.Name
+	for _, n := range roster {
+		if !slices.Contains(nodes, n.Node) {
+			continue
+		}
+		if n.Name == module || strings.HasPrefix(n.Name, module+".") || strings.HasSuffix(n.Name, "."+module) || strings.Contains(n.Name, "."+module+".") {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// logLines and logWait bound the log panel: the last lines of each
+// container, read for at most logWait (a node that does not answer
+// leaves the panel with what came).
+const (
+	logLines = 20
+	logWait  = 3 * time.Second
+)
+
+func (s *Server) lastLines(ctx context.Context, module string, assigned bool) ([]api.Record, string) {
+	if !assigned {
+		return nil, ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, logWait)
+	defer cancel()
+	var out []api.Record
+	var errs []string
+	err := s.cfg.Client.Logs(ctx, module, "", api.LogQuery{Tail: logLines}, func(r api.Record) error {
+		switch {
+		case r.Sources != nil, r.Note != "":
+		case r.Error != "":
+			errs = append(errs, r.Container+" on "+r.Node+": "+r.Error)
+		default:
+			out = append(out, r)
+		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		errs = append(errs, err.Error())
+	}
+	if len(out) > 4*logLines {
+		out = out[len(out)-4*logLines:]
+	}
+	return out, strings.Join(errs, "; ")
+}
+
+type rosterView struct {
+	Query   string
+	Error   string
+	Names   []state.Name
+	History []state.RosterEvent
+	More    int
+}
+
+func (rosterView) title() string { return "roster" }
+
+// maxEvents bounds the roster history one page shows.
+const maxEvents = 300
+
+// roster is the roster and its history, newest first, filtered by q.
+func (s *Server) roster(w http.ResponseWriter, r *http.Request, sess *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	v := rosterView{Query: strings.TrimSpace(r.URL.Query().Get("q"))}
+	match := func(fields ...string) bool {
+		if v.Query == "" {
+			return true
+		}
+		for _, f := range fields {
+			if strings.Contains(strings.ToLower(f), strings.ToLower(v.Query)) {
+				return true
+			}
+		}
+		return false
+	}
+	names, err := s.cfg.Client.Roster(ctx)
+	if err != nil {
+		v.Error = apiError(err)
+	}
+	for _, n := range names {
+		if match(n.Name, n.Address, n.Node) {
+			v.Names = append(v.Names, n)
+		}
+	}
+	hist, err := s.cfg.Client.RosterHistory(ctx, "")
+	if err != nil && v.Error == "" {
+		v.Error = apiError(err)
+	}
+	for i := len(hist) - 1; i >= 0; i-- {
+		e := hist[i]
+		if !match(e.Name, e.Address, e.Node, e.Cause) {
+			continue
+		}
+		if len(v.History) == maxEvents {
+			v.More++
+			continue
+		}
+		v.History = append(v.History, e)
+	}
+	s.render(w, r, http.StatusOK, "roster", sess, v)
+}
+
+// Ops the dry run page offers.
+var previewOps = []string{"assign", "unassign", "public-domain"}
+
+type previewView struct {
+	Op, Node, Module, Domain string
+	Ops                      []string
+	Nodes                    []string
+	Modules                  []string
+	Preview                  *state.Preview
+	Error                    string
+	Done                     uint64
+}
+
+func (previewView) title() string { return "dry run" }
+
+func (v previewView) Asked() bool { return v.Op != "" }
+
+// preview shows what an assign, an unassign or a public-domain change
+// would do on each node, with reasons, and a button that does it.
+func (s *Server) preview(w http.ResponseWriter, r *http.Request, sess *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	q := r.URL.Query()
+	v := previewView{Op: q.Get("op"), Node: q.Get("node"), Module: q.Get("module"), Domain: q.Get("domain"), Ops: previewOps}
+	v.Done, _ = strconv.ParseUint(q.Get("done"), 10, 64)
+	nodes, err := s.cfg.Client.Nodes(ctx)
+	if err != nil {
+		v.Error = apiError(err)
+	}
+	for _, n := range nodes {
+		v.Nodes = append(v.Nodes, n.Name)
+	}
+	mods, err := s.cfg.Client.Modules(ctx)
+	if err != nil && v.Error == "" {
+		v.Error = apiError(err)
+	}
+	for _, m := range mods {
+		v.Modules = append(v.Modules, m.Name)
+	}
+	if v.Op != "" && v.Done == 0 && v.Error == "" {
+		res, err := s.write(ctx, s.cfg.Client.DryRun(), v.Op, v.Node, v.Module, v.Domain)
+		if err != nil {
+			v.Error = apiError(err)
+		} else {
+			v.Preview = res.Preview
+		}
+	}
+	s.render(w, r, http.StatusOK, "preview", sess, v)
+}
+
+// do makes the change the dry run showed (behind CSRF).
+func (s *Server) do(w http.ResponseWriter, r *http.Request, sess *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	op, node, module, domain := r.PostFormValue("op"), r.PostFormValue("node"), r.PostFormValue("module"), r.PostFormValue("domain")
+	res, err := s.write(ctx, s.cfg.Client, op, node, module, domain)
+	if err != nil {
+		s.render(w, r, http.StatusConflict, "preview", sess, previewView{Op: op, Node: node, Module: module, Domain: domain, Ops: previewOps, Error: apiError(err)})
+		return
+	}
+	s.log.Info("web change", "op", op, "node", node, "module", module, "domain", domain, "index", res.Index)
+	q := make([]string, 0, 5)
+	for k, val := range map[string]string{"op": op, "node": node, "module": module, "domain": domain} {
+		if val != "" {
+			q = append(q, k+"="+template.URLQueryEscaper(val))
+		}
+	}
+	sort.Strings(q)
+	http.Redirect(w, r, "/preview?"+strings.Join(q, "&")+"&done="+strconv.FormatUint(res.Index, 10), http.StatusSeeOther)
+}
+
+func (s *Server) write(ctx context.Context, c *api.Client, op, node, module, domain string) (api.WriteResult, error) {
+	switch op {
+	case "assign":
+		return c.Assign(ctx, state.OpAssign, node, module)
+	case "unassign":
+		return c.Unassign(ctx, node, module, nil)
+	case "public-domain":
+		return c.PublicDomain(ctx, node, api.DomainRequest{Domain: domain})
+	}
+	return api.WriteResult{}, fmt.Errorf("unknown change %q: one of %s", op, strings.Join(previewOps, ", "))
+}
