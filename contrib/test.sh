@@ -14,7 +14,7 @@ need_root
 # curl and openssl to ask the route proxy in the examples bed; musl-gcc to
 # build a musl program that resolves a short name in a container; systemd for
 # systemd-analyze, which checks the units in contrib/.
-apt_install podman runc uidmap slirp4netns iproute2 iptables busybox-static procps gcc libc6-dev musl-tools postgresql openssl curl systemd tcpdump iputils-ping pebble restic
+apt_install podman runc uidmap slirp4netns iproute2 iptables busybox-static procps gcc libc6-dev musl-tools postgresql openssl curl systemd tcpdump iputils-ping pebble restic chromium
 # The rootless bed's user, with subordinate ids (useradd adds them on Debian 12).
 id meshbed >/dev/null 2>&1 || useradd -m -s /bin/bash meshbed
 grep -q '^meshbed:' /etc/subuid || usermod --add-subuids 200000-265535 --add-subgids 200000-265535 meshbed

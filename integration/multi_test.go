@@ -177,8 +177,11 @@ func multiBed(t testing.TB) []*agent {
 
 // startThree makes the bed's three nodes: n1 inits, n2 joins through n1, n3
 // through n2 (which hands the request to the leader). n[0] is unused.
-func startThree(t testing.TB) ([]*agent, string) {
+func startThree(t testing.TB, before ...func([]*agent)) ([]*agent, string) {
 	n := multiBed(t)
+	for _, f := range before {
+		f(n)
+	}
 	n[1].run("init", "--name", "n1", "--address", n[1].addr(), "--data-dir", n[1].n.dir)
 	n[1].start()
 	token := strings.TrimSpace(n[1].mesh("token"))
