@@ -36,7 +36,7 @@ go build -o "$tmp/mesh" . && "$tmp/mesh" check examples/*.yaml
 say "go test -race (unit tests; the race detector needs cgo)"
 # The packages that do not import the Podman bindings (those need cgo headers
 # this host lacks when cgo is on); integration runs below without -race.
-CGO_ENABLED=1 go test -race -count=1 -timeout 10m ./state/... ./reconciler/... ./dnsd/... ./cluster/... ./internal/...
+CGO_ENABLED=1 go test -race -count=1 -timeout 10m ./state/... ./reconciler/... ./dnsd/... ./cluster/... ./internal/... ./agent/web/...
 
 say "go test (unit tests and integration beds)"
 # What the host holds where the README's tour works, before the beds: after
