@@ -3,6 +3,7 @@ package agent
 import (
 	"crypto/tls"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -48,11 +49,18 @@ func (a *Agent) serveWeb() error {
 		ln.Close()
 		return err
 	}
-	// No write timeout: the page's event stream is long-lived (each has a
-	// keep-alive and ends with its session or its connection).
-	srv := &http.Server{Handler: w, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+	// A page's request is bounded both ways; the event stream lifts the
+	// bounds for itself and bounds each of its writes instead.
+	srv := &http.Server{
+		Handler: w, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		ErrorLog: slog.NewLogLogger(a.log.With("component", "web").Handler(), slog.LevelDebug),
+	}
 	if useTLS {
-		srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: nodeCertificate(a.dir)}
+		// HTTP/2 where the browser speaks it: a browser holds at most six
+		// HTTP/1.1 connections to a host, and each open tab's event
+		// stream holds one.
+		srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: nodeCertificate(a.dir, a.log), NextProtos: []string{"h2", "http/1.1"}}
 		ln = tls.NewListener(ln, srv.TLSConfig)
 	}
 	go srv.Serve(ln)
@@ -63,22 +71,32 @@ func (a *Agent) serveWeb() error {
 }
 
 // nodeCertificate serves the data dir's node certificate, read again when
-// its file changes (the node renews it before it expires).
-func nodeCertificate(dir string) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+// its file changes (the node renews it before it expires). A pair that
+// does not load (read half-written, or damaged) leaves the last good one
+// served.
+func nodeCertificate(dir string, log *slog.Logger) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	var mu sync.Mutex
 	var cert *tls.Certificate
 	var mod time.Time
 	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 		certFile, keyFile := filepath.Join(dir, cluster.CertFile), filepath.Join(dir, cluster.KeyFile)
-		fi, err := os.Stat(certFile)
-		if err != nil {
-			return nil, err
-		}
 		mu.Lock()
 		defer mu.Unlock()
+		fi, err := os.Stat(certFile)
+		if err != nil {
+			if cert != nil {
+				return cert, nil
+			}
+			return nil, err
+		}
 		if cert == nil || !fi.ModTime().Equal(mod) {
 			c, err := tls.LoadX509KeyPair(certFile, keyFile)
 			if err != nil {
+				if cert != nil {
+					log.Warn("web page: the node certificate did not load; serving the last good one", "err", err)
+					mod = fi.ModTime() // said once per change of the file
+					return cert, nil
+				}
 				return nil, err
 			}
 			cert, mod = &c, fi.ModTime()

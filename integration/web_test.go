@@ -110,6 +110,12 @@ func TestWebBed(t *testing.T) {
 	if rows := value("count the nodes", chromedp.Evaluate[string](`String(document.querySelectorAll("tr.node-row").length)`)); rows != "3" {
 		t.Fatalf("the fleet page shows %s nodes, want 3", rows)
 	}
+	// Over TLS the page speaks HTTP/2: each open tab's event stream would
+	// hold one of a browser's six HTTP/1.1 connections to the host.
+	if proto := value("read the protocol", chromedp.Evaluate[string](`performance.getEntriesByType("navigation")[0].nextHopProtocol`)); proto != "h2" {
+		t.Fatalf("the page was served over %q, want h2", proto)
+	}
+	run("see the stream open", chromedp.WaitVisible(chromedp.CSS(`#live.live:not(.off)`)))
 	// Assign from the CLI: the module appears without a reload.
 	value("mark the page", chromedp.Evaluate[string](`window.meshMark = "kept"`))
 	os.WriteFile(filepath.Join(n[1].h.dir, "webmod.yaml"), []byte(webModule), 0o644)

@@ -33,8 +33,8 @@ const (
 	loginEvery  = 12 * time.Second
 	failedBurst = 30
 	failedEvery = 2 * time.Second
-	// CookieName is the session cookie.
-	CookieName = "mesh_session"
+	// maxAddrs bounds the addresses whose failures are counted apart.
+	maxAddrs = 4096
 )
 
 // secret is a random value as it travels (base64url) and, kept, its digest:
@@ -65,12 +65,12 @@ type access struct {
 	now      func() time.Time
 	tokens   map[[32]byte]time.Time // digest -> expiry
 	sessions map[[32]byte]*session
-	perAddr  map[netip.Addr]*bucket
+	perAddr  map[netip.Prefix]*bucket
 	all      bucket
 }
 
 func newAccess(now func() time.Time) *access {
-	return &access{now: now, tokens: map[[32]byte]time.Time{}, sessions: map[[32]byte]*session{}, perAddr: map[netip.Addr]*bucket{}}
+	return &access{now: now, tokens: map[[32]byte]time.Time{}, sessions: map[[32]byte]*session{}, perAddr: map[netip.Prefix]*bucket{}}
 }
 
 // mint makes a one-time login token that works for life.
@@ -88,6 +88,7 @@ func (a *access) mint(life time.Duration) (string, time.Time) {
 	return tok, exp
 }
 
+// dropOldestToken drops the link that expires first.
 func (a *access) dropOldestToken() {
 	var oldest [32]byte
 	var at time.Time
@@ -100,39 +101,62 @@ func (a *access) dropOldestToken() {
 }
 
 // exchange spends a login token for a new session: its id and CSRF token.
-// ok is false for a token that is unknown, spent or expired, and limited
-// is true when from has failed too often to be heard (the token is then
-// not looked at, so a guesser learns nothing, and a good token is kept).
+// A good token always logs in: it is 256 random bits, which nobody
+// guesses, so the limiter does not stand between it and its operator (a
+// flood of bad guesses from anywhere cannot lock the operator out). ok is
+// false for a token that is unknown, spent or expired; each such failure
+// is counted against its address (an IPv6 address by its /64, which one
+// host holds whole) and against all addresses together, and limited is
+// true once either has failed too often (the answer then says only that).
 func (a *access) exchange(tok string, from netip.Addr) (id, csrf string, ok, limited bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.now()
-	b := a.perAddr[from]
-	if b == nil {
-		b = &bucket{}
-	}
-	if !b.allows(now, loginBurst, loginEvery) || !a.all.allows(now, failedBurst, failedEvery) {
-		return "", "", false, true
-	}
 	d := digest(tok)
-	exp, found := a.tokens[d]
-	if !found || !now.Before(exp) {
-		b.fail(now, loginBurst, loginEvery)
-		a.all.fail(now, failedBurst, failedEvery)
-		if len(a.perAddr) < 4096 {
-			a.perAddr[from] = b
+	if exp, found := a.tokens[d]; found && now.Before(exp) {
+		delete(a.tokens, d)
+		a.expire(now)
+		for len(a.sessions) >= maxSessions {
+			a.dropOldestSession()
 		}
-		return "", "", false, false
+		id, sd := newSecret()
+		csrf, _ = newSecret()
+		a.sessions[sd] = &session{csrf: csrf, created: now, used: now}
+		return id, csrf, true, false
 	}
-	delete(a.tokens, d)
-	a.expire(now)
-	for len(a.sessions) >= maxSessions {
-		a.dropOldestSession()
+	key := addrKey(from)
+	b := a.perAddr[key]
+	if b == nil {
+		if len(a.perAddr) >= maxAddrs {
+			a.expire(now)
+		}
+		for k := range a.perAddr {
+			if len(a.perAddr) < maxAddrs {
+				break
+			}
+			delete(a.perAddr, k) // any one: the bucket of all still counts
+		}
+		b = &bucket{}
+		a.perAddr[key] = b
 	}
-	id, sd := newSecret()
-	csrf, _ = newSecret()
-	a.sessions[sd] = &session{csrf: csrf, created: now, used: now}
-	return id, csrf, true, false
+	limited = !b.allows(now, loginBurst, loginEvery) || !a.all.allows(now, failedBurst, failedEvery)
+	b.fail(now, loginBurst, loginEvery)
+	a.all.fail(now, failedBurst, failedEvery)
+	return "", "", false, limited
+}
+
+// addrKey is what failures are counted by: an IPv4 address, or an IPv6
+// address's /64.
+func addrKey(a netip.Addr) netip.Prefix {
+	bits := 32
+	if a.Is6() {
+		bits = 64
+	}
+	p, err := a.Prefix(bits)
+	if err != nil {
+		return netip.Prefix{}
+	}
+	return p
 }
 
 func (a *access) dropOldestSession() {
@@ -146,9 +170,11 @@ func (a *access) dropOldestSession() {
 	delete(a.sessions, oldest)
 }
 
-// session finds a live session by its id and marks it used; nil when there
-// is none (unknown, idle too long, too old, or logged out).
-func (a *access) session(id string) *session {
+// session finds a live session by its id and, when touch is set, marks it
+// used; nil when there is none (unknown, idle too long, too old, or logged
+// out). An event stream's checks do not touch it: a tab left open is not
+// an operator using the page, and its session still ends when idle.
+func (a *access) session(id string, touch bool) *session {
 	if id == "" {
 		return nil
 	}
@@ -164,7 +190,9 @@ func (a *access) session(id string) *session {
 		delete(a.sessions, d)
 		return nil
 	}
-	s.used = now
+	if touch {
+		s.used = now
+	}
 	cp := *s
 	return &cp
 }
@@ -233,7 +261,7 @@ func (b *bucket) allows(now time.Time, burst int, every time.Duration) bool {
 
 func (b *bucket) fail(now time.Time, burst int, every time.Duration) {
 	b.refill(now, burst, every)
-	b.used++
+	b.used = min(b.used+1, burst) // a guesser that keeps on is heard again once per every
 }
 
 func (b *bucket) full(now time.Time, burst int, every time.Duration) bool {

@@ -3,7 +3,6 @@ package web
 import (
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"time"
 )
 
@@ -15,49 +14,70 @@ const (
 	// keepAlive is how often an idle stream says it lives (a proxy or a
 	// NAT that drops idle connections keeps it).
 	keepAlive = 20 * time.Second
-	// maxStreams bounds the open streams of all sessions together: each
-	// holds a connection and a goroutine.
-	maxStreams = 64
+	// writeWait bounds one write of a stream: a browser that stops reading
+	// loses its stream rather than holding a goroutine for ever.
+	writeWait = 10 * time.Second
+	// maxStreams bounds the open streams of all sessions together, and
+	// maxSessionStreams those of one session (a browser holds one per open
+	// tab): each holds a connection and a goroutine.
+	maxStreams        = 64
+	maxSessionStreams = 8
 )
 
-var openStreams atomic.Int64
-
 // events streams server-sent events: "changed" with the replica's applied
-// index each time the replica changes (at most one per eventGap). It
-// ends with the session: a stream whose session was logged out stops at
-// its next event or keep-alive.
+// index, once at the start (the page compares it with the index it was
+// rendered at) and then each time the replica changes (at most one per
+// eventGap). It ends with the session: a stream whose session was logged
+// out or went idle stops at its next event or keep-alive, and its checks
+// do not keep the session alive.
 func (s *Server) events(w http.ResponseWriter, r *http.Request, _ *session) {
-	fl, ok := w.(http.Flusher)
-	if !ok {
-		http.Error(w, "streaming is not supported here", http.StatusInternalServerError)
+	c, err := r.Cookie(s.cookie)
+	if err != nil {
+		s.unauthorized(w, r)
 		return
 	}
-	if openStreams.Add(1) > maxStreams {
-		openStreams.Add(-1)
-		http.Error(w, "too many open event streams", http.StatusServiceUnavailable)
+	sd := digest(c.Value)
+	if msg := s.openStream(sd); msg != "" {
+		http.Error(w, msg, http.StatusServiceUnavailable)
 		return
 	}
-	defer openStreams.Add(-1)
-	c, _ := r.Cookie(CookieName)
+	defer s.closeStream(sd)
+	rc := http.NewResponseController(w)
+	// The server's read and write timeouts bound a page's request; a
+	// stream lives on, each write bounded by writeWait instead.
+	rc.SetReadDeadline(time.Time{})
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("X-Accel-Buffering", "no")
+	send := func(text string) bool {
+		rc.SetWriteDeadline(time.Now().Add(writeWait))
+		if _, err := fmt.Fprint(w, text); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	live := func() bool { return s.access.session(c.Value, false) != nil }
+	// Take the next change's channel before reading the index: a change
+	// after the read closes it, so none is lost between the two.
+	changed := s.cfg.Changed()
+	first := "retry: 2000\n\n"
+	if idx, err := s.cfg.Applied(); err == nil {
+		first += fmt.Sprintf("event: changed\ndata: %d\n\n", idx)
+	}
 	w.WriteHeader(http.StatusOK)
-	fmt.Fprint(w, "retry: 2000\n\n")
-	fl.Flush()
+	if !send(first) {
+		return
+	}
 	tick := time.NewTicker(keepAlive)
 	defer tick.Stop()
 	for {
-		changed := s.cfg.Changed()
 		select {
 		case <-r.Context().Done():
 			return
 		case <-tick.C:
-			if s.access.session(c.Value) == nil {
+			if !live() || !send(": alive\n\n") {
 				return
 			}
-			fmt.Fprint(w, ": alive\n\n")
-			fl.Flush()
 			continue
 		case <-changed:
 		}
@@ -67,14 +87,41 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ *session) {
 			return
 		case <-time.After(eventGap):
 		}
-		if s.access.session(c.Value) == nil {
+		if !live() {
 			return
 		}
+		changed = s.cfg.Changed()
 		idx, err := s.cfg.Applied()
 		if err != nil {
 			continue
 		}
-		fmt.Fprintf(w, "event: changed\ndata: %d\n\n", idx)
-		fl.Flush()
+		if !send(fmt.Sprintf("event: changed\ndata: %d\n\n", idx)) {
+			return
+		}
+	}
+}
+
+// openStream counts a new stream of the session whose id has digest sd,
+// or says why it may not open.
+func (s *Server) openStream(sd [32]byte) string {
+	s.streamsMu.Lock()
+	defer s.streamsMu.Unlock()
+	switch {
+	case s.allStreams >= maxStreams:
+		return "too many open event streams on this agent: close some of the page's tabs"
+	case s.streams[sd] >= maxSessionStreams:
+		return fmt.Sprintf("this session has %d event streams open already: close some of the page's tabs", maxSessionStreams)
+	}
+	s.allStreams++
+	s.streams[sd]++
+	return ""
+}
+
+func (s *Server) closeStream(sd [32]byte) {
+	s.streamsMu.Lock()
+	defer s.streamsMu.Unlock()
+	s.allStreams--
+	if s.streams[sd]--; s.streams[sd] <= 0 {
+		delete(s.streams, sd)
 	}
 }

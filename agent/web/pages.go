@@ -20,27 +20,30 @@ import (
 // it when an event says the state changed, and swaps the part in.
 const partHeader = "X-Mesh-Part"
 
-var funcs = template.FuncMap{
-	"ago": func(t any) string {
-		var at time.Time
-		switch v := t.(type) {
-		case time.Time:
-			at = v
-		case *time.Time:
-			if v == nil {
-				return "never"
-			}
-			at = *v
-		}
-		if at.IsZero() {
+// ago says how long ago t was ("never" for none).
+func ago(t any) string {
+	var at time.Time
+	switch v := t.(type) {
+	case time.Time:
+		at = v
+	case *time.Time:
+		if v == nil {
 			return "never"
 		}
-		d := time.Since(at).Round(time.Second)
-		if d < 0 {
-			return "in " + (-d).String()
-		}
-		return d.String() + " ago"
-	},
+		at = *v
+	}
+	if at.IsZero() {
+		return "never"
+	}
+	d := time.Since(at).Round(time.Second)
+	if d < 0 {
+		return "in " + (-d).String()
+	}
+	return d.String() + " ago"
+}
+
+var funcs = template.FuncMap{
+	"ago": ago,
 	"when": func(t time.Time) string {
 		if t.IsZero() {
 			return "-"
@@ -78,14 +81,16 @@ type page struct {
 	CSRF  string
 	// Live: the page's main part follows the state's events.
 	Live bool
-	Data any
+	// Index is the replica's applied index the page's reads started at.
+	Index uint64
+	Data  any
 }
 
 // render writes a page whole, or only its main part when the page's
 // script asks for it. The page is rendered into a buffer first: a template
 // that fails shows an error, not half a page.
 func (s *Server) render(w http.ResponseWriter, r *http.Request, code int, name string, sess *session, data any) {
-	p := page{Title: name, Data: data, Live: sess != nil && name != "preview"}
+	p := page{Title: name, Data: data, Live: sess != nil && name != "preview", Index: renderedAt(r)}
 	if sess != nil {
 		p.CSRF = sess.csrf
 	}
@@ -110,6 +115,9 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, code int, name s
 // Problem is one failing thing of the fleet, shown first.
 type Problem struct {
 	Module, Node, What, Reason string
+	// Badge is failing, waiting (for a secret or a provider's health) or
+	// unknown (a node not heard from).
+	Badge string
 }
 
 type fleetView struct {
@@ -159,7 +167,9 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request, sess *session) {
 	for _, m := range mods {
 		row := moduleRow{Name: m.Name, Failing: failing[m.Name]}
 		for _, n := range m.Nodes {
-			row.Instances = append(row.Instances, instanceOf(st, m.Name, n))
+			in := instanceOf(st, m.Name, n)
+			row.Failing = row.Failing || needsCare(in.Health)
+			row.Instances = append(row.Instances, in)
 		}
 		if !row.Failing {
 			v.Healthy++
@@ -182,39 +192,39 @@ func problems(st api.Status) []Problem {
 	var out []Problem
 	for _, n := range st.Nodes {
 		if n.ComposeError != "" {
-			out = append(out, Problem{Node: n.Name, What: "plan does not compose", Reason: n.ComposeError})
+			out = append(out, Problem{Node: n.Name, What: "plan does not compose", Reason: n.ComposeError, Badge: "failing"})
 		}
 		if !n.Reachable {
-			out = append(out, Problem{Node: n.Name, What: "unreachable", Reason: "not heard from since " + funcs["ago"].(func(any) string)(n.LastSeen)})
+			out = append(out, Problem{Node: n.Name, What: "unreachable", Reason: "last heard from " + ago(n.LastSeen), Badge: "unknown"})
 		}
 		rep := n.Report
 		if rep == nil {
 			continue
 		}
 		for _, f := range rep.Failures {
-			what := f.Resource
+			what, badge := f.Resource, "failing"
 			if f.HealthGate {
-				what = "waits for " + f.Provider + " to be healthy"
+				what, badge = "waits for "+f.Provider+" to be healthy", "waiting"
 			} else if f.Secret != "" {
-				what = "waits for secret " + f.Secret
+				what, badge = "waits for secret "+f.Secret, "waiting"
 			}
-			out = append(out, Problem{Module: f.Module, Node: n.Name, What: what, Reason: f.Reason})
+			out = append(out, Problem{Module: f.Module, Node: n.Name, What: what, Reason: f.Reason, Badge: badge})
 		}
 		if len(rep.Failures) == 0 && rep.Error != "" {
-			out = append(out, Problem{Node: n.Name, What: "apply failed", Reason: rep.Error})
+			out = append(out, Problem{Node: n.Name, What: "apply failed", Reason: rep.Error, Badge: "failing"})
 		}
 		for _, h := range rep.Health {
 			if h.Status == "unhealthy" {
-				out = append(out, Problem{Module: h.Module, Node: n.Name, What: "container " + h.Container + " unhealthy", Reason: h.Output})
+				out = append(out, Problem{Module: h.Module, Node: n.Name, What: "container " + h.Container + " unhealthy", Reason: h.Output, Badge: "failing"})
 			}
 		}
 		for _, e := range rep.Exits {
-			out = append(out, Problem{Module: e.Module, Node: n.Name, What: fmt.Sprintf("container %s exited %d (restarts %d)", e.Container, e.ExitCode, e.Restarts), Reason: lastLine(e.Logs)})
+			out = append(out, Problem{Module: e.Module, Node: n.Name, What: fmt.Sprintf("container %s exited %d (restarts %d)", e.Container, e.ExitCode, e.Restarts), Reason: lastLine(e.Logs), Badge: "failing"})
 		}
 	}
 	for _, ro := range st.Rollouts {
 		if ro.State == "stopped" {
-			out = append(out, Problem{Module: ro.Module, What: "rollout stopped", Reason: ro.Reason})
+			out = append(out, Problem{Module: ro.Module, What: "rollout stopped", Reason: ro.Reason, Badge: "failing"})
 		}
 	}
 	return out
@@ -228,14 +238,26 @@ func lastLine(s string) string {
 	return s
 }
 
-// instanceOf says how module runs on node, from the node's last report.
+// instanceOf says how module runs on node, from the node's last report:
+// unknown when the node is not heard from (its last report is old news),
+// failing when the node's plan does not compose or its last apply failed,
+// waiting when the module waits for a secret or a provider's health.
 func instanceOf(st api.Status, module, node string) instance {
 	in := instance{Node: node, Health: "pending", Reason: "not applied yet"}
 	for _, n := range st.Nodes {
-		if n.Name != node || n.Report == nil {
+		if n.Name != node {
 			continue
 		}
+		if !n.Reachable {
+			return instance{Node: node, Health: "unknown", Reason: "node unreachable, last heard from " + ago(n.LastSeen)}
+		}
+		if n.ComposeError != "" {
+			return instance{Node: node, Health: "failing", Reason: "the node's plan does not compose: " + n.ComposeError}
+		}
 		rep := n.Report
+		if rep == nil {
+			continue
+		}
 		in.Health, in.Reason = "applied", ""
 		if n.AppliedVersion < n.PlanVersion {
 			in.Health, in.Reason = "pending", fmt.Sprintf("applied v%d of v%d", n.AppliedVersion, n.PlanVersion)
@@ -254,7 +276,15 @@ func instanceOf(st api.Status, module, node string) instance {
 			}
 		}
 		for _, f := range rep.Failures {
-			if f.Module == module {
+			if f.Module != module {
+				continue
+			}
+			switch {
+			case f.Secret != "":
+				in.Health, in.Reason = "waiting", "waits for secret "+f.Secret+": "+f.Reason
+			case f.HealthGate:
+				in.Health, in.Reason = "waiting", "waits for "+f.Provider+" to be healthy: "+f.Reason
+			default:
 				in.Health, in.Reason = "failing", f.Resource+": "+f.Reason
 			}
 		}
@@ -263,8 +293,20 @@ func instanceOf(st api.Status, module, node string) instance {
 				in.Health, in.Reason = "failing", fmt.Sprintf("%s exited %d", e.Container, e.ExitCode)
 			}
 		}
+		if len(rep.Failures) == 0 && rep.Error != "" {
+			in.Health, in.Reason = "failing", "the node's last apply failed: "+rep.Error
+		}
 	}
 	return in
+}
+
+// needsCare says whether an instance's health is a problem to show first.
+func needsCare(health string) bool {
+	switch health {
+	case "failing", "unhealthy", "unknown", "waiting":
+		return true
+	}
+	return false
 }
 
 type nodeView struct {
@@ -434,7 +476,7 @@ func (s *Server) module(w http.ResponseWriter, r *http.Request, sess *session) {
 			v.Changes = append(v.Changes, newChange(e))
 		}
 	}
-	v.Names = moduleNames(roster, v.Name, mi.Nodes)
+	v.Names = moduleNames(roster, v.Name, st.Domain, v.Routes, mi.Nodes)
 	// Newest first; one line per node and version, the one with the
 	// longest chain (a replaced container says why, down to the input).
 	sort.SliceStable(v.Changes, func(i, j int) bool {
@@ -466,16 +508,19 @@ func newChange(e *state.Explanation) *change {
 	return c
 }
 
-// moduleNames is the roster's names the module's nodes answer that are
-// the module's: NAME or NAME.anything of the module (the manifest's names
-// are module-scoped).
-func moduleNames(roster []state.Name, module string, nodes []string) []state.Name {
+// moduleNames is the roster's names that are the module's on its nodes:
+// MODULE.DOMAIN, and the hosts of its routes (no other module's name that
+// merely contains the module's).
+func moduleNames(roster []state.Name, module, domain string, routes []state.Route, nodes []string) []state.Name {
+	own := map[string]bool{module + "." + domain: true}
+	for _, rt := range routes {
+		if rt.Module == module {
+			own[rt.Name] = true
+		}
+	}
 	var out []state.Name
 	for _, n := range roster {
-		if !slices.Contains(nodes, n.Node) {
-			continue
-		}
-		if n.Name == module || strings.HasPrefix(n.Name, module+".") || strings.HasSuffix(n.Name, "."+module) || strings.Contains(n.Name, "."+module+".") {
+		if own[n.Name] && slices.Contains(nodes, n.Node) {
 			out = append(out, n)
 		}
 	}
@@ -574,7 +619,7 @@ func (s *Server) roster(w http.ResponseWriter, r *http.Request, sess *session) {
 }
 
 // Ops the dry run page offers.
-var previewOps = []string{"assign", "unassign", "public-domain"}
+var previewOps = []string{"assign", "unassign", "public-domain add", "public-domain remove"}
 
 type previewView struct {
 	Op, Node, Module, Domain string
@@ -598,8 +643,22 @@ func (s *Server) preview(w http.ResponseWriter, r *http.Request, sess *session) 
 	q := r.URL.Query()
 	v := previewView{Op: q.Get("op"), Node: q.Get("node"), Module: q.Get("module"), Domain: q.Get("domain"), Ops: previewOps}
 	v.Done, _ = strconv.ParseUint(q.Get("done"), 10, 64)
+	s.choices(ctx, &v)
+	if v.Op != "" && v.Done == 0 && v.Error == "" {
+		res, err := s.write(ctx, s.cfg.Client.DryRun(), v.Op, v.Node, v.Module, v.Domain)
+		if err != nil {
+			v.Error = apiError(err)
+		} else {
+			v.Preview = res.Preview
+		}
+	}
+	s.render(w, r, http.StatusOK, "preview", sess, v)
+}
+
+// choices fills the form's lists of nodes and modules.
+func (s *Server) choices(ctx context.Context, v *previewView) {
 	nodes, err := s.cfg.Client.Nodes(ctx)
-	if err != nil {
+	if err != nil && v.Error == "" {
 		v.Error = apiError(err)
 	}
 	for _, n := range nodes {
@@ -612,15 +671,6 @@ func (s *Server) preview(w http.ResponseWriter, r *http.Request, sess *session) 
 	for _, m := range mods {
 		v.Modules = append(v.Modules, m.Name)
 	}
-	if v.Op != "" && v.Done == 0 && v.Error == "" {
-		res, err := s.write(ctx, s.cfg.Client.DryRun(), v.Op, v.Node, v.Module, v.Domain)
-		if err != nil {
-			v.Error = apiError(err)
-		} else {
-			v.Preview = res.Preview
-		}
-	}
-	s.render(w, r, http.StatusOK, "preview", sess, v)
 }
 
 // do makes the change the dry run showed (behind CSRF).
@@ -630,7 +680,9 @@ func (s *Server) do(w http.ResponseWriter, r *http.Request, sess *session) {
 	op, node, module, domain := r.PostFormValue("op"), r.PostFormValue("node"), r.PostFormValue("module"), r.PostFormValue("domain")
 	res, err := s.write(ctx, s.cfg.Client, op, node, module, domain)
 	if err != nil {
-		s.render(w, r, http.StatusConflict, "preview", sess, previewView{Op: op, Node: node, Module: module, Domain: domain, Ops: previewOps, Error: apiError(err)})
+		v := previewView{Op: op, Node: node, Module: module, Domain: domain, Ops: previewOps, Error: apiError(err)}
+		s.choices(ctx, &v)
+		s.render(w, r, http.StatusConflict, "preview", sess, v)
 		return
 	}
 	s.log.Info("web change", "op", op, "node", node, "module", module, "domain", domain, "index", res.Index)
@@ -650,8 +702,16 @@ func (s *Server) write(ctx context.Context, c *api.Client, op, node, module, dom
 		return c.Assign(ctx, state.OpAssign, node, module)
 	case "unassign":
 		return c.Unassign(ctx, node, module, nil)
-	case "public-domain":
-		return c.PublicDomain(ctx, node, api.DomainRequest{Domain: domain})
+	case "public-domain add", "public-domain remove":
+		// One domain added or removed: the node's other domains stay.
+		domain = strings.TrimSpace(domain)
+		if domain == "" {
+			return api.WriteResult{}, fmt.Errorf("%s: give the public domain", op)
+		}
+		if op == "public-domain add" {
+			return c.PublicDomain(ctx, node, api.DomainRequest{Add: []string{domain}})
+		}
+		return c.PublicDomain(ctx, node, api.DomainRequest{Remove: []string{domain}})
 	}
 	return api.WriteResult{}, fmt.Errorf("unknown change %q: one of %s", op, strings.Join(previewOps, ", "))
 }

@@ -24,6 +24,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"mesh/cluster/api"
@@ -56,10 +57,15 @@ type Config struct {
 type Server struct {
 	cfg    Config
 	access *access
-	pages  map[string]*template.Template
-	static http.Handler
-	mux    *http.ServeMux
-	log    *slog.Logger
+	cookie string
+	// streams counts the open event streams, of all sessions and of each.
+	streamsMu  sync.Mutex
+	streams    map[[32]byte]int
+	allStreams int
+	pages      map[string]*template.Template
+	static     http.Handler
+	mux        *http.ServeMux
+	log        *slog.Logger
 }
 
 // New makes the page's server.
@@ -67,10 +73,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Changed == nil || cfg.Applied == nil {
+		return nil, errors.New("web: the page needs the replica's Changed and Applied")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, access: newAccess(cfg.Now), log: cfg.Logger.With("component", "web")}
+	s := &Server{cfg: cfg, access: newAccess(cfg.Now), log: cfg.Logger.With("component", "web"), streams: map[[32]byte]int{}}
+	s.cookie = cookieName(cfg.URL, cfg.TLS)
 	if err := s.parse(); err != nil {
 		return nil, err
 	}
@@ -78,7 +88,14 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.static = http.StripPrefix("/static/", http.FileServerFS(st))
+	files := http.FileServerFS(st)
+	s.static = http.StripPrefix("/static/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "" || strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r) // no listing of the assets
+			return
+		}
+		files.ServeHTTP(w, r)
+	}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /static/", s.static)
 	mux.HandleFunc("GET /login", s.loginPage)
@@ -111,6 +128,25 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mux.ServeHTTP(w, r)
 }
+
+// cookieName is the session cookie's name: one per port, as a browser
+// sends a host's cookies to each of its ports, so that two agents' pages
+// on one host (or another service on it) do not see or overwrite each
+// other's session; over TLS with the __Host- prefix, which a browser only
+// takes from a secure origin, for the path /, with no domain.
+func cookieName(pageURL string, tls bool) string {
+	name := "mesh_session"
+	if u, err := url.Parse(pageURL); err == nil && u.Port() != "" {
+		name += "_" + u.Port()
+	}
+	if tls {
+		name = "__Host-" + name
+	}
+	return name
+}
+
+// CookieName is the session cookie's name.
+func (s *Server) CookieName() string { return s.cookie }
 
 // The local API's wire types of the page's access.
 type (
@@ -160,10 +196,14 @@ func localError(w http.ResponseWriter, code int, err error) {
 	json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
 }
 
-type ctxKey struct{}
+type indexKey struct{}
 
 // reads serves a handler only within a session; without one it answers
-// 401 and a page that says how to get one.
+// 401 and a page that says how to get one. The replica's applied index is
+// taken before the handler reads anything and the page carries it: the
+// page's script compares it with the event stream's first event, so a
+// change that lands between the page's reads and its stream's start is
+// not missed.
 func (s *Server) reads(next func(w http.ResponseWriter, r *http.Request, sess *session)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sess := s.sessionOf(r)
@@ -171,8 +211,17 @@ func (s *Server) reads(next func(w http.ResponseWriter, r *http.Request, sess *s
 			s.unauthorized(w, r)
 			return
 		}
+		if idx, err := s.cfg.Applied(); err == nil {
+			r = r.WithContext(context.WithValue(r.Context(), indexKey{}, idx))
+		}
 		next(w, r, sess)
 	})
+}
+
+// renderedAt is the applied index a page's reads started at (0: unknown).
+func renderedAt(r *http.Request) uint64 {
+	idx, _ := r.Context().Value(indexKey{}).(uint64)
+	return idx
 }
 
 // changes serves a handler that changes something only within a session,
@@ -198,11 +247,11 @@ func (s *Server) changes(next func(w http.ResponseWriter, r *http.Request, sess 
 }
 
 func (s *Server) sessionOf(r *http.Request) *session {
-	c, err := r.Cookie(CookieName)
+	c, err := r.Cookie(s.cookie)
 	if err != nil {
 		return nil
 	}
-	return s.access.session(c.Value)
+	return s.access.session(c.Value, true)
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
@@ -222,23 +271,26 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	case limited:
 		w.Header().Set("Retry-After", fmt.Sprint(int(loginEvery.Seconds())))
 		s.log.Warn("web login refused: too many failed logins", "from", r.RemoteAddr)
-		s.render(w, r, http.StatusTooManyRequests, "login", nil, map[string]any{"Error": "Too many failed logins: wait a few seconds, then use a new link from `mesh web token`."})
+		s.render(w, r, http.StatusTooManyRequests, "login", nil, map[string]any{"Error": "This link is unknown, used already, or expired, and too many logins failed from here. Make a new link with `mesh web token`: a good link always logs in."})
 		return
 	case !ok:
 		s.log.Warn("web login refused: the link is unknown, used or expired", "from", r.RemoteAddr)
 		s.render(w, r, http.StatusUnauthorized, "login", nil, map[string]any{"Error": "This link is unknown, used already, or expired. Make a new one with `mesh web token`."})
 		return
 	}
+	if c, err := r.Cookie(s.cookie); err == nil {
+		s.access.logout(c.Value) // a new login ends the browser's last session
+	}
 	s.log.Info("web login", "from", r.RemoteAddr)
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: id, Path: "/", HttpOnly: true, Secure: s.cfg.TLS, SameSite: http.SameSiteStrictMode, MaxAge: int(SessionLife.Seconds())})
+	http.SetCookie(w, &http.Cookie{Name: s.cookie, Value: id, Path: "/", HttpOnly: true, Secure: s.cfg.TLS, SameSite: http.SameSiteStrictMode, MaxAge: int(SessionLife.Seconds())})
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request, _ *session) {
-	if c, err := r.Cookie(CookieName); err == nil {
+	if c, err := r.Cookie(s.cookie); err == nil {
 		s.access.logout(c.Value)
 	}
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", HttpOnly: true, Secure: s.cfg.TLS, SameSite: http.SameSiteStrictMode, MaxAge: -1})
+	http.SetCookie(w, &http.Cookie{Name: s.cookie, Value: "", Path: "/", HttpOnly: true, Secure: s.cfg.TLS, SameSite: http.SameSiteStrictMode, MaxAge: -1})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 

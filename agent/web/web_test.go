@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -237,7 +239,7 @@ func TestNothingAnswersWithoutASession(t *testing.T) {
 	// A forged session cookie is no session.
 	forged := b.browser()
 	u, _ := url.Parse(b.srv.URL)
-	forged.hc.Jar.SetCookies(u, []*http.Cookie{{Name: CookieName, Value: strings.Repeat("A", 43)}})
+	forged.hc.Jar.SetCookies(u, []*http.Cookie{{Name: b.web.CookieName(), Value: strings.Repeat("A", 43)}})
 	if code, _ := forged.get("/"); code != http.StatusUnauthorized {
 		t.Errorf("forged session: %d", code)
 	}
@@ -272,7 +274,7 @@ func TestLoginLink(t *testing.T) {
 	}
 	var cookie *http.Cookie
 	for _, c := range resp.Cookies() {
-		if c.Name == CookieName {
+		if c.Name == b.web.CookieName() {
 			cookie = c
 		}
 	}
@@ -334,16 +336,93 @@ func TestFailedLoginsAreLimited(t *testing.T) {
 			t.Fatalf("guess %d: %s", i, resp.Status)
 		}
 	}
-	good := b.link()
-	resp, _ := br.post("/login", url.Values{"token": {good}})
-	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("after %d failures: %s, want 429 with Retry-After", loginBurst, resp.Status)
+	resp, body := br.post("/login", url.Values{"token": {"guess"}})
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "mesh web token") {
+		t.Fatalf("guess after %d failures: %s, want 429 with Retry-After\n%s", loginBurst, resp.Status, body)
 	}
-	// The limited attempt did not spend the good token: once the address
-	// is heard again, it logs in.
+	// A guesser that keeps on is heard again once per loginEvery, not
+	// after its whole backlog.
 	b.clock.add(loginEvery)
-	if resp, body := br.post("/login", url.Values{"token": {good}}); resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("good token after the wait: %s %s", resp.Status, body)
+	if resp, _ := br.post("/login", url.Values{"token": {"guess"}}); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a guess after the wait: %s, want 401", resp.Status)
+	}
+	if resp, _ := br.post("/login", url.Values{"token": {"guess"}}); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a second guess after the wait: %s, want 429", resp.Status)
+	}
+	// A good link logs in even from the limited address: the limiter
+	// stands between guessers and the page, not the operator.
+	if resp, body := br.post("/login", url.Values{"token": {b.link()}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("good link from a limited address: %s %s", resp.Status, body)
+	}
+}
+
+// A flood of bad guesses from many addresses exhausts the limit of all
+// addresses together; the operator's link still logs in, and an address
+// that keeps failing is limited even after more addresses than the
+// limiter keeps apart have failed.
+func TestFailedLoginFloodDoesNotLockOut(t *testing.T) {
+	clk := &clock{at: time.Now()}
+	a := newAccess(clk.now)
+	addr := func(i int) netip.Addr {
+		return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+	}
+	limitedSeen := false
+	for i := range maxAddrs + 500 {
+		_, _, ok, limited := a.exchange("guess", addr(i))
+		if ok {
+			t.Fatal("a guess logged in")
+		}
+		limitedSeen = limitedSeen || limited
+	}
+	if !limitedSeen {
+		t.Fatal("thousands of failed logins from all over were never limited")
+	}
+	if len(a.perAddr) > maxAddrs {
+		t.Fatalf("the limiter keeps %d addresses, bound %d", len(a.perAddr), maxAddrs)
+	}
+	tok, _ := a.mint(time.Minute)
+	if _, _, ok, _ := a.exchange(tok, addr(7)); !ok {
+		t.Fatal("the operator's link did not log in during a flood")
+	}
+	// One address that fails loginBurst times is limited, wherever the
+	// flood has brought the map.
+	clk.add(time.Hour) // the bucket of all has refilled
+	me := netip.MustParseAddr("192.0.2.1")
+	for range loginBurst {
+		a.exchange("guess", me)
+	}
+	if _, _, _, limited := a.exchange("guess", me); !limited {
+		t.Fatal("an address that failed loginBurst times is not limited")
+	}
+	// IPv6: one host holds a /64 whole, so its addresses share a bucket.
+	clk.add(time.Hour)
+	for i := range loginBurst {
+		a.exchange("guess", netip.MustParseAddr(fmt.Sprintf("2001:db8:1:2::%x", i+1)))
+	}
+	if _, _, _, limited := a.exchange("guess", netip.MustParseAddr("2001:db8:1:2:ffff::1")); !limited {
+		t.Fatal("addresses of one /64 are counted apart")
+	}
+	if _, _, _, limited := a.exchange("guess", netip.MustParseAddr("2001:db8:1:3::1")); limited {
+		t.Fatal("another /64 is limited with the first")
+	}
+}
+
+// An event stream's checks do not keep its session alive: a tab left
+// open is not an operator using the page.
+func TestStreamChecksDoNotTouchTheSession(t *testing.T) {
+	clk := &clock{at: time.Now()}
+	a := newAccess(clk.now)
+	tok, _ := a.mint(time.Minute)
+	id, _, ok, _ := a.exchange(tok, netip.MustParseAddr("127.0.0.1"))
+	if !ok {
+		t.Fatal("login")
+	}
+	for range 13 {
+		clk.add(time.Hour)
+		a.session(id, false)
+	}
+	if a.session(id, true) != nil {
+		t.Fatal("a session only a stream checked lived past SessionIdle")
 	}
 }
 
@@ -558,7 +637,7 @@ func fmtSscan(line string, idx *uint64) (int, error) {
 }
 
 func TestSecureCookieOverTLS(t *testing.T) {
-	w, err := New(Config{TLS: true, URL: "https://mesh.test", Changed: func() <-chan struct{} { return nil }})
+	w, err := New(Config{TLS: true, URL: "https://mesh.test", Changed: func() <-chan struct{} { return nil }, Applied: func() (uint64, error) { return 1, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -579,9 +658,253 @@ func TestSecureCookieOverTLS(t *testing.T) {
 	resp.Body.Close()
 	var ok bool
 	for _, c := range resp.Cookies() {
-		ok = ok || (c.Name == CookieName && c.Secure && c.HttpOnly)
+		ok = ok || (c.Name == w.CookieName() && strings.HasPrefix(c.Name, "__Host-") && c.Secure && c.HttpOnly)
 	}
 	if !ok || resp.Header.Get("Strict-Transport-Security") == "" {
 		t.Fatalf("over TLS: cookies %v, HSTS %q", resp.Cookies(), resp.Header.Get("Strict-Transport-Security"))
+	}
+}
+
+// openStream opens /events for br and returns its lines, closed at the
+// stream's end.
+func (br *browser) openStream(ctx context.Context, base string) (*http.Response, <-chan string) {
+	br.t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/events", nil)
+	resp, err := (&http.Client{Jar: br.hc.Jar}).Do(req)
+	if err != nil {
+		br.t.Fatal(err)
+	}
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	return resp, lines
+}
+
+// nextIndex waits for the stream's next event of an index at least want.
+func nextIndex(t *testing.T, ctx context.Context, lines <-chan string, want uint64) uint64 {
+	t.Helper()
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("the stream ended before an event for index %d", want)
+			}
+			var idx uint64
+			if n, _ := fmtSscan(l, &idx); n == 1 && idx >= want {
+				return idx
+			}
+		case <-ctx.Done():
+			t.Fatalf("no event for index %d in time", want)
+		}
+	}
+}
+
+// A stream starts with where the replica is (the page compares it with
+// the index it was rendered at), and outlives the server's read and
+// write timeouts, which bound a page's request but not a stream.
+func TestEventsStartWithTheIndexAndOutliveTimeouts(t *testing.T) {
+	b := startBed(t)
+	srv := httptest.NewUnstartedServer(b.web)
+	srv.Config.ReadTimeout, srv.Config.WriteTimeout = 500*time.Millisecond, 500*time.Millisecond
+	srv.Start()
+	defer srv.Close()
+	br := b.browser()
+	br.login()
+	before, _ := b.member.Store.AppliedIndex()
+	_, page := br.get("/")
+	var at uint64
+	if i := strings.Index(page, `data-index="`); i < 0 {
+		t.Fatalf("the page does not carry the index it was rendered at:\n%s", page)
+	} else if _, err := fmt.Sscanf(page[i:], `data-index="%d"`, &at); err != nil || at < before {
+		t.Fatalf("the page carries index %d (%v), the replica was at %d before", at, err, before)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, lines := br.openStream(ctx, srv.URL)
+	defer resp.Body.Close()
+	now, _ := b.member.Store.AppliedIndex()
+	if got := nextIndex(t, ctx, lines, 0); got < at || got > now {
+		t.Fatalf("first event %d: want the replica's index, between %d and %d", got, at, now)
+	}
+	// Past both timeouts (the condition itself is time passing).
+	time.Sleep(1500 * time.Millisecond)
+	b.add(appManifest)
+	want, _ := b.member.Store.AppliedIndex()
+	nextIndex(t, ctx, lines, want)
+}
+
+// One session holds at most maxSessionStreams streams; another session
+// still opens its own.
+func TestStreamsPerSessionAreBounded(t *testing.T) {
+	b := startBed(t)
+	br, other := b.browser(), b.browser()
+	br.login()
+	other.login()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range maxSessionStreams {
+		resp, lines := br.openStream(ctx, b.srv.URL)
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("stream %d: %s", i, resp.Status)
+		}
+		nextIndex(t, ctx, lines, 0)
+	}
+	resp, _ := br.openStream(ctx, b.srv.URL)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("stream %d of one session: %s, want 503", maxSessionStreams+1, resp.Status)
+	}
+	resp, _ = other.openStream(ctx, b.srv.URL)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("another session's stream: %s", resp.Status)
+	}
+}
+
+// A new login in a browser ends the session it had.
+func TestLoginAgainEndsTheLastSession(t *testing.T) {
+	b := startBed(t)
+	br := b.browser()
+	br.login()
+	u, _ := url.Parse(b.srv.URL)
+	old := br.hc.Jar.Cookies(u)[0].Value
+	br.login()
+	keep := b.browser()
+	keep.hc.Jar.SetCookies(u, []*http.Cookie{{Name: b.web.CookieName(), Value: old}})
+	if code, _ := keep.get("/"); code != http.StatusUnauthorized {
+		t.Fatalf("the session before a new login still answers: %d", code)
+	}
+	if code, _ := br.get("/"); code != 200 {
+		t.Fatalf("the new session: %d", code)
+	}
+}
+
+// The page's public-domain change adds or removes one domain: it never
+// replaces or clears the node's others, and an empty domain is refused.
+func TestPublicDomainAddsOne(t *testing.T) {
+	b := startBed(t)
+	br := b.browser()
+	br.login()
+	ctx := context.Background()
+	if _, err := b.client.PublicDomain(ctx, "ace", api.DomainRequest{Domains: []string{"one.example"}}); err != nil {
+		t.Fatal(err)
+	}
+	domains := func() []string {
+		ns, err := b.client.Nodes(ctx)
+		if err != nil || len(ns) != 1 {
+			t.Fatalf("nodes %v %v", ns, err)
+		}
+		return ns[0].Domains()
+	}
+	for _, op := range []string{"public-domain add", "public-domain remove"} {
+		resp, body := br.post("/do", url.Values{"op": {op}, "node": {"ace"}, "domain": {" "}, "csrf": {br.csrf}})
+		if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "give the public domain") || !strings.Contains(body, `<option selected>ace</option>`) {
+			t.Fatalf("%s of no domain: %s\n%s", op, resp.Status, body)
+		}
+	}
+	if d := domains(); len(d) != 1 || d[0] != "one.example" {
+		t.Fatalf("domains %v after refused changes", d)
+	}
+	if _, body := br.get("/preview?op=public-domain+add&node=ace&domain=two.example"); !strings.Contains(body, `id="do"`) {
+		t.Fatalf("preview of public-domain add:\n%s", body)
+	}
+	resp, body := br.post("/do", url.Values{"op": {"public-domain add"}, "node": {"ace"}, "domain": {"two.example"}, "csrf": {br.csrf}})
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("public-domain add: %s %s", resp.Status, body)
+	}
+	if d := domains(); !slices.Equal(d, []string{"one.example", "two.example"}) {
+		t.Fatalf("domains %v after adding two.example to one.example", d)
+	}
+	br.post("/do", url.Values{"op": {"public-domain remove"}, "node": {"ace"}, "domain": {"one.example"}, "csrf": {br.csrf}})
+	if d := domains(); !slices.Equal(d, []string{"two.example"}) {
+		t.Fatalf("domains %v after removing one.example", d)
+	}
+}
+
+func TestStaticHasNoListing(t *testing.T) {
+	b := startBed(t)
+	br := b.browser()
+	for _, p := range []string{"/static/", "/static"} {
+		if code, body := br.get(p); code == 200 || strings.Contains(body, "mesh.js") {
+			t.Errorf("GET %s: %d\n%s", p, code, body)
+		}
+	}
+	if code, _ := br.get("/static/mesh.js"); code != 200 {
+		t.Errorf("mesh.js: %d", code)
+	}
+}
+
+func TestCookieNamePerPort(t *testing.T) {
+	for _, tc := range []struct {
+		url  string
+		tls  bool
+		want string
+	}{
+		{"http://127.0.0.1:8080", false, "mesh_session_8080"},
+		{"https://10.0.0.1:8443", true, "__Host-mesh_session_8443"},
+		{"http://mesh.test", false, "mesh_session"},
+	} {
+		if got := cookieName(tc.url, tc.tls); got != tc.want {
+			t.Errorf("cookieName(%s, %v) = %s, want %s", tc.url, tc.tls, got, tc.want)
+		}
+	}
+}
+
+// How an instance is shown when its node cannot say, or says its plan or
+// apply failed, or that the module waits.
+func TestInstanceOf(t *testing.T) {
+	seen := time.Now().Add(-time.Hour)
+	node := func(name string, mod func(*api.NodeStatus)) api.NodeStatus {
+		n := api.NodeStatus{Reachable: true, PlanVersion: 3, AppliedVersion: 3, Report: &state.Report{Node: name}}
+		n.Name = name
+		if mod != nil {
+			mod(&n)
+		}
+		return n
+	}
+	st := api.Status{Nodes: []api.NodeStatus{
+		node("ok", nil),
+		node("gone", func(n *api.NodeStatus) { n.Reachable, n.LastSeen = false, &seen }),
+		node("nocompose", func(n *api.NodeStatus) { n.ComposeError = "route www claimed twice" }),
+		node("applyerr", func(n *api.NodeStatus) { n.Report.Error = "podman socket down" }),
+		node("secret", func(n *api.NodeStatus) {
+			n.Report.Failures = []state.ModuleFailure{{Module: "app", Resource: "container app.server", Reason: "not set", Secret: "apikey"}}
+		}),
+		node("gate", func(n *api.NodeStatus) {
+			n.Report.Failures = []state.ModuleFailure{{Module: "app", Resource: "container app.server", Reason: "db starting", Provider: "db", HealthGate: true}}
+		}),
+		node("broken", func(n *api.NodeStatus) {
+			n.Report.Failures = []state.ModuleFailure{{Module: "app", Resource: "container app.server", Reason: "image not found"}}
+		}),
+	}}
+	for node, want := range map[string]string{"ok": "applied", "gone": "unknown", "nocompose": "failing", "applyerr": "failing", "secret": "waiting", "gate": "waiting", "broken": "failing"} {
+		in := instanceOf(st, "app", node)
+		if in.Health != want || (want != "applied" && in.Reason == "") {
+			t.Errorf("%s: %s (%s), want %s with a reason", node, in.Health, in.Reason, want)
+		}
+		if needsCare(in.Health) == (want == "applied") {
+			t.Errorf("%s: needsCare(%s) = %v", node, in.Health, needsCare(in.Health))
+		}
+	}
+	if in := instanceOf(st, "app", "gone"); !strings.Contains(in.Reason, "unreachable") {
+		t.Errorf("unreachable node's reason: %q", in.Reason)
+	}
+}
+
+func TestModuleNamesAreExact(t *testing.T) {
+	roster := []state.Name{
+		{Name: "db.mesh", Node: "a"}, {Name: "db.mesh", Node: "b"}, {Name: "mydb.mesh", Node: "a"},
+		{Name: "db.other.mesh", Node: "a"}, {Name: "shop.db.mesh", Node: "a"}, {Name: "admin.example", Node: "a"},
+	}
+	got := moduleNames(roster, "db", "mesh", []state.Route{{Name: "admin.example", Module: "db"}, {Name: "www.example", Module: "web"}}, []string{"a"})
+	want := []state.Name{{Name: "db.mesh", Node: "a"}, {Name: "admin.example", Node: "a"}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("names of db: %v, want %v", got, want)
 	}
 }

@@ -6,7 +6,10 @@
   var main = document.getElementById("main");
   var live = document.getElementById("live");
   if (!main || !main.dataset.live || !window.EventSource) { return; }
-  var pending = false, busy = false;
+  var pending = false, busy = false, es = null, retry = null;
+  function say(text, ok) {
+    if (live) { live.textContent = text; live.className = ok ? "live" : "live off"; }
+  }
   function refresh() {
     if (busy) { pending = true; return; }
     // A form the operator is filling in stays as it is.
@@ -30,12 +33,41 @@
         if (pending) { pending = false; setTimeout(refresh, 100); }
       });
   }
-  var es = new EventSource("/events");
-  es.addEventListener("changed", function (e) {
-    main.dataset.index = e.data;
-    refresh();
+  function open() {
+    if (es) { return; }
+    es = new EventSource("/events");
+    es.addEventListener("changed", function (e) {
+      // The first event says where the replica is now: the page refreshes
+      // only if that is past what it was rendered at.
+      if (e.data === main.dataset.index) { return; }
+      main.dataset.index = e.data;
+      refresh();
+    });
+    es.onopen = function () { say("live", true); };
+    es.onerror = function () {
+      if (es.readyState !== EventSource.CLOSED) { say("reconnecting", false); return; }
+      // The agent refused the stream: a session that ended goes to the
+      // login page; anything else is tried again in a while.
+      es = null;
+      fetch(location.pathname + location.search, { headers: { "X-Mesh-Part": "main" }, credentials: "same-origin" })
+        .then(function (r) {
+          if (r.status === 401) { location.reload(); return; }
+          say("not live: retrying", false);
+          clearTimeout(retry);
+          retry = setTimeout(open, 15000);
+        })
+        .catch(function () { say("not live: retrying", false); clearTimeout(retry); retry = setTimeout(open, 15000); });
+    };
+  }
+  function close() {
+    clearTimeout(retry);
+    if (es) { es.close(); es = null; }
+    say("paused", false);
+  }
+  // A tab nobody looks at holds no stream (an agent serves a few dozen).
+  document.addEventListener("visibilitychange", function () {
+    if (document.hidden) { close(); } else { open(); }
   });
-  es.onopen = function () { if (live) { live.textContent = "live"; live.className = "live"; } };
-  es.onerror = function () { if (live) { live.textContent = "reconnecting"; live.className = "live off"; } };
   document.addEventListener("focusout", function () { if (pending) { setTimeout(refresh, 0); } });
+  if (!document.hidden) { open(); } else { say("paused", false); }
 })();
