@@ -15,7 +15,7 @@ type WebCmd struct {
 // WebTokenCmd prints a login link.
 type WebTokenCmd struct {
 	TTL  time.Duration `name:"ttl" default:"10m" help:"How long the link works (at most 24h); the session it opens lasts 12h idle, 7 days at most."`
-	JSON bool          `name:"json" help:"Print JSON: url, expires."`
+	JSON bool          `name:"json" help:"Print JSON: url, expires, and over TLS fingerprint."`
 }
 
 // Run asks the agent, on its socket, for a link.
@@ -33,6 +33,9 @@ func (c *WebTokenCmd) Run(g *Globals) error {
 		return printJSON(g.out, r)
 	}
 	fmt.Fprintf(g.out, "%s\n(works once, until %s)\n", r.URL, r.Expires.Local().Format("15:04:05"))
+	if r.Fingerprint != "" {
+		fmt.Fprintf(g.out, "the page's certificate is its own, self-signed: check that your browser shows SHA-256 %s\n", r.Fingerprint)
+	}
 	return nil
 }
 

@@ -2,7 +2,12 @@ package integration
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -42,10 +47,36 @@ func TestWebBed(t *testing.T) {
 	// The host reaches the nodes' addresses over the bed's bridge.
 	sh(t, "ip", "addr", "add", multiNet+"254/24", "dev", multiBridge)
 	base := "https://" + web
-	link := strings.Fields(n[1].mesh("web", "token", "--ttl", "5m"))[0]
+	var tr struct {
+		URL, Fingerprint string
+	}
+	if err := json.Unmarshal([]byte(n[1].mesh("web", "token", "--ttl", "5m", "--json")), &tr); err != nil {
+		t.Fatal(err)
+	}
+	link := tr.URL
 	if !strings.HasPrefix(link, base+"/login?token=") {
 		t.Fatalf("mesh web token printed %q, want a link to %s", link, base)
 	}
+	// The page serves a certificate of its own: the one whose fingerprint
+	// the link came with, a leaf (not a CA), not the mesh CA's (a browser
+	// told to trust that CA would take any name a voter's key can sign).
+	conn, err := tls.Dial("tcp", web, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := conn.ConnectionState().PeerCertificates[0]
+	conn.Close()
+	sum := sha256.Sum256(served.Raw)
+	if got := strings.ReplaceAll(tr.Fingerprint, ":", ""); !strings.EqualFold(got, hex.EncodeToString(sum[:])) || served.IsCA {
+		t.Fatalf("served certificate %x (CA %v), mesh web token says %s", sum, served.IsCA, tr.Fingerprint)
+	}
+	caPEM, _ := os.ReadFile(filepath.Join(n[1].h.dir, "ca.crt"))
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	if _, err := served.Verify(x509.VerifyOptions{Roots: pool}); err == nil {
+		t.Fatal("the page serves a certificate of the mesh CA")
+	}
+	spki := sha256.Sum256(served.RawSubjectPublicKeyInfo)
 	// Without a session nothing answers (over the real TLS listener).
 	insecure := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	for _, p := range []string{"/", "/nodes/n1", "/modules/webmod", "/roster", "/preview", "/events"} {
@@ -62,7 +93,10 @@ func TestWebBed(t *testing.T) {
 	os.MkdirAll(art, 0o755)
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
-		chromedp.Flag("ignore-certificate-errors", true), chromedp.Flag("disable-gpu", true), chromedp.WindowSize(1280, 900))
+		// Chromium takes this one certificate, by its key, and no other.
+		chromedp.Flag("ignore-certificate-errors-spki-list", base64.StdEncoding.EncodeToString(spki[:])),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.Flag("disable-gpu", true), chromedp.WindowSize(1280, 900))
 	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	defer cancel()
 	browser, cancel := chromedp.NewContext(actx)

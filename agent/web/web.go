@@ -47,8 +47,11 @@ type Config struct {
 	// links `mesh web token` prints.
 	URL string
 	// TLS: the page is served over TLS (the session cookie is Secure).
-	TLS    bool
-	Logger *slog.Logger
+	TLS bool
+	// Fingerprint is the SHA-256 of the certificate served over TLS, which
+	// the login link comes with (nil: plain HTTP).
+	Fingerprint func() string
+	Logger      *slog.Logger
 	// Now is the clock (tests set it).
 	Now func() time.Time
 }
@@ -175,7 +178,11 @@ func (s *Server) LocalHandler() http.Handler {
 		}
 		tok, exp := s.access.mint(req.TTL)
 		s.log.Info("login link made", "expires", exp.Format(time.RFC3339))
-		localReply(w, TokenReply{URL: s.cfg.URL + "/login?token=" + url.QueryEscape(tok), Expires: exp})
+		reply := TokenReply{URL: s.cfg.URL + "/login?token=" + url.QueryEscape(tok), Expires: exp}
+		if s.cfg.Fingerprint != nil {
+			reply.Fingerprint = s.cfg.Fingerprint()
+		}
+		localReply(w, reply)
 	})
 	mux.HandleFunc("POST /v1/web/logout", func(w http.ResponseWriter, r *http.Request) {
 		n := s.access.logoutAll()

@@ -325,6 +325,9 @@ type WebTokenRequest struct {
 type WebTokenReply struct {
 	URL     string    `json:"url"`
 	Expires time.Time `json:"expires"`
+	// Fingerprint is the SHA-256 of the page's certificate when it is
+	// served over TLS: check it in the browser once.
+	Fingerprint string `json:"fingerprint,omitempty"`
 }
 
 // WebLogoutReply says how many of the page's sessions a logout ended.
