@@ -98,8 +98,12 @@ func (s *Store) Settings(ctx context.Context) (Settings, error) {
 	return Settings{MeshID: kv["mesh_id"], Domain: kv["domain"], CreatedAt: kv["created_at"], Overlay: kv["overlay"]}, nil
 }
 
-func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
-	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address, cert_ca, acme_directory, acme_email, acme_ca_root, draining FROM nodes ORDER BY name`)
+func readNodes(ctx context.Context, q queryer, only ...string) ([]NodeInfo, error) {
+	query, args := `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address, cert_ca, acme_directory, acme_email, acme_ca_root, draining FROM nodes`, []any{}
+	if len(only) == 1 {
+		query, args = query+` WHERE name = ?`, []any{only[0]}
+	}
+	rows, err := q.QueryContext(ctx, query+` ORDER BY name`, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -130,6 +134,13 @@ func (s *Store) Nodes(ctx context.Context) ([]NodeInfo, error) { return readNode
 
 // Node reads one node, or ErrNotFound with the names that exist.
 func (s *Store) Node(ctx context.Context, name string) (NodeInfo, error) {
+	one, err := readNodes(ctx, s.db, name)
+	if err != nil {
+		return NodeInfo{}, err
+	}
+	if len(one) == 1 {
+		return one[0], nil
+	}
 	nodes, err := s.Nodes(ctx)
 	if err != nil {
 		return NodeInfo{}, err
@@ -144,40 +155,77 @@ func (s *Store) Node(ctx context.Context, name string) (NodeInfo, error) {
 	return NodeInfo{}, ruleErr(ErrNotFound, "node %q is not in the mesh (known: %s)", name, joinOr(names, "none"))
 }
 
-// Modules lists the catalogue, with where each module is assigned.
+// Modules lists the catalogue, with where each module is assigned: two
+// reads merged (a join grouped per module cost a scan of the assignments
+// per module).
 func (s *Store) Modules(ctx context.Context) ([]ModuleInfo, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT m.name, m.file, m.digest, m.version, m.added_at, COALESCE(GROUP_CONCAT(a.node, ','), '')
-		FROM modules m LEFT JOIN (SELECT * FROM assignments ORDER BY node) a ON a.module = m.name GROUP BY m.name ORDER BY m.name`)
+	return s.modules(ctx, "")
+}
+
+// modules lists the catalogue, or only the module named only.
+func (s *Store) modules(ctx context.Context, only string) ([]ModuleInfo, error) {
+	where, args := "", []any{}
+	if only != "" {
+		where, args = ` WHERE name = ?`, []any{only}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT name, file, digest, version, added_at FROM modules`+where+` ORDER BY name`, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	var out []ModuleInfo
+	at := map[string]int{}
 	for rows.Next() {
 		var m ModuleInfo
-		var at, nodes string
-		if err := rows.Scan(&m.Name, &m.File, &m.Digest, &m.Version, &at, &nodes); err != nil {
+		var added string
+		if err := rows.Scan(&m.Name, &m.File, &m.Digest, &m.Version, &added); err != nil {
 			return nil, err
 		}
-		m.AddedAt, _ = time.Parse(timeLayout, at)
-		m.Nodes = splitNonEmpty(nodes)
+		m.AddedAt, _ = time.Parse(timeLayout, added)
+		at[m.Name] = len(out)
 		out = append(out, m)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	where = ""
+	if only != "" {
+		where = ` WHERE module = ?`
+	}
+	arows, err := s.db.QueryContext(ctx, `SELECT module, node FROM assignments`+where+` ORDER BY module, node`, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer arows.Close()
+	for arows.Next() {
+		var mod, node string
+		if err := arows.Scan(&mod, &node); err != nil {
+			return nil, err
+		}
+		if i, ok := at[mod]; ok {
+			out[i].Nodes = append(out[i].Nodes, node)
+		}
+	}
+	return out, arows.Err()
 }
 
 // Module reads one catalogue entry with its manifest text.
 func (s *Store) Module(ctx context.Context, name string) (ModuleInfo, error) {
+	one, err := s.modules(ctx, name)
+	if err != nil {
+		return ModuleInfo{}, err
+	}
+	if len(one) == 1 {
+		m := one[0]
+		err := s.db.QueryRowContext(ctx, `SELECT manifest FROM modules WHERE name = ?`, name).Scan(&m.Manifest)
+		return m, err
+	}
 	mods, err := s.Modules(ctx)
 	if err != nil {
 		return ModuleInfo{}, err
 	}
 	var names []string
 	for _, m := range mods {
-		if m.Name == name {
-			err := s.db.QueryRowContext(ctx, `SELECT manifest FROM modules WHERE name = ?`, name).Scan(&m.Manifest)
-			return m, err
-		}
 		names = append(names, m.Name)
 	}
 	return ModuleInfo{}, ruleErr(ErrNotFound, "module %q is not in the catalogue (known: %s)", name, joinOr(names, "none; mesh module add FILE"))
@@ -265,6 +313,58 @@ func (s *Store) Plan(ctx context.Context, node string) (PlanVersion, error) {
 		return PlanVersion{}, ruleErr(ErrNotFound, "node %q has no plan yet", node)
 	}
 	return h[0], nil
+}
+
+// PlanHead is what a node's newest plan is, without the plan: its version,
+// digest and number of resources.
+type PlanHead struct {
+	Version   uint64
+	Digest    string
+	Resources int
+}
+
+// PlanHeads reads every node's newest plan's head (mesh status, which
+// shows them for every node, does not decode the plans). A plan's number
+// of resources is counted once per digest: a digest names one plan.
+func (s *Store) PlanHeads(ctx context.Context) (map[string]PlanHead, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT p.node, p.version, p.digest
+		FROM plans p JOIN (SELECT node, MAX(version) AS v FROM plans GROUP BY node) m ON p.node = m.node AND p.version = m.v`)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]PlanHead{}
+	for rows.Next() {
+		var n string
+		var h PlanHead
+		if err := rows.Scan(&n, &h.Version, &h.Digest); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[n] = h
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for n, h := range out {
+		s.mu.Lock()
+		count, ok := s.planSizes[h.Digest]
+		s.mu.Unlock()
+		if !ok {
+			if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(json_array_length(body, '$.resources'), 0) FROM plans WHERE node = ? AND version = ?`, n, h.Version).Scan(&count); err != nil {
+				return nil, err
+			}
+			s.mu.Lock()
+			if len(s.planSizes) >= 4096 {
+				clear(s.planSizes) // bounded: counted again when asked
+			}
+			s.planSizes[h.Digest] = count
+			s.mu.Unlock()
+		}
+		h.Resources = count
+		out[n] = h
+	}
+	return out, nil
 }
 
 // Reports reads the last report of every node that sent one.

@@ -41,10 +41,12 @@ type Store struct {
 	db   *sql.DB
 	path string
 
-	mu      sync.Mutex // guards the cache and the subscribers
-	parsed  map[string]*manifest.Manifest
-	changed chan struct{}
-	applyMu sync.Mutex // one Apply or Restore at a time
+	mu     sync.Mutex // guards the caches and the subscribers
+	parsed map[string]*manifest.Manifest
+	// planSizes is each plan's number of resources by its digest (PlanHeads).
+	planSizes map[string]int
+	changed   chan struct{}
+	applyMu   sync.Mutex // one Apply or Restore at a time
 	// cat is the catalogue as the last applied command left it, for the
 	// FSM's own reads (under applyMu); nil when not known. Every command
 	// recomposes, and reading the catalogue's rows each time cost more than
@@ -100,7 +102,7 @@ func openDSN(dsn, path string) (*Store, error) {
 		return nil, fmt.Errorf("open state db %q: %w", path, err)
 	}
 	db.SetMaxOpenConns(4)
-	s := &Store{db: db, path: path, parsed: map[string]*manifest.Manifest{}, changed: make(chan struct{})}
+	s := &Store{db: db, path: path, parsed: map[string]*manifest.Manifest{}, planSizes: map[string]int{}, changed: make(chan struct{})}
 	if err := s.migrate(); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("migrate state db %q: %w", path, err)

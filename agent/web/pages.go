@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -43,7 +44,10 @@ func ago(t any) string {
 }
 
 var funcs = template.FuncMap{
-	"ago": ago,
+	"ago":   ago,
+	"asset": assetURL,
+	"inc":   func(n int) int { return n + 1 },
+	"dec":   func(n int) int { return n - 1 },
 	"when": func(t time.Time) string {
 		if t.IsZero() {
 			return "-"
@@ -124,8 +128,51 @@ type fleetView struct {
 	Status   api.Status
 	Error    string
 	Problems []Problem
-	Modules  []moduleRow
-	Healthy  int
+	// MoreProblems is how many problems are not listed (AllProblems lists
+	// them all).
+	MoreProblems int
+	AllProblems  bool
+	Modules      []moduleRow
+	// Total modules, those with nothing to care for, those the filter Q
+	// keeps; the page shows Modules, From to To of Shown.
+	Total, Healthy, Shown int
+	Q                     string
+	Page, Pages           int
+	From, To              int
+	// The nodes' summary; the table shows open up to NodesOpen nodes.
+	Reachable, Unreachable, Pending int
+	NodesOpen                       int
+}
+
+// The fleet page lists at most problemsShown problems and modulesPerPage
+// modules (problems first): a fleet of thousands of modules renders in a
+// browser as fast as one of a hundred, and the rest is a click or a
+// search away.
+const (
+	problemsShown  = 50
+	modulesPerPage = 100
+	// nodesOpen: a larger fleet's node table is folded under its summary
+	// (a browser lays out nothing of a closed details, and its unreachable
+	// nodes are among the problems above it).
+	nodesOpen = 20
+)
+
+// PageLink is the fleet page's link to page n, keeping the filter.
+func (v fleetView) PageLink(n int) string {
+	q := url.Values{}
+	if v.Q != "" {
+		q.Set("q", v.Q)
+	}
+	if v.AllProblems {
+		q.Set("problems", "all")
+	}
+	if n > 1 {
+		q.Set("page", strconv.Itoa(n))
+	}
+	if len(q) == 0 {
+		return "/"
+	}
+	return "/?" + q.Encode()
 }
 
 func (fleetView) title() string { return "fleet" }
@@ -155,6 +202,18 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request, sess *session) {
 		return
 	}
 	v.Status = st
+	v.NodesOpen = nodesOpen
+	for _, n := range st.Nodes {
+		switch {
+		case !n.Reachable:
+			v.Unreachable++
+		default:
+			v.Reachable++
+		}
+		if n.AppliedVersion < n.PlanVersion {
+			v.Pending++
+		}
+	}
 	mods, err := s.cfg.Client.Modules(ctx)
 	if err != nil {
 		v.Error = apiError(err)
@@ -183,6 +242,22 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request, sess *session) {
 		}
 		return v.Modules[i].Name < v.Modules[j].Name
 	})
+	q := r.URL.Query()
+	v.Total, v.Q, v.AllProblems = len(v.Modules), strings.TrimSpace(q.Get("q")), q.Get("problems") == "all"
+	if !v.AllProblems && len(v.Problems) > problemsShown {
+		v.MoreProblems = len(v.Problems) - problemsShown
+		v.Problems = v.Problems[:problemsShown]
+	}
+	if v.Q != "" {
+		v.Modules = slices.DeleteFunc(v.Modules, func(m moduleRow) bool { return !strings.Contains(m.Name, v.Q) })
+	}
+	v.Shown = len(v.Modules)
+	v.Pages = max(1, (v.Shown+modulesPerPage-1)/modulesPerPage)
+	v.Page, _ = strconv.Atoi(q.Get("page"))
+	v.Page = min(max(v.Page, 1), v.Pages)
+	v.From, v.To = (v.Page-1)*modulesPerPage, min(v.Page*modulesPerPage, v.Shown)
+	v.Modules = v.Modules[v.From:v.To]
+	v.From++
 	s.render(w, r, http.StatusOK, "fleet", sess, v)
 }
 
@@ -493,7 +568,7 @@ func (s *Server) module(w http.ResponseWriter, r *http.Request, sess *session) {
 	if len(v.Changes) > maxChanges {
 		v.Changes = v.Changes[:maxChanges]
 	}
-	v.Logs, v.LogsError = s.lastLines(ctx, v.Name, len(mi.Nodes) > 0)
+	v.Logs, v.LogsError = s.lastLines(ctx, v.Name, mi.Nodes, st)
 	s.render(w, r, http.StatusOK, "module", sess, v)
 }
 
@@ -535,26 +610,41 @@ const (
 	logWait  = 3 * time.Second
 )
 
-func (s *Server) lastLines(ctx context.Context, module string, assigned bool) ([]api.Record, string) {
-	if !assigned {
+func (s *Server) lastLines(ctx context.Context, module string, nodes []string, st api.Status) ([]api.Record, string) {
+	if len(nodes) == 0 {
 		return nil, ""
 	}
 	ctx, cancel := context.WithTimeout(ctx, logWait)
 	defer cancel()
 	var out []api.Record
 	var errs []string
-	err := s.cfg.Client.Logs(ctx, module, "", api.LogQuery{Tail: logLines}, func(r api.Record) error {
-		switch {
-		case r.Sources != nil, r.Note != "":
-		case r.Error != "":
-			errs = append(errs, r.Container+" on "+r.Node+": "+r.Error)
-		default:
-			out = append(out, r)
+	// A node not heard from is not asked: it would only hold the page for
+	// logWait.
+	var ask []string
+	for _, n := range nodes {
+		if reachable(st, n) {
+			ask = append(ask, n)
+		} else {
+			errs = append(errs, n+" is unreachable")
 		}
-		return nil
-	})
-	if err != nil && ctx.Err() == nil {
-		errs = append(errs, err.Error())
+	}
+	if len(ask) == len(nodes) {
+		ask = []string{""} // every node at once
+	}
+	for _, n := range ask {
+		err := s.cfg.Client.Logs(ctx, module, n, api.LogQuery{Tail: logLines}, func(r api.Record) error {
+			switch {
+			case r.Sources != nil, r.Note != "":
+			case r.Error != "":
+				errs = append(errs, r.Container+" on "+r.Node+": "+r.Error)
+			default:
+				out = append(out, r)
+			}
+			return nil
+		})
+		if err != nil && ctx.Err() == nil {
+			errs = append(errs, err.Error())
+		}
 	}
 	if len(out) > 4*logLines {
 		out = out[len(out)-4*logLines:]
@@ -562,18 +652,32 @@ func (s *Server) lastLines(ctx context.Context, module string, assigned bool) ([
 	return out, strings.Join(errs, "; ")
 }
 
+func reachable(st api.Status, node string) bool {
+	for _, n := range st.Nodes {
+		if n.Name == node {
+			return n.Reachable
+		}
+	}
+	return false
+}
+
 type rosterView struct {
-	Query   string
-	Error   string
-	Names   []state.Name
-	History []state.RosterEvent
-	More    int
+	Query     string
+	Error     string
+	Names     []state.Name
+	MoreNames int
+	History   []state.RosterEvent
+	More      int
 }
 
 func (rosterView) title() string { return "roster" }
 
-// maxEvents bounds the roster history one page shows.
-const maxEvents = 300
+// maxNames and maxEvents bound the names and the history one roster page
+// shows: the search narrows them.
+const (
+	maxNames  = 200
+	maxEvents = 100
+)
 
 // roster is the roster and its history, newest first, filtered by q.
 func (s *Server) roster(w http.ResponseWriter, r *http.Request, sess *session) {
@@ -596,9 +700,14 @@ func (s *Server) roster(w http.ResponseWriter, r *http.Request, sess *session) {
 		v.Error = apiError(err)
 	}
 	for _, n := range names {
-		if match(n.Name, n.Address, n.Node) {
-			v.Names = append(v.Names, n)
+		if !match(n.Name, n.Address, n.Node) {
+			continue
 		}
+		if len(v.Names) == maxNames {
+			v.MoreNames++
+			continue
+		}
+		v.Names = append(v.Names, n)
 	}
 	hist, err := s.cfg.Client.RosterHistory(ctx, "")
 	if err != nil && v.Error == "" {

@@ -12,7 +12,9 @@ package web
 
 import (
 	"context"
+	"crypto/sha256"
 	"embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -97,6 +99,12 @@ func New(cfg Config) (*Server, error) {
 			http.NotFound(w, r) // no listing of the assets
 			return
 		}
+		// An asset asked for by its digest (as the pages link it) is
+		// the same for ever: the browser keeps it, and a page's load
+		// does not wait on it again. Anything else is not kept.
+		if v := r.URL.Query().Get("v"); v != "" && v == assetDigest(r.URL.Path) {
+			w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
+		}
 		files.ServeHTTP(w, r)
 	}))
 	mux := http.NewServeMux()
@@ -131,6 +139,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mux.ServeHTTP(w, r)
 }
+
+// assetDigests is each embedded asset's digest, made once.
+var assetDigests = sync.OnceValue(func() map[string]string {
+	out := map[string]string{}
+	entries, _ := fs.ReadDir(assets, "static")
+	for _, e := range entries {
+		b, err := fs.ReadFile(assets, "static/"+e.Name())
+		if err == nil {
+			sum := sha256.Sum256(b)
+			out[e.Name()] = hex.EncodeToString(sum[:8])
+		}
+	}
+	return out
+})
+
+func assetDigest(name string) string { return assetDigests()[name] }
+
+// assetURL is where a page links an asset: by its digest, so that a
+// browser that keeps it takes a new one when the binary brings one.
+func assetURL(name string) string { return "/static/" + name + "?v=" + assetDigest(name) }
 
 // cookieName is the session cookie's name: one per port, as a browser
 // sends a host's cookies to each of its ports, so that two agents' pages

@@ -50,7 +50,7 @@ resources:
 `
 
 type bed struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	member *cluster.Member
 	client *api.Client
@@ -71,7 +71,7 @@ func (c *clock) add(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func startBed(t *testing.T) *bed {
+func startBed(t testing.TB) *bed {
 	t.Helper()
 	// A short path: the data dir holds a unix socket (at most 108 bytes).
 	tmp, err := os.MkdirTemp("", "mweb")
@@ -158,7 +158,7 @@ func (b *bed) local(path string, body, out any) int {
 
 // browser is a client with a cookie jar that does not follow redirects.
 type browser struct {
-	t    *testing.T
+	t    testing.TB
 	b    *bed
 	hc   *http.Client
 	csrf string
@@ -210,7 +210,7 @@ func (br *browser) login() {
 	br.csrf = csrfOf(br.t, page)
 }
 
-func csrfOf(t *testing.T, page string) string {
+func csrfOf(t testing.TB, page string) string {
 	t.Helper()
 	i := strings.Index(page, `name="csrf" value="`)
 	if i < 0 {
@@ -284,8 +284,8 @@ func TestLoginLink(t *testing.T) {
 	if strings.Contains(cookie.Value, tok) {
 		t.Fatal("the session id is the login token")
 	}
-	if code, body := br.get("/"); code != 200 || !strings.Contains(body, `data-node="ace"`) {
-		t.Fatalf("fleet page: %d\n%s", code, body)
+	if code, body := br.get("/"); code != 200 || !strings.Contains(body, `data-node="ace"`) || !strings.Contains(body, `<details id="nodes-details" open>`) {
+		t.Fatalf("fleet page (its one node's table open): %d\n%s", code, body)
 	}
 	// The token is spent: a second browser cannot use it.
 	other := b.browser()
@@ -838,6 +838,26 @@ func TestStaticHasNoListing(t *testing.T) {
 	if code, _ := br.get("/static/mesh.js"); code != 200 {
 		t.Errorf("mesh.js: %d", code)
 	}
+	// The pages link each asset by its digest, which the browser may keep
+	// for ever; any other form of its address is not kept.
+	_, login := br.get("/login")
+	if !strings.Contains(login, `src="`+assetURL("mesh.js")+`"`) || len(assetDigest("mesh.js")) != 16 {
+		t.Fatalf("the page does not link mesh.js by its digest:\n%s", login)
+	}
+	for u, want := range map[string]string{
+		assetURL("mesh.css"):                  "public, max-age=31536000, immutable",
+		"/static/mesh.css":                    "no-store",
+		"/static/mesh.css?v=0123456789abcdef": "no-store",
+	} {
+		resp, err := br.hc.Get(b.srv.URL + u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get("Cache-Control"); got != want {
+			t.Errorf("%s: Cache-Control %q, want %q", u, got, want)
+		}
+	}
 }
 
 func TestCookieNamePerPort(t *testing.T) {
@@ -906,5 +926,86 @@ func TestModuleNamesAreExact(t *testing.T) {
 	want := []state.Name{{Name: "db.mesh", Node: "a"}, {Name: "admin.example", Node: "a"}}
 	if !slices.Equal(got, want) {
 		t.Fatalf("names of db: %v, want %v", got, want)
+	}
+}
+
+// The fleet page of a large fleet: problems cut at problemsShown with a
+// link to all, modules a page at a time (those that need care first), a
+// filter by name, and the roster cut at maxNames.
+func TestFleetPagesAndFilters(t *testing.T) {
+	b := startBed(t)
+	ctx := context.Background()
+	for i := range problemsShown + 10 {
+		// Nodes that run no agent: each an "unreachable" problem.
+		if _, err := b.member.Node.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: fmt.Sprintf("d%03d", i), Address: fmt.Sprintf("10.9.0.%d", i+1)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var texts []state.ModuleText
+	for j := range 250 {
+		texts = append(texts, state.ModuleText{File: fmt.Sprintf("w%04d.yaml", j), Text: strings.ReplaceAll(appManifest, "app", fmt.Sprintf("w%04d", j))})
+	}
+	if _, err := b.client.AddModules(ctx, api.AddRequest{Modules: texts}); err != nil {
+		t.Fatal(err)
+	}
+	// One module on an unreachable node: it needs care, so it comes first.
+	if _, err := b.client.Assign(ctx, state.OpAssign, "d007", "w0200"); err != nil {
+		t.Fatal(err)
+	}
+	br := b.browser()
+	br.login()
+	_, page := br.get("/")
+	rows := func(page string) []string {
+		var out []string
+		for _, part := range strings.Split(page, `class="module-row" data-module="`)[1:] {
+			out = append(out, part[:strings.IndexByte(part, '"')])
+		}
+		return out
+	}
+	if got := strings.Count(page, `<li class="problem">`); got != problemsShown || !strings.Contains(page, "and 10 more") {
+		t.Errorf("fleet page lists %d problems, want %d and a link to 10 more", got, problemsShown)
+	}
+	// More than nodesOpen nodes: the table is folded under its summary.
+	if !strings.Contains(page, `<details id="nodes-details">`) || !strings.Contains(page, "61 nodes: 1 reachable") || !strings.Contains(page, "60 unreachable") {
+		t.Errorf("the node table of 61 nodes is not folded under its summary")
+	}
+	if r := rows(page); len(r) != modulesPerPage || r[0] != "w0200" || r[1] != "w0000" || !strings.Contains(page, "Modules 1 to 100 of 250") {
+		t.Fatalf("page 1: %d rows, first %v", len(r), r[:min(2, len(r))])
+	}
+	_, page = br.get("/?page=3")
+	if r := rows(page); len(r) != 50 || r[49] != "w0249" || strings.Contains(page, `id="next-page"`) {
+		t.Fatalf("page 3: %d rows", len(r))
+	}
+	_, page = br.get("/?page=99") // past the end: the last page
+	if r := rows(page); len(r) != 50 {
+		t.Fatalf("page 99: %d rows", len(r))
+	}
+	_, page = br.get("/?q=w01&page=1")
+	if r := rows(page); len(r) != 100 || r[0] != "w0100" || !strings.Contains(page, "of 100 whose name has") {
+		t.Fatalf("filter w01: %d rows", len(r))
+	}
+	_, page = br.get("/?problems=all")
+	if got := strings.Count(page, `<li class="problem">`); got != problemsShown+10 {
+		t.Errorf("all problems: %d", got)
+	}
+	if _, page = br.get("/?q=%3Cscript%3E"); strings.Contains(page, "<script>") || !strings.Contains(page, "No module") {
+		t.Errorf("a filter is not escaped, or matches:\n%s", page)
+	}
+	// The roster: at most maxNames names, and how many more.
+	var more []state.ModuleText
+	for j := 250; j < 250+maxNames; j++ {
+		more = append(more, state.ModuleText{File: fmt.Sprintf("w%04d.yaml", j), Text: strings.ReplaceAll(appManifest, "app", fmt.Sprintf("w%04d", j))})
+	}
+	b.client.AddModules(ctx, api.AddRequest{Modules: more})
+	for j := range maxNames + 5 {
+		if _, err := b.client.Assign(ctx, state.OpAssign, "ace", fmt.Sprintf("w%04d", j)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, _ := b.client.Roster(ctx)
+	_, page = br.get("/roster")
+	names := page[strings.Index(page, `id="roster-table"`):strings.Index(page, `<h2>History`)]
+	if got := strings.Count(names, `<tr><td>`); got != maxNames || !strings.Contains(page, fmt.Sprintf("%d more names not shown", len(all)-maxNames)) {
+		t.Errorf("roster shows %d of %d names, want %d and how many more", got, len(all), maxNames)
 	}
 }

@@ -512,6 +512,11 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
+	heads, err := a.store.PlanHeads(ctx)
+	if err != nil {
+		fail(w, err)
+		return
+	}
 	seen := a.node.Seen()
 	now := a.now()
 	var peers map[string]PeerStatus
@@ -537,8 +542,8 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 		if p, ok := peers[n.Name]; ok {
 			ns.Overlay = &p
 		}
-		if p, err := a.store.Plan(ctx, n.Name); err == nil {
-			ns.PlanVersion, ns.PlanDigest, ns.Resources = p.Version, p.Digest, len(p.Plan.Resources)
+		if h, ok := heads[n.Name]; ok {
+			ns.PlanVersion, ns.PlanDigest, ns.Resources = h.Version, h.Digest, h.Resources
 		}
 		if rep, ok := reports[n.Name]; ok {
 			rep := rep

@@ -23,7 +23,11 @@
         return r.text();
       })
       .then(function (html) {
+        // What the operator opened stays open.
+        var open = {};
+        main.querySelectorAll("details[id]").forEach(function (d) { open[d.id] = d.open; });
         main.innerHTML = html;
+        main.querySelectorAll("details[id]").forEach(function (d) { if (d.id in open) { d.open = open[d.id]; } });
         main.dataset.updated = String(Date.now());
         document.dispatchEvent(new Event("mesh:updated"));
       })
