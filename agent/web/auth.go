@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/netip"
-	"strings"
 	"sync"
 	"time"
 )
@@ -271,11 +270,11 @@ func (b *bucket) full(now time.Time, burst int, every time.Duration) bool {
 
 // sameOrigin says whether a request that changes something comes from the
 // page itself: a browser names the site that sent it (Sec-Fetch-Site,
-// which every current browser sends), or else its origin (Origin); a
-// request from another site is refused even with a good CSRF token. A
-// request that names neither (not a browser's) passes on the CSRF token
-// alone.
-func sameOrigin(r *http.Request) bool {
+// which every current browser sends), or else its origin (Origin: the
+// page's scheme and host); a request from another site is refused even
+// with a good CSRF token. A request that names neither (not a browser's)
+// passes on the CSRF token alone.
+func sameOrigin(r *http.Request, tls bool) bool {
 	switch r.Header.Get("Sec-Fetch-Site") {
 	case "same-origin", "none":
 		return true
@@ -287,8 +286,11 @@ func sameOrigin(r *http.Request) bool {
 	if o == "" {
 		return true
 	}
-	host := strings.TrimPrefix(strings.TrimPrefix(o, "https://"), "http://")
-	return host == r.Host
+	scheme := "http://"
+	if tls {
+		scheme = "https://"
+	}
+	return o == scheme+r.Host
 }
 
 func equalSecret(a, b string) bool {

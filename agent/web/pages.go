@@ -3,6 +3,7 @@ package web
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -789,7 +790,12 @@ func (s *Server) do(w http.ResponseWriter, r *http.Request, sess *session) {
 	op, node, module, domain := r.PostFormValue("op"), r.PostFormValue("node"), r.PostFormValue("module"), r.PostFormValue("domain")
 	res, err := s.write(ctx, s.cfg.Client, op, node, module, domain)
 	if err != nil {
-		v := previewView{Op: op, Node: node, Module: module, Domain: domain, Ops: previewOps, Error: apiError(err)}
+		msg := apiError(err)
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The mesh may commit it still: say so rather than "failed".
+			msg += "; the change may still be made: look at the fleet page before trying again"
+		}
+		v := previewView{Op: op, Node: node, Module: module, Domain: domain, Ops: previewOps, Error: msg}
 		s.choices(ctx, &v)
 		s.render(w, r, http.StatusConflict, "preview", sess, v)
 		return

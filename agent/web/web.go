@@ -268,7 +268,7 @@ func (s *Server) changes(next func(w http.ResponseWriter, r *http.Request, sess 
 			s.unauthorized(w, r)
 			return
 		}
-		if !sameOrigin(r) {
+		if !sameOrigin(r, s.cfg.TLS) {
 			s.refuse(w, r, http.StatusForbidden, "refused: the request came from another site")
 			return
 		}
@@ -297,7 +297,7 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
-	if !sameOrigin(r) {
+	if !sameOrigin(r, s.cfg.TLS) {
 		s.refuse(w, r, http.StatusForbidden, "refused: the request came from another site")
 		return
 	}
