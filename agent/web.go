@@ -40,8 +40,11 @@ func (a *Agent) serveWeb() error {
 	if useTLS {
 		h, _, _ := net.SplitHostPort(host)
 		if cert, err = newWebCert(a.dir, []string{h}, a.log); err != nil {
+			// The page goes, not the node (a full disk, say): the agent
+			// runs on and says why the page is not there.
 			ln.Close()
-			return fmt.Errorf("--web-listen %s: the page's certificate: %w", a.cfg.WebListen, err)
+			a.log.Error("web page not served: its certificate could not be made", "listen", a.cfg.WebListen, "err", err)
+			return nil
 		}
 	}
 	m := a.member

@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -21,6 +22,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"mesh/internal/safefs"
 )
@@ -49,6 +52,9 @@ type webCert struct {
 	mu    sync.Mutex
 	cert  *tls.Certificate
 	leaf  *x509.Certificate
+	// failed is when making it again last failed: a handshake tries again
+	// an hour later, not at every handshake (a full disk, a read-only dir).
+	failed time.Time
 }
 
 // newWebCert loads the data dir's web certificate, or makes one (and
@@ -86,11 +92,15 @@ func fingerprint(c *x509.Certificate) string {
 // GetCertificate serves it, made again first when it ends soon.
 func (w *webCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	w.mu.Lock()
-	soon := w.leaf.NotAfter.Sub(w.now()) < webCertRenew
+	now := w.now()
+	soon := w.leaf.NotAfter.Sub(now) < webCertRenew && now.Sub(w.failed) > time.Hour
 	w.mu.Unlock()
 	if soon {
 		if err := w.ensure(); err != nil {
-			w.log.Warn("web page: the certificate ends soon and was not made again", "err", err)
+			w.mu.Lock()
+			w.failed = now
+			w.mu.Unlock()
+			w.log.Warn("web page: the certificate ends soon and was not made again; trying again in an hour", "err", err)
 		}
 	}
 	w.mu.Lock()
@@ -112,7 +122,15 @@ func (w *webCert) ensure() error {
 	case !errors.Is(err, os.ErrNotExist):
 		w.log.Warn("web page: the certificate in the data dir does not load; making a new one", "err", err)
 	}
-	certPEM, keyPEM, err := makeWebCert(w.hosts, w.now())
+	// The key stays when it loads: a browser that pinned it (or was told
+	// its hash) takes the new certificate.
+	var key *ecdsa.PrivateKey
+	if b, err := readOwn(keyFile); err == nil {
+		if blk, _ := pem.Decode(b); blk != nil && blk.Type == "EC PRIVATE KEY" {
+			key, _ = x509.ParseECPrivateKey(blk.Bytes)
+		}
+	}
+	certPEM, keyPEM, err := makeWebCert(w.hosts, w.now(), key)
 	if err != nil {
 		return err
 	}
@@ -133,11 +151,19 @@ func (w *webCert) ensure() error {
 	return nil
 }
 
+// loadWebCert loads the pair, which must be the page's own: regular files
+// (a link is not followed: one planted to the node's certificate would
+// serve the mesh CA's), and a self-signed leaf, not a CA.
 func loadWebCert(certFile, keyFile string) (*tls.Certificate, *x509.Certificate, error) {
-	if _, err := os.Stat(certFile); err != nil {
+	certPEM, err := readOwn(certFile)
+	if err != nil {
 		return nil, nil, err
 	}
-	c, err := tls.LoadX509KeyPair(certFile, keyFile)
+	keyPEM, err := readOwn(keyFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -145,8 +171,25 @@ func loadWebCert(certFile, keyFile string) (*tls.Certificate, *x509.Certificate,
 	if err != nil {
 		return nil, nil, err
 	}
+	if leaf.IsCA || leaf.CheckSignature(leaf.SignatureAlgorithm, leaf.RawTBSCertificate, leaf.Signature) != nil {
+		return nil, nil, errors.New(certFile + " is not a self-signed leaf certificate")
+	}
 	c.Leaf = leaf
 	return &c, leaf, nil
+}
+
+// readOwn reads one of the agent's small files, never through a link.
+func readOwn(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() > 64<<10 {
+		return nil, fmt.Errorf("%s is not a regular file of at most 64 KiB", path)
+	}
+	return io.ReadAll(io.LimitReader(f, 64<<10))
 }
 
 // covers says whether c names every host.
@@ -163,12 +206,14 @@ func covers(c *x509.Certificate, hosts []string) bool {
 	return true
 }
 
-// makeWebCert makes a self-signed ECDSA P-256 certificate for hosts: a
-// leaf for serving (not a CA, so trusting it vouches for nothing else).
-func makeWebCert(hosts []string, now time.Time) (certPEM, keyPEM []byte, err error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
+// makeWebCert makes a self-signed ECDSA P-256 certificate for hosts, with
+// key (a new one when nil): a leaf for serving (not a CA, so trusting it
+// vouches for nothing else).
+func makeWebCert(hosts []string, now time.Time, key *ecdsa.PrivateKey) (certPEM, keyPEM []byte, err error) {
+	if key == nil {
+		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			return nil, nil, err
+		}
 	}
 	sn, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 	if err != nil {

@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -351,7 +352,11 @@ func (s *Store) PlanHeads(ctx context.Context) (map[string]PlanHead, error) {
 		count, ok := s.planSizes[h.Digest]
 		s.mu.Unlock()
 		if !ok {
-			if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(json_array_length(body, '$.resources'), 0) FROM plans WHERE node = ? AND version = ?`, n, h.Version).Scan(&count); err != nil {
+			err := s.db.QueryRowContext(ctx, `SELECT COALESCE(json_array_length(body, '$.resources'), 0) FROM plans WHERE node = ? AND version = ?`, n, h.Version).Scan(&count)
+			if errors.Is(err, sql.ErrNoRows) {
+				delete(out, n) // pruned or restored since the first read: no head to show
+				continue
+			} else if err != nil {
 				return nil, err
 			}
 			s.mu.Lock()

@@ -65,6 +65,7 @@ type access struct {
 	tokens   map[[32]byte]time.Time // digest -> expiry
 	sessions map[[32]byte]*session
 	perAddr  map[netip.Prefix]*bucket
+	pruned   time.Time // when perAddr was last pruned at its bound
 	all      bucket
 }
 
@@ -102,11 +103,12 @@ func (a *access) dropOldestToken() {
 // exchange spends a login token for a new session: its id and CSRF token.
 // A good token always logs in: it is 256 random bits, which nobody
 // guesses, so the limiter does not stand between it and its operator (a
-// flood of bad guesses from anywhere cannot lock the operator out). ok is
-// false for a token that is unknown, spent or expired; each such failure
-// is counted against its address (an IPv6 address by its /64, which one
-// host holds whole) and against all addresses together, and limited is
-// true once either has failed too often (the answer then says only that).
+// flood of bad guesses from anywhere cannot lock the operator out); what
+// the limiter bounds is what a guesser costs (its answers are 429 and not
+// logged). ok is false for a token that is unknown, spent or expired; each
+// such failure is counted against its address (an IPv6 address by its
+// /64, which one host holds whole) and against all addresses together, and
+// limited is true once either has failed too often.
 func (a *access) exchange(tok string, from netip.Addr) (id, csrf string, ok, limited bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -126,17 +128,14 @@ func (a *access) exchange(tok string, from netip.Addr) (id, csrf string, ok, lim
 	key := addrKey(from)
 	b := a.perAddr[key]
 	if b == nil {
-		if len(a.perAddr) >= maxAddrs {
-			a.expire(now)
-		}
-		for k := range a.perAddr {
-			if len(a.perAddr) < maxAddrs {
-				break
-			}
-			delete(a.perAddr, k) // any one: the bucket of all still counts
+		if len(a.perAddr) >= maxAddrs && now.Sub(a.pruned) > loginEvery {
+			a.expire(now) // at most once per loginEvery: a flood does not scan for each guess
+			a.pruned = now
 		}
 		b = &bucket{}
-		a.perAddr[key] = b
+		if len(a.perAddr) < maxAddrs {
+			a.perAddr[key] = b
+		} // else counted by the bucket of all alone, until some expire
 	}
 	limited = !b.allows(now, loginBurst, loginEvery) || !a.all.allows(now, failedBurst, failedEvery)
 	b.fail(now, loginBurst, loginEvery)

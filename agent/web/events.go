@@ -6,17 +6,22 @@ import (
 	"time"
 )
 
-// Bounds of the page's event streams.
-const (
-	// eventGap is the least time between two events of one stream: a burst
-	// of commits makes one refresh, not one per entry.
-	eventGap = 250 * time.Millisecond
+// Bounds of the page's event streams (variables: tests shorten them).
+var (
 	// keepAlive is how often an idle stream says it lives (a proxy or a
 	// NAT that drops idle connections keeps it).
 	keepAlive = 20 * time.Second
 	// writeWait bounds one write of a stream: a browser that stops reading
-	// loses its stream rather than holding a goroutine for ever.
+	// loses its stream rather than holding a goroutine for ever. The
+	// deadline is lifted once the write is out: over HTTP/2 a deadline
+	// that passes resets the stream even with no write under way.
 	writeWait = 10 * time.Second
+)
+
+const (
+	// eventGap is the least time between two events of one stream: a burst
+	// of commits makes one refresh, not one per entry.
+	eventGap = 250 * time.Millisecond
 	// maxStreams bounds the open streams of all sessions together, and
 	// maxSessionStreams those of one session (a browser holds one per open
 	// tab): each holds a connection and a goroutine.
@@ -54,7 +59,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ *session) {
 		if _, err := fmt.Fprint(w, text); err != nil {
 			return false
 		}
-		return rc.Flush() == nil
+		if rc.Flush() != nil {
+			return false
+		}
+		rc.SetWriteDeadline(time.Time{})
+		return true
 	}
 	live := func() bool { return s.access.session(c.Value, false) != nil }
 	// Take the next change's channel before reading the index: a change

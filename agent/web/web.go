@@ -281,12 +281,17 @@ func (s *Server) changes(next func(w http.ResponseWriter, r *http.Request, sess 
 	})
 }
 
+// sessionOf is the request's session. What the page's script asks by
+// itself (its event stream, and the refreshes the events bring) does not
+// mark the session used: a tab left open is not an operator using the
+// page, and its session still ends when idle.
 func (s *Server) sessionOf(r *http.Request) *session {
 	c, err := r.Cookie(s.cookie)
 	if err != nil {
 		return nil
 	}
-	return s.access.session(c.Value, true)
+	byScript := r.URL.Path == "/events" || r.Header.Get(partHeader) != ""
+	return s.access.session(c.Value, !byScript)
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
@@ -305,7 +310,8 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case limited:
 		w.Header().Set("Retry-After", fmt.Sprint(int(loginEvery.Seconds())))
-		s.log.Warn("web login refused: too many failed logins", "from", r.RemoteAddr)
+		// Not logged: a guesser past its limit does not fill the log.
+		s.log.Debug("web login refused: too many failed logins", "from", r.RemoteAddr)
 		s.render(w, r, http.StatusTooManyRequests, "login", nil, map[string]any{"Error": "This link is unknown, used already, or expired, and too many logins failed from here. Make a new link with `mesh web token`: a good link always logs in."})
 		return
 	case !ok:

@@ -617,12 +617,20 @@ func TestEventsFollowTheReplica(t *testing.T) {
 			}
 			var idx uint64
 			if n, _ := fmtSscan(l, &idx); n == 1 && idx >= want {
-				// The stream ends with the session.
+				// The stream ends with the session, at its next event.
 				b.local("/v1/web/logout", nil, nil)
 				b.add(hostileManifest)
-				for range lines {
+				ended := time.After(10 * time.Second)
+				for {
+					select {
+					case _, ok := <-lines:
+						if !ok {
+							return
+						}
+					case <-ended:
+						t.Fatal("the stream outlived its session by 10s")
+					}
 				}
-				return
 			}
 		case <-ctx.Done():
 			t.Fatalf("no event for index %d within 20s", want)
@@ -1008,5 +1016,91 @@ func TestFleetPagesAndFilters(t *testing.T) {
 	names := page[strings.Index(page, `id="roster-table"`):strings.Index(page, `<h2>History`)]
 	if got := strings.Count(names, `<tr><td>`); got != maxNames || !strings.Contains(page, fmt.Sprintf("%d more names not shown", len(all)-maxNames)) {
 		t.Errorf("roster shows %d of %d names, want %d and how many more", got, len(all), maxNames)
+	}
+}
+
+// Over HTTP/2 (what a browser speaks to the page over TLS) a stream lives
+// past writeWait with nothing to write: a write's deadline is lifted once
+// the write is out (a deadline left set resets an HTTP/2 stream).
+func TestEventsOverHTTP2OutliveWriteWait(t *testing.T) {
+	b := startBed(t)
+	oldWait, oldAlive := writeWait, keepAlive
+	writeWait, keepAlive = 300*time.Millisecond, 5*time.Second
+	t.Cleanup(func() { writeWait, keepAlive = oldWait, oldAlive })
+	srv := httptest.NewUnstartedServer(b.web)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	br := b.browser()
+	br.login()
+	u, _ := url.Parse(b.srv.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/events", nil)
+	req.AddCookie(br.hc.Jar.Cookies(u)[0])
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 || resp.StatusCode != 200 {
+		t.Fatalf("events: %s over %s", resp.Status, resp.Proto)
+	}
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	nextIndex(t, ctx, lines, 0)
+	// Four times writeWait with nothing written (the condition is time
+	// passing), then a change: it comes on the same stream.
+	time.Sleep(4 * writeWait)
+	b.add(appManifest)
+	want, _ := b.member.Store.AppliedIndex()
+	nextIndex(t, ctx, lines, want)
+}
+
+// What the page's script asks by itself (its stream, the refreshes events
+// bring) does not keep the session alive: only the operator's own requests
+// do.
+func TestScriptRequestsDoNotKeepTheSession(t *testing.T) {
+	b := startBed(t)
+	br := b.browser()
+	br.login()
+	half := SessionIdle/2 + time.Minute
+	b.clock.add(half)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, lines := br.openStream(ctx, b.srv.URL)
+	if resp.StatusCode != 200 {
+		t.Fatalf("events: %s", resp.Status)
+	}
+	nextIndex(t, ctx, lines, 0)
+	resp.Body.Close()
+	req, _ := http.NewRequest("GET", b.srv.URL+"/", nil)
+	req.Header.Set(partHeader, "main")
+	r, err := br.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != 200 {
+		t.Fatalf("a refresh: %s", r.Status)
+	}
+	b.clock.add(half)
+	if code, _ := br.get("/"); code != http.StatusUnauthorized {
+		t.Fatalf("a session only the script used for %s still answers: %d", SessionIdle, code)
+	}
+	// The operator's own request keeps it.
+	other := b.browser()
+	other.login()
+	b.clock.add(half)
+	other.get("/roster")
+	b.clock.add(half)
+	if code, _ := other.get("/"); code != 200 {
+		t.Fatalf("a session used %s ago: %d", half, code)
 	}
 }
