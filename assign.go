@@ -17,7 +17,7 @@ import (
 // AssignCmd assigns a module to a node.
 type AssignCmd struct {
 	Node    string        `arg:"" predictor:"node" help:"The node."`
-	Module  string        `arg:"" predictor:"module" help:"The module."`
+	Modules []string      `arg:"" name:"module" predictor:"module" help:"The modules: several make one command, all or none."`
 	Wait    bool          `help:"Return when the node has applied the new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
 	Timeout time.Duration `default:"5m" help:"How long --wait waits."`
 	DryRun  bool          `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
@@ -25,13 +25,13 @@ type AssignCmd struct {
 
 // Run assigns it.
 func (c *AssignCmd) Run(g *Globals) error {
-	return assign(g, state.OpAssign, c.Node, c.Module, c.Wait, c.DryRun, c.Timeout)
+	return assign(g, state.OpAssign, c.Node, c.Modules, c.Wait, c.DryRun, c.Timeout)
 }
 
 // UnassignCmd unassigns a module from a node.
 type UnassignCmd struct {
 	Node      string        `arg:"" predictor:"node" help:"The node."`
-	Module    string        `arg:"" predictor:"module" help:"The module."`
+	Modules   []string      `arg:"" name:"module" predictor:"module" help:"The modules: several make one command, all or none."`
 	Wait      bool          `help:"Return when the node has applied the new plan and the health checks of the containers it changed pass; exit 1 if either fails."`
 	Timeout   time.Duration `default:"5m" help:"How long --wait waits."`
 	DryRun    bool          `name:"dry-run" help:"Print, per node, what would be created, replaced (and why), run again or removed, and which names would change; write nothing."`
@@ -46,12 +46,15 @@ func (c *UnassignCmd) Run(g *Globals) error {
 	}
 	var purge []string
 	if c.PurgeData {
+		if len(c.Modules) > 1 {
+			return usageError{fmt.Errorf("--purge-data takes one module at a time; nothing was changed")}
+		}
 		var err error
 		if purge, err = c.confirmPurge(g); err != nil {
 			return err
 		}
 	}
-	return assign(g, state.OpUnassign, c.Node, c.Module, c.Wait, c.DryRun, c.Timeout, purge...)
+	return assign(g, state.OpUnassign, c.Node, c.Modules, c.Wait, c.DryRun, c.Timeout, purge...)
 }
 
 // confirmPurge lists the module's data directories, says they go from NODE
@@ -59,7 +62,8 @@ func (c *UnassignCmd) Run(g *Globals) error {
 func (c *UnassignCmd) confirmPurge(g *Globals) ([]string, error) {
 	ctx, cancel := timeout()
 	defer cancel()
-	m, err := g.client().Module(ctx, c.Module)
+	module := c.Modules[0]
+	m, err := g.client().Module(ctx, module)
 	if err != nil {
 		return nil, err
 	}
@@ -69,32 +73,33 @@ func (c *UnassignCmd) confirmPurge(g *Globals) ([]string, error) {
 	}
 	data := pm.DataDirs()
 	if len(data) == 0 {
-		return nil, usageError{fmt.Errorf("module %s declares no data directory (data: true), so --purge-data has nothing to remove; nothing was changed", c.Module)}
+		return nil, usageError{fmt.Errorf("module %s declares no data directory (data: true), so --purge-data has nothing to remove; nothing was changed", module)}
 	}
-	fmt.Fprintf(g.out, "--purge-data removes from %s, with everything in them, once %s's containers there are gone:\n  %s\n", c.Node, c.Module, strings.Join(data, "\n  "))
+	fmt.Fprintf(g.out, "--purge-data removes from %s, with everything in them, once %s's containers there are gone:\n  %s\n", c.Node, module, strings.Join(data, "\n  "))
 	if c.Yes || c.DryRun {
 		return data, nil
 	}
 	if !term.IsTerminal(int(os.Stdin.Fd())) {
 		return nil, usageError{fmt.Errorf("not asked: the input is not a terminal; pass --yes to remove them; nothing was changed")}
 	}
-	fmt.Fprintf(g.out, "type the module's name (%s) to remove them: ", c.Module)
+	fmt.Fprintf(g.out, "type the module's name (%s) to remove them: ", module)
 	line, _ := bufio.NewReader(io.LimitReader(os.Stdin, 1024)).ReadString('\n')
-	if strings.TrimSpace(line) != c.Module {
+	if strings.TrimSpace(line) != module {
 		return nil, fmt.Errorf("not confirmed; nothing was changed")
 	}
 	return data, nil
 }
 
-func assign(g *Globals, op, node, module string, wait, dryRun bool, limit time.Duration, purge ...string) error {
+func assign(g *Globals, op, node string, modules []string, wait, dryRun bool, limit time.Duration, purge ...string) error {
 	ctx, cancel := timeout()
 	defer cancel()
 	var r api.WriteResult
 	var err error
-	if op == state.OpUnassign {
-		r, err = g.writer(dryRun).Unassign(ctx, node, module, purge)
-	} else {
-		r, err = g.writer(dryRun).Assign(ctx, op, node, module)
+	switch {
+	case op == state.OpUnassign && len(purge) > 0:
+		r, err = g.writer(dryRun).Unassign(ctx, node, modules[0], purge)
+	default:
+		r, err = g.writer(dryRun).AssignAll(ctx, op, node, modules)
 	}
 	if err != nil {
 		return err
@@ -106,7 +111,7 @@ func assign(g *Globals, op, node, module string, wait, dryRun bool, limit time.D
 	if op == state.OpUnassign {
 		verb = "unassigned %s from %s"
 	}
-	fmt.Fprintf(g.out, verb+" (log index %d)\n", module, node, r.Index)
+	fmt.Fprintf(g.out, verb+" (log index %d)\n", strings.Join(modules, ", "), node, r.Index)
 	p, err := g.client().Plans(ctx, node, 1)
 	if err != nil {
 		return err
@@ -119,6 +124,10 @@ func assign(g *Globals, op, node, module string, wait, dryRun bool, limit time.D
 	}
 	if !wait || len(p.Versions) == 0 {
 		return nil
+	}
+	module := ""
+	if len(modules) == 1 {
+		module = modules[0] // several: wait for the node's whole plan
 	}
 	return waitApplied(g, node, module, p.Versions[0].Version, limit)
 }

@@ -100,8 +100,8 @@ type CLI struct {
 	Module     ModuleCmd     `cmd:"" help:"Manage the catalogue of modules."`
 	CA         CACmd         `cmd:"" name:"ca" help:"Rotate the mesh's certificate authority, or show it."`
 	Secret     SecretCmd     `cmd:"" help:"Set, list and remove the secrets operators bring (passwords, API keys), sealed to the nodes each module runs on."`
-	Assign     AssignCmd     `cmd:"" help:"Run MODULE on NODE."`
-	Unassign   UnassignCmd   `cmd:"" help:"Stop running MODULE on NODE."`
+	Assign     AssignCmd     `cmd:"" help:"Run each MODULE on NODE (several modules: one command, all or none)."`
+	Unassign   UnassignCmd   `cmd:"" help:"Stop running each MODULE on NODE (several modules: one command, all or none)."`
 	Plan       PlanCmd       `cmd:"" help:"Show what a node must hold, its history and what changed."`
 	Status     StatusCmd     `cmd:"" help:"Show the mesh: nodes, plan versions, what each applied, errors."`
 	Roster     RosterCmd     `cmd:"" help:"Show every name the mesh answers and its addresses."`

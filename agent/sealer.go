@@ -40,7 +40,7 @@ type sealer struct {
 type sealStore interface {
 	SealedSecret(ctx context.Context, p state.Pair) (state.SealedSecret, error)
 	Node(ctx context.Context, name string) (state.NodeInfo, error)
-	SealNeeds(ctx context.Context, extra *state.Assignment, added []*manifest.Manifest) ([]state.SealNeed, error)
+	SealNeeds(ctx context.Context, extra []state.Assignment, added []*manifest.Manifest) ([]state.SealNeed, error)
 	VoterSealStale(ctx context.Context) (map[string]bool, error)
 	Identity(ctx context.Context) (state.Identity, error)
 	VoterKeys(ctx context.Context) ([]string, error)

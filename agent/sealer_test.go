@@ -57,7 +57,7 @@ func (f *fakeSealStore) Node(context.Context, string) (state.NodeInfo, error) {
 	return *f.me, nil
 }
 
-func (f *fakeSealStore) SealNeeds(context.Context, *state.Assignment, []*manifest.Manifest) ([]state.SealNeed, error) {
+func (f *fakeSealStore) SealNeeds(context.Context, []state.Assignment, []*manifest.Manifest) ([]state.SealNeed, error) {
 	return f.needs, nil
 }
 func (f *fakeSealStore) VoterSealStale(context.Context) (map[string]bool, error) { return nil, nil }

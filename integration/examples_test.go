@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -126,8 +127,48 @@ func TestExamplesBed(t *testing.T) {
 	}
 
 	n[1].mesh("assign", "n1", "postgres", "--wait")
-	n[1].mesh("assign", "n2", "whoami", "--wait")
-	n[1].mesh("assign", "n2", "route-proxy", "--wait")
+	// Two modules in one command (the README's tour does the same): one
+	// Raft entry, one plan version, all or none.
+	newest := func() (last uint64, causes []string) {
+		var p struct {
+			Versions []struct {
+				Version uint64
+				Cause   string
+			}
+		}
+		if err := json.Unmarshal([]byte(n[1].mesh("plan", "n2", "--history", "--json")), &p); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range p.Versions {
+			last = max(last, v.Version)
+			causes = append(causes, v.Cause)
+		}
+		return last, causes
+	}
+	was, _ := newest()
+	out := n[1].mesh("assign", "n2", "whoami", "route-proxy", "--wait")
+	if !strings.Contains(out, "assigned whoami, route-proxy to n2") {
+		t.Fatalf("mesh assign n2 whoami route-proxy:\n%s", out)
+	}
+	if now, causes := newest(); now <= was || causes[0] != "mesh assign n2 whoami route-proxy" || slices.Contains(causes[1:], causes[0]) {
+		t.Fatalf("plan history of n2 after one batch (v%d before): v%d, causes %q", was, now, causes)
+	}
+	assignedTo := func(module string) []string {
+		var mods []struct {
+			Name  string
+			Nodes []string
+		}
+		json.Unmarshal([]byte(n[1].mesh("module", "list", "--json")), &mods)
+		for _, m := range mods {
+			if m.Name == module {
+				return m.Nodes
+			}
+		}
+		return nil
+	}
+	if out := n[1].meshFails("assign", "n2", "postgres-exporter", "nosuch"); !strings.Contains(out, "nosuch") || len(assignedTo("postgres-exporter")) != 0 {
+		t.Fatalf("a batch with an unknown module: %s; postgres-exporter on %v", out, assignedTo("postgres-exporter"))
+	}
 
 	root := acme.root(t)
 	// https fetches a page of host over HTTPS at n2, from n3, verified with

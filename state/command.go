@@ -71,7 +71,12 @@ const (
 // module.move and move.step (move.go).
 // 14, a secret.set that rolls out (secretRolloutFormat, rollout.go): an
 // older node would give every node the new value at once.
-const CommandVersion = 14
+// 15, an assign or an unassign of several modules (batchFormat): an older
+// node would take the first module alone.
+const CommandVersion = 15
+
+// batchFormat is the format of an assign or an unassign of several modules.
+const batchFormat = 15
 
 // backupFormat is the format of a manifest that declares backups: a
 // backup: policy, or a step with before-backup: true.
@@ -179,7 +184,9 @@ func NewCommand(r Request) *Command {
 // older is never asked to apply what it would read differently; one that
 // does not stays at its op's format, so a rolling upgrade can go on
 // assigning.
-func (r *AssignRequest) formatNeeded() int { return sealedFormat(r.Secrets) }
+func (r *AssignRequest) formatNeeded() int {
+	return max(sealedFormat(r.Secrets), iff(len(r.More) > 0, batchFormat))
+}
 func (r *ModuleAddRequest) formatNeeded() int {
 	v := sealedFormat(r.Secrets)
 	for _, sp := range r.Modules {
@@ -362,7 +369,21 @@ func (r *ModulePullRequest) formatNeeded() int { return iff(r.Rollout, rolloutFo
 // credentials it consumes (the FSM keeps the first secret it sees per pair).
 type AssignRequest struct {
 	Assignment
+	// More is further modules the same command assigns to the same node:
+	// `mesh assign NODE MODULE...`, all or none.
+	More    []string `json:"more,omitempty"`
 	Secrets []Secret `json:"secrets,omitempty"`
+}
+
+// All is every assignment the command makes, in order.
+func (r *AssignRequest) All() []Assignment { return batch(r.Assignment, r.More) }
+
+func batch(first Assignment, more []string) []Assignment {
+	out := []Assignment{first}
+	for _, m := range more {
+		out = append(out, Assignment{Node: first.Node, Module: m})
+	}
+	return out
 }
 
 // UnassignRequest takes a module off a node. PurgeData lists the module's
@@ -371,12 +392,19 @@ type AssignRequest struct {
 // of the module's data directories.
 type UnassignRequest struct {
 	Assignment
+	// More is further modules the same command takes off the same node.
+	More      []string `json:"more,omitempty"`
 	PurgeData []string `json:"purge_data,omitempty"`
 }
 
+// All is every assignment the command takes away, in order.
+func (r *UnassignRequest) All() []Assignment { return batch(r.Assignment, r.More) }
+
 // A purge needs format 12: an older replica would not record it, and its
 // state would differ from the others'.
-func (r *UnassignRequest) formatNeeded() int { return iff(len(r.PurgeData) > 0, dataFormat) }
+func (r *UnassignRequest) formatNeeded() int {
+	return max(iff(len(r.PurgeData) > 0, dataFormat), iff(len(r.More) > 0, batchFormat))
+}
 
 // ReportRequest is what a node says it last applied.
 type ReportRequest struct {
@@ -433,9 +461,11 @@ func (r *ModuleAddRequest) describe() string {
 func (r *ModuleRemoveRequest) describe() string { return "mesh module remove " + r.Name }
 func (r *ModulePullRequest) describe() string   { return "mesh module pull " + r.Module }
 func (r *AssignRequest) describe() string {
-	return "mesh assign " + r.Node + " " + r.Module + rotations(r.Secrets)
+	return "mesh assign " + r.Node + " " + strings.Join(append([]string{r.Module}, r.More...), " ") + rotations(r.Secrets)
 }
-func (r *UnassignRequest) describe() string    { return "mesh unassign " + r.Node + " " + r.Module }
+func (r *UnassignRequest) describe() string {
+	return "mesh unassign " + r.Node + " " + strings.Join(append([]string{r.Module}, r.More...), " ")
+}
 func (r *ReportRequest) describe() string      { return "report of " + r.Report.Node }
 func (r *TokenRotateRequest) describe() string { return "mesh token --rotate" }
 func (r *RestoreBody) describe() string {

@@ -402,7 +402,7 @@ func (s *Store) CheckHosts(ctx context.Context, req Request) error {
 	before := hostClashes(in)
 	switch r := req.(type) {
 	case *AssignRequest:
-		in.Assignments = append(slices.Clone(in.Assignments), r.Assignment)
+		in.Assignments = append(slices.Clone(in.Assignments), r.All()...)
 	case *ModuleAddRequest:
 		in.Modules = maps.Clone(in.Modules)
 		for _, sp := range r.Modules {

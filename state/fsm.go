@@ -588,8 +588,43 @@ func (ap *applier) modulePull(r *ModulePullRequest) (bool, error) {
 	return true, nil
 }
 
+// assign assigns each module of the command, all or none: one refused
+// refuses the command, and the transaction that made the others goes.
 func (ap *applier) assign(r *AssignRequest) (bool, error) {
-	tx, a := ap.tx, r.Assignment
+	if err := distinct(r.All()); err != nil {
+		return false, err
+	}
+	changed := false
+	for _, a := range r.All() {
+		c, err := ap.assignOne(a)
+		if err != nil {
+			return false, err
+		}
+		changed = changed || c
+	}
+	if !changed {
+		return false, nil
+	}
+	if err := ap.takeSecrets(r.Secrets); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// distinct refuses a batch that names a module twice.
+func distinct(as []Assignment) error {
+	seen := map[string]bool{}
+	for _, a := range as {
+		if seen[a.Module] {
+			return ruleErr(ErrInvalid, "module %q is named twice; name each module once", a.Module)
+		}
+		seen[a.Module] = true
+	}
+	return nil
+}
+
+func (ap *applier) assignOne(a Assignment) (bool, error) {
+	tx := ap.tx
 	if err := needNode(tx, a.Node); err != nil {
 		return false, err
 	}
@@ -631,56 +666,69 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 	if err := ap.checkHosts(clashes); err != nil {
 		return false, err
 	}
-	if err := ap.takeSecrets(r.Secrets); err != nil {
+	return true, nil
+}
+
+// unassign takes each module of the command off its node, all or none.
+func (ap *applier) unassign(r *UnassignRequest) (bool, error) {
+	if err := distinct(r.All()); err != nil {
 		return false, err
+	}
+	if len(r.More) > 0 && len(r.PurgeData) > 0 {
+		return false, ruleErr(ErrInvalid, "--purge-data takes one module at a time; nothing was changed")
+	}
+	for _, a := range r.All() {
+		if err := ap.unassignOne(a, r.PurgeData); err != nil {
+			return false, err
+		}
 	}
 	return true, nil
 }
 
-func (ap *applier) unassign(r *UnassignRequest) (bool, error) {
-	tx, a := ap.tx, r.Assignment
+func (ap *applier) unassignOne(a Assignment, purgeData []string) error {
+	tx := ap.tx
 	if err := needNode(tx, a.Node); err != nil {
-		return false, err
+		return err
 	}
 	assigned, err := has(tx, `SELECT 1 FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module)
 	if err != nil {
-		return false, err
+		return err
 	}
 	if !assigned {
 		known, err := listOf(tx, `SELECT module FROM assignments WHERE node = ? ORDER BY module`, "nothing is assigned there", a.Node)
 		if err != nil {
-			return false, err
+			return err
 		}
-		return false, ruleErr(ErrNotFound, "module %q is not assigned to node %q (%s)", a.Module, a.Node, known)
+		return ruleErr(ErrNotFound, "module %q is not assigned to node %q (%s)", a.Module, a.Node, known)
 	}
 	if err := ap.refuseMoving(a.Module, "unassign it"); err != nil {
-		return false, err
+		return err
 	}
-	if len(r.PurgeData) > 0 {
+	if len(purgeData) > 0 {
 		cat, err := ap.catalogue()
 		if err != nil {
-			return false, err
+			return err
 		}
 		var data []string
 		if m := cat[a.Module]; m != nil {
 			data = m.DataDirs()
 		}
-		for _, p := range r.PurgeData {
+		for _, p := range purgeData {
 			if !slices.Contains(data, p) {
-				return false, ruleErr(ErrInvalid, "--purge-data: %q is not a data directory of module %q; nothing was changed", p, a.Module)
+				return ruleErr(ErrInvalid, "--purge-data: %q is not a data directory of module %q; nothing was changed", p, a.Module)
 			}
 			if err := exec(tx, `INSERT INTO purges (node, module, path, idx) VALUES (?, ?, ?, ?) ON CONFLICT (node, path) DO UPDATE SET module = excluded.module, idx = excluded.idx`, a.Node, a.Module, p, ap.index); err != nil {
-				return false, err
+				return err
 			}
 		}
 	}
 	if err := exec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module); err != nil {
-		return false, err
+		return err
 	}
 	if err := ap.endIfUnassigned(a.Module); err != nil {
-		return false, err
+		return err
 	}
-	return true, nil
+	return nil
 }
 
 func (ap *applier) tokenRotate(r *TokenRotateRequest) (bool, error) {

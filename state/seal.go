@@ -53,9 +53,9 @@ type sealedRow struct {
 }
 
 // sealNeeds lists the credentials whose sealed secret is missing or stale,
-// given the catalogue, the assignments (plus extra, if not nil) and each
+// given the catalogue, the assignments (plus those of extra) and each
 // node's sealing key. The FSM and the proposer both use it, so they agree.
-func sealNeeds(ctx context.Context, q queryer, cat map[string]*manifest.Manifest, extra *Assignment) (map[Pair]SealNeed, error) {
+func sealNeeds(ctx context.Context, q queryer, cat map[string]*manifest.Manifest, extra []Assignment) (map[Pair]SealNeed, error) {
 	keys := map[string]string{} // node -> key
 	holder := map[string]string{}
 	err := eachRow(ctx, q, "the sealing keys", `SELECT name, seal_key FROM nodes`, func(rows *sql.Rows) error {
@@ -84,8 +84,10 @@ func sealNeeds(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 	if err != nil {
 		return nil, err
 	}
-	if extra != nil && !slices.Contains(at[extra.Module], extra.Node) {
-		at[extra.Module] = append(at[extra.Module], extra.Node)
+	for _, e := range extra {
+		if !slices.Contains(at[e.Module], e.Node) {
+			at[e.Module] = append(at[e.Module], e.Node)
+		}
 	}
 	stored := map[Pair]sealedRow{}
 	err = eachRow(ctx, q, "credentials", `SELECT consumer, provider, secret, sealed, digest, recipients FROM credentials`, func(rows *sql.Rows) error {
@@ -151,9 +153,9 @@ func sealNeeds(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 }
 
 // SealNeeds is the proposer's view: the credentials to seal with a command
-// that adds extra (an assignment; may be nil) or the manifests added (which
+// that adds the assignments extra or the manifests added (which
 // replace those of the same name), in a stable order.
-func (s *Store) SealNeeds(ctx context.Context, extra *Assignment, added []*manifest.Manifest) ([]SealNeed, error) {
+func (s *Store) SealNeeds(ctx context.Context, extra []Assignment, added []*manifest.Manifest) ([]SealNeed, error) {
 	var cat map[string]*manifest.Manifest
 	var err error
 	if kept := s.catPub.Load(); kept != nil {

@@ -25,7 +25,11 @@ func mustApply(t *testing.T, s *Store, idx *uint64, r Request) {
 
 func needsOf(t *testing.T, s *Store, extra *Assignment) map[Pair]SealNeed {
 	t.Helper()
-	ns, err := s.SealNeeds(context.Background(), extra, nil)
+	var more []Assignment
+	if extra != nil {
+		more = append(more, *extra)
+	}
+	ns, err := s.SealNeeds(context.Background(), more, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

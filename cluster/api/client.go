@@ -238,8 +238,21 @@ func (c *Client) RemoveModule(ctx context.Context, name string) (WriteResult, er
 
 // Assign assigns (op "assign") or unassigns (op "unassign") a module.
 func (c *Client) Assign(ctx context.Context, op, node, module string) (WriteResult, error) {
+	return c.AssignAll(ctx, op, node, []string{module})
+}
+
+// AssignAll assigns (op "assign") or unassigns (op "unassign") modules on
+// one node in one command: all or none.
+func (c *Client) AssignAll(ctx context.Context, op, node string, modules []string) (WriteResult, error) {
 	var r WriteResult
-	return r, c.do(ctx, "POST", "/v1/"+op, map[string]string{"node": node, "module": module}, &r)
+	if len(modules) == 0 {
+		return r, errors.New("no module given")
+	}
+	body := map[string]any{"node": node, "module": modules[0]}
+	if len(modules) > 1 {
+		body["more"] = modules[1:]
+	}
+	return r, c.do(ctx, "POST", "/v1/"+op, body, &r)
 }
 
 // HistoryKeep sets how much history the mesh keeps.

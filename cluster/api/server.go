@@ -940,23 +940,30 @@ func (a *API) assign(op string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body struct {
 			state.Assignment
+			// More is further modules on the same node (mesh assign NODE
+			// MODULE...): one command, all or none.
+			More      []string `json:"more,omitempty"`
 			PurgeData []string `json:"purge_data,omitempty"`
 		}
 		if err := decode(r, &body); err != nil {
 			fail(w, err)
 			return
 		}
+		if len(body.More) > maxBatch-1 {
+			fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("%d modules in one %s: at most %d; split them", len(body.More)+1, op, maxBatch)})
+			return
+		}
 		req := body.Assignment
 		if op == state.OpUnassign {
-			a.write(w, r, &state.UnassignRequest{Assignment: req, PurgeData: body.PurgeData})
+			a.write(w, r, &state.UnassignRequest{Assignment: req, More: body.More, PurgeData: body.PurgeData})
 			return
 		}
 		// The proposer seals a secret for each credential the assign makes
 		// some node deliver that it cannot open: a new one, or a rotation
 		// when the consumer or the provider moves (the FSM takes it only if
 		// the credential is still stale when the command applies).
-		c := &state.AssignRequest{Assignment: req}
-		secrets, err := a.sealed(r.Context(), &req, nil)
+		c := &state.AssignRequest{Assignment: req, More: body.More}
+		secrets, err := a.sealed(r.Context(), c.All(), nil)
 		if err != nil {
 			fail(w, err)
 			return
@@ -966,8 +973,12 @@ func (a *API) assign(op string) http.HandlerFunc {
 	}
 }
 
+// maxBatch bounds the modules of one assign or unassign: a command is one
+// Raft entry, and the operator's command line gives no more.
+const maxBatch = 1000
+
 // sealed seals the secrets a command needs, as this replica sees them.
-func (a *API) sealed(ctx context.Context, extra *state.Assignment, added []*manifest.Manifest) ([]state.Secret, error) {
+func (a *API) sealed(ctx context.Context, extra []state.Assignment, added []*manifest.Manifest) ([]state.Secret, error) {
 	needs, err := a.store.SealNeeds(ctx, extra, added)
 	if err != nil {
 		return nil, err
