@@ -11,11 +11,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 )
 
 // The web page's bed (issue "a web page for the fleet"): a real three-node
@@ -150,6 +152,35 @@ func TestWebBed(t *testing.T) {
 		t.Fatalf("the page was served over %q, want h2", proto)
 	}
 	run("see the stream open", chromedp.WaitVisible(chromedp.CSS(`#live.live:not(.off)`)))
+	// The keyboard: the first Tab reaches the skip link and Enter moves to
+	// the content; each Tab stop after it is a link, a button, a field or a
+	// summary, and shows that it has the focus.
+	run("tab to the skip link", chromedp.KeyEvent(kb.Tab))
+	if f := value("read the focus", chromedp.Evaluate[string](`document.activeElement.textContent`)); f != "Skip to the content" {
+		t.Fatalf("the first Tab stop is %q, want the skip link", f)
+	}
+	run("skip to the content", chromedp.KeyEvent(kb.Enter))
+	if h := value("read the hash", chromedp.Evaluate[string](`location.hash`)); h != "#main" {
+		t.Fatalf("the skip link led to %q", h)
+	}
+	stops := 0
+	for ; stops < 40; stops++ {
+		run("tab", chromedp.KeyEvent(kb.Tab))
+		stop := value("read the focus", chromedp.Evaluate[string](`(function(){var e=document.activeElement, s=getComputedStyle(e);
+			return e.tagName + " " + s.outlineStyle + " " + (e.getBoundingClientRect().width > 0)})()`))
+		f := strings.Fields(stop)
+		if len(f) > 0 && f[0] == "BODY" {
+			break // past the page's last stop: the focus leaves the page
+		}
+		if len(f) != 3 || !slices.Contains([]string{"A", "BUTTON", "INPUT", "SELECT", "SUMMARY"}, f[0]) || f[1] == "none" || f[2] != "true" {
+			t.Fatalf("Tab stop %d after the skip link: %q (tag, outline style, visible)", stops+1, stop)
+		}
+	}
+	// The three nodes' links, the folded table's summary, the filter's
+	// field and button at least.
+	if stops < 6 || stops == 40 {
+		t.Fatalf("%d Tab stops in the fleet page's content", stops)
+	}
 	// Assign from the CLI: the module appears without a reload.
 	value("mark the page", chromedp.Evaluate[string](`window.meshMark = "kept"`))
 	os.WriteFile(filepath.Join(n[1].h.dir, "webmod.yaml"), []byte(webModule), 0o644)
