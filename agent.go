@@ -19,7 +19,7 @@ type AgentCmd struct {
 	Resync        time.Duration `default:"30s" help:"Periodic apply that catches drift."`
 	LogLevel      string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level."`
 	MetricsListen string        `name:"metrics-listen" placeholder:"ADDR" help:"Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9430): Raft, the resolver, applies, Podman call errors. Off when empty."`
-	WebListen     string        `name:"web-listen" placeholder:"ADDR" help:"Serve the fleet's web page at ADDR: a loopback address (127.0.0.1:8430, plain HTTP) or the overlay's (TLS with the node's certificate). Off when empty. Log in with a link from mesh web token."`
+	WebListen     string        `name:"web-listen" placeholder:"ADDR" help:"Serve the fleet's web page at ADDR: a loopback address (127.0.0.1:8430, plain HTTP) or the overlay's (TLS with a self-signed certificate of its own, whose fingerprint mesh web token prints). Off when empty. Log in with a link from mesh web token."`
 	LogFormat     string        `name:"log-format" default:"text" enum:"text,json" help:"text (key=value) or json (one object a line). Raft's and Podman's lines come through at their own levels."`
 	OverlayDevice string        `name:"overlay-device" default:"meshwg0" placeholder:"NAME" help:"The overlay's network interface (WireGuard in this process, over /dev/net/tun). As root the agent makes it; on a rootless host mesh setup does."`
 }
