@@ -51,13 +51,7 @@ func BenchmarkWebPage(b *testing.B) {
 		b.Fatal("no Chromium on this host: bench/web.sh installs it")
 	}
 	const nodes, modules, target = 100, 1000, 200 * time.Millisecond
-	var web string
-	n, token := startThree(b, func(n []*agent) {
-		web = n[1].addr() + ":8430"
-		n[1].extra = []string{"--web-listen", web}
-	})
-	sh(b, "ip", "addr", "add", multiNet+"254/24", "dev", multiBridge)
-	base := "https://" + web
+	n, token, web, base := startWebMesh(b)
 
 	// 97 nodes that join and run nothing.
 	start := time.Now()

@@ -41,14 +41,7 @@ func TestWebBed(t *testing.T) {
 	if err != nil {
 		t.Fatal("no Chromium on this host: install Debian's chromium (contrib/test.sh does)")
 	}
-	var web string
-	n, token := startThree(t, func(n []*agent) {
-		web = n[1].addr() + ":8430"
-		n[1].extra = []string{"--web-listen", web}
-	})
-	// The host reaches the nodes' addresses over the bed's bridge.
-	sh(t, "ip", "addr", "add", multiNet+"254/24", "dev", multiBridge)
-	base := "https://" + web
+	n, token, web, base := startWebMesh(t)
 	var tr struct {
 		URL, Fingerprint string
 	}
@@ -274,6 +267,17 @@ func TestWebBed(t *testing.T) {
 	if !strings.Contains(status, "Log in with a link") {
 		t.Fatalf("after logout --all the page shows:\n%s", status)
 	}
+}
+
+// startWebMesh starts the three-node bed with n1 serving the page on its
+// address (TLS), which the host reaches over the bed's bridge.
+func startWebMesh(t testing.TB) (n []*agent, token, web, base string) {
+	n, token = startThree(t, func(n []*agent) {
+		web = n[1].addr() + ":8430"
+		n[1].extra = []string{"--web-listen", web}
+	})
+	sh(t, "ip", "addr", "add", multiNet+"254/24", "dev", multiBridge)
+	return n, token, web, "https://" + web
 }
 
 func writeSecret(t *testing.T, dir, value string) string {

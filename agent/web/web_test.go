@@ -599,14 +599,7 @@ func TestEventsFollowTheReplica(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("events: %s %s", resp.Status, resp.Header.Get("Content-Type"))
 	}
-	lines := make(chan string)
-	go func() {
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
+	lines := streamLines(resp.Body)
 	b.add(appManifest)
 	want, _ := b.member.Store.AppliedIndex()
 	for {
@@ -683,15 +676,20 @@ func (br *browser) openStream(ctx context.Context, base string) (*http.Response,
 	if err != nil {
 		br.t.Fatal(err)
 	}
+	return resp, streamLines(resp.Body)
+}
+
+// streamLines reads an event stream's lines, closing the channel at its end.
+func streamLines(body io.Reader) <-chan string {
 	lines := make(chan string, 64)
 	go func() {
 		defer close(lines)
-		sc := bufio.NewScanner(resp.Body)
+		sc := bufio.NewScanner(body)
 		for sc.Scan() {
 			lines <- sc.Text()
 		}
 	}()
-	return resp, lines
+	return lines
 }
 
 // nextIndex waits for the stream's next event of an index at least want.
@@ -1046,14 +1044,7 @@ func TestEventsOverHTTP2OutliveWriteWait(t *testing.T) {
 	if resp.ProtoMajor != 2 || resp.StatusCode != 200 {
 		t.Fatalf("events: %s over %s", resp.Status, resp.Proto)
 	}
-	lines := make(chan string, 64)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
+	lines := streamLines(resp.Body)
 	nextIndex(t, ctx, lines, 0)
 	// Four times writeWait with nothing written (the condition is time
 	// passing), then a change: it comes on the same stream.
