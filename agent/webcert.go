@@ -12,7 +12,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -22,8 +21,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"mesh/internal/safefs"
 )
@@ -178,19 +175,8 @@ func loadWebCert(certFile, keyFile string) (*tls.Certificate, *x509.Certificate,
 	return &c, leaf, nil
 }
 
-// readOwn reads one of the agent's small files, never through a link.
-func readOwn(path string) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() > 64<<10 {
-		return nil, fmt.Errorf("%s is not a regular file of at most 64 KiB", path)
-	}
-	return io.ReadAll(io.LimitReader(f, 64<<10))
-}
+// readOwn reads one of the page's small files, never through a link.
+func readOwn(path string) ([]byte, error) { return safefs.ReadFile(path, 64<<10) }
 
 // covers says whether c names every host.
 func covers(c *x509.Certificate, hosts []string) bool {

@@ -2,9 +2,7 @@ package integration
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -147,20 +145,7 @@ resources:
 	}
 
 	// Chromium: each browser a context of its own (its own cookies).
-	tr, err := tlsFingerprintSPKI(web)
-	if err != nil {
-		b.Fatal(err)
-	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
-		chromedp.Flag("ignore-certificate-errors-spki-list", tr), chromedp.UserDataDir(b.TempDir()),
-		chromedp.Flag("disable-gpu", true), chromedp.WindowSize(1280, 900))
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancel()
-	browser, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	if err := chromedp.Do(browser); err != nil {
-		b.Fatalf("start Chromium: %v", err)
-	}
+	browser := startChromium(b, chromium, servedCertificate(b, web))
 	tab := func() (context.Context, context.CancelFunc) {
 		c, cancel := chromedp.NewContext(browser, chromedp.WithNewBrowserContext())
 		// The tab lives as long as the context of its first action.
@@ -294,18 +279,6 @@ func pct(d []time.Duration, p int) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// tlsFingerprintSPKI is the base64 SHA-256 of the key of the certificate
-// addr serves, as Chromium's ignore-certificate-errors-spki-list takes it.
-func tlsFingerprintSPKI(addr string) (string, error) {
-	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	sum := sha256.Sum256(conn.ConnectionState().PeerCertificates[0].RawSubjectPublicKeyInfo)
-	return base64.StdEncoding.EncodeToString(sum[:]), nil
-}
 
 // agentPid is the pid of a's mesh agent process (nsenter execs it).
 func agentPid(b *testing.B, a *agent) int {

@@ -55,12 +55,7 @@ func TestWebBed(t *testing.T) {
 	// The page serves a certificate of its own: the one whose fingerprint
 	// the link came with, a leaf (not a CA), not the mesh CA's (a browser
 	// told to trust that CA would take any name a voter's key can sign).
-	conn, err := tls.Dial("tcp", web, &tls.Config{InsecureSkipVerify: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := conn.ConnectionState().PeerCertificates[0]
-	conn.Close()
+	served := servedCertificate(t, web)
 	sum := sha256.Sum256(served.Raw)
 	if got := strings.ReplaceAll(tr.Fingerprint, ":", ""); !strings.EqualFold(got, hex.EncodeToString(sum[:])) || served.IsCA {
 		t.Fatalf("served certificate %x (CA %v), mesh web token says %s", sum, served.IsCA, tr.Fingerprint)
@@ -71,7 +66,6 @@ func TestWebBed(t *testing.T) {
 	if _, err := served.Verify(x509.VerifyOptions{Roots: pool}); err == nil {
 		t.Fatal("the page serves a certificate of the mesh CA")
 	}
-	spki := sha256.Sum256(served.RawSubjectPublicKeyInfo)
 	// Without a session nothing answers (over the real TLS listener).
 	insecure := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	for _, p := range []string{"/", "/nodes/n1", "/modules/webmod", "/roster", "/preview", "/events"} {
@@ -87,20 +81,7 @@ func TestWebBed(t *testing.T) {
 	art := filepath.Join(artifactsDir(), "web")
 	os.MkdirAll(art, 0o755)
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
-		// Chromium takes this one certificate, by its key, and no other.
-		chromedp.Flag("ignore-certificate-errors-spki-list", base64.StdEncoding.EncodeToString(spki[:])),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.Flag("disable-gpu", true), chromedp.WindowSize(1280, 900))
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancel()
-	browser, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	// The browser lives as long as the context of its first action: start
-	// it on one without a deadline, and give each step its own.
-	if err := chromedp.Do(browser); err != nil {
-		t.Fatalf("start Chromium: %v", err)
-	}
+	browser := startChromium(t, chromium, served)
 	var ctx context.Context
 	step := func() {
 		var c context.CancelFunc
@@ -267,6 +248,37 @@ func TestWebBed(t *testing.T) {
 	if !strings.Contains(status, "Log in with a link") {
 		t.Fatalf("after logout --all the page shows:\n%s", status)
 	}
+}
+
+// servedCertificate is the certificate addr serves over TLS.
+func servedCertificate(t testing.TB, addr string) *x509.Certificate {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0]
+}
+
+// startChromium starts Debian's headless Chromium, which takes the page's
+// certificate trust, by its key, and no other; it ends with the test.
+func startChromium(t testing.TB, chromium string, trust *x509.Certificate) context.Context {
+	t.Helper()
+	spki := sha256.Sum256(trust.RawSubjectPublicKeyInfo)
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
+		chromedp.Flag("ignore-certificate-errors-spki-list", base64.StdEncoding.EncodeToString(spki[:])),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.Flag("disable-gpu", true), chromedp.WindowSize(1280, 900))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	browser, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	// The browser lives as long as the context of its first action: start
+	// it on one without a deadline, and give each step its own.
+	if err := chromedp.Do(browser); err != nil {
+		t.Fatalf("start Chromium: %v", err)
+	}
+	return browser
 }
 
 // startWebMesh starts the three-node bed with n1 serving the page on its

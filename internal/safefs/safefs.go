@@ -212,6 +212,36 @@ func WriteFile(path string, content []byte, perm os.FileMode) error {
 	return nil
 }
 
+// ReadFile reads one of the mesh's own files, as WriteFile writes them: the
+// directory as the system resolves it, the last component never followed
+// (a link there is ELOOP), a regular file of at most limit bytes.
+func ReadFile(path string, limit int64) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nameErr(path, "open", err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, fi.Mode().Type())
+	}
+	if fi.Size() > limit {
+		return nil, fmt.Errorf("%s is %d bytes, over the %d read: %w", path, fi.Size(), limit, ErrTooLarge)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s grew past the %d bytes read: %w", path, limit, ErrTooLarge)
+	}
+	return b, nil
+}
+
 // SyncDir makes a directory's entries (a create, rename or removal in it)
 // durable.
 func SyncDir(path string) error {

@@ -99,3 +99,28 @@ func TestReadRegular(t *testing.T) {
 		t.Fatalf("a file within it: %d %v", len(b), err)
 	}
 }
+
+// ReadFile reads the mesh's own regular files, never through a link at
+// the last component, and never past its bound.
+func TestReadFile(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "f")
+	if err := os.WriteFile(p, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := ReadFile(p, 16); err != nil || string(b) != "hello" {
+		t.Fatalf("ReadFile: %q %v", b, err)
+	}
+	if _, err := ReadFile(p, 4); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("over the bound: %v", err)
+	}
+	link := filepath.Join(dir, "link")
+	os.Symlink(p, link)
+	var le *LinkError
+	if _, err := ReadFile(link, 16); !errors.As(err, &le) {
+		t.Fatalf("through a link: %v", err)
+	}
+	if _, err := ReadFile(dir, 16); err == nil {
+		t.Fatal("a directory was read")
+	}
+}
