@@ -676,8 +676,8 @@ func (rosterView) title() string { return "roster" }
 // maxNames and maxEvents bound the names and the history one roster page
 // shows: the search narrows them.
 const (
-	maxNames  = 200
-	maxEvents = 100
+	maxNames  = 100
+	maxEvents = 50
 )
 
 // roster is the roster and its history, newest first, filtered by q.
