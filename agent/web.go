@@ -11,6 +11,15 @@ import (
 
 	"mesh/agent/web"
 	"mesh/cluster/api"
+	"mesh/internal/connlimit"
+)
+
+// webMaxConns and webMaxConnsPerSource bound the web page's open
+// connections in all and from one address (a browser holds a few; over
+// HTTP/2 one).
+const (
+	webMaxConns          = 128
+	webMaxConnsPerSource = 16
 )
 
 // serveWeb serves the fleet's web page at --web-listen (off when empty):
@@ -67,6 +76,12 @@ func (a *Agent) serveWeb() error {
 		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
 		ErrorLog: slog.NewLogLogger(a.log.With("component", "web").Handler(), slog.LevelDebug),
 	}
+	// Connections are bounded as at the resolver's TCP port: each held
+	// open costs a descriptor, and anybody on the network reaches the port.
+	bounds := connlimit.New(webMaxConns, webMaxConnsPerSource)
+	ln = &connlimit.Listener{Listener: ln, Bounds: bounds, TurnedAway: func(src netip.Addr, open int) {
+		a.log.Warn("web page: connection turned away (logged once a minute at most)", "from", src, "open_from_it", open, "max_per_source", bounds.PerSource, "max", bounds.Total)
+	}}
 	if useTLS {
 		// HTTP/2 where the browser speaks it: a browser holds at most six
 		// HTTP/1.1 connections to a host, and each open tab's event

@@ -188,7 +188,7 @@ func (s *Server) serve(bound string, conns []net.PacketConn, l net.Listener) str
 		s.udp = append(s.udp, u)
 		go s.serveUDP(u)
 	}
-	limited := &tcpLimit{Listener: l, bounds: connlimit.New(s.cfg.MaxTCP, s.cfg.MaxTCPPerSource), log: s.log}
+	limited := tcpLimit(l, connlimit.New(s.cfg.MaxTCP, s.cfg.MaxTCPPerSource), s.log)
 	s.tcp = &dns.Server{Listener: limited, Handler: s, ReadTimeout: 5 * time.Second}
 	go s.tcp.ActivateAndServe()
 	if s.cfg.AfterFlood != nil {

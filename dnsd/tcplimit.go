@@ -3,7 +3,7 @@ package dnsd
 import (
 	"log/slog"
 	"net"
-	"sync"
+	"net/netip"
 
 	"mesh/internal/connlimit"
 )
@@ -19,46 +19,14 @@ const (
 	DefaultMaxTCPPerSource = 32
 )
 
-// tcpLimit is the resolver's TCP listener: it closes a new connection at
-// once, before anything is read from it, when its source has PerSource
-// connections open already or Total are open in all. A connection turned
-// away costs the client a retry, not a hang: it is closed, not left in the
-// kernel's backlog. (A source that may not query is let in, within the
-// bounds, to be answered REFUSED as over UDP.)
-type tcpLimit struct {
-	net.Listener
-	bounds *connlimit.Bounds
-	log    *slog.Logger
-}
-
-func (l *tcpLimit) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		src := connlimit.Source(c)
-		if open, ok := l.bounds.Take(src); !ok {
-			c.Close()
-			if l.bounds.WarnNow() {
-				l.log.Warn("resolver: TCP connection turned away (logged once a minute at most)",
-					"from", src, "open_from_it", open, "max_per_source", l.bounds.PerSource, "max", l.bounds.Total)
-			}
-			continue
-		}
-		return &limitedConn{Conn: c, release: sync.OnceFunc(func() { l.bounds.Give(src) })}, nil
-	}
-}
-
-// limitedConn gives its place back when closed (once, however often Close
-// is called).
-type limitedConn struct {
-	net.Conn
-	release func()
-}
-
-func (c *limitedConn) Close() error {
-	err := c.Conn.Close()
-	c.release()
-	return err
+// tcpLimit is the resolver's TCP listener (connlimit.Listener): it closes
+// a new connection at once, before anything is read from it, when its
+// source has PerSource connections open already or Total are open in all.
+// (A source that may not query is let in, within the bounds, to be
+// answered REFUSED as over UDP.)
+func tcpLimit(l net.Listener, bounds *connlimit.Bounds, log *slog.Logger) net.Listener {
+	return &connlimit.Listener{Listener: l, Bounds: bounds, TurnedAway: func(src netip.Addr, open int) {
+		log.Warn("resolver: TCP connection turned away (logged once a minute at most)",
+			"from", src, "open_from_it", open, "max_per_source", bounds.PerSource, "max", bounds.Total)
+	}}
 }

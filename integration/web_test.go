@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -78,6 +79,28 @@ func TestWebBed(t *testing.T) {
 			t.Fatalf("GET %s without a session: %s", p, resp.Status)
 		}
 	}
+	// A flood of connections from one outsider (the host, on the bed's
+	// network) held open, then let go: the page answers again.
+	insecure.CloseIdleConnections()
+	var flood []net.Conn
+	for range 40 {
+		c, err := net.DialTimeout("tcp", web, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flood = append(flood, c)
+	}
+	for _, c := range flood {
+		c.Close()
+	}
+	eventually(t, 30*time.Second, "the page answers after the flood", func() (bool, string) {
+		resp, err := insecure.Get(base + "/")
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusUnauthorized, resp.Status
+	})
 	art := filepath.Join(artifactsDir(), "web")
 	os.MkdirAll(art, 0o755)
 

@@ -75,3 +75,46 @@ func Source(c net.Conn) netip.Addr {
 	}
 	return netip.Addr{}
 }
+
+// Listener closes a new connection at once, before anything is read from
+// it, when its source has PerSource connections open already or Total are
+// open in all; a connection turned away costs the client a retry, not a
+// hang. TurnedAway, when set, is told of each one WarnNow lets through (at
+// most once a minute). What the resolver's TCP port and the web page share.
+type Listener struct {
+	net.Listener
+	Bounds     *Bounds
+	TurnedAway func(src netip.Addr, openFromIt int)
+}
+
+// Accept returns the next connection the bounds let in.
+func (l *Listener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		src := Source(c)
+		if open, ok := l.Bounds.Take(src); !ok {
+			c.Close()
+			if l.TurnedAway != nil && l.Bounds.WarnNow() {
+				l.TurnedAway(src, open)
+			}
+			continue
+		}
+		return &limitedConn{Conn: c, release: sync.OnceFunc(func() { l.Bounds.Give(src) })}, nil
+	}
+}
+
+// limitedConn gives its place back when closed (once, however often Close
+// is called).
+type limitedConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
+}

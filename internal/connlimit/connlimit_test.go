@@ -1,8 +1,12 @@
 package connlimit
 
 import (
+	"errors"
+	"net"
 	"net/netip"
+	"os"
 	"testing"
+	"time"
 )
 
 func TestBounds(t *testing.T) {
@@ -38,5 +42,64 @@ func TestBounds(t *testing.T) {
 	}
 	if !b.WarnNow() || b.WarnNow() {
 		t.Fatal("WarnNow: want yes once, then no within the minute")
+	}
+}
+
+// The listener turns away what is over a bound, at once, and gives a
+// place back when its connection closes.
+func TestListener(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	turned := make(chan netip.Addr, 4)
+	l := &Listener{Listener: inner, Bounds: New(10, 2), TurnedAway: func(src netip.Addr, _ int) { turned <- src }}
+	defer l.Close()
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", inner.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	a, b := dial(), dial()
+	defer a.Close()
+	defer b.Close()
+	first, second := <-accepted, <-accepted
+	third := dial()
+	defer third.Close()
+	// The third from one source is closed by the server before anything is
+	// read: the client reads EOF.
+	third.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := third.Read(make([]byte, 1)); n != 0 || err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("over the bound: read %d, %v; want the connection closed", n, err)
+	}
+	if src := <-turned; src.String() != "127.0.0.1" {
+		t.Fatalf("turned away %s", src)
+	}
+	// A place given back lets the next in.
+	first.Close()
+	first.Close() // once only
+	fourth := dial()
+	defer fourth.Close()
+	select {
+	case c := <-accepted:
+		c.Close()
+	case <-time.After(5 * time.Second):
+		t.Fatal("a freed place did not let the next connection in")
+	}
+	second.Close()
+	if open := l.Bounds.Open(); open != 0 {
+		t.Fatalf("%d open after every accepted connection closed", open)
 	}
 }
