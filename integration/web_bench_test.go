@@ -162,6 +162,15 @@ resources:
 		}
 		return c, cancel
 	}
+	// What the three agents cost while nobody asks them anything (a fleet
+	// of 97 nodes that never answer): the page shares the CPU with it.
+	var idle []string
+	for _, a := range n[1:] {
+		c0, w0 := cpuSeconds(b, agentPid(b, a)), time.Now()
+		time.Sleep(3 * time.Second) // a window to measure over, not a wait on a condition
+		idle = append(idle, fmt.Sprintf("%s=%.3f", a.name, (cpuSeconds(b, agentPid(b, a))-c0)/time.Since(w0).Seconds()))
+	}
+	fmt.Printf("web agent_cpu_share_idle %s\n", strings.Join(idle, " "))
 	one, closeOne := tab()
 	cpu0, wall0 := cpuSeconds(b, agentPid(b, n[1])), time.Now()
 	for _, p := range pages {

@@ -198,7 +198,13 @@ type Output struct {
 // A node whose plan does not compose gets an entry in Errors and no plan, and
 // contributes no names; the caller keeps that node's previous plan and names
 // (DESIGN.md rule 6).
-func Compose(in Input) Output {
+func Compose(in Input) Output { return ComposeNodes(in, nil) }
+
+// ComposeNodes composes the plans of the nodes in only (every node when
+// only is nil): the same plans, errors, bindings and names Compose gives
+// those nodes, for a command that can change no other node's (incremental
+// composition, issue "scale").
+func ComposeNodes(in Input, only map[string]bool) Output {
 	out := Output{Plans: map[string]*Plan{}, Errors: map[string]string{}, Bound: map[BindKey]string{}}
 	nodes := map[string]Node{}
 	for _, n := range in.Nodes {
@@ -223,12 +229,17 @@ func Compose(in Input) Output {
 		byModule[a.Module] = append(byModule[a.Module], a.Node)
 	}
 	for n, s := range byNode {
+		if only != nil && !only[n] {
+			continue
+		}
 		sort.Strings(s)
 		byNode[n] = providersFirst(s, in.Modules)
 	}
 	names := make([]string, 0, len(nodes))
 	for n := range nodes {
-		names = append(names, n)
+		if only == nil || only[n] {
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
 
@@ -253,15 +264,7 @@ func Compose(in Input) Output {
 
 // SortRoster orders names by name, then address, then node.
 func SortRoster(r []Name) {
-	sort.Slice(r, func(i, j int) bool {
-		if r[i].Name != r[j].Name {
-			return r[i].Name < r[j].Name
-		}
-		if r[i].Address != r[j].Address {
-			return r[i].Address < r[j].Address
-		}
-		return r[i].Node < r[j].Node
-	})
+	sort.Slice(r, func(i, j int) bool { return rosterLess(r[i], r[j]) })
 }
 
 func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[string][]string) (*Plan, []Name, error) {

@@ -249,6 +249,34 @@ type applier struct {
 	rosterChanged bool
 	// roster is the roster recompose wrote, kept once the command commits.
 	roster []Name
+	// incremental: this command says which nodes' plans it can change (an
+	// assign, an unassign), so recompose composes those only; touched is
+	// what it changed. Any other command recomposes every node.
+	incremental bool
+	touched     touches
+}
+
+// touches is what a command changed that plans read: nodes whose own
+// inputs changed, and modules whose placement or credentials changed
+// (every node that runs one, consumes one or provides one a credential
+// recomposes; see affected).
+type touches struct {
+	nodes, modules map[string]bool
+}
+
+// touch records that the command changed node's plan inputs (node may be
+// "") and those of modules, for incremental composition.
+func (ap *applier) touch(node string, modules ...string) {
+	t := &ap.touched
+	if t.nodes == nil {
+		t.nodes, t.modules = map[string]bool{}, map[string]bool{}
+	}
+	if node != "" {
+		t.nodes[node] = true
+	}
+	for _, m := range modules {
+		t.modules[m] = true
+	}
 }
 
 // rosterChanges says the command being applied writes the roster table
@@ -594,6 +622,7 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 	if err := distinct(r.All()); err != nil {
 		return false, err
 	}
+	ap.incremental = true
 	changed := false
 	for _, a := range r.All() {
 		c, err := ap.assignOne(a)
@@ -655,6 +684,7 @@ func (ap *applier) assignOne(a Assignment) (bool, error) {
 	if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, ap.index); err != nil {
 		return false, err
 	}
+	ap.touch(a.Node, a.Module)
 	// Assigned again, its data is its own again: a purge asked before is
 	// not done now, nor the finish of a move from there.
 	if err := exec(tx, `DELETE FROM purges WHERE node = ? AND module = ?`, a.Node, a.Module); err != nil {
@@ -677,6 +707,7 @@ func (ap *applier) unassign(r *UnassignRequest) (bool, error) {
 	if len(r.More) > 0 && len(r.PurgeData) > 0 {
 		return false, ruleErr(ErrInvalid, "--purge-data takes one module at a time; nothing was changed")
 	}
+	ap.incremental = true
 	for _, a := range r.All() {
 		if err := ap.unassignOne(a, r.PurgeData); err != nil {
 			return false, err
@@ -725,6 +756,7 @@ func (ap *applier) unassignOne(a Assignment, purgeData []string) error {
 	if err := exec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module); err != nil {
 		return err
 	}
+	ap.touch(a.Node, a.Module)
 	if err := ap.endIfUnassigned(a.Module); err != nil {
 		return err
 	}
@@ -911,7 +943,7 @@ func (ap *applier) catalogue() (map[string]*manifest.Manifest, error) {
 // command commits.
 func (ap *applier) catalogueChanges() {
 	ap.catChanged = true
-	ap.s.cat = nil
+	ap.s.cat, ap.s.deps = nil, nil
 	ap.s.catPub.Store(nil)
 }
 
@@ -1122,13 +1154,32 @@ func (ap *applier) recompose(cause string) error {
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
 	}
-	out := Compose(in)
+	// A command that says what it touched composes the nodes that can
+	// change; the others keep their plans, errors, bindings and names.
+	var only map[string]bool
+	if ap.incremental && !alwaysFull {
+		only = affected(in, ap.touched, ap.deps(cat))
+	}
+	out := ComposeNodes(in, only)
+	var old []Name
+	if kept := s.roster.Load(); kept != nil && !ap.rosterChanged {
+		old = *kept
+	} else if old, err = readRoster(ctx, tx); err != nil {
+		return fmt.Errorf("read the roster: %w", err)
+	}
 	roster := out.Roster
+	var others []Name // the names of the nodes not recomposed, sorted
+	if only != nil {
+		others = slices.DeleteFunc(slices.Clone(old), func(r Name) bool { return only[r.Node] })
+	}
 	bound, err := historyBound(tx)
 	if err != nil {
 		return err
 	}
 	for _, n := range in.Nodes {
+		if only != nil && !only[n.Name] {
+			continue
+		}
 		if msg, failed := out.Errors[n.Name]; failed {
 			if err := exec(tx, `UPDATE nodes SET compose_error = ? WHERE name = ?`, msg, n.Name); err != nil {
 				return err
@@ -1172,12 +1223,14 @@ func (ap *applier) recompose(cause string) error {
 		}
 	}
 	SortRoster(roster)
+	if only != nil {
+		roster = mergeRoster(others, roster)
+	}
 	roster = slices.Compact(roster) // the table's key is the whole row
-	var old []Name
-	if kept := s.roster.Load(); kept != nil && !ap.rosterChanged {
-		old = *kept
-	} else if old, err = readRoster(ctx, tx); err != nil {
-		return fmt.Errorf("read the roster: %w", err)
+	if only != nil && checkComposition {
+		if err := ap.checkAgainstFull(in, only, roster); err != nil {
+			return err
+		}
 	}
 	pruned := map[string]bool{}
 	for _, c := range RosterChanges(old, roster) {
@@ -1192,25 +1245,17 @@ func (ap *applier) recompose(cause string) error {
 		}
 	}
 	// Only the rows that changed are written: rewriting the whole roster on
-	// every command cost as much as the rest of the apply.
-	was := map[Name]bool{}
-	for _, r := range old {
-		was[r] = true
-	}
-	now := map[Name]bool{}
-	for _, r := range roster {
-		if !now[r] && !was[r] {
-			if err := exec(tx, `INSERT OR IGNORE INTO roster VALUES (?, ?, ?)`, r.Name, r.Address, r.Node); err != nil {
-				return err
-			}
+	// every command cost as much as the rest of the apply. Both are sorted:
+	// one walk finds them.
+	added, removed := rosterDiff(old, roster)
+	for _, r := range added {
+		if err := exec(tx, `INSERT OR IGNORE INTO roster VALUES (?, ?, ?)`, r.Name, r.Address, r.Node); err != nil {
+			return err
 		}
-		now[r] = true
 	}
-	for _, r := range old {
-		if !now[r] {
-			if err := exec(tx, `DELETE FROM roster WHERE name = ? AND address = ? AND node = ?`, r.Name, r.Address, r.Node); err != nil {
-				return err
-			}
+	for _, r := range removed {
+		if err := exec(tx, `DELETE FROM roster WHERE name = ? AND address = ? AND node = ?`, r.Name, r.Address, r.Node); err != nil {
+			return err
 		}
 	}
 	ap.roster = roster

@@ -199,6 +199,7 @@ func (ap *applier) takeSecrets(secrets []Secret) error {
 				if err := exec(ap.tx, `INSERT INTO credentials (consumer, provider, secret, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`, sc.Consumer, sc.Provider, sc.Value, SecretDigest(sc.Value)); err != nil {
 					return err
 				}
+				ap.touch("", sc.Consumer, sc.Provider)
 			}
 			continue
 		}
@@ -231,6 +232,7 @@ func (ap *applier) takeSecrets(secrets []Secret) error {
 			sc.Consumer, sc.Provider, sc.Digest, sc.Sealed, strings.Join(rec, ",")); err != nil {
 			return err
 		}
+		ap.touch("", sc.Consumer, sc.Provider)
 		delete(needs, sc.Pair)
 	}
 	return nil

@@ -247,7 +247,7 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) error {
 	}
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
-	s.cat = nil // whatever happens below, the kept catalogue is not the truth
+	s.cat, s.deps = nil, nil // whatever happens below, the kept catalogue is not the truth
 	s.roster.Store(nil)
 	s.catPub.Store(nil)
 	tx, err := s.db.BeginTx(ctx, nil)

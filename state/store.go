@@ -52,6 +52,9 @@ type Store struct {
 	// recomposes, and reading the catalogue's rows each time cost more than
 	// the rest of an assign with a thousand modules.
 	cat map[string]*manifest.Manifest
+	// deps is what each module of cat reads of the others (affected), nil
+	// whenever cat is.
+	deps *catDeps
 	// roster is the roster table as the last committed command left it,
 	// sorted and without duplicates, nil when not known. It is set only
 	// under applyMu, after a commit, and never changed in place: the FSM

@@ -1,0 +1,240 @@
+package state
+
+import (
+	"database/sql"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"mesh/state/manifest"
+)
+
+// Incremental composition (issue "scale", docs/incremental-composition.md):
+// a command that says what it touched recomposes only the nodes whose plans
+// that can change, instead of every node of the fleet.
+
+// checkComposition makes every incremental recomposition also compose the
+// whole fleet in the same transaction and compare: every node's plan
+// digest, composition error and bindings, and the roster. A difference is
+// no rule a command broke but a gap in affected, and stops the node
+// (applyLocked) rather than let replicas' plans drift from what a full
+// composition gives. The state package's tests set it; beds set
+// MESH_CHECK_COMPOSITION=1 for their agents.
+var checkComposition = os.Getenv("MESH_CHECK_COMPOSITION") == "1"
+
+// alwaysFull makes every command compose every node, as before
+// incremental composition: bench/scale.sh measures both in one run.
+var alwaysFull bool
+
+// catDeps is what the catalogue's modules read of each other: consumers
+// lists, for each provider, the modules that bind to it or take a
+// credential from it; credentials lists, for each consumer, the providers
+// it takes a credential from.
+type catDeps struct {
+	consumers, credentials map[string][]string
+}
+
+func depsOf(cat map[string]*manifest.Manifest) *catDeps {
+	d := &catDeps{consumers: map[string][]string{}, credentials: map[string][]string{}}
+	for name, m := range cat {
+		d.add(name, m)
+	}
+	return d
+}
+
+func (d *catDeps) add(name string, m *manifest.Manifest) {
+	if m == nil {
+		return
+	}
+	for i := range m.Resources {
+		r := &m.Resources[i]
+		switch r.Kind() {
+		case manifest.KindCredential:
+			d.credentials[name] = append(d.credentials[name], r.Provider)
+			fallthrough
+		case manifest.KindBinding:
+			d.consumers[r.Provider] = append(d.consumers[r.Provider], name)
+		}
+	}
+}
+
+// deps is what the catalogue's modules read of each other, kept with the
+// catalogue the FSM keeps (built again when a command changes it).
+func (ap *applier) deps(cat map[string]*manifest.Manifest) *catDeps {
+	if !ap.catChanged && ap.s.cat != nil && ap.s.deps != nil {
+		return ap.s.deps
+	}
+	d := depsOf(cat)
+	if !ap.catChanged && ap.s.cat != nil {
+		ap.s.deps = d
+	}
+	return d
+}
+
+// affected is the set of nodes whose plans t can change, read from the
+// input after the command: the nodes t names, and for each module it names,
+// the nodes that run it, the nodes that run a module whose manifest (the
+// catalogue's or one a rollout holds) binds to it or takes a credential
+// from it (their binding's pick, their error), and the nodes that run a
+// provider it takes a credential from (the provider's accepts-credentials
+// directory lists the consumers assigned somewhere).
+func affected(in Input, t touches, cat *catDeps) map[string]bool {
+	set := map[string]bool{}
+	for n := range t.nodes {
+		set[n] = true
+	}
+	if len(t.modules) == 0 {
+		return set
+	}
+	// The few manifests rollouts hold, read as the catalogue's are.
+	held := &catDeps{consumers: map[string][]string{}, credentials: map[string][]string{}}
+	for k, m := range in.Held {
+		held.add(k.Module, m)
+	}
+	related := map[string]bool{}
+	for m := range t.modules {
+		related[m] = true
+		for _, d := range []*catDeps{cat, held} {
+			for _, c := range d.consumers[m] {
+				related[c] = true
+			}
+			for _, p := range d.credentials[m] {
+				related[p] = true
+			}
+		}
+	}
+	for _, a := range in.Assignments {
+		if related[a.Module] {
+			set[a.Node] = true
+		}
+	}
+	return set
+}
+
+// mergeRoster merges two rosters sorted as SortRoster sorts: the names of
+// the nodes a command left alone (most of them) and of those it
+// recomposed, without sorting the whole roster again.
+func mergeRoster(a, b []Name) []Name {
+	out := make([]Name, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if rosterLess(b[0], a[0]) {
+			out, b = append(out, b[0]), b[1:]
+		} else {
+			out, a = append(out, a[0]), a[1:]
+		}
+	}
+	return append(append(out, a...), b...)
+}
+
+// rosterDiff is what changed from old to now, both sorted as SortRoster
+// sorts and without duplicates: the names added and those removed.
+func rosterDiff(old, now []Name) (added, removed []Name) {
+	for len(old) > 0 || len(now) > 0 {
+		switch {
+		case len(old) == 0 || len(now) > 0 && rosterLess(now[0], old[0]):
+			added, now = append(added, now[0]), now[1:]
+		case len(now) == 0 || rosterLess(old[0], now[0]):
+			removed, old = append(removed, old[0]), old[1:]
+		default:
+			old, now = old[1:], now[1:]
+		}
+	}
+	return added, removed
+}
+
+func rosterLess(x, y Name) bool {
+	if x.Name != y.Name {
+		return x.Name < y.Name
+	}
+	if x.Address != y.Address {
+		return x.Address < y.Address
+	}
+	return x.Node < y.Node
+}
+
+// checkAgainstFull composes every node of in and compares with what the
+// incremental recomposition of only left in the transaction: each node's
+// composition error, its last plan's digest and its bindings, and roster
+// (the roster it is about to write). See checkComposition.
+func (ap *applier) checkAgainstFull(in Input, only map[string]bool, roster []Name) error {
+	tx := ap.tx
+	full := Compose(in)
+	var want []Name
+	want = append(want, full.Roster...)
+	bound := map[BindKey]string{}
+	err := eachRow(ap.ctx, tx, "bindings", `SELECT node, module, path, provider_node FROM bindings`, func(rows *sql.Rows) error {
+		var k BindKey
+		var p string
+		if err := rows.Scan(&k.Node, &k.Module, &k.Path, &p); err != nil {
+			return err
+		}
+		bound[k] = p
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var diffs []string
+	for _, n := range in.Nodes {
+		var msg string
+		if err := tx.QueryRow(`SELECT compose_error FROM nodes WHERE name = ?`, n.Name).Scan(&msg); err != nil {
+			return fmt.Errorf("check the composition of %s: %w", n.Name, err)
+		}
+		if e, failed := full.Errors[n.Name]; failed {
+			if msg != e {
+				diffs = append(diffs, fmt.Sprintf("%s: error %q, a full composition says %q", n.Name, msg, e))
+			}
+			kept, err := nodeRoster(tx, n.Name)
+			if err != nil {
+				return err
+			}
+			want = append(want, kept...)
+			continue
+		}
+		if msg != "" {
+			diffs = append(diffs, fmt.Sprintf("%s: error %q, a full composition composes it", n.Name, msg))
+		}
+		var last string
+		if err := tx.QueryRow(`SELECT digest FROM plans WHERE node = ? ORDER BY version DESC LIMIT 1`, n.Name).Scan(&last); err != nil {
+			return fmt.Errorf("check the plan of %s: %w", n.Name, err)
+		}
+		if d := full.Plans[n.Name].Digest(); d != last {
+			diffs = append(diffs, fmt.Sprintf("%s: plan %s, a full composition gives %s", n.Name, shortDigest(last), shortDigest(d)))
+		}
+		for k, p := range bound {
+			if k.Node == n.Name && full.Bound[k] != p {
+				diffs = append(diffs, fmt.Sprintf("%s: binding %s/%s to %s, a full composition picks %q", n.Name, k.Module, k.Path, p, full.Bound[k]))
+			}
+		}
+		for k, p := range full.Bound {
+			if _, ok := bound[k]; k.Node == n.Name && !ok {
+				diffs = append(diffs, fmt.Sprintf("%s: no binding %s/%s, a full composition picks %s", n.Name, k.Module, k.Path, p))
+			}
+		}
+	}
+	SortRoster(want)
+	want = slices.Compact(want)
+	if !slices.Equal(want, roster) {
+		diffs = append(diffs, fmt.Sprintf("roster of %d names, a full composition gives %d", len(roster), len(want)))
+		for _, c := range RosterChanges(want, roster) {
+			diffs = append(diffs, fmt.Sprintf("roster: %s %s %s (%s) against a full composition", c.Op, c.Name, c.Address, c.Node))
+		}
+	}
+	if len(diffs) > 0 {
+		var nodes []string
+		for n := range only {
+			nodes = append(nodes, n)
+		}
+		slices.Sort(nodes)
+		return fmt.Errorf("incremental composition of %v differs from a full one: %s", nodes, strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+func shortDigest(d string) string {
+	if len(d) > 12 {
+		return d[:12]
+	}
+	return d
+}

@@ -1,0 +1,93 @@
+package state
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// A rollout's held manifest is an input too: while app rolls out from a
+// version that binds to db to one that does not, the node it has not
+// reached yet still binds to db, and moving db must recompose that node
+// although the catalogue's app no longer names db. (checkComposition, on
+// in this package's tests, compares with a full composition; without the
+// held manifests in affected this test stops on the difference.)
+func TestIncrementalSeesHeldManifests(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "cat", Address: "10.0.0.3"}})
+	secret := []Secret{{Pair: Pair{Consumer: "app", Provider: "db"}, Value: "s3cret"}}
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", incModules["db"][0]), spec("app.yaml", incModules["app"][0]), spec("web.yaml", incModules["web"][1])}, Secrets: secret})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "cat", Module: "web"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}, Secrets: secret})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "app"}, Secrets: secret})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", incModules["app"][1])}})
+	rs, err := s.Rollouts(ctx)
+	if err != nil || len(rs) != 1 || rs[0].State != RolloutRunning || strings.Join(rs[0].Reached, " ") != "ace" {
+		t.Fatalf("app's change should be rolling out, ace reached and bee held back: %+v %v", rs, err)
+	}
+	binding := func(node string) string {
+		pv, err := s.Plan(ctx, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range pv.Plan.Resources {
+			if r.Name == "/srv/app/db.binding" {
+				return r.Provider
+			}
+		}
+		return ""
+	}
+	if got := binding("bee"); got != "ace" {
+		t.Fatalf("bee holds app's version before, bound to db on ace; got %q", got)
+	}
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "cat", Module: "db"}})
+	mustApply(t, s, &idx, &UnassignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
+	if got := binding("bee"); got != "cat" {
+		t.Fatalf("db left ace: bee's held binding should follow it to cat, got %q", got)
+	}
+}
+
+// mergeRoster and rosterDiff, which replaced a sort and two maps of the
+// whole roster, against those on random rosters.
+func TestRosterMergeAndDiff(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	names := func(n int) []Name {
+		var r []Name
+		for range n {
+			r = append(r, Name{Name: fmt.Sprint("m", rnd.IntN(20)), Address: fmt.Sprint("10.0.0.", rnd.IntN(3)), Node: fmt.Sprint("n", rnd.IntN(3))})
+		}
+		SortRoster(r)
+		return slices.Compact(r)
+	}
+	for range 500 {
+		a, b := names(rnd.IntN(30)), names(rnd.IntN(30))
+		want := append(slices.Clone(a), b...)
+		SortRoster(want)
+		if got := mergeRoster(a, b); !slices.Equal(got, want) {
+			t.Fatalf("merge of %v and %v: %v, want %v", a, b, got, want)
+		}
+		added, removed := rosterDiff(a, b)
+		var wantAdded, wantRemoved []Name
+		for _, r := range b {
+			if !slices.Contains(a, r) {
+				wantAdded = append(wantAdded, r)
+			}
+		}
+		for _, r := range a {
+			if !slices.Contains(b, r) {
+				wantRemoved = append(wantRemoved, r)
+			}
+		}
+		if !slices.Equal(added, wantAdded) || !slices.Equal(removed, wantRemoved) {
+			t.Fatalf("diff of %v to %v: +%v -%v, want +%v -%v", a, b, added, removed, wantAdded, wantRemoved)
+		}
+	}
+}
