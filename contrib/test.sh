@@ -87,6 +87,10 @@ fuzz FuzzRestore ./state "${MESH_FUZZ_RESTORE:-100000x}" # about 20 s
 # Each input applies a restore and six commands on two replicas (about 30
 # inputs a second): minimization gets a count, not seconds per new input.
 fuzz FuzzRestoreFields ./state "${MESH_FUZZ_RESTORE_FIELDS:-1200x}" 20x # about 45 s
+# Each input applies up to 40 commands to a store that composes every node
+# after each incremental composition and compares (about 40 inputs a second).
+say "fuzz: incremental composition equals a full one"
+fuzz FuzzIncrementalComposition ./state "${MESH_FUZZ_INCREMENTAL:-2000x}" 20x # about 50 s
 say "fuzz: a move's stream from a hostile peer (datacopy.Receive)"
 # Each input makes and removes staging directories: on tmpfs, where a
 # mkdir costs microseconds rather than ext4's half a millisecond.

@@ -262,6 +262,18 @@ type applier struct {
 // recomposes; see affected).
 type touches struct {
 	nodes, modules map[string]bool
+	// nodesOf are modules whose nodes recompose, without what reads them:
+	// the providers a changed module took a credential from.
+	nodesOf map[string]bool
+}
+
+// touchNodesOf records that the plans of the nodes running modules can
+// change, for incremental composition.
+func (ap *applier) touchNodesOf(modules ...string) {
+	ap.touch("")
+	for _, m := range modules {
+		ap.touched.nodesOf[m] = true
+	}
 }
 
 // touch records that the command changed node's plan inputs (node may be
@@ -269,7 +281,7 @@ type touches struct {
 func (ap *applier) touch(node string, modules ...string) {
 	t := &ap.touched
 	if t.nodes == nil {
-		t.nodes, t.modules = map[string]bool{}, map[string]bool{}
+		t.nodes, t.modules, t.nodesOf = map[string]bool{}, map[string]bool{}, map[string]bool{}
 	}
 	if node != "" {
 		t.nodes[node] = true
@@ -464,6 +476,13 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	// The catalogue before the command: a changed module's providers
+	// before are affected too (incremental composition).
+	before, err := ap.catalogue()
+	if err != nil {
+		return false, err
+	}
+	ap.incremental = true
 	seen := map[string]string{}
 	for i := range r.Modules {
 		sp := &r.Modules[i]
@@ -471,6 +490,9 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 			return false, err
 		}
 		name := sp.Manifest.Module
+		ap.touch("", name)
+		ap.touchNodesOf(credentialProviders(before[name])...)
+		ap.touchNodesOf(credentialProviders(sp.Manifest)...)
 		if other, dup := seen[name]; dup {
 			return false, ruleErr(ErrInvalid, "module %q is given twice (%s and %s)", name, other, sp.File)
 		}

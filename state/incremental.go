@@ -72,19 +72,34 @@ func (ap *applier) deps(cat map[string]*manifest.Manifest) *catDeps {
 	return d
 }
 
+// credentialProviders lists the modules m takes a credential from.
+func credentialProviders(m *manifest.Manifest) []string {
+	if m == nil {
+		return nil
+	}
+	var out []string
+	for i := range m.Resources {
+		if r := &m.Resources[i]; r.Kind() == manifest.KindCredential {
+			out = append(out, r.Provider)
+		}
+	}
+	return out
+}
+
 // affected is the set of nodes whose plans t can change, read from the
 // input after the command: the nodes t names, and for each module it names,
 // the nodes that run it, the nodes that run a module whose manifest (the
 // catalogue's or one a rollout holds) binds to it or takes a credential
 // from it (their binding's pick, their error), and the nodes that run a
 // provider it takes a credential from (the provider's accepts-credentials
-// directory lists the consumers assigned somewhere).
+// directory lists the consumers assigned somewhere); and the nodes running
+// the modules of t.nodesOf.
 func affected(in Input, t touches, cat *catDeps) map[string]bool {
 	set := map[string]bool{}
 	for n := range t.nodes {
 		set[n] = true
 	}
-	if len(t.modules) == 0 {
+	if len(t.modules) == 0 && len(t.nodesOf) == 0 {
 		return set
 	}
 	// The few manifests rollouts hold, read as the catalogue's are.
@@ -103,6 +118,9 @@ func affected(in Input, t touches, cat *catDeps) map[string]bool {
 				related[p] = true
 			}
 		}
+	}
+	for m := range t.nodesOf {
+		related[m] = true
 	}
 	for _, a := range in.Assignments {
 		if related[a.Module] {

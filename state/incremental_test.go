@@ -91,3 +91,39 @@ func TestRosterMergeAndDiff(t *testing.T) {
 		}
 	}
 }
+
+// A module that stops taking a credential changes its provider's plan
+// (the provider's accepts-credentials directory lists it no more), though
+// the new manifest no longer names the provider: module add recomposes the
+// nodes of the providers before as well.
+func TestIncrementalSeesProvidersBefore(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	secret := []Secret{{Pair: Pair{Consumer: "app", Provider: "db"}, Value: "s3cret"}}
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", incModules["db"][0]), spec("app.yaml", incModules["app"][0]), spec("web.yaml", incModules["web"][1])}, Secrets: secret})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "web"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "app"}, Secrets: secret})
+	delivered := func() bool {
+		pv, err := s.Plan(ctx, "ace")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range pv.Plan.Resources {
+			if r.Kind == KindDeliveredCredential && r.Credential != nil && r.Credential.Consumer == "app" {
+				return true
+			}
+		}
+		return false
+	}
+	if !delivered() {
+		t.Fatal("db's node should receive app's credential")
+	}
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", incModules["app"][1])}})
+	if delivered() {
+		t.Fatal("app takes no credential from db any more: db's node should not receive it")
+	}
+}

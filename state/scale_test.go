@@ -10,11 +10,14 @@ import (
 
 // BenchmarkFleet measures the replicated state of a large fleet: M modules
 // over 100 nodes, each module assigned to one node. It reports the time of
-// one `module add` command carrying all M, of one assign once the fleet is
-// full (the recompose every command does), the plans' and the snapshot's
-// sizes. The assignments before the last 100 are written straight into the
-// table (applying M assigns one by one would take M recomposes); the last
-// 100 go through Apply, and their mean is the assign figure.
+// one `module add` command carrying all M; of one assign once the fleet is
+// full, composing only the nodes it can change (assign-ms) and, in the same
+// run, composing every node as every command did before (full-assign-ms);
+// of a `module add` of one module more (add-one-ms); the plans' and the
+// snapshot's sizes. The assignments before the last 100 are written
+// straight into the table (applying M assigns one by one would take M
+// recomposes); the last 100 go through Apply, alternately incremental and
+// full, and the means of each half are the assign figures.
 // bench/scale.sh runs it at several sizes and prints how each figure grows.
 func BenchmarkFleet(b *testing.B) {
 	for _, m := range []int{1000, 2500, 5000, 10000} {
@@ -84,6 +87,9 @@ func fleet(b *testing.B, nodes, modules int) {
 		}
 	}
 	alwaysFull = false
+	// One module more, once the fleet is full (module add still composes
+	// every node).
+	one := apply(&ModuleAddRequest{Modules: []ModuleSpec{spec("extra.yaml", benchModule("extra"))}})
 	b.StopTimer()
 	var planBytes, names int
 	s.db.QueryRow(`SELECT sum(length(body)) FROM plans p WHERE version = (SELECT max(version) FROM plans WHERE node = p.node)`).Scan(&planBytes)
@@ -96,6 +102,7 @@ func fleet(b *testing.B, nodes, modules int) {
 		b.Fatalf("%d names in the roster for %d assigned modules", names, modules)
 	}
 	b.ReportMetric(float64(add.Milliseconds()), "module-add-ms")
+	b.ReportMetric(float64(one.Microseconds())/1000, "add-one-ms")
 	b.ReportMetric(float64(assign.Microseconds())/(last/2)/1000, "assign-ms")
 	b.ReportMetric(float64(full.Microseconds())/(last/2)/1000, "full-assign-ms")
 	b.ReportMetric(float64(planBytes)/1e6, "plans-MB")
