@@ -1180,6 +1180,9 @@ func (ap *applier) recompose(cause string) error {
 	// change; the others keep their plans, errors, bindings and names.
 	var only map[string]bool
 	if ap.incremental && !alwaysFull {
+		if err := ap.touchSecretRollouts(); err != nil {
+			return fmt.Errorf("recompose: %w", err)
+		}
 		only = affected(in, ap.touched, ap.deps(cat))
 	}
 	out := ComposeNodes(in, only)

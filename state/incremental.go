@@ -72,6 +72,26 @@ func (ap *applier) deps(cat map[string]*manifest.Manifest) *catDeps {
 	return d
 }
 
+// touchSecretRollouts records the nodes of every module whose secret rolls
+// out: which of them keep the value before follows the nodes' sealing keys,
+// and node.key, which changes one, composes nothing (a full recompose at
+// the next command absorbed it, as this does).
+func (ap *applier) touchSecretRollouts() error {
+	var mods []string
+	err := eachRow(ap.ctx, ap.tx, "rollouts", `SELECT module FROM rollouts WHERE secret != '' AND state IN ('running', 'failed')`, func(rows *sql.Rows) error {
+		var m string
+		if err := rows.Scan(&m); err != nil {
+			return err
+		}
+		mods = append(mods, m)
+		return nil
+	})
+	if err == nil {
+		ap.touchNodesOf(mods...)
+	}
+	return err
+}
+
 // credentialProviders lists the modules m takes a credential from.
 func credentialProviders(m *manifest.Manifest) []string {
 	if m == nil {

@@ -127,3 +127,39 @@ func TestIncrementalSeesProvidersBefore(t *testing.T) {
 		t.Fatal("app takes no credential from db any more: db's node should not receive it")
 	}
 }
+
+// node.key composes nothing, yet a held secret follows the nodes' keys: a
+// node held back by a secret's rollout whose key changes can no longer
+// open the value before, and a full composition gives it the new one. The
+// next incremental command must give the same (the nodes of every module
+// whose secret rolls out recompose), as the full recompose every command
+// did before gave it.
+func TestIncrementalAfterNodeKey(t *testing.T) {
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1", SealKey: "kA"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2", SealKey: "kB"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "cat", Address: "10.0.0.3", SealKey: "kC"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("mail.yaml", rollMail("")), spec("web.yaml", incModules["web"][1])}})
+	for _, n := range []string{"ace", "bee"} {
+		mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: n, Module: "mail"}})
+	}
+	set := func(value string) *SecretSetRequest {
+		r := setReq("mail", "smtp", value, "kA", "kB")
+		r.Rollout = true
+		return r
+	}
+	digest := func(node string) string { return secretsIn(t, s, node)["/srv/mail/smtp.password"]["smtp"] }
+	mustApply(t, s, &idx, set("pw1"))
+	mustApply(t, s, &idx, set("pw2"))
+	d1, d2 := set("pw1").Digest, set("pw2").Digest
+	if a, b := digest("ace"), digest("bee"); a != d2 || b != d1 {
+		t.Fatalf("the rollout of pw2 reaches ace first, bee keeps pw1: ace %s bee %s", a, b)
+	}
+	mustApply(t, s, &idx, &NodeKeyRequest{Node: "bee", SealKey: "kB2"})
+	// An assign elsewhere: the check compares it with a full composition.
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "cat", Module: "web"}})
+	if b := digest("bee"); b != d2 {
+		t.Fatalf("bee's key changed: it cannot open pw1 any more and takes pw2; its plan says %s", b)
+	}
+}
