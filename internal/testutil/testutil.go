@@ -6,7 +6,9 @@ package testutil
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -26,15 +28,33 @@ func (w logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// FreePort is a TCP port free on 127.0.0.1 at the time of the call.
+// FreePort is a TCP port free on 127.0.0.1 at the time of the call, taken
+// below the kernel's ephemeral range: a port the kernel hands out could be
+// taken as the source port of another test's outgoing connection between
+// this call and the caller's bind (a CI run failed so: a node's peer port
+// was in use when it started).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	lo, hi := 20000, 32767 // below Linux's default ephemeral range, 32768-60999
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var first, last int
+		if _, err := fmt.Sscan(string(b), &first, &last); err == nil && first <= hi {
+			hi = first - 1
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	if hi < lo+100 {
+		lo, hi = 1025, 19999
+	}
+	for range 200 {
+		p := lo + rand.IntN(hi-lo+1)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err == nil {
+			l.Close()
+			return p
+		}
+	}
+	t.Fatal("no free TCP port on 127.0.0.1 below the ephemeral range")
+	return 0
 }
 
 // JSONLines decodes a JSON log of exactly want lines, one object per line,
