@@ -85,7 +85,8 @@ var incNames = []string{"db", "app", "web", "proxy"}
 // FuzzIncrementalComposition turns its input into a sequence of commands
 // over three nodes and four modules (adds of either version, assigns,
 // batch assigns, unassigns, rollout steps, reverts, moves and their steps,
-// pulls, restarts, public domains) and applies them with checkComposition on:
+// pulls, restarts, public domains, a module with a secret whose values
+// roll out, new sealing keys) and applies them with checkComposition on:
 // after every command that composes incrementally, a full composition of
 // the same input must give every node the same plan, error and bindings,
 // and the same roster. A refused command is fine; a difference panics.
@@ -94,6 +95,9 @@ func FuzzIncrementalComposition(f *testing.F) {
 	// TestIncrementalSeesHeldManifests as a sequence: app rolls out from
 	// binding db to binding web, then db moves from ace to cat.
 	f.Add([]byte{0, 0, 0, 1, 0, 14, 1, 0, 1, 10, 1, 1, 1, 5, 0, 13, 1, 8, 2, 0})
+	// TestIncrementalAfterNodeKey as a sequence: mail on ace and bee, two
+	// values of its secret, a new key for bee, then an assign elsewhere.
+	f.Add([]byte{9, 24, 9, 28, 9, 36, 9, 36, 9, 16, 0, 14, 1, 10})
 	f.Add([]byte{0, 0, 0, 1, 0, 2, 0, 3, 1, 0, 1, 5, 1, 9, 2, 5, 0, 5, 4, 1, 2, 1})
 	f.Add([]byte{0, 0, 1, 0, 1, 1, 1, 4, 0, 4, 1, 8, 6, 1, 7, 1, 2, 4, 0, 5})
 	f.Add([]byte{0, 1, 0, 0, 1, 0, 1, 3, 1, 6, 3, 7, 0, 4, 5, 0, 8, 1, 9, 0, 2, 3})
@@ -117,9 +121,9 @@ func FuzzIncrementalComposition(f *testing.F) {
 				}
 			}
 		}
-		apply(&InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}})
-		apply(&NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2", Voter: true}})
-		apply(&NodeAddRequest{Node: Node{Name: "cat", Address: "10.0.0.3", PublicDomain: "example.org"}})
+		apply(&InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1", SealKey: "kA"}})
+		apply(&NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2", Voter: true, SealKey: "kB"}})
+		apply(&NodeAddRequest{Node: Node{Name: "cat", Address: "10.0.0.3", PublicDomain: "example.org", SealKey: "kC"}})
 		secrets := func(m string) []Secret {
 			var out []Secret
 			for _, c := range incNames {
@@ -189,7 +193,34 @@ func FuzzIncrementalComposition(f *testing.F) {
 					apply(&ModuleRestartRequest{Module: m, Node: n})
 				}
 			case 9:
-				apply(&PublicDomainRequest{Node: n, Domain: fmt.Sprintf("d%d.example.org", arg%3)})
+				switch arg / 12 % 4 {
+				case 0:
+					apply(&PublicDomainRequest{Node: n, Domain: fmt.Sprintf("d%d.example.org", arg%3)})
+				case 1:
+					// A new sealing key: node.key composes nothing, yet a
+					// secret's rollout holds back by key.
+					apply(&NodeKeyRequest{Node: n, SealKey: fmt.Sprint("k", n, idx)})
+				case 2:
+					apply(&ModuleAddRequest{Modules: []ModuleSpec{spec("mail.yaml", rollMail(""))}})
+					apply(&AssignRequest{Assignment: Assignment{Node: n, Module: "mail"}})
+				default:
+					// A new value of mail's secret, sealed to its nodes' keys,
+					// rolling out one node at a time.
+					var keys []string
+					rows, err := s.db.Query(`SELECT n.seal_key FROM assignments a JOIN nodes n ON n.name = a.node WHERE a.module = 'mail' ORDER BY n.seal_key`)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for rows.Next() {
+						var k string
+						rows.Scan(&k)
+						keys = append(keys, k)
+					}
+					rows.Close()
+					r := setReq("mail", "smtp", fmt.Sprint("pw", idx), keys...)
+					r.Rollout = true
+					apply(r)
+				}
 			}
 		}
 	})
