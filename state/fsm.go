@@ -250,45 +250,11 @@ type applier struct {
 	// roster is the roster recompose wrote, kept once the command commits.
 	roster []Name
 	// incremental: this command says which nodes' plans it can change (an
-	// assign, an unassign), so recompose composes those only; touched is
-	// what it changed. Any other command recomposes every node.
+	// assign, an unassign, a module add), so recompose composes those only;
+	// touched is what it changed (incremental.go). Any other command
+	// recomposes every node.
 	incremental bool
 	touched     touches
-}
-
-// touches is what a command changed that plans read: nodes whose own
-// inputs changed, and modules whose placement or credentials changed
-// (every node that runs one, consumes one or provides one a credential
-// recomposes; see affected).
-type touches struct {
-	nodes, modules map[string]bool
-	// nodesOf are modules whose nodes recompose, without what reads them:
-	// the providers a changed module took a credential from.
-	nodesOf map[string]bool
-}
-
-// touchNodesOf records that the plans of the nodes running modules can
-// change, for incremental composition.
-func (ap *applier) touchNodesOf(modules ...string) {
-	ap.touch("")
-	for _, m := range modules {
-		ap.touched.nodesOf[m] = true
-	}
-}
-
-// touch records that the command changed node's plan inputs (node may be
-// "") and those of modules, for incremental composition.
-func (ap *applier) touch(node string, modules ...string) {
-	t := &ap.touched
-	if t.nodes == nil {
-		t.nodes, t.modules, t.nodesOf = map[string]bool{}, map[string]bool{}, map[string]bool{}
-	}
-	if node != "" {
-		t.nodes[node] = true
-	}
-	for _, m := range modules {
-		t.modules[m] = true
-	}
 }
 
 // rosterChanges says the command being applied writes the roster table

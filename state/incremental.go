@@ -27,6 +27,45 @@ var checkComposition = os.Getenv("MESH_CHECK_COMPOSITION") == "1"
 // incremental composition: bench/scale.sh measures both in one run.
 var alwaysFull bool
 
+// touches is what a command changed that plans read: nodes whose own
+// inputs changed, and modules whose placement or credentials changed
+// (every node that runs one, consumes one or provides one a credential
+// recomposes; see affected).
+type touches struct {
+	nodes, modules map[string]bool
+	// nodesOf are modules whose nodes recompose, without what reads them:
+	// the providers a changed module took a credential from.
+	nodesOf map[string]bool
+}
+
+// touchNodesOf records that the plans of the nodes running modules can
+// change, for incremental composition.
+func (ap *applier) touchNodesOf(modules ...string) {
+	ap.touched.init()
+	for _, m := range modules {
+		ap.touched.nodesOf[m] = true
+	}
+}
+
+// touch records that the command changed node's plan inputs (node may be
+// "") and those of modules, for incremental composition.
+func (ap *applier) touch(node string, modules ...string) {
+	t := &ap.touched
+	t.init()
+	if node != "" {
+		t.nodes[node] = true
+	}
+	for _, m := range modules {
+		t.modules[m] = true
+	}
+}
+
+func (t *touches) init() {
+	if t.nodes == nil {
+		t.nodes, t.modules, t.nodesOf = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	}
+}
+
 // catDeps is what the catalogue's modules read of each other: consumers
 // lists, for each provider, the modules that bind to it or take a
 // credential from it; credentials lists, for each consumer, the providers
