@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"mesh/agent"
@@ -50,9 +51,32 @@ func (c *AgentCmd) Run(g *Globals) error {
 		return err
 	}
 	defer a.Close()
+	if stop, err := cpuProfile(os.Getenv("MESH_CPU_PROFILE")); err != nil {
+		return err
+	} else {
+		defer stop()
+	}
 	ctx, cancel := signalContext()
 	defer cancel()
 	return a.Run(ctx)
+}
+
+// cpuProfile writes a CPU profile of the agent to path until it stops (a
+// bench's aid: MESH_CPU_PROFILE=FILE mesh agent ...; go tool pprof FILE).
+// Nothing without a path.
+func cpuProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("MESH_CPU_PROFILE: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("MESH_CPU_PROFILE: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // SetupCmd prepares a host for a rootless agent.

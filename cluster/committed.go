@@ -17,7 +17,7 @@ import (
 // Telling followers of a commit at once.
 //
 // hashicorp/raft sends a follower the leader's commit index only with the
-// next entries, or with an empty append every CommitTimeout (20-40 ms here),
+// next entries, or with an empty append every CommitTimeout (250-500 ms here),
 // so without help every other node applies a change, and every other
 // resolver answers the new names, that much later. A barrier entry would
 // carry the index at once, but it costs a log write and an fsync on the
@@ -203,8 +203,10 @@ func (n *Node) catchUp() {
 }
 
 // notHeldWait is how long a follower looks for a notice's entry in its own
-// log before leaving the commit to Raft.
-const notHeldWait = 50 * time.Millisecond
+// log before leaving the commit to Raft (whose next empty append comes
+// within commitTimeout's 250-500 ms): a busy leader's append may reach a
+// non-voter well after the majority committed it.
+const notHeldWait = 250 * time.Millisecond
 
 // errNotHeld: this node's log does not hold the notice's entry (yet), or
 // holds another term's entry there.
