@@ -21,7 +21,7 @@ type replica interface {
 // feed turns the replica into what the resolver answers: every name of the
 // roster with the addresses of its instances that are fit to answer with.
 // An instance is fit when its node is reachable (this node always is; a
-// node not heard from within cluster.ReachableWithin is not, nor one never
+// node not heard from within within() (three of liveness's rounds) is not, nor one never
 // heard from that long after this node started) and its module is not
 // unhealthy in that node's last report (state.Fit). A name whose instances
 // are all unfit answers all of them, never nothing (dnsd.Answer).
@@ -31,12 +31,14 @@ type feed struct {
 	// seen is when this node last heard from each other node.
 	seen    func() map[string]time.Time
 	started time.Time
-	within  time.Duration
-	now     func() time.Time
+	// within is how long a node not heard from stays reachable, and every
+	// how often liveness says hello (both grow with a fleet past 21 nodes).
+	within, every func() time.Duration
+	now           func() time.Time
 }
 
-func newFeed(self string, r replica, seen func() map[string]time.Time) *feed {
-	return &feed{self: self, replica: r, seen: seen, started: time.Now(), within: cluster.ReachableWithin, now: time.Now}
+func newFeed(self string, r replica, n *cluster.Node) *feed {
+	return &feed{self: self, replica: r, seen: seenTimes(n), started: time.Now(), within: n.ReachableWithin, every: n.ProbeEvery, now: time.Now}
 }
 
 // seenTimes is when n last heard from each node.
@@ -64,7 +66,7 @@ func (f *feed) Roster(ctx context.Context) (dnsd.Roster, error) {
 	if err != nil {
 		return dnsd.Roster{}, err
 	}
-	reach := state.Reach{Self: f.self, LastSeen: f.seen(), Now: f.now(), Started: f.started, Within: f.within}
+	reach := state.Reach{Self: f.self, LastSeen: f.seen(), Now: f.now(), Started: f.started, Within: f.within()}
 	up := state.Fit(reports, reach, st.Domain)
 	idx, _ := f.replica.AppliedIndex()
 	r := dnsd.Roster{Domain: st.Domain, Names: map[string][]netip.Addr{}, Serial: uint32(idx)}
@@ -97,7 +99,7 @@ func (f *feed) changed(ctx context.Context, replicaChanged func() <-chan struct{
 			defer close(ch)
 			select {
 			case <-changed:
-			case <-time.After(cluster.ProbeInterval):
+			case <-time.After(f.every()):
 			case <-ctx.Done():
 			}
 		}()

@@ -73,7 +73,7 @@ func TestFeedAnswersFitInstances(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &feed{self: "n1", replica: &fakeReplica{roster: roster, reports: tc.reports}, seen: func() map[string]time.Time { return tc.seen },
-				started: tc.started, within: 6 * time.Second, now: func() time.Time { return now }}
+				started: tc.started, within: func() time.Duration { return 6 * time.Second }, now: func() time.Time { return now }}
 			r, err := f.Roster(context.Background())
 			if err != nil {
 				t.Fatal(err)

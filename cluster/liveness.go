@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -14,17 +15,43 @@ import (
 )
 
 // Liveness: every node says hello to every other node over the mutual-TLS
-// peer API, every ProbeInterval, and keeps when it last heard from each and
+// peer API, every ProbeEvery, and keeps when it last heard from each and
 // which binary version it runs. Status shows that view, so a powered-off node
-// reads "unreachable", never "ok". A fleet is 3 to 10 nodes: n*(n-1) small
-// requests every few seconds.
+// reads "unreachable", never "ok", and the resolver drops a node's instances
+// that long after it stopped answering. Each node sends n-1 hellos a round,
+// so the fleet sends n*(n-1): nothing at 3 to 10 nodes, but at 50 it was
+// more than two cores' worth (issue "scale", bench/fleet.sh). Past
+// helloRate*ProbeInterval+1 nodes the round grows with the fleet, so that a
+// node sends at most helloRate hellos a second and the fleet's liveness
+// grows with n, not n*n; a node that stops then reads unreachable later
+// (15 s at 50 nodes). Nomad bounds its servers' heartbeats a second the
+// same way (max_heartbeats_per_second), by lengthening every TTL.
 
-// ProbeInterval is how often a node says hello to each other node; a node not
-// heard from for ReachableWithin reads unreachable.
+// ProbeInterval is the shortest round of hellos (a fleet of up to 21
+// nodes); a node not heard from for three rounds reads unreachable.
 const (
 	ProbeInterval   = 2 * time.Second
 	ReachableWithin = 3 * ProbeInterval
+	helloRate       = 10
 )
+
+// probeEvery is the round of hellos in a fleet of nodes nodes.
+func probeEvery(nodes int) time.Duration {
+	return max(ProbeInterval, time.Duration(nodes-1)*time.Second/helloRate)
+}
+
+// ProbeEvery is this node's round of hellos now (ProbeInterval in a fleet
+// of up to 21 nodes).
+func (n *Node) ProbeEvery() time.Duration {
+	if d := time.Duration(n.live.every.Load()); d > 0 {
+		return d
+	}
+	return ProbeInterval
+}
+
+// ReachableWithin is how long since a node last answered a hello it reads
+// reachable: three rounds.
+func (n *Node) ReachableWithin() time.Duration { return 3 * n.ProbeEvery() }
 
 // Hello is a node's answer to a hello.
 type Hello struct {
@@ -50,6 +77,8 @@ type Seen struct {
 type liveness struct {
 	mu   sync.Mutex
 	seen map[string]Seen
+	// every is the round of hellos (ns), from the number of nodes.
+	every atomic.Int64
 }
 
 func (n *Node) serveHello(w http.ResponseWriter, r *http.Request) {
@@ -69,11 +98,10 @@ func (n *Node) Seen() map[string]Seen {
 
 // probe says hello to every other node of the replica until ctx ends.
 func (n *Node) probe(ctx context.Context) {
-	t := time.NewTicker(ProbeInterval)
-	defer t.Stop()
 	for {
 		nodes, err := n.store.Nodes(ctx)
 		if err == nil {
+			n.live.every.Store(int64(probeEvery(len(nodes))))
 			var wg sync.WaitGroup
 			for _, nd := range nodes {
 				if nd.Name == n.cfg.ID {
@@ -90,7 +118,7 @@ func (n *Node) probe(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(n.ProbeEvery()):
 		}
 	}
 }
@@ -102,7 +130,7 @@ func (n *Node) hello(ctx context.Context, name string) bool {
 	if addr == "" {
 		return false
 	}
-	cctx, cancel := context.WithTimeout(ctx, ProbeInterval)
+	cctx, cancel := context.WithTimeout(ctx, ProbeInterval) // a hello slower than that is as good as none
 	defer cancel()
 	req, err := http.NewRequestWithContext(cctx, "GET", "https://"+addr+"/v1/hello", nil)
 	if err != nil {

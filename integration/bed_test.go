@@ -346,6 +346,8 @@ type agent struct {
 	bin string
 	// overlay is the node's overlay address, once oaddr read it.
 	overlay string
+	// env: more environment for mesh agent.
+	env []string
 }
 
 func (h *host) newAgent(t testing.TB) *agent { return h.newAgentAt(t, "127.0.0.1") }
@@ -445,6 +447,12 @@ func (a *agent) startAsync() (waitReady func()) {
 	cmd := a.command(args...)
 	if a.h.netns != "" {
 		cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+a.h.conf)
+	}
+	if len(a.env) > 0 {
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, a.env...)
 	}
 	pr, pw, _ := os.Pipe()
 	cmd.Stderr, cmd.Stdout = pw, pw

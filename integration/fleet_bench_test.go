@@ -89,6 +89,13 @@ func newFleet(t testing.TB, count int) *fleet {
 	pm.startService()
 	t.Cleanup(pm.stopService)
 
+	// MESH_FLEET_PROFILE=n2,n7: those agents write a CPU profile to
+	// /var/tmp/mesh-fleet-NAME.prof when they stop (not n1: the bench
+	// kills it with -9).
+	profile := map[string]bool{}
+	for _, name := range strings.Split(os.Getenv("MESH_FLEET_PROFILE"), ",") {
+		profile[name] = name != ""
+	}
 	f := &fleet{n: []*agent{nil}}
 	for i := 1; i <= count; i++ {
 		ns := fmt.Sprintf("mfn%d", i)
@@ -103,6 +110,9 @@ func newFleet(t testing.TB, count int) *fleet {
 			// A resync a minute and info logs: the bench measures the
 			// commands, not fifty agents polling one Podman.
 			extra: []string{"--resync", "60s", "--log-level", "info"}}
+		if profile[a.name] {
+			a.env = []string{"MESH_CPU_PROFILE=" + fleetDir + "-" + a.name + ".prof"}
+		}
 		f.n = append(f.n, a)
 	}
 	n1 := f.n[1]

@@ -44,3 +44,30 @@ func TestNodeDrain(t *testing.T) {
 		t.Fatal("--undo left it draining")
 	}
 }
+
+// Nodes is read once per change of the replica: a command's change is seen
+// at the next read, and what a caller does to the list it got is not.
+func TestNodesKeptUntilAChange(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	got, err := s.Nodes(ctx)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("nodes: %v, %v", got, err)
+	}
+	got[0].Address = "10.9.9.9"
+	got[0].PublicDomains = append(got[0].PublicDomains, "x.example")
+	if n, _ := s.Node(ctx, "ace"); n.Address != "10.0.0.1" || len(n.PublicDomains) != 0 {
+		t.Fatalf("a caller's change reached the kept nodes: %+v", n)
+	}
+	mustApply(t, s, &idx, &NodeDrainRequest{Node: "bee"})
+	if n, _ := s.Node(ctx, "bee"); !n.Draining {
+		t.Fatal("the kept nodes outlived a command that changed one")
+	}
+	mustApply(t, s, &idx, &NodeRemoveRequest{Name: "bee"})
+	if _, err := s.Node(ctx, "bee"); err == nil {
+		t.Fatal("a removed node is still read")
+	}
+}

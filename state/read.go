@@ -99,12 +99,9 @@ func (s *Store) Settings(ctx context.Context) (Settings, error) {
 	return Settings{MeshID: kv["mesh_id"], Domain: kv["domain"], CreatedAt: kv["created_at"], Overlay: kv["overlay"]}, nil
 }
 
-func readNodes(ctx context.Context, q queryer, only ...string) ([]NodeInfo, error) {
-	query, args := `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address, cert_ca, acme_directory, acme_email, acme_ca_root, draining FROM nodes`, []any{}
-	if len(only) == 1 {
-		query, args = query+` WHERE name = ?`, []any{only[0]}
-	}
-	rows, err := q.QueryContext(ctx, query+` ORDER BY name`, args...)
+func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
+	query := `SELECT name, address, public_domain, voter, added_at, compose_error, port, seal_key, cert_expires, cert_key, overlay_key, overlay_endpoint, overlay_address, cert_ca, acme_directory, acme_email, acme_ca_root, draining FROM nodes ORDER BY name`
+	rows, err := q.QueryContext(ctx, query)
 	if err != nil {
 		return nil, err
 	}
@@ -130,18 +127,50 @@ func readNodes(ctx context.Context, q queryer, only ...string) ([]NodeInfo, erro
 	return out, rows.Err()
 }
 
-// Nodes lists the nodes by name.
-func (s *Store) Nodes(ctx context.Context) ([]NodeInfo, error) { return readNodes(ctx, s.db) }
+// Nodes lists the nodes by name. It reads the table once per change of the
+// replica (notify forgets it): the peer API names every request's caller by
+// it, and liveness and every write read it whole, many times a second in a
+// fleet of fifty (a fresh SQLite statement each time, the most of a node's
+// idle CPU there; issue "scale", bench/fleet.sh). A read that a commit
+// overtook is returned but not kept.
+func (s *Store) Nodes(ctx context.Context) ([]NodeInfo, error) {
+	s.mu.Lock()
+	gen, kept := s.gen, s.nodes
+	s.mu.Unlock()
+	if kept != nil {
+		return cloneNodes(kept), nil
+	}
+	out, err := readNodes(ctx, s.db)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.gen == gen {
+		s.nodes = cloneNodes(out)
+	}
+	s.mu.Unlock()
+	return out, nil
+}
+
+// cloneNodes copies nodes down to their slices and pointers: a caller may
+// change what it was given.
+func cloneNodes(nodes []NodeInfo) []NodeInfo {
+	out := slices.Clone(nodes)
+	if out == nil {
+		out = []NodeInfo{}
+	}
+	for i := range out {
+		out[i].PublicDomains = slices.Clone(out[i].PublicDomains)
+		if e := out[i].CertExpires; e != nil {
+			t := *e
+			out[i].CertExpires = &t
+		}
+	}
+	return out
+}
 
 // Node reads one node, or ErrNotFound with the names that exist.
 func (s *Store) Node(ctx context.Context, name string) (NodeInfo, error) {
-	one, err := readNodes(ctx, s.db, name)
-	if err != nil {
-		return NodeInfo{}, err
-	}
-	if len(one) == 1 {
-		return one[0], nil
-	}
 	nodes, err := s.Nodes(ctx)
 	if err != nil {
 		return NodeInfo{}, err

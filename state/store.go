@@ -46,7 +46,11 @@ type Store struct {
 	// planSizes is each plan's number of resources by its digest (PlanHeads).
 	planSizes map[string]int
 	changed   chan struct{}
-	applyMu   sync.Mutex // one Apply or Restore at a time
+	// gen counts the replica's changes (notify); nodes is the nodes
+	// table as of gen, nil until read (Nodes).
+	gen     uint64
+	nodes   []NodeInfo
+	applyMu sync.Mutex // one Apply or Restore at a time
 	// cat is the catalogue as the last applied command left it, for the
 	// FSM's own reads (under applyMu); nil when not known. Every command
 	// recomposes, and reading the catalogue's rows each time cost more than
@@ -376,6 +380,8 @@ func (s *Store) Changed() <-chan struct{} {
 
 func (s *Store) notify() {
 	s.mu.Lock()
+	s.gen++
+	s.nodes = nil
 	close(s.changed)
 	s.changed = make(chan struct{})
 	s.mu.Unlock()

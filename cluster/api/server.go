@@ -89,7 +89,7 @@ type NodeStatus struct {
 	AppliedAt      *time.Time    `json:"applied_at,omitempty"`
 	ApplyError     string        `json:"apply_error,omitempty"`
 	Report         *state.Report `json:"report,omitempty"`
-	// Reachable: this node heard from it within cluster.ReachableWithin (itself
+	// Reachable: this node heard from it within Node.ReachableWithin (itself
 	// always). LastSeen is when; Version is the binary it runs.
 	Reachable bool       `json:"reachable"`
 	LastSeen  *time.Time `json:"last_seen"`
@@ -532,7 +532,7 @@ func (a *API) status(w http.ResponseWriter, r *http.Request) {
 			ns.DiskFree = &free
 		} else if s, ok := seen[n.Name]; ok {
 			at := s.LastSeen
-			ns.Reachable, ns.LastSeen, ns.Version = now.Sub(at) < cluster.ReachableWithin, &at, s.Version
+			ns.Reachable, ns.LastSeen, ns.Version = now.Sub(at) < a.node.ReachableWithin(), &at, s.Version
 			if s.Free > 0 {
 				free := s.Free
 				ns.DiskFree = &free
