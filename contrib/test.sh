@@ -46,9 +46,9 @@ host_paths() {
 	ls -A /srv 2>/dev/null | sed 's|^|/srv/|'
 	ls -A /run/mesh 2>/dev/null | sed 's|^|/run/mesh/|'
 	pgrep -f 'conmon .*/var/tmp/mesh-(bed|mbed|obench)' >/dev/null && echo "a container process of a bed (conmon under /var/tmp/mesh-*)"
-	ls -d /var/tmp/mesh-bed /var/tmp/mesh-mbed /var/tmp/mesh-obench /usr/local/lib/mesh/meshbed 2>/dev/null
-	ip netns list 2>/dev/null | awk '{print "netns " $1}' | grep -E '^netns (mbn|mbedq|ob)' || true
-	ip -o link show 2>/dev/null | awk -F': ' '{print "link " $2}' | grep -E '^link (mbnbr0|mbeddns0|mbn|meshwg0|meshdns0)' || true
+	ls -d /var/tmp/mesh-bed /var/tmp/mesh-mbed /var/tmp/mesh-obench /var/tmp/mesh-fleet /usr/local/lib/mesh/meshbed 2>/dev/null
+	ip netns list 2>/dev/null | awk '{print "netns " $1}' | grep -E '^netns (mbn|mbedq|ob|mfn)' || true
+	ip -o link show 2>/dev/null | awk -F': ' '{print "link " $2}' | grep -E '^link (mbnbr0|mbeddns0|mbn|mfn|meshwg0|meshdns0)' || true
 }
 before=$(host_paths)
 go test -count=1 -timeout 40m ./...
