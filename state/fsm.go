@@ -1203,7 +1203,7 @@ func (ap *applier) recompose(cause string) error {
 			return fmt.Errorf("read the plan of %s: %w", n.Name, err)
 		}
 		if last != d {
-			if err := exec(tx, `INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)`, n.Name, index, d, jsonString(p), cause, at); err != nil {
+			if err := exec(tx, `INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)`, n.Name, index, d, packPlan(jsonString(p)), cause, at); err != nil {
 				return err
 			}
 			if bound.Set {

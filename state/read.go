@@ -319,13 +319,18 @@ func (s *Store) PlanHistory(ctx context.Context, node string, limit int) ([]Plan
 	var out []PlanVersion
 	for rows.Next() {
 		var v PlanVersion
-		var body, at string
-		if err := rows.Scan(&v.Node, &v.Version, &v.Digest, &body, &v.Cause, &at); err != nil {
+		var stored []byte
+		var at string
+		if err := rows.Scan(&v.Node, &v.Version, &v.Digest, &stored, &v.Cause, &at); err != nil {
 			return nil, err
 		}
 		v.CreatedAt, _ = time.Parse(timeLayout, at)
+		body, err := unpackPlan(stored)
+		if err != nil {
+			return nil, fmt.Errorf("decode plan %s v%d: %w", node, v.Version, err)
+		}
 		v.Plan = &Plan{}
-		if err := json.Unmarshal([]byte(body), v.Plan); err != nil {
+		if err := json.Unmarshal(body, v.Plan); err != nil {
 			return nil, fmt.Errorf("decode plan %s v%d: %w", node, v.Version, err)
 		}
 		out = append(out, v)
@@ -381,12 +386,16 @@ func (s *Store) PlanHeads(ctx context.Context) (map[string]PlanHead, error) {
 		count, ok := s.planSizes[h.Digest]
 		s.mu.Unlock()
 		if !ok {
-			err := s.db.QueryRowContext(ctx, `SELECT COALESCE(json_array_length(body, '$.resources'), 0) FROM plans WHERE node = ? AND version = ?`, n, h.Version).Scan(&count)
+			var stored []byte
+			err := s.db.QueryRowContext(ctx, `SELECT body FROM plans WHERE node = ? AND version = ?`, n, h.Version).Scan(&stored)
 			if errors.Is(err, sql.ErrNoRows) {
 				delete(out, n) // pruned or restored since the first read: no head to show
 				continue
 			} else if err != nil {
 				return nil, err
+			}
+			if count, err = resourceCount(stored); err != nil {
+				return nil, fmt.Errorf("plan %s v%d: %w", n, h.Version, err)
 			}
 			s.mu.Lock()
 			if len(s.planSizes) >= 4096 {

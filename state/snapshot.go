@@ -159,6 +159,9 @@ func (s *Store) Dump(ctx context.Context) (*Snapshot, error) {
 			}
 			row := map[string]any{}
 			for i, c := range cols {
+				if t.name == "plans" && c == "body" {
+					vals[i] = snapshotPlan(asBytes(vals[i]))
+				}
 				if b, ok := vals[i].([]byte); ok {
 					vals[i] = string(b)
 				}
@@ -301,6 +304,12 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) error {
 					}
 					v = iv
 				}
+				if t.name == "plans" && c == "body" {
+					b, _ := v.(string)
+					if v, err = restoredPlan(b); err != nil {
+						return fmt.Errorf("the snapshot's plan %v v%v: %w", row["node"], row["version"], err)
+					}
+				}
 				vals[i] = v
 			}
 			q := `INSERT INTO "` + t.name + `" ("` + strings.Join(cols, `", "`) + `") VALUES (?` + strings.Repeat(", ?", len(cols)-1) + `)`
@@ -323,5 +332,16 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) error {
 		return err
 	}
 	s.notify()
+	return nil
+}
+
+// asBytes is a column's value as bytes (TEXT scans as string or []byte).
+func asBytes(v any) []byte {
+	switch b := v.(type) {
+	case []byte:
+		return b
+	case string:
+		return []byte(b)
+	}
 	return nil
 }

@@ -323,6 +323,9 @@ var migrations = []string{
 		PRIMARY KEY (module, name)
 	 );
 	 ALTER TABLE rollouts ADD COLUMN secret TEXT NOT NULL DEFAULT '';`,
+	// 19: plans.body may be packed (planbody.go); nothing to change in the
+	// schema, but an older binary must not open what it cannot read.
+	`SELECT 1;`,
 }
 
 func (s *Store) migrate() error {
