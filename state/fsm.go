@@ -203,6 +203,12 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 	if broken == nil && ap.roster != nil {
 		s.roster.Store(&ap.roster)
 	}
+	if broken == nil && ap.assignedDirty {
+		s.assigned = nil
+		if ap.assignedKnown {
+			s.assigned = ap.assigned
+		}
+	}
 	if cat := s.cat; cat != nil {
 		s.catPub.Store(&cat)
 	}
@@ -255,6 +261,11 @@ type applier struct {
 	// recomposes every node.
 	incremental bool
 	touched     touches
+	// assigned is this command's copy of the assignments table, once it
+	// edited it or read it (assignedDirty); assignedKnown is false when it
+	// wrote the table without a copy to edit (assigned.go).
+	assigned                     []Assignment
+	assignedKnown, assignedDirty bool
 }
 
 // rosterChanges says the command being applied writes the roster table
@@ -384,6 +395,7 @@ func (ap *applier) nodeRemove(r *NodeRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM assignments WHERE node = ?`, r.Name); err != nil {
 		return false, err
 	}
+	ap.assignedDeleteNode(r.Name)
 	for _, m := range mods {
 		if err := ap.endIfUnassigned(m); err != nil {
 			return false, err
@@ -672,6 +684,7 @@ func (ap *applier) assignOne(a Assignment) (bool, error) {
 	if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, ap.index); err != nil {
 		return false, err
 	}
+	ap.assignedInsert(Assignment{Node: a.Node, Module: a.Module, Seq: ap.index})
 	ap.touch(a.Node, a.Module)
 	// Assigned again, its data is its own again: a purge asked before is
 	// not done now, nor the finish of a move from there.
@@ -744,6 +757,7 @@ func (ap *applier) unassignOne(a Assignment, purgeData []string) error {
 	if err := exec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, a.Node, a.Module); err != nil {
 		return err
 	}
+	ap.assignedDelete(a.Node, a.Module)
 	ap.touch(a.Node, a.Module)
 	if err := ap.endIfUnassigned(a.Module); err != nil {
 		return err
@@ -983,6 +997,11 @@ func (s *Store) readCatalogue(ctx context.Context, q queryer) (map[string]*manif
 
 // input loads what composition reads, with the catalogue cat.
 func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (Input, error) {
+	return inputWith(ctx, q, cat, nil)
+}
+
+// inputWith is input with the assignments given (nil: read the table).
+func inputWith(ctx context.Context, q queryer, cat map[string]*manifest.Manifest, assigned []Assignment) (Input, error) {
 	in := Input{Credentials: map[Pair]string{}, Bound: map[BindKey]string{}, Pulls: map[string]uint64{}, Modules: cat}
 	if err := q.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = 'domain'`).Scan(&in.Domain); err != nil {
 		return in, fmt.Errorf("read domain: %w", err)
@@ -997,16 +1016,10 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 	for _, n := range nodes {
 		in.Nodes = append(in.Nodes, n.Node)
 	}
-	err = eachRow(ctx, q, "assignments", `SELECT node, module, seq FROM assignments ORDER BY node, module`, func(rows *sql.Rows) error {
-		var a Assignment
-		if err := rows.Scan(&a.Node, &a.Module, &a.Seq); err != nil {
-			return err
+	if in.Assignments = assigned; assigned == nil {
+		if in.Assignments, err = readAssignments(ctx, q); err != nil {
+			return in, err
 		}
-		in.Assignments = append(in.Assignments, a)
-		return nil
-	})
-	if err != nil {
-		return in, err
 	}
 	err = eachRow(ctx, q, "bindings", `SELECT node, module, path, provider_node FROM bindings`, func(rows *sql.Rows) error {
 		var k BindKey
@@ -1138,7 +1151,11 @@ func (ap *applier) recompose(cause string) error {
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
 	}
-	in, err := input(ctx, tx, cat)
+	assigned, err := ap.assignmentsFor()
+	if err != nil {
+		return fmt.Errorf("recompose: %w", err)
+	}
+	in, err := inputWith(ctx, tx, cat, assigned)
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
 	}

@@ -235,6 +235,7 @@ func (ap *applier) moveStep(r *MoveStepRequest) (bool, error) {
 		if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`, mv.To, r.Module, ap.index); err != nil {
 			return false, err
 		}
+		ap.assignedInsert(Assignment{Node: mv.To, Module: r.Module, Seq: ap.index})
 		if err := exec(tx, `DELETE FROM purges WHERE node = ? AND module = ?`, mv.To, r.Module); err != nil {
 			return false, err
 		}
@@ -242,10 +243,12 @@ func (ap *applier) moveStep(r *MoveStepRequest) (bool, error) {
 		if err := exec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, mv.From, r.Module); err != nil {
 			return false, err
 		}
+		ap.assignedDelete(mv.From, r.Module)
 	case (r.From == MoveCopy || r.From == MoveStart) && r.To == MoveAborted:
 		if err := exec(tx, `DELETE FROM assignments WHERE node = ? AND module = ?`, mv.To, r.Module); err != nil {
 			return false, err
 		}
+		ap.assignedDelete(mv.To, r.Module)
 	default:
 		return false, ruleErr(ErrInvalid, "a move goes copy -> start -> done, or to aborted before done; not %s -> %s", r.From, r.To)
 	}

@@ -197,6 +197,7 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 	if err := exec(tx, `DELETE FROM assignments`); err != nil {
 		return false, err
 	}
+	ap.assignedForget()
 	for _, a := range b.Assignments {
 		if nodes[a.Node] && mods[a.Module] {
 			if err := exec(tx, `INSERT OR IGNORE INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, a.Seq); err != nil {

@@ -59,6 +59,9 @@ type Store struct {
 	// deps is what each module of cat reads of the others (affected), nil
 	// whenever cat is.
 	deps *catDeps
+	// assigned is the assignments table as the last committed command left
+	// it, nil when not known (assigned.go); under applyMu.
+	assigned []Assignment
 	// roster is the roster table as the last committed command left it,
 	// sorted and without duplicates, nil when not known. It is set only
 	// under applyMu, after a commit, and never changed in place: the FSM
