@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -66,22 +67,8 @@ func allAnswer(b *testing.B, conns []*dns.Conn, name, addr string, want bool, si
 // answerHas says whether the answer for name holds addr; ok is false when
 // no answer came (a lost packet is not an answer without addr).
 func answerHas(co *dns.Conn, name, addr string) (has, ok bool) {
-	m := new(dns.Msg)
-	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
-	co.SetDeadline(time.Now().Add(time.Second))
-	if err := co.WriteMsg(m); err != nil {
-		return false, false
-	}
-	r, err := co.ReadMsg()
-	if err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
-		return false, false
-	}
-	for _, rr := range r.Answer {
-		if a, ok := rr.(*dns.A); ok && a.A.String() == addr {
-			return true, true
-		}
-	}
-	return false, true
+	addrs, ok := answerAddrs(co, name)
+	return slices.Contains(addrs, addr), ok
 }
 
 func percentile(d []time.Duration, p float64) float64 {

@@ -29,47 +29,66 @@ func BenchmarkFleet(b *testing.B) {
 	}
 }
 
-func fleet(b *testing.B, nodes, modules int) {
-	b.StopTimer()
-	s := openStore(b)
-	ctx := context.Background()
-	at := t0
-	index := uint64(0)
-	apply := func(r Request) time.Duration {
-		index++
-		at = at.Add(time.Second)
-		start := time.Now()
-		if err := s.Apply(index, encodeAt(r, at)); err != nil {
-			b.Fatalf("%s: %v", r.Op(), err)
-		}
-		return time.Since(start)
-	}
-	apply(&InitRequest{MeshID: "m-scale", Domain: "internal", Node: Node{Name: "n000", Address: "10.1.0.1", Voter: true}})
+// benchFleet is a store for the benchmarks: nodes nodes, then modules
+// modules added in one command.
+type benchFleet struct {
+	s     *Store
+	index uint64
+	at    time.Time
+}
+
+// newBenchFleet makes it and says how long the module add took.
+func newBenchFleet(b *testing.B, nodes, modules int) (*benchFleet, time.Duration) {
+	f := &benchFleet{s: openStore(b), at: t0}
+	f.apply(b, &InitRequest{MeshID: "m-scale", Domain: "internal", Node: Node{Name: "n000", Address: "10.1.0.1", Voter: true}})
 	for i := 1; i < nodes; i++ {
-		apply(&NodeAddRequest{Node: Node{Name: fmt.Sprintf("n%03d", i), Address: fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)}})
+		f.apply(b, &NodeAddRequest{Node: Node{Name: fmt.Sprintf("n%03d", i), Address: fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)}})
 	}
 	var specs []ModuleSpec
 	for j := 0; j < modules; j++ {
 		name := fmt.Sprintf("m%05d", j)
 		specs = append(specs, spec(name+".yaml", benchModule(name)))
 	}
-	b.StartTimer()
-	add := apply(&ModuleAddRequest{Modules: specs})
-	b.StopTimer()
-	const last = 100
-	tx, err := s.db.Begin()
+	return f, f.apply(b, &ModuleAddRequest{Modules: specs})
+}
+
+// apply applies r as the next command and says how long it took.
+func (f *benchFleet) apply(b *testing.B, r Request) time.Duration {
+	f.index++
+	f.at = f.at.Add(time.Second)
+	start := time.Now()
+	if err := f.s.Apply(f.index, encodeAt(r, f.at)); err != nil {
+		b.Fatalf("%s: %v", r.Op(), err)
+	}
+	return time.Since(start)
+}
+
+// assignStraight writes the first count modules' assignments (module j on
+// node j%nodes) into the table, past the FSM: applying them one by one
+// would take count recomposes.
+func (f *benchFleet) assignStraight(b *testing.B, nodes, count int) {
+	tx, err := f.s.db.Begin()
 	if err != nil {
 		b.Fatal(err)
 	}
-	for j := 0; j < modules-last; j++ {
-		if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, fmt.Sprintf("n%03d", j%nodes), fmt.Sprintf("m%05d", j), index); err != nil {
+	for j := 0; j < count; j++ {
+		if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, fmt.Sprintf("n%03d", j%nodes), fmt.Sprintf("m%05d", j), f.index); err != nil {
 			b.Fatal(err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		b.Fatal(err)
 	}
-	s.assigned = nil // written past the FSM: what it keeps is not the table
+	f.s.assigned = nil // written past the FSM: what it keeps is not the table
+}
+
+func fleet(b *testing.B, nodes, modules int) {
+	b.StopTimer()
+	f, add := newBenchFleet(b, nodes, modules)
+	s, ctx := f.s, context.Background()
+	apply := func(r Request) time.Duration { return f.apply(b, r) }
+	const last = 100
+	f.assignStraight(b, nodes, modules-last)
 	// The last modules assigned one command each: half composing only the
 	// nodes an assign can change, half composing every node (as every
 	// command did before incremental composition), for the ratio.

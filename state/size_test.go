@@ -42,44 +42,14 @@ func envInt(b *testing.B, key string, def int) int {
 
 func stateSize(b *testing.B, nodes, modules, commands int) {
 	b.StopTimer()
-	s := openStore(b)
-	ctx := context.Background()
-	at := t0
-	index := uint64(0)
-	apply := func(r Request) {
-		index++
-		at = at.Add(time.Second)
-		if err := s.Apply(index, encodeAt(r, at)); err != nil {
-			b.Fatalf("%s: %v", r.Op(), err)
-		}
-	}
-	apply(&InitRequest{MeshID: "m-size", Domain: "internal", Node: Node{Name: "n000", Address: "10.1.0.1", Voter: true}})
-	for i := 1; i < nodes; i++ {
-		apply(&NodeAddRequest{Node: Node{Name: fmt.Sprintf("n%03d", i), Address: fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)}})
-	}
-	var specs []ModuleSpec
-	for j := 0; j < modules; j++ {
-		name := fmt.Sprintf("m%05d", j)
-		specs = append(specs, spec(name+".yaml", benchModule(name)))
-	}
-	apply(&ModuleAddRequest{Modules: specs})
+	f, _ := newBenchFleet(b, nodes, modules)
+	s, ctx := f.s, context.Background()
+	apply := func(r Request) { f.apply(b, r) }
 	node := func(j int) string { return fmt.Sprintf("n%03d", j%nodes) }
 	module := func(j int) string { return fmt.Sprintf("m%05d", j) }
 	// Every assignment but the last straight into the table, then the last
 	// through Apply composing every node: the fleet, full.
-	tx, err := s.db.Begin()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for j := 0; j < modules-1; j++ {
-		if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, node(j), module(j), index); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		b.Fatal(err)
-	}
-	s.assigned = nil // written past the FSM: what it keeps is not the table
+	f.assignStraight(b, nodes, modules-1)
 	check := checkComposition
 	checkComposition = false // the package's tests compare; the bench measures
 	defer func() { checkComposition, alwaysFull = check, false }()
