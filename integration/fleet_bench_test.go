@@ -152,6 +152,31 @@ func newFleet(t testing.TB, count int) *fleet {
 
 func (f *fleet) addr(i int) string { return fleetNet + strconv.Itoa(i) }
 
+// kill stops agent i with kill -9 and says when.
+func (f *fleet) kill(i int) time.Time {
+	a := f.n[i]
+	a.cmd.Process.Signal(syscall.SIGKILL)
+	a.cmd.Wait()
+	a.cmd = nil
+	return time.Now()
+}
+
+// assignOnceAccepted asks via to assign module to target until a write
+// is accepted (a leader's kill leaves none for a while), at most 60 s
+// after since, and says how long after since it was.
+func (f *fleet) assignOnceAccepted(t testing.TB, via *http.Client, target int, module string, since time.Time) time.Duration {
+	for {
+		err := f.assign(via, target, module)
+		if err == nil {
+			return time.Since(since)
+		}
+		if time.Since(since) > 60*time.Second {
+			t.Fatalf("no write accepted within 60 s of the leader's kill: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // client is an HTTP client of node i's local API.
 func (f *fleet) client(i int) *http.Client {
 	sock := filepath.Join(f.n[i].n.dir, "mesh.sock")
@@ -335,22 +360,8 @@ func benchFleet(b *testing.B, count int) {
 	// A kill -9 of the leader; writes go through n2 (a voter), which
 	// forwards them to whoever leads.
 	module := fmt.Sprintf("fb%04d", b.N+1)
-	n1.cmd.Process.Signal(syscall.SIGKILL)
-	n1.cmd.Wait()
-	n1.cmd = nil
-	killed := time.Now()
-	via := f.client(2)
-	for {
-		err := f.assign(via, 3, module)
-		if err == nil {
-			break
-		}
-		if time.Since(killed) > 60*time.Second {
-			b.Fatalf("no write accepted within 60 s of the leader's kill: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	writable := time.Since(killed)
+	killed := f.kill(1)
+	writable := f.assignOnceAccepted(b, f.client(2), 3, module, killed)
 	caught := f.allAnswered(b, module+".internal", f.addr(3), killed, 60*time.Second, map[int]bool{1: true})
 
 	b.ReportMetric(percentile(commit, 0.5), "commit-p50-ms")
