@@ -97,6 +97,10 @@ type Input struct {
 	// once the module starts on the move's TO (phase start), it provides
 	// no binding either.
 	Stopped map[HeldKey]string
+	// assignedByNode says Assignments is sorted by node, then module (as
+	// the FSM keeps and reads it), so a node's modules are found by binary
+	// search.
+	assignedByNode bool
 }
 
 // Purge is a data directory a node removes, with all it holds, while its
@@ -151,6 +155,9 @@ type Resource struct {
 	// restart` that names it on this node (restart.go); not part of its
 	// declaration either.
 	Restart uint64 `json:"restart,omitempty"`
+	// src is the manifest's declaration Decl and Typed were copied from
+	// (nil for one composition made up), for planBody; never encoded.
+	src *manifest.Resource
 }
 
 // KindDeliveredCredential is a provider-side credential file: the mesh writes
@@ -210,30 +217,11 @@ func ComposeNodes(in Input, only map[string]bool) Output {
 	for _, n := range in.Nodes {
 		nodes[n.Name] = n
 	}
-	byNode := map[string][]string{}
-	byModule := map[string][]string{}
-	as := append([]Assignment(nil), in.Assignments...)
-	// Earliest assigned first (then by node), so a binding's fallback is the
-	// instance that was there first.
-	sort.SliceStable(as, func(i, j int) bool {
-		if as[i].Seq != as[j].Seq {
-			return as[i].Seq < as[j].Seq
-		}
-		return as[i].Node < as[j].Node
-	})
-	for _, a := range as {
-		byNode[a.Node] = append(byNode[a.Node], a.Module)
-		if in.Stopped[HeldKey{Node: a.Node, Module: a.Module}] == MoveStart {
-			continue // TO provides it now
-		}
-		byModule[a.Module] = append(byModule[a.Module], a.Node)
-	}
-	for n, s := range byNode {
-		if only != nil && !only[n] {
-			continue
-		}
-		sort.Strings(s)
-		byNode[n] = providersFirst(s, in.Modules)
+	var byNode, byModule map[string][]string
+	if only == nil {
+		byNode, byModule = groupAssignments(in, in.Assignments)
+	} else {
+		byNode, byModule = groupFor(in, only)
 	}
 	names := make([]string, 0, len(nodes))
 	for n := range nodes {
@@ -260,6 +248,85 @@ func ComposeNodes(in Input, only map[string]bool) Output {
 	}
 	SortRoster(out.Roster)
 	return out
+}
+
+// groupAssignments is, for the assignments as, each node's modules in the
+// order it composes them (by name, providers first) and each module's
+// nodes, earliest assigned first (then by node), so a binding's fallback
+// is the instance that was there first; a module a move holds at phase
+// start is not its FROM's to provide.
+func groupAssignments(in Input, as []Assignment) (byNode, byModule map[string][]string) {
+	byNode, byModule = map[string][]string{}, map[string][]string{}
+	as = slices.Clone(as)
+	sort.SliceStable(as, func(i, j int) bool {
+		if as[i].Seq != as[j].Seq {
+			return as[i].Seq < as[j].Seq
+		}
+		return as[i].Node < as[j].Node
+	})
+	for _, a := range as {
+		byNode[a.Node] = append(byNode[a.Node], a.Module)
+		if in.Stopped[HeldKey{Node: a.Node, Module: a.Module}] == MoveStart {
+			continue // TO provides it now
+		}
+		byModule[a.Module] = append(byModule[a.Module], a.Node)
+	}
+	for n, s := range byNode {
+		sort.Strings(s)
+		byNode[n] = providersFirst(s, in.Modules)
+	}
+	return byNode, byModule
+}
+
+// groupFor is groupAssignments for the nodes in only: their modules, and
+// the nodes of the modules their bindings name (the only modules whose
+// nodes composition reads), found without sorting or grouping the whole
+// fleet's assignments (issue "scale": a command costs what it changes).
+func groupFor(in Input, only map[string]bool) (byNode, byModule map[string][]string) {
+	var mine []Assignment
+	if in.assignedByNode {
+		// Sorted by node, then module: each node's modules are one run.
+		for n := range only {
+			i, _ := slices.BinarySearchFunc(in.Assignments, n, func(a Assignment, n string) int { return strings.Compare(a.Node, n) })
+			for ; i < len(in.Assignments) && in.Assignments[i].Node == n; i++ {
+				mine = append(mine, in.Assignments[i])
+			}
+		}
+	} else {
+		for _, a := range in.Assignments {
+			if only[a.Node] {
+				mine = append(mine, a)
+			}
+		}
+	}
+	byNode, _ = groupAssignments(in, mine)
+	// The providers the composed nodes' bindings name, from the manifest
+	// each node composes (a rollout may hold the one before).
+	providers := map[string]bool{}
+	for _, a := range mine {
+		for _, m := range []*manifest.Manifest{in.Modules[a.Module], in.Held[HeldKey{Node: a.Node, Module: a.Module}]} {
+			if m == nil {
+				continue
+			}
+			for i := range m.Resources {
+				if r := &m.Resources[i]; r.Kind() == manifest.KindBinding {
+					providers[r.Provider] = true
+				}
+			}
+		}
+	}
+	byModule = map[string][]string{}
+	if len(providers) == 0 {
+		return byNode, byModule
+	}
+	var theirs []Assignment
+	for _, a := range in.Assignments {
+		if providers[a.Module] {
+			theirs = append(theirs, a)
+		}
+	}
+	_, byModule = groupAssignments(in, theirs)
+	return byNode, byModule
 }
 
 // SortRoster orders names by name, then address, then node.
@@ -324,7 +391,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		mounts = append(mounts, m.Mounts()...)
 		for i := range m.Resources {
 			d := m.Resources[i]
-			res := Resource{Module: mod, Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
+			res := Resource{Module: mod, Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed, src: &m.Resources[i]}
 			if stopped && (res.Kind == manifest.KindContainer || res.Kind == manifest.KindStep) {
 				continue
 			}

@@ -170,13 +170,14 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 	}
 	defer tx.Rollback()
 	var applied uint64
-	if err := tx.QueryRow(`SELECT idx FROM applied WHERE id = 1`).Scan(&applied); err != nil {
+	q := txStmts{s, tx}
+	if err := q.QueryRowContext(ctx, `SELECT idx FROM applied WHERE id = 1`).Scan(&applied); err != nil {
 		return nil, fmt.Errorf("read the applied index: %w", err)
 	}
 	if index <= applied {
 		return nil, nil
 	}
-	ap := &applier{s: s, ctx: ctx, tx: tx, index: index, v: v, at: at.UTC().Format(timeLayout)}
+	ap := &applier{s: s, ctx: ctx, tx: tx, q: q, index: index, v: v, at: at.UTC().Format(timeLayout)}
 	recompose, err := ap.apply(req)
 	if err == nil && recompose {
 		err = ap.recompose(req.describe())
@@ -194,7 +195,7 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 	case err != nil:
 		return nil, err
 	}
-	if _, err := tx.Exec(`UPDATE applied SET idx = ? WHERE id = 1`, index); err != nil {
+	if err := (txStmts{s, tx}).exec(`UPDATE applied SET idx = ? WHERE id = 1`, index); err != nil {
 		return nil, fmt.Errorf("record the applied index: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -239,9 +240,11 @@ func ruleErr(kind error, format string, a ...any) error {
 // applyLocked). What the functions share about the command being applied
 // is here, passed to each, never carried in a context.
 type applier struct {
-	s     *Store
-	ctx   context.Context // carries nothing (applyTx)
-	tx    *sql.Tx
+	s   *Store
+	ctx context.Context // carries nothing (applyTx)
+	tx  *sql.Tx
+	// q runs the statements of every command prepared (prepared.go).
+	q     txStmts
 	index uint64
 	// v is the command's format: a rule added in a format holds only for
 	// commands of that format or later, which every replica that applies
@@ -1021,6 +1024,7 @@ func inputWith(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 			return in, err
 		}
 	}
+	in.assignedByNode = true // both are sorted by node, then module
 	err = eachRow(ctx, q, "bindings", `SELECT node, module, path, provider_node FROM bindings`, func(rows *sql.Rows) error {
 		var k BindKey
 		var v string
@@ -1155,7 +1159,7 @@ func (ap *applier) recompose(cause string) error {
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
 	}
-	in, err := inputWith(ctx, tx, cat, assigned)
+	in, err := inputWith(ctx, ap.q, cat, assigned)
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
 	}
@@ -1172,15 +1176,17 @@ func (ap *applier) recompose(cause string) error {
 	var old []Name
 	if kept := s.roster.Load(); kept != nil && !ap.rosterChanged {
 		old = *kept
-	} else if old, err = readRoster(ctx, tx); err != nil {
+	} else if old, err = readRoster(ctx, ap.q); err != nil {
 		return fmt.Errorf("read the roster: %w", err)
 	}
 	roster := out.Roster
-	var others []Name // the names of the nodes not recomposed, sorted
+	// others are the names of the nodes not recomposed, theirs those of the
+	// recomposed ones before the command; both sorted.
+	var others, theirs []Name
 	if only != nil {
-		others = slices.DeleteFunc(slices.Clone(old), func(r Name) bool { return only[r.Node] })
+		others, theirs = splitRoster(old, only)
 	}
-	bound, err := historyBound(tx)
+	bound, err := historyBound(ap.q)
 	if err != nil {
 		return err
 	}
@@ -1189,7 +1195,7 @@ func (ap *applier) recompose(cause string) error {
 			continue
 		}
 		if msg, failed := out.Errors[n.Name]; failed {
-			if err := exec(tx, `UPDATE nodes SET compose_error = ? WHERE name = ?`, msg, n.Name); err != nil {
+			if err := ap.q.exec(`UPDATE nodes SET compose_error = ? WHERE name = ?`, msg, n.Name); err != nil {
 				return err
 			}
 			kept, err := nodeRoster(tx, n.Name)
@@ -1199,28 +1205,28 @@ func (ap *applier) recompose(cause string) error {
 			roster = append(roster, kept...)
 			continue
 		}
-		if err := exec(tx, `UPDATE nodes SET compose_error = '' WHERE name = ?`, n.Name); err != nil {
+		if err := ap.q.exec(`UPDATE nodes SET compose_error = '' WHERE name = ?`, n.Name); err != nil {
 			return err
 		}
-		if err := exec(tx, `DELETE FROM bindings WHERE node = ?`, n.Name); err != nil {
+		if err := ap.q.exec(`DELETE FROM bindings WHERE node = ?`, n.Name); err != nil {
 			return err
 		}
 		p := out.Plans[n.Name]
 		for _, r := range p.Resources {
 			if r.Kind == manifest.KindBinding {
-				if err := exec(tx, `INSERT INTO bindings VALUES (?, ?, ?, ?)`, n.Name, r.Module, r.Name, r.Provider); err != nil {
+				if err := ap.q.exec(`INSERT INTO bindings VALUES (?, ?, ?, ?)`, n.Name, r.Module, r.Name, r.Provider); err != nil {
 					return err
 				}
 			}
 		}
-		d := p.Digest()
+		body, d := s.planBody(p)
 		var last string
-		err := tx.QueryRow(`SELECT digest FROM plans WHERE node = ? ORDER BY version DESC LIMIT 1`, n.Name).Scan(&last)
+		err := ap.q.QueryRowContext(ctx, `SELECT digest FROM plans WHERE node = ? ORDER BY version DESC LIMIT 1`, n.Name).Scan(&last)
 		if err != nil && err != sql.ErrNoRows {
 			return fmt.Errorf("read the plan of %s: %w", n.Name, err)
 		}
 		if last != d {
-			if err := exec(tx, `INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)`, n.Name, index, d, packPlan(jsonString(p)), cause, at); err != nil {
+			if err := ap.q.exec(`INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)`, n.Name, index, d, packPlan(body), cause, at); err != nil {
 				return err
 			}
 			if bound.Set {
@@ -1230,19 +1236,38 @@ func (ap *applier) recompose(cause string) error {
 			}
 		}
 	}
-	SortRoster(roster)
-	if only != nil {
-		roster = mergeRoster(others, roster)
+	if only == nil {
+		s.forgetEncoded(in.Nodes)
 	}
+	SortRoster(roster)
 	roster = slices.Compact(roster) // the table's key is the whole row
+	// What changed: with only some nodes recomposed, among their names
+	// alone (no other node's names moved), else the whole roster's.
+	var changes []NameChange
+	var added, removed []Name
+	if only != nil {
+		mine := roster
+		roster = mergeRoster(others, mine)
+		changes = rosterChangesAmong(old, roster, theirs, mine)
+		added, removed = rosterDiff(theirs, mine)
+	} else {
+		changes = RosterChanges(old, roster)
+		added, removed = rosterDiff(old, roster)
+	}
 	if only != nil && checkComposition {
 		if err := ap.checkAgainstFull(in, only, roster); err != nil {
 			return err
 		}
+		if want := RosterChanges(old, roster); !slices.Equal(changes, want) {
+			return fmt.Errorf("the roster's changes among the recomposed nodes %v differ from the whole roster's %v", changes, want)
+		}
+		if a, r := rosterDiff(old, roster); !slices.Equal(added, a) || !slices.Equal(removed, r) {
+			return fmt.Errorf("the roster's rows added %v and removed %v among the recomposed nodes differ from the whole roster's %v and %v", added, removed, a, r)
+		}
 	}
 	pruned := map[string]bool{}
-	for _, c := range RosterChanges(old, roster) {
-		if err := exec(tx, `INSERT INTO roster_history VALUES (?, ?, ?, ?, ?, ?, ?)`, index, at, cause, c.Op, c.Name, c.Address, c.Node); err != nil {
+	for _, c := range changes {
+		if err := ap.q.exec(`INSERT INTO roster_history VALUES (?, ?, ?, ?, ?, ?, ?)`, index, at, cause, c.Op, c.Name, c.Address, c.Node); err != nil {
 			return err
 		}
 		if bound.Set && !pruned[c.Name] {
@@ -1253,29 +1278,32 @@ func (ap *applier) recompose(cause string) error {
 		}
 	}
 	// Only the rows that changed are written: rewriting the whole roster on
-	// every command cost as much as the rest of the apply. Both are sorted:
-	// one walk finds them.
-	added, removed := rosterDiff(old, roster)
+	// every command cost as much as the rest of the apply.
 	for _, r := range added {
-		if err := exec(tx, `INSERT OR IGNORE INTO roster VALUES (?, ?, ?)`, r.Name, r.Address, r.Node); err != nil {
+		if err := ap.q.exec(`INSERT OR IGNORE INTO roster VALUES (?, ?, ?)`, r.Name, r.Address, r.Node); err != nil {
 			return err
 		}
 	}
 	for _, r := range removed {
-		if err := exec(tx, `DELETE FROM roster WHERE name = ? AND address = ? AND node = ?`, r.Name, r.Address, r.Node); err != nil {
+		if err := ap.q.exec(`DELETE FROM roster WHERE name = ? AND address = ? AND node = ?`, r.Name, r.Address, r.Node); err != nil {
 			return err
 		}
 	}
 	ap.roster = roster
-	// Drop parsed manifests that left the catalogue.
-	keep := map[string]bool{}
-	for _, m := range in.Modules {
-		keep[m.Digest] = true
-	}
+	// Drop parsed manifests that left the catalogue: only a command that
+	// wrote it can have left some, or one that parsed more than it holds
+	// (a refused module add, a preview). Walking the catalogue every
+	// command cost 5 ms at 10,000 modules.
 	s.mu.Lock()
-	for d := range s.parsed {
-		if !keep[d] {
-			delete(s.parsed, d)
+	if ap.catChanged || len(s.parsed) > len(in.Modules) {
+		keep := map[string]bool{}
+		for _, m := range in.Modules {
+			keep[m.Digest] = true
+		}
+		for d := range s.parsed {
+			if !keep[d] {
+				delete(s.parsed, d)
+			}
 		}
 	}
 	s.mu.Unlock()

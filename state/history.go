@@ -116,7 +116,7 @@ func (ap *applier) cutoff(b HistoryBound) time.Time {
 // diff needs the one before; a rollout, the version it goes from); it
 // returns the oldest key kept (0: none to drop).
 func (ap *applier) prune(b HistoryBound, least int, query string, args ...any) (uint64, error) {
-	rows, err := ap.tx.Query(query, args...)
+	rows, err := ap.q.QueryContext(ap.ctx, query, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -152,7 +152,7 @@ func (ap *applier) prunePlans(b HistoryBound, node string) error {
 	if err != nil || keep == 0 {
 		return err
 	}
-	return exec(ap.tx, `DELETE FROM plans WHERE node = ? AND version < ?`, node, keep)
+	return ap.q.exec(`DELETE FROM plans WHERE node = ? AND version < ?`, node, keep)
 }
 
 // pruneRoster drops a name's roster events past the bound.
@@ -161,7 +161,7 @@ func (ap *applier) pruneRoster(b HistoryBound, name string) error {
 	if err != nil || keep == 0 {
 		return err
 	}
-	return exec(ap.tx, `DELETE FROM roster_history WHERE name = ? AND idx < ?`, name, keep)
+	return ap.q.exec(`DELETE FROM roster_history WHERE name = ? AND idx < ?`, name, keep)
 }
 
 // pruneModule drops a module's versions past the bound, never one its

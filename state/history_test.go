@@ -129,7 +129,7 @@ func TestModuleHistoryPruning(t *testing.T) {
 	}
 	defer tx.Rollback()
 	at := t0.Add(200 * 24 * time.Hour)
-	ap := &applier{s: s, tx: tx, at: at.Format(timeLayout)}
+	ap := &applier{s: s, ctx: context.Background(), tx: tx, q: txStmts{s, tx}, at: at.Format(timeLayout)}
 	for v := 1; v <= 30; v++ {
 		when := t0.Add(time.Duration(v) * time.Hour) // all replaced long before the cutoff
 		if _, err := tx.Exec(`INSERT INTO module_history (module, version, file, manifest, digest, spec, at, cause) VALUES ('m', ?, 'm.yaml', '', '', '', ?, '')`, v, when.Format(timeLayout)); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sort"
 	"strings"
 
 	"mesh/state/manifest"
@@ -117,7 +118,7 @@ func (ap *applier) deps(cat map[string]*manifest.Manifest) *catDeps {
 // the next command absorbed it, as this does).
 func (ap *applier) touchSecretRollouts() error {
 	var mods []string
-	err := eachRow(ap.ctx, ap.tx, "rollouts", `SELECT module FROM rollouts WHERE secret != '' AND state IN ('running', 'failed')`, func(rows *sql.Rows) error {
+	err := eachRow(ap.ctx, ap.q, "rollouts", `SELECT module FROM rollouts WHERE secret != '' AND state IN ('running', 'failed')`, func(rows *sql.Rows) error {
 		var m string
 		if err := rows.Scan(&m); err != nil {
 			return err
@@ -191,17 +192,75 @@ func affected(in Input, t touches, cat *catDeps) map[string]bool {
 
 // mergeRoster merges two rosters sorted as SortRoster sorts: the names of
 // the nodes a command left alone (most of them) and of those it
-// recomposed, without sorting the whole roster again.
+// recomposed, without sorting the whole roster again. Each name of b (the
+// few) finds its place in a by binary search and the runs of a between are
+// copied whole, so a command pays a copy of the roster, not a comparison
+// per name. Equal rows keep a's first.
 func mergeRoster(a, b []Name) []Name {
 	out := make([]Name, 0, len(a)+len(b))
-	for len(a) > 0 && len(b) > 0 {
-		if rosterLess(b[0], a[0]) {
-			out, b = append(out, b[0]), b[1:]
-		} else {
-			out, a = append(out, a[0]), a[1:]
+	for _, x := range b {
+		i := sort.Search(len(a), func(i int) bool { return rosterLess(x, a[i]) })
+		out = append(append(out, a[:i]...), x)
+		a = a[i:]
+	}
+	return append(out, a...)
+}
+
+// splitRoster parts a roster into the names of the nodes in only and the
+// others, each in the roster's order.
+func splitRoster(r []Name, only map[string]bool) (others, theirs []Name) {
+	others = make([]Name, 0, len(r))
+	// A command recomposes a few nodes: comparing with each is cheaper than
+	// hashing every name's node.
+	var few []string
+	if len(only) <= 8 {
+		for n := range only {
+			few = append(few, n)
 		}
 	}
-	return append(append(out, a...), b...)
+	for _, x := range r {
+		var in bool
+		if few != nil || len(only) == 0 {
+			in = slices.Contains(few, x.Node)
+		} else {
+			in = only[x.Node]
+		}
+		if in {
+			theirs = append(theirs, x)
+		} else {
+			others = append(others, x)
+		}
+	}
+	return others, theirs
+}
+
+// rosterChangesAmong is RosterChanges(before, after) for a command that
+// changed only some nodes' names: beforeMine and afterMine are those
+// nodes' names in before and after (the rest of both is the same rows),
+// all sorted as SortRoster sorts. Only their names can be added or
+// removed, so each is looked up in the other roster by binary search
+// instead of putting both rosters in maps; the changes and their order
+// are RosterChanges's (TestRosterChangesAmong).
+func rosterChangesAmong(before, after, beforeMine, afterMine []Name) []NameChange {
+	has := func(r []Name, n Name) bool {
+		i := sort.Search(len(r), func(i int) bool {
+			return r[i].Name > n.Name || r[i].Name == n.Name && r[i].Address >= n.Address
+		})
+		return i < len(r) && r[i].Name == n.Name && r[i].Address == n.Address
+	}
+	var out []NameChange
+	for _, n := range afterMine {
+		if !has(before, n) {
+			out = append(out, NameChange{Op: "+", Name: n.Name, Address: n.Address, Node: n.Node})
+		}
+	}
+	for _, n := range beforeMine {
+		if !has(after, n) {
+			out = append(out, NameChange{Op: "-", Name: n.Name, Address: n.Address, Node: n.Node})
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
 }
 
 // rosterDiff is what changed from old to now, both sorted as SortRoster

@@ -92,6 +92,56 @@ func TestRosterMergeAndDiff(t *testing.T) {
 	}
 }
 
+// rosterChangesAmong and splitRoster, which find a command's changes among
+// the recomposed nodes' names alone, against RosterChanges and rosterDiff
+// of the whole rosters, on random rosters with names shared between nodes
+// and addresses shared between names.
+func TestRosterChangesAmong(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(3, 4))
+	names := func(n int, nodes ...string) []Name {
+		var r []Name
+		for range n {
+			r = append(r, Name{Name: fmt.Sprint("m", rnd.IntN(15)), Address: fmt.Sprint("10.0.0.", rnd.IntN(3)), Node: nodes[rnd.IntN(len(nodes))]})
+		}
+		SortRoster(r)
+		return slices.Compact(r)
+	}
+	all := []string{"n0", "n1", "n2", "n3", "n4"}
+	for range 2000 {
+		before := names(rnd.IntN(40), all...)
+		only := map[string]bool{}
+		var mineNodes []string
+		for _, n := range all {
+			if rnd.IntN(3) == 0 {
+				only[n] = true
+				mineNodes = append(mineNodes, n)
+			}
+		}
+		others, theirs := splitRoster(before, only)
+		for _, r := range others {
+			if only[r.Node] {
+				t.Fatalf("split of %v by %v: %v is in the others", before, only, r)
+			}
+		}
+		if got := mergeRoster(others, theirs); !slices.Equal(got, before) {
+			t.Fatalf("split of %v by %v does not merge back: %v", before, only, got)
+		}
+		var mine []Name
+		if len(mineNodes) > 0 {
+			mine = names(rnd.IntN(20), mineNodes...)
+		}
+		after := mergeRoster(others, mine)
+		if want := RosterChanges(before, after); !slices.Equal(rosterChangesAmong(before, after, theirs, mine), want) {
+			t.Fatalf("changes from %v to %v among %v: %v, want %v", before, after, only, rosterChangesAmong(before, after, theirs, mine), want)
+		}
+		a, r := rosterDiff(theirs, mine)
+		wa, wr := rosterDiff(before, after)
+		if !slices.Equal(a, wa) || !slices.Equal(r, wr) {
+			t.Fatalf("diff from %v to %v among %v: +%v -%v, want +%v -%v", before, after, only, a, r, wa, wr)
+		}
+	}
+}
+
 // A module that stops taking a credential changes its provider's plan
 // (the provider's accepts-credentials directory lists it no more), though
 // the new manifest no longer names the provider: module add recomposes the

@@ -38,14 +38,14 @@ var planWriters = sync.Pool{New: func() any {
 }}
 
 // packPlan is how a plan's JSON is stored.
-func packPlan(body string) []byte {
+func packPlan[T string | []byte](body T) []byte {
 	var b bytes.Buffer
 	b.Grow(len(body)/8 + 64)
 	b.WriteByte(packedPlan)
 	w := planWriters.Get().(*flate.Writer)
 	w.Reset(&b)
 	// Writes to a bytes.Buffer do not fail.
-	io.WriteString(w, body)
+	w.Write([]byte(body)) // no copy for a []byte
 	w.Close()
 	planWriters.Put(w)
 	return b.Bytes()

@@ -71,6 +71,12 @@ type Store struct {
 	// catPub is cat published for readers outside the FSM (a proposer's
 	// SealNeeds), as of the last commit; nil when not known.
 	catPub atomic.Pointer[map[string]*manifest.Manifest]
+	// encoded is each node's last composed plan's resources with their JSON
+	// (planenc.go); under applyMu.
+	encoded map[string]map[*manifest.Resource]keptResource
+	// stmts are the statements the FSM has prepared, by their SQL
+	// (prepared.go).
+	stmts sync.Map
 
 	// OnDiskFull, when set, is told once per command that waits for space.
 	OnDiskFull func(index uint64)
@@ -125,7 +131,10 @@ func openDSN(dsn, path string) (*Store, error) {
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.closeStatements()
+	return s.db.Close()
+}
 
 // migrations are applied in order; each runs once, recorded in schema_version.
 // Never edit one that has shipped: append a new one.

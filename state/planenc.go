@@ -1,0 +1,128 @@
+package state
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"maps"
+
+	"mesh/state/manifest"
+)
+
+// A plan's JSON, written from the encodings of its resources (issue
+// "scale", item 1). A node's plan is one JSON document whose digest names
+// it, and encoding it whole was most of an assign's cost once only the
+// nodes a command changes are composed: 3.4 ms for a node of 100 modules,
+// ten times that of a node of 10. Most of a recomposed node's resources
+// are what they were, so the FSM keeps each node's last encoded resources,
+// and a resource equal to one kept (sameResource) is copied, not encoded.
+// The bytes are encoding/json's, so the digest is the one Plan.Digest
+// gives: with checkComposition on, every incremental command is compared
+// with a full composition, whose digests are Plan.Digest's.
+
+// keptResource is one resource's JSON in a plan and what it was encoded
+// from, with the fields of Resource its declaration does not give.
+type keptResource struct {
+	res Resource // Decl and Typed are not read: src names them
+	enc []byte
+}
+
+// sameResource says a and b encode to the same JSON. Decl and Typed are
+// copied from the manifest's resource src names, and a parsed manifest is
+// never changed, so the same src (never nil) gives the same both; every
+// other field is compared. TestSameResourceComparesEveryField fails when a
+// field is added to Resource and not here.
+func sameResource(a, b *Resource) bool {
+	return a.src != nil && a.src == b.src &&
+		a.Module == b.Module && a.Kind == b.Kind && a.Name == b.Name &&
+		a.Content == b.Content && a.Digest == b.Digest && a.Provider == b.Provider &&
+		a.Pull == b.Pull && a.Restart == b.Restart &&
+		(a.Credential == nil) == (b.Credential == nil) && (a.Credential == nil || *a.Credential == *b.Credential) &&
+		maps.Equal(a.Secrets, b.Secrets)
+}
+
+// planBody is p's JSON and its digest, as json.Marshal and Plan.Digest
+// give them, reusing the encodings of the resources p shares with node's
+// last plan encoded here. It keeps p's for the next; the caller holds
+// applyMu. Keeping is no promise that p is stored: an encoding is a
+// function of what it was encoded from, whatever the command's outcome.
+func (s *Store) planBody(p *Plan) (body []byte, digest string) {
+	shell := *p
+	shell.Resources = []Resource{}
+	head, err := json.Marshal(&shell)
+	if err != nil {
+		panic(err) // a Plan always encodes
+	}
+	node, _ := json.Marshal(p.Node)
+	prefix := append(append([]byte(`{"node":`), node...), `,"resources":[`...)
+	if !bytes.HasPrefix(head, prefix) || len(head) <= len(prefix) || head[len(prefix)] != ']' {
+		// Not the shape this splices into: encode it whole.
+		body, err = json.Marshal(p)
+		if err != nil {
+			panic(err)
+		}
+		return body, digestOf(body)
+	}
+	if s.encoded == nil {
+		s.encoded = map[string]map[*manifest.Resource]keptResource{}
+	}
+	before := s.encoded[p.Node]
+	size := len(head)
+	for _, k := range before {
+		size += len(k.enc) + 1
+	}
+	body = make([]byte, 0, size)
+	body = append(body, prefix...)
+	type span struct{ start, end int }
+	spans := make([]span, len(p.Resources))
+	for i := range p.Resources {
+		r := &p.Resources[i]
+		if i > 0 {
+			body = append(body, ',')
+		}
+		start := len(body)
+		if k, ok := before[r.src]; ok && sameResource(&k.res, r) {
+			body = append(body, k.enc...)
+		} else {
+			b, err := json.Marshal(r)
+			if err != nil {
+				panic(err)
+			}
+			body = append(body, b...)
+		}
+		spans[i] = span{start, len(body)}
+	}
+	body = append(body, head[len(prefix):]...)
+	// The kept encodings are slices of this body, which holds their only
+	// copy: the body before is let go.
+	after := make(map[*manifest.Resource]keptResource, len(p.Resources))
+	for i := range p.Resources {
+		r := p.Resources[i]
+		if r.src == nil {
+			continue
+		}
+		r.Decl, r.Typed = manifest.Resource{}, manifest.Typed{}
+		after[r.src] = keptResource{res: r, enc: body[spans[i].start:spans[i].end:spans[i].end]}
+	}
+	s.encoded[p.Node] = after
+	return body, digestOf(body)
+}
+
+func digestOf(b []byte) string {
+	d := sha256.Sum256(b)
+	return hex.EncodeToString(d[:])
+}
+
+// forgetEncoded drops the kept encodings of the nodes not in nodes.
+func (s *Store) forgetEncoded(nodes []Node) {
+	keep := map[string]bool{}
+	for _, n := range nodes {
+		keep[n.Name] = true
+	}
+	for n := range s.encoded {
+		if !keep[n] {
+			delete(s.encoded, n)
+		}
+	}
+}
