@@ -335,7 +335,13 @@ func SortRoster(r []Name) {
 }
 
 func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[string][]string) (*Plan, []Name, error) {
-	plan := &Plan{Node: n.Name, Resources: []Resource{}, PublishAddress: in.publishAddress(n)}
+	size := 0
+	for _, mod := range byNode[n.Name] {
+		if m := in.Modules[mod]; m != nil {
+			size += len(m.Resources)
+		}
+	}
+	plan := &Plan{Node: n.Name, Resources: make([]Resource, 0, size), PublishAddress: in.publishAddress(n)}
 	addr := in.nameAddress(n)
 	roster := []Name{{Name: n.Name + "." + in.Domain, Address: addr, Node: n.Name}}
 	owner := map[string]string{} // resource name -> module, for collisions on this node

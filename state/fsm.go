@@ -1012,12 +1012,9 @@ func inputWith(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 	if err := q.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = 'overlay'`).Scan(&in.Overlay); err != nil && err != sql.ErrNoRows {
 		return in, fmt.Errorf("read the overlay setting: %w", err)
 	}
-	nodes, err := readNodes(ctx, q)
-	if err != nil {
+	var err error
+	if in.Nodes, err = readComposeNodes(ctx, q); err != nil {
 		return in, fmt.Errorf("read nodes: %w", err)
-	}
-	for _, n := range nodes {
-		in.Nodes = append(in.Nodes, n.Node)
 	}
 	if in.Assignments = assigned; assigned == nil {
 		if in.Assignments, err = readAssignments(ctx, q); err != nil {
@@ -1180,12 +1177,6 @@ func (ap *applier) recompose(cause string) error {
 		return fmt.Errorf("read the roster: %w", err)
 	}
 	roster := out.Roster
-	// others are the names of the nodes not recomposed, theirs those of the
-	// recomposed ones before the command; both sorted.
-	var others, theirs []Name
-	if only != nil {
-		others, theirs = splitRoster(old, only)
-	}
 	bound, err := historyBound(ap.q)
 	if err != nil {
 		return err
@@ -1246,8 +1237,10 @@ func (ap *applier) recompose(cause string) error {
 	var changes []NameChange
 	var added, removed []Name
 	if only != nil {
+		// theirs are the recomposed nodes' names before, mine after.
 		mine := roster
-		roster = mergeRoster(others, mine)
+		var theirs []Name
+		roster, theirs = replaceNames(old, only, mine)
 		changes = rosterChangesAmong(old, roster, theirs, mine)
 		added, removed = rosterDiff(theirs, mine)
 	} else {

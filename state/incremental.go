@@ -190,48 +190,38 @@ func affected(in Input, t touches, cat *catDeps) map[string]bool {
 	return set
 }
 
-// mergeRoster merges two rosters sorted as SortRoster sorts: the names of
-// the nodes a command left alone (most of them) and of those it
-// recomposed, without sorting the whole roster again. Each name of b (the
-// few) finds its place in a by binary search and the runs of a between are
-// copied whole, so a command pays a copy of the roster, not a comparison
-// per name. Equal rows keep a's first.
-func mergeRoster(a, b []Name) []Name {
-	out := make([]Name, 0, len(a)+len(b))
-	for _, x := range b {
-		i := sort.Search(len(a), func(i int) bool { return rosterLess(x, a[i]) })
-		out = append(append(out, a[:i]...), x)
-		a = a[i:]
-	}
-	return append(out, a...)
-}
-
-// splitRoster parts a roster into the names of the nodes in only and the
-// others, each in the roster's order.
-func splitRoster(r []Name, only map[string]bool) (others, theirs []Name) {
-	others = make([]Name, 0, len(r))
-	// A command recomposes a few nodes: comparing with each is cheaper than
-	// hashing every name's node.
+// replaceNames is the roster old with the names of the nodes in only
+// replaced by mine (those nodes' names now, sorted as SortRoster sorts),
+// and theirs, those nodes' names in old: one walk of old, which a command
+// that recomposes a few nodes pays instead of sorting the whole roster
+// again (mine is a few names).
+func replaceNames(old []Name, only map[string]bool, mine []Name) (now, theirs []Name) {
+	now = make([]Name, 0, len(old)+len(mine))
+	// Comparing with each of a few nodes is cheaper than hashing every
+	// name's node.
 	var few []string
 	if len(only) <= 8 {
 		for n := range only {
 			few = append(few, n)
 		}
 	}
-	for _, x := range r {
+	for _, x := range old {
 		var in bool
-		if few != nil || len(only) == 0 {
+		if len(only) <= 8 {
 			in = slices.Contains(few, x.Node)
 		} else {
 			in = only[x.Node]
 		}
 		if in {
 			theirs = append(theirs, x)
-		} else {
-			others = append(others, x)
+			continue
 		}
+		for len(mine) > 0 && rosterLess(mine[0], x) {
+			now, mine = append(now, mine[0]), mine[1:]
+		}
+		now = append(now, x)
 	}
-	return others, theirs
+	return append(now, mine...), theirs
 }
 
 // rosterChangesAmong is RosterChanges(before, after) for a command that

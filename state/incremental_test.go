@@ -55,47 +55,10 @@ func TestIncrementalSeesHeldManifests(t *testing.T) {
 	}
 }
 
-// mergeRoster and rosterDiff, which replaced a sort and two maps of the
-// whole roster, against those on random rosters.
-func TestRosterMergeAndDiff(t *testing.T) {
-	rnd := rand.New(rand.NewPCG(1, 2))
-	names := func(n int) []Name {
-		var r []Name
-		for range n {
-			r = append(r, Name{Name: fmt.Sprint("m", rnd.IntN(20)), Address: fmt.Sprint("10.0.0.", rnd.IntN(3)), Node: fmt.Sprint("n", rnd.IntN(3))})
-		}
-		SortRoster(r)
-		return slices.Compact(r)
-	}
-	for range 500 {
-		a, b := names(rnd.IntN(30)), names(rnd.IntN(30))
-		want := append(slices.Clone(a), b...)
-		SortRoster(want)
-		if got := mergeRoster(a, b); !slices.Equal(got, want) {
-			t.Fatalf("merge of %v and %v: %v, want %v", a, b, got, want)
-		}
-		added, removed := rosterDiff(a, b)
-		var wantAdded, wantRemoved []Name
-		for _, r := range b {
-			if !slices.Contains(a, r) {
-				wantAdded = append(wantAdded, r)
-			}
-		}
-		for _, r := range a {
-			if !slices.Contains(b, r) {
-				wantRemoved = append(wantRemoved, r)
-			}
-		}
-		if !slices.Equal(added, wantAdded) || !slices.Equal(removed, wantRemoved) {
-			t.Fatalf("diff of %v to %v: +%v -%v, want +%v -%v", a, b, added, removed, wantAdded, wantRemoved)
-		}
-	}
-}
-
-// rosterChangesAmong and splitRoster, which find a command's changes among
-// the recomposed nodes' names alone, against RosterChanges and rosterDiff
-// of the whole rosters, on random rosters with names shared between nodes
-// and addresses shared between names.
+// replaceNames, rosterChangesAmong and rosterDiff, which find a command's
+// roster and its changes from the recomposed nodes' names alone, against a
+// sort of the whole roster, RosterChanges and set differences, on random
+// rosters with names shared between nodes and addresses between names.
 func TestRosterChangesAmong(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(3, 4))
 	names := func(n int, nodes ...string) []Name {
@@ -106,38 +69,56 @@ func TestRosterChangesAmong(t *testing.T) {
 		SortRoster(r)
 		return slices.Compact(r)
 	}
-	all := []string{"n0", "n1", "n2", "n3", "n4"}
-	for range 2000 {
-		before := names(rnd.IntN(40), all...)
+	var all []string
+	for i := range 12 {
+		all = append(all, fmt.Sprint("n", i))
+	}
+	for round := range 3000 {
+		nodes := all[:2+round%10] // more than 8 nodes in only too
+		before := names(rnd.IntN(60), nodes...)
 		only := map[string]bool{}
 		var mineNodes []string
-		for _, n := range all {
-			if rnd.IntN(3) == 0 {
+		for _, n := range nodes {
+			if rnd.IntN(2) == 0 {
 				only[n] = true
 				mineNodes = append(mineNodes, n)
 			}
 		}
-		others, theirs := splitRoster(before, only)
-		for _, r := range others {
-			if only[r.Node] {
-				t.Fatalf("split of %v by %v: %v is in the others", before, only, r)
-			}
-		}
-		if got := mergeRoster(others, theirs); !slices.Equal(got, before) {
-			t.Fatalf("split of %v by %v does not merge back: %v", before, only, got)
-		}
 		var mine []Name
 		if len(mineNodes) > 0 {
-			mine = names(rnd.IntN(20), mineNodes...)
+			mine = names(rnd.IntN(30), mineNodes...)
 		}
-		after := mergeRoster(others, mine)
+		after, theirs := replaceNames(before, only, mine)
+		var want, wantTheirs []Name
+		for _, r := range before {
+			if only[r.Node] {
+				wantTheirs = append(wantTheirs, r)
+			} else {
+				want = append(want, r)
+			}
+		}
+		want = append(want, mine...)
+		SortRoster(want)
+		if !slices.Equal(after, want) || !slices.Equal(theirs, wantTheirs) {
+			t.Fatalf("%v with the names of %v replaced by %v: %v (theirs %v), want %v (theirs %v)", before, only, mine, after, theirs, want, wantTheirs)
+		}
 		if want := RosterChanges(before, after); !slices.Equal(rosterChangesAmong(before, after, theirs, mine), want) {
 			t.Fatalf("changes from %v to %v among %v: %v, want %v", before, after, only, rosterChangesAmong(before, after, theirs, mine), want)
 		}
-		a, r := rosterDiff(theirs, mine)
-		wa, wr := rosterDiff(before, after)
-		if !slices.Equal(a, wa) || !slices.Equal(r, wr) {
-			t.Fatalf("diff from %v to %v among %v: +%v -%v, want +%v -%v", before, after, only, a, r, wa, wr)
+		added, removed := rosterDiff(theirs, mine)
+		var wantAdded, wantRemoved []Name
+		for _, r := range after {
+			if !slices.Contains(before, r) {
+				wantAdded = append(wantAdded, r)
+			}
+		}
+		for _, r := range before {
+			if !slices.Contains(after, r) {
+				wantRemoved = append(wantRemoved, r)
+			}
+		}
+		if !slices.Equal(added, wantAdded) || !slices.Equal(removed, wantRemoved) {
+			t.Fatalf("diff from %v to %v among %v: +%v -%v, want +%v -%v", before, after, only, added, removed, wantAdded, wantRemoved)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"context"
 	"encoding/json"
 	"reflect"
 	"testing"
@@ -101,4 +102,40 @@ func TestPlanBodyIsMarshal(t *testing.T) {
 	check("an unassign")
 	in.Modules["web"] = mustManifest(t, webSrc)
 	check("a manifest parsed again")
+}
+
+// Composition reads the nodes through readComposeNodes, which must give
+// readNodes's Node of every node, each field of Node set.
+func TestComposeNodesReadAsNodes(t *testing.T) {
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1", Voter: true}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	if _, err := s.db.Exec(`UPDATE nodes SET voter = 1, public_domain = 'a.example.org b.example.org', port = 7000, seal_key = 'sk', overlay_key = 'ok', overlay_endpoint = '1.2.3.4:51820',
+		overlay_address = '10.99.0.1', acme_directory = 'https://acme.example/dir', acme_email = 'ops@example.org', acme_ca_root = 'root' WHERE name = 'bee'`); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	full, err := readNodes(ctx, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readComposeNodes(ctx, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(full) {
+		t.Fatalf("%d nodes, readNodes reads %d", len(got), len(full))
+	}
+	for i := range full {
+		if !reflect.DeepEqual(got[i], full[i].Node) {
+			t.Errorf("node %d: %+v, readNodes reads %+v", i, got[i], full[i].Node)
+		}
+	}
+	bee := reflect.ValueOf(got[1])
+	for i := range bee.NumField() {
+		if bee.Field(i).IsZero() {
+			t.Errorf("Node.%s is not set in this test: set it in the UPDATE above (and read it in readComposeNodes)", bee.Type().Field(i).Name)
+		}
+	}
 }

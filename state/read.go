@@ -127,6 +127,31 @@ func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
 	return out, rows.Err()
 }
 
+// readComposeNodes is readNodes's Node part alone, which composition
+// reads: the nodes' certificates, times and states are no input of a
+// plan, and reading them was most of reading the table on every command.
+func readComposeNodes(ctx context.Context, q queryer) ([]Node, error) {
+	rows, err := q.QueryContext(ctx, `SELECT name, address, public_domain, voter, port, seal_key, overlay_key, overlay_endpoint, overlay_address, acme_directory, acme_email, acme_ca_root FROM nodes ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Node
+	for rows.Next() {
+		var n Node
+		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &n.Port, &n.SealKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress, &n.ACME.Directory, &n.ACME.Email, &n.ACME.CARoot); err != nil {
+			return nil, err
+		}
+		n.PublicDomains = splitDomains(n.PublicDomain)
+		n.PublicDomain = ""
+		if len(n.PublicDomains) > 0 {
+			n.PublicDomain = n.PublicDomains[0]
+		}
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
 // Nodes lists the nodes by name. It reads the table once per change of the
 // replica (notify forgets it): the peer API names every request's caller by
 // it, and liveness and every write read it whole, many times a second in a
