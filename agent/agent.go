@@ -271,7 +271,7 @@ func (a *Agent) startResolver() error {
 	a.onClose(func() { srv.Close() })
 	a.resolver, a.resolverAddr = srv, bound
 	f := newFeed(a.member.ID.Name, a.member.Store, a.member.Node)
-	go srv.Follow(a.ctx, f.Roster, f.changed(a.ctx, a.member.Store.Changed))
+	go srv.Follow(a.ctx, f.Index, f.changed(a.ctx, a.member.Store.Changed))
 	return nil
 }
 

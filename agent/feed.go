@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"maps"
 	"net/netip"
+	"sort"
 	"time"
 
 	"mesh/cluster"
@@ -14,7 +16,7 @@ import (
 type replica interface {
 	Settings(ctx context.Context) (state.Settings, error)
 	Roster(ctx context.Context) ([]state.Name, error)
-	Reports(ctx context.Context) (map[string]state.Report, error)
+	ReportBodies(ctx context.Context) (map[string]string, error)
 	AppliedIndex() (uint64, error)
 }
 
@@ -25,6 +27,11 @@ type replica interface {
 // heard from that long after this node started) and its module is not
 // unhealthy in that node's last report (state.Fit). A name whose instances
 // are all unfit answers all of them, never nothing (dnsd.Answer).
+//
+// After a change that moved names only (an assign: no node's reachability
+// or report changed), the next index is the last one with those names
+// answered anew (dnsd.Index.With), not every name of the fleet again
+// (issue "scale"); any other change builds it whole.
 type feed struct {
 	self    string
 	replica replica
@@ -35,6 +42,39 @@ type feed struct {
 	// how often liveness says hello (both grow with a fleet past 21 nodes).
 	within, every func() time.Duration
 	now           func() time.Time
+
+	// reports are the nodes' reports as last read, each with what the
+	// feed reads of it (decoded again only when its body changed).
+	reports map[string]feedReport
+	// last is what the last index was built from, nil before the first;
+	// lastPatched says that index was the one before with names changed.
+	last        *feedInput
+	lastPatched bool
+}
+
+type feedReport struct {
+	body      string
+	unhealthy map[string]bool
+}
+
+// feedInput is what one index was built from: the names with their nodes,
+// and what decides which instances are fit.
+type feedInput struct {
+	domain string
+	roster []state.Name
+	fit    fitInputs
+}
+
+// fitInputs is what state.Fit reads: which nodes are reachable (of those
+// heard from, and whether one never heard from is) and each report's body.
+type fitInputs struct {
+	reachable map[string]bool
+	unheard   bool
+	bodies    map[string]string
+}
+
+func (a fitInputs) equal(b fitInputs) bool {
+	return a.unheard == b.unheard && maps.Equal(a.reachable, b.reachable) && maps.Equal(a.bodies, b.bodies)
 }
 
 func newFeed(self string, r replica, n *cluster.Node) *feed {
@@ -52,40 +92,145 @@ func seenTimes(n *cluster.Node) func() map[string]time.Time {
 	}
 }
 
-// Roster reads the replica once and says what the resolver answers.
-func (f *feed) Roster(ctx context.Context) (dnsd.Roster, error) {
+// read reads the replica once: the names, and what decides their fitness.
+func (f *feed) read(ctx context.Context) (*feedInput, func(state.Name) bool, uint32, error) {
 	st, err := f.replica.Settings(ctx)
 	if err != nil {
-		return dnsd.Roster{}, err
+		return nil, nil, 0, err
 	}
 	ro, err := f.replica.Roster(ctx)
 	if err != nil {
-		return dnsd.Roster{}, err
+		return nil, nil, 0, err
 	}
-	reports, err := f.replica.Reports(ctx)
+	bodies, err := f.replica.ReportBodies(ctx)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	idx, _ := f.replica.AppliedIndex()
+	reach := state.Reach{Self: f.self, LastSeen: f.seen(), Now: f.now(), Started: f.started, Within: f.within()}
+	in := &feedInput{domain: st.Domain, roster: ro, fit: fitInputs{reachable: map[string]bool{}, unheard: reach.Reachable(""), bodies: bodies}}
+	for n := range reach.LastSeen {
+		in.fit.reachable[n] = reach.Reachable(n)
+	}
+	// Decode only the reports that changed; a report that does not decode
+	// counts as none (the node is judged by its reachability alone), as
+	// the replica holds only what the FSM took.
+	reports := make(map[string]feedReport, len(bodies))
+	unhealthy := make(map[string]map[string]bool, len(bodies))
+	for n, body := range bodies {
+		r, ok := f.reports[n]
+		if !ok || r.body != body {
+			rep, err := state.DecodeReport(body)
+			if err != nil {
+				continue
+			}
+			r = feedReport{body: body, unhealthy: rep.Unhealthy()}
+		}
+		reports[n], unhealthy[n] = r, r.unhealthy
+	}
+	f.reports = reports
+	return in, state.FitUnhealthy(unhealthy, reach, st.Domain), uint32(idx), nil
+}
+
+// Roster reads the replica once and says what the resolver answers.
+func (f *feed) Roster(ctx context.Context) (dnsd.Roster, error) {
+	in, up, serial, err := f.read(ctx)
 	if err != nil {
 		return dnsd.Roster{}, err
 	}
-	reach := state.Reach{Self: f.self, LastSeen: f.seen(), Now: f.now(), Started: f.started, Within: f.within()}
-	up := state.Fit(reports, reach, st.Domain)
-	idx, _ := f.replica.AppliedIndex()
-	r := dnsd.Roster{Domain: st.Domain, Names: map[string][]netip.Addr{}, Serial: uint32(idx)}
+	return dnsd.Roster{Domain: in.domain, Names: answers(in.roster, up, nil), Serial: serial}, nil
+}
+
+// Index is the index the resolver answers from next, given the one it
+// answers from now (nil at first): that one with the names that moved
+// answered anew when only names moved since it was built, else one built
+// whole.
+func (f *feed) Index(ctx context.Context, last *dnsd.Index) (*dnsd.Index, error) {
+	in, up, serial, err := f.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	prev := f.last
+	f.last, f.lastPatched = in, false
+	if last != nil && prev != nil && prev.domain == in.domain && prev.fit.equal(in.fit) {
+		moved := movedNames(prev.roster, in.roster)
+		changes := answers(in.roster, up, moved)
+		for n := range moved {
+			if _, ok := changes[n]; !ok {
+				changes[n] = nil // gone
+			}
+		}
+		f.lastPatched = true
+		return last.With(changes, serial), nil
+	}
+	return dnsd.NewIndex(in.domain, answers(in.roster, up, nil), serial), nil
+}
+
+// answers is each name's answer in roster (only those of only, unless it
+// is nil): its fit instances, or all of them when none is. A name without
+// a valid address is left out.
+func answers(roster []state.Name, up func(state.Name) bool, only map[string]bool) map[string][]netip.Addr {
 	byName := map[string][]dnsd.Instance{}
 	var order []string
-	for _, n := range ro {
+	add := func(n state.Name) {
 		ip, err := netip.ParseAddr(n.Address)
 		if err != nil {
-			continue
+			return
 		}
 		if _, ok := byName[n.Name]; !ok {
 			order = append(order, n.Name)
 		}
 		byName[n.Name] = append(byName[n.Name], dnsd.Instance{Addr: ip, Up: up(n)})
 	}
-	for _, name := range order {
-		r.Names[name] = dnsd.Answer(byName[name])
+	if only == nil {
+		for _, n := range roster {
+			add(n)
+		}
+	} else {
+		// The roster is sorted by name: each name's entries are one run.
+		for name := range only {
+			i := sort.Search(len(roster), func(i int) bool { return roster[i].Name >= name })
+			for ; i < len(roster) && roster[i].Name == name; i++ {
+				add(roster[i])
+			}
+		}
 	}
-	return r, nil
+	out := make(map[string][]netip.Addr, len(order))
+	for _, name := range order {
+		out[name] = dnsd.Answer(byName[name])
+	}
+	return out
+}
+
+// movedNames are the names with an entry in one roster and not the other,
+// both sorted as the replica keeps them (by name, address, node).
+func movedNames(before, after []state.Name) map[string]bool {
+	moved := map[string]bool{}
+	for len(before) > 0 || len(after) > 0 {
+		switch {
+		case len(before) == 0:
+			moved[after[0].Name], after = true, after[1:]
+		case len(after) == 0:
+			moved[before[0].Name], before = true, before[1:]
+		case before[0] == after[0]:
+			before, after = before[1:], after[1:]
+		case rosterLess(after[0], before[0]):
+			moved[after[0].Name], after = true, after[1:]
+		default:
+			moved[before[0].Name], before = true, before[1:]
+		}
+	}
+	return moved
+}
+
+func rosterLess(x, y state.Name) bool {
+	if x.Name != y.Name {
+		return x.Name < y.Name
+	}
+	if x.Address != y.Address {
+		return x.Address < y.Address
+	}
+	return x.Node < y.Node
 }
 
 // changed fires on a change of the replica (an assign, a report with new

@@ -2,11 +2,16 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
 	"time"
 
+	"mesh/dnsd"
 	"mesh/state"
 )
 
@@ -20,8 +25,16 @@ func (f *fakeReplica) Settings(context.Context) (state.Settings, error) {
 	return state.Settings{Domain: "internal"}, nil
 }
 func (f *fakeReplica) Roster(context.Context) ([]state.Name, error) { return f.roster, nil }
-func (f *fakeReplica) Reports(context.Context) (map[string]state.Report, error) {
-	return f.reports, nil
+func (f *fakeReplica) ReportBodies(context.Context) (map[string]string, error) {
+	out := map[string]string{}
+	for n, r := range f.reports {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return nil, err
+		}
+		out[n] = string(b)
+	}
+	return out, nil
 }
 func (f *fakeReplica) AppliedIndex() (uint64, error) { return 42, nil }
 
@@ -85,5 +98,76 @@ func TestFeedAnswersFitInstances(t *testing.T) {
 				t.Fatalf("domain %q serial %d", r.Domain, r.Serial)
 			}
 		})
+	}
+}
+
+// The index the feed patches after a change of names only answers what an
+// index built whole from the same replica answers, through assigns,
+// unassigns, names that move between nodes, reports that turn a module
+// unhealthy and back, and nodes that stop being heard from; and it is
+// patched, not built whole, when only names moved.
+func TestFeedIndexPatchesNames(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(7, 8))
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	nodes := []string{"n1", "n2", "n3", "n4"}
+	seen := map[string]time.Time{"n2": now, "n3": now, "n4": now}
+	rep := &fakeReplica{reports: map[string]state.Report{}}
+	f := &feed{self: "n1", replica: rep, seen: func() map[string]time.Time { return maps.Clone(seen) },
+		started: now.Add(-time.Hour), within: func() time.Duration { return 6 * time.Second }, now: func() time.Time { return now }}
+	placed := map[[2]string]bool{} // module, node
+	var last *dnsd.Index
+	patched := 0
+	for round := range 400 {
+		onlyNames := true
+		switch k := rnd.IntN(10); {
+		case k < 7: // assign or unassign
+			p := [2]string{fmt.Sprint("m", rnd.IntN(30)), nodes[rnd.IntN(len(nodes))]}
+			placed[p] = !placed[p]
+		case k == 7: // a module turns unhealthy on a node, or well again
+			n := nodes[rnd.IntN(len(nodes))]
+			if _, ok := rep.reports[n]; ok {
+				delete(rep.reports, n)
+			} else {
+				rep.reports[n] = state.Report{Health: []state.ContainerHealth{{Module: fmt.Sprint("m", rnd.IntN(30)), Status: state.HealthUnhealthy}}}
+			}
+			onlyNames = false
+		case k == 8: // a node stops being heard from, or is heard again
+			n := nodes[1+rnd.IntN(len(nodes)-1)]
+			if seen[n].Equal(now) {
+				seen[n] = now.Add(-time.Minute)
+			} else {
+				seen[n] = now
+			}
+			onlyNames = false
+		}
+		rep.roster = nil
+		for p, on := range placed {
+			if on {
+				rep.roster = append(rep.roster, state.Name{Name: p[0] + ".internal", Address: "10.0.0." + p[1][1:], Node: p[1]})
+			}
+		}
+		state.SortRoster(rep.roster)
+		ix, err := f.Index(context.Background(), last)
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole := &feed{self: "n1", replica: rep, seen: f.seen, started: f.started, within: f.within, now: f.now}
+		want, err := whole.Index(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ix.Equal(want) {
+			t.Fatalf("round %d: the feed's index answers other names than one built whole", round)
+		}
+		if last != nil && onlyNames && ix != last && f.lastPatched {
+			patched++
+		}
+		if !onlyNames && f.lastPatched {
+			t.Fatalf("round %d: patched after a change of fitness", round)
+		}
+		last = ix
+	}
+	if patched < 200 {
+		t.Fatalf("patched %d of 400 indexes: a change of names only should patch", patched)
 	}
 }

@@ -99,7 +99,7 @@ func (s *Server) fastReply(ix *Index, q []byte, src netip.Addr, out []byte) (rep
 	if len(key) <= len(d) || key[len(key)-len(d)-1] != '.' || string(key[len(key)-len(d):]) != d {
 		return nil, 0, false
 	}
-	addrs, known := ix.names[string(key)]
+	addrs, known := ix.getBytes(key)
 	if !known && ix.ns.IsValid() && string(key) == "ns."+d || ix.soaWire == nil {
 		return nil, 0, false
 	}

@@ -12,15 +12,19 @@ type Roster struct {
 	Serial uint32
 }
 
-// Follow rebuilds the index from read each time changed fires, until ctx
-// ends. Queries never wait for it: the swap is one atomic store.
-func (s *Server) Follow(ctx context.Context, read func(context.Context) (Roster, error), changed func() <-chan struct{}) {
+// Follow builds the next index with build each time changed fires, until
+// ctx ends; build is given the index it built last (nil at first), which
+// it may return changed by a few names (Index.With). Queries never wait
+// for it: the swap is one atomic store.
+func (s *Server) Follow(ctx context.Context, build func(ctx context.Context, last *Index) (*Index, error), changed func() <-chan struct{}) {
+	var last *Index
 	for {
 		ch := changed()
-		if r, err := read(ctx); err != nil {
+		if ix, err := build(ctx, last); err != nil {
 			s.log.Warn("read roster", "err", err)
 		} else {
-			s.SetIndex(NewIndex(r.Domain, r.Names, r.Serial))
+			last = ix
+			s.SetIndex(ix)
 		}
 		select {
 		case <-ctx.Done():

@@ -8,8 +8,9 @@
 package dnsd
 
 import (
+	"maps"
 	"net/netip"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/miekg/dns"
@@ -19,13 +20,15 @@ import (
 const DefaultTTL = 5
 
 // Index is an immutable snapshot of the names the mesh answers. Build a new
-// one for every change; never modify one that is being served.
+// one for every change (NewIndex, or With for a few names); never modify one
+// that is being served.
 type Index struct {
 	// domain is the mesh zone, fully qualified and lower-case ("internal.").
 	domain string
-	// routed holds the public domains with routed names ("zurag.be.").
-	routed map[string]bool
-	names  map[string][]netip.Addr
+	// names are the names' addresses, in shards by a hash of the name, so
+	// that a change of a few names (With) copies the shards they fall in,
+	// not every name of a large fleet.
+	names  [shardCount]map[string][]netip.Addr
 	serial uint32
 	// ns is the address the zone's NS target (ns.DOMAIN) answers with: the
 	// resolver's own (set by the server that serves the index).
@@ -33,6 +36,31 @@ type Index struct {
 	// soaWire is the zone's SOA in wire form with the server's TTL, for the
 	// fast path (set by the server that serves the index).
 	soaWire []byte
+}
+
+// shardCount is how many shards the names are kept in: at 10,000 names,
+// a change copies about 40.
+const shardCount = 256
+
+// shardOf is the shard of a name (FNV-1a), given as a string or as bytes.
+func shardOf[T string | []byte](k T) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(k); i++ {
+		h = (h ^ uint32(k[i])) * 16777619
+	}
+	return int(h % shardCount)
+}
+
+// get is a name's addresses, the name fully qualified and lower-case.
+func (ix *Index) get(k string) ([]netip.Addr, bool) {
+	a, ok := ix.names[shardOf(k)][k]
+	return a, ok
+}
+
+// getBytes is get for a name in bytes, without a copy of it.
+func (ix *Index) getBytes(k []byte) ([]netip.Addr, bool) {
+	a, ok := ix.names[shardOf(k)][string(k)]
+	return a, ok
 }
 
 // forServer is ix as a server serves it: ns.DOMAIN answering with addr, the
@@ -49,20 +77,75 @@ func (ix *Index) forServer(addr netip.Addr, ttl uint32) *Index {
 // final dot) to its addresses; domain is the mesh domain; serial is the
 // replica's version, used as the SOA serial.
 func NewIndex(domain string, names map[string][]netip.Addr, serial uint32) *Index {
-	ix := &Index{domain: fqdn(domain), routed: map[string]bool{}, names: map[string][]netip.Addr{}, serial: serial}
+	ix := &Index{domain: fqdn(domain), serial: serial}
+	for i := range ix.names {
+		ix.names[i] = map[string][]netip.Addr{}
+	}
 	for n, addrs := range names {
 		k := fqdn(n)
-		a := append([]netip.Addr(nil), addrs...)
-		sort.Slice(a, func(i, j int) bool { return a[i].Less(a[j]) })
-		ix.names[k] = append(ix.names[k], a...)
-		if !dns.IsSubDomain(ix.domain, k) {
-			// A routed name: NAME.PUBLICDOMAIN; its parent is a public domain.
-			if i := strings.IndexByte(k, '.'); i > 0 && i < len(k)-1 {
-				ix.routed[k[i+1:]] = true
+		sh := ix.names[shardOf(k)]
+		sh[k] = sortedAddrs(append(sh[k], addrs...))
+	}
+	return ix
+}
+
+func sortedAddrs(a []netip.Addr) []netip.Addr {
+	a = slices.Clone(a)
+	slices.SortFunc(a, netip.Addr.Compare)
+	return a
+}
+
+// With is ix with the names of changes answering their addresses instead,
+// and those given no address removed; serial is the new version. It copies
+// only the shards those names fall in: ix is left as it is, and the two
+// share every other shard (neither is ever written).
+func (ix *Index) With(changes map[string][]netip.Addr, serial uint32) *Index {
+	next := *ix
+	next.serial, next.ns, next.soaWire = serial, netip.Addr{}, nil
+	var copied [shardCount]bool
+	for n, addrs := range changes {
+		k := fqdn(n)
+		i := shardOf(k)
+		if !copied[i] {
+			copied[i] = true
+			next.names[i] = maps.Clone(ix.names[i])
+			if next.names[i] == nil {
+				next.names[i] = map[string][]netip.Addr{}
+			}
+		}
+		if len(addrs) == 0 {
+			delete(next.names[i], k)
+		} else {
+			next.names[i][k] = sortedAddrs(addrs)
+		}
+	}
+	return &next
+}
+
+// Names is how many names ix answers.
+func (ix *Index) Names() int {
+	n := 0
+	for _, sh := range ix.names {
+		n += len(sh)
+	}
+	return n
+}
+
+// Equal says a and b answer the same names with the same addresses, in the
+// same zone (for tests of what With builds).
+func (a *Index) Equal(b *Index) bool {
+	if a.domain != b.domain || a.Names() != b.Names() {
+		return false
+	}
+	for _, sh := range a.names {
+		for k, v := range sh {
+			w, ok := b.get(k)
+			if !ok || !slices.Equal(v, w) {
+				return false
 			}
 		}
 	}
-	return ix
+	return true
 }
 
 func fqdn(n string) string { return dns.Fqdn(strings.ToLower(n)) }
@@ -88,7 +171,7 @@ func (ix *Index) Lookup(q dns.Question, ttl uint32) Result {
 	if q.Qclass != dns.ClassINET && q.Qclass != dns.ClassANY {
 		return Result{Forward: true}
 	}
-	addrs, known := ix.names[name]
+	addrs, known := ix.get(name)
 	if !known && ix.ns.IsValid() && name == "ns."+ix.domain {
 		// The NS record's target must resolve (RFC 1034 4.2.1): to this
 		// resolver, unless a module took the name.

@@ -24,22 +24,40 @@ type Reach struct {
 // unhealthy in that node's last report. The resolver then answers the fit
 // instances of a name, or all of them when none is (dnsd.Answer).
 func Fit(reports map[string]Report, r Reach, domain string) func(Name) bool {
+	unhealthy := make(map[string]map[string]bool, len(reports))
+	for n, rep := range reports {
+		unhealthy[n] = rep.Unhealthy()
+	}
+	return FitUnhealthy(unhealthy, r, domain)
+}
+
+// FitUnhealthy is Fit with each reported node's unhealthy modules
+// (Report.Unhealthy) instead of its report: a node without an entry has
+// not reported.
+func FitUnhealthy(unhealthy map[string]map[string]bool, r Reach, domain string) func(Name) bool {
 	return func(n Name) bool {
-		if n.Node != r.Self {
-			at, ok := r.LastSeen[n.Node]
-			switch {
-			case ok && r.Now.Sub(at) >= r.Within:
-				return false
-			case !ok && r.Now.Sub(r.Started) >= r.Within:
-				return false
-			}
+		if !r.Reachable(n.Node) {
+			return false
 		}
-		rep, ok := reports[n.Node]
+		u, ok := unhealthy[n.Node]
 		if !ok {
 			return true
 		}
-		return !rep.Unhealthy()[strings.TrimSuffix(n.Name, "."+domain)]
+		return !u[strings.TrimSuffix(n.Name, "."+domain)]
 	}
+}
+
+// Reachable says whether node counts as reachable: this node always does;
+// another while it was heard from within r.Within, or, never heard from,
+// while this node started less than r.Within ago.
+func (r Reach) Reachable(node string) bool {
+	if node == r.Self {
+		return true
+	}
+	if at, ok := r.LastSeen[node]; ok {
+		return r.Now.Sub(at) < r.Within
+	}
+	return r.Now.Sub(r.Started) < r.Within
 }
 
 // ProviderHealthy is a binding's health gate: the provider's instance on
