@@ -9,7 +9,14 @@
 # module more; add_all_ms: one `module add` carrying all N; plans_mb and
 # snapshot_mb: sizes. Then how each grows from the smallest fleet to the
 # largest (1.0 is flat; the issue's goal is within 1.5).
-# Usage: bash bench/scale.sh        (about two minutes; no root needed)
+# Then the resolver (BenchmarkAssignAnswered in agent/): one line per size,
+#   answer modules=N nodes=100 answer_p50_ms=X answer_p99_ms=Y whole_p50_ms=...
+# answer_*: from the start of an assign's apply until this node's own
+# resolver (real store, feed and dnsd server, asked over UDP on loopback)
+# answers the module's name, the index patched with the names that moved;
+# whole_*: the same with the index built whole after every change, in the
+# same run; apply_p50_ms: the apply alone. 100 assigns of each kind.
+# Usage: bash bench/scale.sh        (about five minutes; no root needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . contrib/lib.sh
@@ -28,4 +35,19 @@ END {
 	lo = ms[1]; hi = ms[n]
 	printf "growth from %d to %d modules (x%.0f): assign x%.1f, full assign x%.1f, add one x%.1f, plans x%.1f, snapshot x%.1f\n", lo, hi, hi / lo,
 		v[hi, "assign-ms"] / v[lo, "assign-ms"], v[hi, "full-assign-ms"] / v[lo, "full-assign-ms"], v[hi, "add-one-ms"] / v[lo, "add-one-ms"], v[hi, "plans-MB"] / v[lo, "plans-MB"], v[hi, "snapshot-MB"] / v[lo, "snapshot-MB"]
+}'
+out=$(go test -run '^$' -bench '^BenchmarkAssignAnswered$' -benchtime 1x -timeout 30m ./agent/)
+echo "$out" | awk '
+/^BenchmarkAssignAnswered\/modules=/ {
+	split($1, kv, "="); m = kv[2] + 0
+	for (i = 3; i < NF; i += 2) v[m, $(i + 1)] = $i
+	ms[++n] = m
+}
+END {
+	for (i = 1; i <= n; i++) { m = ms[i]
+		printf "answer modules=%d nodes=100 answer_p50_ms=%.1f answer_p99_ms=%.1f whole_p50_ms=%.1f whole_p99_ms=%.1f apply_p50_ms=%.1f whole_to_patched_p50=%.1f\n", m,
+			v[m, "answer-p50-ms"], v[m, "answer-p99-ms"], v[m, "whole-p50-ms"], v[m, "whole-p99-ms"], v[m, "apply-p50-ms"], v[m, "whole-p50-ms"] / v[m, "answer-p50-ms"] }
+	lo = ms[1]; hi = ms[n]
+	printf "growth from %d to %d modules: answer p50 x%.1f, p99 x%.1f; whole p50 x%.1f\n", lo, hi,
+		v[hi, "answer-p50-ms"] / v[lo, "answer-p50-ms"], v[hi, "answer-p99-ms"] / v[lo, "answer-p99-ms"], v[hi, "whole-p50-ms"] / v[lo, "whole-p50-ms"]
 }'
