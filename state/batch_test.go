@@ -11,7 +11,7 @@ import (
 // mesh assign NODE MODULE... and mesh unassign NODE MODULE... (issue "scale",
 // item 2): several modules in one command, all or none. One the FSM refuses
 // (an unknown module, one named twice, one not assigned) refuses the whole
-// command and changes nothing; a batch carries format 15 (an older node
+// command and changes nothing; a batch assign carries format 16, a batch unassign 15 (an older node
 // would take its first module alone) and a single module keeps its format.
 func TestBatchAssign(t *testing.T) {
 	ctx := context.Background()
@@ -93,12 +93,15 @@ func TestBatchAssign(t *testing.T) {
 	}
 	// Formats.
 	single := NewCommand(&AssignRequest{Assignment: Assignment{Node: "ace", Module: "a"}}).V
-	for name, r := range map[string]Request{
-		"assign":   &AssignRequest{Assignment: Assignment{Node: "ace", Module: "a"}, More: []string{"b"}},
-		"unassign": &UnassignRequest{Assignment: Assignment{Node: "ace", Module: "a"}, More: []string{"b"}},
+	for name, tc := range map[string]struct {
+		r    Request
+		want int
+	}{
+		"assign":   {&AssignRequest{Assignment: Assignment{Node: "ace", Module: "a"}, More: []string{"b"}}, batchHostsFormat},
+		"unassign": {&UnassignRequest{Assignment: Assignment{Node: "ace", Module: "a"}, More: []string{"b"}}, batchFormat},
 	} {
-		if v := NewCommand(r).V; v != batchFormat {
-			t.Errorf("a batch %s has format %d, want %d", name, v, batchFormat)
+		if v := NewCommand(tc.r).V; v != tc.want {
+			t.Errorf("a batch %s has format %d, want %d", name, v, tc.want)
 		}
 	}
 	if single >= batchFormat {
@@ -140,6 +143,56 @@ func BenchmarkBatchAssign(b *testing.B) {
 				for _, n := range names {
 					apply(&UnassignRequest{Assignment: Assignment{Node: "ace", Module: n}})
 				}
+			}
+		})
+	}
+}
+
+// The rule on host names holds for a batch: two modules of one batch that
+// would serve one name under a node's public domain refuse the whole
+// batch, whether the batch checks it once (format 16) or after each module
+// (format 15, as the binaries that wrote it did), and assign nothing.
+func TestBatchHostRule(t *testing.T) {
+	for _, v := range []int{batchFormat, batchHostsFormat} {
+		t.Run(fmt.Sprint("format=", v), func(t *testing.T) {
+			ctx := context.Background()
+			s := openStore(t)
+			var idx uint64
+			mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+			mustApply(t, s, &idx, &PublicDomainRequest{Node: "ace", Domain: "example.org"})
+			var specs []ModuleSpec
+			for _, m := range []string{"a", "b", "c"} {
+				route := m
+				if m != "c" {
+					route = "www" // a and b both want www.example.org
+				}
+				specs = append(specs, spec(m+".yaml", fmt.Sprintf("module: %s\nroutes:\n  - {name: %s, port: 80}\n", m, route)))
+			}
+			mustApply(t, s, &idx, &ModuleAddRequest{Modules: specs})
+			batch := func(mods ...string) error {
+				c := NewCommand(&AssignRequest{Assignment: Assignment{Node: "ace", Module: mods[0]}, More: mods[1:]})
+				c.V, c.Time = v, t0
+				idx++
+				return s.Apply(idx, c.Encode())
+			}
+			err := batch("c", "a", "b")
+			if err == nil || !strings.Contains(err.Error(), "www.example.org") {
+				t.Fatalf("a batch whose a and b claim www.example.org: %v", err)
+			}
+			mods, err := s.Modules(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range mods {
+				if len(m.Nodes) != 0 {
+					t.Fatalf("a refused batch assigned %s to %v", m.Name, m.Nodes)
+				}
+			}
+			if err := batch("c", "a"); err != nil {
+				t.Fatal(err)
+			}
+			if err := batch("b"); err == nil || !strings.Contains(err.Error(), "www.example.org") {
+				t.Fatalf("b beside a: %v", err)
 			}
 		})
 	}

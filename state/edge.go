@@ -354,7 +354,11 @@ func (ap *applier) hostRule() (*Input, error) {
 	if err != nil {
 		return nil, err
 	}
-	in, err := input(ap.ctx, ap.tx, cat)
+	assigned, err := ap.assignmentsFor()
+	if err != nil {
+		return nil, err
+	}
+	in, err := inputWith(ap.ctx, ap.q, cat, assigned)
 	if err != nil {
 		return nil, err
 	}

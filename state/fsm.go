@@ -626,9 +626,19 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 		return false, err
 	}
 	ap.incremental = true
+	// The rule on host names: per module before format 16, else once for
+	// the whole batch (batchHostsFormat).
+	perModule := ap.v < batchHostsFormat
+	var clashes []string
+	if !perModule {
+		var err error
+		if clashes, err = ap.hostsBefore(); err != nil {
+			return false, err
+		}
+	}
 	changed := false
 	for _, a := range r.All() {
-		c, err := ap.assignOne(a)
+		c, err := ap.assignOne(a, perModule)
 		if err != nil {
 			return false, err
 		}
@@ -636,6 +646,11 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 	}
 	if !changed {
 		return false, nil
+	}
+	if !perModule {
+		if err := ap.checkHosts(clashes); err != nil {
+			return false, err
+		}
 	}
 	if err := ap.takeSecrets(r.Secrets); err != nil {
 		return false, err
@@ -655,7 +670,9 @@ func distinct(as []Assignment) error {
 	return nil
 }
 
-func (ap *applier) assignOne(a Assignment) (bool, error) {
+// assignOne assigns one module of an assign; hosts says it checks the rule
+// on host names for it (else the caller checks the whole command).
+func (ap *applier) assignOne(a Assignment, hosts bool) (bool, error) {
 	tx := ap.tx
 	if err := needNode(tx, a.Node); err != nil {
 		return false, err
@@ -680,9 +697,11 @@ func (ap *applier) assignOne(a Assignment) (bool, error) {
 	if err := ap.refuseMoving(a.Module, "assign it"); err != nil {
 		return false, err
 	}
-	clashes, err := ap.hostsBefore()
-	if err != nil {
-		return false, err
+	var clashes []string
+	if hosts {
+		if clashes, err = ap.hostsBefore(); err != nil {
+			return false, err
+		}
 	}
 	if err := exec(tx, `INSERT INTO assignments (node, module, seq) VALUES (?, ?, ?)`, a.Node, a.Module, ap.index); err != nil {
 		return false, err
@@ -697,8 +716,10 @@ func (ap *applier) assignOne(a Assignment) (bool, error) {
 	if err := exec(tx, `DELETE FROM moves WHERE module = ? AND from_node = ? AND phase IN ('done', 'aborted')`, a.Module, a.Node); err != nil {
 		return false, err
 	}
-	if err := ap.checkHosts(clashes); err != nil {
-		return false, err
+	if hosts {
+		if err := ap.checkHosts(clashes); err != nil {
+			return false, err
+		}
 	}
 	return true, nil
 }
