@@ -205,4 +205,5 @@ func answered(b *testing.B, nodes, modules, assigns int) {
 	b.ReportMetric(pct(wholeTimes, 50), "whole-p50-ms")
 	b.ReportMetric(pct(wholeTimes, 99), "whole-p99-ms")
 	b.ReportMetric(pct(applies, 50), "apply-p50-ms")
+	b.ReportMetric(pct(applies, 99), "apply-p99-ms")
 }

@@ -213,6 +213,9 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 	if cat := s.cat; cat != nil {
 		s.catPub.Store(&cat)
 	}
+	if broken == nil && (ap.reported != nil || ap.reportsForgotten) {
+		s.reportsCommitted(ap.reported, ap.reportsForgotten)
+	}
 	s.notify()
 	return broken, nil
 }
@@ -269,6 +272,10 @@ type applier struct {
 	// wrote the table without a copy to edit (assigned.go).
 	assigned                     []Assignment
 	assignedKnown, assignedDirty bool
+	// reported is the report this command wrote (node and body);
+	// reportsForgotten says it removed one (reportbodies.go).
+	reported         *[2]string
+	reportsForgotten bool
 }
 
 // rosterChanges says the command being applied writes the roster table
@@ -421,6 +428,7 @@ func (ap *applier) nodeRemove(r *NodeRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM reports WHERE node = ?`, r.Name); err != nil {
 		return false, err
 	}
+	ap.reportsForgotten = true
 	// The last node a rotation of the CA waited for may be this one.
 	return true, ap.finishRotation()
 }
@@ -814,8 +822,10 @@ func (ap *applier) report(r *ReportRequest) (bool, error) {
 	if err := needNode(ap.tx, rep.Node); err != nil {
 		return false, err
 	}
+	body := jsonString(rep)
+	ap.reported = &[2]string{rep.Node, body}
 	return false, exec(ap.tx, `INSERT INTO reports VALUES (?, ?, ?, ?) ON CONFLICT (node) DO UPDATE SET version = excluded.version, applied_at = excluded.applied_at, body = excluded.body`,
-		rep.Node, rep.Version, rep.AppliedAt.UTC().Format(timeLayout), jsonString(rep))
+		rep.Node, rep.Version, rep.AppliedAt.UTC().Format(timeLayout), body)
 }
 
 // checkProviders is the rule that module's providers are in cat.

@@ -19,6 +19,11 @@ func (s *Store) prepared(q string) *sql.Stmt {
 	if st, ok := s.stmts.Load(q); ok {
 		return st.(*sql.Stmt)
 	}
+	// The FSM's statements are constants; past this many, a statement made
+	// up at run time would be kept forever, one per value.
+	if s.prepares.Add(1) > maxPrepared {
+		return nil
+	}
 	st, err := s.db.Prepare(q)
 	if err != nil {
 		return nil
@@ -29,6 +34,9 @@ func (s *Store) prepared(q string) *sql.Stmt {
 	}
 	return st
 }
+
+// maxPrepared bounds the statements a store prepares (about 40 are).
+const maxPrepared = 200
 
 // txStmts runs statements inside tx through the store's prepared ones; it
 // is a queryer, so the readers the FSM shares with the API (input,

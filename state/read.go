@@ -455,27 +455,6 @@ func (s *Store) Reports(ctx context.Context) (map[string]Report, error) {
 	return out, rows.Err()
 }
 
-// ReportBodies is each node's last report as it is stored (JSON, which
-// DecodeReport reads), for a reader that keeps what it decoded and decodes
-// again only what changed: the resolver's feed, after every change of the
-// replica, where decoding every report was O(fleet).
-func (s *Store) ReportBodies(ctx context.Context) (map[string]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT node, body FROM reports`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var n, body string
-		if err := rows.Scan(&n, &body); err != nil {
-			return nil, err
-		}
-		out[n] = body
-	}
-	return out, rows.Err()
-}
-
 // DecodeReport reads a report as ReportBodies gives it.
 func DecodeReport(body string) (Report, error) {
 	var r Report

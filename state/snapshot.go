@@ -253,6 +253,10 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) error {
 	s.cat, s.deps = nil, nil // whatever happens below, the kept catalogue is not the truth
 	s.assigned = nil
 	s.roster.Store(nil)
+	// The reports kept are forgotten now and again once the restore is
+	// over, so that no read of the table while it ran is kept.
+	s.reportsCommitted(nil, true)
+	defer s.reportsCommitted(nil, true)
 	s.catPub.Store(nil)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {

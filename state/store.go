@@ -74,9 +74,15 @@ type Store struct {
 	// encoded is each node's last composed plan's resources with their JSON
 	// (planenc.go); under applyMu.
 	encoded map[string]map[*manifest.Resource]keptResource
-	// stmts are the statements the FSM has prepared, by their SQL
-	// (prepared.go).
-	stmts sync.Map
+	// stmts are the statements the FSM has prepared, by their SQL, and how
+	// many (prepared.go).
+	stmts    sync.Map
+	prepares atomic.Int32
+	// reportBodies is the reports table's bodies by node as the last
+	// committed command left it, nil when not known; reportsGen counts the
+	// commits that changed the table (reportbodies.go). Under mu.
+	reportBodies map[string]string
+	reportsGen   uint64
 
 	// OnDiskFull, when set, is told once per command that waits for space.
 	OnDiskFull func(index uint64)
