@@ -683,6 +683,11 @@ func TestRobustnessBed(t *testing.T) {
 			}
 			full := i == b.fullDisk && slices.Contains(names, "full disk")
 			exits = append(exits, fmt.Sprintf("n%d during %s", i, strings.Join(names, " + ")))
+			// Its last lines may still be on their way through the pipe
+			// (a CI run said only "exited:"): wait for them a little.
+			for deadline := time.Now().Add(2 * time.Second); b.n[i].log() == "" && time.Now().Before(deadline); {
+				time.Sleep(50 * time.Millisecond)
+			}
 			tail := b.n[i].log()
 			tail = tail[max(0, len(tail)-1500):]
 			if !full {
