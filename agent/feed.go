@@ -214,23 +214,13 @@ func movedNames(before, after []state.Name) map[string]bool {
 			moved[before[0].Name], before = true, before[1:]
 		case before[0] == after[0]:
 			before, after = before[1:], after[1:]
-		case rosterLess(after[0], before[0]):
+		case state.RosterLess(after[0], before[0]):
 			moved[after[0].Name], after = true, after[1:]
 		default:
 			moved[before[0].Name], before = true, before[1:]
 		}
 	}
 	return moved
-}
-
-func rosterLess(x, y state.Name) bool {
-	if x.Name != y.Name {
-		return x.Name < y.Name
-	}
-	if x.Address != y.Address {
-		return x.Address < y.Address
-	}
-	return x.Node < y.Node
 }
 
 // changed fires on a change of the replica (an assign, a report with new

@@ -331,7 +331,7 @@ func groupFor(in Input, only map[string]bool) (byNode, byModule map[string][]str
 
 // SortRoster orders names by name, then address, then node.
 func SortRoster(r []Name) {
-	sort.Slice(r, func(i, j int) bool { return rosterLess(r[i], r[j]) })
+	sort.Slice(r, func(i, j int) bool { return RosterLess(r[i], r[j]) })
 }
 
 func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[string][]string) (*Plan, []Name, error) {

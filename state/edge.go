@@ -193,6 +193,16 @@ func (ap *applier) nodeACME(r *NodeACMERequest) (bool, error) {
 // first one the node's primary (what .Domain gives a template).
 func splitDomains(col string) []string { return strings.Fields(col) }
 
+// splitDomains turns PublicDomain as read from the nodes table (every
+// domain, space-separated) into PublicDomains and the first of them.
+func (n *Node) splitDomains() {
+	n.PublicDomains = splitDomains(n.PublicDomain)
+	n.PublicDomain = ""
+	if len(n.PublicDomains) > 0 {
+		n.PublicDomain = n.PublicDomains[0]
+	}
+}
+
 // Domains is every public domain of n: PublicDomains, or PublicDomain
 // alone for a Node made without the list.
 func (n Node) Domains() []string {

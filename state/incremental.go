@@ -216,7 +216,7 @@ func replaceNames(old []Name, only map[string]bool, mine []Name) (now, theirs []
 			theirs = append(theirs, x)
 			continue
 		}
-		for len(mine) > 0 && rosterLess(mine[0], x) {
+		for len(mine) > 0 && RosterLess(mine[0], x) {
 			now, mine = append(now, mine[0]), mine[1:]
 		}
 		now = append(now, x)
@@ -258,9 +258,9 @@ func rosterChangesAmong(before, after, beforeMine, afterMine []Name) []NameChang
 func rosterDiff(old, now []Name) (added, removed []Name) {
 	for len(old) > 0 || len(now) > 0 {
 		switch {
-		case len(old) == 0 || len(now) > 0 && rosterLess(now[0], old[0]):
+		case len(old) == 0 || len(now) > 0 && RosterLess(now[0], old[0]):
 			added, now = append(added, now[0]), now[1:]
-		case len(now) == 0 || rosterLess(old[0], now[0]):
+		case len(now) == 0 || RosterLess(old[0], now[0]):
 			removed, old = append(removed, old[0]), old[1:]
 		default:
 			old, now = old[1:], now[1:]
@@ -269,7 +269,9 @@ func rosterDiff(old, now []Name) (added, removed []Name) {
 	return added, removed
 }
 
-func rosterLess(x, y Name) bool {
+// RosterLess orders names as SortRoster does: by name, then address,
+// then node.
+func RosterLess(x, y Name) bool {
 	if x.Name != y.Name {
 		return x.Name < y.Name
 	}

@@ -113,11 +113,7 @@ func readNodes(ctx context.Context, q queryer) ([]NodeInfo, error) {
 		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &at, &n.ComposeError, &n.Port, &n.SealKey, &exp, &n.CertKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress, &n.CertCA, &n.ACME.Directory, &n.ACME.Email, &n.ACME.CARoot, &n.Draining); err != nil {
 			return nil, err
 		}
-		n.PublicDomains = splitDomains(n.PublicDomain)
-		n.PublicDomain = ""
-		if len(n.PublicDomains) > 0 {
-			n.PublicDomain = n.PublicDomains[0]
-		}
+		n.Node.splitDomains()
 		n.AddedAt, _ = time.Parse(timeLayout, at)
 		if t, err := time.Parse(timeLayout, exp); err == nil {
 			n.CertExpires = &t
@@ -142,11 +138,7 @@ func readComposeNodes(ctx context.Context, q queryer) ([]Node, error) {
 		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &n.Port, &n.SealKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress, &n.ACME.Directory, &n.ACME.Email, &n.ACME.CARoot); err != nil {
 			return nil, err
 		}
-		n.PublicDomains = splitDomains(n.PublicDomain)
-		n.PublicDomain = ""
-		if len(n.PublicDomains) > 0 {
-			n.PublicDomain = n.PublicDomains[0]
-		}
+		n.splitDomains()
 		out = append(out, n)
 	}
 	return out, rows.Err()
