@@ -210,9 +210,7 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 			s.assigned = ap.assigned
 		}
 	}
-	if cat := s.cat; cat != nil {
-		s.catPub.Store(&cat)
-	}
+	ap.catalogueCommitted(broken)
 	if broken == nil && (ap.reported != nil || ap.reportsForgotten) {
 		s.reportsCommitted(ap.reported, ap.reportsForgotten)
 	}
@@ -254,8 +252,14 @@ type applier struct {
 	// them knows (an older one stops there), so replicas never disagree.
 	v  int
 	at string // the proposer's time
-	// catChanged: this command writes the catalogue.
-	catChanged bool
+	// catChanged: this command writes the catalogue. cat is its
+	// catalogue once it edited a module's row (catalogueSet), deps what
+	// those modules read of each other; catWhole says it rewrote the
+	// table whole (a restore), which is then the only truth
+	// (catalogue.go).
+	catChanged, catWhole bool
+	cat                  map[string]*manifest.Manifest
+	catDeps              *catDeps
 	// rosterChanged: this command writes the roster table itself (besides
 	// recompose), so the kept roster is not what it diffs against.
 	rosterChanged bool
@@ -523,10 +527,21 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 				}
 			}
 		}
-		ap.catalogueChanges()
+		// The row is written when the module is new or its digest changed
+		// (the statement's WHERE), and so is the kept catalogue.
+		specJSON := sp.specJSON()
+		if b := before[name]; b == nil || b.Digest != sp.Digest {
+			m, err := ap.s.manifestOf(sp.File, sp.Digest, specJSON)
+			if err != nil {
+				return false, fmt.Errorf("decode the parsed form of module %s: %w", name, err)
+			}
+			if err := ap.catalogueSet(name, m); err != nil {
+				return false, err
+			}
+		}
 		if err := exec(ap.tx, `INSERT INTO modules (name, file, manifest, digest, version, added_at, spec) VALUES (?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (name) DO UPDATE SET file = excluded.file, manifest = excluded.manifest, digest = excluded.digest, version = excluded.version, added_at = excluded.added_at, spec = excluded.spec
-			WHERE modules.digest != excluded.digest`, name, sp.File, sp.Text, sp.Digest, ap.index, ap.at, sp.specJSON()); err != nil {
+			WHERE modules.digest != excluded.digest`, name, sp.File, sp.Text, sp.Digest, ap.index, ap.at, specJSON); err != nil {
 			return false, err
 		}
 		if rolls && prevDigest != sp.Digest {
@@ -558,7 +573,9 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 	if len(nodes) > 0 {
 		return false, ruleErr(ErrConflict, "module %q is assigned to %s; unassign it first", r.Name, strings.Join(nodes, ", "))
 	}
-	ap.catalogueChanges()
+	if err := ap.catalogueSet(r.Name, nil); err != nil {
+		return false, err
+	}
 	if err := exec(tx, `DELETE FROM modules WHERE name = ?`, r.Name); err != nil {
 		return false, err
 	}
@@ -956,33 +973,6 @@ func validDomain(d string) bool {
 	return true
 }
 
-// catalogue is every module's parsed form as the command being applied
-// sees it: the catalogue the FSM keeps, unless this command changes it
-// (then its transaction is the truth).
-func (ap *applier) catalogue() (map[string]*manifest.Manifest, error) {
-	s := ap.s
-	if !ap.catChanged && s.cat != nil {
-		return s.cat, nil
-	}
-	cat, err := s.readCatalogue(ap.ctx, ap.tx)
-	if err != nil {
-		return nil, fmt.Errorf("read the catalogue: %w", err)
-	}
-	if !ap.catChanged {
-		s.cat = cat
-	}
-	return cat, nil
-}
-
-// catalogueChanges says the command being applied writes the catalogue:
-// what the FSM keeps of it is no longer the truth, whether or not the
-// command commits.
-func (ap *applier) catalogueChanges() {
-	ap.catChanged = true
-	ap.s.cat, ap.s.deps = nil, nil
-	ap.s.catPub.Store(nil)
-}
-
 func (s *Store) readCatalogue(ctx context.Context, q queryer) (map[string]*manifest.Manifest, error) {
 	// The parsed forms are read only for the digests not decoded yet: every
 	// command recomposes, and reading every module's spec each time was most
@@ -1183,6 +1173,11 @@ func (ap *applier) recompose(cause string) error {
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
 	}
+	if checkComposition {
+		if err := ap.checkCatalogue(cat); err != nil {
+			return err
+		}
+	}
 	assigned, err := ap.assignmentsFor()
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
@@ -1198,7 +1193,11 @@ func (ap *applier) recompose(cause string) error {
 		if err := ap.touchSecretRollouts(); err != nil {
 			return fmt.Errorf("recompose: %w", err)
 		}
-		only = affected(in, ap.touched, ap.deps(cat))
+		deps := ap.deps(cat)
+		if checkComposition && !sameDeps(deps, depsOf(cat)) {
+			return fmt.Errorf("recompose: what the modules read of each other, as kept, differs from the catalogue's")
+		}
+		only = affected(in, ap.touched, deps)
 	}
 	out := ComposeNodes(in, only)
 	var old []Name
@@ -1314,12 +1313,12 @@ func (ap *applier) recompose(cause string) error {
 		}
 	}
 	ap.roster = roster
-	// Drop parsed manifests that left the catalogue: only a command that
-	// wrote it can have left some, or one that parsed more than it holds
-	// (a refused module add, a preview). Walking the catalogue every
-	// command cost 5 ms at 10,000 modules.
+	// Drop parsed manifests that left the catalogue (a changed or removed
+	// module's, a refused module add's, a preview's) once they are an
+	// eighth of it: walking the catalogue every command that changes a
+	// module cost 5 ms at 10,000 modules.
 	s.mu.Lock()
-	if ap.catChanged || len(s.parsed) > len(in.Modules) {
+	if ap.catWhole || len(s.parsed) > len(in.Modules)+len(in.Modules)/8+16 {
 		keep := map[string]bool{}
 		for _, m := range in.Modules {
 			keep[m.Digest] = true

@@ -78,12 +78,16 @@ type catDeps struct {
 func depsOf(cat map[string]*manifest.Manifest) *catDeps {
 	d := &catDeps{consumers: map[string][]string{}, credentials: map[string][]string{}}
 	for name, m := range cat {
-		d.add(name, m)
+		d.addTo(name, m, false)
 	}
 	return d
 }
 
-func (d *catDeps) add(name string, m *manifest.Manifest) {
+// add puts what m (module name's manifest) reads of other modules in d, a
+// clone's: the lists it appends to are copied first.
+func (d *catDeps) add(name string, m *manifest.Manifest) { d.addTo(name, m, true) }
+
+func (d *catDeps) addTo(name string, m *manifest.Manifest, shared bool) {
 	if m == nil {
 		return
 	}
@@ -91,25 +95,20 @@ func (d *catDeps) add(name string, m *manifest.Manifest) {
 		r := &m.Resources[i]
 		switch r.Kind() {
 		case manifest.KindCredential:
-			d.credentials[name] = append(d.credentials[name], r.Provider)
+			d.credentials[name] = appendTo(d.credentials[name], r.Provider, shared)
 			fallthrough
 		case manifest.KindBinding:
-			d.consumers[r.Provider] = append(d.consumers[r.Provider], name)
+			d.consumers[r.Provider] = appendTo(d.consumers[r.Provider], name, shared)
 		}
 	}
 }
 
-// deps is what the catalogue's modules read of each other, kept with the
-// catalogue the FSM keeps (built again when a command changes it).
-func (ap *applier) deps(cat map[string]*manifest.Manifest) *catDeps {
-	if !ap.catChanged && ap.s.cat != nil && ap.s.deps != nil {
-		return ap.s.deps
+// appendTo appends x to list, into a copy when list is shared.
+func appendTo(list []string, x string, shared bool) []string {
+	if shared {
+		list = slices.Clip(list)
 	}
-	d := depsOf(cat)
-	if !ap.catChanged && ap.s.cat != nil {
-		ap.s.deps = d
-	}
-	return d
+	return append(list, x)
 }
 
 // touchSecretRollouts records the nodes of every module whose secret rolls
@@ -165,7 +164,7 @@ func affected(in Input, t touches, cat *catDeps) map[string]bool {
 	// The few manifests rollouts hold, read as the catalogue's are.
 	held := &catDeps{consumers: map[string][]string{}, credentials: map[string][]string{}}
 	for k, m := range in.Held {
-		held.add(k.Module, m)
+		held.addTo(k.Module, m, false)
 	}
 	related := map[string]bool{}
 	for m := range t.modules {

@@ -187,10 +187,14 @@ func FuzzIncrementalComposition(f *testing.F) {
 					apply(&MoveStepRequest{Module: m, ID: mv.ID, From: mv.Phase, To: next, Reason: "fuzz", Finish: next == ""})
 				}
 			case 8:
-				if arg%2 == 0 {
+				switch arg % 3 {
+				case 0:
 					apply(&ModulePullRequest{Module: m})
-				} else {
+				case 1:
 					apply(&ModuleRestartRequest{Module: m, Node: n})
+				default:
+					// Refused while assigned; else the catalogue kept loses it.
+					apply(&ModuleRemoveRequest{Name: m})
 				}
 			case 9:
 				switch arg / 12 % 4 {

@@ -563,7 +563,13 @@ func (ap *applier) putVersion(module string, version uint64) error {
 	if err != nil {
 		return err
 	}
-	ap.catalogueChanges()
+	m, err := ap.s.manifestOf(file, digest, spec)
+	if err != nil {
+		return fmt.Errorf("decode version %d of module %s: %w", version, module, err)
+	}
+	if err := ap.catalogueSet(module, m); err != nil {
+		return err
+	}
 	return exec(ap.tx, `UPDATE modules SET file = ?, manifest = ?, digest = ?, spec = ?, version = ? WHERE name = ?`, file, text, digest, spec, version, module)
 }
 
@@ -630,15 +636,17 @@ func (ap *applier) moduleRevert(r *ModuleRevertRequest) (bool, error) {
 		return false, ruleErr(ErrConflict, "version %d of module %s is the manifest it runs now (version %d): there is nothing to go back to", to, r.Module, cur)
 	}
 	// The old manifest as a new version, rolled out as any change.
-	ap.catalogueChanges()
+	m, err := ap.s.manifestOf(file, digest, spec)
+	if err != nil {
+		return false, err
+	}
+	if err := ap.catalogueSet(r.Module, m); err != nil {
+		return false, err
+	}
 	if err := exec(ap.tx, `UPDATE modules SET file = ?, manifest = ?, digest = ?, spec = ?, version = ?, added_at = ? WHERE name = ?`, file, text, digest, spec, ap.index, ap.at, r.Module); err != nil {
 		return false, err
 	}
 	if err := ap.recordVersion(r.Module, fmt.Sprintf("%s (the manifest of v%d)", r.describe(), to)); err != nil {
-		return false, err
-	}
-	m, err := decodeSpec(file, digest, spec)
-	if err != nil {
 		return false, err
 	}
 	return true, ap.startRollout(r.Module, m, cur)

@@ -1,0 +1,195 @@
+package state
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"mesh/state/manifest"
+)
+
+// The catalogue the FSM keeps (Store.cat) is edited by the commands that
+// write a module's row, instead of being read again from the table after
+// each: at 10,000 modules reading it cost a module add 30 ms, three times
+// (issue "scale"). A command edits a copy (applier.cat), which the store
+// keeps once the command commits; a refused one leaves the kept catalogue
+// as it was. With checkComposition on, every recompose compares the kept
+// catalogue with the table (checkCatalogue).
+
+// catalogue is every module's parsed form as the command being applied
+// sees it: the catalogue the FSM keeps, or this command's copy once it
+// edited it, or the table for a command that rewrote it whole.
+func (ap *applier) catalogue() (map[string]*manifest.Manifest, error) {
+	s := ap.s
+	switch {
+	case ap.catWhole:
+		cat, err := s.readCatalogue(ap.ctx, ap.tx)
+		if err != nil {
+			return nil, fmt.Errorf("read the catalogue: %w", err)
+		}
+		return cat, nil
+	case ap.cat != nil:
+		return ap.cat, nil
+	case s.cat != nil:
+		return s.cat, nil
+	}
+	cat, err := s.readCatalogue(ap.ctx, ap.tx)
+	if err != nil {
+		return nil, fmt.Errorf("read the catalogue: %w", err)
+	}
+	s.cat, s.deps = cat, nil
+	return cat, nil
+}
+
+// catalogueChanges says the command being applied rewrites the catalogue
+// table whole (a restore): what the FSM keeps of it is no longer the
+// truth, whether or not the command commits.
+func (ap *applier) catalogueChanges() {
+	ap.catChanged, ap.catWhole = true, true
+	ap.cat, ap.catDeps = nil, nil
+	ap.s.cat, ap.s.deps = nil, nil
+	ap.s.catPub.Store(nil)
+}
+
+// catalogueSet says the command writes module name's row of the catalogue
+// table: m is its parsed form after (as readCatalogue would give it), nil
+// when the row is removed.
+func (ap *applier) catalogueSet(name string, m *manifest.Manifest) error {
+	ap.catChanged = true
+	if ap.catWhole {
+		return nil
+	}
+	if ap.cat == nil {
+		base, err := ap.catalogue()
+		if err != nil {
+			return err
+		}
+		ap.cat = maps.Clone(base)
+		if ap.s.deps != nil {
+			ap.catDeps = ap.s.deps.clone()
+		}
+	}
+	old := ap.cat[name]
+	if m == nil {
+		delete(ap.cat, name)
+	} else {
+		ap.cat[name] = m
+	}
+	if ap.catDeps != nil {
+		ap.catDeps.remove(name, old)
+		ap.catDeps.add(name, m)
+	}
+	return nil
+}
+
+// deps is what the catalogue's modules read of each other, kept with the
+// catalogue the FSM keeps (edited with it by catalogueSet).
+func (ap *applier) deps(cat map[string]*manifest.Manifest) *catDeps {
+	s := ap.s
+	switch {
+	case ap.catWhole:
+		return depsOf(cat)
+	case ap.cat != nil:
+		if ap.catDeps == nil {
+			ap.catDeps = depsOf(ap.cat)
+		}
+		return ap.catDeps
+	case s.cat != nil:
+		if s.deps == nil {
+			s.deps = depsOf(s.cat)
+		}
+		return s.deps
+	}
+	return depsOf(cat)
+}
+
+// catalogueCommitted keeps what the command applied did to the catalogue,
+// once it committed (broken: it was refused and rolled back).
+func (ap *applier) catalogueCommitted(broken error) {
+	s := ap.s
+	if broken == nil && ap.cat != nil {
+		s.cat, s.deps = ap.cat, ap.catDeps
+	}
+	if s.cat != nil {
+		cat := s.cat
+		s.catPub.Store(&cat)
+	}
+}
+
+// clone is a copy of d that edits do not reach (its lists are copied
+// when edited: remove and add never write into a list they share).
+func (d *catDeps) clone() *catDeps {
+	return &catDeps{consumers: maps.Clone(d.consumers), credentials: maps.Clone(d.credentials)}
+}
+
+// remove takes what m (module name's manifest) read of other modules out
+// of d: name from the consumers of each provider m names, and its
+// credentials.
+func (d *catDeps) remove(name string, m *manifest.Manifest) {
+	if m == nil {
+		return
+	}
+	for i := range m.Resources {
+		r := &m.Resources[i]
+		switch r.Kind() {
+		case manifest.KindCredential, manifest.KindBinding:
+			list, ok := d.consumers[r.Provider]
+			if !ok || !slices.Contains(list, name) {
+				continue
+			}
+			list = slices.DeleteFunc(slices.Clone(list), func(c string) bool { return c == name })
+			if len(list) == 0 {
+				delete(d.consumers, r.Provider)
+			} else {
+				d.consumers[r.Provider] = list
+			}
+		}
+	}
+	delete(d.credentials, name)
+}
+
+// checkCatalogue compares the catalogue the command sees (kept, or edited
+// by it) with the table's, read whole: the same modules, each with the
+// same digest and file (checkComposition). A difference is a write to the
+// table that catalogueSet was not told of.
+func (ap *applier) checkCatalogue(cat map[string]*manifest.Manifest) error {
+	table, err := ap.s.readCatalogue(ap.ctx, ap.tx)
+	if err != nil {
+		return fmt.Errorf("check the catalogue: %w", err)
+	}
+	for name, m := range table {
+		k, ok := cat[name]
+		switch {
+		case !ok:
+			return fmt.Errorf("the catalogue kept lacks module %s, which the table has", name)
+		case k.Digest != m.Digest || k.File != m.File:
+			return fmt.Errorf("the catalogue kept has module %s at %s (%s), the table at %s (%s)", name, shortDigest(k.Digest), k.File, shortDigest(m.Digest), m.File)
+		}
+	}
+	for name := range cat {
+		if _, ok := table[name]; !ok {
+			return fmt.Errorf("the catalogue kept has module %s, which the table lacks", name)
+		}
+	}
+	return nil
+}
+
+// sameDeps says d and e say the same of which module reads which (each
+// list taken as a set: affected reads them so).
+func sameDeps(d, e *catDeps) bool {
+	same := func(a, b map[string][]string) bool {
+		set := func(l []string) []string { return slices.Compact(slices.Sorted(slices.Values(l))) }
+		for k, l := range a {
+			if !slices.Equal(set(l), set(b[k])) {
+				return false
+			}
+		}
+		for k, l := range b {
+			if _, ok := a[k]; !ok && len(l) > 0 {
+				return false
+			}
+		}
+		return true
+	}
+	return same(d.consumers, e.consumers) && same(d.credentials, e.credentials)
+}
