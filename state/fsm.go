@@ -203,6 +203,7 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 	}
 	if broken == nil && ap.roster != nil {
 		s.roster.Store(&ap.roster)
+		s.rosterBy = ap.rosterBy
 	}
 	if broken == nil && ap.assignedDirty {
 		s.assigned = nil
@@ -263,8 +264,10 @@ type applier struct {
 	// rosterChanged: this command writes the roster table itself (besides
 	// recompose), so the kept roster is not what it diffs against.
 	rosterChanged bool
-	// roster is the roster recompose wrote, kept once the command commits.
-	roster []Name
+	// roster is the roster recompose wrote, kept once the command commits,
+	// and rosterBy its rows by node.
+	roster   []Name
+	rosterBy *rosterByNode
 	// incremental: this command says which nodes' plans it can change (an
 	// assign, an unassign, a module add), so recompose composes those only;
 	// touched is what it changed (incremental.go). Any other command
@@ -1201,7 +1204,8 @@ func (ap *applier) recompose(cause string) error {
 	}
 	out := ComposeNodes(in, only)
 	var old []Name
-	if kept := s.roster.Load(); kept != nil && !ap.rosterChanged {
+	kept := s.roster.Load()
+	if kept != nil && !ap.rosterChanged {
 		old = *kept
 	} else if old, err = readRoster(ctx, ap.q); err != nil {
 		return fmt.Errorf("read the roster: %w", err)
@@ -1270,7 +1274,18 @@ func (ap *applier) recompose(cause string) error {
 		// theirs are the recomposed nodes' names before, mine after.
 		mine := roster
 		var theirs []Name
-		roster, theirs = replaceNames(old, only, mine)
+		if by := s.rosterBy; by != nil && kept != nil && by.of == kept && !ap.rosterChanged {
+			theirs = by.theirNames(only)
+			roster = spliceNames(old, theirs, mine)
+			ap.rosterBy = by.edited(&ap.roster, only, mine)
+			if checkComposition {
+				if err := checkSplice(old, only, mine, roster, theirs, ap.rosterBy); err != nil {
+					return err
+				}
+			}
+		} else {
+			roster, theirs = replaceNames(old, only, mine)
+		}
 		changes = rosterChangesAmong(old, roster, theirs, mine)
 		added, removed = rosterDiff(theirs, mine)
 	} else {
@@ -1313,6 +1328,9 @@ func (ap *applier) recompose(cause string) error {
 		}
 	}
 	ap.roster = roster
+	if ap.rosterBy == nil {
+		ap.rosterBy = &rosterByNode{of: &ap.roster, by: splitByNode(roster)}
+	}
 	// Drop parsed manifests that left the catalogue (a changed or removed
 	// module's, a refused module add's, a preview's) once they are an
 	// eighth of it: walking the catalogue every command that changes a

@@ -3,6 +3,7 @@ package state
 import (
 	"database/sql"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sort"
@@ -181,12 +182,48 @@ func affected(in Input, t touches, cat *catDeps) map[string]bool {
 	for m := range t.nodesOf {
 		related[m] = true
 	}
-	for _, a := range in.Assignments {
-		if related[a.Module] {
-			set[a.Node] = true
-		}
+	for _, n := range nodesRunning(in, related) {
+		set[n] = true
 	}
 	return set
+}
+
+// nodesRunning lists the nodes the input assigns any of modules to. With
+// the assignments sorted by node, then module, and few modules, it looks
+// each up in each node's run (by binary search) instead of walking every
+// assignment of the fleet.
+func nodesRunning(in Input, modules map[string]bool) []string {
+	var out []string
+	as := in.Assignments
+	if !in.assignedByNode || len(modules)*len(in.Nodes) > len(as)/8 {
+		for _, a := range as {
+			if modules[a.Module] && !slices.Contains(out, a.Node) {
+				out = append(out, a.Node)
+			}
+		}
+		return out
+	}
+	return nodesRunningByRun(in, modules)
+}
+
+// nodesRunningByRun is nodesRunning by binary search in each node's run of
+// assignments, sorted by node, then module (in.assignedByNode).
+func nodesRunningByRun(in Input, modules map[string]bool) []string {
+	var out []string
+	as := in.Assignments
+	byNode := func(a Assignment, n string) int { return strings.Compare(a.Node, n) }
+	for _, n := range in.Nodes {
+		lo, _ := slices.BinarySearchFunc(as, n.Name, byNode)
+		hi := lo + sort.Search(len(as)-lo, func(i int) bool { return as[lo+i].Node > n.Name })
+		run := as[lo:hi]
+		for m := range modules {
+			if _, found := slices.BinarySearchFunc(run, m, func(a Assignment, m string) int { return strings.Compare(a.Module, m) }); found {
+				out = append(out, n.Name)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // replaceNames is the roster old with the names of the nodes in only
@@ -221,6 +258,117 @@ func replaceNames(old []Name, only map[string]bool, mine []Name) (now, theirs []
 		now = append(now, x)
 	}
 	return append(now, mine...), theirs
+}
+
+// rosterByNode is the kept roster's rows split by node (each node's sorted
+// as the roster is), for the roster it was built from: recompose finds
+// the rows of the nodes it recomposed there instead of walking the whole
+// roster (replaceNames), and splices the roster (spliceNames).
+type rosterByNode struct {
+	of *[]Name
+	by map[string][]Name
+}
+
+// splitByNode is roster's rows split by node.
+func splitByNode(roster []Name) map[string][]Name {
+	by := map[string][]Name{}
+	for _, x := range roster {
+		by[x.Node] = append(by[x.Node], x)
+	}
+	return by
+}
+
+// theirNames is the rows of the nodes in only, sorted as the roster is.
+func (r *rosterByNode) theirNames(only map[string]bool) []Name {
+	var out []Name
+	for n := range only {
+		out = append(out, r.by[n]...)
+	}
+	slices.SortFunc(out, func(x, y Name) int {
+		if RosterLess(x, y) {
+			return -1
+		}
+		if RosterLess(y, x) {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// edited is the index once the nodes in only have the rows mine (sorted),
+// for the roster now.
+func (r *rosterByNode) edited(now *[]Name, only map[string]bool, mine []Name) *rosterByNode {
+	by := maps.Clone(r.by)
+	for n := range only {
+		delete(by, n)
+	}
+	for _, x := range mine {
+		by[x.Node] = append(by[x.Node], x)
+	}
+	return &rosterByNode{of: now, by: by}
+}
+
+// spliceNames is replaceNames with theirs (the rows of the recomposed nodes
+// in old, sorted) known: old without theirs, with mine merged in, each
+// found by binary search and the rows between copied whole.
+func spliceNames(old, theirs, mine []Name) []Name {
+	now := make([]Name, 0, len(old)-len(theirs)+len(mine))
+	firstNotBefore := func(r []Name, x Name) int {
+		return sort.Search(len(r), func(k int) bool { return !RosterLess(r[k], x) })
+	}
+	// merge appends chunk (rows of old kept) with the rows of mine that
+	// sort before its end.
+	merge := func(chunk []Name, last bool) {
+		for len(mine) > 0 && len(chunk) > 0 {
+			k := firstNotBefore(chunk, mine[0])
+			now, chunk = append(now, chunk[:k]...), chunk[k:]
+			if len(chunk) == 0 {
+				break
+			}
+			now, mine = append(now, mine[0]), mine[1:]
+		}
+		now = append(now, chunk...)
+		if last {
+			now = append(now, mine...)
+		}
+	}
+	i := 0
+	for _, t := range theirs {
+		// The rows of old before t, with those of mine before them (the
+		// rows of mine after them and before t go with the next chunk).
+		j := i + firstNotBefore(old[i:], t)
+		merge(old[i:j], false)
+		i = j
+		if i < len(old) && old[i] == t {
+			i++
+		}
+	}
+	merge(old[i:], true)
+	return now
+}
+
+// checkSplice compares what the index gave recompose with a walk of the
+// whole roster (checkComposition): the recomposed nodes' rows before, the
+// roster after, and the index after.
+func checkSplice(old []Name, only map[string]bool, mine, roster, theirs []Name, by *rosterByNode) error {
+	want, wantTheirs := replaceNames(old, only, mine)
+	if !slices.Equal(theirs, wantTheirs) {
+		return fmt.Errorf("the recomposed nodes' names by the index (%d) are not those of the roster (%d)", len(theirs), len(wantTheirs))
+	}
+	if !slices.Equal(roster, want) {
+		return fmt.Errorf("the roster spliced (%d names) is not the roster with the recomposed nodes' names replaced (%d)", len(roster), len(want))
+	}
+	split := splitByNode(roster)
+	if len(split) != len(by.by) {
+		return fmt.Errorf("the roster's index has %d nodes, the roster %d", len(by.by), len(split))
+	}
+	for n, rows := range split {
+		if !slices.Equal(rows, by.by[n]) {
+			return fmt.Errorf("the roster's index of %s has %d names, the roster %d", n, len(by.by[n]), len(rows))
+		}
+	}
+	return nil
 }
 
 // rosterChangesAmong is RosterChanges(before, after) for a command that

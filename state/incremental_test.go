@@ -102,6 +102,17 @@ func TestRosterChangesAmong(t *testing.T) {
 		if !slices.Equal(after, want) || !slices.Equal(theirs, wantTheirs) {
 			t.Fatalf("%v with the names of %v replaced by %v: %v (theirs %v), want %v (theirs %v)", before, only, mine, after, theirs, want, wantTheirs)
 		}
+		// The same through the index of rows by node, and the index after.
+		var bk []Name = before
+		by := &rosterByNode{of: &bk, by: splitByNode(before)}
+		byTheirs := by.theirNames(only)
+		spliced := spliceNames(before, byTheirs, mine)
+		if !slices.Equal(spliced, want) || !slices.Equal(byTheirs, wantTheirs) {
+			t.Fatalf("%v with the names of %v spliced by %v: %v (theirs %v), want %v (theirs %v)", before, only, mine, spliced, byTheirs, want, wantTheirs)
+		}
+		if err := checkSplice(before, only, mine, spliced, byTheirs, by.edited(&spliced, only, mine)); err != nil {
+			t.Fatal(err)
+		}
 		if want := RosterChanges(before, after); !slices.Equal(rosterChangesAmong(before, after, theirs, mine), want) {
 			t.Fatalf("changes from %v to %v among %v: %v, want %v", before, after, only, rosterChangesAmong(before, after, theirs, mine), want)
 		}
@@ -192,5 +203,42 @@ func TestIncrementalAfterNodeKey(t *testing.T) {
 	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "cat", Module: "web"}})
 	if b := digest("bee"); b != d2 {
 		t.Fatalf("bee's key changed: it cannot open pw1 any more and takes pw2; its plan says %s", b)
+	}
+}
+
+// nodesRunning, and its lookup in each node's run, find the nodes a walk of
+// every assignment finds.
+func TestNodesRunning(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 300; round++ {
+		var in Input
+		for i := range 1 + rng.IntN(12) {
+			in.Nodes = append(in.Nodes, Node{Name: fmt.Sprintf("n%02d", i)})
+		}
+		for _, n := range in.Nodes {
+			for j := range 40 {
+				if rng.IntN(3) == 0 {
+					in.Assignments = append(in.Assignments, Assignment{Node: n.Name, Module: fmt.Sprintf("m%02d", j)})
+				}
+			}
+		}
+		in.assignedByNode = true
+		modules := map[string]bool{}
+		for range rng.IntN(4) {
+			modules[fmt.Sprintf("m%02d", rng.IntN(45))] = true
+		}
+		var want []string
+		for _, a := range in.Assignments {
+			if modules[a.Module] && !slices.Contains(want, a.Node) {
+				want = append(want, a.Node)
+			}
+		}
+		for _, f := range []func(Input, map[string]bool) []string{nodesRunning, nodesRunningByRun} {
+			got := f(in, modules)
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Fatalf("round %d: nodes running %v: %v, a walk finds %v", round, modules, got, want)
+			}
+		}
 	}
 }

@@ -253,6 +253,7 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) error {
 	s.cat, s.deps = nil, nil // whatever happens below, the kept catalogue is not the truth
 	s.assigned = nil
 	s.roster.Store(nil)
+	s.rosterBy = nil
 	// The reports kept are forgotten now and again once the restore is
 	// over, so that no read of the table while it ran is kept.
 	s.reportsCommitted(nil, true)

@@ -68,6 +68,9 @@ type Store struct {
 	// diffs against it and the resolver reads it after every change,
 	// instead of reading every row twice per command.
 	roster atomic.Pointer[[]Name]
+	// rosterBy is roster's rows by node, when it was built for the roster
+	// kept now (its of); under applyMu.
+	rosterBy *rosterByNode
 	// catPub is cat published for readers outside the FSM (a proposer's
 	// SealNeeds), as of the last commit; nil when not known.
 	catPub atomic.Pointer[map[string]*manifest.Manifest]
