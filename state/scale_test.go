@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -158,5 +160,42 @@ func BenchmarkAssignSmallMesh(b *testing.B) {
 		for j := 0; j < 100; j++ {
 			apply(&AssignRequest{Assignment: Assignment{Node: "n2", Module: fmt.Sprintf("bedb%04d", j)}})
 		}
+	}
+}
+
+// BenchmarkFleetProfile is one kind of command, b.N times, in a full fleet
+// of MESH_PROFILE_MODULES modules (10,000 unless set) over 100 nodes, for a
+// CPU profile of what it costs once the fleet is built (the set-up is
+// outside the timer):
+//
+//	MESH_PROFILE_OP=assign go test -run '^$' -bench FleetProfile -benchtime 1000x -cpuprofile cpu.prof ./state/
+//
+// assign: each op assigns one of the last 1,000 modules (at most 1,000
+// ops); add: each op is a module add of one new module (its parse, the
+// proposer's work, is in the loop too).
+func BenchmarkFleetProfile(b *testing.B) {
+	m, _ := strconv.Atoi(os.Getenv("MESH_PROFILE_MODULES"))
+	if m == 0 {
+		m = 10000
+	}
+	const left = 1000
+	f, _ := newBenchFleet(b, 100, m)
+	f.assignStraight(b, 100, m-left)
+	check := checkComposition
+	checkComposition = false // the package's tests compare; the bench measures
+	defer func() { checkComposition = check }()
+	add := os.Getenv("MESH_PROFILE_OP") == "add"
+	if !add && b.N > left {
+		b.Fatalf("at most %d assigns (-benchtime %dx)", left, left)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if add {
+			name := fmt.Sprintf("x%05d", i)
+			f.apply(b, &ModuleAddRequest{Modules: []ModuleSpec{spec(name+".yaml", benchModule(name))}})
+			continue
+		}
+		j := m - left + i
+		f.apply(b, &AssignRequest{Assignment: Assignment{Node: fmt.Sprintf("n%03d", j%100), Module: fmt.Sprintf("m%05d", j)}})
 	}
 }
