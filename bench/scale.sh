@@ -6,9 +6,10 @@
 # assign_ms: one assign once the fleet is full, composing the nodes it can
 # change; full_assign_ms: the same, composing every node (as before
 # incremental composition), in the same run; add_ms: `module add` of one
-# module more; add_all_ms: one `module add` carrying all N; plans_mb and
-# snapshot_mb: sizes. Then how each grows from the smallest fleet to the
-# largest (1.0 is flat; the goal is within 1.5).
+# module more (the mean of 20, each its own module); add_all_ms: one
+# `module add` carrying all N; plans_mb and snapshot_mb: sizes. Then how
+# each grows from the smallest fleet to the largest (1.0 is flat; the
+# issue's goal is within 1.5).
 # Then the resolver (BenchmarkAssignAnswered in agent/): one line per size,
 #   answer modules=N nodes=100 answer_p50_ms=X answer_p99_ms=Y whole_p50_ms=...
 # answer_*: from the start of an assign's apply until this node's own

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -15,11 +17,12 @@ import (
 // one `module add` command carrying all M; of one assign once the fleet is
 // full, composing only the nodes it can change (assign-ms) and, in the same
 // run, composing every node as every command did before (full-assign-ms);
-// of a `module add` of one module more (add-one-ms); the plans' and the
-// snapshot's sizes. The assignments before the last 100 are written
-// straight into the table (applying M assigns one by one would take M
-// recomposes); the last 100 go through Apply, alternately incremental and
-// full, and the means of each half are the assign figures.
+// of a `module add` of one module more (add-one-ms, the mean of 20); the
+// plans' and the snapshot's sizes. The assignments before the last 101
+// are written straight into the table (applying M assigns one by one would
+// take M recomposes); the last 101 go through Apply: one untimed composing
+// every node, then 50 incremental and 50 full, and the means of each half
+// are the assign figures.
 // bench/scale.sh runs it at several sizes and prints how each figure grows.
 func BenchmarkFleet(b *testing.B) {
 	for _, m := range []int{1000, 2500, 5000, 10000} {
@@ -90,28 +93,55 @@ func fleet(b *testing.B, nodes, modules int) {
 	s, ctx := f.s, context.Background()
 	apply := func(r Request) time.Duration { return f.apply(b, r) }
 	const last = 100
-	f.assignStraight(b, nodes, modules-last)
-	// The last modules assigned one command each: half composing only the
-	// nodes an assign can change, half composing every node (as every
-	// command did before incremental composition), for the ratio.
+	f.assignStraight(b, nodes, modules-last-1)
+	// The last modules assigned one command each: the first half composing
+	// only the nodes an assign can change, the second composing every node
+	// (as every command did before incremental composition), for the
+	// ratio; between them the module adds. Each kind starts after a
+	// collection, untimed, so that none pays for the garbage of another
+	// (a full assign leaves 100 plans' worth; alternating them made every
+	// incremental figure pay part of that).
 	check := checkComposition
 	checkComposition = false // the package's tests compare; the bench measures
 	defer func() { checkComposition, alwaysFull = check, false }()
-	var assign, full time.Duration
-	b.StartTimer()
-	for j := modules - last; j < modules; j++ {
-		alwaysFull = j%2 == 1
-		d := apply(&AssignRequest{Assignment: Assignment{Node: fmt.Sprintf("n%03d", j%nodes), Module: fmt.Sprintf("m%05d", j)}})
-		if alwaysFull {
-			full += d
-		} else {
-			assign += d
+	assignRange := func(from, to int) (d time.Duration) {
+		b.StopTimer()
+		runtime.GC()
+		b.StartTimer()
+		for j := from; j < to; j++ {
+			d += apply(&AssignRequest{Assignment: Assignment{Node: fmt.Sprintf("n%03d", j%nodes), Module: fmt.Sprintf("m%05d", j)}})
 		}
+		return d
 	}
+	// First, untimed, one assign composing every node: a replica that has
+	// been running keeps each node's last plan encoded (planBody), which
+	// the assignments written past the FSM did not give.
+	b.StopTimer()
+	alwaysFull = true
+	apply(&AssignRequest{Assignment: Assignment{Node: fmt.Sprintf("n%03d", (modules-last-1)%nodes), Module: fmt.Sprintf("m%05d", modules-last-1)}})
 	alwaysFull = false
-	// One module more, once the fleet is full (module add still composes
-	// every node).
-	one := apply(&ModuleAddRequest{Modules: []ModuleSpec{spec("extra.yaml", benchModule("extra"))}})
+	b.StartTimer()
+	assign := assignRange(modules-last, modules-last/2)
+	// One module more, once the fleet is full: the mean of 20 such
+	// commands, each its own module (the specs are parsed beforehand, as
+	// the proposer parses them).
+	const adds = 20
+	var extra []ModuleSpec
+	b.StopTimer()
+	for i := range adds {
+		name := fmt.Sprintf("extra%02d", i)
+		extra = append(extra, spec(name+".yaml", benchModule(name)))
+	}
+	runtime.GC()
+	b.StartTimer()
+	var one time.Duration
+	for _, sp := range extra {
+		one += apply(&ModuleAddRequest{Modules: []ModuleSpec{sp}})
+	}
+	one /= adds
+	alwaysFull = true
+	full := assignRange(modules-last/2, modules)
+	alwaysFull = false
 	b.StopTimer()
 	var planBytes, names int
 	s.db.QueryRow(`SELECT sum(length(body)) FROM plans p WHERE version = (SELECT max(version) FROM plans WHERE node = p.node)`).Scan(&planBytes)
@@ -188,14 +218,22 @@ func BenchmarkFleetProfile(b *testing.B) {
 	if !add && b.N > left {
 		b.Fatalf("at most %d assigns (-benchtime %dx)", left, left)
 	}
+	var ds []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if add {
 			name := fmt.Sprintf("x%05d", i)
-			f.apply(b, &ModuleAddRequest{Modules: []ModuleSpec{spec(name+".yaml", benchModule(name))}})
+			ds = append(ds, f.apply(b, &ModuleAddRequest{Modules: []ModuleSpec{spec(name+".yaml", benchModule(name))}}))
 			continue
 		}
 		j := m - left + i
-		f.apply(b, &AssignRequest{Assignment: Assignment{Node: fmt.Sprintf("n%03d", j%100), Module: fmt.Sprintf("m%05d", j)}})
+		ds = append(ds, f.apply(b, &AssignRequest{Assignment: Assignment{Node: fmt.Sprintf("n%03d", j%100), Module: fmt.Sprintf("m%05d", j)}}))
 	}
+	b.StopTimer()
+	// The applies alone (the timer also counts an add's parse).
+	slices.Sort(ds)
+	at := func(q float64) float64 { return float64(ds[int(q*float64(len(ds)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(at(0.5), "apply-p50-ms")
+	b.ReportMetric(at(0.9), "apply-p90-ms")
+	b.ReportMetric(at(0.99), "apply-p99-ms")
 }
