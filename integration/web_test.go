@@ -127,6 +127,25 @@ func TestWebBed(t *testing.T) {
 			failed(what, err)
 		}
 	}
+	// runLive is run for steps that find an element and then act on it in
+	// a live page: the stream can replace the content between the two
+	// (Chromium then says "Could not find node with given id"), and the
+	// steps are run again from the start, within a deadline.
+	runLive := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		deadline := time.Now().Add(40 * time.Second)
+		for {
+			step()
+			err := chromedp.Do(ctx, steps...)
+			if err == nil {
+				return
+			}
+			if !strings.Contains(err.Error(), "Could not find node with given id") || time.Now().After(deadline) {
+				failed(what, err)
+			}
+			t.Logf("%s: the page changed under the step (%v); again", what, err)
+		}
+	}
 	value := func(what string, a chromedp.Action[string]) string {
 		t.Helper()
 		step()
@@ -196,7 +215,7 @@ func TestWebBed(t *testing.T) {
 	// the replacement to the input whose digest moved.
 	os.WriteFile(filepath.Join(n[1].h.dir, "webmod.yaml"), []byte(strings.Replace(webModule, "colour blue", "colour green", 1)), 0o644)
 	n[1].mesh("module", "add", filepath.Join(n[1].h.dir, "webmod.yaml"))
-	run("follow a change to its cause",
+	runLive("follow a change to its cause",
 		chromedp.Navigate(base+"/modules/webmod"),
 		chromedp.WaitVisible(chromedp.CSS(`a.cause`)),
 		chromedp.Click(chromedp.CSS(`a.cause`)))
@@ -206,7 +225,7 @@ func TestWebBed(t *testing.T) {
 		t.Fatalf("the cause link led to %q: %q", hash, cause)
 	}
 	// A dry run: what an unassign would do, and nothing done.
-	run("preview an unassign",
+	runLive("preview an unassign",
 		chromedp.Navigate(base+"/preview"),
 		chromedp.SetValue(chromedp.CSS(`#op`), "unassign"),
 		chromedp.SetValue(chromedp.CSS(`#node`), "n2"),

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -202,7 +203,9 @@ func BenchmarkAssignSmallMesh(b *testing.B) {
 //
 // assign: each op assigns one of the last 1,000 modules (at most 1,000
 // ops); add: each op is a module add of one new module (its parse, the
-// proposer's work, is in the loop too).
+// proposer's work, is in the loop too); add-hosts: the same with a public
+// host on its route, which makes the command of the format that checks the
+// rule on host names in the FSM (edgeFormat).
 func BenchmarkFleetProfile(b *testing.B) {
 	m, _ := strconv.Atoi(os.Getenv("MESH_PROFILE_MODULES"))
 	if m == 0 {
@@ -214,7 +217,8 @@ func BenchmarkFleetProfile(b *testing.B) {
 	check := checkComposition
 	checkComposition = false // the package's tests compare; the bench measures
 	defer func() { checkComposition = check }()
-	add := os.Getenv("MESH_PROFILE_OP") == "add"
+	op := os.Getenv("MESH_PROFILE_OP")
+	add, hosts := op == "add" || op == "add-hosts", op == "add-hosts"
 	if !add && b.N > left {
 		b.Fatalf("at most %d assigns (-benchtime %dx)", left, left)
 	}
@@ -223,7 +227,15 @@ func BenchmarkFleetProfile(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		if add {
 			name := fmt.Sprintf("x%05d", i)
-			ds = append(ds, f.apply(b, &ModuleAddRequest{Modules: []ModuleSpec{spec(name+".yaml", benchModule(name))}}))
+			src := benchModule(name)
+			if hosts {
+				src = strings.Replace(src, "port: 80}", "port: 80, hosts: ["+name+".example.org]}", 1)
+			}
+			sp := spec(name+".yaml", src)
+			if v := NewCommand(&ModuleAddRequest{Modules: []ModuleSpec{sp}}).V; hosts && v < edgeFormat {
+				b.Fatalf("a module add with a host is of format %d, before the rule's (%d)", v, edgeFormat)
+			}
+			ds = append(ds, f.apply(b, &ModuleAddRequest{Modules: []ModuleSpec{sp}}))
 			continue
 		}
 		j := m - left + i
