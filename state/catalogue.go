@@ -45,7 +45,7 @@ func (ap *applier) catalogue() (map[string]*manifest.Manifest, error) {
 // table whole (a restore): what the FSM keeps of it is no longer the
 // truth, whether or not the command commits.
 func (ap *applier) catalogueChanges() {
-	ap.catChanged, ap.catWhole = true, true
+	ap.catWhole = true
 	ap.cat, ap.catDeps = nil, nil
 	ap.s.cat, ap.s.deps = nil, nil
 	ap.s.catPub.Store(nil)
@@ -55,7 +55,6 @@ func (ap *applier) catalogueChanges() {
 // table: m is its parsed form after (as readCatalogue would give it), nil
 // when the row is removed.
 func (ap *applier) catalogueSet(name string, m *manifest.Manifest) error {
-	ap.catChanged = true
 	if ap.catWhole {
 		return nil
 	}

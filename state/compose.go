@@ -287,10 +287,7 @@ func groupFor(in Input, only map[string]bool) (byNode, byModule map[string][]str
 	if in.assignedByNode {
 		// Sorted by node, then module: each node's modules are one run.
 		for n := range only {
-			i, _ := slices.BinarySearchFunc(in.Assignments, n, func(a Assignment, n string) int { return strings.Compare(a.Node, n) })
-			for ; i < len(in.Assignments) && in.Assignments[i].Node == n; i++ {
-				mine = append(mine, in.Assignments[i])
-			}
+			mine = append(mine, nodeRun(in.Assignments, n)...)
 		}
 	} else {
 		for _, a := range in.Assignments {

@@ -253,14 +253,13 @@ type applier struct {
 	// them knows (an older one stops there), so replicas never disagree.
 	v  int
 	at string // the proposer's time
-	// catChanged: this command writes the catalogue. cat is its
-	// catalogue once it edited a module's row (catalogueSet), deps what
-	// those modules read of each other; catWhole says it rewrote the
-	// table whole (a restore), which is then the only truth
-	// (catalogue.go).
-	catChanged, catWhole bool
-	cat                  map[string]*manifest.Manifest
-	catDeps              *catDeps
+	// cat is this command's catalogue once it edited a module's row
+	// (catalogueSet), catDeps what those modules read of each other;
+	// catWhole says it rewrote the table whole (a restore), which is then
+	// the only truth (catalogue.go).
+	catWhole bool
+	cat      map[string]*manifest.Manifest
+	catDeps  *catDeps
 	// rosterChanged: this command writes the roster table itself (besides
 	// recompose), so the kept roster is not what it diffs against.
 	rosterChanged bool

@@ -206,16 +206,20 @@ func nodesRunning(in Input, modules map[string]bool) []string {
 	return nodesRunningByRun(in, modules)
 }
 
+// nodeRun is node's run of as, sorted by node, then module.
+func nodeRun(as []Assignment, node string) []Assignment {
+	lo, _ := slices.BinarySearchFunc(as, node, func(a Assignment, n string) int { return strings.Compare(a.Node, n) })
+	hi := lo + sort.Search(len(as)-lo, func(i int) bool { return as[lo+i].Node > node })
+	return as[lo:hi]
+}
+
 // nodesRunningByRun is nodesRunning by binary search in each node's run of
 // assignments, sorted by node, then module (in.assignedByNode).
 func nodesRunningByRun(in Input, modules map[string]bool) []string {
 	var out []string
 	as := in.Assignments
-	byNode := func(a Assignment, n string) int { return strings.Compare(a.Node, n) }
 	for _, n := range in.Nodes {
-		lo, _ := slices.BinarySearchFunc(as, n.Name, byNode)
-		hi := lo + sort.Search(len(as)-lo, func(i int) bool { return as[lo+i].Node > n.Name })
-		run := as[lo:hi]
+		run := nodeRun(as, n.Name)
 		for m := range modules {
 			if _, found := slices.BinarySearchFunc(run, m, func(a Assignment, m string) int { return strings.Compare(a.Module, m) }); found {
 				out = append(out, n.Name)
@@ -284,15 +288,7 @@ func (r *rosterByNode) theirNames(only map[string]bool) []Name {
 	for n := range only {
 		out = append(out, r.by[n]...)
 	}
-	slices.SortFunc(out, func(x, y Name) int {
-		if RosterLess(x, y) {
-			return -1
-		}
-		if RosterLess(y, x) {
-			return 1
-		}
-		return 0
-	})
+	SortRoster(out)
 	return out
 }
 
