@@ -201,6 +201,7 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
+	s.committed()
 	if broken == nil && ap.roster != nil {
 		s.roster.Store(&ap.roster)
 		s.rosterBy = ap.rosterBy

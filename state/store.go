@@ -77,6 +77,11 @@ type Store struct {
 	// encoded is each node's last composed plan's resources with their JSON
 	// (planenc.go); under applyMu.
 	encoded map[string]map[*manifest.Resource]keptResource
+	// ckpt, ckptStop and ckptDone drive the goroutine that checkpoints the
+	// write-ahead log (checkpoint.go); ckptRuns counts its checkpoints and
+	// ckptFrames is what the last one copied (under mu, for tests).
+	ckpt, ckptStop, ckptDone chan struct{}
+	ckptRuns, ckptFrames     int
 	// stmts are the statements the FSM has prepared, by their SQL, and how
 	// many (prepared.go).
 	stmts    sync.Map
@@ -100,7 +105,13 @@ func Open(path string) (*Store, error) {
 	if !strings.HasPrefix(filepath.Base(path), scratchPrefix) {
 		removeScratches(filepath.Dir(path))
 	}
-	return openDSN(fileURI(path)+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=secure_delete(ON)&_txlock=immediate", path)
+	s, err := openDSN(fileURI(path)+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(NORMAL)&_pragma=secure_delete(ON)"+
+		fmt.Sprintf("&_pragma=wal_autocheckpoint(%d)", walAutoCheckpoint)+"&_txlock=immediate", path)
+	if err != nil {
+		return nil, err
+	}
+	s.startCheckpoints()
+	return s, nil
 }
 
 // fileURI makes path a SQLite URI filename: SQLite decodes %HH in it and
@@ -141,6 +152,7 @@ func openDSN(dsn, path string) (*Store, error) {
 
 // Close closes the database.
 func (s *Store) Close() error {
+	s.stopCheckpoints()
 	s.closeStatements()
 	return s.db.Close()
 }
