@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"mesh/state/manifest"
 )
@@ -250,6 +251,33 @@ func ComposeNodes(in Input, only map[string]bool) Output {
 	return out
 }
 
+// resourceArrays are the arrays of plans composed and let go
+// (releasePlans), for the next composition's. A node of 100 modules has
+// 500 resources of 1.2 kB: an assign at 10,000 modules allocated 0.6 MB
+// for them, a quarter of its garbage.
+var resourceArrays sync.Pool // of *[]Resource
+
+// resourceArray is an empty array for n resources.
+func resourceArray(n int) []Resource {
+	if a, ok := resourceArrays.Get().(*[]Resource); ok && cap(*a) >= n {
+		return (*a)[:0]
+	}
+	return make([]Resource, 0, n)
+}
+
+// releasePlans gives the arrays of out's plans to the next compositions:
+// the caller reads none of out's plans after, and kept nothing of them
+// but copies (planBody keeps fields, not the array).
+func (out Output) releasePlans() {
+	for _, p := range out.Plans {
+		a := p.Resources[:cap(p.Resources)]
+		clear(a) // holds nothing of this plan alive
+		a = a[:0]
+		p.Resources = nil
+		resourceArrays.Put(&a)
+	}
+}
+
 // groupAssignments is, for the assignments as, each node's modules in the
 // order it composes them (by name, providers first) and each module's
 // nodes, earliest assigned first (then by node), so a binding's fallback
@@ -338,7 +366,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			size += len(m.Resources)
 		}
 	}
-	plan := &Plan{Node: n.Name, Resources: make([]Resource, 0, size), PublishAddress: in.publishAddress(n)}
+	plan := &Plan{Node: n.Name, Resources: resourceArray(size), PublishAddress: in.publishAddress(n)}
 	addr := in.nameAddress(n)
 	roster := []Name{{Name: n.Name + "." + in.Domain, Address: addr, Node: n.Name}}
 	owner := map[string]string{} // resource name -> module, for collisions on this node

@@ -1203,6 +1203,7 @@ func (ap *applier) recompose(cause string) error {
 		only = affected(in, ap.touched, deps)
 	}
 	out := ComposeNodes(in, only)
+	defer out.releasePlans()
 	var old []Name
 	kept := s.roster.Load()
 	if kept != nil && !ap.rosterChanged {

@@ -84,44 +84,49 @@ func (s *Store) planBody(p *Plan) (body []byte, digest string) {
 		return body, digestOf(body)
 	}
 	if s.encoded == nil {
-		s.encoded = map[string]map[*manifest.Resource]keptResource{}
+		s.encoded = map[string]map[*manifest.Resource]*keptResource{}
 	}
 	before := s.encoded[p.Node]
-	size := len(head)
-	for _, k := range before {
-		size += len(k.enc) + 1
+	// Each resource's JSON first, kept or encoded, so that the body is
+	// made once at its size (grown as it was written, it was copied twice
+	// for an assign's new resources).
+	encs := make([][]byte, len(p.Resources))
+	size := len(head) + len(p.Resources)
+	for i := range p.Resources {
+		r := &p.Resources[i]
+		if k, ok := before[r.src]; ok && k.same(r) {
+			encs[i] = k.enc
+		} else if encs[i], err = json.Marshal(r); err != nil {
+			panic(err)
+		}
+		size += len(encs[i])
 	}
 	body = make([]byte, 0, size)
 	body = append(body, prefix...)
 	type span struct{ start, end int }
 	spans := make([]span, len(p.Resources))
-	for i := range p.Resources {
-		r := &p.Resources[i]
+	for i, enc := range encs {
 		if i > 0 {
 			body = append(body, ',')
 		}
 		start := len(body)
-		if k, ok := before[r.src]; ok && k.same(r) {
-			body = append(body, k.enc...)
-		} else {
-			b, err := json.Marshal(r)
-			if err != nil {
-				panic(err)
-			}
-			body = append(body, b...)
-		}
+		body = append(body, enc...)
 		spans[i] = span{start, len(body)}
 	}
 	body = append(body, head[len(prefix):]...)
 	// The kept encodings are slices of this body, which holds their only
-	// copy: the body before is let go.
-	after := make(map[*manifest.Resource]keptResource, len(p.Resources))
+	// copy: the body before is let go. What is kept of the resources is
+	// one array (a map's value over 128 bytes is allocated apart, one
+	// allocation per resource).
+	after := make(map[*manifest.Resource]*keptResource, len(p.Resources))
+	kept := make([]keptResource, len(p.Resources))
 	for i := range p.Resources {
 		r := &p.Resources[i]
 		if r.src == nil {
 			continue
 		}
-		after[r.src] = keepResource(r, body[spans[i].start:spans[i].end:spans[i].end])
+		kept[i] = keepResource(r, body[spans[i].start:spans[i].end:spans[i].end])
+		after[r.src] = &kept[i]
 	}
 	s.encoded[p.Node] = after
 	return body, digestOf(body)

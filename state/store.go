@@ -76,7 +76,7 @@ type Store struct {
 	catPub atomic.Pointer[map[string]*manifest.Manifest]
 	// encoded is each node's last composed plan's resources with their JSON
 	// (planenc.go); under applyMu.
-	encoded map[string]map[*manifest.Resource]keptResource
+	encoded map[string]map[*manifest.Resource]*keptResource
 	// ckpt, ckptStop and ckptDone drive the goroutine that checkpoints the
 	// write-ahead log (checkpoint.go); ckptRuns counts its checkpoints and
 	// ckptFrames is what the last one copied (under mu, for tests).
