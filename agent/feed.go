@@ -15,7 +15,8 @@ import (
 // replica is what the feed reads of the local replica.
 type replica interface {
 	Settings(ctx context.Context) (state.Settings, error)
-	Roster(ctx context.Context) ([]state.Name, error)
+	// SharedRoster is the roster, which the feed never changes.
+	SharedRoster(ctx context.Context) ([]state.Name, error)
 	ReportBodies(ctx context.Context) (map[string]string, error)
 	AppliedIndex() (uint64, error)
 }
@@ -98,7 +99,7 @@ func (f *feed) read(ctx context.Context) (*feedInput, func(state.Name) bool, uin
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	ro, err := f.replica.Roster(ctx)
+	ro, err := f.replica.SharedRoster(ctx)
 	if err != nil {
 		return nil, nil, 0, err
 	}

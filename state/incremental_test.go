@@ -242,3 +242,55 @@ func TestNodesRunning(t *testing.T) {
 		}
 	}
 }
+
+// The roster SharedRoster gives is never changed by the commands after
+// it: each keeps a new one (the resolver's feed reads it without a copy).
+func TestSharedRosterStaysAsGiven(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", incModules["db"][0]), spec("web.yaml", incModules["web"][1])}})
+	var given [][]Name
+	var copies [][]Name
+	take := func() {
+		r, err := s.SharedRoster(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := s.Roster(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(r, want) {
+			t.Fatalf("SharedRoster %v, Roster %v", r, want)
+		}
+		if s.roster.Load() == nil {
+			t.Fatal("the store keeps no roster: SharedRoster read the table")
+		}
+		given, copies = append(given, r), append(copies, slices.Clone(r))
+	}
+	take()
+	for _, r := range []Request{
+		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}},
+		&AssignRequest{Assignment: Assignment{Node: "bee", Module: "web"}},
+		&AssignRequest{Assignment: Assignment{Node: "ace", Module: "web"}},
+		&UnassignRequest{Assignment: Assignment{Node: "bee", Module: "web"}},
+		&AssignRequest{Assignment: Assignment{Node: "bee", Module: "db"}},
+		&UnassignRequest{Assignment: Assignment{Node: "ace", Module: "db"}},
+		&NodeAddRequest{Node: Node{Name: "cat", Address: "10.0.0.3"}},
+		&AssignRequest{Assignment: Assignment{Node: "cat", Module: "db"}},
+	} {
+		mustApply(t, s, &idx, r)
+		take()
+	}
+	if len(copies[len(copies)-1]) == len(copies[0]) {
+		t.Fatalf("the commands moved no name: %v", copies[len(copies)-1])
+	}
+	for i := range given {
+		if !slices.Equal(given[i], copies[i]) {
+			t.Fatalf("the roster given after command %d changed since: %v, was %v", i, given[i], copies[i])
+		}
+	}
+}
