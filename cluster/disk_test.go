@@ -82,12 +82,16 @@ func TestDiskFull(t *testing.T) {
 	fill(t, filler, 0)
 	done := make(chan error, 1)
 	go func() { done <- add(dbManifest) }()
+	// It fails, or waits, or is written: the store's write-ahead log may
+	// have room in place (checkpointed, it is written again from its start).
+	answered := false
 	select {
 	case err := <-done:
 		if err != nil && !strings.Contains(fmtErr(err), "disk full on ace") && !strings.Contains(fmtErr(err), "no space") {
 			t.Fatalf("write on a full disk: %v", err)
 		}
 		t.Logf("write on a full disk: %v", err)
+		answered = true
 	case <-time.After(3 * time.Second):
 		t.Log("the write waits for space")
 	}
@@ -100,10 +104,12 @@ func TestDiskFull(t *testing.T) {
 	// Space returns: writes work again, and so does a restart.
 	os.Remove(filler)
 	MinFree = old
-	select {
-	case <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the waiting write did not finish after space returned")
+	if !answered {
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the waiting write did not finish after space returned")
+		}
 	}
 	if err := add(dbManifest); err != nil {
 		t.Fatalf("a write after space returned: %v", err)
