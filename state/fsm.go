@@ -283,6 +283,9 @@ type applier struct {
 	// reportsForgotten says it removed one (reportbodies.go).
 	reported         *[2]string
 	reportsForgotten bool
+	// clashesBefore is the whole rule on host names before a module add,
+	// for checkComposition to compare the rule about its hosts with.
+	clashesBefore []string
 }
 
 // rosterChanges says the command being applied writes the roster table
@@ -468,7 +471,7 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 	if len(r.Modules) == 0 {
 		return false, ruleErr(ErrInvalid, "module add needs at least one manifest")
 	}
-	clashes, err := ap.hostsBefore()
+	clashes, hosts, err := ap.moduleHostsBefore(r.Modules)
 	if err != nil {
 		return false, err
 	}
@@ -561,7 +564,7 @@ func (ap *applier) moduleAdd(r *ModuleAddRequest) (bool, error) {
 	if err := ap.takeSecrets(r.Secrets); err != nil {
 		return false, err
 	}
-	return true, ap.checkHosts(clashes)
+	return true, ap.checkHostsAmong(clashes, hosts)
 }
 
 func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
@@ -658,9 +661,10 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 	// the whole batch (batchHostsFormat).
 	perModule := ap.v < batchHostsFormat
 	var clashes []string
+	var hosts map[string]bool
 	if !perModule {
 		var err error
-		if clashes, err = ap.hostsBefore(); err != nil {
+		if clashes, hosts, err = ap.assignHostsBefore(r.All()); err != nil {
 			return false, err
 		}
 	}
@@ -676,7 +680,7 @@ func (ap *applier) assign(r *AssignRequest) (bool, error) {
 		return false, nil
 	}
 	if !perModule {
-		if err := ap.checkHosts(clashes); err != nil {
+		if err := ap.checkHostsAmong(clashes, hosts); err != nil {
 			return false, err
 		}
 	}
