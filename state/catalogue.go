@@ -118,12 +118,12 @@ func (ap *applier) catalogueCommitted(broken error) {
 // clone is a copy of d that edits do not reach (its lists are copied
 // when edited: remove and add never write into a list they share).
 func (d *catDeps) clone() *catDeps {
-	return &catDeps{consumers: maps.Clone(d.consumers), credentials: maps.Clone(d.credentials)}
+	return &catDeps{consumers: maps.Clone(d.consumers), credentials: maps.Clone(d.credentials), hosted: maps.Clone(d.hosted), routed: maps.Clone(d.routed)}
 }
 
 // remove takes what m (module name's manifest) read of other modules out
-// of d: name from the consumers of each provider m names, and its
-// credentials.
+// of d: name from the consumers of each provider m names, its
+// credentials, and its routes' names and hosts.
 func (d *catDeps) remove(name string, m *manifest.Manifest) {
 	if m == nil {
 		return
@@ -132,19 +132,31 @@ func (d *catDeps) remove(name string, m *manifest.Manifest) {
 		r := &m.Resources[i]
 		switch r.Kind() {
 		case manifest.KindCredential, manifest.KindBinding:
-			list, ok := d.consumers[r.Provider]
-			if !ok || !slices.Contains(list, name) {
-				continue
-			}
-			list = slices.DeleteFunc(slices.Clone(list), func(c string) bool { return c == name })
-			if len(list) == 0 {
-				delete(d.consumers, r.Provider)
-			} else {
-				d.consumers[r.Provider] = list
-			}
+			removeFrom(d.consumers, r.Provider, name)
 		}
 	}
 	delete(d.credentials, name)
+	for _, r := range m.Routes {
+		removeFrom(d.routed, r.Name, name)
+		for _, h := range r.Hosts {
+			removeFrom(d.hosted, h, name)
+		}
+	}
+}
+
+// removeFrom takes name out of the list of key, into a copy (the list
+// may be shared with another catDeps).
+func removeFrom(lists map[string][]string, key, name string) {
+	list, ok := lists[key]
+	if !ok || !slices.Contains(list, name) {
+		return
+	}
+	list = slices.DeleteFunc(slices.Clone(list), func(c string) bool { return c == name })
+	if len(list) == 0 {
+		delete(lists, key)
+	} else {
+		lists[key] = list
+	}
 }
 
 // checkCatalogue compares the catalogue the command sees (kept, or edited
@@ -190,5 +202,5 @@ func sameDeps(d, e *catDeps) bool {
 		}
 		return true
 	}
-	return same(d.consumers, e.consumers) && same(d.credentials, e.credentials)
+	return same(d.consumers, e.consumers) && same(d.credentials, e.credentials) && same(d.hosted, e.hosted) && same(d.routed, e.routed)
 }

@@ -102,6 +102,9 @@ type Input struct {
 	// the FSM keeps and reads it), so a node's modules are found by binary
 	// search.
 	assignedByNode bool
+	// hostIndex is, when set, the catalogue's routes by name and host
+	// (catDeps), for the rule on host names about a few hosts.
+	hostIndex *catDeps
 }
 
 // Purge is a data directory a node removes, with all it holds, while its

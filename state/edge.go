@@ -324,7 +324,7 @@ func hostClashesAmong(in Input, only map[string]bool) []string {
 	}
 	as := in.Assignments
 	byNode := func(x, y Assignment) int { return cmp.Or(cmp.Compare(x.Node, y.Node), cmp.Compare(x.Module, y.Module)) }
-	if !slices.IsSortedFunc(as, byNode) {
+	if !in.assignedByNode && !slices.IsSortedFunc(as, byNode) {
 		as = slices.Clone(as)
 		slices.SortFunc(as, byNode)
 	}
@@ -372,7 +372,7 @@ func hostClashesAmong(in Input, only map[string]bool) []string {
 	}
 	var ls []listed
 	named := map[string]*manifest.Manifest{}
-	for mod, m := range in.Modules {
+	list := func(mod string, m *manifest.Manifest) {
 		i := 0
 		for _, r := range m.Routes {
 			if labels[r.Name] {
@@ -384,6 +384,30 @@ func hostClashesAmong(in Input, only map[string]bool) []string {
 				}
 				i++
 			}
+		}
+	}
+	if idx := in.hostIndex; idx != nil {
+		// The modules the index says name a host of only or a route of
+		// one of the labels, not the whole catalogue.
+		some := map[string]bool{}
+		for h := range only {
+			for _, mod := range idx.hosted[h] {
+				some[mod] = true
+			}
+		}
+		for l := range labels {
+			for _, mod := range idx.routed[l] {
+				some[mod] = true
+			}
+		}
+		for mod := range some {
+			if m := in.Modules[mod]; m != nil {
+				list(mod, m)
+			}
+		}
+	} else {
+		for mod, m := range in.Modules {
+			list(mod, m)
 		}
 	}
 	slices.SortFunc(ls, func(a, b listed) int { return cmp.Or(cmp.Compare(a.mod, b.mod), cmp.Compare(a.i, b.i)) })
@@ -490,6 +514,7 @@ func (ap *applier) hostRule() (*Input, error) {
 	if err != nil {
 		return nil, err
 	}
+	in.hostIndex = ap.deps(cat)
 	return &in, nil
 }
 

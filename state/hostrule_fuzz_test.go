@@ -92,6 +92,9 @@ func FuzzHostClashesAmong(f *testing.F) {
 			return data[k-1]
 		}
 		in := ruleInput(next)
+		if next()%2 == 0 { // found through the catalogue's index, or by a walk
+			in.hostIndex = depsOf(in.Modules)
+		}
 		whole := hostClashes(in)
 		// About any hosts: the whole check's sentences about them.
 		var candidates []string
@@ -129,6 +132,16 @@ func FuzzHostClashesAmong(f *testing.F) {
 			m := ruleManifest(name, next)
 			hostsClaimed(in, hosts, in.Modules[name], m)
 			after.Modules[name] = m
+			if after.hostIndex != nil { // edited as catalogueSet edits it
+				if after.hostIndex == in.hostIndex {
+					after.hostIndex = in.hostIndex.clone()
+				}
+				after.hostIndex.remove(name, in.Modules[name])
+				after.hostIndex.add(name, m)
+			}
+		}
+		if after.hostIndex != nil && !sameDeps(after.hostIndex, depsOf(after.Modules)) {
+			t.Fatalf("the index edited by the module add is not the catalogue's after it")
 		}
 		wholeErr := newClash(whole, hostClashes(after))
 		amongErr := newClash(hostClashesAmong(in, hosts), hostClashesAmong(after, hosts))

@@ -71,13 +71,21 @@ func (t *touches) init() {
 // catDeps is what the catalogue's modules read of each other: consumers
 // lists, for each provider, the modules that bind to it or take a
 // credential from it; credentials lists, for each consumer, the providers
-// it takes a credential from.
+// it takes a credential from. And for the rule on host names (edge.go):
+// hosted lists, for each host a route names (hosts:), the modules that
+// name it; routed, for each route name, the modules with a route of that
+// name. A list may name a module twice.
 type catDeps struct {
 	consumers, credentials map[string][]string
+	hosted, routed         map[string][]string
+}
+
+func newCatDeps() *catDeps {
+	return &catDeps{consumers: map[string][]string{}, credentials: map[string][]string{}, hosted: map[string][]string{}, routed: map[string][]string{}}
 }
 
 func depsOf(cat map[string]*manifest.Manifest) *catDeps {
-	d := &catDeps{consumers: map[string][]string{}, credentials: map[string][]string{}}
+	d := newCatDeps()
 	for name, m := range cat {
 		d.addTo(name, m, false)
 	}
@@ -100,6 +108,12 @@ func (d *catDeps) addTo(name string, m *manifest.Manifest, shared bool) {
 			fallthrough
 		case manifest.KindBinding:
 			d.consumers[r.Provider] = appendTo(d.consumers[r.Provider], name, shared)
+		}
+	}
+	for _, r := range m.Routes {
+		d.routed[r.Name] = appendTo(d.routed[r.Name], name, shared)
+		for _, h := range r.Hosts {
+			d.hosted[h] = appendTo(d.hosted[h], name, shared)
 		}
 	}
 }
@@ -163,7 +177,7 @@ func affected(in Input, t touches, cat *catDeps) map[string]bool {
 		return set
 	}
 	// The few manifests rollouts hold, read as the catalogue's are.
-	held := &catDeps{consumers: map[string][]string{}, credentials: map[string][]string{}}
+	held := newCatDeps()
 	for k, m := range in.Held {
 		held.addTo(k.Module, m, false)
 	}
