@@ -324,7 +324,10 @@ func hostClashesAmong(in Input, only map[string]bool) []string {
 	}
 	as := in.Assignments
 	byNode := func(x, y Assignment) int { return cmp.Or(cmp.Compare(x.Node, y.Node), cmp.Compare(x.Module, y.Module)) }
-	if !in.assignedByNode && !slices.IsSortedFunc(as, byNode) {
+	// Checked, not taken from in.assignedByNode: the proposer's check adds
+	// a command's assignments at the end of a sorted input (CheckHosts),
+	// and the first claim on a host is what each sentence names.
+	if !slices.IsSortedFunc(as, byNode) {
 		as = slices.Clone(as)
 		slices.SortFunc(as, byNode)
 	}
@@ -612,6 +615,7 @@ func (s *Store) CheckHosts(ctx context.Context, req Request) error {
 	switch r := req.(type) {
 	case *AssignRequest:
 		in.Assignments = append(slices.Clone(in.Assignments), r.All()...)
+		in.assignedByNode = false
 	case *ModuleAddRequest:
 		in.Modules = maps.Clone(in.Modules)
 		for _, sp := range r.Modules {

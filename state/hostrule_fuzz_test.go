@@ -95,7 +95,17 @@ func FuzzHostClashesAmong(f *testing.F) {
 		if next()%2 == 0 { // found through the catalogue's index, or by a walk
 			in.hostIndex = depsOf(in.Modules)
 		}
+		// The assignments' order is not the rule's, whatever the input
+		// says of it (the proposer's check appends a command's to a sorted
+		// input).
+		in.assignedByNode = next()%2 == 0
+		sorted := in
+		sorted.Assignments = slices.Clone(in.Assignments)
+		slices.SortFunc(sorted.Assignments, func(x, y Assignment) int { return strings.Compare(x.Node+" "+x.Module, y.Node+" "+y.Module) })
 		whole := hostClashes(in)
+		if want := hostClashes(sorted); !slices.Equal(whole, want) {
+			t.Fatalf("the assignments in another order give %q, sorted %q", whole, want)
+		}
 		// About any hosts: the whole check's sentences about them.
 		var candidates []string
 		candidates = append(candidates, ruleHosts...)
