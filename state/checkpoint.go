@@ -86,7 +86,6 @@ func (s *Store) stopCheckpoints() {
 	if s.ckptStop == nil {
 		return
 	}
-	close(s.ckptStop)
+	s.ckptOnce.Do(func() { close(s.ckptStop) })
 	<-s.ckptDone
-	s.ckptStop = nil
 }

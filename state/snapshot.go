@@ -330,6 +330,7 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) error {
 	if err := tx.Commit(); err != nil {
 		return err
 	}
+	s.committed()
 	s.mu.Lock()
 	s.parsed = map[string]*manifest.Manifest{}
 	s.mu.Unlock()

@@ -81,6 +81,7 @@ type Store struct {
 	// write-ahead log (checkpoint.go); ckptRuns counts its checkpoints and
 	// ckptFrames is what the last one copied (under mu, for tests).
 	ckpt, ckptStop, ckptDone chan struct{}
+	ckptOnce                 sync.Once
 	ckptRuns, ckptFrames     int
 	// stmts are the statements the FSM has prepared, by their SQL, and how
 	// many (prepared.go).
