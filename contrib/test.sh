@@ -92,7 +92,7 @@ fuzz FuzzRestoreFields ./state "${MESH_FUZZ_RESTORE_FIELDS:-1200x}" 20x # about 
 say "fuzz: incremental composition equals a full one"
 fuzz FuzzIncrementalComposition ./state "${MESH_FUZZ_INCREMENTAL:-2000x}" 20x # about 50 s
 say "fuzz: the rule on host names about a command's hosts equals the whole rule"
-fuzz FuzzHostClashesAmong ./state "${MESH_FUZZ_HOSTS:-150000x}" # about 45 s
+fuzz FuzzHostClashesAmong ./state "${MESH_FUZZ_HOSTS:-150000x}" # about 70 s
 say "fuzz: a move's stream from a hostile peer (datacopy.Receive)"
 # Each input makes and removes staging directories: on tmpfs, where a
 # mkdir costs microseconds rather than ext4's half a millisecond.
