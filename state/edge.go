@@ -318,10 +318,7 @@ func hostClashesAmong(in Input, only map[string]bool) []string {
 		}
 		add(h, claim{mod, port})
 	}
-	domains := map[string][]string{}
-	for _, n := range in.Nodes {
-		domains[n.Name] = n.Domains()
-	}
+	domains := domainsByNode(in)
 	as := in.Assignments
 	byNode := func(x, y Assignment) int { return cmp.Or(cmp.Compare(x.Node, y.Node), cmp.Compare(x.Module, y.Module)) }
 	// Checked, not taken from in.assignedByNode: the proposer's check adds
@@ -331,10 +328,26 @@ func hostClashesAmong(in Input, only map[string]bool) []string {
 		as = slices.Clone(as)
 		slices.SortFunc(as, byNode)
 	}
+	// under adds the names under the nodes' domains of the modules of ms
+	// (about only), by node, then module.
+	under := func(ms map[string]*manifest.Manifest) {
+		for _, a := range as {
+			m, ok := ms[a.Module]
+			if !ok {
+				continue
+			}
+			for _, r := range m.Routes {
+				for _, d := range domains[a.Node] {
+					if h := r.Name + "." + d; only == nil || only[h] {
+						add(h, claim{a.Module, r.Port})
+					}
+				}
+			}
+		}
+	}
 	if only == nil {
 		// The explicit hosts first, by module, then as each module lists
-		// them; then the names under the nodes' domains, by node, then
-		// module.
+		// them; then the names under the nodes' domains.
 		for _, mod := range slices.Sorted(maps.Keys(in.Modules)) {
 			for _, r := range in.Modules[mod].Routes {
 				for _, h := range r.Hosts {
@@ -342,17 +355,7 @@ func hostClashesAmong(in Input, only map[string]bool) []string {
 				}
 			}
 		}
-		for _, a := range as {
-			m, ok := in.Modules[a.Module]
-			if !ok {
-				continue
-			}
-			for _, r := range m.Routes {
-				for _, d := range domains[a.Node] {
-					add(r.Name+"."+d, claim{a.Module, r.Port})
-				}
-			}
-		}
+		under(in.Modules)
 		return slices.Sorted(maps.Keys(found))
 	}
 	// The same claims on the hosts of only, in the same order: the
@@ -418,19 +421,7 @@ func hostClashesAmong(in Input, only map[string]bool) []string {
 		explicit(l.mod, l.host, l.port)
 	}
 	if len(named) > 0 {
-		for _, a := range as {
-			m, ok := named[a.Module]
-			if !ok {
-				continue
-			}
-			for _, r := range m.Routes {
-				for _, d := range domains[a.Node] {
-					if h := r.Name + "." + d; only[h] {
-						add(h, claim{a.Module, r.Port})
-					}
-				}
-			}
-		}
+		under(named)
 	}
 	return slices.Sorted(maps.Keys(found))
 }
@@ -438,32 +429,34 @@ func hostClashesAmong(in Input, only map[string]bool) []string {
 // hostsAssigned adds to hosts the names under the domains of each node of
 // as that its module's routes claim there.
 func hostsAssigned(in Input, hosts map[string]bool, as []Assignment) {
+	domains := domainsByNode(in)
 	for _, a := range as {
 		m := in.Modules[a.Module]
 		if m == nil {
 			continue
 		}
-		for _, n := range in.Nodes {
-			if n.Name != a.Node {
-				continue
-			}
-			for _, r := range m.Routes {
-				for _, d := range n.Domains() {
-					hosts[r.Name+"."+d] = true
-				}
+		for _, r := range m.Routes {
+			for _, d := range domains[a.Node] {
+				hosts[r.Name+"."+d] = true
 			}
 		}
 	}
+}
+
+// domainsByNode is each node's public domains.
+func domainsByNode(in Input) map[string][]string {
+	domains := make(map[string][]string, len(in.Nodes))
+	for _, n := range in.Nodes {
+		domains[n.Name] = n.Domains()
+	}
+	return domains
 }
 
 // hostsClaimed adds to hosts every host the manifests ms claim, named
 // explicitly or under the domains of the nodes their module is assigned to
 // in in.
 func hostsClaimed(in Input, hosts map[string]bool, ms ...*manifest.Manifest) {
-	domains := map[string][]string{}
-	for _, n := range in.Nodes {
-		domains[n.Name] = n.Domains()
-	}
+	domains := domainsByNode(in)
 	for _, m := range ms {
 		if m == nil {
 			continue
