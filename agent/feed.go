@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"net/netip"
-	"sort"
 	"time"
 
 	"mesh/cluster"
@@ -16,7 +15,7 @@ import (
 type replica interface {
 	Settings(ctx context.Context) (state.Settings, error)
 	// SharedRoster is the roster, which the feed never changes.
-	SharedRoster(ctx context.Context) ([]state.Name, error)
+	SharedRoster(ctx context.Context) (state.Roster, error)
 	ReportBodies(ctx context.Context) (map[string]string, error)
 	AppliedIndex() (uint64, error)
 }
@@ -62,7 +61,7 @@ type feedReport struct {
 // and what decides which instances are fit.
 type feedInput struct {
 	domain string
-	roster []state.Name
+	roster state.Roster
 	fit    fitInputs
 }
 
@@ -170,7 +169,7 @@ func (f *feed) Index(ctx context.Context, last *dnsd.Index) (*dnsd.Index, error)
 // answers is each name's answer in roster (only those of only, unless it
 // is nil): its fit instances, or all of them when none is. A name without
 // a valid address is left out.
-func answers(roster []state.Name, up func(state.Name) bool, only map[string]bool) map[string][]netip.Addr {
+func answers(roster state.Roster, up func(state.Name) bool, only map[string]bool) map[string][]netip.Addr {
 	byName := map[string][]dnsd.Instance{}
 	var order []string
 	add := func(n state.Name) {
@@ -184,15 +183,13 @@ func answers(roster []state.Name, up func(state.Name) bool, only map[string]bool
 		byName[n.Name] = append(byName[n.Name], dnsd.Instance{Addr: ip, Up: up(n)})
 	}
 	if only == nil {
-		for _, n := range roster {
+		for n := range roster.All() {
 			add(n)
 		}
 	} else {
-		// The roster is sorted by name: each name's entries are one run.
 		for name := range only {
-			i := sort.Search(len(roster), func(i int) bool { return roster[i].Name >= name })
-			for ; i < len(roster) && roster[i].Name == name; i++ {
-				add(roster[i])
+			for n := range roster.Named(name) {
+				add(n)
 			}
 		}
 	}
@@ -204,24 +201,37 @@ func answers(roster []state.Name, up func(state.Name) bool, only map[string]bool
 }
 
 // movedNames are the names with an entry in one roster and not the other,
-// both sorted as the replica keeps them (by name, address, node).
-func movedNames(before, after []state.Name) map[string]bool {
+// both sorted as SortRoster sorts: a walk of both together that steps over
+// each run the two share whole (a command shares all but the runs its
+// names fall in), so it costs what moved, not the roster.
+func movedNames(before, after state.Roster) map[string]bool {
 	moved := map[string]bool{}
-	for len(before) > 0 || len(after) > 0 {
+	b, a := before.Runs(), after.Runs()
+	var bi, bk, ai, ak int // run and row in each
+	for {
+		for bi < len(b) && bk == len(b[bi]) {
+			bi, bk = bi+1, 0
+		}
+		for ai < len(a) && ak == len(a[ai]) {
+			ai, ak = ai+1, 0
+		}
 		switch {
-		case len(before) == 0:
-			moved[after[0].Name], after = true, after[1:]
-		case len(after) == 0:
-			moved[before[0].Name], before = true, before[1:]
-		case before[0] == after[0]:
-			before, after = before[1:], after[1:]
-		case state.RosterLess(after[0], before[0]):
-			moved[after[0].Name], after = true, after[1:]
+		case bi == len(b) && ai == len(a):
+			return moved
+		case bi == len(b):
+			moved[a[ai][ak].Name], ak = true, ak+1
+		case ai == len(a):
+			moved[b[bi][bk].Name], bk = true, bk+1
+		case bk == 0 && ak == 0 && state.RunsShared(b[bi], a[ai]):
+			bi, ai = bi+1, ai+1
+		case b[bi][bk] == a[ai][ak]:
+			bk, ak = bk+1, ak+1
+		case state.RosterLess(a[ai][ak], b[bi][bk]):
+			moved[a[ai][ak].Name], ak = true, ak+1
 		default:
-			moved[before[0].Name], before = true, before[1:]
+			moved[b[bi][bk].Name], bk = true, bk+1
 		}
 	}
-	return moved
 }
 
 // changed fires on a change of the replica (an assign, a report with new

@@ -24,7 +24,9 @@ type fakeReplica struct {
 func (f *fakeReplica) Settings(context.Context) (state.Settings, error) {
 	return state.Settings{Domain: "internal"}, nil
 }
-func (f *fakeReplica) SharedRoster(context.Context) ([]state.Name, error) { return f.roster, nil }
+func (f *fakeReplica) SharedRoster(context.Context) (state.Roster, error) {
+	return state.NewRoster(slices.Clone(f.roster)), nil
+}
 func (f *fakeReplica) ReportBodies(context.Context) (map[string]string, error) {
 	out := map[string]string{}
 	for n, r := range f.reports {

@@ -112,6 +112,7 @@ func TestBatchAssign(t *testing.T) {
 // 200 modules assigned to a node and taken off again: in one command
 // each way, and one command per module (what a migration did before).
 func BenchmarkBatchAssign(b *testing.B) {
+	defer benchRuns()()
 	for _, batched := range []bool{true, false} {
 		b.Run(fmt.Sprintf("batch=%v", batched), func(b *testing.B) {
 			s := openStore(b)

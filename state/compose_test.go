@@ -274,6 +274,7 @@ func TestDiff(t *testing.T) {
 // BenchmarkRecompose measures composition of 100 nodes and a catalogue of 50
 // modules (49 of them assigned to 4 nodes each) after one more assign.
 func BenchmarkRecompose(b *testing.B) {
+	defer benchRuns()()
 	in := benchInput(b, 100, 50)
 	base := len(in.Assignments)
 	b.ReportAllocs()

@@ -203,7 +203,7 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 	}
 	s.committed()
 	if broken == nil && ap.roster != nil {
-		s.roster.Store(&ap.roster)
+		s.roster.Store(ap.roster)
 		s.rosterBy = ap.rosterBy
 	}
 	if broken == nil && ap.assignedDirty {
@@ -266,7 +266,7 @@ type applier struct {
 	rosterChanged bool
 	// roster is the roster recompose wrote, kept once the command commits,
 	// and rosterBy its rows by node.
-	roster   []Name
+	roster   *Roster
 	rosterBy *rosterByNode
 	// incremental: this command says which nodes' plans it can change (an
 	// assign, an unassign, a module add), so recompose composes those only;
@@ -1208,12 +1208,14 @@ func (ap *applier) recompose(cause string) error {
 	}
 	out := ComposeNodes(in, only)
 	defer out.releasePlans()
-	var old []Name
+	var old Roster
 	kept := s.roster.Load()
 	if kept != nil && !ap.rosterChanged {
 		old = *kept
-	} else if old, err = readRoster(ctx, ap.q); err != nil {
+	} else if flat, err := readRoster(ctx, ap.q); err != nil {
 		return fmt.Errorf("read the roster: %w", err)
+	} else {
+		old = NewRoster(flat)
 	}
 	roster := out.Roster
 	bound, err := historyBound(ap.q)
@@ -1249,14 +1251,14 @@ func (ap *applier) recompose(cause string) error {
 				}
 			}
 		}
-		body, d := s.planBody(p)
+		text, d := s.planBody(p)
 		var last string
 		err := ap.q.QueryRowContext(ctx, `SELECT digest FROM plans WHERE node = ? ORDER BY version DESC LIMIT 1`, n.Name).Scan(&last)
 		if err != nil && err != sql.ErrNoRows {
 			return fmt.Errorf("read the plan of %s: %w", n.Name, err)
 		}
 		if last != d {
-			if err := ap.q.exec(`INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)`, n.Name, index, d, packPlan(body), cause, at); err != nil {
+			if err := ap.q.exec(`INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?)`, n.Name, index, d, text.pack(), cause, at); err != nil {
 				return err
 			}
 			if bound.Set {
@@ -1275,36 +1277,46 @@ func (ap *applier) recompose(cause string) error {
 	// alone (no other node's names moved), else the whole roster's.
 	var changes []NameChange
 	var added, removed []Name
+	var now Roster
 	if only != nil {
 		// theirs are the recomposed nodes' names before, mine after.
 		mine := roster
 		var theirs []Name
 		if by := s.rosterBy; by != nil && kept != nil && by.of == kept && !ap.rosterChanged {
 			theirs = by.theirNames(only)
-			roster = spliceNames(old, theirs, mine)
-			ap.rosterBy = by.edited(&ap.roster, only, mine)
+			// The rows of those nodes that stay stay where they are: the
+			// runs the others fall in are the only ones made anew.
+			added, removed = rosterDiff(theirs, mine)
+			now = old.spliced(removed, added)
+			ap.roster = &now
+			ap.rosterBy = by.edited(ap.roster, only, mine)
 			if checkComposition {
-				if err := checkSplice(old, only, mine, roster, theirs, ap.rosterBy); err != nil {
+				if err := checkSplice(old.Names(), only, mine, now, theirs, ap.rosterBy); err != nil {
 					return err
 				}
 			}
 		} else {
-			roster, theirs = replaceNames(old, only, mine)
+			var flat []Name
+			flat, theirs = replaceNames(old.Names(), only, mine)
+			now = NewRoster(flat)
+			added, removed = rosterDiff(theirs, mine)
 		}
-		changes = rosterChangesAmong(old, roster, theirs, mine)
-		added, removed = rosterDiff(theirs, mine)
+		changes = rosterChangesAmong(old, now, theirs, mine)
 	} else {
-		changes = RosterChanges(old, roster)
-		added, removed = rosterDiff(old, roster)
+		now = NewRoster(roster)
+		flatOld := old.Names()
+		changes = RosterChanges(flatOld, roster)
+		added, removed = rosterDiff(flatOld, roster)
 	}
 	if only != nil && checkComposition {
-		if err := ap.checkAgainstFull(in, only, roster); err != nil {
+		flat, flatOld := now.Names(), old.Names()
+		if err := ap.checkAgainstFull(in, only, flat); err != nil {
 			return err
 		}
-		if want := RosterChanges(old, roster); !slices.Equal(changes, want) {
+		if want := RosterChanges(flatOld, flat); !slices.Equal(changes, want) {
 			return fmt.Errorf("the roster's changes among the recomposed nodes %v differ from the whole roster's %v", changes, want)
 		}
-		if a, r := rosterDiff(old, roster); !slices.Equal(added, a) || !slices.Equal(removed, r) {
+		if a, r := rosterDiff(flatOld, flat); !slices.Equal(added, a) || !slices.Equal(removed, r) {
 			return fmt.Errorf("the roster's rows added %v and removed %v among the recomposed nodes differ from the whole roster's %v and %v", added, removed, a, r)
 		}
 	}
@@ -1332,9 +1344,9 @@ func (ap *applier) recompose(cause string) error {
 			return err
 		}
 	}
-	ap.roster = roster
-	if ap.rosterBy == nil {
-		ap.rosterBy = &rosterByNode{of: &ap.roster, by: splitByNode(roster)}
+	ap.roster = &now
+	if ap.rosterBy == nil || ap.rosterBy.of != ap.roster {
+		ap.rosterBy = &rosterByNode{of: ap.roster, by: splitByNode(now.All())}
 	}
 	// Drop parsed manifests that left the catalogue (a changed or removed
 	// module's, a refused module add's, a preview's) once they are an

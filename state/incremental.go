@@ -3,6 +3,7 @@ package state
 import (
 	"database/sql"
 	"fmt"
+	"iter"
 	"maps"
 	"os"
 	"slices"
@@ -283,14 +284,14 @@ func replaceNames(old []Name, only map[string]bool, mine []Name) (now, theirs []
 // the rows of the nodes it recomposed there instead of walking the whole
 // roster (replaceNames), and splices the roster (spliceNames).
 type rosterByNode struct {
-	of *[]Name
+	of *Roster
 	by map[string][]Name
 }
 
 // splitByNode is roster's rows split by node.
-func splitByNode(roster []Name) map[string][]Name {
+func splitByNode(roster iter.Seq[Name]) map[string][]Name {
 	by := map[string][]Name{}
-	for _, x := range roster {
+	for x := range roster {
 		by[x.Node] = append(by[x.Node], x)
 	}
 	return by
@@ -308,7 +309,7 @@ func (r *rosterByNode) theirNames(only map[string]bool) []Name {
 
 // edited is the index once the nodes in only have the rows mine (sorted),
 // for the roster now.
-func (r *rosterByNode) edited(now *[]Name, only map[string]bool, mine []Name) *rosterByNode {
+func (r *rosterByNode) edited(now *Roster, only map[string]bool, mine []Name) *rosterByNode {
 	by := maps.Clone(r.by)
 	for n := range only {
 		delete(by, n)
@@ -361,15 +362,24 @@ func spliceNames(old, theirs, mine []Name) []Name {
 // checkSplice compares what the index gave recompose with a walk of the
 // whole roster (checkComposition): the recomposed nodes' rows before, the
 // roster after, and the index after.
-func checkSplice(old []Name, only map[string]bool, mine, roster, theirs []Name, by *rosterByNode) error {
+func checkSplice(old []Name, only map[string]bool, mine []Name, spliced Roster, theirs []Name, by *rosterByNode) error {
 	want, wantTheirs := replaceNames(old, only, mine)
+	roster := spliced.Names()
+	if len(roster) != spliced.Len() {
+		return fmt.Errorf("the roster spliced says it holds %d names, it holds %d", spliced.Len(), len(roster))
+	}
+	for i, run := range spliced.Runs() {
+		if len(run) == 0 || len(run) > 2*rosterRun || cap(run) != len(run) {
+			return fmt.Errorf("run %d of the roster spliced holds %d names (capacity %d): runs hold 1 to %d", i, len(run), cap(run), 2*rosterRun)
+		}
+	}
 	if !slices.Equal(theirs, wantTheirs) {
 		return fmt.Errorf("the recomposed nodes' names by the index (%d) are not those of the roster (%d)", len(theirs), len(wantTheirs))
 	}
 	if !slices.Equal(roster, want) {
 		return fmt.Errorf("the roster spliced (%d names) is not the roster with the recomposed nodes' names replaced (%d)", len(roster), len(want))
 	}
-	split := splitByNode(roster)
+	split := splitByNode(slices.Values(roster))
 	if len(split) != len(by.by) {
 		return fmt.Errorf("the roster's index has %d nodes, the roster %d", len(by.by), len(split))
 	}
@@ -388,21 +398,15 @@ func checkSplice(old []Name, only map[string]bool, mine, roster, theirs []Name, 
 // removed, so each is looked up in the other roster by binary search
 // instead of putting both rosters in maps; the changes and their order
 // are RosterChanges's (TestRosterChangesAmong).
-func rosterChangesAmong(before, after, beforeMine, afterMine []Name) []NameChange {
-	has := func(r []Name, n Name) bool {
-		i := sort.Search(len(r), func(i int) bool {
-			return r[i].Name > n.Name || r[i].Name == n.Name && r[i].Address >= n.Address
-		})
-		return i < len(r) && r[i].Name == n.Name && r[i].Address == n.Address
-	}
+func rosterChangesAmong(before, after Roster, beforeMine, afterMine []Name) []NameChange {
 	var out []NameChange
 	for _, n := range afterMine {
-		if !has(before, n) {
+		if !before.has(n) {
 			out = append(out, NameChange{Op: "+", Name: n.Name, Address: n.Address, Node: n.Node})
 		}
 	}
 	for _, n := range beforeMine {
-		if !has(after, n) {
+		if !after.has(n) {
 			out = append(out, NameChange{Op: "-", Name: n.Name, Address: n.Address, Node: n.Node})
 		}
 	}

@@ -61,6 +61,7 @@ func TestIncrementalSeesHeldManifests(t *testing.T) {
 // rosters with names shared between nodes and addresses between names.
 func TestRosterChangesAmong(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(3, 4))
+	defer func(n int) { rosterRun = n }(rosterRun)
 	names := func(n int, nodes ...string) []Name {
 		var r []Name
 		for range n {
@@ -102,19 +103,58 @@ func TestRosterChangesAmong(t *testing.T) {
 		if !slices.Equal(after, want) || !slices.Equal(theirs, wantTheirs) {
 			t.Fatalf("%v with the names of %v replaced by %v: %v (theirs %v), want %v (theirs %v)", before, only, mine, after, theirs, want, wantTheirs)
 		}
-		// The same through the index of rows by node, and the index after.
-		var bk []Name = before
-		by := &rosterByNode{of: &bk, by: splitByNode(before)}
+		// The same through the index of rows by node, and the index after,
+		// on rosters cut into runs of one to a few names, and the roster
+		// spliced run by run.
+		rosterRun = []int{1, 2, 3, 5, 8, 256}[round%6]
+		bk := NewRoster(before)
+		by := &rosterByNode{of: &bk, by: splitByNode(slices.Values(before))}
 		byTheirs := by.theirNames(only)
 		spliced := spliceNames(before, byTheirs, mine)
 		if !slices.Equal(spliced, want) || !slices.Equal(byTheirs, wantTheirs) {
 			t.Fatalf("%v with the names of %v spliced by %v: %v (theirs %v), want %v (theirs %v)", before, only, mine, spliced, byTheirs, want, wantTheirs)
 		}
-		if err := checkSplice(before, only, mine, spliced, byTheirs, by.edited(&spliced, only, mine)); err != nil {
+		// Spliced twice: the second splice starts from runs a splice cut
+		// and joined.
+		roster := bk.spliced(byTheirs, mine)
+		if got := roster.Names(); !slices.Equal(got, want) {
+			t.Fatalf("runs of %d: %v with the names of %v spliced by %v: %v, want %v", rosterRun, before, only, mine, got, want)
+		}
+		if err := checkSplice(before, only, mine, roster, byTheirs, by.edited(&roster, only, mine)); err != nil {
 			t.Fatal(err)
 		}
-		if want := RosterChanges(before, after); !slices.Equal(rosterChangesAmong(before, after, theirs, mine), want) {
-			t.Fatalf("changes from %v to %v among %v: %v, want %v", before, after, only, rosterChangesAmong(before, after, theirs, mine), want)
+		back := roster.spliced(mine, byTheirs)
+		if got := back.Names(); !slices.Equal(got, before) {
+			t.Fatalf("runs of %d: %v spliced back: %v, want %v", rosterRun, want, got, before)
+		}
+		if err := checkSplice(want, only, byTheirs, back, mine, by); err != nil {
+			t.Fatal(err)
+		}
+		for i, run := range roster.Runs() {
+			if i > 0 && len(run) < rosterRun/4 && !slices.ContainsFunc(bk.Runs(), func(r []Name) bool { return RunsShared(r, run) }) {
+				t.Fatalf("runs of %d: a run the splice made holds %d names: %v", rosterRun, len(run), roster.Runs())
+			}
+		}
+		// What a reader finds in it: each name's rows, whether it holds a row.
+		for _, x := range append(slices.Clone(before), mine...) {
+			var rows, wantRows []Name
+			for r := range roster.Named(x.Name) {
+				rows = append(rows, r)
+			}
+			for _, r := range want {
+				if r.Name == x.Name {
+					wantRows = append(wantRows, r)
+				}
+			}
+			if !slices.Equal(rows, wantRows) {
+				t.Fatalf("runs of %d: the rows of %s in %v: %v, want %v", rosterRun, x.Name, roster.Runs(), rows, wantRows)
+			}
+			if got, wantHas := roster.has(x), slices.ContainsFunc(want, func(r Name) bool { return r.Name == x.Name && r.Address == x.Address }); got != wantHas {
+				t.Fatalf("runs of %d: %v holds %v: %v, want %v", rosterRun, roster.Runs(), x, got, wantHas)
+			}
+		}
+		if want := RosterChanges(before, after); !slices.Equal(rosterChangesAmong(NewRoster(before), NewRoster(after), theirs, mine), want) {
+			t.Fatalf("changes from %v to %v among %v: %v, want %v", before, after, only, rosterChangesAmong(NewRoster(before), NewRoster(after), theirs, mine), want)
 		}
 		added, removed := rosterDiff(theirs, mine)
 		var wantAdded, wantRemoved []Name
@@ -252,13 +292,16 @@ func TestSharedRosterStaysAsGiven(t *testing.T) {
 	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}})
 	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
 	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", incModules["db"][0]), spec("web.yaml", incModules["web"][1])}})
-	var given [][]Name
+	defer func(n int) { rosterRun = n }(rosterRun)
+	rosterRun = 2 // runs shared between rosters, and runs spliced
+	var given []Roster
 	var copies [][]Name
 	take := func() {
-		r, err := s.SharedRoster(ctx)
+		shared, err := s.SharedRoster(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
+		r := shared.Names()
 		want, err := s.Roster(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -269,7 +312,7 @@ func TestSharedRosterStaysAsGiven(t *testing.T) {
 		if s.roster.Load() == nil {
 			t.Fatal("the store keeps no roster: SharedRoster read the table")
 		}
-		given, copies = append(given, r), append(copies, slices.Clone(r))
+		given, copies = append(given, shared), append(copies, r)
 	}
 	take()
 	for _, r := range []Request{
@@ -289,8 +332,8 @@ func TestSharedRosterStaysAsGiven(t *testing.T) {
 		t.Fatalf("the commands moved no name: %v", copies[len(copies)-1])
 	}
 	for i := range given {
-		if !slices.Equal(given[i], copies[i]) {
-			t.Fatalf("the roster given after command %d changed since: %v, was %v", i, given[i], copies[i])
+		if !slices.Equal(given[i].Names(), copies[i]) {
+			t.Fatalf("the roster given after command %d changed since: %v, was %v", i, given[i].Names(), copies[i])
 		}
 	}
 }

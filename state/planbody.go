@@ -39,13 +39,20 @@ var planWriters = sync.Pool{New: func() any {
 
 // packPlan is how a plan's JSON is stored.
 func packPlan[T string | []byte](body T) []byte {
+	return packWith(func(w io.Writer) {
+		w.Write([]byte(body)) // no copy for a []byte
+	}, len(body))
+}
+
+// packWith is packPlan of what write writes (size bytes, if known).
+func packWith(write func(io.Writer), size int) []byte {
 	var b bytes.Buffer
-	b.Grow(len(body)/8 + 64)
+	b.Grow(size/8 + 64)
 	b.WriteByte(packedPlan)
 	w := planWriters.Get().(*flate.Writer)
 	w.Reset(&b)
 	// Writes to a bytes.Buffer do not fail.
-	w.Write([]byte(body)) // no copy for a []byte
+	write(w)
 	w.Close()
 	planWriters.Put(w)
 	return b.Bytes()

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"maps"
 
 	"mesh/state/manifest"
@@ -32,6 +33,7 @@ type keptResource struct {
 	secrets                                       map[string]string
 	src                                           *manifest.Resource
 	enc                                           []byte
+	gen                                           uint64 // keptPlan.gen
 }
 
 // keepResource is what planBody keeps of r, with its JSON enc.
@@ -61,12 +63,66 @@ func sameResource(a, b *Resource) bool {
 	return k.same(b)
 }
 
+// planText is a plan's JSON in pieces, never joined in the FSM: a node's
+// plan of 100 modules is 140 kB, and an assign that joined it into one
+// body to hash it and deflate it (and kept its resources' encodings as
+// slices of it, in a new array and map) allocated 0.35 MB, a quarter of
+// all it allocated; the collections that garbage brings slow the applies
+// they overlap two to four times (the slowest applies were those). whole
+// is set when the plan was encoded whole; else the text is head, the
+// encodings separated by commas, and tail.
+type planText struct {
+	whole, head, tail []byte
+	encs              [][]byte
+	size              int
+}
+
+// writeTo writes the text to w, which does not fail (a hash, a deflater
+// into a buffer).
+func (t *planText) writeTo(w io.Writer) {
+	if t.whole != nil {
+		w.Write(t.whole)
+		return
+	}
+	w.Write(t.head)
+	for i, enc := range t.encs {
+		if i > 0 {
+			w.Write(comma)
+		}
+		w.Write(enc)
+	}
+	w.Write(t.tail)
+}
+
+var comma = []byte{','}
+
+// bytes is the text joined (tests).
+func (t *planText) bytes() []byte {
+	var b bytes.Buffer
+	t.writeTo(&b)
+	return b.Bytes()
+}
+
+// digest is Plan.Digest's digest of the text.
+func (t *planText) digest() string {
+	h := sha256.New()
+	t.writeTo(h)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// pack is packPlan of the text.
+func (t *planText) pack() []byte {
+	return packWith(t.writeTo, t.size)
+}
+
 // planBody is p's JSON and its digest, as json.Marshal and Plan.Digest
 // give them, reusing the encodings of the resources p shares with node's
-// last plan encoded here. It keeps p's for the next; the caller holds
-// applyMu. Keeping is no promise that p is stored: an encoding is a
-// function of what it was encoded from, whatever the command's outcome.
-func (s *Store) planBody(p *Plan) (body []byte, digest string) {
+// last plan encoded here. It keeps p's for the next, editing what it kept
+// in place: a resource's encoding is its own allocation, kept until the
+// resource changes or leaves the plan. The caller holds applyMu. Keeping
+// is no promise that p is stored: an encoding is a function of what it
+// was encoded from, whatever the command's outcome.
+func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 	shell := *p
 	shell.Resources = []Resource{}
 	head, err := json.Marshal(&shell)
@@ -77,59 +133,59 @@ func (s *Store) planBody(p *Plan) (body []byte, digest string) {
 	prefix := append(append([]byte(`{"node":`), node...), `,"resources":[`...)
 	if !bytes.HasPrefix(head, prefix) || len(head) <= len(prefix) || head[len(prefix)] != ']' {
 		// Not the shape this splices into: encode it whole.
-		body, err = json.Marshal(p)
+		body, err := json.Marshal(p)
 		if err != nil {
 			panic(err)
 		}
-		return body, digestOf(body)
+		text = &planText{whole: body, size: len(body)}
+		return text, text.digest()
 	}
 	if s.encoded == nil {
-		s.encoded = map[string]map[*manifest.Resource]*keptResource{}
+		s.encoded = map[string]*keptPlan{}
 	}
-	before := s.encoded[p.Node]
-	// Each resource's JSON first, kept or encoded, so that the body is
-	// made once at its size (grown as it was written, it was copied twice
-	// for an assign's new resources).
-	encs := make([][]byte, len(p.Resources))
-	size := len(head) + len(p.Resources)
+	kept := s.encoded[p.Node]
+	if kept == nil {
+		kept = &keptPlan{of: make(map[*manifest.Resource]*keptResource, len(p.Resources))}
+		s.encoded[p.Node] = kept
+	}
+	kept.gen++
+	text = &planText{head: prefix, tail: head[len(prefix):], encs: make([][]byte, len(p.Resources)), size: len(head) + max(len(p.Resources)-1, 0)}
 	for i := range p.Resources {
 		r := &p.Resources[i]
-		if k, ok := before[r.src]; ok && k.same(r) {
-			encs[i] = k.enc
-		} else if encs[i], err = json.Marshal(r); err != nil {
+		k := kept.of[r.src]
+		if k != nil && k.same(r) {
+			text.encs[i] = k.enc
+			text.size += len(k.enc)
+			k.gen = kept.gen
+			continue
+		}
+		if text.encs[i], err = json.Marshal(r); err != nil {
 			panic(err)
 		}
-		size += len(encs[i])
-	}
-	body = make([]byte, 0, size)
-	body = append(body, prefix...)
-	type span struct{ start, end int }
-	spans := make([]span, len(p.Resources))
-	for i, enc := range encs {
-		if i > 0 {
-			body = append(body, ',')
-		}
-		start := len(body)
-		body = append(body, enc...)
-		spans[i] = span{start, len(body)}
-	}
-	body = append(body, head[len(prefix):]...)
-	// The kept encodings are slices of this body, which holds their only
-	// copy: the body before is let go. What is kept of the resources is
-	// one array (a map's value over 128 bytes is allocated apart, one
-	// allocation per resource).
-	after := make(map[*manifest.Resource]*keptResource, len(p.Resources))
-	kept := make([]keptResource, len(p.Resources))
-	for i := range p.Resources {
-		r := &p.Resources[i]
+		text.size += len(text.encs[i])
 		if r.src == nil {
 			continue
 		}
-		kept[i] = keepResource(r, body[spans[i].start:spans[i].end:spans[i].end])
-		after[r.src] = &kept[i]
+		if k == nil {
+			k = new(keptResource)
+			kept.of[r.src] = k
+		}
+		*k = keepResource(r, text.encs[i])
+		k.gen = kept.gen
 	}
-	s.encoded[p.Node] = after
-	return body, digestOf(body)
+	for src, k := range kept.of {
+		if k.gen != kept.gen {
+			delete(kept.of, src)
+		}
+	}
+	return text, text.digest()
+}
+
+// keptPlan is what planBody keeps of a node's last plan: its resources by
+// their declaration, each marked with the gen of the last plan it was in.
+type keptPlan struct {
+	of  map[*manifest.Resource]*keptResource
+	gen uint64
 }
 
 func digestOf(b []byte) string {

@@ -77,12 +77,23 @@ func TestPlanBodyIsMarshal(t *testing.T) {
 		}
 		for n, p := range out.Plans {
 			want, _ := json.Marshal(p)
-			got, d := s.planBody(p)
+			text, d := s.planBody(p)
+			got := text.bytes()
 			if string(got) != string(want) {
 				t.Fatalf("%s: %s's body\n got %s\nwant %s", step, n, got, want)
 			}
 			if d != p.Digest() {
 				t.Fatalf("%s: %s's digest %s, Plan.Digest %s", step, n, d, p.Digest())
+			}
+			if text.size != len(want) {
+				t.Fatalf("%s: %s's text says it is %d bytes, not %d", step, n, text.size, len(want))
+			}
+			packed := text.pack()
+			if back, err := unpackPlan(packed); err != nil || string(back) != string(want) {
+				t.Fatalf("%s: %s's packed text inflates to %q (%v)", step, n, back, err)
+			}
+			if string(packed) != string(packPlan(want)) {
+				t.Fatalf("%s: %s's text packed in pieces is not the body packed whole", step, n)
 			}
 		}
 	}

@@ -294,7 +294,7 @@ func (s *Store) Manifest(ctx context.Context, name string) (*manifest.Manifest, 
 // Roster reads the derived names.
 func (s *Store) Roster(ctx context.Context) ([]Name, error) {
 	if r := s.roster.Load(); r != nil {
-		return slices.Clone(*r), nil
+		return r.Names(), nil
 	}
 	return readRoster(ctx, s.db)
 }
@@ -304,12 +304,16 @@ func (s *Store) Roster(ctx context.Context) ([]Name, error) {
 // change (at 10,000 modules the copy was 0.5 MB per assign, and its
 // allocation, when the collector was marking, a part of the worst
 // answers' delay). The roster the store keeps is never changed: a command
-// that changes names keeps a new one (recompose).
-func (s *Store) SharedRoster(ctx context.Context) ([]Name, error) {
+// that changes names keeps a new one (recompose), which shares every run
+// of names its changes do not fall in with the one before (Roster), so a
+// reader that compares the two can step over those (the feed's
+// movedNames).
+func (s *Store) SharedRoster(ctx context.Context) (Roster, error) {
 	if r := s.roster.Load(); r != nil {
 		return *r, nil
 	}
-	return readRoster(ctx, s.db)
+	flat, err := readRoster(ctx, s.db)
+	return NewRoster(flat), err
 }
 
 func readRoster(ctx context.Context, q queryer) ([]Name, error) {

@@ -26,6 +26,7 @@ import (
 // are the assign figures.
 // bench/scale.sh runs it at several sizes and prints how each figure grows.
 func BenchmarkFleet(b *testing.B) {
+	defer benchRuns()()
 	for _, m := range []int{1000, 2500, 5000, 10000} {
 		b.Run(fmt.Sprintf("modules=%d", m), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
@@ -166,6 +167,7 @@ func fleet(b *testing.B, nodes, modules int) {
 // three nodes, 100 modules with one route each, assigned one at a time to
 // the second node. It is the CPU each replica spends per assign.
 func BenchmarkAssignSmallMesh(b *testing.B) {
+	defer benchRuns()()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		s := openStore(b)
@@ -207,6 +209,7 @@ func BenchmarkAssignSmallMesh(b *testing.B) {
 // host on its route, which makes the command of the format that checks the
 // rule on host names in the FSM (edgeFormat).
 func BenchmarkFleetProfile(b *testing.B) {
+	defer benchRuns()()
 	m, _ := strconv.Atoi(os.Getenv("MESH_PROFILE_MODULES"))
 	if m == 0 {
 		m = 10000

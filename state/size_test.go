@@ -22,6 +22,7 @@ import (
 // every tenth of the way, to show where they level off.
 // bench/statesize.sh runs it.
 func BenchmarkStateSize(b *testing.B) {
+	defer benchRuns()()
 	modules, commands := envInt(b, "MESH_STATE_MODULES", 10000), envInt(b, "MESH_STATE_COMMANDS", 100000)
 	for i := 0; i < b.N; i++ {
 		stateSize(b, 100, modules, commands)

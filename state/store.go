@@ -67,7 +67,7 @@ type Store struct {
 	// under applyMu, after a commit, and never changed in place: the FSM
 	// diffs against it and the resolver reads it after every change,
 	// instead of reading every row twice per command.
-	roster atomic.Pointer[[]Name]
+	roster atomic.Pointer[Roster]
 	// rosterBy is roster's rows by node, when it was built for the roster
 	// kept now (its of); under applyMu.
 	rosterBy *rosterByNode
@@ -76,7 +76,7 @@ type Store struct {
 	catPub atomic.Pointer[map[string]*manifest.Manifest]
 	// encoded is each node's last composed plan's resources with their JSON
 	// (planenc.go); under applyMu.
-	encoded map[string]map[*manifest.Resource]*keptResource
+	encoded map[string]*keptPlan
 	// ckpt, ckptStop and ckptDone drive the goroutine that checkpoints the
 	// write-ahead log (checkpoint.go); ckptRuns counts its checkpoints and
 	// ckptFrames is what the last one copied (under mu, for tests).

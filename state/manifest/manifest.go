@@ -971,8 +971,10 @@ func NestedMounts(ms []MountAt) []Nesting {
 }
 
 // mounts lists the manifest's mounts, typed.
-func (m *Manifest) mounts() []MountAt {
-	var out []MountAt
+func (m *Manifest) mounts() []MountAt { return m.AppendMounts(nil) }
+
+// AppendMounts appends the manifest's mounts, typed, to out.
+func (m *Manifest) AppendMounts(out []MountAt) []MountAt {
 	for i := range m.Resources {
 		r := &m.Resources[i]
 		for j, mt := range r.Typed.Mounts {
@@ -984,6 +986,15 @@ func (m *Manifest) mounts() []MountAt {
 
 // Mounts lists the manifest's mounts, typed, for checks across modules.
 func (m *Manifest) Mounts() []MountAt { return m.mounts() }
+
+// MountCount is len(m.Mounts()), without them.
+func (m *Manifest) MountCount() int {
+	n := 0
+	for i := range m.Resources {
+		n += len(m.Resources[i].Typed.Mounts)
+	}
+	return n
+}
 
 // CheckProviders checks what needs the catalogue: every binding and credential
 // names a module that exists, and a credential's provider accepts credentials.
