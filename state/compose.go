@@ -258,12 +258,29 @@ func ComposeNodes(in Input, only map[string]bool) Output {
 // (releasePlans), for the next composition's. A node of 100 modules has
 // 500 resources of 1.2 kB: an assign at 10,000 modules allocated 0.6 MB
 // for them, a quarter of its garbage.
-var resourceArrays sync.Pool // of *[]Resource
+//
+// They are kept in a list of their own, not a sync.Pool: a pool's Get
+// does not see what another processor's Put left in its private slot, and
+// the applying goroutine moves between the two processors of a small
+// node often enough that one assign in five allocated its array anew
+// (BenchmarkFleetProfile -benchmem). At most keptArrays are kept, emptied.
+var resourceArrays struct {
+	sync.Mutex
+	free [][]Resource
+}
+
+const keptArrays = 4
 
 // resourceArray is an empty array for n resources.
 func resourceArray(n int) []Resource {
-	if a, ok := resourceArrays.Get().(*[]Resource); ok && cap(*a) >= n {
-		return (*a)[:0]
+	resourceArrays.Lock()
+	defer resourceArrays.Unlock()
+	free := resourceArrays.free
+	for i := len(free) - 1; i >= 0; i-- {
+		if a := free[i]; cap(a) >= n {
+			resourceArrays.free = slices.Delete(free, i, i+1)
+			return a
+		}
 	}
 	return make([]Resource, 0, n+n/4) // room for the node's next modules
 }
@@ -275,9 +292,14 @@ func (out Output) releasePlans() {
 	for _, p := range out.Plans {
 		a := p.Resources[:cap(p.Resources)]
 		clear(a) // holds nothing of this plan alive
-		a = a[:0]
 		p.Resources = nil
-		resourceArrays.Put(&a)
+		resourceArrays.Lock()
+		if free := resourceArrays.free; len(free) < keptArrays {
+			resourceArrays.free = append(free, a[:0])
+		} else if i := slices.IndexFunc(free, func(f []Resource) bool { return cap(f) < cap(a) }); i >= 0 {
+			free[i] = a[:0] // the larger kept
+		}
+		resourceArrays.Unlock()
 	}
 }
 
@@ -287,7 +309,25 @@ func (out Output) releasePlans() {
 // is the instance that was there first; a module a move holds at phase
 // start is not its FROM's to provide.
 func groupAssignments(in Input, as []Assignment) (byNode, byModule map[string][]string) {
-	byNode, byModule = map[string][]string{}, map[string][]string{}
+	return groupByNode(in, as), groupByModule(in, as)
+}
+
+// groupByNode is groupAssignments's byNode: it does not depend on the
+// assignments' order (each node's modules are sorted by name).
+func groupByNode(in Input, as []Assignment) map[string][]string {
+	byNode := map[string][]string{}
+	for _, a := range as {
+		byNode[a.Node] = append(byNode[a.Node], a.Module)
+	}
+	for n, s := range byNode {
+		sort.Strings(s)
+		byNode[n] = providersFirst(s, in.Modules)
+	}
+	return byNode
+}
+
+// groupByModule is groupAssignments's byModule.
+func groupByModule(in Input, as []Assignment) map[string][]string {
 	as = slices.Clone(as)
 	sort.SliceStable(as, func(i, j int) bool {
 		if as[i].Seq != as[j].Seq {
@@ -295,18 +335,14 @@ func groupAssignments(in Input, as []Assignment) (byNode, byModule map[string][]
 		}
 		return as[i].Node < as[j].Node
 	})
+	byModule := map[string][]string{}
 	for _, a := range as {
-		byNode[a.Node] = append(byNode[a.Node], a.Module)
 		if in.Stopped[HeldKey{Node: a.Node, Module: a.Module}] == MoveStart {
 			continue // TO provides it now
 		}
 		byModule[a.Module] = append(byModule[a.Module], a.Node)
 	}
-	for n, s := range byNode {
-		sort.Strings(s)
-		byNode[n] = providersFirst(s, in.Modules)
-	}
-	return byNode, byModule
+	return byModule
 }
 
 // groupFor is groupAssignments for the nodes in only: their modules, and
@@ -327,7 +363,7 @@ func groupFor(in Input, only map[string]bool) (byNode, byModule map[string][]str
 			}
 		}
 	}
-	byNode, _ = groupAssignments(in, mine)
+	byNode = groupByNode(in, mine)
 	// The providers the composed nodes' bindings name, from the manifest
 	// each node composes (a rollout may hold the one before).
 	providers := map[string]bool{}
@@ -353,7 +389,7 @@ func groupFor(in Input, only map[string]bool) (byNode, byModule map[string][]str
 			theirs = append(theirs, a)
 		}
 	}
-	_, byModule = groupAssignments(in, theirs)
+	byModule = groupByModule(in, theirs)
 	return byNode, byModule
 }
 
@@ -366,11 +402,12 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 	// What the node's modules hold, to allocate each array once (they
 	// are a node's plan of 100 modules: growing them made a third of an
 	// assign's garbage).
-	size, nmounts := 0, 0
+	size, nmounts, nroutes := 0, 0, 0
 	for _, mod := range byNode[n.Name] {
 		if m := in.Modules[mod]; m != nil {
 			size += len(m.Resources)
 			nmounts += m.MountCount()
+			nroutes += len(m.Routes)
 		}
 	}
 	plan := &Plan{Node: n.Name, Resources: resourceArray(size), PublishAddress: in.publishAddress(n)}
@@ -389,7 +426,10 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		module string
 		port   int
 	}
-	routeOwner, hostOwner := map[string]string{}, map[string]hostUse{}
+	routeOwner, hostOwner := make(map[string]string, nroutes), make(map[string]hostUse, nroutes)
+	if nroutes > 0 {
+		plan.Routes = make([]Route, 0, nroutes) // nil again below if none is served
+	}
 	var routesFiles []int
 	mounts := make([]manifest.MountAt, 0, nmounts)
 
@@ -500,6 +540,9 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 				}
 			}
 		}
+	}
+	if len(plan.Routes) == 0 {
+		plan.Routes = nil // as a plan without routes always encoded
 	}
 	for _, c := range manifest.NestedMounts(mounts) {
 		if c.Outer.Module != c.Inner.Module {
@@ -614,24 +657,28 @@ func bindingContent(in Input, n Node, mod string, d manifest.Resource, nodes map
 // provider that fails makes its consumers wait), otherwise by name. A cycle
 // keeps name order.
 func providersFirst(mods []string, cat map[string]*manifest.Manifest) []string {
-	on := map[string]bool{}
+	// Each of mods is on the node, then being visited, then done.
+	const (
+		on = iota + 1
+		visiting
+		done
+	)
+	state := make(map[string]uint8, len(mods))
 	for _, m := range mods {
-		on[m] = true
+		state[m] = on
 	}
-	var out []string
-	done := map[string]bool{}
-	visiting := map[string]bool{}
+	out := make([]string, 0, len(mods))
 	var visit func(m string)
 	visit = func(m string) {
-		if done[m] || visiting[m] {
+		if state[m] != on {
 			return
 		}
-		visiting[m] = true
+		state[m] = visiting
 		if man, ok := cat[m]; ok {
 			var deps []string
 			for i := range man.Resources {
 				r := &man.Resources[i]
-				if k := r.Kind(); (k == manifest.KindBinding || k == manifest.KindCredential) && on[r.Provider] && r.Provider != m {
+				if k := r.Kind(); (k == manifest.KindBinding || k == manifest.KindCredential) && state[r.Provider] != 0 && r.Provider != m {
 					deps = append(deps, r.Provider)
 				}
 			}
@@ -640,8 +687,7 @@ func providersFirst(mods []string, cat map[string]*manifest.Manifest) []string {
 				visit(d)
 			}
 		}
-		visiting[m] = false
-		done[m] = true
+		state[m] = done
 		out = append(out, m)
 	}
 	for _, m := range mods {

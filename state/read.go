@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"mesh/state/manifest"
@@ -132,17 +133,24 @@ func readComposeNodes(ctx context.Context, q queryer) ([]Node, error) {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []Node
+	// Sized as the last read was, and each row read in place: every
+	// command reads the table, and growing it by appends of rows read
+	// apart was 130 kB of garbage per command in a fleet of 100 nodes.
+	out := make([]Node, 0, composeNodesRead.Load())
 	for rows.Next() {
-		var n Node
+		out = append(out, Node{})
+		n := &out[len(out)-1]
 		if err := rows.Scan(&n.Name, &n.Address, &n.PublicDomain, &n.Voter, &n.Port, &n.SealKey, &n.OverlayKey, &n.OverlayEndpoint, &n.OverlayAddress, &n.ACME.Directory, &n.ACME.Email, &n.ACME.CARoot); err != nil {
 			return nil, err
 		}
 		n.splitDomains()
-		out = append(out, n)
 	}
+	composeNodesRead.Store(int64(len(out)))
 	return out, rows.Err()
 }
+
+// composeNodesRead is how many nodes readComposeNodes read last.
+var composeNodesRead atomic.Int64
 
 // Nodes lists the nodes by name. It reads the table once per change of the
 // replica (notify forgets it): the peer API names every request's caller by
