@@ -16,10 +16,10 @@
 # resolver (real store, feed and dnsd server, asked over UDP on loopback)
 # answers the module's name, the index patched with the names that moved;
 # whole_*: the same with the index built whole after every change, in the
-# same run; apply_*: the apply alone. 100 assigns of each kind, the patched
-# ones first, once the resolver answers the fleet; the name is asked every
-# 0.25 ms until it is answered.
-# Usage: bash bench/scale.sh        (about five minutes; no root needed)
+# same run; apply_*: the apply alone. A tenth of the modules (at most 300)
+# are assigned in each kind, the patched ones first, once the resolver
+# answers the fleet; the name is asked every 0.25 ms until it is answered.
+# Usage: bash bench/scale.sh        (about two minutes; no root needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . contrib/lib.sh
