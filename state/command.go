@@ -80,7 +80,20 @@ const (
 // the two can tell a contrived batch apart by which clash it names or,
 // where a module takes a host's first claim from another, by whether it
 // is refused.
-const CommandVersion = 16
+// 17, a module add, an assign or an unassign of more than describedNames
+// modules (shortCauseFormat): its cause, kept with each version of a module
+// it adds, each plan it changes and each name it moves, names the first
+// describedNames files or modules and how many more. Format 16 named every
+// one: a module add of 2,000 modules that roll out kept 44 MB of causes
+// (22 kB for each module's version), and one of 10,000 would keep 1.1 GB.
+const CommandVersion = 17
+
+// shortCauseFormat is the format of a command whose cause lists at most
+// describedNames files or modules (causeAt).
+const shortCauseFormat = 17
+
+// describedNames is how many files or modules a cause names.
+const describedNames = 10
 
 // batchFormat is the format of an assign or an unassign of several modules.
 const batchFormat = 15
@@ -195,10 +208,10 @@ func NewCommand(r Request) *Command {
 // does not stays at its op's format, so a rolling upgrade can go on
 // assigning.
 func (r *AssignRequest) formatNeeded() int {
-	return max(sealedFormat(r.Secrets), iff(len(r.More) > 0, batchHostsFormat))
+	return max(sealedFormat(r.Secrets), iff(len(r.More) > 0, batchHostsFormat), iff(len(r.More)+1 > describedNames, shortCauseFormat))
 }
 func (r *ModuleAddRequest) formatNeeded() int {
-	v := sealedFormat(r.Secrets)
+	v := max(sealedFormat(r.Secrets), iff(len(r.Modules) > describedNames, shortCauseFormat))
 	for _, sp := range r.Modules {
 		v = max(v, specFormat(sp), iff(rollsOut(sp.Manifest), rolloutFormat))
 	}
@@ -413,7 +426,7 @@ func (r *UnassignRequest) All() []Assignment { return batch(r.Assignment, r.More
 // A purge needs format 12: an older replica would not record it, and its
 // state would differ from the others'.
 func (r *UnassignRequest) formatNeeded() int {
-	return max(iff(len(r.PurgeData) > 0, dataFormat), iff(len(r.More) > 0, batchFormat))
+	return max(iff(len(r.PurgeData) > 0, dataFormat), iff(len(r.More) > 0, batchFormat), iff(len(r.More)+1 > describedNames, shortCauseFormat))
 }
 
 // ReportRequest is what a node says it last applied.
@@ -467,6 +480,38 @@ func (r *ModuleAddRequest) describe() string {
 	}
 	sort.Strings(names)
 	return "mesh module add " + strings.Join(names, " ")
+}
+
+// causeAt is what a command of format v keeps as the cause of what it
+// changes: its description, whose list of files or modules is cut to
+// describedNames from shortCauseFormat on.
+func causeAt(req Request, v int) string {
+	if v < shortCauseFormat {
+		return req.describe()
+	}
+	switch r := req.(type) {
+	case *ModuleAddRequest:
+		var names []string
+		for _, m := range r.Modules {
+			names = append(names, m.File)
+		}
+		sort.Strings(names)
+		return "mesh module add " + listed(names)
+	case *AssignRequest:
+		return "mesh assign " + r.Node + " " + listed(append([]string{r.Module}, r.More...)) + rotations(r.Secrets)
+	case *UnassignRequest:
+		return "mesh unassign " + r.Node + " " + listed(append([]string{r.Module}, r.More...))
+	}
+	return req.describe()
+}
+
+// listed is names joined by spaces, the first describedNames of them and
+// how many more.
+func listed(names []string) string {
+	if len(names) <= describedNames {
+		return strings.Join(names, " ")
+	}
+	return strings.Join(names[:describedNames], " ") + fmt.Sprintf(" and %d more", len(names)-describedNames)
 }
 func (r *ModuleRemoveRequest) describe() string { return "mesh module remove " + r.Name }
 func (r *ModulePullRequest) describe() string   { return "mesh module pull " + r.Module }
