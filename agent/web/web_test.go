@@ -948,12 +948,18 @@ func TestFleetPagesAndFilters(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var texts []state.ModuleText
-	for j := range 250 {
-		texts = append(texts, state.ModuleText{File: fmt.Sprintf("w%04d.yaml", j), Text: strings.ReplaceAll(appManifest, "app", fmt.Sprintf("w%04d", j))})
-	}
-	if _, err := b.client.AddModules(ctx, api.AddRequest{Modules: texts}); err != nil {
-		t.Fatal(err)
+	// Ten modules a command: a module add of more is of format 17, which
+	// waits until every node is known to apply it, and these nodes never
+	// say (nor gave an overlay key, which only a binary of format 7 or
+	// later gives).
+	for from := 0; from < 250; from += 10 {
+		var texts []state.ModuleText
+		for j := from; j < from+10; j++ {
+			texts = append(texts, state.ModuleText{File: fmt.Sprintf("w%04d.yaml", j), Text: strings.ReplaceAll(appManifest, "app", fmt.Sprintf("w%04d", j))})
+		}
+		if _, err := b.client.AddModules(ctx, api.AddRequest{Modules: texts}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// One module on an unreachable node: it needs care, so it comes first.
 	if _, err := b.client.Assign(ctx, state.OpAssign, "d007", "w0200"); err != nil {
