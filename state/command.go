@@ -473,13 +473,14 @@ func (r *PublicDomainRequest) describe() string {
 	}
 	return "mesh node public-domain " + r.Node + " " + r.Domain
 }
-func (r *ModuleAddRequest) describe() string {
+func (r *ModuleAddRequest) describe() string { return r.describeWith(joined) }
+func (r *ModuleAddRequest) describeWith(list func([]string) string) string {
 	var names []string
 	for _, m := range r.Modules {
 		names = append(names, m.File)
 	}
 	sort.Strings(names)
-	return "mesh module add " + strings.Join(names, " ")
+	return "mesh module add " + list(names)
 }
 
 // causeAt is what a command of format v keeps as the cause of what it
@@ -489,24 +490,19 @@ func causeAt(req Request, v int) string {
 	if v < shortCauseFormat {
 		return req.describe()
 	}
-	switch r := req.(type) {
-	case *ModuleAddRequest:
-		var names []string
-		for _, m := range r.Modules {
-			names = append(names, m.File)
-		}
-		sort.Strings(names)
-		return "mesh module add " + listed(names)
-	case *AssignRequest:
-		return "mesh assign " + r.Node + " " + listed(append([]string{r.Module}, r.More...)) + rotations(r.Secrets)
-	case *UnassignRequest:
-		return "mesh unassign " + r.Node + " " + listed(append([]string{r.Module}, r.More...))
+	if r, ok := req.(interface {
+		describeWith(func([]string) string) string
+	}); ok {
+		return r.describeWith(listed)
 	}
 	return req.describe()
 }
 
+// joined is names joined by spaces: how a description lists them.
+func joined(names []string) string { return strings.Join(names, " ") }
+
 // listed is names joined by spaces, the first describedNames of them and
-// how many more.
+// how many more: how a cause of shortCauseFormat lists them.
 func listed(names []string) string {
 	if len(names) <= describedNames {
 		return strings.Join(names, " ")
@@ -515,11 +511,13 @@ func listed(names []string) string {
 }
 func (r *ModuleRemoveRequest) describe() string { return "mesh module remove " + r.Name }
 func (r *ModulePullRequest) describe() string   { return "mesh module pull " + r.Module }
-func (r *AssignRequest) describe() string {
-	return "mesh assign " + r.Node + " " + strings.Join(append([]string{r.Module}, r.More...), " ") + rotations(r.Secrets)
+func (r *AssignRequest) describe() string       { return r.describeWith(joined) }
+func (r *AssignRequest) describeWith(list func([]string) string) string {
+	return "mesh assign " + r.Node + " " + list(append([]string{r.Module}, r.More...)) + rotations(r.Secrets)
 }
-func (r *UnassignRequest) describe() string {
-	return "mesh unassign " + r.Node + " " + strings.Join(append([]string{r.Module}, r.More...), " ")
+func (r *UnassignRequest) describe() string { return r.describeWith(joined) }
+func (r *UnassignRequest) describeWith(list func([]string) string) string {
+	return "mesh unassign " + r.Node + " " + list(append([]string{r.Module}, r.More...))
 }
 func (r *ReportRequest) describe() string      { return "report of " + r.Report.Node }
 func (r *TokenRotateRequest) describe() string { return "mesh token --rotate" }

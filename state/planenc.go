@@ -188,11 +188,6 @@ type keptPlan struct {
 	gen uint64
 }
 
-func digestOf(b []byte) string {
-	d := sha256.Sum256(b)
-	return hex.EncodeToString(d[:])
-}
-
 // forgetEncoded drops the kept encodings of the nodes not in nodes.
 func (s *Store) forgetEncoded(nodes []Node) {
 	keep := map[string]bool{}

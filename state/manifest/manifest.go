@@ -805,7 +805,7 @@ func (m *Manifest) check(p *positions) Errors {
 			}
 			r.Typed = t
 		}
-		for _, c := range NestedMounts(m.mounts()) {
+		for _, c := range NestedMounts(m.AppendMounts(nil)) {
 			add(p.at(c.Inner.Resource, "mounts", c.Inner.Index), "%s", c)
 		}
 	}
@@ -971,8 +971,6 @@ func NestedMounts(ms []MountAt) []Nesting {
 }
 
 // mounts lists the manifest's mounts, typed.
-func (m *Manifest) mounts() []MountAt { return m.AppendMounts(nil) }
-
 // AppendMounts appends the manifest's mounts, typed, to out.
 func (m *Manifest) AppendMounts(out []MountAt) []MountAt {
 	for i := range m.Resources {
@@ -985,7 +983,7 @@ func (m *Manifest) AppendMounts(out []MountAt) []MountAt {
 }
 
 // Mounts lists the manifest's mounts, typed, for checks across modules.
-func (m *Manifest) Mounts() []MountAt { return m.mounts() }
+func (m *Manifest) Mounts() []MountAt { return m.AppendMounts(nil) }
 
 // MountCount is len(m.Mounts()), without them.
 func (m *Manifest) MountCount() int {
