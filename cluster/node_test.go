@@ -27,8 +27,14 @@ func testLogger(t testing.TB) *slog.Logger { return testutil.Logger(t) }
 
 func initDir(t testing.TB, store string) string {
 	t.Helper()
+	return initVoters(t, store, 0)
+}
+
+// initVoters is initDir for a mesh of that many voters (0: the default).
+func initVoters(t testing.TB, store string, voters int) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "node")
-	err := Init(context.Background(), InitConfig{DataDir: dir, Name: "ace", Address: "127.0.0.1", Port: freePort(t), LogStore: store})
+	err := Init(context.Background(), InitConfig{DataDir: dir, Name: "ace", Address: "127.0.0.1", Port: freePort(t), LogStore: store, Voters: voters})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,8 +198,15 @@ func joinToken(t testing.TB, m *Member) string {
 
 func twoNodes(t *testing.T) (a, b *Member) {
 	t.Helper()
+	return twoNodesVoting(t, 0)
+}
+
+// twoNodesVoting is twoNodes in a mesh of that many voters: with 1, novox
+// stays a non-voter, and ace keeps its quorum when novox stops.
+func twoNodesVoting(t *testing.T, voters int) (a, b *Member) {
+	t.Helper()
 	ctx := context.Background()
-	a = startAgent(t, initDir(t, LogStoreWAL))
+	a = startAgent(t, initVoters(t, LogStoreWAL, voters))
 	t.Cleanup(func() { a.Stop() })
 	waitLeader(t, a)
 	token := joinToken(t, a)

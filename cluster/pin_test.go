@@ -83,9 +83,13 @@ func waitKey(t *testing.T, m *Member, name, want string) {
 // refused by Raft and by the peer API once the node's key is recorded; the
 // node's own certificate goes on working. A node that joins again, with a
 // new key, is let in with that one, and its old one is refused.
+//
+// novox does not vote: it stops below, and with two voters ace would lose its
+// quorum (and step down while novox joins again) whenever novox was promoted
+// first.
 func TestPinnedCertificateKey(t *testing.T) {
 	ctx := context.Background()
-	a, b := twoNodes(t)
+	a, b := twoNodesVoting(t, 1)
 	waitKey(t, a, "ace", CertKey(a.Node.tls.current().Leaf))
 	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
 	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
