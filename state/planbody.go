@@ -2,13 +2,14 @@ package state
 
 import (
 	"bytes"
-	"compress/flate"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
 	"sync"
+
+	"github.com/klauspost/compress/flate"
 )
 
 // How state.db keeps a plan's body (issue "scale", item 4). A plan version
@@ -32,6 +33,12 @@ const packedPlan = 'z'
 // the test of the bound.)
 var maxPlanBody = 64 << 20
 
+// The deflater is klauspost/compress's, not the standard library's: its
+// level 1 deflates a plan of 100 modules (164 kB) in about half the time
+// (0.28-0.31 against 0.54-0.57 ms on the machine of 2026-12-05), into 4 %
+// fewer bytes (BenchmarkPlanDeflaters); at 10,000 modules the standard one
+// took a seventh of an assign. Its stream is plain DEFLATE, which any
+// inflater reads (an older binary's too: TestPlanBodyPacking).
 var planWriters = sync.Pool{New: func() any {
 	w, _ := flate.NewWriter(nil, flate.BestSpeed)
 	return w
