@@ -52,7 +52,8 @@ func (c *JoinCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err = agent.Join(ctx, agent.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore, OverlayPort: c.OverlayPort, Replace: c.Replace})
+	err = agent.Join(ctx, agent.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore, OverlayPort: c.OverlayPort, Replace: c.Replace,
+		Note: func(msg string) { fmt.Fprintln(os.Stderr, "mesh: "+msg) }})
 	if err != nil {
 		return err
 	}

@@ -258,6 +258,40 @@ type JoinConfig struct {
 	OverlayPort int
 	// Replace takes the place of a node of that name that has run.
 	Replace bool
+	// Note, if set, hears what the join waits for (a change of leader).
+	Note func(string)
+}
+
+// joinWait bounds how long a join goes on trying while the mesh has no
+// leader (a variable for tests).
+var joinWait = 45 * time.Second
+
+// joinThroughElections is joinClient, tried again while the mesh has no
+// leader or changes leader under the join (a commit the leader lost, a
+// leader that stepped down before it added the node to Raft): the leader
+// admits the same request (name, address, key) again as the same node,
+// so a join that was half applied completes instead of leaving the operator
+// an error that says it may or may not have been. Any other error ends it.
+func joinThroughElections(ctx context.Context, note func(string), peer string, tok Token, req JoinRequest) (JoinReply, error) {
+	start, wait := time.Now(), 250*time.Millisecond
+	for try := 1; ; try++ {
+		rep, err := joinClient(ctx, peer, tok, req)
+		if err == nil || !errors.Is(err, ErrNoLeader) {
+			return rep, err
+		}
+		if time.Since(start)+wait > joinWait {
+			return rep, fmt.Errorf("%w (tried %d times over %s; the mesh's voters may be down: mesh status on one of them shows)", err, try, time.Since(start).Round(time.Second))
+		}
+		if note != nil {
+			note(fmt.Sprintf("the mesh has no leader for the moment (%v); trying again", err))
+		}
+		select {
+		case <-ctx.Done():
+			return rep, fmt.Errorf("%w (tried %d times)", err, try)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 // Join admits this data dir into an existing mesh: it proves the token to a
@@ -305,7 +339,7 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 	if err != nil {
 		return err
 	}
-	rep, err := joinClient(ctx, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient(), Commands: state.CommandVersion, Replace: cfg.Replace,
+	rep, err := joinThroughElections(ctx, cfg.Note, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient(), Commands: state.CommandVersion, Replace: cfg.Replace,
 		OverlayKey: wk.Public(), OverlayEndpoint: netip.AddrPortFrom(addr, uint16(cfg.OverlayPort)).String()})
 	if err != nil {
 		return fmt.Errorf("join through %s: %w", peer, err)

@@ -316,6 +316,7 @@ func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
 	cancel()
 	if n.raft.State() == raft.Leader {
 		rep, err = n.admit(r.Context(), req)
+		err = leaderLostUnder(err)
 	} else {
 		// Any node admits: it hands the request to the leader, as a member.
 		var addr string
@@ -335,6 +336,17 @@ func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// leaderLostUnder is an error of admit's, of kind no-leader when this node
+// stopped leading under the join (a commit it lost, a Raft change it may
+// no longer make): the joiner tries again (joinThroughElections), and the
+// next leader admits the same request.
+func leaderLostUnder(err error) error {
+	if errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader) {
+		return fmt.Errorf("%w: %w", ErrNoLeader, err)
+	}
+	return err
 }
 
 // admit runs on the leader: it checks the token, records the node, signs its
