@@ -26,7 +26,7 @@ echo "$out" | awk '
 	as[++n] = a
 }
 END {
-	split("commit-p50-ms commit-p99-ms all-answer-p50-ms all-answer-p99-ms one-answer-p50-ms leader-cpu-ms/op leader-kB/op leader-idle-kB/s leader-idle-cores fleet-idle-cores rss-p50-MB rss-max-MB failover-write-ms failover-caught-up-ms", keys, " ")
+	split("commit-p50-ms commit-p99-ms all-answer-p50-ms all-answer-p99-ms one-answer-p50-ms leader-cpu-ms/op leader-kB/op leader-idle-kB/s leader-idle-cores fleet-idle-cores rss-p50-MB rss-max-MB failover-write-ms failover-caught-up-ms elections-forming elections-measured", keys, " ")
 	for (i = 1; i <= n; i++) { a = as[i]; line = sprintf("fleet agents=%d", a)
 		for (k = 1; k in keys; k++) line = line sprintf(" %s=%s", keys[k], v[a, keys[k]])
 		print line }
