@@ -50,7 +50,9 @@ func (c *JoinCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Attempts start for 45 s while the mesh has no leader, and each may
+	// take 30 s: the last ends within the 2 minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	err = agent.Join(ctx, agent.JoinConfig{DataDir: g.dir(), Peer: c.Peer, Token: token, Name: c.Name, Address: c.Address, Port: c.Port, LogStore: c.LogStore, OverlayPort: c.OverlayPort, Replace: c.Replace,
 		Note: func(msg string) { fmt.Fprintln(os.Stderr, "mesh: "+msg) }})

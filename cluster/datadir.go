@@ -262,8 +262,9 @@ type JoinConfig struct {
 	Note func(string)
 }
 
-// joinWait bounds how long a join goes on trying while the mesh has no
-// leader (a variable for tests).
+// joinWait bounds how long a join goes on starting attempts while the mesh
+// has no leader; the last may take joinClient's 30 s more, within the 2
+// minutes `mesh join` gives it (a variable for tests).
 var joinWait = 45 * time.Second
 
 // joinThroughElections is joinClient, tried again while the mesh has no
@@ -283,7 +284,7 @@ func joinThroughElections(ctx context.Context, note func(string), peer string, t
 			return rep, fmt.Errorf("%w (tried %d times over %s; the mesh's voters may be down: mesh status on one of them shows)", err, try, time.Since(start).Round(time.Second))
 		}
 		if note != nil {
-			note(fmt.Sprintf("the mesh has no leader for the moment (%v); trying again", err))
+			note(fmt.Sprintf("the mesh has no leader for the moment (an election, or a leader that stepped down under the join); trying the same join again (attempt %d)", try+1))
 		}
 		select {
 		case <-ctx.Done():

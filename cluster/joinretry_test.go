@@ -59,7 +59,7 @@ func TestJoinWaitsOutAnElection(t *testing.T) {
 	}()
 	select {
 	case n := <-notes:
-		if !strings.Contains(n, "no leader") || !strings.Contains(n, "trying again") {
+		if !strings.Contains(n, "no leader") || !strings.Contains(n, "trying the same join again") {
 			t.Fatalf("what the join says while it waits: %q", n)
 		}
 	case err := <-done:

@@ -209,7 +209,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	// the first leader still led after four of four (one election in each
 	// of the two counted). The lease does not slow a failover: the
 	// followers' own heartbeat timeout starts the election.
-	rc.LeaderLeaseTimeout = 500 * time.Millisecond
+	rc.LeaderLeaseTimeout = heartbeatTimeout // at most that, or NewRaft refuses
 	rc.CommitTimeout = commitTimeout
 	rc.SnapshotThreshold = 2048
 	rc.TrailingLogs = 4096

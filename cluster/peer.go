@@ -352,15 +352,6 @@ func leaderLostUnder(err error) error {
 // admit runs on the leader: it checks the token, records the node, signs its
 // certificate and adds it to Raft as a non-voter (promoted once it runs).
 func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
-	// What it reads must be what the mesh committed: a leader just elected
-	// may not yet have applied its predecessor's last commits, among them
-	// this node's row from a join its predecessor lost leadership under,
-	// which the joiner sends again; read without the barrier, the row was
-	// missing, and the node added again was refused as already in the
-	// mesh (bench/fleet.sh at 50 agents).
-	if err := n.Linearize(ctx); err != nil {
-		return JoinReply{}, err
-	}
 	id, err := n.store.Identity(ctx)
 	if err != nil {
 		return JoinReply{}, err
@@ -380,6 +371,16 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 	}
 	if !nodeNameRE.MatchString(req.Name) || net.ParseIP(req.Address) == nil || req.Port <= 0 || req.Port > 65535 {
 		return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "join needs a node name (a DNS label), an IP address and a port"}
+	}
+	// What it reads from here on must be what the mesh committed: a leader
+	// just elected may not yet have applied its predecessor's last
+	// commits, among them this node's row from a join its predecessor lost
+	// leadership under, which the joiner sends again; read without the
+	// barrier, the row was missing, and the node added again was refused
+	// as already in the mesh (bench/fleet.sh at 50 agents). After the
+	// token's checks: only a token holder makes the leader write.
+	if err := n.Linearize(ctx); err != nil {
+		return JoinReply{}, err
 	}
 	settings, err := n.store.Settings(ctx)
 	if err != nil {

@@ -399,16 +399,22 @@ func inNetns(ns string, cmd *exec.Cmd) *exec.Cmd {
 // run runs a mesh command (as the bed's user) and fails the test on error.
 func (a *agent) run(args ...string) string {
 	a.h.t.Helper()
+	out, err := a.try(args...)
+	if err != nil {
+		a.h.t.Fatalf("mesh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// try runs a mesh command (as given), killed after 2 minutes, and returns
+// its output and how it ended.
+func (a *agent) try(args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := a.command(args...)
 	ctxCmd := exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
 	ctxCmd.Env, ctxCmd.Dir = cmd.Env, cmd.Dir
-	out, err := ctxCmd.CombinedOutput()
-	if err != nil {
-		a.h.t.Fatalf("mesh %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return ctxCmd.CombinedOutput()
 }
 
 func (a *agent) mesh(args ...string) string { return a.run(append(args, "--data-dir", a.n.dir)...) }
