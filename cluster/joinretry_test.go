@@ -21,16 +21,10 @@ import (
 // at 47 agents).
 func TestJoinWaitsOutAnElection(t *testing.T) {
 	ctx := context.Background()
-	a := startAgent(t, initDir(t, LogStoreWAL))
-	t.Cleanup(func() { a.Stop() })
-	waitLeader(t, a)
+	a, b := twoNodes(t)
 	token := joinToken(t, a)
 	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
-	dirB := filepath.Join(t.TempDir(), "novox")
-	if err := Join(ctx, JoinConfig{DataDir: dirB, Peer: addr, Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t)}); err != nil {
-		t.Fatal(err)
-	}
-	b := startAgent(t, dirB)
+	dirB := b.Node.cfg.TLSDir // novox's data dir
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if v, _ := a.Node.Voters(); v == 2 {
 			break

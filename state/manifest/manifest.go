@@ -805,7 +805,7 @@ func (m *Manifest) check(p *positions) Errors {
 			}
 			r.Typed = t
 		}
-		for _, c := range NestedMounts(m.AppendMounts(nil)) {
+		for _, c := range NestedMounts(m.Mounts()) {
 			add(p.at(c.Inner.Resource, "mounts", c.Inner.Index), "%s", c)
 		}
 	}
@@ -970,7 +970,6 @@ func NestedMounts(ms []MountAt) []Nesting {
 	return out
 }
 
-// mounts lists the manifest's mounts, typed.
 // AppendMounts appends the manifest's mounts, typed, to out.
 func (m *Manifest) AppendMounts(out []MountAt) []MountAt {
 	for i := range m.Resources {
