@@ -78,7 +78,7 @@ func (a *Agent) serveWeb() error {
 	}
 	// Connections are bounded as at the resolver's TCP port: each held
 	// open costs a descriptor, and anybody on the network reaches the port.
-	bounds := connlimit.New(webMaxConns, webMaxConnsPerSource)
+	bounds := connlimit.NewByNetwork(webMaxConns, webMaxConnsPerSource)
 	ln = &connlimit.Listener{Listener: ln, Bounds: bounds, TurnedAway: func(src netip.Addr, open int) {
 		a.log.Warn("web page: connection turned away (logged once a minute at most)", "from", src, "open_from_it", open, "max_per_source", bounds.PerSource, "max", bounds.Total)
 	}}

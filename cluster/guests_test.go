@@ -2,13 +2,69 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
+
+// lockedBuffer is a log's output, written from the node's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *lockedBuffer) count(s string) int { return strings.Count(l.String(), s) }
+
+// Anybody reaching the node port can offer Raft's protocol without a
+// node's certificate, as often as it can make a handshake: each is
+// refused, and the log hears of it once a minute at most (each was a
+// line before, which a loop of handshakes turned into a full disk).
+func TestRaftRefusalsDoNotFillTheLog(t *testing.T) {
+	var out lockedBuffer
+	a, err := StartMember(MemberConfig{DataDir: initDir(t, LogStoreWAL), Version: "test",
+		Logger: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Stop() })
+	waitLeader(t, a)
+	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	const tries = 20
+	for i := range tries {
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnRaft}})
+		if err != nil {
+			t.Fatalf("handshake %d: %v", i, err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		// The node closes it once refused (after it logged, if it did).
+		if n, err := c.Read(make([]byte, 1)); err == nil || strings.Contains(err.Error(), "timeout") {
+			t.Fatalf("a raft connection without a certificate: read %d bytes, %v; want it closed", n, err)
+		}
+		c.Close()
+	}
+	if n := out.count("refused a raft connection"); n != 1 {
+		t.Fatalf("%d refusals logged %d times, want once:\n%s", tries, n, out.String())
+	}
+}
 
 // guest opens a connection to the node port from the loopback address from,
 // without a certificate, and asks for the CA on it; it returns the
@@ -171,4 +227,69 @@ func TestStalledDownloadsLoseTheirSlot(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// A guest that sends a join's body a byte at a time loses its place once
+// joinBodyTime has passed: the port has no read timeout of its own (the
+// API's streams outlive any), and such guests held every place for as long
+// as they liked.
+func TestSlowJoinBodyLosesItsPlace(t *testing.T) {
+	old := joinBodyTime
+	joinBodyTime = time.Second
+	t.Cleanup(func() { joinBodyTime = old })
+	a := startAgent(t, initDir(t, LogStoreWAL))
+	t.Cleanup(func() { a.Stop() })
+	waitLeader(t, a)
+	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/join HTTP/1.1\r\nHost: mesh\r\nContent-Length: 1000\r\n\r\n{")
+	answered := make(chan error, 1)
+	go func() {
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				err = fmt.Errorf("answered %s, want 400", resp.Status)
+			}
+		}
+		answered <- err
+	}()
+	start := time.Now()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+trickle:
+	for {
+		select {
+		case err := <-answered:
+			if err != nil {
+				t.Fatalf("the slow join: %v", err)
+			}
+			break trickle
+		case <-tick.C:
+			if time.Since(start) > 8*time.Second {
+				t.Fatal("a join's body sent a byte every 100 ms was still read after 8 s")
+			}
+			c.Write([]byte(" "))
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); a.Node.mux.guests.Open() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d guests still open after the slow join was answered", a.Node.mux.guests.Open())
+		}
+	}
+}
+
+// The read deadline bounds a join's body, not the join: with joinBodyTime
+// far below what admitting a node takes, a join still completes. (In a
+// trial without the lift, admit slowed by 100 ms, the join completed too
+// and its context was not cancelled; the deadline is lifted all the same.)
+func TestJoinOutlastsItsBodyTime(t *testing.T) {
+	old := joinBodyTime
+	joinBodyTime = 5 * time.Millisecond
+	t.Cleanup(func() { joinBodyTime = old })
+	twoNodes(t) // fails if novox's join does
 }

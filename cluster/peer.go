@@ -208,6 +208,11 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, applyReply{Error: notLeaderMsg, Kind: "not-leader"})
 		return
 	}
+	if err := n.speaksForItself(r, c); err != nil {
+		n.log.Warn("refused a forwarded command", "peer", n.peerName(r), "op", c.Op, "err", err)
+		writeJSON(w, http.StatusForbidden, applyReply{Error: err.Error(), Kind: kindOf(err)})
+		return
+	}
 	timeout := ApplyTimeout
 	if d, ok := r.Context().Deadline(); ok {
 		timeout = time.Until(d)
@@ -222,6 +227,52 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 		rep.Error, rep.Kind = err.Error(), kindOf(err)
 	}
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// speaksForItself refuses a forwarded command in which a node says, of
+// another node, what only that node may say of itself: its report, its
+// sealing key, its overlay key, its certificate's key. A node of the mesh
+// may propose any operator's command, but the voters seal the CA key and
+// the join secret to the sealing keys the state names, so a non-voter
+// that named its own key as a voter's would come to hold both (a
+// non-voter holds neither: cluster/DESIGN.md); a certificate key named for
+// a voter would have every peer refuse it, and quorum go. The one command
+// of that kind a node proposes for another is the certificate key of a
+// node it admits (pinCert), which a voter that led forwards when it lost
+// the lead under the join: taken from a voter.
+func (n *Node) speaksForItself(r *http.Request, c *state.Command) error {
+	switch c.Op {
+	case (&state.ReportRequest{}).Op(), (&state.NodeKeyRequest{}).Op(), (&state.NodeOverlayRequest{}).Op(), (&state.NodeCertRequest{}).Op():
+	default:
+		return nil // not decoded twice: a restore is up to 320 MiB
+	}
+	req, err := c.Request()
+	if err != nil {
+		return nil // what the leader cannot read, commit refuses, saying why
+	}
+	var about string
+	switch x := req.(type) {
+	case *state.ReportRequest:
+		about = x.Report.Node
+	case *state.NodeKeyRequest:
+		about = x.Node
+	case *state.NodeOverlayRequest:
+		about = x.Node
+	case *state.NodeCertRequest:
+		about = x.Node
+	default:
+		return nil
+	}
+	peer := n.peerName(r)
+	if about == peer {
+		return nil
+	}
+	if _, cert := req.(*state.NodeCertRequest); cert {
+		if me, err := n.store.Node(r.Context(), peer); err == nil && me.Voter {
+			return nil
+		}
+	}
+	return &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("node %s may not send a %s for node %s: only a node says that of itself", peer, c.Op, about)}
 }
 
 // leaderAddr is the leader's address, or an error saying there is none.
@@ -301,14 +352,35 @@ func (n *Node) forward(ctx context.Context, c *state.Command) (uint64, error) {
 	return rep.Index, nil
 }
 
+// joinBodyTime bounds the reading of a join's request: the port serves
+// guests without a read timeout (the API's streams outlive any), and a
+// guest that sent its body a byte at a time held its place for as long
+// as it liked (a variable for tests).
+var joinBodyTime = 10 * time.Second
+
 func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(joinBodyTime))
 	var req JoinRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+	body := io.LimitReader(r.Body, 1<<20)
+	err := json.NewDecoder(body).Decode(&req)
+	if err == nil {
+		// The rest (nothing but space) too: the server reads what a
+		// handler left before it answers, and must not wait for it
+		// without the deadline.
+		_, err = io.Copy(io.Discard, body)
+	}
+	if err != nil {
+		// The deadline stays: what is left is read under it, and the
+		// connection closed.
 		writeJSON(w, http.StatusBadRequest, applyReply{Error: "bad join request: " + err.Error(), Kind: "invalid"})
 		return
 	}
+	// Lifted once read: it bounds the body only, not the admit (which can
+	// take seconds in an election, and has its own bounds) nor the
+	// server's read for a closed connection that runs meanwhile.
+	rc.SetReadDeadline(time.Time{})
 	var rep JoinReply
-	var err error
 	// A join sent the moment the first agent starts finds no leader yet:
 	// wait for the election, within the write deadline.
 	wctx, cancel := context.WithTimeout(r.Context(), LeaderWait)

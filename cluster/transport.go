@@ -35,15 +35,19 @@ const (
 
 // mux accepts TLS connections and hands each to Raft or the API.
 type mux struct {
-	ln      net.Listener
-	tls     *nodeTLS
-	member  func(name string, cert *x509.Certificate) bool
-	raftCh  chan net.Conn
-	api     *chanListener
-	guests  *guests
-	log     *slog.Logger
-	once    sync.Once
-	closing chan struct{}
+	ln     net.Listener
+	tls    *nodeTLS
+	member func(name string, cert *x509.Certificate) bool
+	raftCh chan net.Conn
+	api    *chanListener
+	guests *guests
+	// refusedRaft throttles the warning for a Raft connection refused:
+	// anybody reaching the port can offer Raft's protocol without a
+	// node's certificate, as often as it can handshake.
+	refusedRaft connlimit.Throttle
+	log         *slog.Logger
+	once        sync.Once
+	closing     chan struct{}
 }
 
 func newMux(ln net.Listener, t *nodeTLS, member func(string, *x509.Certificate) bool, log *slog.Logger) *mux {
@@ -94,7 +98,9 @@ func (m *mux) route(c *tls.Conn) {
 	case alpnRaft:
 		name, err := m.tls.verifyPeer(st.PeerCertificates)
 		if err != nil || !m.member(name, st.PeerCertificates[0]) {
-			m.log.Warn("refused a raft connection", "from", c.RemoteAddr(), "peer", name, "err", err)
+			if m.refusedRaft.Now() {
+				m.log.Warn("refused a raft connection (logged once a minute at most)", "from", c.RemoteAddr(), "peer", name, "err", err)
+			}
 			c.Close()
 			return
 		}
@@ -301,7 +307,7 @@ type guests struct {
 }
 
 func newGuests(total, perSource int) *guests {
-	return &guests{Bounds: connlimit.New(total, perSource), conns: map[net.Conn]netip.Addr{}}
+	return &guests{Bounds: connlimit.NewByNetwork(total, perSource), conns: map[net.Conn]netip.Addr{}}
 }
 
 // admit counts c in if the bounds allow it; it returns how many its source

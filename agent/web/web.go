@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"mesh/cluster/api"
+	"mesh/internal/connlimit"
 )
 
 //go:embed templates/*.html static/*
@@ -71,6 +72,10 @@ type Server struct {
 	static     http.Handler
 	mux        *http.ServeMux
 	log        *slog.Logger
+	// crossSiteLogins throttles the warning for a login from another
+	// site: anybody reaching the port can send one, and it comes before
+	// the failed-login limit.
+	crossSiteLogins connlimit.Throttle
 }
 
 // New makes the page's server.
@@ -303,7 +308,12 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
 	if !sameOrigin(r, s.cfg.TLS) {
-		s.refuse(w, r, http.StatusForbidden, "refused: the request came from another site")
+		// Anybody reaching the port can send this, as often as it likes,
+		// before the failed-login limit: a guesser cannot fill the log.
+		if s.crossSiteLogins.Now() {
+			s.log.Warn("web login refused: the request came from another site (logged once a minute at most)", "from", r.RemoteAddr)
+		}
+		http.Error(w, "refused: the request came from another site", http.StatusForbidden)
 		return
 	}
 	id, _, ok, limited := s.access.exchange(r.PostFormValue("token"), remoteAddr(r))

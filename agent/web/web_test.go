@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -1099,5 +1100,56 @@ func TestScriptRequestsDoNotKeepTheSession(t *testing.T) {
 	b.clock.add(half)
 	if code, _ := other.get("/"); code != 200 {
 		t.Fatalf("a session used %s ago: %d", half, code)
+	}
+}
+
+// capturedLog is a log's output, written from the server's goroutines.
+type capturedLog struct {
+	mu  sync.Mutex
+	out strings.Builder
+}
+
+func (l *capturedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.out.Write(p)
+}
+
+func (l *capturedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.out.String()
+}
+
+// A login from another site comes before the failed-login limit, and
+// anybody reaching the port can send it: refused each time, it is logged
+// once a minute at most (each was a warning, which a loop of requests
+// turned into a full log).
+func TestCrossSiteLoginsDoNotFillTheLog(t *testing.T) {
+	b := startBed(t)
+	var out capturedLog
+	w, err := New(Config{Client: b.client, Changed: b.member.Store.Changed, Applied: b.member.Store.AppliedIndex, URL: "http://mesh.test",
+		Logger: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelWarn})), Now: b.clock.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(w)
+	defer srv.Close()
+	const tries = 20
+	for i := range tries {
+		req, _ := http.NewRequest("POST", srv.URL+"/login", strings.NewReader(url.Values{"token": {"guess"}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Sec-Fetch-Site", "cross-site")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("cross-site login %d: %s, want 403", i, resp.Status)
+		}
+	}
+	if n := strings.Count(out.String(), "web login refused"); n != 1 {
+		t.Fatalf("%d cross-site logins logged %d times, want once:\n%s", tries, n, out.String())
 	}
 }

@@ -18,8 +18,10 @@ type Bounds struct {
 	mu   sync.Mutex
 	open int
 	by   map[netip.Addr]int
-	// warned is when WarnNow last said yes (unix ns).
-	warned atomic.Int64
+	// v6Bits, when set, counts an IPv6 source by its prefix of that
+	// length (NewByNetwork).
+	v6Bits int
+	warn   Throttle
 }
 
 // New bounds connections to total in all and perSource from one address.
@@ -27,16 +29,40 @@ func New(total, perSource int) *Bounds {
 	return &Bounds{Total: total, PerSource: perSource, by: map[netip.Addr]int{}}
 }
 
+// NewByNetwork is New counting an IPv6 source by its /64: one host
+// commonly holds a whole /64, and counted by address it could hold every
+// place with a few of them. Where the clients are strangers that one
+// network does not share (a web page, guests at the node port); not for
+// the resolver, whose clients are the node's containers.
+func NewByNetwork(total, perSource int) *Bounds {
+	b := New(total, perSource)
+	b.v6Bits = 64
+	return b
+}
+
+// source is what src is counted as.
+func (b *Bounds) source(src netip.Addr) netip.Addr {
+	if b.v6Bits == 0 || !src.Is6() {
+		return src
+	}
+	p, err := src.Prefix(b.v6Bits)
+	if err != nil {
+		return src
+	}
+	return p.Addr()
+}
+
 // Take counts a connection from src in if both bounds allow it; it returns
-// how many src had open before.
+// how many src (its network, for NewByNetwork) had open before.
 func (b *Bounds) Take(src netip.Addr) (int, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n := b.by[src]
+	key := b.source(src)
+	n := b.by[key]
 	if n >= b.PerSource || b.open >= b.Total {
 		return n, false
 	}
-	b.by[src] = n + 1
+	b.by[key] = n + 1
 	b.open++
 	return n, true
 }
@@ -46,9 +72,10 @@ func (b *Bounds) Take(src netip.Addr) (int, bool) {
 func (b *Bounds) Give(src netip.Addr) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	key := b.source(src)
 	b.open--
-	if b.by[src]--; b.by[src] <= 0 {
-		delete(b.by, src)
+	if b.by[key]--; b.by[key] <= 0 {
+		delete(b.by, key)
 	}
 }
 
@@ -61,10 +88,20 @@ func (b *Bounds) Open() int {
 
 // WarnNow says whether to log a connection turned away: once a minute at
 // most, so that a flood does not flood the log too.
-func (b *Bounds) WarnNow() bool {
+func (b *Bounds) WarnNow() bool { return b.warn.Now() }
+
+// Throttle says yes at most once a minute: what a log line anybody on the
+// network can cause is written through, so that a flood does not fill the
+// log. The zero value is ready.
+type Throttle struct {
+	last atomic.Int64 // when Now last said yes (unix ns)
+}
+
+// Now says whether to log now.
+func (t *Throttle) Now() bool {
 	now := time.Now().UnixNano()
-	last := b.warned.Load()
-	return now-last > int64(time.Minute) && b.warned.CompareAndSwap(last, now)
+	last := t.last.Load()
+	return now-last > int64(time.Minute) && t.last.CompareAndSwap(last, now)
 }
 
 // Source is the address a connection comes from (IPv4 in IPv6 unmapped);

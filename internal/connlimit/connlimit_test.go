@@ -45,6 +45,43 @@ func TestBounds(t *testing.T) {
 	}
 }
 
+// NewByNetwork counts the addresses of one IPv6 /64 as one source (one
+// host can use any of them), IPv4 and other /64s apart; New counts each
+// address.
+func TestBoundsByNetwork(t *testing.T) {
+	a1, a2, a3 := netip.MustParseAddr("2001:db8:1:2::1"), netip.MustParseAddr("2001:db8:1:2:ffff::9"), netip.MustParseAddr("2001:db8:1:2:1:2:3:4")
+	other, v4 := netip.MustParseAddr("2001:db8:1:3::1"), netip.MustParseAddr("10.0.0.1")
+	b := NewByNetwork(10, 2)
+	for i, c := range []struct {
+		src  netip.Addr
+		open int
+		ok   bool
+	}{
+		{a1, 0, true}, {a2, 1, true}, {a3, 2, false}, // one /64: two in all
+		{other, 0, true}, {v4, 0, true}, {v4, 1, true}, {v4, 2, false},
+	} {
+		if open, ok := b.Take(c.src); open != c.open || ok != c.ok {
+			t.Fatalf("take %d from %s: %d %v, want %d %v", i, c.src, open, ok, c.open, c.ok)
+		}
+	}
+	b.Give(a2) // given back by another address of the /64
+	if _, ok := b.Take(a3); !ok {
+		t.Fatal("a place the /64 gave back was not taken again")
+	}
+	for _, src := range []netip.Addr{a1, a3, other, v4, v4} {
+		b.Give(src)
+	}
+	if b.Open() != 0 || len(b.by) != 0 {
+		t.Fatalf("after giving all back: open %d, by %v", b.Open(), b.by)
+	}
+	per := New(10, 2)
+	for _, src := range []netip.Addr{a1, a2, a3} {
+		if _, ok := per.Take(src); !ok {
+			t.Fatalf("New counted %s with the other addresses of its /64", src)
+		}
+	}
+}
+
 // The listener turns away what is over a bound, at once, and gives a
 // place back when its connection closes.
 func TestListener(t *testing.T) {

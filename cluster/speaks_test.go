@@ -1,0 +1,70 @@
+package cluster
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"mesh/internal/seal"
+	"mesh/state"
+)
+
+// A node of the mesh may forward any operator's command, but not one that
+// says, of another node, what only that node says of itself. A non-voter
+// that gave a voter a sealing key of its own would have the voters seal the
+// CA key and the join secret to it (a non-voter holds neither); a report,
+// an overlay key or a certificate key for another node are refused alike,
+// and the state keeps what it had. Its own report still goes through.
+func TestForwardedCommandsSpeakForTheirNode(t *testing.T) {
+	a, b := twoNodesVoting(t, 1) // ace leads and votes; novox does not
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	before, err := a.Store.Node(ctx, "ace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.SealKey == "" {
+		t.Fatal("ace has no sealing key in the state")
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := b.Node.leaderAddr(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("novox knows no leader after 10 s")
+		}
+	}
+	mine, err := seal.LoadOrCreate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range []state.Request{
+		&state.NodeKeyRequest{Node: "ace", SealKey: mine.Recipient()},
+		&state.ReportRequest{Report: state.Report{Node: "ace", Version: 1, AppliedAt: time.Now()}},
+		&state.NodeOverlayRequest{Node: "ace", Key: strings.Repeat("ab", 32), Endpoint: "127.0.0.2:51820", Prefix: state.DefaultOverlay},
+		&state.NodeCertRequest{Node: "ace", Expires: time.Now().Add(time.Hour), Key: strings.Repeat("cd", 32)},
+	} {
+		c := state.NewCommand(req)
+		c.Time = time.Now().UTC()
+		_, err := b.Node.forward(ctx, c)
+		if err == nil || !strings.Contains(err.Error(), "only a node says that of itself") {
+			t.Errorf("novox forwarded a %s for ace: %v, want it refused", req.Op(), err)
+		}
+	}
+	after, err := a.Store.Node(ctx, "ace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.SealKey != before.SealKey || after.CertKey != before.CertKey || after.OverlayKey != before.OverlayKey {
+		t.Fatalf("ace's keys changed: sealing %q -> %q, certificate %q -> %q, overlay %q -> %q", before.SealKey, after.SealKey, before.CertKey, after.CertKey, before.OverlayKey, after.OverlayKey)
+	}
+	if reps, err := a.Store.Reports(ctx); err != nil || reps["ace"].Version == 1 {
+		t.Fatalf("ace's report after novox's was refused: %+v, %v", reps["ace"], err)
+	}
+	own := state.NewCommand(&state.ReportRequest{Report: state.Report{Node: "novox", Version: 1, AppliedAt: time.Now()}})
+	own.Time = time.Now().UTC()
+	if _, err := b.Node.forward(ctx, own); err != nil {
+		t.Fatalf("novox's own report: %v", err)
+	}
+}
