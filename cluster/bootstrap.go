@@ -35,6 +35,11 @@ const (
 var binaryChunkTime = 15 * time.Second
 
 func (n *Node) serveCA(w http.ResponseWriter, r *http.Request) {
+	if hasBody(r) {
+		boundRest(w)
+		http.Error(w, "a GET of the CA has no body", http.StatusBadRequest)
+		return
+	}
 	b, _ := pem.Decode(n.tls.caPEM())
 	if b == nil {
 		http.Error(w, "this node has no CA certificate", http.StatusInternalServerError)
@@ -45,6 +50,11 @@ func (n *Node) serveCA(w http.ResponseWriter, r *http.Request) {
 }
 
 func (n *Node) serveBinary(w http.ResponseWriter, r *http.Request) {
+	if hasBody(r) {
+		boundRest(w)
+		http.Error(w, "a GET of the binary has no body", http.StatusBadRequest)
+		return
+	}
 	src := netip.Addr{}
 	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
 		src = ap.Addr().Unmap()

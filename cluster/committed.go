@@ -146,6 +146,7 @@ const noticeTimeout = time.Second
 func (n *Node) serveCommitted(w http.ResponseWriter, r *http.Request) {
 	from := n.peerName(r)
 	if from == "" {
+		boundRest(w)
 		http.Error(w, "a certificate of a current node of this mesh is required", http.StatusForbidden)
 		return
 	}

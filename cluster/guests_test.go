@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -229,11 +231,13 @@ func TestStalledDownloadsLoseTheirSlot(t *testing.T) {
 	}
 }
 
-// A guest that sends a join's body a byte at a time loses its place once
-// joinBodyTime has passed: the port has no read timeout of its own (the
-// API's streams outlive any), and such guests held every place for as long
-// as they liked.
-func TestSlowJoinBodyLosesItsPlace(t *testing.T) {
+// A guest that sends a request's body a byte at a time loses its place
+// once joinBodyTime has passed, whether the handler reads the body (a
+// join) or answers first and leaves the server to read the rest (a GET
+// with a body, a member's route refused): the port has no read timeout of
+// its own (the API's streams outlive any), and such guests held every
+// place for as long as they liked.
+func TestSlowBodiesLoseTheirPlace(t *testing.T) {
 	old := joinBodyTime
 	joinBodyTime = time.Second
 	t.Cleanup(func() { joinBodyTime = old })
@@ -241,45 +245,64 @@ func TestSlowJoinBodyLosesItsPlace(t *testing.T) {
 	t.Cleanup(func() { a.Stop() })
 	waitLeader(t, a)
 	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
-	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	fmt.Fprintf(c, "POST /v1/join HTTP/1.1\r\nHost: mesh\r\nContent-Length: 1000\r\n\r\n{")
-	answered := make(chan error, 1)
-	go func() {
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusBadRequest {
-				err = fmt.Errorf("answered %s, want 400", resp.Status)
-			}
-		}
-		answered <- err
-	}()
-	start := time.Now()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-trickle:
-	for {
-		select {
-		case err := <-answered:
+	for _, c := range []struct {
+		request string
+		status  int
+	}{
+		{"POST /v1/join", http.StatusBadRequest},
+		{"GET /v1/ca", http.StatusBadRequest},
+		{"GET /v1/binary", http.StatusBadRequest},
+		{"POST /v1/apply", http.StatusForbidden},
+		{"POST /v1/committed", http.StatusForbidden},
+	} {
+		t.Run(strings.ReplaceAll(c.request, "/", "_"), func(t *testing.T) {
+			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})
 			if err != nil {
-				t.Fatalf("the slow join: %v", err)
+				t.Fatal(err)
 			}
-			break trickle
-		case <-tick.C:
-			if time.Since(start) > 8*time.Second {
-				t.Fatal("a join's body sent a byte every 100 ms was still read after 8 s")
+			defer conn.Close()
+			fmt.Fprintf(conn, "%s HTTP/1.1\r\nHost: mesh\r\nContent-Length: 1000\r\n\r\n{", c.request)
+			answered := make(chan error, 1)
+			go func() {
+				br := bufio.NewReader(conn)
+				resp, err := http.ReadResponse(br, nil)
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != c.status {
+						err = fmt.Errorf("answered %s, want %d", resp.Status, c.status)
+					} else if _, err = br.ReadByte(); err == nil {
+						err = errors.New("the connection stayed open after the answer")
+					} else {
+						err = nil // closed
+					}
+				}
+				answered <- err
+			}()
+			start := time.Now()
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case err := <-answered:
+					if err != nil {
+						t.Fatal(err)
+					}
+				case <-tick.C:
+					if time.Since(start) > 8*time.Second {
+						t.Fatal("a body sent a byte every 100 ms was still read after 8 s")
+					}
+					conn.Write([]byte(" "))
+					continue
+				}
+				break
 			}
-			c.Write([]byte(" "))
-		}
-	}
-	for deadline := time.Now().Add(5 * time.Second); a.Node.mux.guests.Open() != 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d guests still open after the slow join was answered", a.Node.mux.guests.Open())
-		}
+			for deadline := time.Now().Add(5 * time.Second); a.Node.mux.guests.Open() != 0; time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d guests still open after the answer", a.Node.mux.guests.Open())
+				}
+			}
+		})
 	}
 }
 

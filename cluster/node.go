@@ -222,7 +222,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
 	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, seal: sk, logs: closer, log: log, live: liveness{seen: map[string]Seen{}},
-		downloads: connlimit.NewByNetwork(maxBinaryDownloads, maxBinaryDownloadsPerSrc),
+		downloads: connlimit.New(maxBinaryDownloads, maxBinaryDownloadsPerSrc),
 		stop:      stop, logStore: logStore, catchUpWake: make(chan struct{}, 1)}
 	n.catchingUp.Add(1)
 	go func() { defer n.catchingUp.Done(); n.catchUp() }()

@@ -132,6 +132,7 @@ func (n *Node) peerHandler() http.Handler {
 	member := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			if n.peerName(r) == "" {
+				boundRest(w)
 				http.Error(w, "a certificate of a current node of this mesh is required", http.StatusForbidden)
 				return
 			}
@@ -230,25 +231,32 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 }
 
 // speaksForItself refuses a forwarded command in which a node says, of
-// another node, what only that node may say of itself: its report, its
-// sealing key, its overlay key, its certificate's key. A node of the mesh
-// may propose any operator's command, but the voters seal the CA key and
-// the join secret to the sealing keys the state names, so a non-voter
-// that named its own key as a voter's would come to hold both (a
-// non-voter holds neither: cluster/DESIGN.md); a certificate key named for
-// a voter would have every peer refuse it, and quorum go. The one command
-// of that kind a node proposes for another is the certificate key of a
-// node it admits (pinCert), which a voter that led forwards when it lost
-// the lead under the join: taken from a voter.
+// another node, what only that node may say of itself (its report, its
+// sealing key, its overlay key, its certificate's key), or one that only a
+// voter proposes (a node's admission, a new CA, the CA key and the join
+// secret sealed again). A node of the mesh may propose any operator's
+// command, but the voters seal the CA key and the join secret to the
+// sealing keys the state gives its voters: a non-voter that named its own
+// key as a voter's, or added a voter of its own with it, would come to hold
+// both (a non-voter holds neither: cluster/DESIGN.md); a certificate key
+// named for a voter would have every peer refuse it, and quorum go. The
+// one such command a voter proposes for another node is the admission of
+// a joiner and the pinning of its certificate's key (admit), which the
+// leader forwards when it lost the lead under the join.
 func (n *Node) speaksForItself(r *http.Request, c *state.Command) error {
 	switch c.Op {
-	case (&state.ReportRequest{}).Op(), (&state.NodeKeyRequest{}).Op(), (&state.NodeOverlayRequest{}).Op(), (&state.NodeCertRequest{}).Op():
+	case state.OpReport, state.OpNodeKey, state.OpNodeOverlay, state.OpNodeCert, state.OpNodeAdd, state.OpCARotate, state.OpSeal:
 	default:
 		return nil // not decoded twice: a restore is up to 320 MiB
 	}
 	req, err := c.Request()
 	if err != nil {
 		return nil // what the leader cannot read, commit refuses, saying why
+	}
+	peer := n.peerName(r)
+	voter := func() bool {
+		me, err := n.store.Node(r.Context(), peer)
+		return err == nil && me.Voter
 	}
 	var about string
 	switch x := req.(type) {
@@ -259,18 +267,25 @@ func (n *Node) speaksForItself(r *http.Request, c *state.Command) error {
 	case *state.NodeOverlayRequest:
 		about = x.Node
 	case *state.NodeCertRequest:
+		if x.Node != peer && voter() {
+			return nil
+		}
 		about = x.Node
+	case *state.NodeAddRequest, *state.CARotateRequest:
+		if voter() {
+			return nil
+		}
+		return &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("node %s may not send a %s: only a voter does (a node joins with mesh join; mesh ca rotate runs on a voter)", peer, c.Op)}
+	case *state.SealRequest:
+		if x.CAKey == nil && x.JoinSecret == nil && x.CANextKey == nil || voter() {
+			return nil
+		}
+		return &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("node %s may not seal the CA key or the join secret: only a voter does", peer)}
 	default:
 		return nil
 	}
-	peer := n.peerName(r)
 	if about == peer {
 		return nil
-	}
-	if _, cert := req.(*state.NodeCertRequest); cert {
-		if me, err := n.store.Node(r.Context(), peer); err == nil && me.Voter {
-			return nil
-		}
 	}
 	return &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("node %s may not send a %s for node %s: only a node says that of itself", peer, c.Op, about)}
 }
@@ -352,15 +367,26 @@ func (n *Node) forward(ctx context.Context, c *state.Command) (uint64, error) {
 	return rep.Index, nil
 }
 
-// joinBodyTime bounds the reading of a join's request: the port serves
-// guests without a read timeout (the API's streams outlive any), and a
-// guest that sent its body a byte at a time held its place for as long
-// as it liked (a variable for tests).
+// joinBodyTime bounds the reading of a guest's request body: the port
+// serves without a read timeout (the API's streams outlive any), and a
+// guest that sent a body a byte at a time held its place for as long as
+// it liked (a variable for tests).
 var joinBodyTime = 10 * time.Second
 
+// boundRest bounds, by joinBodyTime from now, the reading of what a
+// request still holds: a handler that answers a guest before reading its
+// body (a refusal, a GET) leaves the server to read the rest before it
+// answers, and it would wait for a trickle without end.
+func boundRest(w http.ResponseWriter) {
+	http.NewResponseController(w).SetReadDeadline(time.Now().Add(joinBodyTime))
+}
+
+// hasBody says r comes with a body (a guest's GET must not).
+func hasBody(r *http.Request) bool { return r.ContentLength != 0 || len(r.TransferEncoding) > 0 }
+
 func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
+	boundRest(w)
 	rc := http.NewResponseController(w)
-	rc.SetReadDeadline(time.Now().Add(joinBodyTime))
 	var req JoinRequest
 	body := io.LimitReader(r.Body, 1<<20)
 	err := json.NewDecoder(body).Decode(&req)

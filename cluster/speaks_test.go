@@ -11,7 +11,8 @@ import (
 )
 
 // A node of the mesh may forward any operator's command, but not one that
-// says, of another node, what only that node says of itself. A non-voter
+// says, of another node, what only that node says of itself, nor one only
+// a voter proposes. A non-voter
 // that gave a voter a sealing key of its own would have the voters seal the
 // CA key and the join secret to it (a non-voter holds neither); a report,
 // an overlay key or a certificate key for another node are refused alike,
@@ -51,6 +52,23 @@ func TestForwardedCommandsSpeakForTheirNode(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "only a node says that of itself") {
 			t.Errorf("novox forwarded a %s for ace: %v, want it refused", req.Op(), err)
 		}
+	}
+	// What only a voter proposes: a node's admission (a voter of its own,
+	// with its key), a new CA, the CA key or the join secret sealed again.
+	for _, req := range []state.Request{
+		&state.NodeAddRequest{Node: state.Node{Name: "ghost", Address: "127.0.0.9", Port: 9, Voter: true, SealKey: mine.Recipient()}},
+		&state.CARotateRequest{NextCert: "x", NextKey: &state.VoterSecret{}},
+		&state.SealRequest{JoinSecret: &state.VoterSecret{}},
+	} {
+		c := state.NewCommand(req)
+		c.Time = time.Now().UTC()
+		_, err := b.Node.forward(ctx, c)
+		if err == nil || !strings.Contains(err.Error(), "only a voter does") {
+			t.Errorf("novox forwarded a %s: %v, want it refused", req.Op(), err)
+		}
+	}
+	if _, err := a.Store.Node(ctx, "ghost"); err == nil {
+		t.Fatal("novox added a node")
 	}
 	after, err := a.Store.Node(ctx, "ace")
 	if err != nil {

@@ -413,7 +413,11 @@ func generator(s reconciler.Spec) *specgen.SpecGenerator {
 	}
 	if s.LogMaxSize > 0 {
 		// The k8s-file log: conmon cuts it when it would pass the bound.
-		g.LogConfiguration = &specgen.LogConfig{Size: s.LogMaxSize}
+		// Named, not left to Podman's default: on a host that runs
+		// systemd that is journald, which takes no bound, so a container
+		// that writes without end filled the journal (and pushed the
+		// agent's own lines out of it).
+		g.LogConfiguration = &specgen.LogConfig{Driver: "k8s-file", Size: s.LogMaxSize}
 	}
 	g.User = s.User
 	g.WorkDir = s.WorkingDir

@@ -35,6 +35,17 @@ func TestGeneratorCarriesTheComposeKeys(t *testing.T) {
 		}
 	}
 
+	// A bounded log is k8s-file's, whatever Podman's default driver (on a
+	// host with systemd, journald, which takes no bound).
+	logged := generator(reconciler.Spec{Image: "b:2", LogMaxSize: 1 << 20})
+	if l := logged.LogConfiguration; l == nil || l.Driver != "k8s-file" || l.Size != 1<<20 {
+		t.Fatalf("log configuration: %+v", logged.LogConfiguration)
+	}
+	b, _ = json.Marshal(logged)
+	if !strings.Contains(string(b), `"log_configuration":{"driver":"k8s-file","size":1048576}`) {
+		t.Errorf("the request's log configuration: %s", b)
+	}
+
 	// Memory and a pids limit together: one set of limits with both.
 	both := generator(reconciler.Spec{Image: "b:2", Memory: 64 << 20, PidsLimit: 100})
 	if l := both.ResourceLimits; l == nil || l.Memory == nil || *l.Memory.Limit != 64<<20 || l.Pids == nil || l.Pids.Limit != 100 {

@@ -47,6 +47,10 @@ type pathState struct {
 	mode    uint32 // permission, setuid, setgid and sticky bits
 }
 
+// lookBetween, when set (tests), runs between look's stat and its open:
+// where a hostile container swaps the file.
+var lookBetween func(path string)
+
 // look says what is at path, following no link. A link anywhere is a
 // *safefs.LinkError; a kind other than directory or regular file is an error.
 func look(path string) (pathState, error) {
@@ -78,6 +82,9 @@ func look(path string) (pathState, error) {
 	default:
 		return ps, fmt.Errorf("%s exists and is neither a directory nor a regular file; move it aside", path)
 	}
+	if lookBetween != nil {
+		lookBetween(path)
+	}
 	fd, err := unix.Openat(dfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) {
@@ -87,6 +94,18 @@ func look(path string) (pathState, error) {
 	}
 	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
+	// What was opened is what was looked at: a container with the parent
+	// mounted writable can swap a FIFO in between, and a FIFO it holds
+	// open and never writes to kept this read, and the node's reconcile
+	// loop, waiting for good.
+	var fst unix.Stat_t
+	if err := unix.Fstat(fd, &fst); err != nil {
+		return ps, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if fst.Mode&unix.S_IFMT != unix.S_IFREG || fst.Dev != st.Dev || fst.Ino != st.Ino {
+		return ps, fmt.Errorf("%s changed while it was read (a regular file was replaced); it is looked at again at the next apply", path)
+	}
+	ps.uid, ps.gid, ps.mode = int(fst.Uid), int(fst.Gid), fst.Mode&0o7777
 	b, err := io.ReadAll(io.LimitReader(f, maxFile+1))
 	if err != nil {
 		return ps, fmt.Errorf("read %s: %w", path, err)

@@ -31,9 +31,11 @@ func New(total, perSource int) *Bounds {
 
 // NewByNetwork is New counting an IPv6 source by its /64: one host
 // commonly holds a whole /64, and counted by address it could hold every
-// place with a few of them. Where the clients are strangers that one
-// network does not share (a web page, guests at the node port); not for
-// the resolver, whose clients are the node's containers.
+// place with a few of them. For ports strangers reach (the web page,
+// guests at the node port), at the price that the machines of one /64
+// share a source's places (a browser holds one to a few connections, a
+// join one for a moment); not for the resolver, whose clients are the
+// node's containers, nor for the binary's downloads, one per source.
 func NewByNetwork(total, perSource int) *Bounds {
 	b := New(total, perSource)
 	b.v6Bits = 64
