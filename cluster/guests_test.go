@@ -2,48 +2,26 @@ package cluster
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"mesh/internal/testutil"
 )
-
-// lockedBuffer is a log's output, written from the node's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *lockedBuffer) count(s string) int { return strings.Count(l.String(), s) }
 
 // Anybody reaching the node port can offer Raft's protocol without a
 // node's certificate, as often as it can make a handshake: each is
 // refused, and the log hears of it once a minute at most (each was a
 // line before, which a loop of handshakes turned into a full disk).
 func TestRaftRefusalsDoNotFillTheLog(t *testing.T) {
-	var out lockedBuffer
-	a, err := StartMember(MemberConfig{DataDir: initDir(t, LogStoreWAL), Version: "test",
-		Logger: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	logger, out := testutil.NewLog()
+	a, err := StartMember(MemberConfig{DataDir: initDir(t, LogStoreWAL), Version: "test", Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +41,7 @@ func TestRaftRefusalsDoNotFillTheLog(t *testing.T) {
 		}
 		c.Close()
 	}
-	if n := out.count("refused a raft connection"); n != 1 {
+	if n := out.Count("refused a raft connection"); n != 1 {
 		t.Fatalf("%d refusals logged %d times, want once:\n%s", tries, n, out.String())
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -1103,33 +1102,14 @@ func TestScriptRequestsDoNotKeepTheSession(t *testing.T) {
 	}
 }
 
-// capturedLog is a log's output, written from the server's goroutines.
-type capturedLog struct {
-	mu  sync.Mutex
-	out strings.Builder
-}
-
-func (l *capturedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.out.Write(p)
-}
-
-func (l *capturedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.out.String()
-}
-
 // A login from another site comes before the failed-login limit, and
 // anybody reaching the port can send it: refused each time, it is logged
 // once a minute at most (each was a warning, which a loop of requests
 // turned into a full log).
 func TestCrossSiteLoginsDoNotFillTheLog(t *testing.T) {
 	b := startBed(t)
-	var out capturedLog
-	w, err := New(Config{Client: b.client, Changed: b.member.Store.Changed, Applied: b.member.Store.AppliedIndex, URL: "http://mesh.test",
-		Logger: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelWarn})), Now: b.clock.now})
+	logger, out := testutil.NewLog()
+	w, err := New(Config{Client: b.client, Changed: b.member.Store.Changed, Applied: b.member.Store.AppliedIndex, URL: "http://mesh.test", Logger: logger, Now: b.clock.now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1149,7 +1129,7 @@ func TestCrossSiteLoginsDoNotFillTheLog(t *testing.T) {
 			t.Fatalf("cross-site login %d: %s, want 403", i, resp.Status)
 		}
 	}
-	if n := strings.Count(out.String(), "web login refused"); n != 1 {
+	if n := out.Count("web login refused"); n != 1 {
 		t.Fatalf("%d cross-site logins logged %d times, want once:\n%s", tries, n, out.String())
 	}
 }

@@ -1,7 +1,7 @@
 // Package testutil holds what the in-process tests of several packages
 // share (cluster and cluster/api cannot share test files across their
-// boundary): a logger that writes to the test's log, a free port, and a
-// small tmpfs for tests of a full disk.
+// boundary): a logger that writes to the test's log, a log kept to count
+// its lines, a free port, and a small tmpfs for tests of a full disk.
 package testutil
 
 import (
@@ -13,8 +13,38 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 )
+
+// Log is a logger's output, written from any goroutine, kept for a test
+// to read: NewLog's logger writes warn and above to it.
+type Log struct {
+	mu  sync.Mutex
+	out strings.Builder
+}
+
+// NewLog is a logger at warn and above and what it wrote.
+func NewLog() (*slog.Logger, *Log) {
+	l := new(Log)
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelWarn})), l
+}
+
+func (l *Log) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.out.Write(p)
+}
+
+// String is all it holds.
+func (l *Log) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.out.String()
+}
+
+// Count is how many times s is in it.
+func (l *Log) Count(s string) int { return strings.Count(l.String(), s) }
 
 // Logger logs at warn and above to t's log.
 func Logger(t testing.TB) *slog.Logger {
