@@ -233,8 +233,9 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 // speaksForItself refuses a forwarded command in which a node says, of
 // another node, what only that node may say of itself (its report, its
 // sealing key, its overlay key, its certificate's key), or one that only a
-// voter proposes (a node's admission, a new CA, the CA key and the join
-// secret sealed again). A node of the mesh may propose any operator's
+// voter proposes (a node's admission, a new CA, a new join secret, the CA
+// key and the join secret sealed again): a node that makes a join secret
+// knows it, and with it could join in a voter's place. A node of the mesh may propose any operator's
 // command, but the voters seal the CA key and the join secret to the
 // sealing keys the state gives its voters: a non-voter that named its own
 // key as a voter's, or added a voter of its own with it, would come to hold
@@ -245,7 +246,7 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 // leader forwards when it lost the lead under the join.
 func (n *Node) speaksForItself(r *http.Request, c *state.Command) error {
 	switch c.Op {
-	case state.OpReport, state.OpNodeKey, state.OpNodeOverlay, state.OpNodeCert, state.OpNodeAdd, state.OpCARotate, state.OpSeal:
+	case state.OpReport, state.OpNodeKey, state.OpNodeOverlay, state.OpNodeCert, state.OpNodeAdd, state.OpCARotate, state.OpTokenRotate, state.OpSeal:
 	default:
 		return nil // not decoded twice: a restore is up to 320 MiB
 	}
@@ -271,11 +272,11 @@ func (n *Node) speaksForItself(r *http.Request, c *state.Command) error {
 			return nil
 		}
 		about = x.Node
-	case *state.NodeAddRequest, *state.CARotateRequest:
+	case *state.NodeAddRequest, *state.CARotateRequest, *state.TokenRotateRequest:
 		if voter() {
 			return nil
 		}
-		return &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("node %s may not send a %s: only a voter does (a node joins with mesh join; mesh ca rotate runs on a voter)", peer, c.Op)}
+		return &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("node %s may not send a %s: only a voter does (a node joins with mesh join; mesh ca rotate and mesh token --rotate run on a voter)", peer, c.Op)}
 	case *state.SealRequest:
 		if x.CAKey == nil && x.JoinSecret == nil && x.CANextKey == nil || voter() {
 			return nil

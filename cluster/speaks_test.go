@@ -54,11 +54,13 @@ func TestForwardedCommandsSpeakForTheirNode(t *testing.T) {
 		}
 	}
 	// What only a voter proposes: a node's admission (a voter of its own,
-	// with its key), a new CA, the CA key or the join secret sealed again.
+	// with its key), a new CA, a new join secret (which its maker knows),
+	// the CA key or the join secret sealed again.
 	for _, req := range []state.Request{
 		&state.NodeAddRequest{Node: state.Node{Name: "ghost", Address: "127.0.0.9", Port: 9, Voter: true, SealKey: mine.Recipient()}},
 		&state.CARotateRequest{NextCert: "x", NextKey: &state.VoterSecret{}},
 		&state.SealRequest{JoinSecret: &state.VoterSecret{}},
+		&state.TokenRotateRequest{Sealed: &state.VoterSecret{}},
 	} {
 		c := state.NewCommand(req)
 		c.Time = time.Now().UTC()

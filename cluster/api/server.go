@@ -728,8 +728,17 @@ func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
 	reply(w, res)
 }
 
-// rotateJoinSecret seals a new join secret to the voters and proposes it.
+// rotateJoinSecret seals a new join secret to the voters and proposes it,
+// on a voter only: a node that makes the secret knows it, and a non-voter
+// holds no join secret (the leader refuses its token.rotate).
 func (a *API) rotateJoinSecret(ctx context.Context) error {
+	id, err := a.store.Identity(ctx)
+	if err == nil {
+		_, err = a.node.JoinSecret(id)
+	}
+	if err != nil {
+		return fmt.Errorf("this node does not hold the join secret (only voters do: mesh node list shows them), so it does not make the next one: %w", err)
+	}
 	keys, err := a.store.VoterKeys(ctx)
 	if err != nil {
 		return err
