@@ -648,3 +648,88 @@ func TestServesGivenSockets(t *testing.T) {
 		t.Fatalf("sockets bound elsewhere: %v", err)
 	}
 }
+
+// One source holds at most a quarter of the forwarding slots: a container
+// flooding names of a domain that never answers no longer takes them all,
+// and another container's lookups outside the mesh are still forwarded.
+func TestForwardingSharePerSource(t *testing.T) {
+	const limit = 8 // a share of 2
+	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{"192.0.2.53:53"}, MaxForwarding: limit}, "internal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	held := 0
+	s.exchange = func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error) {
+		if m.Question[0].Name == "ok.example.org." {
+			r := new(dns.Msg)
+			r.SetReply(m)
+			r.Answer = append(r.Answer, &dns.A{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(192, 0, 2, 7)})
+			return r, nil
+		}
+		mu.Lock()
+		held++
+		mu.Unlock()
+		<-ctx.Done() // an upstream that never answers
+		mu.Lock()
+		held--
+		mu.Unlock()
+		return nil, ctx.Err()
+	}
+	s.SetIndex(testIndex())
+	addr, err := s.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	flood, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer flood.Close()
+	const n = 20
+	for i := range n {
+		m := new(dns.Msg)
+		m.SetQuestion(fmt.Sprintf("r%d.example.org.", i), dns.TypeA)
+		b, _ := m.Pack()
+		flood.Write(b)
+	}
+	// The flood's answers: SERVFAIL for all but its share, at once.
+	flood.SetReadDeadline(time.Now().Add(3 * time.Second))
+	servfail, buf := 0, make([]byte, 4096)
+	for servfail < n-limit/4 {
+		k, err := flood.Read(buf)
+		if err != nil {
+			t.Fatalf("%d of the flood's %d queries past its share got SERVFAIL: %v", servfail, n-limit/4, err)
+		}
+		r := new(dns.Msg)
+		if r.Unpack(buf[:k]) == nil && r.Rcode == dns.RcodeServerFailure {
+			servfail++
+		}
+	}
+	mu.Lock()
+	h := held
+	mu.Unlock()
+	if h != limit/4 {
+		t.Fatalf("the flooding source holds %d upstream queries, want its share of %d", h, limit/4)
+	}
+	// Another source is still forwarded while the flood holds its share.
+	other, err := net.DialUDP("udp", &net.UDPAddr{IP: net.ParseIP("127.0.0.2")}, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	m := new(dns.Msg)
+	m.SetQuestion("ok.example.org.", dns.TypeA)
+	b, _ := m.Pack()
+	other.Write(b)
+	other.SetReadDeadline(time.Now().Add(3 * time.Second))
+	k, err := other.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := new(dns.Msg)
+	if err := r.Unpack(buf[:k]); err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Fatalf("another source's lookup during the flood: %v %v", r, err)
+	}
+}

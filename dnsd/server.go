@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -50,7 +51,11 @@ type Config struct {
 	// MaxForwarding caps the queries being forwarded upstream at once (each
 	// holds a socket while it waits); past it a query gets SERVFAIL at once,
 	// so a flood of names the upstream never answers cannot exhaust the
-	// agent's descriptors. 0 means DefaultMaxForwarding.
+	// agent's descriptors. 0 means DefaultMaxForwarding. One source holds
+	// at most a quarter of them (rootless containers, which all arrive
+	// from Addr's IP, share that quarter): a container asking names of a
+	// domain that never answers took every slot, and every other
+	// container's lookups outside the mesh got SERVFAIL.
 	MaxForwarding int
 	// AfterFlood, when set, is called once a flood is over: a few seconds
 	// after the last query turned away at the MaxForwarding cap. The agent
@@ -91,8 +96,11 @@ type Server struct {
 	// forwarding holds a slot per query being forwarded; overLogged is when
 	// the cap was last reported (unix nanoseconds).
 	forwarding chan struct{}
-	overLogged atomic.Int64
-	floodOver  time.Duration
+	// forwardingMu guards forwardingBy, the slots each source holds.
+	forwardingMu sync.Mutex
+	forwardingBy map[netip.Addr]int
+	overLogged   atomic.Int64
+	floodOver    time.Duration
 	// exchange asks one upstream; tests replace it.
 	exchange func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error)
 }
@@ -125,6 +133,7 @@ func New(cfg Config, domain string) (*Server, error) {
 		s.cfg.MaxForwarding = cfg.MaxForwarding
 	}
 	s.forwarding = make(chan struct{}, cfg.MaxForwarding)
+	s.forwardingBy = map[netip.Addr]int{}
 	s.SetAllow(cfg.Allow)
 	s.exchange = func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error) {
 		c := &dns.Client{Net: network, Timeout: ForwardTimeout}
@@ -275,10 +284,11 @@ func (s *Server) serveUDP(conn *net.UDPConn) {
 			if req.Unpack(in[i].Buffers[0][:in[i].N]) != nil {
 				continue // not a DNS message: no answer
 			}
-			resp, forward := s.local(req, src.AddrPort().Addr().Unmap())
-			if forward && s.takeForwardSlot(req) {
+			from := src.AddrPort().Addr().Unmap()
+			resp, forward := s.local(req, from)
+			if forward && s.takeForwardSlot(req, from) {
 				go func() {
-					r := s.forwardHolding(context.Background(), req)
+					r := s.forwardHolding(context.Background(), req, from)
 					s.observe(r, true, start)
 					if b, err := udpReply(r, req, nil); err == nil {
 						conn.WriteToUDP(b, src)
@@ -372,7 +382,7 @@ func (s *Server) answer(ctx context.Context, req *dns.Msg, src netip.Addr) *dns.
 	start := s.clock()
 	resp, forward := s.local(req, src)
 	if forward {
-		resp = s.forwarded(ctx, req)
+		resp = s.forwarded(ctx, req, src)
 	}
 	if resp != nil {
 		s.observe(resp, forward, start)
@@ -438,33 +448,48 @@ func (s *Server) local(req *dns.Msg, src netip.Addr) (resp *dns.Msg, forward boo
 // forwarded is the upstream's answer to req, or SERVFAIL: when no upstream
 // answers within ForwardBudget, or when MaxForwarding queries are already
 // being forwarded.
-func (s *Server) forwarded(ctx context.Context, req *dns.Msg) *dns.Msg {
-	if !s.takeForwardSlot(req) {
+func (s *Server) forwarded(ctx context.Context, req *dns.Msg, src netip.Addr) *dns.Msg {
+	if !s.takeForwardSlot(req, src) {
 		return servfail(req)
 	}
-	return s.forwardHolding(ctx, req)
+	return s.forwardHolding(ctx, req, src)
 }
 
-// takeForwardSlot takes one of the MaxForwarding slots, or says (in the log,
-// at most once a second: a flood must not flood the log too) that there is
-// none.
-func (s *Server) takeForwardSlot(req *dns.Msg) bool {
-	select {
-	case s.forwarding <- struct{}{}:
-		return true
-	default:
+// takeForwardSlot takes one of the MaxForwarding slots for src, within
+// its share, or says (in the log, at most once a second: a flood must not
+// flood the log too) that there is none.
+func (s *Server) takeForwardSlot(req *dns.Msg, src netip.Addr) bool {
+	share := max(1, s.cfg.MaxForwarding/4)
+	s.forwardingMu.Lock()
+	held := s.forwardingBy[src]
+	if held < share {
+		select {
+		case s.forwarding <- struct{}{}:
+			s.forwardingBy[src] = held + 1
+			s.forwardingMu.Unlock()
+			return true
+		default:
+		}
 	}
+	s.forwardingMu.Unlock()
 	if now := time.Now().UnixNano(); now-s.overLogged.Load() > int64(time.Second) {
 		s.overLogged.Store(now)
-		s.log.Warn("too many queries being forwarded upstream at once; answering SERVFAIL past the cap", "max", s.cfg.MaxForwarding, "name", req.Question[0].Name)
+		s.log.Warn("too many queries being forwarded upstream at once, in all or from one source; answering SERVFAIL past the cap", "max", s.cfg.MaxForwarding, "max_per_source", share, "source", src, "held_by_source", held, "name", req.Question[0].Name)
 	}
 	return false
 }
 
 // forwardHolding forwards req within ForwardBudget, holding a slot taken by
-// takeForwardSlot, which it gives back.
-func (s *Server) forwardHolding(ctx context.Context, req *dns.Msg) *dns.Msg {
-	defer func() { <-s.forwarding }()
+// takeForwardSlot for src, which it gives back.
+func (s *Server) forwardHolding(ctx context.Context, req *dns.Msg, src netip.Addr) *dns.Msg {
+	defer func() {
+		s.forwardingMu.Lock()
+		if s.forwardingBy[src]--; s.forwardingBy[src] <= 0 {
+			delete(s.forwardingBy, src)
+		}
+		s.forwardingMu.Unlock()
+		<-s.forwarding
+	}()
 	ctx, cancel := context.WithTimeout(ctx, ForwardBudget)
 	defer cancel()
 	up := s.forward(ctx, req)
