@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -362,29 +363,45 @@ func TestObserveSeesEveryAnswer(t *testing.T) {
 	}
 }
 
-// Issue 13 item 5: a flood of names the upstream never answers holds at
-// most MaxForwarding queries (and sockets) at once; the rest get SERVFAIL
-// at once, and the mesh's own names are answered throughout.
-func TestForwardingIsBounded(t *testing.T) {
-	const limit = 8
-	over := make(chan struct{}, 4)
-	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{"192.0.2.53:53"}, MaxForwarding: limit,
-		AfterFlood: func() { over <- struct{}{} }}, "internal")
+// held counts the queries an upstream holds: now and at most.
+type held struct {
+	mu        sync.Mutex
+	now, peak int
+}
+
+func (h *held) get() (now, peak int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.now, h.peak
+}
+
+// silentUpstream starts a server of cfg, with floodOver, whose upstream
+// never answers (it holds each query until its budget ends) but for the
+// names in answers, which it answers at once with an A record.
+func silentUpstream(t *testing.T, cfg Config, over time.Duration, answers ...string) (*Server, string, *held) {
+	t.Helper()
+	cfg.Addr, cfg.Upstreams = "127.0.0.1:0", []string{"192.0.2.53:53"}
+	s, err := New(cfg, "internal")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.floodOver = 300 * time.Millisecond
-	var mu sync.Mutex
-	inFlight, peak := 0, 0
+	s.floodOver = over
+	up := &held{}
 	s.exchange = func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error) {
-		mu.Lock()
-		inFlight++
-		peak = max(peak, inFlight)
-		mu.Unlock()
-		<-ctx.Done() // an upstream that never answers
-		mu.Lock()
-		inFlight--
-		mu.Unlock()
+		if slices.Contains(answers, m.Question[0].Name) {
+			r := new(dns.Msg)
+			r.SetReply(m)
+			r.Answer = append(r.Answer, &dns.A{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(192, 0, 2, 7)})
+			return r, nil
+		}
+		up.mu.Lock()
+		up.now++
+		up.peak = max(up.peak, up.now)
+		up.mu.Unlock()
+		<-ctx.Done()
+		up.mu.Lock()
+		up.now--
+		up.mu.Unlock()
 		return nil, ctx.Err()
 	}
 	s.SetIndex(testIndex())
@@ -393,6 +410,16 @@ func TestForwardingIsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	return s, addr, up
+}
+
+// Issue 13 item 5: a flood of names the upstream never answers holds at
+// most MaxForwarding queries (and sockets) at once; the rest get SERVFAIL
+// at once, and the mesh's own names are answered throughout.
+func TestForwardingIsBounded(t *testing.T) {
+	const limit = 8
+	over := make(chan struct{}, 4)
+	s, addr, up := silentUpstream(t, Config{MaxForwarding: limit, AfterFlood: func() { over <- struct{}{} }}, 300*time.Millisecond)
 	conn, err := net.Dial("udp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -435,9 +462,7 @@ func TestForwardingIsBounded(t *testing.T) {
 	if r := query(t, addr, "udp", "gitea.internal.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 2 {
 		t.Fatalf("a mesh name during the flood: %v", r)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if peak > limit || peak == 0 {
+	if _, peak := up.get(); peak > limit || peak == 0 {
 		t.Fatalf("%d queries were forwarded at once; the cap is %d", peak, limit)
 	}
 	// Once the flood is over, the server says so, once.
@@ -654,34 +679,7 @@ func TestServesGivenSockets(t *testing.T) {
 // and another container's lookups outside the mesh are still forwarded.
 func TestForwardingSharePerSource(t *testing.T) {
 	const limit = 8 // a share of 2
-	s, err := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{"192.0.2.53:53"}, MaxForwarding: limit}, "internal")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	held := 0
-	s.exchange = func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error) {
-		if m.Question[0].Name == "ok.example.org." {
-			r := new(dns.Msg)
-			r.SetReply(m)
-			r.Answer = append(r.Answer, &dns.A{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(192, 0, 2, 7)})
-			return r, nil
-		}
-		mu.Lock()
-		held++
-		mu.Unlock()
-		<-ctx.Done() // an upstream that never answers
-		mu.Lock()
-		held--
-		mu.Unlock()
-		return nil, ctx.Err()
-	}
-	s.SetIndex(testIndex())
-	addr, err := s.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	_, addr, up := silentUpstream(t, Config{MaxForwarding: limit}, floodOver, "ok.example.org.")
 	flood, err := net.Dial("udp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -707,10 +705,7 @@ func TestForwardingSharePerSource(t *testing.T) {
 			servfail++
 		}
 	}
-	mu.Lock()
-	h := held
-	mu.Unlock()
-	if h != limit/4 {
+	if h, _ := up.get(); h != limit/4 {
 		t.Fatalf("the flooding source holds %d upstream queries, want its share of %d", h, limit/4)
 	}
 	// Another source is still forwarded while the flood holds its share.
