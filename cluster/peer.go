@@ -210,7 +210,7 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := n.speaksForItself(r, c); err != nil {
-		n.log.Warn("refused a forwarded command", "peer", n.peerName(r), "op", c.Op, "err", err)
+		n.log.Warn("refused a forwarded command", "op", c.Op, "err", err)
 		writeJSON(w, http.StatusForbidden, applyReply{Error: err.Error(), Kind: kindOf(err)})
 		return
 	}
@@ -234,12 +234,13 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 // another node, what only that node may say of itself (its report, its
 // sealing key, its overlay key, its certificate's key), or one that only a
 // voter proposes (a node's admission, a new CA, a new join secret, the CA
-// key and the join secret sealed again): a node that makes a join secret
-// knows it, and with it could join in a voter's place. A node of the mesh may propose any operator's
-// command, but the voters seal the CA key and the join secret to the
-// sealing keys the state gives its voters: a non-voter that named its own
-// key as a voter's, or added a voter of its own with it, would come to hold
-// both (a non-voter holds neither: cluster/DESIGN.md); a certificate key
+// key and the join secret sealed again). A node of the mesh may propose
+// any operator's command, but the voters seal the CA key and the join
+// secret to the sealing keys the state gives its voters: a non-voter that
+// named its own key as a voter's, or added a voter of its own with it,
+// would come to hold both (a non-voter holds neither: cluster/DESIGN.md),
+// and one that made a join secret would know it and could join in a
+// voter's place; a certificate key
 // named for a voter would have every peer refuse it, and quorum go. The
 // one such command a voter proposes for another node is the admission of
 // a joiner and the pinning of its certificate's key (admit), which the

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -93,14 +92,11 @@ type Server struct {
 	udp       []*net.UDPConn
 	tcp       *dns.Server
 	done      chan struct{}
-	// forwarding holds a slot per query being forwarded; overLogged is when
-	// the cap was last reported (unix nanoseconds).
-	forwarding chan struct{}
-	// forwardingMu guards forwardingBy, the slots each source holds.
-	forwardingMu sync.Mutex
-	forwardingBy map[netip.Addr]int
-	overLogged   atomic.Int64
-	floodOver    time.Duration
+	// forwarding counts the queries being forwarded, in all and by source;
+	// overLogged is when a cap was last reported (unix nanoseconds).
+	forwarding *connlimit.Bounds
+	overLogged atomic.Int64
+	floodOver  time.Duration
 	// exchange asks one upstream; tests replace it.
 	exchange func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error)
 }
@@ -132,8 +128,7 @@ func New(cfg Config, domain string) (*Server, error) {
 		cfg.MaxForwarding = DefaultMaxForwarding
 		s.cfg.MaxForwarding = cfg.MaxForwarding
 	}
-	s.forwarding = make(chan struct{}, cfg.MaxForwarding)
-	s.forwardingBy = map[netip.Addr]int{}
+	s.forwarding = connlimit.New(cfg.MaxForwarding, max(1, cfg.MaxForwarding/4))
 	s.SetAllow(cfg.Allow)
 	s.exchange = func(ctx context.Context, m *dns.Msg, upstream, network string) (*dns.Msg, error) {
 		c := &dns.Client{Net: network, Timeout: ForwardTimeout}
@@ -459,22 +454,13 @@ func (s *Server) forwarded(ctx context.Context, req *dns.Msg, src netip.Addr) *d
 // its share, or says (in the log, at most once a second: a flood must not
 // flood the log too) that there is none.
 func (s *Server) takeForwardSlot(req *dns.Msg, src netip.Addr) bool {
-	share := max(1, s.cfg.MaxForwarding/4)
-	s.forwardingMu.Lock()
-	held := s.forwardingBy[src]
-	if held < share {
-		select {
-		case s.forwarding <- struct{}{}:
-			s.forwardingBy[src] = held + 1
-			s.forwardingMu.Unlock()
-			return true
-		default:
-		}
+	held, ok := s.forwarding.Take(src)
+	if ok {
+		return true
 	}
-	s.forwardingMu.Unlock()
 	if now := time.Now().UnixNano(); now-s.overLogged.Load() > int64(time.Second) {
 		s.overLogged.Store(now)
-		s.log.Warn("too many queries being forwarded upstream at once, in all or from one source; answering SERVFAIL past the cap", "max", s.cfg.MaxForwarding, "max_per_source", share, "source", src, "held_by_source", held, "name", req.Question[0].Name)
+		s.log.Warn("too many queries being forwarded upstream at once, in all or from one source; answering SERVFAIL past the cap", "max", s.cfg.MaxForwarding, "max_per_source", s.forwarding.PerSource, "source", src, "held_by_source", held, "name", req.Question[0].Name)
 	}
 	return false
 }
@@ -482,14 +468,7 @@ func (s *Server) takeForwardSlot(req *dns.Msg, src netip.Addr) bool {
 // forwardHolding forwards req within ForwardBudget, holding a slot taken by
 // takeForwardSlot for src, which it gives back.
 func (s *Server) forwardHolding(ctx context.Context, req *dns.Msg, src netip.Addr) *dns.Msg {
-	defer func() {
-		s.forwardingMu.Lock()
-		if s.forwardingBy[src]--; s.forwardingBy[src] <= 0 {
-			delete(s.forwardingBy, src)
-		}
-		s.forwardingMu.Unlock()
-		<-s.forwarding
-	}()
+	defer s.forwarding.Give(src)
 	ctx, cancel := context.WithTimeout(ctx, ForwardBudget)
 	defer cancel()
 	up := s.forward(ctx, req)

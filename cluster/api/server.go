@@ -816,25 +816,7 @@ func (a *API) token(w http.ResponseWriter, r *http.Request) {
 // it, and only a voter can print the new token.
 func (a *API) rotateToken(w http.ResponseWriter, r *http.Request) {
 	// A node that could not print the new token does not rotate it.
-	id, err := a.store.Identity(r.Context())
-	if err == nil {
-		_, err = a.node.JoinSecret(id)
-	}
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	keys, err := a.store.VoterKeys(r.Context())
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	sealed, err := a.node.SealToVoters(seal.NewSecret(), keys)
-	if err != nil {
-		fail(w, err)
-		return
-	}
-	if _, err := a.propose(r.Context(), &state.TokenRotateRequest{Sealed: sealed}); err != nil {
+	if err := a.rotateJoinSecret(r.Context()); err != nil {
 		fail(w, err)
 		return
 	}
