@@ -26,6 +26,7 @@ import (
 
 	"mesh/agent/metrics"
 	"mesh/agent/operate"
+	"mesh/agent/overlay"
 	"mesh/cluster"
 	"mesh/cluster/api"
 	"mesh/dnsd"
@@ -336,8 +337,18 @@ func (a *Agent) startReconciler() error {
 		}
 		return ""
 	}
+	// Rootful, each module's containers get a bridge of their own, and
+	// the filter that keeps the others out of it is in place before the
+	// first is made (rootless, each container has a namespace of its own).
+	rootful := !Rootless()
+	if rootful {
+		if err := overlay.InstallIsolation(); err != nil {
+			return err
+		}
+	}
 	rec, err := reconciler.New(reconciler.Config{
-		Node: m.ID.Name, CertProbe: m.ID.Address, DNS: a.cfg.DNSAddress, LedgerPath: filepath.Join(a.dir, "ledger.json"), DataDir: a.dir,
+		ModuleNetworks: rootful,
+		Node:           m.ID.Name, CertProbe: m.ID.Address, DNS: a.cfg.DNSAddress, LedgerPath: filepath.Join(a.dir, "ledger.json"), DataDir: a.dir,
 		Secret: a.sealer.Secret, OperatorSecret: a.sealer.OperatorSecret, EnvDir: envDir(a.dir), EnvExec: a.cfg.Binary,
 		Logger: a.log, Observe: observe, StepEnded: a.operate.SaveStepLog, Backups: a.backups.Runs, Pauser: a.podman,
 		ProviderHealthy: m.Store.ProviderHealthy,

@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"mesh/agent/overlay"
+	"mesh/reconciler"
 )
 
 func TestCheckPrivate(t *testing.T) {
@@ -32,5 +35,16 @@ func TestCheckPrivate(t *testing.T) {
 	os.Chmod(filepath.Join(dir, "raft"), 0o750)
 	if err := checkPrivate(dir); err == nil || !strings.Contains(err.Error(), "raft (0750)") {
 		t.Fatalf("a group-readable raft dir: %v", err)
+	}
+}
+
+// The reconciler names each module's bridge with the prefix the modules'
+// packet filter matches: apart, a bridge would be left open.
+func TestModuleBridgesAreTheFiltered(t *testing.T) {
+	if reconciler.BridgePrefix != overlay.ModuleBridges {
+		t.Fatalf("bridges begin %q, the filter matches %q", reconciler.BridgePrefix, overlay.ModuleBridges)
+	}
+	if n := reconciler.ModuleNetwork(strings.Repeat("m", 63)); !strings.HasPrefix(n.Interface, overlay.ModuleBridges) || len(n.Interface) > 15 {
+		t.Fatalf("the bridge of a long module name: %q", n.Interface)
 	}
 }

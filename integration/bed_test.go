@@ -40,6 +40,13 @@ events_logger = "file"
 `
 )
 
+// rootfulConf is containersC for a rootful bed's Podman in dir: its
+// networks (each module's, the mesh's) are kept in the bed's own directory,
+// so they go with it, not into the host's /etc/containers/networks.
+func rootfulConf(dir string) string {
+	return containersC + fmt.Sprintf("\n[network]\nnetwork_config_dir = %q\n", filepath.Join(dir, "networks"))
+}
+
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
@@ -118,7 +125,11 @@ func newHost(t testing.TB, rootless bool) *host {
 		t.Fatal(err)
 	}
 	h.conf = filepath.Join(h.dir, "containers.conf")
-	os.WriteFile(h.conf, []byte(containersC), 0o644)
+	if rootless {
+		os.WriteFile(h.conf, []byte(containersC), 0o644)
+	} else {
+		os.WriteFile(h.conf, []byte(rootfulConf(h.dir)), 0o644)
+	}
 	if rootless {
 		uid, _ := strconv.Atoi(h.usr.Uid)
 		gid, _ := strconv.Atoi(h.usr.Gid)

@@ -85,7 +85,7 @@ func newFleet(t testing.TB, count int) *fleet {
 	pm := &host{t: t, dir: fleetDir + "/podman"}
 	os.MkdirAll(pm.dir, 0o755)
 	pm.conf = pm.dir + "/containers.conf"
-	os.WriteFile(pm.conf, []byte(containersC), 0o644)
+	os.WriteFile(pm.conf, []byte(rootfulConf(pm.dir)), 0o644)
 	pm.sock = pm.dir + "/podman.sock"
 	pm.startService()
 	t.Cleanup(pm.stopService)

@@ -110,7 +110,7 @@ func newNetnsNode(t testing.TB, i int) *agent {
 	os.MkdirAll(h.dir+"/srv", 0o755)
 	mountNS(t, ns, h.dir+"/srv")
 	h.conf = h.dir + "/containers.conf"
-	os.WriteFile(h.conf, []byte(containersC), 0o644)
+	os.WriteFile(h.conf, []byte(rootfulConf(h.dir)), 0o644)
 	h.sock = h.dir + "/podman.sock"
 	h.importImage()
 	h.startService()

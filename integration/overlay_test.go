@@ -62,6 +62,57 @@ resources:
     mounts: ["{{root}}/bedcons:/data"]
 `
 
+// overlayPeek is a module beside the provider on its node: what one
+// module's container may reach of another's.
+const overlayPeek = `module: bedpeek
+resources:
+  - container: bedpeek.app
+    image: localhost/mesh-bed-busybox:1
+    command: ["sleep", "1000000"]
+`
+
+// modulesKeepToThemselves checks, on n1 (which runs bedprov and bedpeek),
+// that each module's containers are on a network of their own, that
+// another module's container and a host of the LAN reach none of bedprov's
+// ports at its container's address, and that a published port and the
+// module's own containers still do.
+func modulesKeepToThemselves(t *testing.T, n1 *agent) {
+	t.Helper()
+	ipOf := func(name string) (ip, network string) {
+		out := n1.h.podman("inspect", name, "--format", `{{range $k, $v := .NetworkSettings.Networks}}{{$k}} {{$v.IPAddress}}{{end}}`)
+		f := strings.Fields(out)
+		if len(f) != 2 {
+			t.Fatalf("the networks of %s: %q", name, out)
+		}
+		return f[1], f[0]
+	}
+	web, webNet := ipOf("bedprov.web")
+	_, sinkNet := ipOf("bedprov.sink")
+	_, peekNet := ipOf("bedpeek.app")
+	if webNet != "mesh-bedprov" || sinkNet != "mesh-bedprov" || peekNet != "mesh-bedpeek" {
+		t.Fatalf("networks: bedprov.web on %s, bedprov.sink on %s, bedpeek.app on %s", webNet, sinkNet, peekNet)
+	}
+	page := func(from, addr string) (string, error) {
+		return n1.inContainer(from, "sh", "-c", fmt.Sprintf(`printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 2 %s 8090`, addr))
+	}
+	if out, err := page("bedprov.sink", web); err != nil || !strings.Contains(out, "provider page") {
+		t.Fatalf("bedprov's own container does not reach bedprov.web at %s: %v %s", web, err, out)
+	}
+	if out, err := page("bedpeek.app", web); err == nil || strings.Contains(out, "provider page") {
+		t.Fatalf("bedpeek's container reached bedprov.web's unpublished address %s:8090: %v %s", web, err, out)
+	}
+	if out, err := page("bedpeek.app", "bedprov.internal"); err != nil || !strings.Contains(out, "provider page") {
+		t.Fatalf("bedpeek's container does not reach bedprov's published port by name: %v %s", err, out)
+	}
+	// A host of the LAN that routes the containers' subnet through n1.
+	subnet := web[:strings.LastIndexByte(web, '.')] + ".0/24"
+	sh(t, "ip", "netns", "exec", outsiderNS, "ip", "route", "add", subnet, "via", n1.addr())
+	defer exec.Command("ip", "netns", "exec", outsiderNS, "ip", "route", "del", subnet).Run()
+	if out, err := get(outsiderNS, web, 8090); err == nil || strings.Contains(out, "provider page") {
+		t.Fatalf("the outsider reached bedprov.web at %s:8090, routed through n1: %v %s", web, err, out)
+	}
+}
+
 // outsider makes a namespace on the bed's bridge that is no node: a host
 // on the same LAN, with a route for the overlay's prefix through n1.
 func outsider(t *testing.T, via string) {
@@ -135,10 +186,12 @@ func TestOverlay(t *testing.T) {
 	if out := n[1].mesh("node", "list"); !strings.Contains(out, "OVERLAY") || !strings.Contains(out, "100.90.0.3") {
 		t.Fatalf("node list:\n%s", out)
 	}
-	n[1].mesh("module", "add", n[1].manifest("bedprov", overlayProvider, map[string]string{"name": "bedprov"}), n[1].manifest("bedcons", overlayConsumer, nil))
-	n[1].mesh("assign", "n1", "bedprov", "--wait")
+	n[1].mesh("module", "add", n[1].manifest("bedprov", overlayProvider, map[string]string{"name": "bedprov"}), n[1].manifest("bedcons", overlayConsumer, nil),
+		n[1].manifest("bedpeek", overlayPeek, nil))
+	n[1].mesh("assign", "n1", "bedprov", "bedpeek", "--wait")
 	n[1].mesh("assign", "n2", "bedcons", "--wait")
 	outsider(t, n[1].addr())
+	modulesKeepToThemselves(t, n[1])
 
 	// The consumer on n2 reaches the provider's internal port on n1 by its
 	// mesh name, which answers n1's overlay address.

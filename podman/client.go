@@ -405,6 +405,10 @@ func generator(s reconciler.Spec) *specgen.SpecGenerator {
 		g.DNSServers = []net.IP{net.IP(s.DNS.AsSlice())}
 	}
 	g.DNSSearch = s.DNSSearch
+	if s.Network != "" {
+		g.NetNS = specgen.Namespace{NSMode: specgen.Bridge}
+		g.Networks = map[string]nettypes.PerNetworkOptions{s.Network: {}}
+	}
 	for _, m := range s.Mounts {
 		g.Mounts = append(g.Mounts, spec.Mount{Type: "bind", Source: m.Source, Destination: m.Destination, Options: append([]string{"rbind"}, m.Options...)})
 	}
@@ -776,6 +780,62 @@ func (c *Client) Subnets(ctx context.Context) ([]netip.Prefix, error) {
 		}
 	}
 	return out, nil
+}
+
+// Networks lists the node's Podman networks.
+func (c *Client) Networks(ctx context.Context) ([]reconciler.Network, error) {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	nets, err := network.List(cx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("list networks: %w", err)
+	}
+	out := make([]reconciler.Network, 0, len(nets))
+	for _, n := range nets {
+		out = append(out, reconciler.Network{Name: n.Name, Module: n.Labels[reconciler.LabelModule], Interface: n.NetworkInterface, Labels: n.Labels})
+	}
+	return out, nil
+}
+
+// CreateNetwork makes n, a bridge on its own interface whose subnet Podman
+// picks from its pool, without Podman's own name server (every container
+// asks the node's resolver).
+func (c *Client) CreateNetwork(ctx context.Context, n reconciler.Network) error {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	_, err = network.Create(cx, &nettypes.Network{Name: n.Name, Driver: "bridge", NetworkInterface: n.Interface, DNSEnabled: false, Labels: n.Labels})
+	if err != nil {
+		return fmt.Errorf("create network %s: %w", n.Name, err)
+	}
+	return nil
+}
+
+// RemoveNetwork removes the network called name; Podman refuses while a
+// container uses it.
+func (c *Client) RemoveNetwork(ctx context.Context, name string) error {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	reports, err := network.Remove(cx, name, nil)
+	if err == nil {
+		for _, r := range reports {
+			if r != nil && r.Err != nil {
+				err = r.Err
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("remove network %s: %w", name, err)
+	}
+	return nil
 }
 
 // Where a container with env-secrets finds the mesh binary and its

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"mesh/reconciler"
+
+	"github.com/containers/podman/v5/pkg/specgen"
 )
 
 // A container's terminal, init, pids limit, supplementary groups and mount
@@ -55,6 +57,14 @@ func TestGeneratorCarriesTheComposeKeys(t *testing.T) {
 	plain := generator(reconciler.Spec{Name: "f.app", Image: "b:2"})
 	if plain.Terminal != nil || plain.Init != nil || plain.Groups != nil || plain.ResourceLimits != nil {
 		t.Fatalf("a container without the keys: terminal %v, init %v, groups %v, limits %+v", plain.Terminal, plain.Init, plain.Groups, plain.ResourceLimits)
+	}
+	// A module's network, or Podman's default when none is named.
+	onNet := generator(reconciler.Spec{Name: "f.app", Image: "b:2", Network: "mesh-f"})
+	if _, ok := onNet.Networks["mesh-f"]; !ok || len(onNet.Networks) != 1 || onNet.NetNS.NSMode != specgen.Bridge {
+		t.Fatalf("on the module's network: %v %+v", onNet.Networks, onNet.NetNS)
+	}
+	if plain.Networks != nil || plain.NetNS.NSMode != "" {
+		t.Fatalf("a container on no named network asks for %v %+v", plain.Networks, plain.NetNS)
 	}
 	b, _ = json.Marshal(plain)
 	for _, k := range []string{`"terminal"`, `"init"`, `"groups"`, `"resource_limits"`} {

@@ -77,6 +77,9 @@ type Config struct {
 	// PodmanBack is how long a step waits for a Podman service that went
 	// away to answer again, before it says so (default 2 minutes).
 	PodmanBack time.Duration
+	// ModuleNetworks gives each module's containers a bridge network of
+	// their own (network.go); rootful Podman only.
+	ModuleNetworks bool
 	// Probe, when set, checks the resolver answers from Podman's network
 	// before the first step or container starts there.
 	Probe  *ProbeConfig
@@ -105,8 +108,8 @@ type Reconciler struct {
 	// kept is what the last apply said of each kept path, so that a kept
 	// path is logged when what was found changes, not on every pass.
 	kept map[string]string
-	// verified holds the networks the resolver was seen to answer from.
-	verified map[string]bool
+	// probed says the resolver was seen to answer from a container.
+	probed bool
 	// health runs the declared health checks of the containers in place.
 	health *monitor
 	// lastFailed is the modules that failed in the last apply: their
@@ -136,7 +139,7 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 		cfg.PodmanBack = 2 * time.Minute
 	}
 	log := cfg.Logger.With("component", "reconciler")
-	r := &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, kept: map[string]string{}, verified: map[string]bool{}, health: newMonitor(rt, log, cfg.Now),
+	r := &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, kept: map[string]string{}, health: newMonitor(rt, log, cfg.Now),
 		pass: make(chan struct{}, 1), soon: make(chan struct{}, 1)}
 	r.health.certDial = cfg.CertProbe
 	return r, nil
@@ -182,6 +185,8 @@ type run struct {
 	// publishOn is where containers' ports are published (the plan's
 	// PublishAddress: the overlay address; every interface when empty).
 	publishOn string
+	// nets is the runtime's mesh networks, listed once (network.go).
+	nets map[string]Network
 	// undoing holds the containers whose last pull is taken back in this
 	// apply (a pull's rollout reverted): the ledger says so only once the
 	// container runs the image from before it, and no policy pull fetches
@@ -250,6 +255,7 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	rep.Resources = x.applyModules(ctx, plan)
 	rep.Resources = append(rep.Resources, x.removeUnwanted(ctx, plan, wantPaths, wantCtrs)...)
 	x.pruneEnv(plan)
+	x.pruneNetworks(ctx, plan)
 	if err := r.ledger.Save(); err != nil {
 		rep.Failures = append(rep.Failures, state.ModuleFailure{Resource: "ledger " + r.cfg.LedgerPath, Reason: err.Error()})
 	}
@@ -711,7 +717,7 @@ func labels(want desired) map[string]string {
 
 func (x *run) spec(ctx context.Context, res state.Resource, want desired) Spec {
 	d := res.Decl
-	s := Spec{Name: want.Name, Image: d.Image, Command: d.Command, Env: d.Env, Labels: labels(want), DNS: x.r.cfg.DNS, Restart: d.Restart, Health: res.Typed.Health,
+	s := Spec{Name: want.Name, Image: d.Image, Command: d.Command, Env: d.Env, Labels: labels(want), DNS: x.r.cfg.DNS, Network: x.r.networkOf(res.Module), Restart: d.Restart, Health: res.Typed.Health,
 		Entrypoint: d.Entrypoint, User: d.User, WorkingDir: d.WorkingDir, CapAdd: d.CapAdd, CapDrop: d.CapDrop, Devices: res.Typed.Devices, ReadOnly: d.ReadOnly,
 		Tmpfs: res.Typed.Tmpfs, Memory: res.Typed.Memory, CPUs: d.CPUs, StopSignal: res.Typed.StopSignal, StopTimeout: res.Typed.StopTimeout, LogMaxSize: logMaxSize(res.Typed),
 		TTY: d.TTY, Init: d.Init, PidsLimit: res.Typed.PidsLimit, GroupAdd: d.GroupAdd}
@@ -792,7 +798,7 @@ func deviceOK(p string) string {
 }
 
 func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport {
-	want := describe(res, x.r.cfg.DNS, x.publishOn, x.inputsOf(res.Module))
+	want := describe(res, x.r.cfg.DNS, x.publishOn, x.r.networkOf(res.Module), x.inputsOf(res.Module))
 	x.inputsOf(res.Module)[res.Name] = want.Digest
 	if res.Decl.BeforeBackup {
 		// It runs before each backup of its module (backup.go), never in
@@ -884,7 +890,10 @@ func (x *run) stepRun(ctx context.Context, res state.Resource, want desired, rea
 		if err := x.ensureImage(ctx, res); err != nil {
 			return "", report(res, state.Failed, err.Error()), false
 		}
-		if msg := x.reachable(ctx, res.Decl.Image); msg != "" {
+		if msg := x.ensureNetwork(ctx, res.Module); msg != "" {
+			return "", report(res, state.Failed, msg), false
+		}
+		if msg := x.reachable(ctx, res); msg != "" {
 			return "", report(res, state.Failed, msg), false
 		}
 		var err error
@@ -977,7 +986,7 @@ func (x *run) container(ctx context.Context, res state.Resource) state.ResourceR
 }
 
 func (x *run) applyContainer(ctx context.Context, res state.Resource) state.ResourceReport {
-	want := describe(res, x.r.cfg.DNS, x.publishOn, x.inputsOf(res.Module))
+	want := describe(res, x.r.cfg.DNS, x.publishOn, x.r.networkOf(res.Module), x.inputsOf(res.Module))
 	var have *Container
 	if c, ok := x.managed[want.Name]; ok {
 		have = &c
@@ -1084,7 +1093,10 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 	if err := x.ensureImage(ctx, res); err != nil {
 		return report(res, state.Failed, err.Error())
 	}
-	if msg := x.reachable(ctx, res.Decl.Image); msg != "" {
+	if msg := x.ensureNetwork(ctx, res.Module); msg != "" {
+		return report(res, state.Failed, msg)
+	}
+	if msg := x.reachable(ctx, res); msg != "" {
 		return report(res, state.Failed, msg)
 	}
 	id, err := x.rt.Create(ctx, x.spec(ctx, res, want))

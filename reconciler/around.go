@@ -100,3 +100,18 @@ func (a *Around) Restarts(ctx context.Context, name string) (_ string, _ int, er
 	defer a.around(ctx, "restarts", false)(&err)
 	return a.Runtime.Restarts(ctx, name)
 }
+
+func (a *Around) Networks(ctx context.Context) (_ []Network, err error) {
+	defer a.around(ctx, "networks", false)(&err)
+	return a.Runtime.Networks(ctx)
+}
+
+func (a *Around) CreateNetwork(ctx context.Context, n Network) (err error) {
+	defer a.around(ctx, "create_network", true)(&err)
+	return a.Runtime.CreateNetwork(ctx, n)
+}
+
+func (a *Around) RemoveNetwork(ctx context.Context, name string) (err error) {
+	defer a.around(ctx, "remove_network", true)(&err)
+	return a.Runtime.RemoveNetwork(ctx, name)
+}

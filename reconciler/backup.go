@@ -72,7 +72,7 @@ func (r *Reconciler) Quiesce(ctx context.Context, plan *state.Plan, module strin
 		if res.Module != module || res.Kind != manifest.KindStep || !res.Decl.BeforeBackup {
 			continue
 		}
-		want := describe(res, r.cfg.DNS, plan.PublishAddress, nil)
+		want := describe(res, r.cfg.DNS, plan.PublishAddress, r.networkOf(res.Module), nil)
 		if c, found, err := r.rt.Lookup(ctx, want.Name); err == nil && found && c.Labels[LabelManaged] == "1" {
 			r.rt.Remove(context.WithoutCancel(ctx), c.ID) // left by a run an agent's end cut short
 		}

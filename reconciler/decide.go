@@ -44,6 +44,9 @@ type declFields struct {
 	Restart     string   `json:"restart,omitempty"`
 	RestartOn   []string `json:"restart-on,omitempty"`
 	DNS         string   `json:"dns,omitempty"`
+	// Network is the module's own network (absent on a rootless node): a
+	// container made on the bridge all modules shared is replaced once.
+	Network string `json:"network,omitempty"`
 	// Health is the health check with its defaults (absent when none is
 	// declared, so declaring none changes no container's digest).
 	Health *manifest.HealthCheck `json:"health,omitempty"`
@@ -78,12 +81,17 @@ type declFields struct {
 
 // describe computes a step's or container's declaration and digest. inputs
 // holds the digest of every resource applied before it in this plan.
-func describe(r state.Resource, dnsAddr netip.Addr, publishOn string, inputs map[string]string) desired {
+func describe(r state.Resource, dnsAddr netip.Addr, publishOn, network string, inputs map[string]string) desired {
 	d := r.Decl
 	f := declFields{Image: d.Image, Command: d.Command, Env: d.Env, Mounts: d.Mounts, Ports: d.Ports, Restart: d.Restart, RestartOn: d.RestartOn, Health: r.Typed.Health,
 		User: d.User, Entrypoint: d.Entrypoint, WorkingDir: d.WorkingDir, CapAdd: d.CapAdd, CapDrop: d.CapDrop, Devices: d.Devices, ReadOnly: d.ReadOnly,
 		Tmpfs: d.Tmpfs, Memory: r.Typed.Memory, LogMaxSize: logMaxSize(r.Typed), CPUs: d.CPUs, StopSignal: r.Typed.StopSignal, StopTimeout: r.Typed.StopTimeout, Labels: d.Labels, EnvSecrets: d.EnvSecrets,
 		TTY: d.TTY, Init: d.Init, PidsLimit: r.Typed.PidsLimit, GroupAdd: d.GroupAdd}
+	if r.Kind == manifest.KindContainer {
+		// A step's network is not what it is: a step that ran does not
+		// run again because its module moved onto a network of its own.
+		f.Network = network
+	}
 	if dnsAddr.IsValid() {
 		f.DNS = dnsAddr.String()
 	}

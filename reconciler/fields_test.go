@@ -27,7 +27,7 @@ func TestContainerFieldsAreDeclared(t *testing.T) {
 		d := m.Resources[0]
 		return state.Resource{Module: "f", Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
 	}
-	plain := describe(parse(""), dns, "", nil)
+	plain := describe(parse(""), dns, "", "", nil)
 	// The declaration as it was written before these fields existed, but
 	// for the log's bound, which every container has (the default when it
 	// declares none): a container made before bounds is replaced once.
@@ -35,7 +35,7 @@ func TestContainerFieldsAreDeclared(t *testing.T) {
 		t.Fatalf("a container without the new fields has a new declaration (every such container would be replaced on upgrade): %s", plain.Decl)
 	}
 	full := parse("    user: \"1000:1000\"\n    working-dir: /srv\n    memory: 64m\n    log-max-size: 1m\n    cpus: 0.5\n    read-only: true\n    cap-drop: [ALL]\n    stop-signal: SIGQUIT\n    stop-timeout: 20s\n    tmpfs: [/run]\n    labels: {team: web}\n")
-	want := describe(full, dns, "", nil)
+	want := describe(full, dns, "", "", nil)
 	for _, k := range []string{`"user":"1000:1000"`, `"working-dir":"/srv"`, `"memory":67108864`, `"cpus":0.5`, `"read-only":true`, `"cap-drop":["ALL"]`, `"stop-signal":3`, `"stop-timeout":20`, `"tmpfs":["/run"]`, `"labels":{"team":"web"}`, `"log-max-size":1048576`} {
 		if !strings.Contains(want.Decl, k) {
 			t.Errorf("declaration lacks %s: %s", k, want.Decl)
@@ -140,7 +140,7 @@ func TestPortsArePublishedOnThePlansAddress(t *testing.T) {
 	}
 	web := parse("    ports: [\"8080:80\"]\n    public-ports: [\"443:443\", \"192.0.2.7:80:8081/udp\"]\n")
 	x := &run{r: &Reconciler{cfg: Config{DNS: dns}}, publishOn: "100.90.0.1"}
-	s := x.spec(context.Background(), web, describe(web, dns, x.publishOn, nil))
+	s := x.spec(context.Background(), web, describe(web, dns, x.publishOn, "", nil))
 	want := []Port{{HostIP: "100.90.0.1", HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 443, ContainerPort: 443, Protocol: "tcp"}, {HostIP: "192.0.2.7", HostPort: 80, ContainerPort: 8081, Protocol: "udp"}}
 	if len(s.Ports) != len(want) {
 		t.Fatalf("ports %+v, want %+v", s.Ports, want)
@@ -151,14 +151,14 @@ func TestPortsArePublishedOnThePlansAddress(t *testing.T) {
 		}
 	}
 	// Before the overlay (every interface) and on it: one replacement, why.
-	before, after := describe(web, dns, "", nil), describe(web, dns, "100.90.0.1", nil)
+	before, after := describe(web, dns, "", "", nil), describe(web, dns, "100.90.0.1", "", nil)
 	have := &Container{Name: "f.app", Running: true, State: "running", Labels: map[string]string{LabelManaged: "1", LabelDigest: before.Digest, LabelDecl: before.Decl, LabelInputs: "{}"}}
 	if act, reason, _ := decideContainer(after, have, nil); act != actReplace || reason != "publish-on changed" {
 		t.Fatalf("moving onto the overlay: %s %q", act, reason)
 	}
 	// A container that publishes nothing is not touched by the move.
 	quiet := parse("")
-	if describe(quiet, dns, "", nil).Digest != describe(quiet, dns, "100.90.0.1", nil).Digest {
+	if describe(quiet, dns, "", "", nil).Digest != describe(quiet, dns, "100.90.0.1", "", nil).Digest {
 		t.Fatal("a container without ports changes digest with the publish address")
 	}
 	// ports: may not name an address: that is what public-ports: are for.
@@ -227,9 +227,9 @@ func TestEveryContainerKeyIsDeclared(t *testing.T) {
 		{"group-add", image + "    group-add: [\"1000\", video]\n", func(s Spec) bool { return strings.Join(s.GroupAdd, " ") == "1000 video" }},
 	} {
 		t.Run(row.key, func(t *testing.T) {
-			plain := describe(parse(image), dns, "", nil)
+			plain := describe(parse(image), dns, "", "", nil)
 			res := parse(row.lines)
-			want := describe(res, dns, "", nil)
+			want := describe(res, dns, "", "", nil)
 			have := &Container{Name: "f.app", Running: true, State: "running", Labels: map[string]string{LabelManaged: "1", LabelDigest: plain.Digest, LabelDecl: plain.Decl, LabelInputs: "{}"}}
 			act, reason, err := decideContainer(want, have, nil)
 			if row.key == "pull" {
@@ -264,11 +264,11 @@ func TestEveryContainerKeyIsDeclared(t *testing.T) {
 		d := m.Resources[0]
 		return state.Resource{Module: "f", Kind: d.Kind(), Name: d.Name(), Decl: d, Typed: d.Typed}
 	}
-	if a, b := describe(step(""), dns, "", nil), describe(step("    schedule: every 15m\n"), dns, "", nil); a.Digest != b.Digest || a.Decl != b.Decl {
+	if a, b := describe(step(""), dns, "", "", nil), describe(step("    schedule: every 15m\n"), dns, "", "", nil); a.Digest != b.Digest || a.Decl != b.Decl {
 		t.Fatal("a step's schedule is part of its declaration: a new schedule would rerun it")
 	}
 	// So is before-backup: (an apply never runs such a step, backup.go).
-	if a, b := describe(step(""), dns, "", nil), describe(step("    before-backup: true\n  - directory: /srv/f\n    data: true\n"), dns, "", nil); a.Digest != b.Digest {
+	if a, b := describe(step(""), dns, "", "", nil), describe(step("    before-backup: true\n  - directory: /srv/f\n    data: true\n"), dns, "", "", nil); a.Digest != b.Digest {
 		t.Fatal("a step's before-backup is part of its digest")
 	}
 	for _, kind := range []string{manifest.KindContainer, manifest.KindStep} {

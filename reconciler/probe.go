@@ -24,15 +24,14 @@ type ProbeConfig struct {
 // LabelProbe marks the probe's container; it is never a managed one.
 const LabelProbe = "mesh.probe"
 
-// defaultNetwork names the one network the mesh's containers use today (the
-// manifest has no network key).
-const defaultNetwork = "podman"
-
-// reachable checks, once per network per agent run, that the resolver answers
-// from a container on it, using image (already present). It returns why not.
-func (x *run) reachable(ctx context.Context, image string) string {
+// reachable checks, once per agent run, that the resolver answers from a
+// container on the network of res's module, using its image (already
+// present). It returns why not. Once is enough: every module's bridge is
+// made alike, and the resolver takes queries from a network made since it
+// last listed them (agent.go).
+func (x *run) reachable(ctx context.Context, res state.Resource) string {
 	p := x.r.cfg.Probe
-	if p == nil || x.r.verified[defaultNetwork] {
+	if p == nil || x.r.probed {
 		return ""
 	}
 	timeout := p.Timeout
@@ -51,11 +50,12 @@ func (x *run) reachable(ctx context.Context, image string) string {
 		}
 		rt.Remove(pctx, c.ID)
 	}
+	network := x.r.networkOf(res.Module)
 	spec := Spec{
-		Name: name, Image: image, Entrypoint: []string{"/mesh-probe"},
+		Name: name, Image: res.Decl.Image, Entrypoint: []string{"/mesh-probe"},
 		Command: []string{"resolve", "--server", x.r.cfg.DNS.String(), "--timeout", "3s", p.Name(pctx)},
 		Mounts:  []Mount{{Source: p.Binary, Destination: "/mesh-probe", Options: []string{"ro"}}},
-		Labels:  map[string]string{LabelProbe: "1"}, DNS: x.r.cfg.DNS, Restart: "no",
+		Labels:  map[string]string{LabelProbe: "1"}, DNS: x.r.cfg.DNS, Network: network, Restart: "no",
 	}
 	id, err := rt.Create(pctx, spec)
 	if err != nil {
@@ -69,13 +69,16 @@ func (x *run) reachable(ctx context.Context, image string) string {
 	if err != nil {
 		return fmt.Sprintf("the resolver probe did not finish within %s", timeout)
 	}
+	if network == "" {
+		network = "podman" // the runtime's default
+	}
 	if code != 0 {
 		logs, _ := rt.Logs(ctx, id, 5)
 		logs = state.Tail(logs, state.MaxText)
 		return fmt.Sprintf("the resolver %s does not answer from Podman's network %q (the probe said: %s); the container is not started, so it cannot run with no resolver. Is the address up (ip addr show %s)? On a rootless host, has `mesh setup` run?",
-			x.r.cfg.DNS, defaultNetwork, strings.TrimSpace(logs), x.r.cfg.DNS)
+			x.r.cfg.DNS, network, strings.TrimSpace(logs), x.r.cfg.DNS)
 	}
-	x.r.verified[defaultNetwork] = true
-	x.r.log.Info("the resolver answers from Podman's network", "network", defaultNetwork, "resolver", x.r.cfg.DNS)
+	x.r.probed = true
+	x.r.log.Info("the resolver answers from Podman's network", "network", network, "resolver", x.r.cfg.DNS)
 	return ""
 }

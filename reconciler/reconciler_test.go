@@ -43,6 +43,9 @@ type fake struct {
 	restarts int
 	// removeErr, when set, fails every Remove (the container stays).
 	removeErr error
+	// nets is the runtime's networks by name (a container made on a
+	// missing one fails, as with Podman).
+	nets map[string]Network
 }
 
 var _ Runtime = (*fake)(nil)
@@ -116,6 +119,9 @@ func (f *fake) imageID(ref string) string {
 func (f *fake) Create(ctx context.Context, s Spec) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if _, ok := f.nets[s.Network]; s.Network != "" && !ok {
+		return "", fmt.Errorf("unable to find network with name or ID %s: network not found", s.Network)
+	}
 	f.seq++
 	id := fmt.Sprintf("id%d", f.seq)
 	f.calls = append(f.calls, "create "+s.Name)
@@ -123,6 +129,40 @@ func (f *fake) Create(ctx context.Context, s Spec) (string, error) {
 	f.ctrs[id] = &Container{ID: id, Name: s.Name, Labels: s.Labels, State: "created", ImageID: img}
 	f.specs[id] = s
 	return id, nil
+}
+func (f *fake) Networks(ctx context.Context) ([]Network, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []Network
+	for _, n := range f.nets {
+		out = append(out, n)
+	}
+	return out, nil
+}
+func (f *fake) CreateNetwork(ctx context.Context, n Network) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.nets[n.Name]; ok {
+		return fmt.Errorf("network name %s already used: network already exists", n.Name)
+	}
+	if f.nets == nil {
+		f.nets = map[string]Network{}
+	}
+	f.calls = append(f.calls, "network create "+n.Name)
+	f.nets[n.Name] = n
+	return nil
+}
+func (f *fake) RemoveNetwork(ctx context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id, c := range f.ctrs {
+		if f.specs[id].Network == name {
+			return fmt.Errorf("%q has associated containers with it (%s)", name, c.Name)
+		}
+	}
+	f.calls = append(f.calls, "network rm "+name)
+	delete(f.nets, name)
+	return nil
 }
 func (f *fake) Restart(ctx context.Context, id string) error {
 	f.mu.Lock()

@@ -59,6 +59,21 @@ type Runtime interface {
 	// Restarts is the ID of the container called name, and how many times
 	// Podman restarted it.
 	Restarts(ctx context.Context, name string) (id string, restarts int, err error)
+	// Networks lists the runtime's networks (the mesh's are those with
+	// LabelManaged, the others are in the way of a name); CreateNetwork makes
+	// one; RemoveNetwork removes one that no container uses (an error
+	// when one does).
+	Networks(ctx context.Context) ([]Network, error)
+	CreateNetwork(ctx context.Context, n Network) error
+	RemoveNetwork(ctx context.Context, name string) error
+}
+
+// Network is a module's own bridge network (network.go): its name, the
+// module, the host interface it gets. Labels is what the runtime reports
+// (LabelManaged and LabelModule when the mesh made it).
+type Network struct {
+	Name, Module, Interface string
+	Labels                  map[string]string
 }
 
 // HealthResult is a container's health after one run of its check.
@@ -94,7 +109,9 @@ type Spec struct {
 	// its search domains (the mesh's domain).
 	DNS       netip.Addr
 	DNSSearch []string
-	Restart   string
+	// Network is the module's own network (empty: the runtime's default).
+	Network string
+	Restart string
 	// Health is the container's health check (nil: none).
 	Health *manifest.HealthCheck
 	// What compose users set (each zero when unset): the user, working

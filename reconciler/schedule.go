@@ -91,7 +91,7 @@ func (r *Reconciler) RunScheduled(ctx context.Context, plan *state.Plan) []state
 			r.saveSchedules()
 			continue
 		}
-		want := describe(res, r.cfg.DNS, plan.PublishAddress, nil)
+		want := describe(res, r.cfg.DNS, plan.PublishAddress, r.networkOf(res.Module), nil)
 		// A container of the step's name left by an agent killed mid-run
 		// goes first: this run starts afresh.
 		if c, found, err := r.rt.Lookup(ctx, want.Name); err == nil && found && c.Labels[LabelManaged] == "1" {

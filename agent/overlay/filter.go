@@ -18,10 +18,11 @@ const FilterTable = "mesh"
 // The interfaces a packet for the overlay's prefix may arrive on: the
 // overlay device itself, loopback (this host's own processes, and a
 // rootless container's traffic, which slirp4netns sends from the host) and
-// Podman's bridges (this node's rootful containers reaching a port of this
-// node on its overlay address). Anything else (the LAN, the Internet) that
-// routes the prefix to this node is dropped before routing.
-var trustedPrefixes = []string{"lo", "podman", "cni-podman"}
+// Podman's bridges, the modules' own among them (this node's rootful
+// containers reaching a port of this node on its overlay address).
+// Anything else (the LAN, the Internet) that routes the prefix to this
+// node is dropped before routing.
+var trustedPrefixes = []string{"lo", "podman", "cni-podman", ModuleBridges}
 
 // rule is one rule of the filter, in the words of nft(8), with its
 // expressions.

@@ -116,7 +116,7 @@ func TestFilterRules(t *testing.T) {
 	for _, r := range in {
 		text = append(text, r.text)
 	}
-	want := []string{`iifname "meshwg0" accept`, `iifname "lo" accept`, `iifname "podman*" accept`, `iifname "cni-podman*" accept`, `ip daddr 100.90.0.0/16 drop`}
+	want := []string{`iifname "meshwg0" accept`, `iifname "lo" accept`, `iifname "podman*" accept`, `iifname "cni-podman*" accept`, `iifname "meshm*" accept`, `ip daddr 100.90.0.0/16 drop`}
 	if strings.Join(text, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("rules:\n%s\nwant:\n%s", strings.Join(text, "\n"), strings.Join(want, "\n"))
 	}
@@ -153,5 +153,31 @@ func TestFilterRules(t *testing.T) {
 	}
 	if v := d[3].(*expr.Verdict); v.Kind != expr.VerdictDrop {
 		t.Fatalf("the last rule's verdict is %v", v.Kind)
+	}
+}
+
+// The modules' rule matches every module bridge by prefix (no NUL), drops
+// only a new connection, lets a translated one (a published port) and one
+// that stays on its bridge pass; the bed (integration/isolation_test.go)
+// sends the packets.
+func TestIsolateRule(t *testing.T) {
+	r := isolateRule()
+	if r.text != `oifname "meshm*" ct state new ct status & dnat == 0 fib daddr . iif oif missing drop` {
+		t.Fatalf("rule %q", r.text)
+	}
+	if c := r.exprs[1].(*expr.Cmp); string(c.Data) != ModuleBridges {
+		t.Fatalf("the bridges' match %q", c.Data)
+	}
+	if b := r.exprs[3].(*expr.Bitwise); string(b.Mask) != string(hostOrder(expr.CtStateBitNEW)) {
+		t.Fatalf("the state's mask %x", b.Mask)
+	}
+	if b := r.exprs[6].(*expr.Bitwise); string(b.Mask) != string(hostOrder(0x20)) {
+		t.Fatalf("the status's mask %x, want IPS_DST_NAT", b.Mask)
+	}
+	if f := r.exprs[8].(*expr.Fib); !f.FlagDADDR || !f.FlagIIF || !f.ResultOIF || f.FlagSADDR {
+		t.Fatalf("fib %+v", f)
+	}
+	if v := r.exprs[len(r.exprs)-1].(*expr.Verdict); v.Kind != expr.VerdictDrop {
+		t.Fatalf("verdict %v", v.Kind)
 	}
 }
