@@ -348,7 +348,12 @@ func (a *Agent) startReconciler() error {
 	}
 	rec, err := reconciler.New(reconciler.Config{
 		ModuleNetworks: rootful,
-		Node:           m.ID.Name, CertProbe: m.ID.Address, DNS: a.cfg.DNSAddress, LedgerPath: filepath.Join(a.dir, "ledger.json"), DataDir: a.dir,
+		NetworkMade: func() {
+			if p := a.subnets(); p != nil && a.resolver != nil {
+				a.resolver.SetAllow(p)
+			}
+		},
+		Node: m.ID.Name, CertProbe: m.ID.Address, DNS: a.cfg.DNSAddress, LedgerPath: filepath.Join(a.dir, "ledger.json"), DataDir: a.dir,
 		Secret: a.sealer.Secret, OperatorSecret: a.sealer.OperatorSecret, EnvDir: envDir(a.dir), EnvExec: a.cfg.Binary,
 		Logger: a.log, Observe: observe, StepEnded: a.operate.SaveStepLog, Backups: a.backups.Runs, Pauser: a.podman,
 		ProviderHealthy: m.Store.ProviderHealthy,

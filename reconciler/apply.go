@@ -78,10 +78,13 @@ type Config struct {
 	// away to answer again, before it says so (default 2 minutes).
 	PodmanBack time.Duration
 	// ModuleNetworks gives each module's containers a bridge network of
-	// their own (network.go); rootful Podman only.
+	// their own (network.go); rootful Podman only. NetworkMade, when set,
+	// is called once one is made (the resolver takes queries from it at
+	// once, not after its next look at Podman's subnets).
 	ModuleNetworks bool
-	// Probe, when set, checks the resolver answers from Podman's network
-	// before the first step or container starts there.
+	NetworkMade    func()
+	// Probe, when set, checks once per agent run that the resolver answers
+	// from a container, before the first step or container starts.
 	Probe  *ProbeConfig
 	Logger *slog.Logger
 	Now    func() time.Time
@@ -108,8 +111,9 @@ type Reconciler struct {
 	// kept is what the last apply said of each kept path, so that a kept
 	// path is logged when what was found changes, not on every pass.
 	kept map[string]string
-	// probed says the resolver was seen to answer from a container.
-	probed bool
+	// probed says the resolver was seen to answer from a container;
+	// swept that a probe an earlier run left (its end cut short) is gone.
+	probed, swept bool
 	// health runs the declared health checks of the containers in place.
 	health *monitor
 	// lastFailed is the modules that failed in the last apply: their
@@ -185,7 +189,7 @@ type run struct {
 	// publishOn is where containers' ports are published (the plan's
 	// PublishAddress: the overlay address; every interface when empty).
 	publishOn string
-	// nets is the runtime's mesh networks, listed once (network.go).
+	// nets is the runtime's networks by name, listed once (network.go).
 	nets map[string]Network
 	// undoing holds the containers whose last pull is taken back in this
 	// apply (a pull's rollout reverted): the ledger says so only once the
@@ -239,6 +243,10 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 		x.managed[c.Name] = c
 	}
 	r.unpauseLeftovers(ctx, x)
+	if !r.swept {
+		// A probe left on a module's network would keep the network.
+		r.swept = x.removeProbe(ctx, x.rt) == ""
+	}
 	// What the plan wants, whole: a resource that waits behind a failure is
 	// still wanted, so nothing of a failed module is removed.
 	wantPaths := map[string]bool{}
@@ -1085,11 +1093,10 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 			return report(res, state.Failed, err.Error())
 		}
 		return report(res, state.Started, reason)
-	case actReplace:
-		if err := x.rt.Remove(ctx, have.ID); err != nil {
-			return report(res, state.Failed, err.Error())
-		}
 	}
+	// What the new container needs comes before the old one goes: a
+	// replacement whose image, network or resolver is missing leaves the
+	// container it would replace running.
 	if err := x.ensureImage(ctx, res); err != nil {
 		return report(res, state.Failed, err.Error())
 	}
@@ -1098,6 +1105,11 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 	}
 	if msg := x.reachable(ctx, res); msg != "" {
 		return report(res, state.Failed, msg)
+	}
+	if action == actReplace {
+		if err := x.rt.Remove(ctx, have.ID); err != nil {
+			return report(res, state.Failed, err.Error())
+		}
 	}
 	id, err := x.rt.Create(ctx, x.spec(ctx, res, want))
 	if err != nil {

@@ -15,10 +15,10 @@ import (
 // (rootful Podman; a rootless container has a network namespace of its own
 // already). On one bridge shared by every module, a container reached any
 // other module's unpublished ports at its address: the bridge forwards
-// between its ports below any packet filter. On bridges of their own,
-// traffic between modules is routed by the host, where the mesh's filter
-// (agent/overlay/isolate.go) drops a new connection into a module's bridge
-// unless it came to a published port. Modules reach each other as they
+// between its ports, which no IP packet filter sees unless br_netfilter is
+// loaded. On bridges of their own, traffic between modules is routed by
+// the host, where the mesh's filter (agent/overlay/isolate.go) drops a new
+// connection into a module's bridge unless it came to a published port. Modules reach each other as they
 // always did, by name, at a node's overlay address and a published port.
 
 // BridgePrefix begins the host interface name of every module's bridge:
@@ -43,7 +43,8 @@ func (r *Reconciler) networkOf(module string) string {
 	return ModuleNetwork(module).Name
 }
 
-// networks lists the runtime's mesh networks once per run.
+// networks lists the runtime's networks once per run (the operator's too:
+// one may hold a module network's name).
 func (x *run) networks(ctx context.Context) (map[string]Network, error) {
 	if x.nets != nil {
 		return x.nets, nil
@@ -86,6 +87,9 @@ func (x *run) ensureNetwork(ctx context.Context, module string) string {
 		return fmt.Sprintf("create the module's network %s: %v", want.Name, err)
 	}
 	have[want.Name] = want
+	if x.r.cfg.NetworkMade != nil {
+		x.r.cfg.NetworkMade()
+	}
 	x.r.log.Info("made the module's network", "module", module, "network", want.Name, "interface", want.Interface)
 	return ""
 }

@@ -24,8 +24,24 @@ func TestModulesRunOnNetworksOfTheirOwn(t *testing.T) {
 		}
 	}
 
+	// The upgrade meets an operator's network of the module network's
+	// name: the module waits, saying so, and its containers keep running
+	// (a replacement's network comes before the old container goes).
+	server := b.rt.byName("app.server").ID
+	b.rt.nets = map[string]Network{"mesh-app": {Name: "mesh-app", Labels: map[string]string{"owner": "operator"}}}
 	b.r.cfg.ModuleNetworks = true
+	made := 0
+	b.r.cfg.NetworkMade = func() { made++ }
 	rep := b.apply()
+	if o := outcome(rep, "app.server"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "is not the mesh's network of module app; remove it (podman network rm mesh-app)") {
+		t.Fatalf("app.server beside the operator's network: %s %q", o.Outcome, o.Reason)
+	}
+	if c := b.rt.byName("app.server"); c == nil || c.ID != server || !c.Running {
+		t.Fatalf("the container the refused replacement would replace is gone: %+v", c)
+	}
+	delete(b.rt.nets, "mesh-app")
+
+	rep = b.apply()
 	if rep.Error != "" {
 		t.Fatal(rep.Error)
 	}
@@ -37,10 +53,10 @@ func TestModulesRunOnNetworksOfTheirOwn(t *testing.T) {
 	if o := outcome(rep, "app.migrate"); o.Outcome != state.Unchanged {
 		t.Errorf("the step ran again for the network: %s %q", o.Outcome, o.Reason)
 	}
-	made := slices.Index(b.rt.calls, "network create mesh-app")
+	madeAt := slices.Index(b.rt.calls, "network create mesh-app")
 	first := slices.IndexFunc(b.rt.calls, func(c string) bool { return strings.HasPrefix(c, "create ") })
-	if made < 0 || first < made {
-		t.Fatalf("the network is not made before the module's first container: %v", b.rt.calls)
+	if madeAt < 0 || first < madeAt || made != 1 {
+		t.Fatalf("the network is not made (and told, %d times) before the module's first container: %v", made, b.rt.calls)
 	}
 	if slices.Contains(b.rt.calls, "network create mesh-db") {
 		t.Errorf("a network for db, which runs no container: %v", b.rt.calls)

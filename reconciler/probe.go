@@ -27,8 +27,8 @@ const LabelProbe = "mesh.probe"
 // reachable checks, once per agent run, that the resolver answers from a
 // container on the network of res's module, using its image (already
 // present). It returns why not. Once is enough: every module's bridge is
-// made alike, and the resolver takes queries from a network made since it
-// last listed them (agent.go).
+// made alike, and the resolver is told of each network made
+// (Config.NetworkMade).
 func (x *run) reachable(ctx context.Context, res state.Resource) string {
 	p := x.r.cfg.Probe
 	if p == nil || x.r.probed {
@@ -43,12 +43,9 @@ func (x *run) reachable(ctx context.Context, res state.Resource) string {
 	rt := x.counted
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	name := "mesh-probe-" + x.r.cfg.Node
-	if c, ok, err := rt.Lookup(pctx, name); err == nil && ok {
-		if c.Labels[LabelProbe] != "1" {
-			return fmt.Sprintf("a container named %s exists and is not the mesh's probe; remove it (podman rm %s)", name, name)
-		}
-		rt.Remove(pctx, c.ID)
+	name := x.probeName()
+	if msg := x.removeProbe(pctx, rt); msg != "" {
+		return msg
 	}
 	network := x.r.networkOf(res.Module)
 	spec := Spec{
@@ -80,5 +77,26 @@ func (x *run) reachable(ctx context.Context, res state.Resource) string {
 	}
 	x.r.probed = true
 	x.r.log.Info("the resolver answers from Podman's network", "network", network, "resolver", x.r.cfg.DNS)
+	return ""
+}
+
+func (x *run) probeName() string { return "mesh-probe-" + x.r.cfg.Node }
+
+// removeProbe removes the probe's container that a run cut short left. It
+// returns why not ("" when none is left).
+func (x *run) removeProbe(ctx context.Context, rt Runtime) string {
+	name := x.probeName()
+	c, ok, err := rt.Lookup(ctx, name)
+	switch {
+	case err != nil:
+		return err.Error()
+	case !ok:
+		return ""
+	case c.Labels[LabelProbe] != "1":
+		return fmt.Sprintf("a container named %s exists and is not the mesh's probe; remove it (podman rm %s)", name, name)
+	}
+	if err := rt.Remove(ctx, c.ID); err != nil {
+		return err.Error()
+	}
 	return ""
 }

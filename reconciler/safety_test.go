@@ -586,12 +586,13 @@ func TestKeptIsLoggedOnce(t *testing.T) {
 func TestResolverProbeGatesTheFirstStart(t *testing.T) {
 	h := newHost(t)
 	h.r.cfg.Probe = &ProbeConfig{Binary: "/usr/local/bin/mesh", Name: func(context.Context) string { return "ace.internal" }}
+	h.r.cfg.ModuleNetworks = true
 	answers := false
 	probes := 0
 	h.rt.exit = func(s Spec) int {
 		if len(s.Entrypoint) > 0 && s.Entrypoint[0] == "/mesh-probe" {
 			probes++
-			if s.Labels[LabelProbe] != "1" || s.Labels[LabelManaged] != "" || s.Mounts[0].Source != "/usr/local/bin/mesh" || strings.Join(s.Command, " ") != "resolve --server 169.254.53.53 --timeout 3s ace.internal" {
+			if s.Labels[LabelProbe] != "1" || s.Labels[LabelManaged] != "" || s.Mounts[0].Source != "/usr/local/bin/mesh" || strings.Join(s.Command, " ") != "resolve --server 169.254.53.53 --timeout 3s ace.internal" || s.Network != "mesh-other" {
 				t.Fatalf("probe spec %+v", s)
 			}
 			if answers {
@@ -619,6 +620,25 @@ func TestResolverProbeGatesTheFirstStart(t *testing.T) {
 	h.apply()
 	if probes != 2 {
 		t.Fatalf("%d probes, want 2 (one failed, one passed, none after)", probes)
+	}
+}
+
+// A probe that an agent's end cut short is removed at the next agent's
+// first apply, with no container to start: left on a module's network it
+// would keep the network from going with its module.
+func TestLeftoverProbeIsRemoved(t *testing.T) {
+	h := newHost(t)
+	h.rt.Create(context.Background(), Spec{Name: "mesh-probe-ace", Image: "localhost/busybox:1", Labels: map[string]string{LabelProbe: "1"}})
+	h.apply()
+	if h.rt.byName("mesh-probe-ace") != nil {
+		t.Fatal("the probe an earlier run left is still there")
+	}
+	// Once per agent run: a container of that name made since is the
+	// next probe's business, not every apply's.
+	h.rt.Create(context.Background(), Spec{Name: "mesh-probe-ace", Image: "localhost/busybox:1", Labels: map[string]string{LabelProbe: "1"}})
+	h.apply()
+	if h.rt.byName("mesh-probe-ace") == nil {
+		t.Fatal("every apply looks for a leftover probe")
 	}
 }
 

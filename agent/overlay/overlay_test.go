@@ -158,8 +158,8 @@ func TestFilterRules(t *testing.T) {
 
 // The modules' rule matches every module bridge by prefix (no NUL), drops
 // only a new connection, lets a translated one (a published port) and one
-// that stays on its bridge pass; the bed (integration/isolation_test.go)
-// sends the packets.
+// that stays on its bridge pass; the overlay bed sends the packets
+// (integration/overlay_test.go, modulesKeepToThemselves).
 func TestIsolateRule(t *testing.T) {
 	r := isolateRule()
 	if r.text != `oifname "meshm*" ct state new ct status & dnat == 0 fib daddr . iif oif missing drop` {
