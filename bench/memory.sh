@@ -126,6 +126,11 @@ held_flood TCP -addr "$DNS:53"
 # most 16 from a source and 128 in all are kept (cluster: guestsPerSource,
 # guestsInAll).
 held_flood node-port -node -addr 127.0.0.1:17990
+# Connections that never begin their TLS handshake: the agent keeps at
+# most 32 from a source and 512 in all in their handshake (cluster:
+# handshakesPerSource, handshakesInAll), closing the oldest for a new one;
+# the others it would hold for the handshake's 10 s.
+held_flood handshake -stall -node -addr 127.0.0.1:17990
 pkill -f "$B/mesh agent" || true
 
 echo "resolver (dnsd.Server as the agent runs it, bench/dnsserve):"

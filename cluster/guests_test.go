@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -293,4 +294,80 @@ func TestJoinOutlastsItsBodyTime(t *testing.T) {
 	joinBodyTime = 5 * time.Millisecond
 	t.Cleanup(func() { joinBodyTime = old })
 	twoNodes(t) // fails if novox's join does
+}
+
+// Connections that never finish their TLS handshake are bounded, from one
+// address and in all: over a bound the oldest still in its handshake is
+// closed (not the new one: a node's connection leaves with the address a
+// container's flood may share), so a guest's handshake and a node's go
+// through while a flood holds every place, and the count goes back to
+// nothing when the flood ends.
+func TestHandshakesAreBounded(t *testing.T) {
+	a, b := twoNodes(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	shaking := a.Node.mux.shaking.open
+	var raw []net.Conn
+	defer func() {
+		for _, c := range raw {
+			c.Close()
+		}
+	}()
+	stall := func(from string) net.Conn {
+		t.Helper()
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw = append(raw, c)
+		return c
+	}
+	waitOpen := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); shaking() != n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d connections in their handshake, want %d", shaking(), n)
+			}
+		}
+	}
+	closedByNode := func(c net.Conn, what string) {
+		t.Helper()
+		// Well within the handshake's own 10 s.
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("%s: still open (%v)", what, err)
+		}
+	}
+	first := stall("127.0.3.1")
+	for range handshakesPerSource - 1 {
+		stall("127.0.3.1")
+	}
+	waitOpen(handshakesPerSource)
+	c, err := guest(addr, "127.0.3.1")
+	if err != nil {
+		t.Fatalf("a guest from an address with %d stalled handshakes: %v", handshakesPerSource, err)
+	}
+	c.Close()
+	closedByNode(first, "the oldest stalled handshake of the address")
+
+	// Every place in all, from other addresses.
+	oldest := stall("127.0.4.1")
+	for i := 1; i < handshakesInAll; i++ {
+		stall(fmt.Sprintf("127.0.4.%d", 1+i/handshakesPerSource))
+	}
+	waitOpen(handshakesInAll)
+	if hello, raftOpen := peerAs(t, b.Node.tls, addr); hello != http.StatusOK || !raftOpen {
+		t.Fatalf("novox with every handshake place taken: hello %d, raft open %v", hello, raftOpen)
+	}
+	if c, err := guest(addr, "127.0.5.1"); err != nil {
+		t.Fatalf("a guest with every handshake place taken: %v", err)
+	} else {
+		c.Close()
+	}
+	closedByNode(oldest, "the oldest stalled handshake of all")
+	for _, c := range raw {
+		c.Close()
+	}
+	raw = nil
+	waitOpen(0)
 }

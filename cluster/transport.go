@@ -41,6 +41,10 @@ type mux struct {
 	raftCh chan net.Conn
 	api    *chanListener
 	guests *guests
+	// shaking is the connections in their handshake; cfg is the TLS
+	// server's configuration.
+	shaking *handshakes
+	cfg     *tls.Config
 	// refusedRaft throttles the warning for a Raft connection refused:
 	// anybody reaching the port can offer Raft's protocol without a
 	// node's certificate, as often as it can handshake.
@@ -52,9 +56,9 @@ type mux struct {
 
 func newMux(ln net.Listener, t *nodeTLS, member func(string, *x509.Certificate) bool, log *slog.Logger) *mux {
 	m := &mux{tls: t, member: member, raftCh: make(chan net.Conn, 16), log: log, closing: make(chan struct{}),
-		guests: newGuests(guestsInAll, guestsPerSource)}
+		guests: newGuests(guestsInAll, guestsPerSource), shaking: newHandshakes(handshakesInAll, handshakesPerSource)}
 	m.api = &chanListener{ch: make(chan net.Conn, 16), addr: ln.Addr(), closing: m.closing}
-	m.ln = tls.NewListener(ln, m.serverConfig())
+	m.ln, m.cfg = ln, m.serverConfig()
 	go m.serve()
 	return m
 }
@@ -82,13 +86,23 @@ func (m *mux) serve() {
 			}
 			continue
 		}
-		go m.route(c.(*tls.Conn))
+		e, out := m.shaking.begin(c)
+		for _, o := range out {
+			o.Close()
+			if m.shaking.evicted.Now() {
+				m.log.Warn("closed a connection to the node port still in its TLS handshake: too many in their handshake (logged once a minute at most)",
+					"from", o.RemoteAddr(), "max_per_source", m.shaking.perSource, "max", m.shaking.total)
+			}
+		}
+		go m.route(tls.Server(c, m.cfg), e)
 	}
 }
 
-func (m *mux) route(c *tls.Conn) {
+func (m *mux) route(c *tls.Conn, e *handshake) {
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := c.Handshake(); err != nil {
+	err := c.Handshake()
+	m.shaking.end(e)
+	if err != nil {
 		c.Close()
 		return
 	}

@@ -3,17 +3,21 @@
 // 127.0.1.2, ..., each asking one DNS query of a resolver, or with -node one
 // GET /v1/ca of a node port over TLS without a certificate. It keeps the
 // answered ones open for -hold, then prints how many were answered and how
-// many the server closed without an answer, and exits.
+// many the server closed without an answer, and exits. With -stall each
+// connection sends nothing at all (a TLS handshake never begun); it prints
+// how many the server closed within -hold.
 package main
 
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +32,7 @@ func main() {
 	name := flag.String("name", "mem1.internal.", "name to ask for")
 	hold := flag.Duration("hold", 3*time.Second, "how long to keep the answered connections open")
 	node := flag.Bool("node", false, "-addr is a node port: GET /v1/ca over TLS, without a certificate")
+	stall := flag.Bool("stall", false, "send nothing on each connection; print how many the server closed within -hold")
 	flag.Parse()
 	if *sources < 1 || *sources > 250 {
 		log.Fatal("-sources: 1 to 250")
@@ -38,6 +43,9 @@ func main() {
 	ask := askDNS
 	if *node {
 		ask = askCA
+	}
+	if *stall {
+		ask = connect
 	}
 	work := make(chan int)
 	var wg sync.WaitGroup
@@ -65,6 +73,20 @@ func main() {
 	}
 	close(work)
 	wg.Wait()
+	if *stall {
+		time.Sleep(*hold)
+		gone := 0
+		for _, c := range open {
+			c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+			if _, err := c.Read(make([]byte, 1)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				gone++
+			}
+			c.Close()
+		}
+		fmt.Printf("opened %d of %d from %d sources, sending nothing: the server closed %d within %s, %d still open\n",
+			answered.Load(), *n, *sources, gone, *hold, len(open)-gone)
+		return
+	}
 	fmt.Printf("opened %d from %d sources: answered %d (held open %s), closed without an answer %d\n",
 		*n, *sources, answered.Load(), *hold, closed.Load())
 	time.Sleep(*hold)
@@ -72,6 +94,9 @@ func main() {
 		c.Close()
 	}
 }
+
+// connect opens a connection and sends nothing on it.
+func connect(d *net.Dialer, addr, _ string) (net.Conn, error) { return d.Dial("tcp", addr) }
 
 // askDNS asks a resolver for name over TCP and returns the connection if it
 // was answered.
