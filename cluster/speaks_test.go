@@ -88,3 +88,41 @@ func TestForwardedCommandsSpeakForTheirNode(t *testing.T) {
 		t.Fatalf("novox's own report: %v", err)
 	}
 }
+
+// The exception: a voter forwards a node's admission and its certificate's
+// key for another node (the leader that admitted a node and lost the lead
+// under the join does so), and the leader takes them.
+func TestAVoterForwardsAnAdmission(t *testing.T) {
+	a, b := twoNodesVoting(t, 2) // both vote; ace leads
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n, err := a.Store.Node(ctx, "novox")
+		_, lerr := b.Node.leaderAddr()
+		if err == nil && n.Voter && lerr == nil && b.Node.State() == "Follower" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("novox is not a voting follower that knows the leader after 20 s: %+v %v %v", n, err, lerr)
+		}
+	}
+	mine, err := seal.LoadOrCreate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := strings.Repeat("ef", 32)
+	for _, req := range []state.Request{
+		&state.NodeAddRequest{Node: state.Node{Name: "ghost", Address: "127.0.0.9", Port: 9, SealKey: mine.Recipient()}},
+		&state.NodeCertRequest{Node: "ghost", Expires: time.Now().Add(time.Hour), Key: key},
+	} {
+		c := state.NewCommand(req)
+		c.Time = time.Now().UTC()
+		if _, err := b.Node.forward(ctx, c); err != nil {
+			t.Fatalf("novox, a voter, forwarded a %s for ghost: %v", req.Op(), err)
+		}
+	}
+	g, err := a.Store.Node(ctx, "ghost")
+	if err != nil || g.CertKey != key {
+		t.Fatalf("ghost in the leader's replica: %+v, %v", g, err)
+	}
+}
