@@ -48,6 +48,7 @@ func main() {
 		ask = connect
 	}
 	work := make(chan int)
+	began := time.Now()
 	var wg sync.WaitGroup
 	for w := 0; w < 64; w++ {
 		wg.Add(1)
@@ -74,17 +75,29 @@ func main() {
 	close(work)
 	wg.Wait()
 	if *stall {
+		opened := time.Since(began)
 		time.Sleep(*hold)
-		gone := 0
+		// All at once: one after another, the last would be read after
+		// the server's own handshake deadline.
+		var gone atomic.Int64
+		var rd sync.WaitGroup
+		until := time.Now().Add(200 * time.Millisecond)
 		for _, c := range open {
-			c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
-			if _, err := c.Read(make([]byte, 1)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-				gone++
-			}
+			rd.Add(1)
+			go func() {
+				defer rd.Done()
+				c.SetReadDeadline(until)
+				if _, err := c.Read(make([]byte, 1)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+					gone.Add(1)
+				}
+			}()
+		}
+		rd.Wait()
+		for _, c := range open {
 			c.Close()
 		}
-		fmt.Printf("opened %d of %d from %d sources, sending nothing: the server closed %d within %s, %d still open\n",
-			answered.Load(), *n, *sources, gone, *hold, len(open)-gone)
+		fmt.Printf("opened %d of %d from %d sources in %s, sending nothing: %s later the server had closed %d, %d still open\n",
+			answered.Load(), *n, *sources, opened.Round(time.Millisecond), *hold, gone.Load(), int64(len(open))-gone.Load())
 		return
 	}
 	fmt.Printf("opened %d from %d sources: answered %d (held open %s), closed without an answer %d\n",
