@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -298,29 +299,35 @@ func TestJoinOutlastsItsBodyTime(t *testing.T) {
 
 // Connections that never finish their TLS handshake are bounded, from one
 // address and in all: over a bound the oldest still in its handshake is
-// closed (not the new one: a node's connection leaves with the address a
-// container's flood may share), so a guest's handshake and a node's go
-// through while a flood holds every place, and the count goes back to
-// nothing when the flood ends.
+// ended (not the new one: a node's connection leaves with the address a
+// container's flood may share), so a guest's handshake goes through while
+// a flood holds every place. A node's address has a bound of its own that
+// no stranger's connection counts against: a node's handshakes stay while
+// strangers take every place. The count goes back to nothing after.
 func TestHandshakesAreBounded(t *testing.T) {
 	a, b := twoNodes(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
 	shaking := a.Node.mux.shaking.open
-	var raw []net.Conn
+	type stalled struct {
+		c  net.Conn
+		at time.Time
+	}
+	var raw []stalled
 	defer func() {
-		for _, c := range raw {
-			c.Close()
+		for _, s := range raw {
+			s.c.Close()
 		}
 	}()
-	stall := func(from string) net.Conn {
+	stall := func(from string) stalled {
 		t.Helper()
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
 		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		raw = append(raw, c)
-		return c
+		s := stalled{c, time.Now()}
+		raw = append(raw, s)
+		return s
 	}
 	waitOpen := func(n int) {
 		t.Helper()
@@ -330,13 +337,30 @@ func TestHandshakesAreBounded(t *testing.T) {
 			}
 		}
 	}
-	closedByNode := func(c net.Conn, what string) {
+	// ended reads each of ss for a moment, all at once: whether the node
+	// has ended it. Only well within the handshake's own 10 s does it tell
+	// the bounds' doing.
+	ended := func(ss ...stalled) []bool {
 		t.Helper()
-		// Well within the handshake's own 10 s.
-		c.SetReadDeadline(time.Now().Add(3 * time.Second))
-		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("%s: still open (%v)", what, err)
+		out := make([]bool, len(ss))
+		var wg sync.WaitGroup
+		until := time.Now().Add(300 * time.Millisecond)
+		for i, s := range ss {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.c.SetReadDeadline(until)
+				_, err := s.c.Read(make([]byte, 1))
+				out[i] = !errors.Is(err, os.ErrDeadlineExceeded)
+			}()
 		}
+		wg.Wait()
+		for _, s := range ss {
+			if since := time.Since(s.at); since > 8*time.Second {
+				t.Fatalf("read %s after the dial: too late to tell the bounds from the handshake's deadline", since)
+			}
+		}
+		return out
 	}
 	first := stall("127.0.3.1")
 	for range handshakesPerSource - 1 {
@@ -348,14 +372,34 @@ func TestHandshakesAreBounded(t *testing.T) {
 		t.Fatalf("a guest from an address with %d stalled handshakes: %v", handshakesPerSource, err)
 	}
 	c.Close()
-	closedByNode(first, "the oldest stalled handshake of the address")
+	if !ended(first)[0] {
+		t.Fatal("the oldest stalled handshake of the address is still open")
+	}
+	for _, s := range raw {
+		s.c.Close()
+	}
+	raw = nil
+	waitOpen(0)
 
-	// Every place in all, from other addresses.
+	// novox's address (a node's) holds more than a stranger may; then
+	// strangers take every place in all, and push out none of novox's.
+	var novox []stalled
+	for range handshakesPerSource + 8 {
+		novox = append(novox, stall("127.0.0.2"))
+	}
 	oldest := stall("127.0.4.1")
-	for i := 1; i < handshakesInAll; i++ {
+	for i := 1; i < handshakesInAll+handshakesPerSource; i++ {
 		stall(fmt.Sprintf("127.0.4.%d", 1+i/handshakesPerSource))
 	}
-	waitOpen(handshakesInAll)
+	waitOpen(handshakesInAll + len(novox))
+	for i, gone := range ended(append(novox, oldest)...) {
+		switch {
+		case i < len(novox) && gone:
+			t.Fatalf("novox's stalled handshake %d of %d was ended by strangers' connections or by a stranger's bound", i+1, len(novox))
+		case i == len(novox) && !gone:
+			t.Fatal("the oldest stalled handshake of all is still open")
+		}
+	}
 	if hello, raftOpen := peerAs(t, b.Node.tls, addr); hello != http.StatusOK || !raftOpen {
 		t.Fatalf("novox with every handshake place taken: hello %d, raft open %v", hello, raftOpen)
 	}
@@ -364,9 +408,8 @@ func TestHandshakesAreBounded(t *testing.T) {
 	} else {
 		c.Close()
 	}
-	closedByNode(oldest, "the oldest stalled handshake of all")
-	for _, c := range raw {
-		c.Close()
+	for _, s := range raw {
+		s.c.Close()
 	}
 	raw = nil
 	waitOpen(0)

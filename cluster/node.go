@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -194,7 +195,22 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		}
 		return nil
 	}
-	m := newMux(ln, nt, member, log)
+	nodes := &nodeAddresses{load: func() (map[netip.Addr]bool, error) {
+		list, err := store.Nodes(context.Background())
+		if err != nil {
+			return nil, err
+		}
+		set := map[netip.Addr]bool{}
+		for _, nd := range list {
+			for _, s := range []string{nd.Address, nd.OverlayAddress} {
+				if a, err := netip.ParseAddr(s); err == nil {
+					set[a.Unmap()] = true
+				}
+			}
+		}
+		return set, nil
+	}, changed: store.Changed}
+	m := newMux(ln, nt, member, nodes.has, log)
 	stop := make(chan struct{})
 	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv, stop: stop, known: knownPeer(store)}, 3, 10*time.Second, hl)
 	rc := raft.DefaultConfig()

@@ -54,9 +54,11 @@ type mux struct {
 	closing     chan struct{}
 }
 
-func newMux(ln net.Listener, t *nodeTLS, member func(string, *x509.Certificate) bool, log *slog.Logger) *mux {
+// newMux serves the node port on ln; isNode says whether an address is a
+// node's (handshakes.go).
+func newMux(ln net.Listener, t *nodeTLS, member func(string, *x509.Certificate) bool, isNode func(netip.Addr) bool, log *slog.Logger) *mux {
 	m := &mux{tls: t, member: member, raftCh: make(chan net.Conn, 16), log: log, closing: make(chan struct{}),
-		guests: newGuests(guestsInAll, guestsPerSource), shaking: newHandshakes(handshakesInAll, handshakesPerSource)}
+		guests: newGuests(guestsInAll, guestsPerSource), shaking: newHandshakes(handshakesInAll, handshakesPerSource, handshakesPerNode, isNode)}
 	m.api = &chanListener{ch: make(chan net.Conn, 16), addr: ln.Addr(), closing: m.closing}
 	m.ln, m.cfg = ln, m.serverConfig()
 	go m.serve()
@@ -86,20 +88,20 @@ func (m *mux) serve() {
 			}
 			continue
 		}
+		// The handshake's deadline is set before the connection is counted:
+		// one pushed out later gets a deadline of now, which the route's
+		// goroutine must not put back.
+		c.SetDeadline(time.Now().Add(10 * time.Second))
 		e, out := m.shaking.begin(c)
-		for _, o := range out {
-			o.Close()
-			if m.shaking.evicted.Now() {
-				m.log.Warn("closed a connection to the node port still in its TLS handshake: too many in their handshake (logged once a minute at most)",
-					"from", o.RemoteAddr(), "max_per_source", m.shaking.perSource, "max", m.shaking.total)
-			}
+		if len(out) > 0 && m.shaking.evicted.Now() {
+			m.log.Warn("ended a connection to the node port still in its TLS handshake: too many in their handshake (logged once a minute at most)",
+				"from", out[0], "max_per_source", m.shaking.perSource, "max", m.shaking.total, "max_per_node", m.shaking.perNode)
 		}
 		go m.route(tls.Server(c, m.cfg), e)
 	}
 }
 
 func (m *mux) route(c *tls.Conn, e *handshake) {
-	c.SetDeadline(time.Now().Add(10 * time.Second))
 	err := c.Handshake()
 	m.shaking.end(e)
 	if err != nil {
