@@ -1,10 +1,14 @@
 package cluster
 
 import (
+	"errors"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"mesh/internal/testutil"
 )
 
 type addrConn struct {
@@ -82,5 +86,35 @@ func TestHandshakesBySource(t *testing.T) {
 	}
 	if h.open() != 7 || h.all.Len() != 4 {
 		t.Fatalf("%d open, %d of strangers; want 7 and 4", h.open(), h.all.Len())
+	}
+}
+
+// failingListener fails every Accept, as a process out of descriptors sees.
+type failingListener struct {
+	net.Listener
+	calls atomic.Int64
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	l.calls.Add(1)
+	return nil, errors.New("accept tcp: too many open files")
+}
+func (l *failingListener) Close() error   { return nil }
+func (l *failingListener) Addr() net.Addr { return &net.TCPAddr{} }
+
+// An accept that keeps failing is tried again after a wait that grows, not
+// at once in a loop that takes a core.
+func TestAcceptErrorsAreWaitedOut(t *testing.T) {
+	ln := &failingListener{}
+	logger, out := testutil.NewLog()
+	m := newMux(ln, nil, nil, nil, logger)
+	time.Sleep(300 * time.Millisecond)
+	m.Close()
+	// 5, 10, 20, 40, 80, 160 ms: 6 or 7 tries in 300 ms.
+	if n := ln.calls.Load(); n > 10 {
+		t.Fatalf("%d accepts in 300 ms", n)
+	}
+	if n := out.Count("accept on the node port failed"); n != 1 {
+		t.Fatalf("the failure logged %d times, want once", n)
 	}
 }

@@ -49,9 +49,11 @@ type mux struct {
 	// anybody reaching the port can offer Raft's protocol without a
 	// node's certificate, as often as it can handshake.
 	refusedRaft connlimit.Throttle
-	log         *slog.Logger
-	once        sync.Once
-	closing     chan struct{}
+	// acceptFailed throttles the warning for a failed accept.
+	acceptFailed connlimit.Throttle
+	log          *slog.Logger
+	once         sync.Once
+	closing      chan struct{}
 }
 
 // newMux serves the node port on ln; isNode says whether an address is a
@@ -75,6 +77,7 @@ func (m *mux) serverConfig() *tls.Config {
 }
 
 func (m *mux) serve() {
+	var wait time.Duration
 	for {
 		c, err := m.ln.Accept()
 		if err != nil {
@@ -86,8 +89,21 @@ func (m *mux) serve() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			// Out of descriptors, say: wait before the next try, as
+			// net/http's server does (5 ms, doubling to a second), rather
+			// than spin on the error.
+			wait = min(max(2*wait, 5*time.Millisecond), time.Second)
+			if m.acceptFailed.Now() {
+				m.log.Warn("accept on the node port failed; trying again (logged once a minute at most)", "err", err, "wait", wait)
+			}
+			select {
+			case <-m.closing:
+				return
+			case <-time.After(wait):
+			}
 			continue
 		}
+		wait = 0
 		// The handshake's deadline is set before the connection is counted:
 		// one pushed out later gets a deadline of now, which the route's
 		// goroutine must not put back.
