@@ -88,16 +88,10 @@ func maskOf(bits int) []byte {
 // and device, in one transaction: whatever the table held before (an
 // earlier overlay, a damaged edit) goes with it.
 func InstallFilter(prefix netip.Prefix, device string) error {
-	c, err := nftables.New()
+	c, t, err := emptyTable(FilterTable)
 	if err != nil {
-		return fmt.Errorf("talk to nftables: %w", err)
+		return err
 	}
-	t := &nftables.Table{Name: FilterTable, Family: nftables.TableFamilyIPv4}
-	// Deleting a table that does not exist fails the batch: add it first
-	// (a no-op when it exists), then delete and make it again.
-	c.AddTable(t)
-	c.DelTable(t)
-	c.AddTable(t)
 	rawPrio := nftables.ChainPriorityRaw
 	manglePrio := nftables.ChainPriorityMangle
 	accept := nftables.ChainPolicyAccept
@@ -114,6 +108,22 @@ func InstallFilter(prefix netip.Prefix, device string) error {
 		return fmt.Errorf("install the overlay's packet filter (nftables table ip %s): %w", FilterTable, err)
 	}
 	return nil
+}
+
+// emptyTable opens a batch that makes the table called name (family ip)
+// anew, empty, whatever it held.
+func emptyTable(name string) (*nftables.Conn, *nftables.Table, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return nil, nil, fmt.Errorf("talk to nftables: %w", err)
+	}
+	t := &nftables.Table{Name: name, Family: nftables.TableFamilyIPv4}
+	// Deleting a table that does not exist fails the batch: add it first
+	// (a no-op when it exists), then delete and make it again.
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+	return c, t, nil
 }
 
 // RemoveFilter deletes the mesh's table, if any.

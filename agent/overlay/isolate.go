@@ -56,14 +56,10 @@ func hostOrder(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }
 // InstallIsolation makes the isolation table hold exactly its rule, in one
 // transaction.
 func InstallIsolation() error {
-	c, err := nftables.New()
+	c, t, err := emptyTable(IsolateTable)
 	if err != nil {
-		return fmt.Errorf("talk to nftables: %w", err)
+		return err
 	}
-	t := &nftables.Table{Name: IsolateTable, Family: nftables.TableFamilyIPv4}
-	c.AddTable(t)
-	c.DelTable(t)
-	c.AddTable(t)
 	accept := nftables.ChainPolicyAccept
 	ch := c.AddChain(&nftables.Chain{Name: "into-modules", Table: t, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: isolateRule().exprs})
