@@ -348,6 +348,7 @@ func (a *Agent) startReconciler() error {
 	}
 	rec, err := reconciler.New(reconciler.Config{
 		ModuleNetworks: rootful,
+		ClearBridge:    overlay.DeleteIdleBridge,
 		NetworkMade: func() {
 			if p := a.subnets(); p != nil && a.resolver != nil {
 				a.resolver.SetAllow(p)

@@ -21,6 +21,7 @@ cleanup() {
 	sleep 0.5
 	# What Podman's storage left mounted under the bench dir goes first.
 	awk -v b="$B/" 'index($2, b) == 1 { print $2 }' /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+	[ -d "$B/root" ] && CONTAINERS_CONF=$B/containers.conf mesh_bridges_del --root "$B/root" --runroot "$B/runroot"
 	ip link del "$LINK" 2>/dev/null || true
 	rm -rf "$B"
 }
@@ -28,7 +29,7 @@ cleanup
 trap cleanup EXIT
 mkdir -p "$B/srv"
 export CONTAINERS_CONF=$B/containers.conf
-printf '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n' > "$CONTAINERS_CONF"
+printf '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n\n[network]\nnetwork_config_dir = "%s/networks"\n' "$B" > "$CONTAINERS_CONF"
 go build -o "$B/mesh" .
 ip link add "$LINK" type bridge && ip addr add "$DNS/32" dev "$LINK" && ip link set "$LINK" up
 podman --root "$B/root" --runroot "$B/runroot" system service --time 0 "unix://$B/podman.sock" >"$B/podman.log" 2>&1 &

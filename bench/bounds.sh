@@ -20,6 +20,7 @@ pm() { CONTAINERS_CONF=$B/containers.conf podman --root "$B/root" --runroot "$B/
 cleanup() {
 	pkill -f "$B/" 2>/dev/null || true
 	if [ -d "$B/root" ]; then pm rm -af -t 0 >/dev/null 2>&1 || true; umount -l "$B/root/overlay" 2>/dev/null || true; fi
+	[ -d "$B/root" ] && CONTAINERS_CONF=$B/containers.conf mesh_bridges_del --root "$B/root" --runroot "$B/runroot"
 	ip link del "$LINK" 2>/dev/null || true
 	rm -rf "$B"
 }
@@ -28,7 +29,7 @@ trap cleanup EXIT
 mkdir -p "$B/srv"
 ip link add "$LINK" type bridge && ip addr add "$DNS/32" dev "$LINK" && ip link set "$LINK" up
 go build -o "$B/mesh" .
-printf '[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n' >"$B/containers.conf"
+printf '[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n\n[network]\nnetwork_config_dir = "%s/networks"\n' "$B" >"$B/containers.conf"
 bash contrib/busybox-rootfs.sh "$B/rootfs.tar" >/dev/null
 pm import --change 'CMD ["/bin/sh"]' "$B/rootfs.tar" localhost/mesh-bounds:1 >/dev/null
 pm system service --time 0 "unix://$B/podman.sock" >"$B/podman.log" 2>&1 &

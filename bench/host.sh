@@ -22,6 +22,7 @@ cleanup() {
 	[ -d "$B/root" ] && podman --root "$B/root" --runroot "$B/runroot" rm -af -t 0 >/dev/null 2>&1 || true
 	# Whatever is still mounted under the bench dir (overlays, shm) goes.
 	awk -v b="$B/" 'index($2, b) == 1 { print $2 }' /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+	[ -d "$B/root" ] && CONTAINERS_CONF=$B/containers.conf mesh_bridges_del --root "$B/root" --runroot "$B/runroot"
 	ip link del "$LINK" 2>/dev/null || true
 	rm -rf "$B"
 }
@@ -29,7 +30,7 @@ cleanup
 trap cleanup EXIT
 mkdir -p "$B/srv"
 export CONTAINERS_CONF=$B/containers.conf
-printf '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n' > "$CONTAINERS_CONF"
+printf '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n\n[network]\nnetwork_config_dir = "%s/networks"\n' "$B" > "$CONTAINERS_CONF"
 pm() { podman --root "$B/root" --runroot "$B/runroot" "$@"; }
 
 go build -o "$B/mesh" .

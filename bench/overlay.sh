@@ -122,7 +122,7 @@ tar -C "$root" -cf "$tmp/img.tar" .
 for n in A B; do
 	d=$tmp/$n
 	mkdir -p "$d/srv"
-	printf '[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n' >"$d/containers.conf"
+	printf '[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n\n[network]\nnetwork_config_dir = "%s/networks"\n' "$d" >"$d/containers.conf"
 	CONTAINERS_CONF=$d/containers.conf podman --root "$d/root" --runroot "$d/runroot" import -q "$tmp/img.tar" localhost/mesh-obench:1 >/dev/null
 	CONTAINERS_CONF=$d/containers.conf nsenter --net=/run/netns/ob$n podman --root "$d/root" --runroot "$d/runroot" system service --time 0 "unix://$d/podman.sock" >"$d/podman.log" 2>&1 &
 done

@@ -47,3 +47,13 @@ ensure_go() {
 	chmod -R u+w "$tmp" && rm -rf "$tmp"
 	go_ok || die "Go $MESH_GO_VERSION is not usable at /opt/mesh-go"
 }
+
+# mesh_bridges_del PODMAN-ARGS...: deletes the bridges of the mesh's module
+# networks that the Podman of those arguments (and of CONTAINERS_CONF) knows:
+# its CNI backend leaves a network's bridge behind when the network goes.
+mesh_bridges_del() {
+	local i
+	for i in $(podman "$@" network ls --filter label=mesh.managed=1 --format '{{.NetworkInterface}}' 2>/dev/null); do
+		ip link del "$i" 2>/dev/null || true
+	done
+}

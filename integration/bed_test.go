@@ -172,6 +172,14 @@ func (h *host) cleanup() {
 		exec.Command("pkill", "-u", bedUser).Run()
 	} else if _, err := os.Stat(filepath.Join(h.dir, "root")); err == nil {
 		h.podmanCmd("rm", "-af", "-t", "0").Run()
+		// The bridges of the modules' networks: Podman's CNI backend
+		// leaves them, with their subnets, when the networks go with the
+		// bed's directory, and a later bed's network of the same module,
+		// given another subnet, could not use its bridge.
+		out, _ := h.podmanCmd("network", "ls", "--filter", "label=mesh.managed=1", "--format", "{{.NetworkInterface}}").Output()
+		for _, i := range strings.Fields(string(out)) {
+			exec.Command("ip", "link", "del", i).Run()
+		}
 		exec.Command("umount", "-l", filepath.Join(h.dir, "root", "overlay")).Run()
 	}
 	exec.Command("ip", "link", "del", bedLink).Run()

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"mesh/reconciler"
 )
 
 // The overlay bed (private by default): three nodes and an outsider on one bridge.
@@ -111,6 +113,14 @@ func modulesKeepToThemselves(t *testing.T, n1 *agent) {
 	if out, err := get(outsiderNS, web, 8090); err == nil || strings.Contains(out, "provider page") {
 		t.Fatalf("the outsider reached bedprov.web at %s:8090, routed through n1: %v %s", web, err, out)
 	}
+	// bedpeek leaves n1: its network goes, and its bridge with it.
+	n1.mesh("unassign", "n1", "bedpeek", "--wait")
+	bridge := reconciler.ModuleNetwork("bedpeek").Interface
+	eventually(t, 20*time.Second, "bedpeek's network and bridge go with it", func() (bool, string) {
+		nets := n1.h.podman("network", "ls", "--format", "{{.Name}}")
+		link, err := exec.Command("ip", "-n", n1.h.netns, "link", "show", bridge).CombinedOutput()
+		return !strings.Contains(nets, "mesh-bedpeek") && err != nil, fmt.Sprintf("networks %q; %s: %s", nets, bridge, link)
+	})
 }
 
 // outsider makes a namespace on the bed's bridge that is no node: a host

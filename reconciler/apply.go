@@ -81,8 +81,14 @@ type Config struct {
 	// their own (network.go); rootful Podman only. NetworkMade, when set,
 	// is called once one is made (the resolver takes queries from it at
 	// once, not after its next look at Podman's subnets).
+	// ClearBridge, when set, removes a bridge of that name before the
+	// network is made: one left of a network whose configuration went
+	// without Podman's removing it (Podman's CNI backend deletes a
+	// network's bridge at `podman network rm` only), which kept that
+	// network's subnet and could not serve the new one.
 	ModuleNetworks bool
 	NetworkMade    func()
+	ClearBridge    func(name string) error
 	// Probe, when set, checks once per agent run that the resolver answers
 	// from a container, before the first step or container starts.
 	Probe  *ProbeConfig

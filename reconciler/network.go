@@ -83,6 +83,11 @@ func (x *run) ensureNetwork(ctx context.Context, module string) string {
 		}
 		return ""
 	}
+	if x.r.cfg.ClearBridge != nil {
+		if err := x.r.cfg.ClearBridge(want.Interface); err != nil {
+			return fmt.Sprintf("make the module's network %s: %v", want.Name, err)
+		}
+	}
 	if err := x.rt.CreateNetwork(ctx, want); err != nil {
 		return fmt.Sprintf("create the module's network %s: %v", want.Name, err)
 	}

@@ -32,6 +32,11 @@ func TestModulesRunOnNetworksOfTheirOwn(t *testing.T) {
 	b.r.cfg.ModuleNetworks = true
 	made := 0
 	b.r.cfg.NetworkMade = func() { made++ }
+	b.r.cfg.ClearBridge = func(name string) error {
+		b.rt.calls = append(b.rt.calls, "clear "+name)
+		return nil
+	}
+	bridge := ModuleNetwork("app").Interface
 	rep := b.apply()
 	if o := outcome(rep, "app.server"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "is not the mesh's network of module app; remove it (podman network rm mesh-app)") {
 		t.Fatalf("app.server beside the operator's network: %s %q", o.Outcome, o.Reason)
@@ -55,6 +60,9 @@ func TestModulesRunOnNetworksOfTheirOwn(t *testing.T) {
 	}
 	madeAt := slices.Index(b.rt.calls, "network create mesh-app")
 	first := slices.IndexFunc(b.rt.calls, func(c string) bool { return strings.HasPrefix(c, "create ") })
+	if clearAt := slices.Index(b.rt.calls, "clear "+bridge); clearAt < 0 || clearAt > madeAt {
+		t.Fatalf("a bridge left of the name is not cleared before the network is made: %v", b.rt.calls)
+	}
 	if madeAt < 0 || first < madeAt || made != 1 {
 		t.Fatalf("the network is not made (and told, %d times) before the module's first container: %v", made, b.rt.calls)
 	}

@@ -1,11 +1,13 @@
 package overlay
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netlink"
 )
 
 // IsolateTable is the nftables table (family ip) that keeps each module's
@@ -65,6 +67,41 @@ func InstallIsolation() error {
 	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: isolateRule().exprs})
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("install the modules' packet filter (nftables table ip %s): %w", IsolateTable, err)
+	}
+	return nil
+}
+
+// DeleteIdleBridge removes the bridge called name when it is there with no
+// interface attached: what is left of a module's network whose
+// configuration went without `podman network rm` (Podman's CNI backend
+// deletes a network's bridge only then). Left, it kept the subnet of the
+// network it served, and the module's next network, given another subnet,
+// could not use it ("already has an IP address different from ...").
+// One with interfaces attached (containers of another Podman on this host)
+// is left, and said.
+func DeleteIdleBridge(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("look for interface %s: %w", name, err)
+	}
+	if l.Type() != "bridge" {
+		return fmt.Errorf("an interface named %s is there and is not a bridge; remove it (ip link del %s)", name, name)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("list interfaces: %w", err)
+	}
+	for _, o := range links {
+		if o.Attrs().MasterIndex == l.Attrs().Index {
+			return fmt.Errorf("the bridge %s is left from a network that is gone, and %s is still attached to it (a container of another Podman on this host?); remove it when that is over (ip link del %s)", name, o.Attrs().Name, name)
+		}
+	}
+	if err := netlink.LinkDel(l); err != nil {
+		return fmt.Errorf("remove the bridge %s left from a network that is gone: %w", name, err)
 	}
 	return nil
 }
