@@ -18,8 +18,9 @@ import (
 // between its ports, which no IP packet filter sees unless br_netfilter is
 // loaded. On bridges of their own, traffic between modules is routed by
 // the host, where the mesh's filter (agent/overlay/isolate.go) drops a new
-// connection into a module's bridge unless it came to a published port. Modules reach each other as they
-// always did, by name, at a node's overlay address and a published port.
+// connection into a module's bridge unless it came to a published port.
+// Modules reach each other as they always did, by name, at a node's
+// overlay address and a published port.
 
 // BridgePrefix begins the host interface name of every module's bridge:
 // the packet filter matches it.
