@@ -260,6 +260,18 @@ func (h *host) podmanHere(args ...string) *exec.Cmd {
 	return cmd
 }
 
+// oomScoreAdj is the kernel's oom_score_adj of a container's process, read
+// from /proc (the beds share the host's PID namespace).
+func (h *host) oomScoreAdj(name string) string {
+	h.t.Helper()
+	pid := strings.TrimSpace(h.podman("inspect", "--format", "{{.State.Pid}}", name))
+	b, err := os.ReadFile("/proc/" + pid + "/oom_score_adj")
+	if err != nil {
+		h.t.Fatalf("the oom_score_adj of %s (pid %q): %v", name, pid, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
 func (h *host) podman(args ...string) string {
 	h.t.Helper()
 	out, err := h.podmanCmd(args...).CombinedOutput()

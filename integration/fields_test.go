@@ -93,6 +93,7 @@ func TestContainerFieldsBed(t *testing.T) {
 		"{{.Config.WorkingDir}}":                      "/data",
 		"{{.HostConfig.ReadonlyRootfs}}":              "true",
 		"{{.HostConfig.Memory}}":                      "67108864",
+		"{{.HostConfig.OomScoreAdj}}":                 "500", // ended after one without a limit
 		"{{.HostConfig.CpuQuota}}":                    "50000",
 		"{{.Config.StopTimeout}}":                     "20",
 		`{{index .Config.Labels "com.example.team"}}`: "web",
@@ -102,6 +103,12 @@ func TestContainerFieldsBed(t *testing.T) {
 		if got := strings.TrimSpace(n[1].h.podman("inspect", "--format", format, "bedfields.app")); got != want {
 			t.Errorf("%s: %q, want %q", format, got, want)
 		}
+	}
+	if adj := n[1].h.oomScoreAdj("bedfields.app"); adj != "500" {
+		t.Fatalf("bedfields.app (memory: 64m) has oom_score_adj %s, want 500", adj)
+	}
+	if adj := n[2].h.oomScoreAdj("bedserve.httpd"); adj != "1000" {
+		t.Fatalf("bedserve.httpd (no memory limit) has oom_score_adj %s, want 1000", adj)
 	}
 	if out := n[1].h.podman("exec", "bedfields.app", "sh", "-c", "test -c /dev/mynull && test -f /run/alive && ! touch /etc/x 2>/dev/null && echo ok"); strings.TrimSpace(out) != "ok" {
 		t.Fatalf("device, tmpfs or read-only root: %q", out)

@@ -129,6 +129,11 @@ func testHost(t testing.TB, rootless bool) {
 	if web == "" || worker == "" {
 		t.Fatal("containers missing")
 	}
+	// Out of memory, the kernel ends a container's process before the
+	// agent's, Podman's or sshd's (each at 0): rootful and rootless.
+	if adj := h.oomScoreAdj("bedapp.web"); adj != "1000" {
+		t.Fatalf("bedapp.web (no memory limit) has oom_score_adj %s, want 1000", adj)
+	}
 	// The next pass changes nothing: zero mutations, same IDs, no rerun.
 	_, mutations, calls := a.nextApply(a.logLen())
 	if mutations != 0 {

@@ -388,6 +388,13 @@ func (c *Client) Create(ctx context.Context, s reconciler.Spec) (string, error) 
 	return r.ID, nil
 }
 
+// The oom_score_adj of a container without a memory limit, and of one
+// with (generator).
+const (
+	OOMScoreUnbounded = 1000
+	OOMScoreBounded   = 500
+)
+
 // generator is the Podman spec of s, but for what needs the host or the
 // service (the environment of env-secrets, the rlimits): what each field of
 // the manifest becomes, table tested without a Podman.
@@ -453,6 +460,19 @@ func generator(s reconciler.Spec) *specgen.SpecGenerator {
 			g.ResourceLimits.Pids = &spec.LinuxPids{Limit: s.PidsLimit}
 		}
 	}
+	// What the kernel ends first when the node runs out of memory: a
+	// container's processes, never the agent, Podman or sshd while a
+	// container has one (each of those is at 0; 1,000 outweighs any size).
+	// A container with a memory limit, which its own cgroup enforces first,
+	// gets half that: one without a limit goes before it. Kubernetes ranks
+	// pods alike (1,000 for those that ask for no memory). The score is not
+	// in the declaration's digest: containers made by earlier releases keep
+	// Podman's (the process's own, 0) until they are made again.
+	adj := OOMScoreUnbounded
+	if s.Memory > 0 {
+		adj = OOMScoreBounded
+	}
+	g.OOMScoreAdj = &adj
 	if s.TTY {
 		on := true
 		g.Terminal = &on

@@ -53,6 +53,18 @@ func TestGeneratorCarriesTheComposeKeys(t *testing.T) {
 	if l := both.ResourceLimits; l == nil || l.Memory == nil || *l.Memory.Limit != 64<<20 || l.Pids == nil || l.Pids.Limit != 100 {
 		t.Fatalf("memory and pids: %+v", both.ResourceLimits)
 	}
+	// Out of memory, the kernel ends a container before the agent: one
+	// without a limit first.
+	if a := both.OOMScoreAdj; a == nil || *a != 500 {
+		t.Fatalf("oom_score_adj with a memory limit: %v", a)
+	}
+	if a := g.OOMScoreAdj; a == nil || *a != 1000 {
+		t.Fatalf("oom_score_adj without a memory limit: %v", a)
+	}
+	b, _ = json.Marshal(both)
+	if !strings.Contains(string(b), `"oom_score_adj":500`) {
+		t.Errorf("the request's oom_score_adj: %s", b)
+	}
 
 	plain := generator(reconciler.Spec{Name: "f.app", Image: "b:2"})
 	if plain.Terminal != nil || plain.Init != nil || plain.Groups != nil || plain.ResourceLimits != nil {
