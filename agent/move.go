@@ -350,12 +350,19 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 			}
 		}
 	}
-	// A path of another module here is never taken (the ledger is read
-	// while no apply writes it).
+	// A path of another module here is never taken, nor one of theirs
+	// under it, which setting the directory aside would take from them
+	// (the ledger is read while no apply writes it). The state refuses a
+	// move whose module would not compose here (format 18); this holds
+	// for a module assigned here after the move began, and for a log of
+	// an older format.
 	othersPath := func() error {
 		for _, d := range mv.Data {
 			if other := a.reconciler.PathModule(d); other != "" && other != module {
 				return fmt.Errorf("%s is module %s's on %s; the move would take it", d, other, mv.To)
+			}
+			if under := a.reconciler.OthersUnder(d, module); under != "" {
+				return fmt.Errorf("%s holds %s on %s; the move would set it aside with %s", d, under, mv.To, d)
 			}
 		}
 		return nil

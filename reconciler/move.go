@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"slices"
 	"strings"
 
 	"mesh/state/manifest"
@@ -73,3 +74,21 @@ func (r *Reconciler) RefusedPath(p string) string { return r.refusedPath(p) }
 
 // PathModule is the module the ledger gives path to ("" if none).
 func (r *Reconciler) PathModule(path string) string { return r.ledger.Paths[path].Module }
+
+// OthersUnder is a path the ledger gives to a module other than module at
+// or under path ("" if none), the first in order: a move that set path's
+// directory aside to swap its copy in would take that path with it, from
+// under the other module's running containers.
+func (r *Reconciler) OthersUnder(path, module string) string {
+	var found []string
+	for p, e := range r.ledger.Paths {
+		if e.Module != module && manifest.Within(p, path) {
+			found = append(found, p)
+		}
+	}
+	slices.Sort(found)
+	if len(found) == 0 {
+		return ""
+	}
+	return found[0] + " (module " + r.ledger.Paths[found[0]].Module + ")"
+}

@@ -86,7 +86,15 @@ const (
 // describedNames files or modules and how many more. Format 16 named every
 // one: a module add of 2,000 modules that roll out kept 44 MB of causes
 // (22 kB for each module's version), and one of 10,000 would keep 1.1 GB.
-const CommandVersion = 17
+// 18, a module.move that refuses a module that would not compose on TO
+// next to what runs there (moveFitFormat, move.go): an older node would
+// take it, and TO would receive the module's data (inside another
+// module's mounted directory, say) before its plan said no.
+const CommandVersion = 18
+
+// moveFitFormat is the format of a module.move that checks the module
+// composes on TO.
+const moveFitFormat = 18
 
 // shortCauseFormat is the format of a command whose cause lists at most
 // describedNames files or modules (causeAt).
@@ -229,6 +237,7 @@ func (r *RestoreBody) formatNeeded() int {
 	}
 	return v
 }
+func (r *ModuleMoveRequest) formatNeeded() int { return moveFitFormat }
 func (r *NodeAddRequest) formatNeeded() int {
 	return max(iff(r.Node.SealKey != "", 5), iff(r.Node.OverlayKey != "", 7))
 }

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -150,6 +151,11 @@ func (ap *applier) moduleMove(r *ModuleMoveRequest) (bool, error) {
 	}
 	if err := checkProviders(cat, r.Module); err != nil {
 		return false, err
+	}
+	if ap.v >= moveFitFormat {
+		if err := ap.composesOn(r.To, r.Module, cat); err != nil {
+			return false, err
+		}
 	}
 	// The outermost data directories: an inner one travels inside its
 	// outer one.
@@ -301,4 +307,32 @@ func (ap *applier) refuseMoving(module, what string) error {
 		return err
 	}
 	return ruleErr(ErrConflict, "module %s is being moved from %s to %s (%s): %s once the move ends, or end it with mesh move --abort %s", module, from, to, phase, what, module)
+}
+
+// composesOn refuses a move of module to node when node's plan would not
+// compose with it: TO receives the module's data during the copy, while
+// the module is not yet in its plan, so what composition refuses (the
+// module's data directory inside a directory another module there mounts
+// writable, or around one; a path or a route another module there
+// claims) would only show at the move's start, the data already written
+// (inside the other module's mount, where its container reads it).
+func (ap *applier) composesOn(node, module string, cat map[string]*manifest.Manifest) error {
+	as, err := ap.assignmentsFor()
+	if err != nil {
+		return err
+	}
+	with := make([]Assignment, 0, len(as)+1)
+	with = append(with, as...)
+	with = append(with, Assignment{Node: node, Module: module, Seq: ap.index})
+	slices.SortFunc(with, func(a, b Assignment) int { return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Module, b.Module)) })
+	in, err := inputWith(ap.ctx, ap.q, cat, with)
+	if err != nil {
+		return err
+	}
+	out := ComposeNodes(in, map[string]bool{node: true})
+	defer out.releasePlans()
+	if msg, failed := out.Errors[node]; failed {
+		return ruleErr(ErrConflict, "module %s would not run on %s: %s (a move copies the data first, so it is refused before)", module, node, msg)
+	}
+	return nil
 }

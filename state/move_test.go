@@ -87,7 +87,7 @@ func TestModuleMove(t *testing.T) {
 			t.Fatalf("%+v was taken", bad)
 		}
 	}
-	if c := NewCommand(&ModuleMoveRequest{Module: "db", From: "ace", To: "bee"}); c.V != backupFormat {
+	if c := NewCommand(&ModuleMoveRequest{Module: "db", From: "ace", To: "bee"}); c.V != moveFitFormat {
 		t.Fatalf("module.move is written in format %d", c.V)
 	}
 	mustApply(t, s, &idx, &ModuleMoveRequest{Module: "db", From: "ace", To: "bee"})
@@ -192,5 +192,52 @@ func TestModuleMoveNested(t *testing.T) {
 	mv, _ := s.Moves(context.Background(), "app")
 	if !slices.Equal(mv[0].Data, []string{"/srv/app", "/srv/other"}) {
 		t.Fatalf("the move carries %v", mv[0].Data)
+	}
+}
+
+// A move to a node where the module would not compose is refused before
+// any data travels: here its data directory lies inside a directory
+// another module on TO mounts writable. Taken (format 17), TO received
+// the data inside that module's mount, where its container read it, and
+// its plan refused the module only at the move's start (a review found it).
+func TestModuleMoveRefusedWhereItWouldNotCompose(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	x := "module: x\nresources:\n  - directory: /srv/shared\n    data: true\n  - container: x.c\n    image: localhost/busybox:1\n    mounts: [\"/srv/shared:/d\"]\n"
+	m := "module: m\nresources:\n  - directory: /srv/shared/m\n    data: true\n  - container: m.c\n    image: localhost/busybox:1\n    mounts: [\"/srv/shared/m:/d\"]\n"
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("x.yaml", x), spec("m.yaml", m)}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "x"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "m"}})
+	before, _ := s.Node(ctx, "bee")
+	err := applyErr(t, s, &idx, &ModuleMoveRequest{Module: "m", From: "ace", To: "bee"})
+	if err == nil || !strings.Contains(err.Error(), "module m would not run on bee") || !strings.Contains(err.Error(), "/srv/shared") {
+		t.Fatalf("the move into x's mounted directory: %v", err)
+	}
+	if mv, _ := s.Moves(ctx, "m"); len(mv) != 0 {
+		t.Fatalf("a refused move was written: %+v", mv)
+	}
+	if after, _ := s.Node(ctx, "bee"); after.ComposeError != before.ComposeError || after.ComposeError != "" {
+		t.Fatalf("bee's composition changed: %q", after.ComposeError)
+	}
+	// A log written before format 18 applies as it did (every replica
+	// takes that entry alike): the move is taken.
+	c := NewCommand(&ModuleMoveRequest{Module: "m", From: "ace", To: "bee"})
+	c.V = moveFitFormat - 1
+	idx++
+	if err := s.Apply(idx, c.Encode()); err != nil {
+		t.Fatalf("a move of format 17: %v", err)
+	}
+	if mv, _ := s.Moves(ctx, "m"); len(mv) != 1 || mv[0].To != "bee" {
+		t.Fatalf("a move of format 17: %+v", mv)
+	}
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "m", ID: idx, From: MoveCopy, To: MoveAborted})
+	// Where it composes, the move is taken.
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "cat", Address: "10.0.0.3"}})
+	mustApply(t, s, &idx, &ModuleMoveRequest{Module: "m", From: "ace", To: "cat"})
+	if mv, _ := s.Moves(ctx, "m"); len(mv) != 1 || mv[0].To != "cat" {
+		t.Fatalf("the move to cat: %+v", mv)
 	}
 }
