@@ -120,6 +120,9 @@ type Reconciler struct {
 	// probed says the resolver was seen to answer from a container;
 	// swept that a probe an earlier run left (its end cut short) is gone.
 	probed, swept bool
+	// sweptTemps are the files whose leftover temp files were removed in
+	// this run (writeFile's sweep).
+	sweptTemps map[string]bool
 	// health runs the declared health checks of the containers in place.
 	health *monitor
 	// lastFailed is the modules that failed in the last apply: their
@@ -580,10 +583,16 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 			return report(res, state.Failed, err.Error())
 		}
 	}
-	outcome, drift, err := writeFile(res.Name, have, []byte(content), uid, gid, mode)
+	// Once a run, what a write cut short by a kill left beside the file is
+	// removed, even when the file holds what it should.
+	outcome, drift, err := writeFile(res.Name, have, []byte(content), uid, gid, mode, !x.r.sweptTemps[res.Name])
 	if err != nil {
 		return report(res, state.Failed, err.Error())
 	}
+	if x.r.sweptTemps == nil {
+		x.r.sweptTemps = map[string]bool{}
+	}
+	x.r.sweptTemps[res.Name] = true
 	if outcome != fsUnchanged {
 		x.writes++
 	}

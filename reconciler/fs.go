@@ -189,13 +189,21 @@ func fixOwnerMode(fd, uid, gid int, mode uint32) (string, error) {
 
 // writeFile makes path hold content with owner and mode: replaced atomically
 // and durably when the content differs, owner and mode fixed in place when
-// only they drifted. have is what look found there.
-func writeFile(path string, have pathState, content []byte, uid, gid int, mode uint32) (string, string, error) {
+// only they drifted. have is what look found there. With sweep, or when it
+// writes, the temp files a write of path cut short left beside it are
+// removed (safefs.SweepAt): a kill -9 in a write left the value it was
+// writing, a secret's too, in the module's directory for good.
+func writeFile(path string, have pathState, content []byte, uid, gid int, mode uint32, sweep bool) (string, string, error) {
 	dfd, base, err := safefs.OpenParent(path)
 	if err != nil {
 		return "", "", err
 	}
 	defer unix.Close(dfd)
+	if sweep || !have.exists || have.digest != digestBytes(content) {
+		if _, err := safefs.SweepAt(dfd, base); err != nil {
+			return "", "", err
+		}
+	}
 	if have.exists && have.digest == digestBytes(content) {
 		fd, err := unix.Openat(dfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -235,6 +243,14 @@ func unlink(path string, digests ...string) (removed bool, kept string, err erro
 	case err != nil:
 		return false, keptReason(err), nil
 	case !have.exists:
+		// What a write cut short left beside it goes all the same.
+		if dfd, base, err := safefs.OpenParent(path); err == nil {
+			_, err = safefs.SweepAt(dfd, base)
+			unix.Close(dfd)
+			if err != nil {
+				return false, "", err
+			}
+		}
 		return true, "", nil
 	case have.isDir:
 		return false, "it is now a directory, not the file the mesh wrote", nil
@@ -253,6 +269,9 @@ func unlink(path string, digests ...string) (removed bool, kept string, err erro
 	defer unix.Close(dfd)
 	if err := unix.Unlinkat(dfd, base, 0); err != nil && !errors.Is(err, unix.ENOENT) {
 		return false, "", fmt.Errorf("remove: %w", err)
+	}
+	if _, err := safefs.SweepAt(dfd, base); err != nil {
+		return false, "", err
 	}
 	if err := unix.Fsync(dfd); err != nil {
 		return false, "", fmt.Errorf("sync directory of %s: %w", path, err)

@@ -194,3 +194,65 @@ func TestSecretsReachOnlyTheirReaders(t *testing.T) {
 		t.Fatalf("the removed container's environment is still there: %v", err)
 	}
 }
+
+// A write of a secret's file cut short by a kill -9 leaves its temp file,
+// the value in it, beside the file: the next run removes it, and so does
+// the file's removal; names that only look alike, and a directory of such
+// a name, stay. Before, nothing removed it: after mesh secret rm and an
+// unassign the value stayed in the module's directory, which the mesh then
+// kept for the entry it did not put there (a review found it).
+func TestLeftoverOfACutWriteIsRemoved(t *testing.T) {
+	b := newSecretBed(t)
+	b.set("smtp", "hunter2")
+	b.set("api", "k")
+	if rep := b.apply(); rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	mail := filepath.Join(b.dir, "mail")
+	plant := func(name string) string {
+		p := filepath.Join(mail, name)
+		if err := os.WriteFile(p, []byte("hunter2"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	leftover := plant(".smtp.password.mesh-0a1b2c3d4e5f")
+	alike := []string{plant(".smtp.password.mesh-0a1b2c3d4e5"), plant(".smtp.password.mesh-0a1b2c3d4e5f0"), plant(".smtp.password.mesh-0A1B2C3D4E5F"), plant(".smtp.passwor.mesh-0a1b2c3d4e5f")}
+	dir := filepath.Join(mail, ".smtp.password.mesh-abcdefabcdef")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	alike = append(alike, dir)
+	// The same run swept the file's directory when it wrote it: a file
+	// that holds what it should is not listed again at every pass.
+	b.apply()
+	if _, err := os.Stat(leftover); err != nil {
+		t.Fatalf("swept at a pass of the same run: %v", err)
+	}
+	// The next run (a new reconciler on the same ledger) removes it at
+	// its first pass, the file unchanged.
+	r, err := New(b.r.cfg, b.rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.r = r
+	if rep := b.apply(); rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	if _, err := os.Stat(leftover); err == nil {
+		t.Fatal("the next run's first pass kept the leftover")
+	}
+	for _, p := range alike {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s, not a leftover of the file, was removed: %v", p, err)
+		}
+	}
+	// One left while the run goes on (its write cut short by a failure of
+	// the disk, say) goes with the file.
+	leftover = plant(".smtp.password.mesh-ffffffffffff")
+	b.rm("smtp")
+	b.apply()
+	if _, err := os.Stat(leftover); err == nil {
+		t.Fatal("mesh secret rm removed the file and kept the leftover beside it")
+	}
+}

@@ -148,10 +148,7 @@ type Attr struct {
 func WriteAt(dfd int, name string, content []byte, attr Attr) error {
 	var rnd [6]byte
 	rand.Read(rnd[:])
-	tmp := "." + name + ".mesh-" + hex.EncodeToString(rnd[:])
-	if len(tmp) > 255 {
-		tmp = ".mesh-" + hex.EncodeToString(rnd[:])
-	}
+	tmp := tempName(name, hex.EncodeToString(rnd[:]))
 	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("create temp file for %s: %w", name, err)
@@ -190,6 +187,69 @@ func WriteAt(dfd int, name string, content []byte, attr Attr) error {
 		return fmt.Errorf("sync directory of %s: %w", name, err)
 	}
 	return nil
+}
+
+// tempName is WriteAt's temp file for name, with the random part rnd (12
+// hex digits).
+func tempName(name, rnd string) string {
+	if tmp := "." + name + ".mesh-" + rnd; len(tmp) <= 255 {
+		return tmp
+	}
+	return ".mesh-" + rnd
+}
+
+// isTempOf says entry is a temp file WriteAt made for name.
+func isTempOf(entry, name string) bool {
+	rest, ok := strings.CutPrefix(entry, tempName(name, ""))
+	if !ok || len(rest) != 12 {
+		return false
+	}
+	for _, c := range rest {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// SweepAt removes, from the directory dfd, the temp files a WriteAt of
+// name cut short left (a kill -9 or a power cut before its rename): each
+// holds what was being written, a secret's value as well, which nothing
+// else would ever remove. A directory of that name is left (WriteAt never
+// makes one). It says how many it removed.
+func SweepAt(dfd int, name string) (int, error) {
+	d, err := unix.Openat(dfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("open the directory of %s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(d), ".")
+	defer f.Close()
+	n := 0
+	for {
+		entries, err := f.Readdirnames(1024)
+		for _, e := range entries {
+			if !isTempOf(e, name) {
+				continue
+			}
+			if err := unix.Unlinkat(dfd, e, 0); err == nil {
+				n++
+			} else if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EISDIR) {
+				return n, fmt.Errorf("remove %s, left by a write of %s cut short: %w", e, name, err)
+			}
+		}
+		if err == io.EOF || len(entries) == 0 {
+			break
+		}
+		if err != nil {
+			return n, fmt.Errorf("list the directory of %s: %w", name, err)
+		}
+	}
+	if n > 0 {
+		if err := unix.Fsync(dfd); err != nil {
+			return n, fmt.Errorf("sync the directory of %s: %w", name, err)
+		}
+	}
+	return n, nil
 }
 
 // WriteFile replaces path with content (mode perm, owner unchanged),

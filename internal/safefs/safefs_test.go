@@ -124,3 +124,50 @@ func TestReadFile(t *testing.T) {
 		t.Fatal("a directory was read")
 	}
 }
+
+// SweepAt takes exactly WriteAt's temp names for the name it is given,
+// the short form for a name too long to carry.
+func TestSweepAtTakesWriteAtsTempNames(t *testing.T) {
+	dir := t.TempDir()
+	long := strings.Repeat("n", 250)
+	for _, tc := range []struct {
+		name, entry string
+		want        bool
+	}{
+		{"f", ".f.mesh-0123456789ab", true},
+		{"f", ".f.mesh-0123456789a", false},
+		{"f", ".f.mesh-0123456789abc", false},
+		{"f", ".f.mesh-0123456789aB", false},
+		{"f", ".g.mesh-0123456789ab", false},
+		{"f", "f.mesh-0123456789ab", false},
+		{long, ".mesh-0123456789ab", true},
+		{long, "." + long[:240] + ".mesh-0123456789ab", false},
+	} {
+		if got := isTempOf(tc.entry, tc.name); got != tc.want {
+			t.Errorf("isTempOf(%q, %.10q...) = %v", tc.entry, tc.name, got)
+		}
+		if tc.want && !isTempOf(tempName(tc.name, "0123456789ab"), tc.name) {
+			t.Errorf("WriteAt's own temp name for %.10q... is not taken", tc.name)
+		}
+	}
+	// In a directory: the leftover goes, the file and the rest stay.
+	for _, n := range []string{"f", ".f.mesh-0123456789ab", ".f.mesh-zzzzzzzzzzzz", "g"} {
+		os.WriteFile(filepath.Join(dir, n), []byte("x"), 0o600)
+	}
+	dfd, err := OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dfd)
+	if n, err := SweepAt(dfd, "f"); n != 1 || err != nil {
+		t.Fatalf("SweepAt: %d, %v", n, err)
+	}
+	left, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range left {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != ".f.mesh-zzzzzzzzzzzz f g" {
+		t.Fatalf("left: %v", names)
+	}
+}
