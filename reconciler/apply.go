@@ -14,9 +14,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -524,6 +526,9 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 						wait.Reason += "; the file that held it was removed"
 					}
 				}
+			}
+			if res.Secrets[name] == "" {
+				wait.Reason += x.takeBackMounted(ctx, res)
 			}
 			return *wait
 		}
@@ -1462,14 +1467,33 @@ func (x *run) writeEnv(ctx context.Context, res state.Resource, name string) *st
 	}
 	sort.Strings(vars)
 	var b []byte
+	values := map[string][]byte{} // each secret opened once, whatever names it
 	for _, k := range vars {
 		sn := res.Decl.EnvSecrets[k]
-		v, stop := x.secretValue(ctx, res, sn)
-		if stop != nil {
-			return stop
+		v, ok := values[sn]
+		if !ok {
+			var stop *state.ResourceReport
+			if v, stop = x.secretValue(ctx, res, sn); stop != nil {
+				return stop
+			}
+			values[sn] = v
 		}
 		if bytes.IndexByte(v, 0) >= 0 {
 			r := report(res, state.Failed, fmt.Sprintf("secret %s holds a NUL byte, which an environment variable cannot; deliver it as a file (a secret: resource) instead", sn))
+			return &r
+		}
+		// What the kernel takes at exec: a variable of at most 128 KiB
+		// (MAX_ARG_STRLEN, its NUL counted), all of them within a quarter
+		// of the stack's limit (2 MiB by default); past either the
+		// container could never start. The whole is bounded at 1 MiB,
+		// well within, and so is what a manifest naming one large secret
+		// under many variables makes the agent write to memory (/run).
+		if n := len(k) + 1 + len(v) + 1; n > maxEnvVar {
+			r := report(res, state.Failed, fmt.Sprintf("env-secrets: %s from secret %s would be %d bytes, more than the %d KiB a variable may hold at exec; deliver it as a file (a secret: resource) instead", k, sn, n, maxEnvVar>>10))
+			return &r
+		}
+		if len(b)+len(k)+len(v)+2 > maxEnvFile {
+			r := report(res, state.Failed, fmt.Sprintf("env-secrets: the variables from %s on would make an environment of more than %d KiB, more than a container's exec takes with room to spare; deliver the large secrets as files (secret: resources) instead", k, maxEnvFile>>10))
 			return &r
 		}
 		b = append(append(append(append(b, k...), '='), v...), 0)
@@ -1480,6 +1504,13 @@ func (x *run) writeEnv(ctx context.Context, res state.Resource, name string) *st
 	}
 	return nil
 }
+
+// Bounds of env-secrets (writeEnv): one variable, NAME=VALUE and its NUL,
+// and all of a container's.
+const (
+	maxEnvVar  = 128 << 10
+	maxEnvFile = 1 << 20
+)
 
 // writeEnvFile writes name in dir (made 0700 if missing) whole or not at
 // all: a temporary file, renamed over. The file is 0444 so that the
@@ -1555,6 +1586,42 @@ func (x *run) pruneEnv(plan *state.Plan) {
 		os.Remove(x.r.cfg.EnvDir)
 		os.Remove(filepath.Dir(x.r.cfg.EnvDir))
 	}
+}
+
+// takeBackMounted removes the containers of res's module that mount the
+// file of res, a secret that is not set (mesh secret rm), itself: a file
+// mount keeps the file it found, the value the operator took back in it,
+// for as long as the container runs (one that mounts the directory sees
+// the file go). They are made again once the secret is set. It says so,
+// for the resource's reason.
+func (x *run) takeBackMounted(ctx context.Context, res state.Resource) string {
+	var took []string
+	for _, name := range slices.Sorted(maps.Keys(x.managed)) {
+		c := x.managed[name]
+		if c.Labels[LabelModule] != res.Module {
+			continue
+		}
+		var d struct {
+			Mounts []string `json:"mounts"`
+		}
+		if json.Unmarshal([]byte(c.Labels[LabelDecl]), &d) != nil || !slices.ContainsFunc(d.Mounts, func(m string) bool {
+			src, _, _ := strings.Cut(m, ":")
+			return filepath.Clean(src) == res.Name
+		}) {
+			continue
+		}
+		if err := x.rt.Remove(ctx, c.ID); err != nil {
+			return "; removing " + name + ", which mounts the file that held it, failed: " + err.Error()
+		}
+		delete(x.managed, name)
+		x.dropEnv(name)
+		x.r.log.Info(fmt.Sprintf("removed %s (%s): it mounts the file of secret %s, which is no longer set", name, res.Module, res.Decl.SecretName))
+		took = append(took, name)
+	}
+	if len(took) == 0 {
+		return ""
+	}
+	return "; " + strings.Join(took, ", ") + ", which mounted the file, removed (made again once the secret is set)"
 }
 
 // takeBack removes the container of res when a secret it takes into its

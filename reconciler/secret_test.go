@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -254,5 +255,103 @@ func TestLeftoverOfACutWriteIsRemoved(t *testing.T) {
 	b.apply()
 	if _, err := os.Stat(leftover); err == nil {
 		t.Fatal("mesh secret rm removed the file and kept the leftover beside it")
+	}
+}
+
+// env-secrets within what exec takes: a variable over 128 KiB, or more
+// than 1 MiB in all (a manifest naming one large secret under many
+// variables), fails the container, saying what to do, and writes nothing.
+// Before, the agent wrote 70 MiB of environment to /run for 70 variables
+// naming a 1 MiB secret, reported the container created, and it could
+// never start (a review found it).
+func TestEnvSecretsWithinWhatExecTakes(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		vars        int
+		want        string
+	}{
+		{"a variable too large", strings.Repeat("a", 128<<10), 1, "more than the 128 KiB a variable may hold"},
+		{"too many in all", strings.Repeat("a", 100<<10), 11, "an environment of more than 1024 KiB"},
+		{"within", strings.Repeat("a", 100<<10), 10, ""},
+	} {
+		b := newSecretBed(t)
+		var sb strings.Builder
+		sb.WriteString("module: mail\nresources:\n  - container: mail.sender\n    image: localhost/busybox:1\n    command: [sleep, \"1000\"]\n    env-secrets:\n")
+		for i := 0; i < tc.vars; i++ {
+			fmt.Fprintf(&sb, "      V%02d: big\n", i)
+		}
+		b.set("big", tc.value)
+		b.rt.calls = nil
+		rep := b.r.Apply(context.Background(), 1, composeAce(t, &b.in, []string{sb.String()}))
+		o := outcome(rep, "mail.sender")
+		env := filepath.Join(b.dir, "run", "env", "mail.sender")
+		_, err := os.Stat(env)
+		if tc.want == "" {
+			if o.Outcome != state.Created || err != nil {
+				t.Fatalf("%s: %+v; the environment file: %v", tc.name, o, err)
+			}
+			continue
+		}
+		if o.Outcome != state.Failed || !strings.Contains(o.Reason, tc.want) || !strings.Contains(o.Reason, "deliver") {
+			t.Fatalf("%s: %+v", tc.name, o)
+		}
+		if err == nil || b.rt.byName("mail.sender") != nil {
+			t.Fatalf("%s: an environment file (%v) or a container was made", tc.name, err)
+		}
+	}
+}
+
+// mesh secret rm takes the value back from a container that mounts the
+// secret's file itself (the shape mesh import compose writes): a file
+// mount keeps the file it found, so the container read the removed value
+// for as long as it ran (a review found it). One that mounts the
+// directory sees the file go and stays, and so does one that mounts
+// nothing of it; a new value replaces the mounting one (restart-on).
+func TestSecretRmTakesTheFileBackFromItsMounts(t *testing.T) {
+	const tmpl = `module: mail
+resources:
+  - directory: {{d}}/mail
+  - secret: {{d}}/mail/smtp.password
+    name: smtp
+  - container: mail.reader
+    image: localhost/busybox:1
+    command: [sleep, "1000"]
+    mounts: ["{{d}}/mail/smtp.password:/run/secrets/smtp:ro"]
+    restart-on: [{{d}}/mail/smtp.password]
+  - container: mail.dir
+    image: localhost/busybox:1
+    command: [sleep, "1000"]
+    mounts: ["{{d}}/mail:/mail:ro"]
+`
+	b := newSecretBed(t)
+	apply := func() state.Report {
+		b.rt.calls = nil
+		return b.r.Apply(context.Background(), 1, composeAce(t, &b.in, []string{strings.ReplaceAll(tmpl, "{{d}}", b.dir)}))
+	}
+	b.set("smtp", "hunter2")
+	if rep := apply(); rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	reader, dir := b.rt.byName("mail.reader").ID, b.rt.byName("mail.dir").ID
+	b.set("smtp", "hunter3")
+	apply()
+	if c := b.rt.byName("mail.reader"); c == nil || c.ID == reader {
+		t.Fatal("a new value did not replace the container that mounts the file")
+	}
+	b.rm("smtp")
+	rep := apply()
+	if c := b.rt.byName("mail.reader"); c != nil {
+		t.Fatalf("after mesh secret rm, mail.reader still mounts the removed file: %+v", outcome(rep, filepath.Join(b.dir, "mail/smtp.password")))
+	}
+	if o := outcome(rep, filepath.Join(b.dir, "mail/smtp.password")); o.Outcome != state.Waiting || !strings.Contains(o.Reason, "mail.reader, which mounted the file, removed") {
+		t.Fatalf("the secret's outcome: %+v", o)
+	}
+	if c := b.rt.byName("mail.dir"); c == nil || c.ID != dir {
+		t.Fatal("the container that mounts the directory was touched")
+	}
+	// Set again, it is made again.
+	b.set("smtp", "hunter4")
+	if rep := apply(); rep.Error != "" || b.rt.byName("mail.reader") == nil {
+		t.Fatalf("set again: %s, %+v", rep.Error, b.rt.byName("mail.reader"))
 	}
 }

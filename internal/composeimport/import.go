@@ -1091,6 +1091,11 @@ func (w *writer) secrets(svc types.ServiceConfig) {
 		}
 		w.res("secret", p, "name", name, "owner", owner, "mode", mode)
 		w.mounts = append(w.mounts, p+":"+path.Clean(target)+":ro")
+		// A file mount keeps the file it found (a new value is a new file,
+		// renamed over): under restart-on, a new value replaces the
+		// container; without, it read the old value until something else
+		// made it again.
+		w.restartOn = append(w.restartOn, p)
 		how := fmt.Sprintf("printf '%%s' \"$VALUE\" | mesh secret set %s %s", w.module, name)
 		if sc, ok := w.p.proj.Secrets[s.Source]; ok && sc.File != "" {
 			how = fmt.Sprintf("mesh secret set %s %s --from-file %s", w.module, name, sc.File)
