@@ -209,11 +209,20 @@ type here struct {
 	manifest string
 }
 
-func (b *backups) here(ctx context.Context, module string) (here, error) {
-	// A module being moved is its move's: a restore here would be lost at
-	// its end, a backup copy data that is being copied away.
+// notMoving refuses a module being moved, which is its move's: a restore
+// here would be lost at its end (FROM sends what it held), a backup copy
+// data that is being copied away. Asked again once the node is held: a
+// move may begin while a backup or restore waits its turn.
+func (b *backups) notMoving(ctx context.Context, module string) error {
 	if l, err := b.store.Moves(ctx, module); err == nil && len(l) == 1 && (l[0].Phase == state.MoveCopy || l[0].Phase == state.MoveStart) {
-		return here{}, fmt.Errorf("module %s is being moved from %s to %s: back it up or restore it once the move ends", module, l[0].From, l[0].To)
+		return fmt.Errorf("module %s is being moved from %s to %s: back it up or restore it once the move ends", module, l[0].From, l[0].To)
+	}
+	return nil
+}
+
+func (b *backups) here(ctx context.Context, module string) (here, error) {
+	if err := b.notMoving(ctx, module); err != nil {
+		return here{}, err
 	}
 	pv, err := b.store.Plan(ctx, b.node)
 	if err != nil || pv.Plan == nil {
@@ -265,6 +274,9 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 		tags := append(moduleTags(module, b.node), "plan="+strconv.FormatUint(h.version, 10), "manifest="+short(h.manifest))
 		var sum restic.Summary
 		err = b.rec.Exclusive(ctx, func(ctx context.Context) error {
+			if err := b.notMoving(ctx, module); err != nil {
+				return err
+			}
 			if h.hasBefore(module) {
 				progress("running the before-backup steps")
 			}
@@ -426,6 +438,9 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		}
 	}
 	err = b.rec.Exclusive(ctx, func(ctx context.Context) error {
+		if err := b.notMoving(ctx, module); err != nil {
+			return err
+		}
 		progress("stopping the module's containers")
 		stopped, err := b.rec.StopAll(ctx, module)
 		res.Stopped = stopped
@@ -544,7 +559,14 @@ func swapIn(d string) (string, error) {
 	if err := os.RemoveAll(aside); err != nil {
 		return "", err
 	}
-	if err := os.WriteFile(filepath.Join(s, swapped), nil, 0o600); err != nil {
+	// The mark names the restored copy by its inode: a kill between the
+	// mark and the exchange leaves that copy at the staging path, which
+	// finishSwap then knows for the snapshot's, not the data as it was.
+	var st unix.Stat_t
+	if err := unix.Lstat(s+d, &st); err != nil {
+		return "", fmt.Errorf("the restored copy of %s: %w", d, err)
+	}
+	if err := os.WriteFile(filepath.Join(s, swapped), []byte(strconv.FormatUint(st.Ino, 10)), 0o600); err != nil {
 		return "", err
 	}
 	if err := safefs.SyncDir(s); err != nil {
@@ -552,6 +574,11 @@ func swapIn(d string) (string, error) {
 	}
 	if err := unix.Renameat2(unix.AT_FDCWD, s+d, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
 		return "", fmt.Errorf("swap %s with its restored copy: %w", d, err)
+	}
+	// Durable before the restore is said done (a power cut must not bring
+	// back the data as it was, once the operator was told otherwise).
+	if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
+		return "", err
 	}
 	return aside, finishSwap(d)
 }
@@ -562,7 +589,7 @@ func swapIn(d string) (string, error) {
 // goes.
 func finishSwap(d string) error {
 	s := d + restoreStaging
-	if _, err := os.Lstat(filepath.Join(s, swapped)); err == nil {
+	if mark, err := os.ReadFile(filepath.Join(s, swapped)); err == nil && !restoredCopyStill(s+d, mark) {
 		if err := os.RemoveAll(d + restoreAside); err != nil {
 			return err
 		}
@@ -571,6 +598,19 @@ func finishSwap(d string) error {
 		}
 	}
 	return os.RemoveAll(s)
+}
+
+// restoredCopyStill says the staging path holds the restored copy the
+// mark names by its inode: the exchange never happened (a kill between
+// the two), and what is there is the snapshot's data, not the data as it
+// was. A mark without an inode (an earlier release's) is taken as done.
+func restoredCopyStill(path string, mark []byte) bool {
+	ino, err := strconv.ParseUint(string(mark), 10, 64)
+	if err != nil {
+		return false
+	}
+	var st unix.Stat_t
+	return unix.Lstat(path, &st) == nil && st.Ino == ino
 }
 
 func short(digest string) string {

@@ -3,6 +3,7 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,24 @@ func TestSwapIn(t *testing.T) {
 	}
 	if read(d+"/v") != "second" || read(d+restoreAside+"/v") != "restored" {
 		t.Fatalf("after a cut swap: %q, aside %q", read(d+"/v"), read(d+restoreAside+"/v"))
+	}
+	// Killed after the mark, before the exchange: the staging copy is the
+	// snapshot's, and is not kept as the data as it was (a review found
+	// it kept so, which an operator rolling back would have taken).
+	write(d+restoreStaging+d+"/v", "third")
+	var st unix.Stat_t
+	if err := unix.Lstat(d+restoreStaging+d, &st); err != nil {
+		t.Fatal(err)
+	}
+	write(filepath.Join(d+restoreStaging, swapped), strconv.FormatUint(st.Ino, 10))
+	if err := finishSwap(d); err != nil {
+		t.Fatal(err)
+	}
+	if read(d+"/v") != "second" || read(d+restoreAside+"/v") != "restored" {
+		t.Fatalf("after a swap cut before its exchange: %q, aside %q", read(d+"/v"), read(d+restoreAside+"/v"))
+	}
+	if _, err := os.Lstat(d + restoreStaging); !os.IsNotExist(err) {
+		t.Fatalf("the staging of a swap cut before its exchange stays: %v", err)
 	}
 	// A restore cut short (no mark): its staging goes, nothing else moves.
 	write(d+restoreStaging+d+"/v", "partial")

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"mesh/internal/datacopy"
+	"mesh/internal/safefs"
 	"mesh/reconciler"
 	"mesh/state"
 	"mesh/state/manifest"
@@ -432,6 +433,12 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 					os.Rename(aside, d) // as it was
 					delete(res.Aside, d)
 				}
+				return err
+			}
+			// The renames are durable before the ledger and the state say
+			// the copy is in: after a power cut the module must not start
+			// on what was at d before, while FROM's copy is let go.
+			if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
 				return err
 			}
 		}
