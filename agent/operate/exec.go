@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,15 +33,11 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if len(srcs) > 1 {
-		var on []string
-		for _, src := range srcs {
-			on = append(on, src.Node)
-		}
-		writeError(w, badRequest("%s runs on %d nodes (%v): say which with --node", srcs[0].Container, len(srcs), on))
+	src, err := oneSource(v.Get("target"), srcs)
+	if err != nil {
+		writeError(w, err)
 		return
 	}
-	src := srcs[0]
 	ws, ctx, done := s.accept(w, r)
 	if ws == nil {
 		return
@@ -51,6 +48,25 @@ func (s *Server) serveExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.relayExec(ctx, ws, src, q)
+}
+
+// oneSource is the one container an exec runs in, of the sources target
+// named: a module of several containers is not one (--node cannot choose
+// among containers of one node), and a container on several nodes needs
+// --node.
+func oneSource(target string, srcs []api.Source) (api.Source, error) {
+	var names, nodes []string
+	for _, src := range srcs {
+		names = appendNew(names, src.Container)
+		nodes = append(nodes, src.Node)
+	}
+	switch {
+	case len(names) > 1:
+		return api.Source{}, badRequest("%s has several containers (%s): name one, as MODULE.CONTAINER (e.g. mesh exec %s -- CMD)", target, strings.Join(names, ", "), names[0])
+	case len(srcs) > 1:
+		return api.Source{}, badRequest("%s runs on %d nodes (%s): say which with --node", names[0], len(srcs), strings.Join(nodes, ", "))
+	}
+	return srcs[0], nil
 }
 
 // serveNodeExec is a node's /v1/op/exec?name=CONTAINER&cmd=...
