@@ -72,7 +72,7 @@ func (c *LogsCmd) Run(g *Globals) error {
 		return err
 	}
 	if failed > 0 {
-		return fmt.Errorf("%d of the sources could not be read (above)", failed)
+		return fmt.Errorf("%d of the sources could not be read, or not whole (above)", failed)
 	}
 	return nil
 }

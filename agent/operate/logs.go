@@ -234,7 +234,14 @@ func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, e
 				}
 			}
 			lastID, waiting = c.ID, false
-			if err := s.RT.StreamLogs(ctx, c.ID, o, func(l podman.LogLine) error { last = l.Time; return line(l) }); err != nil && ctx.Err() == nil {
+			err := s.RT.StreamLogs(ctx, c.ID, o, func(l podman.LogLine) error { last = l.Time; return line(l) })
+			switch {
+			case err == nil || ctx.Err() != nil:
+			case !q.Follow:
+				// The lines shown are not the whole log: the caller must
+				// know it, not take the cut for the end.
+				return fmt.Errorf("the log was cut: reading it from Podman failed (%v); the lines after that are not shown", err)
+			default:
 				// A container removed under the stream ends it with an error:
 				// the next lookup finds what replaced it.
 				s.Log.Debug("log stream ended", "container", src.Container, "err", err)
