@@ -212,7 +212,20 @@ func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, e
 		return emit(api.Record{Time: l.Time, Stream: l.Stream, Text: l.Text, Partial: l.Partial, Cut: l.Cut})
 	}
 	var lastID string
+	// last is the time of the last line shown, and atLast how many lines
+	// of that time were shown: where a restarted container's log resumes.
 	var last time.Time
+	atLast := 0
+	shown := func(l podman.LogLine) error {
+		switch {
+		case l.Time.IsZero():
+		case l.Time.Equal(last):
+			atLast++
+		default:
+			last, atLast = l.Time, 1
+		}
+		return line(l)
+	}
 	waiting := false
 	for {
 		c, ok, err := s.RT.Lookup(ctx, src.Container)
@@ -234,7 +247,8 @@ func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, e
 				}
 			}
 			lastID, waiting = c.ID, false
-			err := s.RT.StreamLogs(ctx, c.ID, o, func(l podman.LogLine) error { last = l.Time; return line(l) })
+			last, atLast = time.Time{}, 0
+			err := s.RT.StreamLogs(ctx, c.ID, o, shown)
 			switch {
 			case err == nil || ctx.Err() != nil:
 			case !q.Follow:
@@ -250,12 +264,27 @@ func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, e
 				return nil
 			}
 		case ok && c.Running:
-			// The same container, started again: what it wrote since.
-			o := podman.LogOptions{Follow: true, Since: last.Add(time.Second)}
-			if last.IsZero() {
-				o.Since = time.Time{}
+			// The same container, started again: what it wrote after the
+			// last line shown. Podman's since is whole seconds, so the lines
+			// are asked from that line's second (a crash-looping container's
+			// first lines are within it) and those shown are skipped: the
+			// ones before it, and as many of its time as were shown.
+			from, skip := last, atLast
+			if from.IsZero() {
+				from = q.Since
 			}
-			s.RT.StreamLogs(ctx, c.ID, o, func(l podman.LogLine) error { last = l.Time; return line(l) })
+			s.RT.StreamLogs(ctx, c.ID, podman.LogOptions{Follow: true, Since: from}, func(l podman.LogLine) error {
+				if !from.IsZero() && !l.Time.IsZero() {
+					if l.Time.Before(from) {
+						return nil
+					}
+					if l.Time.Equal(from) && skip > 0 {
+						skip--
+						return nil
+					}
+				}
+				return shown(l)
+			})
 		case !ok && !waiting:
 			waiting = true
 			if err := emit(api.Record{Note: fmt.Sprintf("no container %s on %s now; waiting for it", src.Container, s.Node)}); err != nil {

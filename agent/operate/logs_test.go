@@ -75,3 +75,66 @@ func TestLogsCutIsAnError(t *testing.T) {
 		t.Fatalf("error %q does not say the log was cut and why", err)
 	}
 }
+
+// Following a container that stops and starts again (a crash loop), every
+// line shows once: the lines it writes within a second of the last one
+// shown are not lost (Podman's since is whole seconds), and none shows
+// twice. Podman gives whole seconds; finer times are tried too.
+func TestLogsFollowRestartLosesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		before, after []podman.LogLine // the first run's lines, the restart's
+		want          string
+	}{
+		{"whole seconds",
+			[]podman.LogLine{{Time: time.Unix(100, 0), Text: "a"}, {Time: time.Unix(100, 0), Text: "b"}},
+			[]podman.LogLine{{Time: time.Unix(100, 0), Text: "c"}, {Time: time.Unix(101, 0), Text: "d"}},
+			"a b c d"},
+		{"finer times",
+			[]podman.LogLine{{Time: time.Unix(100, 2e8), Text: "a"}, {Time: time.Unix(100, 5e8), Text: "b"}},
+			[]podman.LogLine{{Time: time.Unix(100, 7e8), Text: "c"}, {Time: time.Unix(101, 1e8), Text: "d"}},
+			"a b c d"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			log := append([]podman.LogLine(nil), tc.before...)
+			calls := 0
+			rt := &fakeRuntime{lookup: running}
+			rt.logs = func(_ context.Context, id string, o podman.LogOptions, each func(podman.LogLine) error) error {
+				calls++
+				switch calls {
+				case 1: // the first run, until it stops
+				case 2: // started again: what Podman's since (seconds) gives
+					log = append(log, tc.after...)
+				default:
+					cancel()
+					return nil
+				}
+				for _, l := range log {
+					if !o.Since.IsZero() && l.Time.Unix() < o.Since.Unix() {
+						continue
+					}
+					if err := each(l); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			var got []string
+			s := testServer(t, rt)
+			s.nodeLogs(ctx, api.Source{Node: "ace", Container: "app.server"}, api.LogQuery{Follow: true}, func(r api.Record) error {
+				if r.Note == "" {
+					got = append(got, r.Text)
+				}
+				return nil
+			})
+			if calls < 3 {
+				t.Fatalf("the log was read %d times, want 3", calls)
+			}
+			if strings.Join(got, " ") != tc.want {
+				t.Fatalf("showed %q, want %s", got, tc.want)
+			}
+		})
+	}
+}
