@@ -123,30 +123,58 @@ func (s *Server) runExec(ctx context.Context, ws *websocket.Conn, name string, q
 		sendExit(ctx, ws, api.Exit{Code: -1, Error: msg})
 		return
 	}
-	defer sess.Close()
+	closeSess := sync.OnceFunc(sess.Close)
+	defer closeSess()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// The caller's input, window sizes and end of input.
+	// ctx ends when the caller goes or the agent stops: then the session
+	// is closed, which ends the command's streams, so Output (which takes
+	// no context) returns, and a write to its input that blocks fails.
+	context.AfterFunc(ctx, closeSess)
+	// The caller's input and end of input, in order, through a writer of
+	// their own: a command that stops reading its input blocks that
+	// writer, never the read of the caller, which must go on to see the
+	// caller go.
+	input := make(chan []byte, inputQueue)
+	go func() {
+		stdin := sess.Stdin()
+		broken := false
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case b := <-input:
+				switch {
+				case b[0] == api.KindStdinEOF:
+					stdin.Close()
+				case !broken:
+					// A command that closed its input takes no more: the
+					// rest is dropped, and its output still shows.
+					_, err := stdin.Write(b[1:])
+					broken = err != nil
+				}
+			}
+		}
+	}()
+	// The caller's messages, until it goes (then ctx ends).
 	go func() {
 		defer cancel()
-		stdin := sess.Stdin()
 		for {
 			_, b, err := ws.Read(ctx)
 			if err != nil {
-				// The caller is gone: so are its command's streams.
-				sess.Close()
 				return
 			}
 			if len(b) == 0 {
 				continue
 			}
 			switch b[0] {
-			case api.KindStdin:
-				if q.Stdin {
-					stdin.Write(b[1:])
+			case api.KindStdin, api.KindStdinEOF:
+				if b[0] == api.KindStdin && !q.Stdin {
+					continue
 				}
-			case api.KindStdinEOF:
-				stdin.Close()
+				if hand(ctx, ws, input, b) != nil {
+					return
+				}
 			case api.KindResize:
 				if len(b) == 5 {
 					sess.Resize(ctx, binary.BigEndian.Uint16(b[1:]), binary.BigEndian.Uint16(b[3:]))
@@ -173,6 +201,37 @@ func (s *Server) runExec(ctx context.Context, ws *websocket.Conn, name string, q
 }
 
 var errWS = errors.New("the caller's stream ended")
+
+// inputQueue is how many of the caller's messages (each at most
+// api.MaxMessage) wait for the command, or the node that runs it, to take
+// them before the caller is read no further.
+const inputQueue = 16
+
+// probeEvery is how often a caller that is not read (its input waits on
+// a full queue) is checked for still being there.
+const probeEvery = 2 * time.Second
+
+// hand puts the caller's message b in queue for its writer. While the
+// queue is full the caller is not read, so its going would not be seen
+// (a close is a message, and a closed socket shows in a read): it is
+// probed instead, every probeEvery, with an empty message (which the CLI
+// and a relaying node pass over), whose write fails once it went.
+func hand(ctx context.Context, ws *websocket.Conn, queue chan<- []byte, b []byte) error {
+	t := time.NewTicker(probeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case queue <- b:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			if err := ws.Write(ctx, websocket.MessageBinary, nil); err != nil {
+				return err
+			}
+		}
+	}
+}
 
 // wsWriter sends what it is given as messages of one kind.
 type wsWriter struct {
@@ -223,17 +282,33 @@ func (s *Server) relayExec(ctx context.Context, ws *websocket.Conn, src api.Sour
 	peer.SetReadLimit(api.MaxMessage)
 	defer peer.CloseNow()
 	// The caller's messages to the peer, until the caller goes (then the
-	// peer's end goes too, and the command loses its streams).
+	// peer's end goes too, and the command loses its streams). A peer that
+	// takes nothing (its command reads no input) blocks the writer, never
+	// the read of the caller, which must go on to see the caller go.
 	inCtx, stopIn := context.WithCancel(ctx)
 	defer stopIn()
+	toPeer := make(chan []byte, inputQueue)
 	go func() {
 		defer peer.CloseNow()
 		for {
-			typ, b, err := ws.Read(inCtx)
+			select {
+			case <-inCtx.Done():
+				return
+			case b := <-toPeer:
+				if err := peer.Write(inCtx, websocket.MessageBinary, b); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	go func() {
+		defer stopIn()
+		for {
+			_, b, err := ws.Read(inCtx)
 			if err != nil {
 				return
 			}
-			if err := peer.Write(inCtx, typ, b); err != nil {
+			if hand(inCtx, ws, toPeer, b) != nil {
 				return
 			}
 		}
@@ -253,7 +328,7 @@ func (s *Server) relayExec(ctx context.Context, ws *websocket.Conn, src api.Sour
 			return
 		}
 	}
-	if ctx.Err() == nil {
+	if inCtx.Err() == nil {
 		sendExit(ctx, ws, api.Exit{Code: -1, Error: fmt.Sprintf("the stream from node %s broke before the command ended", src.Node)})
 	}
 }
