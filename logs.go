@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
+
+	"golang.org/x/term"
 
 	"mesh/cluster/api"
 )
@@ -20,6 +23,11 @@ type LogsCmd struct {
 	Since      time.Duration `placeholder:"DURATION" help:"Only lines of the last DURATION (e.g. 10m)."`
 	Tail       int           `placeholder:"N" help:"Only the last N lines of each container."`
 	Timestamps bool          `help:"Print the time of each line (Podman keeps it to the second)."`
+}
+
+// Help is the note under mesh logs --help.
+func (c *LogsCmd) Help() string {
+	return "On a terminal, the control characters a container wrote (escape sequences other than colours, carriage returns, ...) are shown escaped (\\x1b, \\x0d), never acted on; to a pipe or a file its lines are written as it wrote them."
 }
 
 // Run streams the lines, merged in time order; a node that cannot be read
@@ -35,6 +43,7 @@ func (c *LogsCmd) Run(g *Globals) error {
 		q.Since = time.Now().Add(-c.Since)
 	}
 	prefix, failed := false, 0
+	outTTY, errTTY := isTerminal(g.out), isTerminal(os.Stderr)
 	err := g.client().Logs(ctx, c.Target, c.Node, q, func(r api.Record) error {
 		switch {
 		case r.Sources != nil:
@@ -42,30 +51,17 @@ func (c *LogsCmd) Run(g *Globals) error {
 			return nil
 		case r.Error != "":
 			failed++
-			fmt.Fprintf(os.Stderr, "mesh: %s on %s: %s\n", r.Container, r.Node, r.Error)
+			fmt.Fprintf(os.Stderr, "mesh: %s on %s: %s\n", r.Container, r.Node, shown(r.Error, errTTY))
 			return nil
 		case r.Note != "":
 			fmt.Fprintf(os.Stderr, "mesh: %s\n", r.Note)
 			return nil
 		}
-		w := g.out
+		w, tty := g.out, outTTY
 		if r.Stream == "stderr" {
-			w = os.Stderr
+			w, tty = os.Stderr, errTTY
 		}
-		line := r.Text
-		if r.Cut {
-			line += " [line cut at 64 KiB]"
-		}
-		if c.Timestamps && !r.Time.IsZero() {
-			line = r.Time.Format(time.RFC3339) + " " + line
-		}
-		if prefix {
-			line = r.Node + " " + r.Container + " | " + line
-		}
-		if !r.Partial {
-			line += "\n"
-		}
-		_, err := fmt.Fprint(w, line)
+		_, err := fmt.Fprint(w, c.line(r, prefix, tty))
 		return err
 	})
 	if err != nil {
@@ -75,4 +71,37 @@ func (c *LogsCmd) Run(g *Globals) error {
 		return fmt.Errorf("%d of the sources could not be read, or not whole (above)", failed)
 	}
 	return nil
+}
+
+// line is how a container's line prints: on a terminal with its control
+// characters shown escaped (terminalText; colours kept), to a pipe or a
+// file as the container wrote it.
+func (c *LogsCmd) line(r api.Record, prefix, tty bool) string {
+	line := shown(r.Text, tty)
+	if r.Cut {
+		line += " [line cut at 64 KiB]"
+	}
+	if c.Timestamps && !r.Time.IsZero() {
+		line = r.Time.Format(time.RFC3339) + " " + line
+	}
+	if prefix {
+		line = r.Node + " " + r.Container + " | " + line
+	}
+	if !r.Partial {
+		line += "\n"
+	}
+	return line
+}
+
+// shown is what a container wrote, escaped for a terminal (tty) or as is.
+func shown(s string, tty bool) string {
+	if tty {
+		return terminalText(s)
+	}
+	return s
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }

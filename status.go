@@ -8,6 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/term"
 
@@ -219,7 +220,7 @@ func renderStatus(w io.Writer, st api.Status) error {
 		for _, c := range n.Report.Scheduled {
 			switch {
 			case !c.OK:
-				fmt.Fprintf(w, "%s: error: scheduled step %s (%s) failed at %s; tried again at %s: %s\n", n.Name, c.Step, c.Module, c.Last.Local().Format(time.DateTime), c.Next.Local().Format(time.DateTime), c.Reason)
+				fmt.Fprintf(w, "%s: error: scheduled step %s (%s) failed at %s; tried again at %s: %s\n", n.Name, c.Step, c.Module, c.Last.Local().Format(time.DateTime), c.Next.Local().Format(time.DateTime), printable(c.Reason))
 			case c.Last.IsZero():
 				fmt.Fprintf(w, "%s: scheduled step %s (%s): first slot %s\n", n.Name, c.Step, c.Module, c.Next.Local().Format(time.DateTime))
 			default:
@@ -230,7 +231,7 @@ func renderStatus(w io.Writer, st api.Status) error {
 		for _, e := range n.Report.Exits {
 			fmt.Fprintf(w, "%s: container %s (%s) exited with code %d at %s; Podman restarted it %d time(s)\n", n.Name, e.Container, e.Module, e.ExitCode, e.At.Local().Format(time.TimeOnly), e.Restarts)
 			if e.Logs != "" {
-				fmt.Fprintf(w, "  last lines:\n    %s\n", strings.ReplaceAll(e.Logs, "\n", "\n    "))
+				fmt.Fprintf(w, "  last lines:\n    %s\n", printableLines(e.Logs, "\n    "))
 			}
 		}
 	}
@@ -376,11 +377,67 @@ func printable(s string) string {
 		switch {
 		case r == '\n':
 			b.WriteString(" | ")
-		case r < 0x20 || r == 0x7f || r >= 0x80 && r < 0xa0:
+		case isControl(r):
 			fmt.Fprintf(&b, "\\x%02x", r)
 		default:
 			b.WriteRune(r)
 		}
 	}
 	return b.String()
+}
+
+// printableLines is printable for text of several lines (a container's
+// last lines), kept apart by sep.
+func printableLines(s, sep string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = printable(l)
+	}
+	return strings.Join(lines, sep)
+}
+
+// isControl: C0, DEL and C1, what a terminal acts on rather than shows.
+func isControl(r rune) bool {
+	return r < 0x20 || r == 0x7f || r >= 0x80 && r < 0xa0
+}
+
+// terminalText is a line a container wrote as mesh logs shows it on a
+// terminal: printable's rule (a container's text is never sent to the
+// terminal raw, or it could retitle the window, clear the screen, print
+// over other lines, write the clipboard with OSC 52), but a tab is kept,
+// and so is a colour (SGR: ESC [ digits and ; ... m), which only colours
+// text: many programs log in colour.
+func terminalText(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		if n := sgrLen(s[i:]); n > 0 {
+			b.WriteString(s[i : i+n])
+			i += n
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r != '\t' && isControl(r) {
+			fmt.Fprintf(&b, "\\x%02x", r)
+		} else {
+			b.WriteRune(r) // a byte that is not UTF-8 shows as U+FFFD
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// sgrLen is the length of the SGR sequence s starts with (0: none).
+func sgrLen(s string) int {
+	if !strings.HasPrefix(s, "\x1b[") {
+		return 0
+	}
+	for i := 2; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == 'm':
+			return i + 1
+		case c != ';' && (c < '0' || c > '9'):
+			return 0
+		}
+	}
+	return 0
 }

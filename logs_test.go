@@ -1,0 +1,58 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"mesh/cluster/api"
+	"mesh/state"
+)
+
+// hostile is a line a container may write to take over the operator's
+// terminal: a window title, a clear screen, a carriage return that
+// prints over the line, a clipboard write (OSC 52), a C1 CSI, DEL; with a
+// colour and a tab, which are fine.
+const hostile = "\x1b]0;pwned\x07\x1b[2J\rfake\x1b]52;c;ZXZpbA==\x07\u009b1m\x7f \x1b[1;31mred\x1b[0m\tend"
+
+// On a terminal, mesh logs shows what a container wrote with its control
+// characters escaped, colours and tabs kept; to a pipe or a file, as it
+// was written.
+func TestLogsLineEscapesForATerminal(t *testing.T) {
+	c := &LogsCmd{}
+	r := api.Record{Node: "ace", Container: "app.server", Time: time.Unix(100, 0), Text: hostile}
+	got := c.line(r, true, true)
+	want := `ace app.server | \x1b]0;pwned\x07\x1b[2J\x0dfake\x1b]52;c;ZXZpbA==\x07\x9b1m\x7f ` + "\x1b[1;31mred\x1b[0m\tend\n"
+	if got != want {
+		t.Fatalf("on a terminal:\n got %q\nwant %q", got, want)
+	}
+	if got := c.line(r, false, false); got != hostile+"\n" {
+		t.Fatalf("to a pipe: %q, want the bytes as written", got)
+	}
+	if got := terminalText("\x1b[?25l\x1b[1;31"); got != `\x1b[?25l\x1b[1;31` {
+		t.Fatalf("sequences that are not whole colours: %q", got)
+	}
+}
+
+// mesh status never sends a container's text to the terminal raw: a
+// scheduled step's failure and a container's last lines are escaped.
+func TestStatusEscapesContainerText(t *testing.T) {
+	st := api.Status{Nodes: []api.NodeStatus{{NodeInfo: state.NodeInfo{Node: state.Node{Name: "ace"}}, Reachable: true, Report: &state.Report{
+		Scheduled: []state.ScheduledRun{{Step: "app.job", Module: "app", Last: time.Unix(100, 0), Next: time.Unix(200, 0), Reason: "exit 1: \x1b]52;c;ZXZpbA==\x07"}},
+		Exits:     []state.ContainerExit{{Container: "app.server", Module: "app", ExitCode: 1, Logs: "one\x1b[2J\ntwo\r"}},
+	}}}}
+	var b bytes.Buffer
+	if err := renderStatus(&b, st); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if strings.ContainsAny(out, "\x1b\x07\r") {
+		t.Fatalf("status sent control characters to the terminal:\n%q", out)
+	}
+	for _, want := range []string{`exit 1: \x1b]52;c;ZXZpbA==\x07`, "  last lines:\n    one\\x1b[2J\n    two\\x0d\n"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("status does not show %q:\n%s", want, out)
+		}
+	}
+}
