@@ -41,7 +41,11 @@ func TestStatusEscapesContainerText(t *testing.T) {
 	st := api.Status{Nodes: []api.NodeStatus{{NodeInfo: state.NodeInfo{Node: state.Node{Name: "ace"}}, Reachable: true, Report: &state.Report{
 		Scheduled: []state.ScheduledRun{{Step: "app.job", Module: "app", Last: time.Unix(100, 0), Next: time.Unix(200, 0), Reason: "exit 1: \x1b]52;c;ZXZpbA==\x07"}},
 		Exits:     []state.ContainerExit{{Container: "app.server", Module: "app", ExitCode: 1, Logs: "one\x1b[2J\ntwo\r"}},
-	}}}}
+		// A step's output in a failure, the names of entries a container
+		// left in a directory the mesh keeps, an apply error.
+		Failures:  []state.ModuleFailure{{Module: "app", Resource: "step app.init", Reason: "exited with code 1: \x1b[2Jfake\nsecond \x1b]0;t\x07"}},
+		Resources: []state.ResourceReport{{Module: "app", Kind: "directory", Name: "/srv/app", Outcome: state.Kept, Reason: "holds 1 entry the mesh did not put there (\x1b[2J)"}},
+	}, ApplyError: "step app.init: \x1b]52;c;eA==\x07"}}}
 	var b bytes.Buffer
 	if err := renderStatus(&b, st); err != nil {
 		t.Fatal(err)
@@ -50,7 +54,7 @@ func TestStatusEscapesContainerText(t *testing.T) {
 	if strings.ContainsAny(out, "\x1b\x07\r") {
 		t.Fatalf("status sent control characters to the terminal:\n%q", out)
 	}
-	for _, want := range []string{`exit 1: \x1b]52;c;ZXZpbA==\x07`, "  last lines:\n    one\\x1b[2J\n    two\\x0d\n"} {
+	for _, want := range []string{`exit 1: \x1b]52;c;ZXZpbA==\x07`, "  last lines:\n    one\\x1b[2J\n    two\\x0d\n", `exited with code 1: \x1b[2Jfake`, `(\x1b[2J)`, `\x1b]52;c;eA==\x07`} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("status does not show %q:\n%s", want, out)
 		}

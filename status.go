@@ -166,9 +166,9 @@ func renderStatus(w io.Writer, st api.Status) error {
 		case n.ComposeError != "":
 			stateText = "plan does not compose: " + n.ComposeError
 		case n.ApplyError != "" && n.Report != nil && n.Report.OnlyGates():
-			stateText = "waiting: " + strings.ReplaceAll(n.ApplyError, "\n", " | ")
+			stateText = "waiting: " + printable(n.ApplyError)
 		case n.ApplyError != "":
-			stateText = "apply failed: " + strings.ReplaceAll(n.ApplyError, "\n", " | ")
+			stateText = "apply failed: " + printable(n.ApplyError)
 		case n.PlanVersion > n.AppliedVersion:
 			stateText = "not applied yet"
 		case n.Report != nil && len(n.Report.Unhealthy()) > 0:
@@ -196,14 +196,14 @@ func renderStatus(w io.Writer, st api.Status) error {
 			continue
 		}
 		for _, f := range n.Report.Failures {
-			fmt.Fprintf(w, "\n%s: module %s failed at %s: %s\n", n.Name, dash(f.Module), f.Resource, strings.ReplaceAll(f.Reason, "\n", "\n    "))
+			fmt.Fprintf(w, "\n%s: module %s failed at %s: %s\n", n.Name, dash(f.Module), f.Resource, printableLines(f.Reason, "\n    "))
 			if len(f.Waiting) > 0 {
 				fmt.Fprintf(w, "  waiting on it: %s\n", strings.Join(f.Waiting, ", "))
 			}
 		}
 		for _, rr := range n.Report.Resources {
 			if rr.Outcome == state.Kept {
-				fmt.Fprintf(w, "%s: kept %s (%s): %s\n", n.Name, rr.Name, rr.Module, rr.Reason)
+				fmt.Fprintf(w, "%s: kept %s (%s): %s\n", n.Name, printable(rr.Name), rr.Module, printable(rr.Reason))
 			}
 		}
 		for _, h := range n.Report.Health {
@@ -268,7 +268,7 @@ func renderCerts(w io.Writer, node string, cs []state.CertStatus) {
 	ok, first := 0, -1
 	for i, c := range cs {
 		if c.Error != "" {
-			fmt.Fprintf(w, "%s: certificate for %s (%s): %s\n", node, c.Name, c.Module, strings.ReplaceAll(c.Error, "\n", "\n    "))
+			fmt.Fprintf(w, "%s: certificate for %s (%s): %s\n", node, c.Name, c.Module, printableLines(c.Error, "\n    "))
 			continue
 		}
 		ok++
