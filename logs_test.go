@@ -60,3 +60,15 @@ func TestStatusEscapesContainerText(t *testing.T) {
 		}
 	}
 }
+
+// What mesh assign --wait prints of an apply: a failed step's output is
+// the container's text, and goes to the terminal escaped.
+func TestOutcomesEscapeContainerText(t *testing.T) {
+	var b bytes.Buffer
+	printOutcomes(&b, &state.Report{Resources: []state.ResourceReport{
+		{Module: "app", Kind: "step", Name: "app.init", Outcome: state.Failed, Reason: "exited with code 1: \x1b]0;owned\x07cannot reach the database\r"},
+	}})
+	if out := b.String(); strings.ContainsAny(out, "\x1b\x07\r") || !strings.Contains(out, `exited with code 1: \x1b]0;owned\x07cannot reach the database\x0d`) {
+		t.Fatalf("printOutcomes: %q", out)
+	}
+}

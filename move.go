@@ -75,7 +75,7 @@ func (c *MoveCmd) follow(g *Globals, id uint64) error {
 			case state.MoveCopy:
 				fmt.Fprintf(g.out, "%s: stopping %s and copying %s to %s ...\n", mv.From, c.Module, strings.Join(mv.Data, ", "), mv.To)
 			case state.MoveStart:
-				fmt.Fprintf(g.out, "%s: %s\n", mv.From, mv.Reason)
+				fmt.Fprintf(g.out, "%s: %s\n", mv.From, printable(mv.Reason))
 				fmt.Fprintf(g.out, "%s: starting %s, waiting for its health checks ...\n", mv.To, c.Module)
 			}
 		}
@@ -84,7 +84,7 @@ func (c *MoveCmd) follow(g *Globals, id uint64) error {
 			if c.JSON {
 				return printJSON(g.out, mv)
 			}
-			fmt.Fprintf(g.out, "%s: %s\n", mv.To, mv.Reason)
+			fmt.Fprintf(g.out, "%s: %s\n", mv.To, printable(mv.Reason))
 			fmt.Fprintf(g.out, "moved %s to %s; %s keeps its copy of %s until mesh move --finish %s\n", c.Module, mv.To, mv.From, strings.Join(mv.Data, ", "), c.Module)
 			return nil
 		case state.MoveAborted:

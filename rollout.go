@@ -116,16 +116,16 @@ func waitRollouts(g *Globals, modules []string, index uint64, limit time.Duratio
 				running++
 				line = fmt.Sprintf("%s: %s", name, r.Waiting)
 			case state.RolloutDone:
-				line = fmt.Sprintf("%s done: %s", name, r.Reason)
+				line = fmt.Sprintf("%s done: %s", name, printable(r.Reason))
 			case state.RolloutReverted:
 				if r.StepIndex == index && r.Reason == "stopped by mesh module revert" {
 					// This very command stopped it: what was asked is done.
 					line = fmt.Sprintf("%s stopped; every node is back on %s", name, before)
 					break
 				}
-				errs = append(errs, fmt.Sprintf("%s stopped and reverted to %s: %s", name, before, r.Reason))
+				errs = append(errs, fmt.Sprintf("%s stopped and reverted to %s: %s", name, before, printable(r.Reason)))
 			case state.RolloutFailed:
-				errs = append(errs, fmt.Sprintf("%s stopped (the nodes it reached keep %s): %s", name, after, r.Reason))
+				errs = append(errs, fmt.Sprintf("%s stopped (the nodes it reached keep %s): %s", name, after, printable(r.Reason)))
 			}
 			if line != "" && shown[r.Module] != line {
 				fmt.Fprintln(g.out, line)
@@ -162,9 +162,9 @@ func renderRollouts(w *strings.Builder, rs []api.RolloutStatus) {
 		case state.RolloutRunning:
 			fmt.Fprintf(w, "%s (from %s): %s\n", name, before, r.Waiting)
 		case state.RolloutReverted:
-			fmt.Fprintf(w, "%s failed and was reverted to %s: %s\n", name, before, r.Reason)
+			fmt.Fprintf(w, "%s failed and was reverted to %s: %s\n", name, before, printable(r.Reason))
 		case state.RolloutFailed:
-			fmt.Fprintf(w, "%s failed and stopped (%s keep %s, the others %s): %s\n", name, strings.Join(r.Reached, ", "), after, before, r.Reason)
+			fmt.Fprintf(w, "%s failed and stopped (%s keep %s, the others %s): %s\n", name, strings.Join(r.Reached, ", "), after, before, printable(r.Reason))
 		}
 	}
 }

@@ -65,22 +65,22 @@ func waitApplied(g *Globals, node, module string, version uint64, limit time.Dur
 			}
 			if f := n.Report.UnsetSecret(); f != nil && (module == "" || f.Module == module) {
 				// Only an operator ends this wait: say so now.
-				return fmt.Errorf("%s applied plan v%d up to %s, which waits for secret %s: %s", node, n.Report.Version, f.Resource, f.Secret, f.Reason)
+				return fmt.Errorf("%s applied plan v%d up to %s, which waits for secret %s: %s", node, n.Report.Version, f.Resource, f.Secret, printable(f.Reason))
 			}
 			if f := n.Report.Failed(module); n.Report.OnlyGates() && (module == "" || f != nil) {
 				// A health gate: the node goes on as the provider's health
 				// changes; say so once per reason.
 				if n.Report.Error != gated {
 					gated = n.Report.Error
-					fmt.Fprintf(g.out, "%s: %s\n", node, strings.ReplaceAll(gated, "\n", "\n  "))
+					fmt.Fprintf(g.out, "%s: %s\n", node, printableLines(gated, "\n  "))
 				}
 				if time.Now().After(deadline) {
-					return fmt.Errorf("%s still waits at a health gate after %s:\n  %s", node, limit, strings.ReplaceAll(gated, "\n", "\n  "))
+					return fmt.Errorf("%s still waits at a health gate after %s:\n  %s", node, limit, printableLines(gated, "\n  "))
 				}
 				continue
 			}
 			if n.Report.Error != "" && (module == "" || n.Report.Failed(module) != nil || len(n.Report.Failures) == 0) {
-				return fmt.Errorf("%s failed to apply plan v%d:\n  %s", node, n.Report.Version, strings.ReplaceAll(n.Report.Error, "\n", "\n  "))
+				return fmt.Errorf("%s failed to apply plan v%d:\n  %s", node, n.Report.Version, printableLines(n.Report.Error, "\n  "))
 			}
 			printOutcomes(g.out, n.Report)
 			if n.Report.Error != "" {
@@ -179,9 +179,9 @@ func printOutcomes(w io.Writer, r *state.Report) {
 		if rr.Outcome == state.Unchanged {
 			continue
 		}
-		line := fmt.Sprintf("  %s %s (%s): %s", rr.Kind, rr.Name, rr.Module, rr.Outcome)
+		line := fmt.Sprintf("  %s %s (%s): %s", rr.Kind, printable(rr.Name), rr.Module, rr.Outcome)
 		if rr.Reason != "" {
-			line += "; " + rr.Reason
+			line += "; " + printable(rr.Reason)
 		}
 		fmt.Fprintln(w, line)
 	}

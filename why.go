@@ -54,7 +54,7 @@ func (c *WhyCmd) Run(g *Globals) error {
 	if last != nil {
 		line := string(last.Outcome)
 		if last.Reason != "" {
-			line += "; " + last.Reason
+			line += "; " + printable(last.Reason)
 		}
 		fmt.Fprintf(g.out, "last apply on %s (plan v%d): %s\n", c.Node, lastVersion, line)
 	}
