@@ -50,8 +50,17 @@ func newSecret() (string, [32]byte) {
 
 func digest(s string) [32]byte { return sha256.Sum256([]byte(s)) }
 
+// A session is bound to the address it logged in from: a browser sends
+// the cookie to every port of the page's host (cookies are not kept apart
+// by port, RFC 6265 section 8.5), so another service there (a module's
+// container publishing a port on the same address, or one tunnelled to
+// the operator's localhost) is given it when the operator opens that
+// service; from its own address the cookie is no session. The exact
+// address, not an IPv6 address's /64: a neighbour in the /64 is another
+// host.
 type session struct {
 	csrf    string
+	addr    netip.Addr
 	created time.Time
 	used    time.Time
 }
@@ -122,7 +131,7 @@ func (a *access) exchange(tok string, from netip.Addr) (id, csrf string, ok, lim
 		}
 		id, sd := newSecret()
 		csrf, _ = newSecret()
-		a.sessions[sd] = &session{csrf: csrf, created: now, used: now}
+		a.sessions[sd] = &session{csrf: csrf, addr: from, created: now, used: now}
 		return id, csrf, true, false
 	}
 	key := addrKey(from)
@@ -168,13 +177,17 @@ func (a *access) dropOldestSession() {
 	delete(a.sessions, oldest)
 }
 
-// session finds a live session by its id and, when touch is set, marks it
-// used; nil when there is none (unknown, idle too long, too old, or logged
-// out). An event stream's checks do not touch it: a tab left open is not
-// an operator using the page, and its session still ends when idle.
-func (a *access) session(id string, touch bool) *session {
+// session finds a live session by its id, used from the address it
+// logged in from, and, when touch is set, marks it used; nil when there is
+// none (unknown, idle too long, too old, or logged out). elsewhere says
+// that the id is a live session's used from another address: that request
+// has no session, and the session lives on for its own address (a cookie
+// that went astray does not log its operator out). An event stream's
+// checks do not touch it: a tab left open is not an operator using the
+// page, and its session still ends when idle.
+func (a *access) session(id string, from netip.Addr, touch bool) (sess *session, elsewhere bool) {
 	if id == "" {
-		return nil
+		return nil, false
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -182,17 +195,20 @@ func (a *access) session(id string, touch bool) *session {
 	d := digest(id)
 	s := a.sessions[d]
 	if s == nil {
-		return nil
+		return nil, false
 	}
 	if now.Sub(s.used) > SessionIdle || now.Sub(s.created) > SessionLife {
 		delete(a.sessions, d)
-		return nil
+		return nil, false
+	}
+	if !from.IsValid() || from != s.addr {
+		return nil, true
 	}
 	if touch {
 		s.used = now
 	}
 	cp := *s
-	return &cp
+	return &cp, false
 }
 
 // logout ends one session; logoutAll every session and every login link

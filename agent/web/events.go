@@ -65,7 +65,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, _ *session) {
 		rc.SetWriteDeadline(time.Time{})
 		return true
 	}
-	live := func() bool { return s.access.session(c.Value, false) != nil }
+	from := remoteAddr(r)
+	live := func() bool {
+		sess, _ := s.access.session(c.Value, from, false)
+		return sess != nil
+	}
 	// Take the next change's channel before reading the index: a change
 	// after the read closes it, so none is lost between the two.
 	changed := s.cfg.Changed()

@@ -76,6 +76,9 @@ type Server struct {
 	// site: anybody reaching the port can send one, and it comes before
 	// the failed-login limit.
 	crossSiteLogins connlimit.Throttle
+	// strayCookies throttles the warning for a session's cookie used from
+	// another address than the session's.
+	strayCookies connlimit.Throttle
 }
 
 // New makes the page's server.
@@ -165,11 +168,14 @@ func assetDigest(name string) string { return assetDigests()[name] }
 // browser that keeps it takes a new one when the binary brings one.
 func assetURL(name string) string { return "/static/" + name + "?v=" + assetDigest(name) }
 
-// cookieName is the session cookie's name: one per port, as a browser
-// sends a host's cookies to each of its ports, so that two agents' pages
-// on one host (or another service on it) do not see or overwrite each
-// other's session; over TLS with the __Host- prefix, which a browser only
-// takes from a secure origin, for the path /, with no domain.
+// cookieName is the session cookie's name: one per port, so that two
+// agents' pages on one host do not overwrite each other's cookie; over TLS
+// with the __Host- prefix, which a browser only takes from a secure
+// origin, for the path /, with no domain. The name keeps nothing from
+// anybody: a browser sends a host's cookies to each of its ports (RFC
+// 6265 section 8.5), whatever their names, so any other service on the
+// page's host is given the cookie. What keeps the session the operator's
+// is its binding to the address it logged in from (auth.go, session).
 func cookieName(pageURL string, tls bool) string {
 	name := "mesh_session"
 	if u, err := url.Parse(pageURL); err == nil && u.Port() != "" {
@@ -286,17 +292,26 @@ func (s *Server) changes(next func(w http.ResponseWriter, r *http.Request, sess 
 	})
 }
 
-// sessionOf is the request's session. What the page's script asks by
-// itself (its event stream, and the refreshes the events bring) does not
-// mark the session used: a tab left open is not an operator using the
-// page, and its session still ends when idle.
+// sessionOf is the request's session: its cookie's, used from the
+// address the session logged in from (auth.go, session). What the page's
+// script asks by itself (its event stream, and the refreshes the events
+// bring) does not mark the session used: a tab left open is not an
+// operator using the page, and its session still ends when idle.
 func (s *Server) sessionOf(r *http.Request) *session {
 	c, err := r.Cookie(s.cookie)
 	if err != nil {
 		return nil
 	}
 	byScript := r.URL.Path == "/events" || r.Header.Get(partHeader) != ""
-	return s.access.session(c.Value, !byScript)
+	sess, elsewhere := s.access.session(c.Value, remoteAddr(r), !byScript)
+	if elsewhere && s.strayCookies.Now() {
+		// A cookie that went astray (another service on the page's host
+		// was given it), or the operator's own address changed (log in
+		// again). Whoever holds the cookie can send it as often as it
+		// likes: logged once a minute at most.
+		s.log.Warn("web session refused: its cookie came from another address than the session's login (logged once a minute at most)", "from", r.RemoteAddr, "path", r.URL.Path)
+	}
+	return sess
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {

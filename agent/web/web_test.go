@@ -419,9 +419,9 @@ func TestStreamChecksDoNotTouchTheSession(t *testing.T) {
 	}
 	for range 13 {
 		clk.add(time.Hour)
-		a.session(id, false)
+		a.session(id, netip.MustParseAddr("127.0.0.1"), false)
 	}
-	if a.session(id, true) != nil {
+	if sess, _ := a.session(id, netip.MustParseAddr("127.0.0.1"), true); sess != nil {
 		t.Fatal("a session only a stream checked lived past SessionIdle")
 	}
 }
@@ -501,6 +501,96 @@ func TestLogout(t *testing.T) {
 	}
 	if resp, _ := two.post("/login", url.Values{"token": {unused}}); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("a link made before logout --all still logs in: %s", resp.Status)
+	}
+}
+
+// A browser sends the page's cookie to every port of its host: another
+// service there (a module's container publishing HTTPS on the page's
+// address, or one tunnelled to the operator's localhost) is given it. From
+// any other address than its login's the cookie is no session, and the
+// session lives on for its operator.
+func TestSessionIsBoundToItsAddress(t *testing.T) {
+	b := startBed(t)
+	b.add(appManifest)
+	br := b.browser()
+	br.login()
+	u, _ := url.Parse(b.srv.URL)
+	var cookie *http.Cookie
+	for _, c := range br.hc.Jar.Cookies(u) {
+		if c.Name == b.web.CookieName() {
+			cookie = c
+		}
+	}
+	if cookie == nil {
+		t.Fatal("no session cookie after the login")
+	}
+	// The bed's browser is at 127.0.0.1; the stray service at another
+	// address, a loopback one too, or an IPv6 one.
+	for _, from := range []string{"10.0.0.9:40000", "127.0.0.2:40000", "[::1]:40000"} {
+		send := func(method, path string, form url.Values) *httptest.ResponseRecorder {
+			// Bounded: without a session's binding the event stream
+			// would answer, and last.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			req := httptest.NewRequestWithContext(ctx, method, "http://mesh.test"+path, strings.NewReader(form.Encode()))
+			req.RemoteAddr = from
+			req.AddCookie(&http.Cookie{Name: cookie.Name, Value: cookie.Value})
+			if method == "POST" {
+				req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+				req.Header.Set("Origin", "http://mesh.test")
+				req.Header.Set("Sec-Fetch-Site", "same-origin")
+			}
+			rec := httptest.NewRecorder()
+			b.web.ServeHTTP(rec, req)
+			return rec
+		}
+		for _, p := range append(pages, "/events") {
+			rec := send("GET", p, nil)
+			if body := rec.Body.String(); rec.Code != http.StatusUnauthorized || strings.Contains(body, "app.server") || strings.Contains(body, br.csrf) {
+				t.Errorf("GET %s with the cookie from %s: %d\n%s", p, from, rec.Code, body)
+			}
+		}
+		do := url.Values{"op": {"assign"}, "node": {"ace"}, "module": {"app"}, "csrf": {br.csrf}}
+		if rec := send("POST", "/do", do); rec.Code != http.StatusUnauthorized {
+			t.Errorf("POST /do with the cookie from %s: %d %s", from, rec.Code, rec.Body)
+		}
+		if rec := send("POST", "/logout", url.Values{"csrf": {br.csrf}}); rec.Code != http.StatusUnauthorized {
+			t.Errorf("POST /logout with the cookie from %s: %d %s", from, rec.Code, rec.Body)
+		}
+	}
+	if a := assigned(t, b, "app"); len(a) != 0 {
+		t.Fatalf("app assigned to %v with a cookie from another address", a)
+	}
+	// The operator's session is still theirs.
+	if code, page := br.get("/"); code != 200 || csrfOf(t, page) != br.csrf {
+		t.Fatalf("the operator's page after the cookie was used elsewhere: %d", code)
+	}
+	resp, body := br.post("/do", url.Values{"op": {"assign"}, "node": {"ace"}, "module": {"app"}, "csrf": {br.csrf}}, "Origin", b.srv.URL)
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("the operator's assign: %s %s", resp.Status, body)
+	}
+	if a := assigned(t, b, "app"); len(a) != 1 || a[0] != "ace" {
+		t.Fatalf("app on %v after the operator's assign", a)
+	}
+}
+
+// The address is the exact one: another host in an IPv6 /64 is another
+// address (the failed-login limit counts by /64, sessions do not).
+func TestSessionIsBoundToTheExactAddress(t *testing.T) {
+	a := newAccess(time.Now)
+	tok, _ := a.mint(time.Minute)
+	id, _, ok, _ := a.exchange(tok, netip.MustParseAddr("2001:db8:1:2::1"))
+	if !ok {
+		t.Fatal("login")
+	}
+	if sess, elsewhere := a.session(id, netip.MustParseAddr("2001:db8:1:2::2"), true); sess != nil || !elsewhere {
+		t.Fatalf("the session from a neighbour in its /64: %v, elsewhere %v", sess, elsewhere)
+	}
+	if sess, _ := a.session(id, netip.Addr{}, true); sess != nil {
+		t.Fatal("the session from no address")
+	}
+	if sess, _ := a.session(id, netip.MustParseAddr("2001:db8:1:2::1"), true); sess == nil {
+		t.Fatal("the session from its own address ended")
 	}
 }
 
