@@ -283,29 +283,44 @@ func (b *bucket) full(now time.Time, burst int, every time.Duration) bool {
 	return b.used == 0
 }
 
-// sameOrigin says whether a request that changes something comes from the
-// page itself: a browser names the site that sent it (Sec-Fetch-Site,
-// which every current browser sends), or else its origin (Origin: the
-// page's scheme and host); a request from another site is refused even
-// with a good CSRF token. A request that names neither (not a browser's)
-// passes on the CSRF token alone.
-func sameOrigin(r *http.Request, tls bool) bool {
+// Why a request that changes something (a login, a logout, a change) is
+// refused before its session's CSRF token is looked at.
+const (
+	refusedCrossSite = "refused: the request came from another site"
+	refusedNoOrigin  = "refused: the request names no origin (a browser sends Origin or Sec-Fetch-Site with it): make changes from the page in a browser"
+)
+
+// crossOrigin says why a request that changes something does not come
+// from the page itself, "" when it does: a browser names the site that
+// sent it (Sec-Fetch-Site, which every current browser sends), or else its
+// origin (Origin: the page's scheme and host); a request from another site
+// is refused even with a good CSRF token. A request that names neither is
+// refused too: every browser sends Origin with a POST (Chrome, Safari and
+// Edge since 79, Firefox since 70), the page's own forms included, and the
+// page has no other client (the CLI talks to the local API). What is left
+// without a browser's header is a client that is not one, and a session
+// cookie that went astray (another service on the page's host was given
+// it) is then kept from making changes with no header of its own.
+func crossOrigin(r *http.Request, tls bool) string {
 	switch r.Header.Get("Sec-Fetch-Site") {
 	case "same-origin", "none":
-		return true
+		return ""
 	case "":
 	default:
-		return false
+		return refusedCrossSite
 	}
 	o := r.Header.Get("Origin")
 	if o == "" {
-		return true
+		return refusedNoOrigin
 	}
 	scheme := "http://"
 	if tls {
 		scheme = "https://"
 	}
-	return o == scheme+r.Host
+	if o != scheme+r.Host {
+		return refusedCrossSite
+	}
+	return ""
 }
 
 func equalSecret(a, b string) bool {

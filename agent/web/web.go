@@ -73,8 +73,8 @@ type Server struct {
 	mux        *http.ServeMux
 	log        *slog.Logger
 	// crossSiteLogins throttles the warning for a login from another
-	// site: anybody reaching the port can send one, and it comes before
-	// the failed-login limit.
+	// site, or from no site named: anybody reaching the port can send
+	// one, and it comes before the failed-login limit.
 	crossSiteLogins connlimit.Throttle
 	// strayCookies throttles the warning for a session's cookie used from
 	// another address than the session's.
@@ -271,7 +271,8 @@ func renderedAt(r *http.Request) uint64 {
 }
 
 // changes serves a handler that changes something only within a session,
-// from the page's own origin, with the session's CSRF token in the form.
+// from the page's own origin (which the request names: auth.go,
+// crossOrigin), with the session's CSRF token in the form.
 func (s *Server) changes(next func(w http.ResponseWriter, r *http.Request, sess *session)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sess := s.sessionOf(r)
@@ -279,8 +280,8 @@ func (s *Server) changes(next func(w http.ResponseWriter, r *http.Request, sess 
 			s.unauthorized(w, r)
 			return
 		}
-		if !sameOrigin(r, s.cfg.TLS) {
-			s.refuse(w, r, http.StatusForbidden, "refused: the request came from another site")
+		if why := crossOrigin(r, s.cfg.TLS); why != "" {
+			s.refuse(w, r, http.StatusForbidden, why)
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
@@ -322,13 +323,13 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
-	if !sameOrigin(r, s.cfg.TLS) {
+	if why := crossOrigin(r, s.cfg.TLS); why != "" {
 		// Anybody reaching the port can send this, as often as it likes,
 		// before the failed-login limit: a guesser cannot fill the log.
 		if s.crossSiteLogins.Now() {
-			s.log.Warn("web login refused: the request came from another site (logged once a minute at most)", "from", r.RemoteAddr)
+			s.log.Warn("web login refused: the request did not come from the page (logged once a minute at most)", "from", r.RemoteAddr, "why", why)
 		}
-		http.Error(w, "refused: the request came from another site", http.StatusForbidden)
+		http.Error(w, why, http.StatusForbidden)
 		return
 	}
 	id, _, ok, limited := s.access.exchange(r.PostFormValue("token"), remoteAddr(r))

@@ -180,11 +180,18 @@ func (br *browser) get(path string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
+// post sends a form as a browser does, with the page's Origin; header
+// sets more, or another Origin ("" removes a header).
 func (br *browser) post(path string, form url.Values, header ...string) (*http.Response, string) {
 	br.t.Helper()
 	req, _ := http.NewRequest("POST", br.b.srv.URL+path, strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", br.b.srv.URL)
 	for i := 0; i+1 < len(header); i += 2 {
+		if header[i+1] == "" {
+			req.Header.Del(header[i])
+			continue
+		}
 		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := br.hc.Do(req)
@@ -445,10 +452,23 @@ func TestChangesNeedCSRFAndSameOrigin(t *testing.T) {
 		"same host, https":   {form(br.csrf), []string{"Origin", "https://" + strings.TrimPrefix(b.srv.URL, "http://")}},
 		"cross-site request": {form(br.csrf), []string{"Sec-Fetch-Site", "cross-site"}},
 		"same-site request":  {form(br.csrf), []string{"Sec-Fetch-Site", "same-site"}},
+		// A browser names its origin with every POST; what names none is
+		// not a browser, and a session's cookie alone does not change
+		// anything.
+		"no Origin nor Sec-Fetch-Site": {form(br.csrf), []string{"Origin", ""}},
 	} {
 		if resp, body := br.post("/do", tc.form, tc.header...); resp.StatusCode != http.StatusForbidden {
 			t.Errorf("%s: %s %s", name, resp.Status, body)
 		}
+	}
+	if resp, body := br.post("/do", form(br.csrf), "Origin", ""); !strings.Contains(body, "names no origin") {
+		t.Errorf("a change naming no origin is refused with: %s %q", resp.Status, body)
+	}
+	if resp, _ := br.post("/logout", url.Values{"csrf": {br.csrf}}, "Origin", ""); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a logout naming no origin: %s", resp.Status)
+	}
+	if resp, body := b.browser().post("/login", url.Values{"token": {b.link()}}, "Origin", ""); resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "names no origin") {
+		t.Errorf("a login naming no origin: %s %q", resp.Status, body)
 	}
 	if a := assigned(t, b, "app"); len(a) != 0 {
 		t.Fatalf("a refused request assigned app to %v", a)
@@ -459,7 +479,8 @@ func TestChangesNeedCSRFAndSameOrigin(t *testing.T) {
 	if resp, _ := br.post("/do", form(other.csrf)); resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("another session's CSRF token: %s", resp.Status)
 	}
-	resp, body := br.post("/do", form(br.csrf), "Origin", b.srv.URL)
+	// A browser that sends Sec-Fetch-Site alone (no Origin) is heard too.
+	resp, body := br.post("/do", form(br.csrf), "Origin", "", "Sec-Fetch-Site", "same-origin")
 	if resp.StatusCode != http.StatusSeeOther || !strings.Contains(resp.Header.Get("Location"), "done=") {
 		t.Fatalf("good request: %s %s", resp.Status, body)
 	}
@@ -743,7 +764,10 @@ func TestSecureCookieOverTLS(t *testing.T) {
 	hc := srv.Client()
 	hc.Transport.(*http.Transport).TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	resp, err := hc.PostForm(srv.URL+"/login", url.Values{"token": {u.Query().Get("token")}})
+	req, _ := http.NewRequest("POST", srv.URL+"/login", strings.NewReader(url.Values{"token": {u.Query().Get("token")}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", srv.URL)
+	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
