@@ -16,10 +16,17 @@ import (
 
 // webMaxConns and webMaxConnsPerSource bound the web page's open
 // connections in all and from one address (a browser holds a few; over
-// HTTP/2 one).
+// HTTP/2 one). webMaxStreams bounds the requests one HTTP/2 connection
+// has open at once: the connection bounds count connections, not
+// requests, and under Go's default (250 streams) one connection that sends
+// a POST's headers and never its body held 250 handlers until the read
+// timeout, 128 such connections some 32,000. A browser's tabs share its
+// one connection: at most 8 event streams a session (agent/web), and the
+// rest for pages and their assets, which a browser queues past the bound.
 const (
 	webMaxConns          = 128
 	webMaxConnsPerSource = 16
+	webMaxStreams        = 16
 )
 
 // serveWeb serves the fleet's web page at --web-listen (off when empty):
@@ -69,24 +76,18 @@ func (a *Agent) serveWeb() error {
 		ln.Close()
 		return err
 	}
-	// A page's request is bounded both ways; the event stream lifts the
-	// bounds for itself and bounds each of its writes instead.
-	srv := &http.Server{
-		Handler: w, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
-		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
-		ErrorLog: slog.NewLogLogger(a.log.With("component", "web").Handler(), slog.LevelDebug),
+	var getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	if cert != nil {
+		getCert = cert.GetCertificate
 	}
+	srv := webServer(w, getCert, a.log)
 	// Connections are bounded as at the resolver's TCP port: each held
 	// open costs a descriptor, and anybody on the network reaches the port.
 	bounds := connlimit.NewByNetwork(webMaxConns, webMaxConnsPerSource)
 	ln = &connlimit.Listener{Listener: ln, Bounds: bounds, TurnedAway: func(src netip.Addr, open int) {
 		a.log.Warn("web page: connection turned away (logged once a minute at most)", "from", src, "open_from_it", open, "max_per_source", bounds.PerSource, "max", bounds.Total)
 	}}
-	if useTLS {
-		// HTTP/2 where the browser speaks it: a browser holds at most six
-		// HTTP/1.1 connections to a host, and each open tab's event
-		// stream holds one.
-		srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: cert.GetCertificate, NextProtos: []string{"h2", "http/1.1"}}
+	if srv.TLSConfig != nil {
 		ln = tls.NewListener(ln, srv.TLSConfig)
 	}
 	go srv.Serve(ln)
@@ -94,4 +95,24 @@ func (a *Agent) serveWeb() error {
 	a.onClose(func() { srv.Close() })
 	a.log.Info("web page listening", "url", scheme+"://"+host+"/", "login", "mesh web token")
 	return nil
+}
+
+// webServer is the page's server: over TLS (getCert set) with the
+// certificate getCert gives, plain HTTP without. A page's request is
+// bounded both ways; the event stream lifts the bounds for itself and
+// bounds each of its writes instead.
+func webServer(h http.Handler, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), log *slog.Logger) *http.Server {
+	srv := &http.Server{
+		Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		HTTP2:    &http.HTTP2Config{MaxConcurrentStreams: webMaxStreams},
+		ErrorLog: slog.NewLogLogger(log.With("component", "web").Handler(), slog.LevelDebug),
+	}
+	if getCert != nil {
+		// HTTP/2 where the browser speaks it: a browser holds at most six
+		// HTTP/1.1 connections to a host, and each open tab's event
+		// stream holds one.
+		srv.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: getCert, NextProtos: []string{"h2", "http/1.1"}}
+	}
+	return srv
 }
