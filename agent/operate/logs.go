@@ -3,6 +3,7 @@ package operate
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"time"
 
 	"mesh/cluster/api"
@@ -201,6 +203,77 @@ func (s *Server) serveNodeLogs(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// keepSeen bounds the lines of one second a resumed log looks for
+// (resumed.run); heldAtMost what it holds while it looks.
+const (
+	keepSeen   = 64
+	heldAtMost = 4096
+)
+
+func lineDigest(l podman.LogLine) [32]byte {
+	return sha256.Sum256([]byte(l.Stream + "\x00" + l.Text))
+}
+
+// resumed passes on the lines of a restarted container's log, read again
+// from the second of the last line shown (from), past those shown: the
+// lines before that second, then of it either the first skip (when every
+// line of it shown was counted), or, when a --tail left out some of its
+// earlier lines, all up to the end of run, the last lines of it shown.
+// Until run is found a line of that second is held; a later line, or the
+// end of the read, shows that run is not there (the log was cut), and
+// the held lines are shown then rather than lost.
+type resumed struct {
+	from   time.Time
+	skip   int
+	run    [][32]byte
+	held   []podman.LogLine
+	digest [][32]byte // of held
+	done   bool
+	show   func(podman.LogLine) error
+}
+
+func (r *resumed) line(l podman.LogLine) error {
+	if r.done || r.from.IsZero() || l.Time.IsZero() {
+		return r.show(l)
+	}
+	switch {
+	case l.Time.Before(r.from):
+		return nil
+	case l.Time.After(r.from):
+		r.done = true
+		if err := r.flush(); err != nil {
+			return err
+		}
+		return r.show(l)
+	case r.skip > 0:
+		r.skip--
+		return nil
+	case len(r.run) == 0:
+		r.done = true
+		return r.show(l)
+	}
+	r.held, r.digest = append(r.held, l), append(r.digest, lineDigest(l))
+	if len(r.held) > heldAtMost { // an earlier line of that second, shown or not
+		r.held, r.digest = slices.Delete(r.held, 0, 1), slices.Delete(r.digest, 0, 1)
+	}
+	if len(r.digest) >= len(r.run) && slices.Equal(r.digest[len(r.digest)-len(r.run):], r.run) {
+		r.held, r.digest, r.done = nil, nil, true
+	}
+	return nil
+}
+
+// flush shows the lines held, run not found.
+func (r *resumed) flush() error {
+	held := r.held
+	r.held, r.digest = nil, nil
+	for _, l := range held {
+		if err := r.show(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // nodeLogs reads a container of this node: with Follow, on across its
 // replacement (a new container of the same name: all its lines) and its
 // restarts, until ctx ends.
@@ -212,17 +285,25 @@ func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, e
 		return emit(api.Record{Time: l.Time, Stream: l.Stream, Text: l.Text, Partial: l.Partial, Cut: l.Cut})
 	}
 	var lastID string
-	// last is the time of the last line shown, and atLast how many lines
-	// of that time were shown: where a restarted container's log resumes.
-	var last time.Time
+	// last is the time of the last line shown, atLast how many lines of
+	// that time were shown and seenAt the last of them (at most keepSeen,
+	// by digest): where a restarted container's log resumes. tailFrom is
+	// the time of the first line a --tail read showed: the tail may have
+	// left out lines of that second before it, so that its count of them
+	// is not where they end.
+	var last, tailFrom time.Time
 	atLast := 0
+	var seenAt [][32]byte
 	shown := func(l podman.LogLine) error {
 		switch {
 		case l.Time.IsZero():
 		case l.Time.Equal(last):
 			atLast++
+			if seenAt = append(seenAt, lineDigest(l)); len(seenAt) > keepSeen {
+				seenAt = slices.Delete(seenAt, 0, 1)
+			}
 		default:
-			last, atLast = l.Time, 1
+			last, atLast, seenAt = l.Time, 1, append(seenAt[:0], lineDigest(l))
 		}
 		return line(l)
 	}
@@ -247,8 +328,15 @@ func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, e
 				}
 			}
 			lastID, waiting = c.ID, false
-			last, atLast = time.Time{}, 0
-			err := s.RT.StreamLogs(ctx, c.ID, o, shown)
+			last, atLast, seenAt, tailFrom = time.Time{}, 0, nil, time.Time{}
+			first := true
+			err := s.RT.StreamLogs(ctx, c.ID, o, func(l podman.LogLine) error {
+				if first && o.Tail > 0 {
+					tailFrom = l.Time
+				}
+				first = false
+				return shown(l)
+			})
 			switch {
 			case err == nil || ctx.Err() != nil:
 			case !q.Follow:
@@ -267,24 +355,19 @@ func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, e
 			// The same container, started again: what it wrote after the
 			// last line shown. Podman's since is whole seconds, so the lines
 			// are asked from that line's second (a crash-looping container's
-			// first lines are within it) and those shown are skipped: the
-			// ones before it, and as many of its time as were shown.
-			from, skip := last, atLast
+			// first lines are within it) and those shown are passed over.
+			from := last
 			if from.IsZero() {
 				from = q.Since
 			}
-			s.RT.StreamLogs(ctx, c.ID, podman.LogOptions{Follow: true, Since: from}, func(l podman.LogLine) error {
-				if !from.IsZero() && !l.Time.IsZero() {
-					if l.Time.Before(from) {
-						return nil
-					}
-					if l.Time.Equal(from) && skip > 0 {
-						skip--
-						return nil
-					}
-				}
-				return shown(l)
-			})
+			r := &resumed{from: from, skip: atLast, show: shown}
+			if !last.IsZero() && last.Equal(tailFrom) {
+				// A tail cut into that second: the lines shown of it are
+				// found by what they say, not counted.
+				r.skip, r.run = 0, slices.Clone(seenAt)
+			}
+			s.RT.StreamLogs(ctx, c.ID, podman.LogOptions{Follow: true, Since: from}, r.line)
+			r.flush()
 		case !ok && !waiting:
 			waiting = true
 			if err := emit(api.Record{Note: fmt.Sprintf("no container %s on %s now; waiting for it", src.Container, s.Node)}); err != nil {

@@ -81,19 +81,46 @@ func TestLogsCutIsAnError(t *testing.T) {
 // shown are not lost (Podman's since is whole seconds), and none shows
 // twice. Podman gives whole seconds; finer times are tried too.
 func TestLogsFollowRestartLosesNothing(t *testing.T) {
+	at := func(sec int64, text string) podman.LogLine { return podman.LogLine{Time: time.Unix(sec, 0), Text: text} }
 	for _, tc := range []struct {
 		name          string
 		before, after []podman.LogLine // the first run's lines, the restart's
+		tail          int
 		want          string
 	}{
 		{"whole seconds",
 			[]podman.LogLine{{Time: time.Unix(100, 0), Text: "a"}, {Time: time.Unix(100, 0), Text: "b"}},
 			[]podman.LogLine{{Time: time.Unix(100, 0), Text: "c"}, {Time: time.Unix(101, 0), Text: "d"}},
-			"a b c d"},
+			0, "a b c d"},
 		{"finer times",
 			[]podman.LogLine{{Time: time.Unix(100, 2e8), Text: "a"}, {Time: time.Unix(100, 5e8), Text: "b"}},
 			[]podman.LogLine{{Time: time.Unix(100, 7e8), Text: "c"}, {Time: time.Unix(101, 1e8), Text: "d"}},
-			"a b c d"},
+			0, "a b c d"},
+		// A --tail that cut into the last second: the lines it left out
+		// are not shown after the restart, those it showed not twice (a
+		// review found "c b c d": counted, the shown ones were taken for
+		// the first of the second).
+		{"a tail into the last second",
+			[]podman.LogLine{at(99, "z"), at(100, "a"), at(100, "b"), at(100, "c")},
+			[]podman.LogLine{at(100, "e"), at(101, "d")},
+			1, "c e d"},
+		{"a tail of two, the restart's lines of the same second",
+			[]podman.LogLine{at(100, "a"), at(100, "b"), at(100, "c")},
+			[]podman.LogLine{at(100, "e"), at(100, "f")},
+			2, "b c e f"},
+		// The tail's second is not the last one shown: counted, as without.
+		{"a tail, then later lines",
+			[]podman.LogLine{at(100, "a"), at(100, "b"), at(101, "c"), at(101, "c")},
+			[]podman.LogLine{at(101, "e"), at(102, "d")},
+			3, "b c c e d"},
+		// What was shown is not in the log read again (rotated: other
+		// lines of that second, which may be the restart's): the lines
+		// held while looking for it are shown at the read's end rather
+		// than lost.
+		{"the shown lines gone",
+			[]podman.LogLine{at(100, "a"), at(100, "b")},
+			nil,
+			1, "b x y"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -107,11 +134,18 @@ func TestLogsFollowRestartLosesNothing(t *testing.T) {
 				case 1: // the first run, until it stops
 				case 2: // started again: what Podman's since (seconds) gives
 					log = append(log, tc.after...)
+					if tc.name == "the shown lines gone" {
+						log = []podman.LogLine{at(100, "x"), at(100, "y")} // rotated: other lines of that second
+					}
 				default:
 					cancel()
 					return nil
 				}
-				for _, l := range log {
+				lines := log
+				if o.Tail > 0 && len(lines) > o.Tail {
+					lines = lines[len(lines)-o.Tail:]
+				}
+				for _, l := range lines {
 					if !o.Since.IsZero() && l.Time.Unix() < o.Since.Unix() {
 						continue
 					}
@@ -123,7 +157,7 @@ func TestLogsFollowRestartLosesNothing(t *testing.T) {
 			}
 			var got []string
 			s := testServer(t, rt)
-			s.nodeLogs(ctx, api.Source{Node: "ace", Container: "app.server"}, api.LogQuery{Follow: true}, func(r api.Record) error {
+			s.nodeLogs(ctx, api.Source{Node: "ace", Container: "app.server"}, api.LogQuery{Follow: true, Tail: tc.tail}, func(r api.Record) error {
 				if r.Note == "" {
 					got = append(got, r.Text)
 				}
