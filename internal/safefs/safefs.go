@@ -200,7 +200,8 @@ func tempName(name, rnd string) string {
 
 // isTempOf says entry is a temp file WriteAt made for name.
 func isTempOf(entry, name string) bool {
-	rest, ok := strings.CutPrefix(entry, tempName(name, ""))
+	full := tempName(name, "000000000000") // the form its length gives
+	rest, ok := strings.CutPrefix(entry, full[:len(full)-12])
 	if !ok || len(rest) != 12 {
 		return false
 	}

@@ -142,6 +142,12 @@ func TestSweepAtTakesWriteAtsTempNames(t *testing.T) {
 		{"f", "f.mesh-0123456789ab", false},
 		{long, ".mesh-0123456789ab", true},
 		{long, "." + long[:240] + ".mesh-0123456789ab", false},
+		// Names of 237 to 248 bytes: WriteAt's long form would pass 255,
+		// so it takes the short one (a review found them missed).
+		{long[:236], "." + long[:236] + ".mesh-0123456789ab", true},
+		{long[:237], ".mesh-0123456789ab", true},
+		{long[:248], ".mesh-0123456789ab", true},
+		{long[:249], ".mesh-0123456789ab", true},
 	} {
 		if got := isTempOf(tc.entry, tc.name); got != tc.want {
 			t.Errorf("isTempOf(%q, %.10q...) = %v", tc.entry, tc.name, got)
