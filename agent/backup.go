@@ -470,6 +470,11 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		}
 		for _, d := range res.Dirs {
 			aside, err := swapIn(d)
+			if errors.Is(err, errUnsynced) {
+				// Restored: a power cut may bring the data before back.
+				b.log.Warn("restored, but the swap may not survive a power cut", "dir", d, "err", err)
+				err = nil
+			}
 			if err != nil {
 				return err
 			}
@@ -576,12 +581,23 @@ func swapIn(d string) (string, error) {
 		return "", fmt.Errorf("swap %s with its restored copy: %w", d, err)
 	}
 	// Durable before the restore is said done (a power cut must not bring
-	// back the data as it was, once the operator was told otherwise).
-	if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
+	// back the data as it was, once the operator was told otherwise). The
+	// swap is done whatever the sync says: a failure is said, not taken
+	// for the restore's (which would leave the module started on the
+	// restored data, told it failed, without its copy aside).
+	synced := safefs.SyncDir(filepath.Dir(d))
+	if err := finishSwap(d); err != nil {
 		return "", err
 	}
-	return aside, finishSwap(d)
+	if synced != nil {
+		return aside, fmt.Errorf("%w: %w", errUnsynced, synced)
+	}
+	return aside, nil
 }
+
+// errUnsynced is swapIn's when the swap is done but the directory that
+// holds it could not be synced.
+var errUnsynced = errors.New("swapped, but the directory was not synced")
 
 // finishSwap keeps what a swap put in DIR's staging directory (the data as
 // it was, once exchanged) as DIR.mesh-before-restore, and removes the
