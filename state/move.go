@@ -329,10 +329,22 @@ func (ap *applier) composesOn(node, module string, cat map[string]*manifest.Mani
 	if err != nil {
 		return err
 	}
-	out := ComposeNodes(in, map[string]bool{node: true})
+	only := map[string]bool{node: true}
+	out := ComposeNodes(in, only)
 	defer out.releasePlans()
-	if msg, failed := out.Errors[node]; failed {
-		return ruleErr(ErrConflict, "module %s would not run on %s: %s (a move copies the data first, so it is refused before)", module, node, msg)
+	msg, failed := out.Errors[node]
+	if !failed {
+		return nil
 	}
-	return nil
+	// What TO's plan says without the module: an error it had before (a
+	// secret not yet sealed to another module there, say) is not the
+	// module's, and does not refuse its move (the move's start waits or
+	// aborts on it, as an assign would).
+	in.Assignments = as
+	before := ComposeNodes(in, only)
+	defer before.releasePlans()
+	if was, ok := before.Errors[node]; ok && was == msg {
+		return nil
+	}
+	return ruleErr(ErrConflict, "module %s would not run on %s: %s (a move copies the data first, so it is refused before)", module, node, msg)
 }

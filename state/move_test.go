@@ -240,4 +240,21 @@ func TestModuleMoveRefusedWhereItWouldNotCompose(t *testing.T) {
 	if mv, _ := s.Moves(ctx, "m"); len(mv) != 1 || mv[0].To != "cat" {
 		t.Fatalf("the move to cat: %+v", mv)
 	}
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "m", ID: idx, From: MoveCopy, To: MoveAborted})
+	// A node whose plan fails for a reason of its own (two modules there
+	// declare one path) takes a move of a module that brings no error of
+	// its own: the refusal is the module's, not the node's (a review
+	// found every move to such a node refused, naming another's error).
+	y := "module: y\nresources:\n  - directory: /srv/both\n"
+	z := "module: z\nresources:\n  - directory: /srv/both\n"
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("y.yaml", y), spec("z.yaml", z)}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "cat", Module: "y"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "cat", Module: "z"}})
+	if n, _ := s.Node(ctx, "cat"); !strings.Contains(n.ComposeError, "declared by both") {
+		t.Fatalf("cat's composition: %q", n.ComposeError)
+	}
+	mustApply(t, s, &idx, &ModuleMoveRequest{Module: "m", From: "ace", To: "cat"})
+	if mv, _ := s.Moves(ctx, "m"); len(mv) != 1 || mv[0].To != "cat" || mv[0].Phase != MoveCopy {
+		t.Fatalf("the move to cat, whose plan fails for y and z: %+v", mv)
+	}
 }
