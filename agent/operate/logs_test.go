@@ -81,7 +81,9 @@ func TestLogsCutIsAnError(t *testing.T) {
 // shown are not lost (Podman's since is whole seconds), and none shows
 // twice. Podman gives whole seconds; finer times are tried too.
 func TestLogsFollowRestartLosesNothing(t *testing.T) {
-	at := func(sec int64, text string) podman.LogLine { return podman.LogLine{Time: time.Unix(sec, 0), Text: text} }
+	at := func(sec int64, text string) podman.LogLine {
+		return podman.LogLine{Time: time.Unix(sec, 0), Text: text}
+	}
 	for _, tc := range []struct {
 		name          string
 		before, after []podman.LogLine // the first run's lines, the restart's
