@@ -310,6 +310,9 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 			return res, err
 		}
 		res.Snapshot, res.Files, res.Bytes, res.Added, res.Duration = sum.SnapshotID, sum.TotalFiles, sum.TotalBytes, sum.DataAdded, sum.Duration.Round(time.Millisecond).String()
+		if sum.Unconfined != "" {
+			b.log.Warn("backed up with links under the data directories followable: a container that swaps one in while restic reads could get a host file into its snapshot (backup: pause closes that)", "module", module, "why", sum.Unconfined)
+		}
 		if k := h.policy.Keep; k != nil {
 			progress("forgetting what keep: does not keep")
 			gone, err := repo.Forget(ctx, moduleTags(module, b.node), restic.Keep{Last: k.Last, Hourly: k.Hourly, Daily: k.Daily, Weekly: k.Weekly, Monthly: k.Monthly, Yearly: k.Yearly}, true)

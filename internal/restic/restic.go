@@ -10,6 +10,7 @@ package restic
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -80,6 +81,9 @@ type Summary struct {
 	DataAdded, TotalBytes                   int64
 	TotalFiles                              int
 	Duration                                time.Duration
+	// Unconfined says why restic read the paths without them bound
+	// without links (confineScript), "" when it did.
+	Unconfined string
 }
 
 // Keep is a forget policy: how many of the newest snapshots to keep, in all
@@ -166,9 +170,21 @@ func (r Repo) Backup(ctx context.Context, paths []string, tags []string, progres
 			}
 		}
 	}}
-	err := r.run(ctx, out, args...)
-	out.flush()
+	err := r.runIn(ctx, out, paths, args...)
 	var rerr *runError
+	unconfined := ""
+	if errors.As(err, &rerr) && rerr.code == exitUnconfined {
+		// The paths could not be bound without links (a mount whose
+		// flags a user namespace locks, no mount(8)): backed up as
+		// before, and said. Nothing of restic ran.
+		unconfined = cmp.Or(strings.Join(rerr.stderr, "; "), "mount(8) failed")
+		out.buf, out.skip, sum = out.buf[:0], false, nil
+		err = r.run(ctx, out, args...)
+	}
+	out.flush()
+	if sum != nil {
+		sum.Unconfined = unconfined
+	}
 	if errors.As(err, &rerr) && rerr.code == 3 && sum != nil {
 		msg := strings.Join(fileErrors(rerr.stderr), "; ")
 		return *sum, fmt.Errorf("restic backup: snapshot %s: %w (%s)", sum.SnapshotID, ErrIncomplete, msg)
@@ -371,9 +387,35 @@ func validID(id string) bool {
 	return true
 }
 
+// A backup's restic walks paths a module's containers write as it reads
+// them, and it opens a file by its path (the last component without
+// following a link, the others as the kernel resolves them): a container
+// that swaps a directory it owns for a link to /etc between restic's
+// look at it and its open of a file under it would have the host's file
+// read into its snapshot, and a restore would give it to the container.
+// A backup runs restic in a mount namespace of its own where each path
+// is bound onto itself with nosymfollow (Linux 5.10): no link under it is
+// followed, while links are still read and kept as links. confineScript
+// does it with mount(8), then becomes restic; exitUnconfined is its exit
+// when a bind fails.
+const confineScript = `n=$1; shift
+while [ "$n" -gt 0 ]; do
+	mount --bind -- "$1" "$1" && mount -o remount,bind,nosymfollow -- "$1" || exit 97
+	shift; n=$((n-1))
+done
+exec "$@"`
+
+const exitUnconfined = 97
+
 // run runs restic with args, stdout to out (nil: discarded). A run that
 // fails is a *runError naming it by its leading words ("restic backup").
 func (r Repo) run(ctx context.Context, out io.Writer, args ...string) error {
+	return r.runIn(ctx, out, nil, args...)
+}
+
+// runIn is run with the paths confine names bound without links
+// (confineScript); none: as run.
+func (r Repo) runIn(ctx context.Context, out io.Writer, confine []string, args ...string) error {
 	name := runName(args)
 	bin, err := r.binary()
 	if err != nil {
@@ -387,6 +429,12 @@ func (r Repo) run(ctx context.Context, out io.Writer, args ...string) error {
 		args = append([]string{"--no-cache"}, args...)
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
+	if len(confine) > 0 {
+		sh := append([]string{"-c", confineScript, "sh", strconv.Itoa(len(confine))}, confine...)
+		cmd = exec.CommandContext(ctx, "/bin/sh", append(append(sh, bin), args...)...)
+		// Go makes the new namespace's mounts private before the exec.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	}
 	cmd.Env = env
 	cmd.Stdout = out
 	stderr := &tailBuffer{max: stderrTail}
@@ -397,6 +445,10 @@ func (r Repo) run(ctx context.Context, out io.Writer, args ...string) error {
 	err = cmd.Run()
 	if err == nil {
 		return nil
+	}
+	if len(confine) > 0 && ctx.Err() == nil && errors.Is(err, syscall.EPERM) {
+		// No mount namespace for this process (unshare refused).
+		return newRunError(name, exitUnconfined, []byte("a mount namespace of its own was refused: "+err.Error()))
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("restic %s: stopped: %w", name, context.Cause(ctx))

@@ -1,6 +1,7 @@
 package restic
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -155,6 +156,9 @@ func TestBackupRestore(t *testing.T) {
 	sum, err := r.Backup(ctx, []string{src}, []string{"mod-a"}, func(Progress) { calls++ })
 	if err != nil {
 		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 && sum.Unconfined != "" {
+		t.Errorf("as root, the backup ran unconfined: %s", sum.Unconfined)
 	}
 	if !validID(sum.SnapshotID) || sum.FilesNew != 5 || sum.TotalFiles != 5 || sum.DataAdded == 0 {
 		t.Errorf("summary %+v: want a snapshot ID and 5 new files", sum)
@@ -499,5 +503,60 @@ func TestStderrLines(t *testing.T) {
 	tb.Write([]byte(strings.Repeat("x", 40) + "\nlast\n"))
 	if got := string(tb.Bytes()); got != "last\n" {
 		t.Errorf("tail %q", got)
+	}
+}
+
+// A backup's restic reads its paths bound without links: a link swapped
+// in under a path (a container racing the backup) is not followed when a
+// file under it is opened, while files and links are read as they are.
+// Here the probe is cat, in restic's place, opening a file through a link
+// to /etc in the data directory, as restic would have once a container
+// swapped the link in between its look at a directory and its open.
+func TestBackupReadsNoLinkUnderItsPaths(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("binding paths in a mount namespace of its own needs root (CI runs as root; a rootless agent runs in Podman's user namespace)")
+	}
+	data := filepath.Join(t.TempDir(), "data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(data, "plain"), []byte("mine\n"), 0o644)
+	if err := os.Symlink("/etc", filepath.Join(data, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Repo{URL: t.TempDir(), Password: []byte("x"), Binary: cat, CacheDir: t.TempDir()}
+	read := func(confine []string, path string) (string, error) {
+		var out bytes.Buffer
+		err := r.runIn(t.Context(), &out, confine, path)
+		return out.String(), err
+	}
+	through := filepath.Join(data, "sub", "hostname")
+	if _, err := read(nil, through); err != nil {
+		t.Fatalf("unconfined, cat %s: %v (the probe itself)", through, err)
+	}
+	if out, err := read([]string{data}, through); err == nil || !strings.Contains(err.Error(), "symbolic links") {
+		t.Fatalf("confined, a file under a link in the data directory was read: %q, %v", out, err)
+	}
+	if out, err := read([]string{data}, filepath.Join(data, "plain")); err != nil || out != "mine\n" {
+		t.Fatalf("confined, a file of the data directory: %q, %v", out, err)
+	}
+	// The namespace was the probe's: the host's path still follows its link.
+	if _, err := os.ReadFile(through); err != nil {
+		t.Fatalf("after the run, the host follows the link no more: %v", err)
+	}
+	// Where the paths cannot be bound (here no mount(8) on PATH), the
+	// backup is made as before, and says so.
+	repo := newRepo(t)
+	if repo.Binary, err = exec.LookPath("restic"); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", t.TempDir())
+	sum, err := repo.Backup(t.Context(), []string{data}, nil, nil)
+	if err != nil || !validID(sum.SnapshotID) || !strings.Contains(sum.Unconfined, "mount") {
+		t.Fatalf("a backup whose paths cannot be bound: %+v, %v", sum, err)
 	}
 }
