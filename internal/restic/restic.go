@@ -398,14 +398,74 @@ func validID(id string) bool {
 // followed, while links are still read and kept as links. confineScript
 // does it with mount(8), then becomes restic; exitUnconfined is its exit
 // when a bind fails.
-const confineScript = `n=$1; shift
+//
+// The remount takes the options of the mount it binds (mtab's, not
+// fstab's, which could add ro), and is checked to carry nosymfollow: an
+// older mount(8) or kernel takes an option it does not know without a
+// word. The trap ends the script on a cancel's SIGINT while a mount runs
+// (bash would go on to restic, which would then be killed, its lock
+// left). A path holding other mounts is not bound (a bind that is not
+// recursive would hide them from the snapshot): the backup runs as
+// before (holdsMounts).
+const confineScript = `trap 'exit 130' INT TERM
+n=$1; shift
 while [ "$n" -gt 0 ]; do
-	mount --bind -- "$1" "$1" && mount -o remount,bind,nosymfollow -- "$1" || exit 97
+	mount --bind -- "$1" "$1" &&
+		mount --options-source=mtab -o remount,bind,nosymfollow -- "$1" || exit 97
+	findmnt -n -o VFS-OPTIONS -M "$1" | tail -n 1 | grep -qw nosymfollow ||
+		{ echo "nosymfollow did not take on $1 (mount(8) or the kernel does not know it)" >&2; exit 97; }
 	shift; n=$((n-1))
 done
 exec "$@"`
 
 const exitUnconfined = 97
+
+// holdsMounts says which of paths holds a mount point under it ("" when
+// none does), from /proc/self/mountinfo; one that cannot be read counts
+// as holding one.
+func holdsMounts(paths []string) string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "the mounts could not be read: " + err.Error()
+	}
+	return mountsUnder(string(b), paths)
+}
+
+// mountsUnder is holdsMounts of a mountinfo text.
+func mountsUnder(mountinfo string, paths []string) string {
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		at := unescapeMount(f[4])
+		for _, p := range paths {
+			if strings.HasPrefix(at, strings.TrimSuffix(p, "/")+"/") {
+				return p + " holds another mount (" + at + "), which a bind onto it would hide"
+			}
+		}
+	}
+	return ""
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
 
 // run runs restic with args, stdout to out (nil: discarded). A run that
 // fails is a *runError naming it by its leading words ("restic backup").
@@ -430,6 +490,9 @@ func (r Repo) runIn(ctx context.Context, out io.Writer, confine []string, args .
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	if len(confine) > 0 {
+		if msg := holdsMounts(confine); msg != "" {
+			return newRunError(name, exitUnconfined, []byte(msg))
+		}
 		sh := append([]string{"-c", confineScript, "sh", strconv.Itoa(len(confine))}, confine...)
 		cmd = exec.CommandContext(ctx, "/bin/sh", append(append(sh, bin), args...)...)
 		// Go makes the new namespace's mounts private before the exec.

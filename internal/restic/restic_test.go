@@ -548,15 +548,61 @@ func TestBackupReadsNoLinkUnderItsPaths(t *testing.T) {
 	if _, err := os.ReadFile(through); err != nil {
 		t.Fatalf("after the run, the host follows the link no more: %v", err)
 	}
-	// Where the paths cannot be bound (here no mount(8) on PATH), the
-	// backup is made as before, and says so.
+	// A path holding another mount is not bound (the bind would hide
+	// that mount from the snapshot): made as before, and said.
+	inner := filepath.Join(data, "mnt")
+	os.Mkdir(inner, 0o755)
+	if err := syscall.Mount("tmpfs", inner, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(inner, "on-the-mount"), []byte("x"), 0o644)
 	repo := newRepo(t)
+	sum, err := repo.Backup(t.Context(), []string{data}, nil, nil)
+	syscall.Unmount(inner, 0)
+	if err != nil || !strings.Contains(sum.Unconfined, "holds another mount") || sum.TotalFiles != 2 {
+		t.Fatalf("a backup of a directory holding a mount: %+v, %v (want it unconfined, with plain and on-the-mount)", sum, err)
+	}
+	// A mount(8) that takes nosymfollow without a word and does not apply
+	// it (an older util-linux, a kernel before 5.10): made as before, and
+	// said.
+	fake := t.TempDir()
+	os.WriteFile(filepath.Join(fake, "mount"), []byte(`#!/bin/sh
+for a; do shift; [ "$a" = "remount,bind,nosymfollow" ] && a="remount,bind"; set -- "$@" "$a"; done
+exec /usr/bin/mount "$@"
+`), 0o755)
 	if repo.Binary, err = exec.LookPath("restic"); err != nil {
 		t.Fatal(err)
 	}
+	t.Setenv("PATH", fake+":/usr/bin:/bin")
+	sum, err = repo.Backup(t.Context(), []string{data}, nil, nil)
+	if err != nil || !strings.Contains(sum.Unconfined, "nosymfollow did not take") {
+		t.Fatalf("a backup where nosymfollow does not take: %+v, %v", sum, err)
+	}
+	// Where the paths cannot be bound (here no mount(8) on PATH), the
+	// backup is made as before, and says so.
 	t.Setenv("PATH", t.TempDir())
-	sum, err := repo.Backup(t.Context(), []string{data}, nil, nil)
+	sum, err = repo.Backup(t.Context(), []string{data}, nil, nil)
 	if err != nil || !validID(sum.SnapshotID) || !strings.Contains(sum.Unconfined, "mount") {
 		t.Fatalf("a backup whose paths cannot be bound: %+v, %v", sum, err)
+	}
+}
+
+// mountsUnder finds a mount point under a path, mountinfo's escapes
+// undone, and not the path itself or a sibling that shares its prefix.
+func TestMountsUnder(t *testing.T) {
+	info := `22 1 8:1 / / rw - ext4 /dev/sda1 rw
+30 22 0:40 / /srv/app rw - tmpfs tmpfs rw
+31 22 0:41 / /srv/app2/x rw - tmpfs tmpfs rw
+32 22 0:42 / /srv/my\040data/inner rw - tmpfs tmpfs rw
+`
+	for _, tc := range []struct {
+		path string
+		want bool
+	}{
+		{"/srv/app", false}, {"/srv/app2", true}, {"/srv/my data", true}, {"/srv", true}, {"/srv/ap", false},
+	} {
+		if got := mountsUnder(info, []string{tc.path}) != ""; got != tc.want {
+			t.Errorf("mountsUnder(%s) = %v, want %v", tc.path, got, tc.want)
+		}
 	}
 }
