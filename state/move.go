@@ -336,15 +336,16 @@ func (ap *applier) composesOn(node, module string, cat map[string]*manifest.Mani
 	if !failed {
 		return nil
 	}
-	// What TO's plan says without the module: an error it had before (a
-	// secret not yet sealed to another module there, say) is not the
-	// module's, and does not refuse its move (the move's start waits or
-	// aborts on it, as an assign would).
+	// An error TO's plan has without the module refuses the move too:
+	// composition says its first error only, and one of TO's own (a
+	// secret not yet sealed to another module there, say) would hide the
+	// module's (a nesting in another's mount is checked last). It is named
+	// as TO's.
 	in.Assignments = as
 	before := ComposeNodes(in, only)
 	defer before.releasePlans()
 	if was, ok := before.Errors[node]; ok && was == msg {
-		return nil
+		return ruleErr(ErrConflict, "%s's plan does not compose now (%s): a move of %s there is refused until it does (composition names its first error only, which would hide one the module brings; the data is copied first)", node, msg, module)
 	}
 	return ruleErr(ErrConflict, "module %s would not run on %s: %s (a move copies the data first, so it is refused before)", module, node, msg)
 }

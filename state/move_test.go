@@ -242,19 +242,23 @@ func TestModuleMoveRefusedWhereItWouldNotCompose(t *testing.T) {
 	}
 	mustApply(t, s, &idx, &MoveStepRequest{Module: "m", ID: idx, From: MoveCopy, To: MoveAborted})
 	// A node whose plan fails for a reason of its own (two modules there
-	// declare one path) takes a move of a module that brings no error of
-	// its own: the refusal is the module's, not the node's (a review
-	// found every move to such a node refused, naming another's error).
+	// declare one path) refuses a move too, naming its own error: that
+	// first error would hide the module's (here m's data directory inside
+	// x's mount, which composition checks last; a review found the move
+	// taken when only an error the module brought refused).
 	y := "module: y\nresources:\n  - directory: /srv/both\n"
 	z := "module: z\nresources:\n  - directory: /srv/both\n"
 	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("y.yaml", y), spec("z.yaml", z)}})
-	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "cat", Module: "y"}})
-	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "cat", Module: "z"}})
-	if n, _ := s.Node(ctx, "cat"); !strings.Contains(n.ComposeError, "declared by both") {
-		t.Fatalf("cat's composition: %q", n.ComposeError)
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "y"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "z"}})
+	if n, _ := s.Node(ctx, "bee"); !strings.Contains(n.ComposeError, "declared by both") {
+		t.Fatalf("bee's composition: %q", n.ComposeError)
 	}
-	mustApply(t, s, &idx, &ModuleMoveRequest{Module: "m", From: "ace", To: "cat"})
-	if mv, _ := s.Moves(ctx, "m"); len(mv) != 1 || mv[0].To != "cat" || mv[0].Phase != MoveCopy {
-		t.Fatalf("the move to cat, whose plan fails for y and z: %+v", mv)
+	err = applyErr(t, s, &idx, &ModuleMoveRequest{Module: "m", From: "ace", To: "bee"})
+	if err == nil || !strings.Contains(err.Error(), "bee's plan does not compose now") || !strings.Contains(err.Error(), "declared by both") {
+		t.Fatalf("the move into x's mount, on a bee that fails for y and z: %v", err)
+	}
+	if mv, _ := s.Moves(ctx, "m"); len(mv) != 1 || mv[0].Phase != MoveAborted {
+		t.Fatalf("a refused move was written: %+v", mv)
 	}
 }
