@@ -208,6 +208,7 @@ func (s *Server) serveNodeLogs(w http.ResponseWriter, r *http.Request) {
 const (
 	keepSeen   = 64
 	heldAtMost = 4096
+	heldBytes  = 4 << 20 // and by size: a line may be 64 KiB
 )
 
 func lineDigest(l podman.LogLine) [32]byte {
@@ -228,6 +229,7 @@ type resumed struct {
 	run    [][32]byte
 	held   []podman.LogLine
 	digest [][32]byte // of held
+	size   int        // of held's text
 	done   bool
 	show   func(podman.LogLine) error
 }
@@ -252,12 +254,13 @@ func (r *resumed) line(l podman.LogLine) error {
 		r.done = true
 		return r.show(l)
 	}
-	r.held, r.digest = append(r.held, l), append(r.digest, lineDigest(l))
-	if len(r.held) > heldAtMost { // an earlier line of that second, shown or not
+	r.held, r.digest, r.size = append(r.held, l), append(r.digest, lineDigest(l)), r.size+len(l.Text)
+	for len(r.held) > heldAtMost || r.size > heldBytes && len(r.held) > 1 { // an earlier line of that second, shown or not
+		r.size -= len(r.held[0].Text)
 		r.held, r.digest = slices.Delete(r.held, 0, 1), slices.Delete(r.digest, 0, 1)
 	}
 	if len(r.digest) >= len(r.run) && slices.Equal(r.digest[len(r.digest)-len(r.run):], r.run) {
-		r.held, r.digest, r.done = nil, nil, true
+		r.held, r.digest, r.size, r.done = nil, nil, 0, true
 	}
 	return nil
 }
@@ -265,7 +268,7 @@ func (r *resumed) line(l podman.LogLine) error {
 // flush shows the lines held, run not found.
 func (r *resumed) flush() error {
 	held := r.held
-	r.held, r.digest = nil, nil
+	r.held, r.digest, r.size = nil, nil, 0
 	for _, l := range held {
 		if err := r.show(l); err != nil {
 			return err

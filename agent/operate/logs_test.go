@@ -174,3 +174,18 @@ func TestLogsFollowRestartLosesNothing(t *testing.T) {
 		})
 	}
 }
+
+// While it looks for the lines shown, a resumed log holds at most about
+// 4 MiB of a second's lines, however large (a line may be 64 KiB: 4,096 of
+// them held were 256 MiB, a review found).
+func TestResumedHoldsLittle(t *testing.T) {
+	from := time.Unix(100, 0)
+	r := &resumed{from: from, run: [][32]byte{lineDigest(podman.LogLine{Text: "never"})}, show: func(podman.LogLine) error { return nil }}
+	big := strings.Repeat("x", 64<<10)
+	for i := 0; i < 1000; i++ {
+		r.line(podman.LogLine{Time: from, Text: big})
+	}
+	if r.size > heldBytes || len(r.held)*len(big) > heldBytes || len(r.held) != len(r.digest) || len(r.held) < keepSeen {
+		t.Fatalf("held %d lines, %d bytes (%d digests)", len(r.held), r.size, len(r.digest))
+	}
+}
