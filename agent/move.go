@@ -417,6 +417,21 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 		if err := othersPath(); err != nil {
 			return err
 		}
+		// A failure puts back every directory swapped so far (the copy
+		// to its staging path, which cleanup removes; what was there to
+		// d): the node is as it was, and the copy is tried again.
+		var swapped []string
+		undo := func(err error) error {
+			for _, d := range slices.Backward(swapped) {
+				os.Rename(d, d+moveStaging)
+				if aside, ok := res.Aside[d]; ok {
+					os.Rename(aside, d)
+					delete(res.Aside, d)
+				}
+				safefs.SyncDir(filepath.Dir(d))
+			}
+			return err
+		}
 		for _, d := range mv.Data {
 			if _, err := os.Lstat(d); err == nil {
 				aside := d + moveAside
@@ -424,7 +439,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 					aside = fmt.Sprintf("%s-%d", aside, time.Now().Unix())
 				}
 				if err := os.Rename(d, aside); err != nil {
-					return err
+					return undo(err)
 				}
 				res.Aside[d] = aside
 			}
@@ -433,16 +448,14 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 					os.Rename(aside, d) // as it was
 					delete(res.Aside, d)
 				}
-				return err
+				return undo(err)
 			}
+			swapped = append(swapped, d)
 			// The renames are durable before the ledger and the state say
 			// the copy is in: after a power cut the module must not start
-			// on what was at d before, while FROM's copy is let go. The
-			// copy is in whatever the sync says (an error here would leave
-			// it unrecorded, what was at d aside and unsaid): a failure is
-			// said.
+			// on what was at d before, while FROM lets its copy go.
 			if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
-				a.log.Warn("a moved directory may not survive a power cut: its swap was not synced", "dir", d, "err", err)
+				return undo(err)
 			}
 		}
 		return a.reconciler.Adopt(module, meta.Markers, mv.Data, parents)
