@@ -417,48 +417,15 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 		if err := othersPath(); err != nil {
 			return err
 		}
-		// A failure puts back every directory swapped so far (the copy
-		// to its staging path, which cleanup removes; what was there to
-		// d): the node is as it was, and the copy is tried again.
-		var swapped []string
-		undo := func(err error) error {
-			for _, d := range slices.Backward(swapped) {
-				os.Rename(d, d+moveStaging)
-				if aside, ok := res.Aside[d]; ok {
-					os.Rename(aside, d)
-					delete(res.Aside, d)
-				}
-				safefs.SyncDir(filepath.Dir(d))
-			}
+		undo, err := swapCopiesIn(mv.Data, res.Aside, hostSwap)
+		if err != nil {
 			return err
 		}
-		for _, d := range mv.Data {
-			if _, err := os.Lstat(d); err == nil {
-				aside := d + moveAside
-				if _, err := os.Lstat(aside); err == nil {
-					aside = fmt.Sprintf("%s-%d", aside, time.Now().Unix())
-				}
-				if err := os.Rename(d, aside); err != nil {
-					return undo(err)
-				}
-				res.Aside[d] = aside
-			}
-			if err := os.Rename(d+moveStaging, d); err != nil {
-				if aside, ok := res.Aside[d]; ok {
-					os.Rename(aside, d) // as it was
-					delete(res.Aside, d)
-				}
-				return undo(err)
-			}
-			swapped = append(swapped, d)
-			// The renames are durable before the ledger and the state say
-			// the copy is in: after a power cut the module must not start
-			// on what was at d before, while FROM lets its copy go.
-			if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
-				return undo(err)
-			}
+		if err := a.reconciler.Adopt(module, meta.Markers, mv.Data, parents); err != nil {
+			undo()
+			return err
 		}
-		return a.reconciler.Adopt(module, meta.Markers, mv.Data, parents)
+		return nil
 	})
 	if err != nil {
 		cleanup()
@@ -466,6 +433,65 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 	}
 	a.log.Info("move: received", "module", module, "from", mv.From, "files", res.Summary.Files, "bytes", res.Summary.Bytes, "aside", res.Aside)
 	return res, http.StatusOK, nil
+}
+
+// swapOps are the host operations swapCopiesIn makes (a test's fail).
+type swapOps struct {
+	rename  func(from, to string) error
+	syncDir func(dir string) error
+}
+
+var hostSwap = swapOps{rename: os.Rename, syncDir: safefs.SyncDir}
+
+// swapCopiesIn swaps each directory's copy (at d+moveStaging) in at d,
+// setting what was at d aside (recorded in aside, d -> where). A failure
+// puts back every directory swapped so far (the copy to its staging path,
+// which the caller removes; what was there to d) and is returned: the
+// node is as it was, and the copy is tried again. undo does the same
+// after a success, for a later step that fails (the ledger's save).
+func swapCopiesIn(data []string, aside map[string]string, ops swapOps) (undo func(), err error) {
+	var swapped []string
+	undo = func() {
+		for _, d := range slices.Backward(swapped) {
+			ops.rename(d, d+moveStaging)
+			if was, ok := aside[d]; ok {
+				ops.rename(was, d)
+				delete(aside, d)
+			}
+			ops.syncDir(filepath.Dir(d))
+		}
+		swapped = nil
+	}
+	for _, d := range data {
+		if _, err := os.Lstat(d); err == nil {
+			was := d + moveAside
+			if _, err := os.Lstat(was); err == nil {
+				was = fmt.Sprintf("%s-%d", was, time.Now().Unix())
+			}
+			if err := ops.rename(d, was); err != nil {
+				undo()
+				return nil, err
+			}
+			aside[d] = was
+		}
+		if err := ops.rename(d+moveStaging, d); err != nil {
+			if was, ok := aside[d]; ok {
+				ops.rename(was, d) // as it was
+				delete(aside, d)
+			}
+			undo()
+			return nil, err
+		}
+		swapped = append(swapped, d)
+		// The renames are durable before the ledger and the state say
+		// the copy is in: after a power cut the module must not start
+		// on what was at d before, while FROM lets its copy go.
+		if err := ops.syncDir(filepath.Dir(d)); err != nil {
+			undo()
+			return nil, err
+		}
+	}
+	return undo, nil
 }
 
 // makeParents makes the missing directories of p (0755, root's), following

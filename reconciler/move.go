@@ -52,21 +52,56 @@ func (r *Reconciler) MarkersOf(module string) map[string]Marker {
 // for them, each the mesh's own from now on (never removed but for
 // --purge-data, as data made here would be).
 func (r *Reconciler) Adopt(module string, markers map[string]Marker, data, parents []string) error {
+	// What the ledger held at each key this writes, to put back when the
+	// save fails (a full disk): the ledger in memory never claims more
+	// than the one on disk (Ledger.Put), and the caller puts back the
+	// directories it swapped in.
+	type was[T any] struct {
+		v   T
+		had bool
+	}
+	oldMarkers, oldPaths := map[string]was[Marker]{}, map[string]was[PathEntry]{}
+	setPath := func(p string, e PathEntry) {
+		if _, seen := oldPaths[p]; !seen {
+			v, had := r.ledger.Paths[p]
+			oldPaths[p] = was[PathEntry]{v, had}
+		}
+		r.ledger.Paths[p] = e
+	}
 	for name, m := range markers {
 		if !strings.HasPrefix(name, module+".") {
 			continue // a peer gives markers of its module's steps only
 		}
+		v, had := r.ledger.Markers[name]
+		oldMarkers[name] = was[Marker]{v, had}
 		r.ledger.Markers[name] = m
 	}
 	for _, p := range parents {
 		if _, ok := r.ledger.Paths[p]; !ok {
-			r.ledger.Paths[p] = PathEntry{Kind: manifest.KindDirectory, Module: module}
+			setPath(p, PathEntry{Kind: manifest.KindDirectory, Module: module})
 		}
 	}
 	for _, d := range data {
-		r.ledger.Paths[d] = PathEntry{Kind: manifest.KindDirectory, Module: module, Data: true}
+		setPath(d, PathEntry{Kind: manifest.KindDirectory, Module: module, Data: true})
 	}
-	return r.ledger.Save()
+	if err := r.ledger.Save(); err != nil {
+		for name, w := range oldMarkers {
+			if w.had {
+				r.ledger.Markers[name] = w.v
+			} else {
+				delete(r.ledger.Markers, name)
+			}
+		}
+		for p, w := range oldPaths {
+			if w.had {
+				r.ledger.Paths[p] = w.v
+			} else {
+				delete(r.ledger.Paths, p)
+			}
+		}
+		return err
+	}
+	return nil
 }
 
 // RefusedPath says why the host will not touch a path ("" when it will).

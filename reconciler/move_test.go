@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"testing"
 )
@@ -31,5 +32,41 @@ func TestOthersUnder(t *testing.T) {
 		if got := b.r.OthersUnder(tc.path, tc.module); got != tc.want {
 			t.Errorf("OthersUnder(%s, %s) = %q, want %q", tc.path, tc.module, got, tc.want)
 		}
+	}
+}
+
+// A move's adoption that cannot save the ledger (a full disk) leaves the
+// ledger in memory as it was: the receiver puts back what it swapped in,
+// and a later save must not give the module a directory that is not its.
+func TestAdoptTakesBackWhatItCouldNotSave(t *testing.T) {
+	b := newSecretBed(t)
+	b.set("smtp", "v")
+	b.set("api", "k")
+	if rep := b.apply(); rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	before, err := json.Marshal(b.r.ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mail := filepath.Join(b.dir, "mail")
+	moved := filepath.Join(b.dir, "srv", "moved")
+	path := b.r.ledger.path
+	b.r.ledger.path = filepath.Join(path, "not-a-directory") // the save fails
+	err = b.r.Adopt("moved", map[string]Marker{"moved.init": {Digest: "d"}, "mail.x": {Digest: "e"}},
+		[]string{moved, mail}, []string{filepath.Join(b.dir, "srv")})
+	if err == nil {
+		t.Fatal("Adopt saved a ledger under a file")
+	}
+	after, _ := json.Marshal(b.r.ledger)
+	if string(after) != string(before) {
+		t.Errorf("a failed adoption changed the ledger in memory:\nbefore %s\nafter  %s", before, after)
+	}
+	b.r.ledger.path = path
+	if err := b.r.Adopt("moved", map[string]Marker{"moved.init": {Digest: "d"}}, []string{moved}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.r.PathModule(moved); got != "moved" {
+		t.Errorf("after a save that worked the ledger gives %s to %q", moved, got)
 	}
 }

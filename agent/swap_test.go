@@ -1,0 +1,154 @@
+package agent
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"mesh/internal/safefs"
+)
+
+// A move's receiver that fails at any rename or sync of its swap puts
+// every directory back as it was, each copy at its staging path (which the
+// caller removes) and nothing left aside; FROM keeps the only durable copy
+// and tries again. After a swap that worked, undo (a ledger that could not
+// be saved) does the same.
+func TestSwapCopiesInPutsBackOnAnyFailure(t *testing.T) {
+	// One run with nothing failing counts the calls.
+	var total swapCalls
+	{
+		dir, data := swapBed(t)
+		aside := map[string]string{}
+		ops := counted(&total, -1, -1)
+		undo, err := swapCopiesIn(data, aside, ops)
+		if err != nil {
+			t.Fatal(err)
+		}
+		swap := total // undo's own calls are not the swap's
+		for i, d := range data {
+			if got := content(d); got != "new" {
+				t.Errorf("%s holds %q after the swap, want the copy", d, got)
+			}
+			if was, ok := aside[d]; ok != (i != 1) || ok && content(was) != old(i) {
+				t.Errorf("%s's aside is %q (%v), holding %q", d, was, ok, content(was))
+			}
+		}
+		undo()
+		checkAsItWas(t, dir, data, aside)
+		total = swap
+	}
+	if total.renames != 5 || total.syncs != 3 {
+		t.Fatalf("a swap of three directories, two of them there, made %d renames and %d syncs", total.renames, total.syncs)
+	}
+	for k := range total.renames {
+		dir, data := swapBed(t)
+		aside := map[string]string{}
+		var n swapCalls
+		if _, err := swapCopiesIn(data, aside, counted(&n, k, -1)); err == nil {
+			t.Fatalf("rename %d failed and the swap said nothing", k)
+		}
+		checkAsItWas(t, dir, data, aside)
+	}
+	for k := range total.syncs {
+		dir, data := swapBed(t)
+		aside := map[string]string{}
+		var n swapCalls
+		if _, err := swapCopiesIn(data, aside, counted(&n, -1, k)); err == nil {
+			t.Fatalf("sync %d failed and the swap said nothing", k)
+		}
+		checkAsItWas(t, dir, data, aside)
+	}
+}
+
+// swapCalls counts the operations a swap made.
+type swapCalls struct{ renames, syncs int }
+
+// swapBed is three data directories' copies written, the first and the
+// last with a directory already at their path.
+func swapBed(t *testing.T) (string, []string) {
+	dir := t.TempDir()
+	var data []string
+	for i := range 3 {
+		d := filepath.Join(dir, string(rune('a'+i)))
+		data = append(data, d)
+		write(t, d+moveStaging, "new")
+		if i != 1 {
+			write(t, d, old(i))
+		}
+	}
+	return dir, data
+}
+
+func old(i int) string { return "old" + string(rune('0'+i)) }
+
+func write(t *testing.T, d, s string) {
+	t.Helper()
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "f"), []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func content(d string) string {
+	b, err := os.ReadFile(filepath.Join(d, "f"))
+	if err != nil {
+		return "(none)"
+	}
+	return string(b)
+}
+
+// counted is the host's operations, the failRename-th rename and the
+// failSync-th sync (from 0; -1 none) failing without doing anything.
+func counted(n *swapCalls, failRename, failSync int) swapOps {
+	return swapOps{
+		rename: func(from, to string) error {
+			i := n.renames
+			n.renames++
+			if i == failRename {
+				return errors.New("injected rename failure")
+			}
+			return os.Rename(from, to)
+		},
+		syncDir: func(d string) error {
+			i := n.syncs
+			n.syncs++
+			if i == failSync {
+				return errors.New("injected sync failure")
+			}
+			return safefs.SyncDir(d)
+		},
+	}
+}
+
+func checkAsItWas(t *testing.T, dir string, data []string, aside map[string]string) {
+	t.Helper()
+	for i, d := range data {
+		want := old(i)
+		if i == 1 {
+			want = "(none)"
+		}
+		if got := content(d); got != want {
+			t.Errorf("%s holds %q, want %q as before", d, got, want)
+		}
+		if got := content(d + moveStaging); got != "new" {
+			t.Errorf("%s's copy is not back at its staging path (%q)", d, got)
+		}
+		if _, err := os.Lstat(d + moveAside); err == nil {
+			t.Errorf("%s is left aside", d)
+		}
+	}
+	if len(aside) != 0 {
+		t.Errorf("the answer names directories set aside: %v", aside)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 2*len(data)-1 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("%s holds %v", dir, names)
+	}
+}
