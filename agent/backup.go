@@ -214,7 +214,11 @@ type here struct {
 // data that is being copied away. Asked again once the node is held: a
 // move may begin while a backup or restore waits its turn.
 func (b *backups) notMoving(ctx context.Context, module string) error {
-	if l, err := b.store.Moves(ctx, module); err == nil && len(l) == 1 && (l[0].Phase == state.MoveCopy || l[0].Phase == state.MoveStart) {
+	l, err := b.store.Moves(ctx, module)
+	if err != nil {
+		return fmt.Errorf("cannot tell whether module %s is being moved: %w", module, err)
+	}
+	if len(l) == 1 && (l[0].Phase == state.MoveCopy || l[0].Phase == state.MoveStart) {
 		return fmt.Errorf("module %s is being moved from %s to %s: back it up or restore it once the move ends", module, l[0].From, l[0].To)
 	}
 	return nil
