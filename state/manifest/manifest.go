@@ -206,10 +206,25 @@ func (r *Resource) Name() string {
 }
 
 func (r *Resource) kindName() (string, string) {
-	for _, kv := range r.kinds() {
-		if kv[1] != "" {
-			return kv[0], kv[1]
-		}
+	// kinds' order, without building its list: composition asks each
+	// resource's kind several times (TestKindNameIsKindsFirst).
+	switch {
+	case r.Directory != "":
+		return KindDirectory, r.Directory
+	case r.File != "":
+		return KindFile, r.File
+	case r.RoutesFile != "":
+		return KindRoutesFile, r.RoutesFile
+	case r.Binding != "":
+		return KindBinding, r.Binding
+	case r.Credential != "":
+		return KindCredential, r.Credential
+	case r.Secret != "":
+		return KindSecret, r.Secret
+	case r.Step != "":
+		return KindStep, r.Step
+	case r.Container != "":
+		return KindContainer, r.Container
 	}
 	return "", ""
 }

@@ -406,3 +406,32 @@ func TestStepSchedule(t *testing.T) {
 		t.Errorf("a cron line is read in UTC: next %s", n)
 	}
 }
+
+// kindName is the first of kinds() that is set, for every combination of
+// kind keys set (a parsed resource sets one; the switch must keep the
+// list's order and miss none).
+func TestKindNameIsKindsFirst(t *testing.T) {
+	n := len((&Resource{}).kinds())
+	for mask := range 1 << n {
+		var r Resource
+		set := []*string{&r.Directory, &r.File, &r.RoutesFile, &r.Binding, &r.Credential, &r.Secret, &r.Step, &r.Container}
+		if len(set) != n {
+			t.Fatalf("kinds() lists %d kinds, the test sets %d", n, len(set))
+		}
+		for i, p := range set {
+			if mask&(1<<i) != 0 {
+				*p = fmt.Sprintf("v%d", i)
+			}
+		}
+		wantK, wantV := "", ""
+		for _, kv := range r.kinds() {
+			if kv[1] != "" {
+				wantK, wantV = kv[0], kv[1]
+				break
+			}
+		}
+		if k, v := r.kindName(); k != wantK || v != wantV {
+			t.Fatalf("mask %b: kindName = %q %q, kinds() gives %q %q", mask, k, v, wantK, wantV)
+		}
+	}
+}
