@@ -84,7 +84,10 @@ func (a *Agent) serveWeb() error {
 	// Connections are bounded as at the resolver's TCP port: each held
 	// open costs a descriptor, and anybody on the network reaches the port.
 	bounds := connlimit.NewByNetwork(webMaxConns, webMaxConnsPerSource)
-	ln = &connlimit.Listener{Listener: ln, Bounds: bounds, TurnedAway: func(src netip.Addr, open int) {
+	// On loopback each local user's connections are counted apart (the
+	// kernel's table names the user of the other end): one user holding
+	// 127.0.0.1's places would keep the operator's `ssh -L` out.
+	ln = &connlimit.Listener{Listener: ln, Bounds: bounds, Owner: connlimit.LoopbackOwner, TurnedAway: func(src netip.Addr, open int) {
 		a.log.Warn("web page: connection turned away (logged once a minute at most)", "from", src, "open_from_it", open, "max_per_source", bounds.PerSource, "max", bounds.Total)
 	}}
 	if srv.TLSConfig != nil {

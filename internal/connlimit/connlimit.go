@@ -17,7 +17,7 @@ type Bounds struct {
 
 	mu   sync.Mutex
 	open int
-	by   map[netip.Addr]int
+	by   map[source]int
 	// v6Bits, when set, counts an IPv6 source by its prefix of that
 	// length (NewByNetwork).
 	v6Bits int
@@ -26,7 +26,7 @@ type Bounds struct {
 
 // New bounds connections to total in all and perSource from one address.
 func New(total, perSource int) *Bounds {
-	return &Bounds{Total: total, PerSource: perSource, by: map[netip.Addr]int{}}
+	return &Bounds{Total: total, PerSource: perSource, by: map[source]int{}}
 }
 
 // NewByNetwork is New counting an IPv6 source by its /64: one host
@@ -42,24 +42,47 @@ func NewByNetwork(total, perSource int) *Bounds {
 	return b
 }
 
-// source is what src is counted as.
-func (b *Bounds) source(src netip.Addr) netip.Addr {
+// source is what a connection is counted as: its address (its network,
+// for NewByNetwork), or on a loopback address the user whose socket it is
+// when known (Listener.Owner); owner is NoOwner otherwise.
+type source struct {
+	addr  netip.Addr
+	owner int
+}
+
+// NoOwner is the owner of a connection whose user is not known.
+const NoOwner = -1
+
+func (b *Bounds) source(src netip.Addr, owner int) source {
+	if owner != NoOwner {
+		// A local user may connect from any address of 127.0.0.0/8:
+		// counted by user alone.
+		return source{owner: owner}
+	}
 	if b.v6Bits == 0 || !src.Is6() {
-		return src
+		return source{src, owner}
 	}
 	p, err := src.Prefix(b.v6Bits)
 	if err != nil {
-		return src
+		return source{src, owner}
 	}
-	return p.Addr()
+	return source{p.Addr(), owner}
 }
 
 // Take counts a connection from src in if both bounds allow it; it returns
 // how many src (its network, for NewByNetwork) had open before.
-func (b *Bounds) Take(src netip.Addr) (int, bool) {
+func (b *Bounds) Take(src netip.Addr) (int, bool) { return b.TakeAs(src, NoOwner) }
+
+// Give counts a connection from src out; call it once for each Take that
+// said yes.
+func (b *Bounds) Give(src netip.Addr) { b.GiveAs(src, NoOwner) }
+
+// TakeAs is Take of a connection of user owner (NoOwner when not known),
+// counted apart from other users' at the same address.
+func (b *Bounds) TakeAs(src netip.Addr, owner int) (int, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	key := b.source(src)
+	key := b.source(src, owner)
 	n := b.by[key]
 	if n >= b.PerSource || b.open >= b.Total {
 		return n, false
@@ -69,12 +92,11 @@ func (b *Bounds) Take(src netip.Addr) (int, bool) {
 	return n, true
 }
 
-// Give counts a connection from src out; call it once for each Take that
-// said yes.
-func (b *Bounds) Give(src netip.Addr) {
+// GiveAs is Give of what TakeAs took.
+func (b *Bounds) GiveAs(src netip.Addr, owner int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	key := b.source(src)
+	key := b.source(src, owner)
 	b.open--
 	if b.by[key]--; b.by[key] <= 0 {
 		delete(b.by, key)
@@ -124,6 +146,11 @@ type Listener struct {
 	net.Listener
 	Bounds     *Bounds
 	TurnedAway func(src netip.Addr, openFromIt int)
+	// Owner, when set, is asked the user of a connection from a loopback
+	// address (LoopbackOwner), and each user's connections are counted
+	// apart: every local user connects from the same address, and one
+	// must not hold the places of the operator's `ssh -L`.
+	Owner func(net.Conn) int
 }
 
 // Accept returns the next connection the bounds let in.
@@ -133,15 +160,18 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		src := Source(c)
-		if open, ok := l.Bounds.Take(src); !ok {
+		src, owner := Source(c), NoOwner
+		if l.Owner != nil && src.IsLoopback() {
+			owner = l.Owner(c)
+		}
+		if open, ok := l.Bounds.TakeAs(src, owner); !ok {
 			c.Close()
 			if l.TurnedAway != nil && l.Bounds.WarnNow() {
 				l.TurnedAway(src, open)
 			}
 			continue
 		}
-		return &limitedConn{Conn: c, release: sync.OnceFunc(func() { l.Bounds.Give(src) })}, nil
+		return &limitedConn{Conn: c, release: sync.OnceFunc(func() { l.Bounds.GiveAs(src, owner) })}, nil
 	}
 }
 
