@@ -44,8 +44,11 @@ type Config struct {
 	// IP (the source rootless containers arrive from).
 	Allow []netip.Prefix
 	// Refresh, when set, reads the allowed sources anew. A query from a
-	// source not allowed calls it (at most once a second) before it is
-	// refused, so a network created since the last refresh may ask at once.
+	// source not allowed calls it (at most once a second, one at a time)
+	// before it is refused, so a network created since the last refresh
+	// may ask at once. It asks Podman, which may be slow or hung, so it
+	// never runs where UDP queries are read: anybody who can reach the
+	// address can send a query from a source not allowed.
 	Refresh func() []netip.Prefix
 	// MaxForwarding caps the queries being forwarded upstream at once (each
 	// holds a socket while it waits); past it a query gets SERVFAIL at once,
@@ -85,13 +88,15 @@ type Server struct {
 	cfg   Config
 	index atomic.Pointer[Index]
 	allow atomic.Pointer[[]netip.Prefix]
-	// refreshed is when Refresh last ran (unix nanoseconds).
-	refreshed atomic.Int64
-	self      netip.Addr
-	log       *slog.Logger
-	udp       []*net.UDPConn
-	tcp       *dns.Server
-	done      chan struct{}
+	// refreshed is when Refresh last began (unix nanoseconds); refreshing
+	// says one is running (never two at once: each is a call to Podman).
+	refreshed  atomic.Int64
+	refreshing atomic.Bool
+	self       netip.Addr
+	log        *slog.Logger
+	udp        []*net.UDPConn
+	tcp        *dns.Server
+	done       chan struct{}
 	// forwarding counts the queries being forwarded, in all and by source;
 	// overLogged is when a cap was last reported (unix nanoseconds).
 	forwarding *connlimit.Bounds
@@ -280,6 +285,20 @@ func (s *Server) serveUDP(conn *net.UDPConn) {
 				continue // not a DNS message: no answer
 			}
 			from := src.AddrPort().Addr().Unmap()
+			if !s.allowedNow(from) && s.claimRefresh() {
+				// Refresh asks Podman, which may be slow or hung: never
+				// here, where every container's next query waits. The
+				// query is answered once the refresh is over.
+				go func() {
+					s.refresh()
+					if r := s.answer(context.Background(), req, from); r != nil {
+						if b, err := udpReply(r, req, nil); err == nil {
+							conn.WriteToUDP(b, src)
+						}
+					}
+				}()
+				continue
+			}
 			resp, forward := s.local(req, from)
 			if forward && s.takeForwardSlot(req, from) {
 				go func() {
@@ -327,22 +346,32 @@ func udpReply(resp, req *dns.Msg, buf []byte) ([]byte, error) {
 	return resp.PackBuffer(buf[:cap(buf)]) // PackBuffer packs into buf only if its length will do
 }
 
-func (s *Server) allowed(ip netip.Addr) bool {
-	if ip.IsLoopback() || ip == s.self || s.inAllow(ip) {
-		return true
-	}
+// allowedNow says whether ip may query, from the allowed sources as they
+// are (no refresh).
+func (s *Server) allowedNow(ip netip.Addr) bool {
+	return ip.IsLoopback() || ip == s.self || s.inAllow(ip)
+}
+
+// claimRefresh says whether the caller is to run Refresh now: there is
+// one, none is running and none began within the last second.
+func (s *Server) claimRefresh() bool {
 	if s.cfg.Refresh == nil {
 		return false
 	}
 	now := time.Now().UnixNano()
-	last := s.refreshed.Load()
-	if now-last < int64(time.Second) || !s.refreshed.CompareAndSwap(last, now) {
+	if now-s.refreshed.Load() < int64(time.Second) || !s.refreshing.CompareAndSwap(false, true) {
 		return false
 	}
+	s.refreshed.Store(now)
+	return true
+}
+
+// refresh runs Refresh, which claimRefresh said to run.
+func (s *Server) refresh() {
+	defer s.refreshing.Store(false)
 	if p := s.cfg.Refresh(); p != nil {
 		s.SetAllow(p)
 	}
-	return s.inAllow(ip)
 }
 
 func (s *Server) inAllow(ip netip.Addr) bool {
@@ -375,6 +404,9 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 // drop it.
 func (s *Server) answer(ctx context.Context, req *dns.Msg, src netip.Addr) *dns.Msg {
 	start := s.clock()
+	if !s.allowedNow(src) && s.claimRefresh() {
+		s.refresh() // TCP: this connection's own goroutine waits
+	}
 	resp, forward := s.local(req, src)
 	if forward {
 		resp = s.forwarded(ctx, req, src)
@@ -417,7 +449,7 @@ func (s *Server) local(req *dns.Msg, src netip.Addr) (resp *dns.Msg, forward boo
 			return resp, false
 		}
 	}
-	if !s.allowed(src) {
+	if !s.allowedNow(src) {
 		resp.Rcode = dns.RcodeRefused
 		return resp, false
 	}
