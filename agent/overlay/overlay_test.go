@@ -181,3 +181,43 @@ func TestIsolateRule(t *testing.T) {
 		t.Fatalf("verdict %v", v.Kind)
 	}
 }
+
+// respell is another spelling of the base64 key k that decodes to the same
+// 32 bytes: the last character's two unused bits set.
+func respell(t *testing.T, k string) string {
+	t.Helper()
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	i := strings.IndexByte(alphabet, k[42])
+	if len(k) != 44 || i < 0 || k[43] != '=' {
+		t.Fatalf("%q is not a base64 WireGuard key", k)
+	}
+	return k[:42] + string(alphabet[i|3]) + "="
+}
+
+// The state refuses a second node with a key another node holds by
+// comparing the keys as strings; base64 spells one key several ways (the
+// last character's unused bits, line breaks). A node (or a joiner with a
+// token) that gave another spelling of n2's key, under a name sorted
+// before n2's, took n2's place in every other node's peers: n2's key
+// routed to its endpoint and address, n2 cut off from the overlay. Only
+// the one spelling the agent writes is taken.
+func TestWantTakesOneSpellingOfAKey(t *testing.T) {
+	k1, k2 := key(t), key(t)
+	for _, other := range []string{respell(t, k2), k2 + "\n", k2[:20] + "\r\n" + k2[20:]} {
+		if h, err := wgkey.PublicHex(other); err == nil && h != hexOf(t, k2) {
+			t.Fatalf("%q decodes to another key", other)
+		}
+		nodes := []Node{
+			{Name: "n1", Key: k1, Endpoint: "10.0.0.1:51820", Address: "100.90.0.1"},
+			{Name: "n2", Key: k2, Endpoint: "10.0.0.2:51820", Address: "100.90.0.2"},
+			{Name: "a-thief", Key: other, Endpoint: "10.0.0.66:51820", Address: "100.90.0.66"},
+		}
+		peers, problems := Want("n1", nodes)
+		if len(peers) != 1 || peers[0].Name != "n2" || peers[0].Endpoint != netip.MustParseAddrPort("10.0.0.2:51820") || peers[0].Address != netip.MustParseAddr("100.90.0.2") {
+			t.Fatalf("key spelt %q: peers %+v (problems %q), want n2 alone at its own endpoint and address", other, peers, problems)
+		}
+		if len(problems) != 1 || !strings.Contains(problems[0], "node a-thief:") {
+			t.Fatalf("key spelt %q: problems %q", other, problems)
+		}
+	}
+}

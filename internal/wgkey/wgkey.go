@@ -34,10 +34,14 @@ func (k *Key) Public() string { return base64.StdEncoding.EncodeToString(k.publi
 // protocol takes it.
 func (k *Key) PrivateHex() string { return hex.EncodeToString(k.private[:]) }
 
-// PublicHex turns a base64 public key into hex, checking it.
+// PublicHex turns a base64 public key into hex, checking it. Only the one
+// spelling Public writes is taken: base64 spells a key several ways (the
+// last character's unused bits, line breaks), and the state tells one
+// node's key from another's by its string, so another spelling would let a
+// second node hold a key that is already taken.
 func PublicHex(b64 string) (string, error) {
 	b, err := base64.StdEncoding.DecodeString(b64)
-	if err != nil || len(b) != 32 {
+	if err != nil || len(b) != 32 || base64.StdEncoding.EncodeToString(b) != b64 {
 		return "", fmt.Errorf("%q is not a WireGuard public key (32 bytes, base64)", b64)
 	}
 	return hex.EncodeToString(b), nil
