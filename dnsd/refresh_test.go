@@ -117,3 +117,45 @@ func TestRefreshNeverHoldsUpTheQueries(t *testing.T) {
 		t.Fatal("the query that asked for the refresh was never answered")
 	}
 }
+
+// Sources that may not query (a host of the LAN that routes the resolver's
+// address to the node, a peer of the overlay) hold TCP connections open as
+// long as they like (REFUSED, then idle 8 s, 128 queries on one); counted
+// within the same bound as the containers, a few of them held every place
+// and every container's lookups over TCP (any answer too long for UDP)
+// were turned away. They have places of their own.
+func TestOutsidersCannotTakeTheContainersTCPPlaces(t *testing.T) {
+	outside := outsideAddr(t)
+	_, addr := startServerWith(t, Config{Addr: "127.0.0.1:0", MaxTCP: 2, MaxTCPPerSource: 2})
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 2; i++ {
+		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(outside, 0)), Timeout: 2 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c) // says nothing, or is REFUSED and asks again
+	}
+	time.Sleep(100 * time.Millisecond) // the server accepted them
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := &dns.Conn{Conn: c}
+	defer dc.Close()
+	m := new(dns.Msg)
+	m.SetQuestion("ace.internal.", dns.TypeA)
+	dc.SetDeadline(time.Now().Add(2 * time.Second))
+	if err := dc.WriteMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	r, err := dc.ReadMsg()
+	if err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+		t.Fatalf("a container's TCP lookup while outsiders hold connections: %v %v", r, err)
+	}
+}

@@ -65,6 +65,7 @@ type Config struct {
 	AfterFlood func()
 	// MaxTCP and MaxTCPPerSource bound the TCP connections open at once, in
 	// all and from one source; a connection past either is closed at once.
+	// Sources that may not query have places of their own (tcpLimiter).
 	// 0 means DefaultMaxTCP and DefaultMaxTCPPerSource.
 	MaxTCP, MaxTCPPerSource int
 	// Observe, when set, is told of every answered query: its rcode,
@@ -197,7 +198,7 @@ func (s *Server) serve(bound string, conns []net.PacketConn, l net.Listener) str
 		s.udp = append(s.udp, u)
 		go s.serveUDP(u)
 	}
-	limited := tcpLimit(l, connlimit.New(s.cfg.MaxTCP, s.cfg.MaxTCPPerSource), s.log)
+	limited := tcpLimit(l, s.cfg.MaxTCP, s.cfg.MaxTCPPerSource, s.allowedNow, s.log)
 	s.tcp = &dns.Server{Listener: limited, Handler: s, ReadTimeout: 5 * time.Second}
 	go s.tcp.ActivateAndServe()
 	if s.cfg.AfterFlood != nil {
