@@ -621,9 +621,18 @@ func (s *Store) CheckHosts(ctx context.Context, req Request) error {
 		if i < 0 {
 			return nil // an unknown node: the FSM refuses it, naming those there are
 		}
-		want, err := r.changeDomains(in.Nodes[i].Domains())
+		have := in.Nodes[i].Domains()
+		want, err := r.changeDomains(have)
 		if err != nil {
 			return err
+		}
+		// Under the mesh's own domain, NAME.DOMAIN of a route could be a
+		// node's or a module's mesh name, and take part of its traffic (a
+		// domain the node already has may stay, so it can be removed).
+		for _, d := range want {
+			if md := in.Domain; md != "" && (d == md || strings.HasSuffix(d, "."+md)) && !slices.Contains(have, d) {
+				return ruleErr(ErrInvalid, "public domain %s is under the mesh's own domain %s, whose names are the mesh's (a route could take a node's or a module's name); give a domain outside it", d, md)
+			}
 		}
 		in.Nodes = slices.Clone(in.Nodes)
 		in.Nodes[i].PublicDomain, in.Nodes[i].PublicDomains = "", want

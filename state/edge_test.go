@@ -297,3 +297,32 @@ func sameState(before, after string) bool {
 	a.Index, b.Index = 0, 0
 	return reflect.DeepEqual(a, b)
 }
+
+// A public domain that is the mesh's own domain (or lies under it) would
+// put every route's NAME.DOMAIN among the mesh's names: a module's route
+// named db or novox would add its node's address to the module db's name
+// and the node novox's, and take part of their traffic. The proposer
+// refuses it, as it refuses a route's host under the mesh's domain.
+func TestPublicDomainIsNotTheMeshDomain(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Domain: "example.org", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "novox", Address: "10.0.0.2"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", "module: db\n"), spec("sly.yaml", "module: sly\nroutes:\n  - {name: db, port: 5432}\n  - {name: novox, port: 22}\n")}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "novox", Module: "db"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "sly"}})
+	for _, r := range []*PublicDomainRequest{
+		{Node: "ace", Domains: []string{"example.org"}},
+		{Node: "ace", Add: []string{"pub.example.org"}},
+		{Node: "ace", Domain: "example.org"},
+	} {
+		err := s.CheckHosts(ctx, r)
+		if err == nil || !strings.Contains(err.Error(), "the mesh's own domain example.org") {
+			t.Errorf("%+v: got %v, want a refusal naming the mesh's own domain", r, err)
+		}
+	}
+	if err := s.CheckHosts(ctx, &PublicDomainRequest{Node: "ace", Domains: []string{"example.com", "myexample.org"}}); err != nil {
+		t.Errorf("a public domain outside the mesh's: %v", err)
+	}
+}
