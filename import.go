@@ -95,7 +95,11 @@ func (c *ImportComposeCmd) Run(g *Globals) error {
 	}
 	var files []outFile
 	for _, m := range res.Manifests {
-		files = append(files, outFile{m.File, []byte(m.Text)})
+		mode := os.FileMode(0o644)
+		if m.Private {
+			mode = 0o600
+		}
+		files = append(files, outFile{m.File, []byte(m.Text), mode})
 	}
 	written, err := writeAll(out, files)
 	if err != nil {
@@ -143,10 +147,12 @@ func nonNil(s []string) []string {
 	return s
 }
 
-// outFile is a file writeAll writes: its name in the directory, its bytes.
+// outFile is a file writeAll writes: its name in the directory, its bytes,
+// its mode.
 type outFile struct {
 	name string
 	data []byte
+	mode os.FileMode
 }
 
 // writeAll writes every file into dir, or none: each is written to a
@@ -171,7 +177,7 @@ func writeAll(dir string, files []outFile) ([]string, error) {
 		temps[name] = f.Name()
 		_, err = f.Write(file.data)
 		if err == nil {
-			err = f.Chmod(0o644)
+			err = f.Chmod(file.mode)
 		}
 		if err == nil {
 			err = f.Sync()

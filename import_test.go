@@ -110,3 +110,25 @@ func TestImportRelativeOutput(t *testing.T) {
 		t.Fatalf("--root rel: %v, want a usage error", err)
 	}
 }
+
+// A manifest that carries the content of a file only its owner may read
+// is written readable by its owner only; the others as before.
+func TestImportWritesPrivateManifestsPrivate(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "compose.yaml")
+	os.WriteFile(file, []byte("name: shop\nservices:\n  a:\n    image: busybox\n    volumes: [./key.pem:/key.pem:ro]\n  b:\n    image: busybox\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "key.pem"), []byte("secret\n"), 0o600)
+	out := filepath.Join(dir, "out")
+	if err := (&ImportComposeCmd{File: file, Output: out, Root: "/srv"}).Run(&Globals{out: &bytes.Buffer{}}); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]os.FileMode{"a.yaml": 0o600, "b.yaml": 0o644} {
+		fi, err := os.Stat(filepath.Join(out, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %04o, want %04o", name, fi.Mode().Perm(), want)
+		}
+	}
+}

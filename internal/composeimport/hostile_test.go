@@ -157,3 +157,37 @@ func TestImportLinkAtAnyLevel(t *testing.T) {
 		t.Fatalf("an env_file under a linked directory with --copy-host-files: %v", err)
 	}
 }
+
+// A bind-mounted file only its owner may read (a private key, 0600) is
+// declared no wider: as 0644 it was readable by every local user of each
+// node the module runs on. It is owned by the service's user, who read it
+// under compose; a file others may read keeps 0:0 and 0644.
+func TestImportKeepsAFilePrivate(t *testing.T) {
+	file := writeProject(t, map[string]string{
+		"compose.yaml": "services:\n  app:\n    image: busybox\n    user: \"1000\"\n    volumes: [./key.pem:/etc/key.pem:ro, ./group.conf:/etc/group.conf:ro, ./app.conf:/etc/app.conf:ro]\n",
+		"key.pem":      "-----BEGIN PRIVATE KEY-----\n",
+		"group.conf":   "x=1\n",
+		"app.conf":     "y=2\n",
+	})
+	dir := filepath.Dir(file)
+	if err := os.Chmod(filepath.Join(dir, "key.pem"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, "group.conf"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	res := mustImport(t, Options{File: file})
+	if len(res.Manifests) != 1 || !res.Manifests[0].Private {
+		t.Errorf("the manifest that carries key.pem's content is not marked private: %+v", res.Manifests)
+	}
+	app := manifestOf(t, res, "app")
+	for _, want := range []string{
+		"  - file: \"/srv/" + filepath.Base(dir) + "-app/key-pem\"\n    owner: \"1000:1000\"\n    mode: \"0600\"\n",
+		"  - file: \"/srv/" + filepath.Base(dir) + "-app/group-conf\"\n    owner: \"1000:1000\"\n    mode: \"0640\"\n",
+		"  - file: \"/srv/" + filepath.Base(dir) + "-app/app-conf\"\n    owner: \"0:0\"\n    mode: \"0644\"\n",
+	} {
+		if !strings.Contains(app, want) {
+			t.Errorf("no\n%s\nin\n%s", want, app)
+		}
+	}
+}

@@ -79,6 +79,9 @@ type Manifest struct {
 	Module  string
 	File    string // MODULE.yaml
 	Text    string
+	// Private: it carries the content of a file others may not read, so
+	// it is written readable by its owner only.
+	Private bool
 }
 
 // The kinds of notes: what a key became, what was not carried (and what to
@@ -343,7 +346,7 @@ func (p *project) run(ctx context.Context) (*Result, error) {
 		if _, err := manifest.Parse(m+".yaml", []byte(text)); err != nil {
 			return nil, fmt.Errorf("the manifest made from service %s does not pass mesh check (a bug of the import; please report it with the compose file):\n%v\n---\n%s", n, err, text)
 		}
-		p.res.Manifests = append(p.res.Manifests, Manifest{Service: n, Module: m, File: m + ".yaml", Text: text})
+		p.res.Manifests = append(p.res.Manifests, Manifest{Service: n, Module: m, File: m + ".yaml", Text: text, Private: w.private})
 		p.res.Notes = append(p.res.Notes, w.notes...)
 		p.res.Copied = append(p.res.Copied, w.copied...)
 	}
@@ -364,6 +367,7 @@ type writer struct {
 	copied             []string
 	owner              string
 	copiedBytes        int
+	private            bool  // a copied file's mode denies others
 	image              Image // what the local Podman says of its image
 	inspected          bool
 	mounts, tmpfs      []string
@@ -741,7 +745,14 @@ func (w *writer) volume(v types.ServiceVolumeConfig) {
 			return
 		case err == nil && st.Mode().IsRegular():
 			p, fresh := w.path("bind "+src, safeBase(src))
-			if fresh && !w.hostFile("bind mount of the file "+src, src, p, "0:0", "0644") {
+			// A file others may not read (a private key, 0600) is declared
+			// no wider, owned by the service's user, who read it under
+			// compose: as 0644 every local user of a node could read it.
+			owner, mode := "0:0", "0644"
+			if perm := st.Mode().Perm(); perm&0o004 == 0 {
+				owner, mode = w.owner, fmt.Sprintf("%04o", perm&0o644|0o400)
+			}
+			if fresh && !w.hostFile("bind mount of the file "+src, src, p, owner, mode) {
 				w.unclaim("bind "+src, p)
 				return
 			}
@@ -907,6 +918,9 @@ func (w *writer) hostFile(what, src, p, owner, mode string) bool {
 		return false
 	}
 	w.res("file", p, "owner", owner, "mode", mode, "content", string(b))
+	if m, err := strconv.ParseUint(mode, 8, 32); err != nil || m&0o004 == 0 {
+		w.private = true
+	}
 	w.copied = append(w.copied, src)
 	w.note(NoteCarried, "%s -> file %s with its content, copied (owner %s, mode %s); the content is now in the manifest, which every node replicates: keep secrets out of it", what, p, owner, mode)
 	return true
