@@ -191,3 +191,32 @@ func TestImportKeepsAFilePrivate(t *testing.T) {
 		}
 	}
 }
+
+// The same for a config read from a file others may not read, when the
+// config gives no mode of its own.
+func TestImportKeepsAConfigFilePrivate(t *testing.T) {
+	file := writeProject(t, map[string]string{
+		"compose.yaml": "services:\n  app:\n    image: busybox\n    user: \"1000\"\n    configs: [db, {source: open, mode: 0o444}]\nconfigs:\n  db: {file: ./db.ini}\n  open: {file: ./open.ini}\n",
+		"db.ini":       "password=x\n",
+		"open.ini":     "password=y\n",
+	})
+	dir := filepath.Dir(file)
+	for _, n := range []string{"db.ini", "open.ini"} {
+		if err := os.Chmod(filepath.Join(dir, n), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := mustImport(t, Options{File: file})
+	app := manifestOf(t, res, "app")
+	for _, want := range []string{
+		"  - file: \"/srv/" + filepath.Base(dir) + "-app/db\"\n    owner: \"1000:1000\"\n    mode: \"0400\"\n",
+		"  - file: \"/srv/" + filepath.Base(dir) + "-app/open\"\n    owner: \"0:0\"\n    mode: \"0444\"\n",
+	} {
+		if !strings.Contains(app, want) {
+			t.Errorf("no\n%s\nin\n%s", want, app)
+		}
+	}
+	if !res.Manifests[0].Private {
+		t.Errorf("the manifest that carries db.ini's content is not marked private")
+	}
+}

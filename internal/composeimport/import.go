@@ -961,6 +961,15 @@ func (w *writer) configs(svc types.ServiceConfig) {
 			w.note(NoteAction, "config %s is external (made outside compose): not carried; declare %s as a file with its content, and mount it at %s", c.Source, p, target)
 			continue
 		case cfg.File != "":
+			// Without a mode of its own, a file others may not read stays
+			// so, owned by the service's user unless uid/gid say (as a
+			// bind-mounted file does).
+			if st, err := os.Stat(cfg.File); err == nil && c.Mode == nil && st.Mode().Perm()&0o004 == 0 {
+				mode = fmt.Sprintf("%04o", st.Mode().Perm()&0o444|0o400)
+				if c.UID == "" && c.GID == "" {
+					owner = w.owner
+				}
+			}
 			if !w.hostFile("config "+c.Source+" (file "+cfg.File+")", cfg.File, p, owner, mode) {
 				w.unclaim("config "+c.Source, p)
 				continue
