@@ -220,3 +220,22 @@ func TestImportKeepsAConfigFilePrivate(t *testing.T) {
 		t.Errorf("the manifest that carries db.ini's content is not marked private")
 	}
 }
+
+// A database image with no volume at its data directory keeps its data in
+// an anonymous volume, which compose carries over when it recreates the
+// container and the mesh does not: the import says so; with a volume
+// there, it says nothing of it.
+func TestImportSaysWhereAnImageKeepsItsData(t *testing.T) {
+	file := writeProject(t, map[string]string{
+		"compose.yaml": "services:\n  db:\n    image: postgres:16\n  kept:\n    image: docker.io/library/mariadb:11\n    volumes: [data:/var/lib/mysql]\n  cache:\n    image: busybox\nvolumes: {data: {}}\n",
+	})
+	res := mustImport(t, Options{File: file})
+	if !hasNote(res, NoteAction, "db: its image postgres:16 keeps its data in /var/lib/postgresql/data, which no volume of it mounts") {
+		t.Errorf("no note says db's data would be lost:\n%s", strings.Join(res.Lines(), "\n"))
+	}
+	for _, svc := range []string{"kept: ", "cache: "} {
+		if hasNote(res, "", svc+"its image") {
+			t.Errorf("a note about %s's data:\n%s", svc, strings.Join(res.Lines(), "\n"))
+		}
+	}
+}

@@ -482,6 +482,9 @@ func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
 	for _, v := range svc.Volumes {
 		w.volume(v)
 	}
+	if svc.Entrypoint == nil { // with its own, the image's server may not run at all (a client: mysqldump)
+		w.imageData(svc.Image)
+	}
 	w.secrets(svc)
 	w.configs(svc)
 	w.dependsOn(svc)
@@ -825,6 +828,34 @@ func (w *writer) dirOwner(target string) (owner, mode string) {
 		}
 	}
 	return w.owner, "0750"
+}
+
+// imageData says so when the service runs a database image whose data
+// directory (a VOLUME of the image) no mount of it holds: compose keeps
+// such an anonymous volume when it recreates the container, the mesh does
+// not, so the first replacement (a new image, a changed setting) would
+// start the database empty.
+func (w *writer) imageData(image string) {
+	name, _ := imageName(image)
+	var target string
+	for _, d := range dataOwners {
+		if d.image != name {
+			continue
+		}
+		if target == "" {
+			target = d.target
+		}
+		for _, m := range w.mounts {
+			if _, rest, ok := strings.Cut(m, ":"); ok {
+				if t, _, _ := strings.Cut(rest, ":"); manifest.Within(d.target, t) {
+					return
+				}
+			}
+		}
+	}
+	if target != "" {
+		w.note(NoteAction, "its image %s keeps its data in %s, which no volume of it mounts: compose keeps that anonymous volume when it recreates the container, the mesh does not, so a replaced container would start empty; mount a named volume there (volumes: [NAME:%s]) and import again, or declare a data directory and mount it at %s", image, target, target, target)
+	}
 }
 
 // badTarget says whether a container path cannot be written in a mount
