@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"mesh/internal/connlimit"
 	"mesh/state"
 	"mesh/state/manifest"
 )
@@ -142,15 +143,29 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
+// serveIdle is how long a scraper's idle connection is kept, and
+// serveMaxConns and serveMaxConnsPerSource how many may be open.
+var serveIdle = 2 * time.Minute
+
+const (
+	serveMaxConns          = 64
+	serveMaxConnsPerSource = 16
+)
+
 // Serve listens on addr and serves /metrics until ctx ends.
 func (m *Metrics) Serve(ctx context.Context, addr string) (net.Addr, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
+	// Whoever reaches the port is bounded, as at the web page: each
+	// connection held open costs a descriptor and a goroutine, and one kept
+	// idle after a scrape was held for ever.
+	ln = &connlimit.Listener{Listener: ln, Bounds: connlimit.NewByNetwork(serveMaxConns, serveMaxConnsPerSource)}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: serveIdle, MaxHeaderBytes: 64 << 10}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

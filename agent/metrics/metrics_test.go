@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -96,5 +97,57 @@ func TestOverlayMetrics(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("scrape lacks %s", want)
 		}
+	}
+}
+
+// The metrics port bounds who reaches it: a connection left idle after a
+// scrape is closed, and past the bound on one source's connections, a new
+// one is closed before anything is read (it was held for ever, each a
+// descriptor and a goroutine of the agent).
+func TestServeBoundsConnections(t *testing.T) {
+	defer func(d time.Duration) { serveIdle = d }(serveIdle)
+	serveIdle = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, err := New(func() map[string]string { return nil }).Serve(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := func(c net.Conn) bool {
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, err := io.Copy(io.Discard, c)
+		return err == nil // EOF: the server closed it
+	}
+	c, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+	if !closed(c) {
+		t.Errorf("an idle connection after a scrape is still open after 3 s")
+	}
+	var held []net.Conn
+	defer func() {
+		for _, h := range held {
+			h.Close()
+		}
+	}()
+	for range serveMaxConnsPerSource {
+		h, err := net.Dial("tcp", addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, h)
+	}
+	time.Sleep(100 * time.Millisecond)
+	extra, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	extra.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := extra.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("a connection past %d from one source: read %v, want it closed at once", serveMaxConnsPerSource, err)
 	}
 }
