@@ -181,25 +181,38 @@ func (n *network) up(prefix, address string) error {
 		return fmt.Errorf("the mesh's overlay %s overlaps this host's %s; the overlay stays down on this node (its names and ports are unreachable from the others): free the range here, or start the mesh over with mesh init --overlay CIDR", p, strings.Join(clash, ", "))
 	}
 	rootless := Rootless()
-	dev, err := overlay.Open(overlay.Config{
+	dev, err := openFiltered(p, overlay.Config{
 		Device: n.device, Key: n.key, Address: netip.PrefixFrom(addr, p.Bits()), ListenPort: n.port,
 		MTU: overlay.UnderlayMTU(netip.MustParseAddr(n.a.member.ID.Address)) - overlay.Overhead, Prepared: rootless, Logger: n.a.log,
-	})
+	}, overlayOps{install: overlay.InstallFilter, open: overlay.Open})
 	if err != nil {
 		return err
-	}
-	if !rootless {
-		// As root the agent keeps the filter itself; on a rootless host mesh
-		// setup installed it.
-		if err := overlay.InstallFilter(p, n.device); err != nil {
-			dev.Close()
-			return err
-		}
 	}
 	n.dev = dev
 	n.state = fmt.Sprintf("up: %s on %s, UDP port %d", netip.PrefixFrom(addr, p.Bits()), n.device, n.port)
 	n.refused = ""
 	return nil
+}
+
+// overlayOps are what openFiltered does to the host (a test's fakes).
+type overlayOps struct {
+	install func(prefix netip.Prefix, device string) error
+	open    func(overlay.Config) (*overlay.Device, error)
+}
+
+// openFiltered opens the overlay's device, the packet filter installed
+// first: the device is persistent and keeps its address when closed, so
+// opened before a filter that then failed, it left the overlay address on
+// the host with nothing to keep the LAN from the ports published there.
+// As root the agent keeps the filter itself; on a rootless host (cfg
+// Prepared) mesh setup installed it.
+func openFiltered(p netip.Prefix, cfg overlay.Config, ops overlayOps) (*overlay.Device, error) {
+	if !cfg.Prepared {
+		if err := ops.install(p, cfg.Device); err != nil {
+			return nil, err
+		}
+	}
+	return ops.open(cfg)
 }
 
 // Under load WireGuard's buffer pools grow (a stream of a few Gbit/s took
