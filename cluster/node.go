@@ -211,6 +211,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		return set, nil
 	}, changed: store.Changed}
 	m := newMux(ln, nt, member, nodes.has, log)
+	go m.keepRechecking(store.Changed)
 	stop := make(chan struct{})
 	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv, stop: stop, known: knownPeer(store)}, 3, 10*time.Second, hl)
 	rc := raft.DefaultConfig()

@@ -60,6 +60,8 @@ func (n *Node) refreshTrust(ctx context.Context) error {
 	}
 	n.tls.trust.Store(want)
 	n.tls.rechain()
+	// Raft connections made under the old trust are checked under the new.
+	n.mux.recheck()
 	switch {
 	case len(want.cas) > 1:
 		n.log.Info("a rotation of the CA is under way: trusting the new CA as well", "ca", state.CertDigest(id.CACert)[:12], "new", state.CertDigest(id.CANextCert)[:12])

@@ -54,6 +54,81 @@ type mux struct {
 	log          *slog.Logger
 	once         sync.Once
 	closing      chan struct{}
+	// raftConns are the Raft connections handed to Raft, each with the
+	// certificate its peer showed: checked again when the replica or the
+	// trust changes (recheck), since Raft itself never asks who speaks.
+	raftMu    sync.Mutex
+	raftConns map[*raftConn]struct{}
+}
+
+// raftConn is a Raft connection from a peer that was a node of the mesh
+// when it connected.
+type raftConn struct {
+	*tls.Conn
+	m     *mux
+	name  string
+	certs []*x509.Certificate
+}
+
+func (c *raftConn) Close() error {
+	c.m.raftMu.Lock()
+	delete(c.m.raftConns, c)
+	c.m.raftMu.Unlock()
+	return c.Conn.Close()
+}
+
+// recheck closes every Raft connection whose peer is no longer what it had
+// to be to connect: a node of the replica with the key recorded for it,
+// and a certificate the trust verifies (a removed node, a node that joined
+// again with another key, an expired certificate, a CA a rotation ended).
+// Raft keeps a connection for as long as its peer likes and takes any RPC
+// over it from anyone, so a check at the handshake alone would leave a
+// removed node able to depose the leader and write into its log. It
+// returns when the soonest certificate still held expires.
+func (m *mux) recheck() time.Time {
+	m.raftMu.Lock()
+	var gone []*raftConn
+	var soonest time.Time
+	for c := range m.raftConns {
+		name, err := m.tls.verifyPeer(c.certs)
+		if err != nil || name != c.name || !m.member(name, c.certs[0]) {
+			gone = append(gone, c)
+			delete(m.raftConns, c)
+			continue
+		}
+		if soonest.IsZero() || c.certs[0].NotAfter.Before(soonest) {
+			soonest = c.certs[0].NotAfter
+		}
+	}
+	m.raftMu.Unlock()
+	for _, c := range gone {
+		m.log.Warn("closed a raft connection: its peer is no longer a node of the mesh with that certificate", "from", c.RemoteAddr(), "peer", c.name)
+		c.Conn.Close()
+	}
+	return soonest
+}
+
+// keepRechecking runs recheck at every change of the replica (changed),
+// and when a certificate held expires, until the mux closes.
+func (m *mux) keepRechecking(changed func() <-chan struct{}) {
+	for {
+		ch := changed()
+		wait := time.Minute
+		if soonest := m.recheck(); !soonest.IsZero() {
+			wait = min(wait, max(time.Until(soonest)+time.Second, time.Second))
+		}
+		select {
+		case <-m.closing:
+			return
+		case <-ch:
+			select { // at most five looks a second under writes
+			case <-m.closing:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		case <-time.After(wait):
+		}
+	}
 }
 
 // newMux serves the node port on ln; isNode says whether an address is a
@@ -129,17 +204,32 @@ func (m *mux) route(c *tls.Conn, e *handshake) {
 	switch st.NegotiatedProtocol {
 	case alpnRaft:
 		name, err := m.tls.verifyPeer(st.PeerCertificates)
+		var rc *raftConn
+		if err == nil {
+			// Held before the check: a removal after it is rechecked.
+			rc = &raftConn{Conn: c, m: m, name: name, certs: st.PeerCertificates}
+			m.raftMu.Lock()
+			if m.raftConns == nil {
+				m.raftConns = map[*raftConn]struct{}{}
+			}
+			m.raftConns[rc] = struct{}{}
+			m.raftMu.Unlock()
+		}
 		if err != nil || !m.member(name, st.PeerCertificates[0]) {
 			if m.refusedRaft.Now() {
 				m.log.Warn("refused a raft connection (logged once a minute at most)", "from", c.RemoteAddr(), "peer", name, "err", err)
 			}
-			c.Close()
+			if rc != nil {
+				rc.Close()
+			} else {
+				c.Close()
+			}
 			return
 		}
 		select {
-		case m.raftCh <- c:
+		case m.raftCh <- rc:
 		case <-m.closing:
-			c.Close()
+			rc.Close()
 		}
 	default:
 		if !m.fromNode(st) {

@@ -1,0 +1,71 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"mesh/state"
+)
+
+// raftClient is a Raft transport that dials with id's certificate: what a
+// node's own Raft sends its peers.
+type raftClient struct {
+	id   *nodeTLS
+	stop chan struct{}
+}
+
+func (c *raftClient) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", string(address), c.id.clientConfig(alpnRaft))
+}
+func (c *raftClient) Accept() (net.Conn, error) { <-c.stop; return nil, net.ErrClosed }
+func (c *raftClient) Close() error              { return nil }
+func (c *raftClient) Addr() net.Addr            { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2), Port: 1} }
+
+// A node removed from the mesh is refused by Raft from then on: not only
+// on the connections it opens afterwards, but on the one it held open
+// since before its removal, over which it could otherwise go on sending
+// Raft's RPCs (an AppendEntries of a newer term deposes the leader and
+// writes entries into its log; Raft itself does not ask who leads).
+func TestRemovedNodeLosesItsRaftConnections(t *testing.T) {
+	ctx := context.Background()
+	a, b := twoNodesVoting(t, 1)
+	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
+	b.Stop()
+	held := &nodeTLS{} // novox's certificate, as a machine that keeps it
+	held.trust.Store(b.Node.tls.trust.Load())
+	held.cert.Store(b.Node.tls.current())
+
+	stop := make(chan struct{})
+	defer close(stop)
+	trans := raft.NewNetworkTransport(&raftClient{id: held, stop: stop}, 1, 5*time.Second, nil)
+	defer trans.Close()
+	target := raft.ServerAddress(net.JoinHostPort("127.0.0.1", strconv.Itoa(a.ID.Port)))
+	// A harmless RPC (of an old term) while novox is a node: its connection
+	// is kept for the next.
+	var resp raft.AppendEntriesResponse
+	if err := trans.AppendEntries("ace", target, &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("novox"), Addr: []byte("127.0.0.2:1")}}, &resp); err != nil {
+		t.Fatalf("an RPC from novox while it is a node: %v", err)
+	}
+
+	if _, err := a.Node.RemoveNode(ctx, "novox", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Store.Node(ctx, "novox"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("novox after its removal: %v", err)
+	}
+	time.Sleep(time.Second)
+
+	term, _ := strconv.ParseUint(a.Node.Stats()["term"], 10, 64)
+	req := &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("novox"), Addr: []byte("127.0.0.2:1")}, Term: term + 1}
+	err := trans.AppendEntries("ace", target, req, &resp)
+	if err == nil {
+		t.Fatalf("removed novox's Raft RPC was taken over the connection it held (ace answered term %d, was %d; ace is now %s)", resp.Term, term, a.Node.State())
+	}
+}
