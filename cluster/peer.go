@@ -449,25 +449,40 @@ func leaderLostUnder(err error) error {
 	return err
 }
 
-// admit runs on the leader: it checks the token, records the node, signs its
-// certificate and adds it to Raft as a non-voter (promoted once it runs).
-func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
+// checkToken checks a join request's token against the replica: its mesh,
+// no rotation of the CA under way (the token pins the old one), and its
+// secret. It returns the identity and the CA key.
+func (n *Node) checkToken(ctx context.Context, req JoinRequest) (state.Identity, string, error) {
 	id, err := n.store.Identity(ctx)
 	if err != nil {
-		return JoinReply{}, err
+		return id, "", err
 	}
 	if req.MeshID != id.MeshID {
-		return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this is mesh %s; the token is for mesh %s", id.MeshID, req.MeshID)}
+		return id, "", &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this is mesh %s; the token is for mesh %s", id.MeshID, req.MeshID)}
 	}
 	if id.CANextCert != "" {
-		return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: "a rotation of the mesh's CA is under way, and the token pins the CA it replaces; join once it ends (mesh status shows it), with a token made then (mesh token)"}
+		return id, "", &state.RuleError{Kind: state.ErrConflict, Msg: "a rotation of the mesh's CA is under way, and the token pins the CA it replaces; join once it ends (mesh status shows it), with a token made then (mesh token)"}
 	}
 	caKey, joinSecret, err := n.OpenIdentity(id)
 	if err != nil {
-		return JoinReply{}, err
+		return id, "", err
 	}
 	if !secretEqual(req.Secret, joinSecret) {
-		return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "the join token's secret is not valid (was it rotated? get a new one with `mesh token`)"}
+		return id, "", &state.RuleError{Kind: state.ErrInvalid, Msg: "the join token's secret is not valid (was it rotated? get a new one with `mesh token`)"}
+	}
+	return id, caKey, nil
+}
+
+// admitTokenChecked, when set (tests), runs between admit's first check of
+// the token and its barrier.
+var admitTokenChecked func()
+
+// admit runs on the leader: it checks the token, records the node, signs its
+// certificate and adds it to Raft as a non-voter (promoted once it runs).
+func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
+	id, _, err := n.checkToken(ctx, req)
+	if err != nil {
+		return JoinReply{}, err
 	}
 	if !nodeNameRE.MatchString(req.Name) || net.ParseIP(req.Address) == nil || req.Port <= 0 || req.Port > 65535 {
 		return JoinReply{}, &state.RuleError{Kind: state.ErrInvalid, Msg: "join needs a node name (a DNS label), an IP address and a port"}
@@ -479,7 +494,18 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 	// barrier, the row was missing, and the node added again was refused
 	// as already in the mesh (bench/fleet.sh at 50 agents). After the
 	// token's checks: only a token holder makes the leader write.
+	if admitTokenChecked != nil {
+		admitTokenChecked()
+	}
 	if err := n.Linearize(ctx); err != nil {
+		return JoinReply{}, err
+	}
+	// And the token again, against what the mesh committed: a rotation
+	// of the join secret (or the start of one of the CA) acknowledged
+	// before this barrier, which the first check did not see applied, ends
+	// the old token's use here.
+	id, caKey, err := n.checkToken(ctx, req)
+	if err != nil {
 		return JoinReply{}, err
 	}
 	settings, err := n.store.Settings(ctx)

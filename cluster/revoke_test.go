@@ -4,13 +4,17 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
 
+	"mesh/internal/seal"
 	"mesh/state"
 )
 
@@ -67,5 +71,47 @@ func TestRemovedNodeLosesItsRaftConnections(t *testing.T) {
 	err := trans.AppendEntries("ace", target, req, &resp)
 	if err == nil {
 		t.Fatalf("removed novox's Raft RPC was taken over the connection it held (ace answered term %d, was %d; ace is now %s)", resp.Term, term, a.Node.State())
+	}
+}
+
+// A join whose token is rotated under it is refused: the leader checks the
+// secret against what the mesh committed (after its barrier), not only
+// against what its replica held when the request came. A leader just
+// elected may not have applied a rotation its predecessor acknowledged;
+// here the rotation commits between the first check and the barrier.
+func TestJoinRefusedWhenTheTokenIsRotatedUnderIt(t *testing.T) {
+	ctx := context.Background()
+	a, _ := leadingAgent(t)
+	old := joinToken(t, a)
+	rotated := false
+	admitTokenChecked = func() {
+		if rotated {
+			return
+		}
+		rotated = true
+		keys, err := a.Store.VoterKeys(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		sealed, err := a.Node.SealToVoters(seal.NewSecret(), keys)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if _, err := a.Node.Propose(ctx, &state.TokenRotateRequest{Sealed: sealed}); err != nil {
+			t.Error(err)
+		}
+	}
+	defer func() { admitTokenChecked = nil }()
+	err := Join(ctx, JoinConfig{DataDir: filepath.Join(t.TempDir(), "novox"), Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: old, Name: "novox", Address: "127.0.0.2", Port: freePort(t)})
+	if !rotated {
+		t.Fatal("the token was not rotated under the join")
+	}
+	if err == nil || !strings.Contains(err.Error(), "secret is not valid") {
+		t.Fatalf("a join with a token rotated under it: %v, want it refused", err)
+	}
+	if _, err := a.Store.Node(ctx, "novox"); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("novox in the state after a join with a rotated token: %v", err)
 	}
 }
