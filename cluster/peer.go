@@ -553,6 +553,7 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		}
 	}
 	voter := voters < id.Voters
+	replaced := false // a node of that name that ran, whose place this one takes
 	for _, x := range nodes {
 		if x.Name != req.Name {
 			continue
@@ -565,6 +566,8 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 			return JoinReply{}, err
 		} else if ran && !req.Replace {
 			return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("node %q is already in the mesh (at %s) and has run; if this machine is to take its place, run `mesh node remove %s` on a node of the mesh first, or join with --replace (the mesh then takes this machine's keys for %s, and the machine that had them is refused)", x.Name, x.Address, x.Name, x.Name)}
+		} else if ran {
+			replaced = true
 		}
 		if x.Address != req.Address {
 			return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("node %q is already in the mesh at %s, not at %s; run `mesh node remove %s` on a node of the mesh first, then join again", x.Name, x.Address, req.Address, x.Name)}
@@ -576,6 +579,19 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		// proved it may; it keeps its row, and Raft gets it (back) below.
 		voter = again.Voter
 		n.log.Warn("a node that is already in the state joins again", "name", req.Name, "address", req.Address)
+		if replaced && req.SealKey != "" && req.SealKey != again.SealKey {
+			// The machine replaced is refused from now on: nothing is
+			// sealed to its key any more (a voter's CA key and join
+			// secret, a node's credentials), but to this machine's.
+			if n.raft.State() != raft.Leader {
+				return JoinReply{}, fmt.Errorf("%w: %s stopped leading under the join", ErrNoLeader, n.cfg.ID)
+			}
+			if k := (&state.NodeKeyRequest{Node: req.Name, SealKey: req.SealKey}); n.canApply(state.NewCommand(k)) == nil {
+				if _, err := n.Propose(ctx, k); err != nil {
+					return JoinReply{}, fmt.Errorf("record %s's new sealing key: %w", req.Name, err)
+				}
+			}
+		}
 	} else {
 		nd := state.Node{Name: req.Name, Address: req.Address, Voter: voter, Port: req.Port, SealKey: req.SealKey, OverlayKey: req.OverlayKey, OverlayEndpoint: req.OverlayEndpoint}
 		if settings.Overlay != "" && settings.Overlay != state.OverlayOff {
@@ -603,8 +619,34 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		return JoinReply{}, fmt.Errorf("add %s to raft: %w", req.Name, err)
 	}
 	n.log.Info("node joined", "name", req.Name, "address", addr, "voter", voter)
+	if replaced && again.Voter {
+		// The voter replaced held the join secret, and would join again
+		// with it at will (under a new name, or with --replace in any
+		// node's place): a new one, as mesh node remove of a voter makes,
+		// sealed to the voters as they are now (this machine's key, not
+		// the replaced one's).
+		if err := n.rotateJoinSecret(ctx); err != nil {
+			return JoinReply{}, fmt.Errorf("%s joined in the place of voter %s, but the join secret that machine held was not replaced (run mesh token --rotate on a voter): %w", req.Name, req.Name, err)
+		}
+		n.log.Warn("a voter's place was taken by another machine: the join secret was replaced (mesh token prints the new token)", "name", req.Name)
+	}
 	rep.Cert = string(cert)
 	return rep, nil
+}
+
+// rotateJoinSecret (a voter) makes a new join secret, sealed to the voters'
+// keys of the replica.
+func (n *Node) rotateJoinSecret(ctx context.Context) error {
+	keys, err := n.store.VoterKeys(ctx)
+	if err != nil {
+		return err
+	}
+	sealed, err := n.SealToVoters(seal.NewSecret(), keys)
+	if err != nil {
+		return err
+	}
+	_, err = n.Propose(ctx, &state.TokenRotateRequest{Sealed: sealed})
+	return err
 }
 
 func (n *Node) servePromote(w http.ResponseWriter, r *http.Request) {

@@ -115,3 +115,44 @@ func TestJoinRefusedWhenTheTokenIsRotatedUnderIt(t *testing.T) {
 		t.Fatalf("novox in the state after a join with a rotated token: %v", err)
 	}
 }
+
+// A machine whose place as a voter another takes (mesh join --replace) is
+// refused from then on, and with it the join secret it held: it does not
+// join again with it, under any name. The state names the new machine's
+// sealing key, and the new join secret is not sealed to the old one's.
+func TestReplacedVoterLosesTheJoinSecret(t *testing.T) {
+	ctx := context.Background()
+	nodes, _ := threeMembers(t)
+	for _, m := range nodes {
+		defer m.Stop()
+	}
+	a, b := nodes["ace"], nodes["novox"]
+	old := joinToken(t, a)
+	eventually(t, 10*time.Second, "ace hears from novox", func() bool { _, ok := a.Node.Seen()["novox"]; return ok })
+	oldSeal := b.Node.seal
+	b.Stop()
+	peer := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	dir := filepath.Join(t.TempDir(), "novox-again")
+	if err := Join(ctx, JoinConfig{DataDir: dir, Peer: peer, Token: old, Name: "novox", Address: "127.0.0.2", Port: freePort(t), Replace: true}); err != nil {
+		t.Fatal(err)
+	}
+	newSeal, err := seal.LoadOrCreate(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nd, err := a.Store.Node(ctx, "novox"); err != nil || nd.SealKey != newSeal.Recipient() {
+		t.Errorf("novox's sealing key in the state after its place was taken: %q (%v), want the new machine's %q", nd.SealKey, err, newSeal.Recipient())
+	}
+	// The old machine, with the token of the secret it held.
+	err = Join(ctx, JoinConfig{DataDir: filepath.Join(t.TempDir(), "evil"), Peer: peer, Token: old, Name: "evil", Address: "127.0.0.9", Port: freePort(t)})
+	if err == nil || !strings.Contains(err.Error(), "secret is not valid") {
+		t.Fatalf("a join with the join secret the replaced voter held: %v, want it refused", err)
+	}
+	id, err := a.Store.Identity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := oldSeal.Open(id.JoinSecretSealed); err == nil {
+		t.Error("the replaced machine's key opens the new join secret")
+	}
+}
