@@ -64,7 +64,16 @@ func TestRemovedNodeLosesItsRaftConnections(t *testing.T) {
 	if _, err := a.Store.Node(ctx, "novox"); !errors.Is(err, state.ErrNotFound) {
 		t.Fatalf("novox after its removal: %v", err)
 	}
-	time.Sleep(time.Second)
+	// The recheck runs on the change (at most five a second): wait until
+	// ace holds no Raft connection of novox's, then send over the one
+	// novox still has (its side does not know it was closed).
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Node.mux.holdsRaftConnOf("novox") {
+		if time.Now().After(deadline) {
+			t.Fatal("ace still holds novox's Raft connection 10 s after its removal")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 
 	term, _ := strconv.ParseUint(a.Node.Stats()["term"], 10, 64)
 	req := &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("novox"), Addr: []byte("127.0.0.2:1")}, Term: term + 1}
@@ -72,6 +81,18 @@ func TestRemovedNodeLosesItsRaftConnections(t *testing.T) {
 	if err == nil {
 		t.Fatalf("removed novox's Raft RPC was taken over the connection it held (ace answered term %d, was %d; ace is now %s)", resp.Term, term, a.Node.State())
 	}
+}
+
+// holdsRaftConnOf says whether m holds a Raft connection of node name.
+func (m *mux) holdsRaftConnOf(name string) bool {
+	m.raftMu.Lock()
+	defer m.raftMu.Unlock()
+	for c := range m.raftConns {
+		if c.name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // A join whose token is rotated under it is refused: the leader checks the
