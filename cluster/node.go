@@ -238,6 +238,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		closer.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
+	go m.watchLeader(r)
 	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, seal: sk, logs: closer, log: log, live: liveness{seen: map[string]Seen{}},
 		downloads: connlimit.New(maxBinaryDownloads, maxBinaryDownloadsPerSrc),
 		stop:      stop, logStore: logStore, catchUpWake: make(chan struct{}, 1)}

@@ -39,8 +39,17 @@ func (c *raftClient) Addr() net.Addr            { return &net.TCPAddr{IP: net.IP
 // writes entries into its log; Raft itself does not ask who leads).
 func TestRemovedNodeLosesItsRaftConnections(t *testing.T) {
 	ctx := context.Background()
-	a, b := twoNodesVoting(t, 1)
+	// novox a voter (a non-voter's Raft connections are refused anyway:
+	// TestNonVoterCannotLead), of three, so that two remove it.
+	nodes, _ := threeMembers(t)
+	for _, m := range nodes {
+		defer m.Stop()
+	}
+	a, b := nodes["ace"], nodes["novox"]
 	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
+	eventually(t, 10*time.Second, "novox is a voter of ace's configuration", func() bool {
+		return isVoter(a.Node.raft.GetConfiguration().Configuration(), "novox")
+	})
 	b.Stop()
 	held := &nodeTLS{} // novox's certificate, as a machine that keeps it
 	held.trust.Store(b.Node.tls.trust.Load())
@@ -175,5 +184,43 @@ func TestReplacedVoterLosesTheJoinSecret(t *testing.T) {
 	}
 	if _, err := oldSeal.Open(id.JoinSecretSealed); err == nil {
 		t.Error("the replaced machine's key opens the new join secret")
+	}
+}
+
+// A non-voter is no leader: a Raft connection from one is refused while
+// the voters lead, so its AppendEntries of a newer term neither deposes
+// the leader nor writes into its log (Raft takes one from any sender).
+// Once no voter has led for leaderlessGrace, a node takes it: its own
+// configuration may be stale (a non-voter promoted while it was cut off).
+func TestNonVoterCannotLead(t *testing.T) {
+	a, b := twoNodesVoting(t, 1)
+	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
+	cert := &nodeTLS{} // novox's certificate, current and recorded
+	cert.trust.Store(b.Node.tls.trust.Load())
+	cert.cert.Store(b.Node.tls.current())
+	stop := make(chan struct{})
+	defer close(stop)
+	trans := raft.NewNetworkTransport(&raftClient{id: cert, stop: stop}, 1, 5*time.Second, nil)
+	defer trans.Close()
+	target := raft.ServerAddress(net.JoinHostPort("127.0.0.1", strconv.Itoa(a.ID.Port)))
+
+	term := a.Node.Stats()["term"]
+	n, _ := strconv.ParseUint(term, 10, 64)
+	req := &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("novox"), Addr: []byte("127.0.0.2:1")}, Term: n + 1}
+	var resp raft.AppendEntriesResponse
+	if err := trans.AppendEntries("ace", target, req, &resp); err == nil {
+		t.Errorf("non-voter novox's AppendEntries of a newer term was taken (ace answered term %d, was %s)", resp.Term, term)
+	}
+	if st, now := a.Node.State(), a.Node.Stats()["term"]; st != raft.Leader.String() || now != term {
+		t.Fatalf("ace after novox's AppendEntries: %s at term %s (was leader at %s)", st, now, term)
+	}
+
+	m := a.Node.mux
+	if !m.mayLead("ace") || m.mayLead("novox") || m.mayLead("nobody") {
+		t.Errorf("while ace leads: ace %v, novox %v, a name not configured %v; want only the voter", m.mayLead("ace"), m.mayLead("novox"), m.mayLead("nobody"))
+	}
+	m.led.Store(time.Now().Add(-leaderlessGrace - time.Second).UnixNano())
+	if !m.mayLead("novox") {
+		t.Error("after leaderlessGrace without a voter leading, novox is still refused (a stale configuration would never catch up)")
 	}
 }

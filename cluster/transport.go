@@ -59,6 +59,77 @@ type mux struct {
 	// trust changes (recheck), since Raft itself never asks who speaks.
 	raftMu    sync.Mutex
 	raftConns map[*raftConn]struct{}
+	// raft is this node's Raft once started (mayLead reads its
+	// configuration and its leader); led is when this node last knew a
+	// leader that is a voter (unix ns), kept by watchLeader.
+	raft atomic.Pointer[raft.Raft]
+	led  atomic.Int64
+}
+
+// leaderlessGrace is how long a node knows no leader before it takes Raft
+// connections from nodes its configuration names as non-voters.
+const leaderlessGrace = 30 * time.Second
+
+// mayLead says whether a Raft connection from node name is taken. Only a
+// leader or a candidate opens one, and Raft takes an AppendEntries of a
+// newer term from any sender (it never asks whether the sender is a
+// voter): taken from a non-voter, one message would depose the leader and
+// write into the receiver's log what the non-voter likes, round the
+// refusal of the peer API (speaksForItself). So a connection is taken from
+// a voter of this node's configuration only, but for a configuration that
+// may be stale: one that is empty (a node that just joined takes the first
+// leader the CA vouches for), or a node that has known no voter leading
+// for leaderlessGrace (one cut off while a non-voter was promoted, which
+// now leads, would otherwise never catch up). What that leaves: while the
+// voters have had no leader for that long (a majority down), a non-voter
+// could lead the rest.
+func (m *mux) mayLead(name string) bool {
+	r := m.raft.Load()
+	if r == nil {
+		return true // not started: watchLeader's first look rechecks
+	}
+	cfg := r.GetConfiguration().Configuration()
+	if len(cfg.Servers) == 0 || isVoter(cfg, name) {
+		return true
+	}
+	return time.Since(time.Unix(0, m.led.Load())) > leaderlessGrace
+}
+
+func isVoter(cfg raft.Configuration, name string) bool {
+	for _, s := range cfg.Servers {
+		if string(s.ID) == name {
+			return s.Suffrage == raft.Voter
+		}
+	}
+	return false
+}
+
+// watchLeader keeps led, once a second, and rechecks the Raft connections
+// when a voter is seen leading again (a non-voter's connection taken while
+// none led is closed then), until the mux closes.
+func (m *mux) watchLeader(r *raft.Raft) {
+	m.led.Store(time.Now().UnixNano()) // a node that starts waits the grace too
+	m.raft.Store(r)
+	m.recheck()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	wasLed := true
+	for {
+		select {
+		case <-m.closing:
+			return
+		case <-t.C:
+		}
+		_, id := r.LeaderWithID()
+		led := id != "" && isVoter(r.GetConfiguration().Configuration(), string(id))
+		if led {
+			m.led.Store(time.Now().UnixNano())
+			if !wasLed {
+				m.recheck()
+			}
+		}
+		wasLed = led
+	}
 }
 
 // raftConn is a Raft connection from a peer that was a node of the mesh
@@ -91,7 +162,7 @@ func (m *mux) recheck() time.Time {
 	var soonest time.Time
 	for c := range m.raftConns {
 		name, err := m.tls.verifyPeer(c.certs)
-		if err != nil || name != c.name || !m.member(name, c.certs[0]) {
+		if err != nil || name != c.name || !m.member(name, c.certs[0]) || !m.mayLead(name) {
 			gone = append(gone, c)
 			delete(m.raftConns, c)
 			continue
@@ -102,7 +173,7 @@ func (m *mux) recheck() time.Time {
 	}
 	m.raftMu.Unlock()
 	for _, c := range gone {
-		m.log.Warn("closed a raft connection: its peer is no longer a node of the mesh with that certificate", "from", c.RemoteAddr(), "peer", c.name)
+		m.log.Warn("closed a raft connection: its peer is no longer a node of the mesh with that certificate, or a voter", "from", c.RemoteAddr(), "peer", c.name)
 		c.Conn.Close()
 	}
 	return soonest
@@ -214,6 +285,9 @@ func (m *mux) route(c *tls.Conn, e *handshake) {
 			}
 			m.raftConns[rc] = struct{}{}
 			m.raftMu.Unlock()
+		}
+		if err == nil && !m.mayLead(name) {
+			err = fmt.Errorf("%s is no voter of this node's Raft configuration, and only a voter leads", name)
 		}
 		if err != nil || !m.member(name, st.PeerCertificates[0]) {
 			if m.refusedRaft.Now() {
