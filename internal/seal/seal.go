@@ -16,6 +16,8 @@ import (
 	"strings"
 
 	"filippo.io/age"
+
+	"mesh/internal/safefs"
 )
 
 // IdentityFile is the node's sealing key in its data dir (0600).
@@ -46,23 +48,10 @@ func LoadOrCreate(dir string) (*Identity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("generate a sealing key: %w", err)
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("write the sealing key: %w", err)
-	}
-	_, err = f.WriteString(id.String() + "\n")
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	// Written as the mesh writes its own files (safefs.WriteFile): to a
+	// temporary name of its own made 0600, renamed, and the directory
+	// synced, so a kill or a power cut leaves the key or nothing.
+	if err := safefs.WriteFile(path, []byte(id.String()+"\n"), 0o600); err != nil {
 		return nil, fmt.Errorf("write the sealing key %s: %w", path, err)
 	}
 	return &Identity{id}, nil
