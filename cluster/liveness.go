@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -123,6 +124,18 @@ func (n *Node) probe(ctx context.Context) {
 	}
 }
 
+// maxHello bounds what hello reads of an answer.
+const maxHello = 64 << 10
+
+// readHello decodes a peer's hello, reading at most maxHello of it: a hello
+// is a few hundred bytes, and in the two seconds of a probe a peer could
+// otherwise send hundreds of MB to each prober, every probe.
+func readHello(body io.Reader) (Hello, error) {
+	var h Hello
+	err := json.NewDecoder(io.LimitReader(body, maxHello)).Decode(&h)
+	return h, err
+}
+
 // hello asks a node who it is and records that it answered; it reports
 // whether it did.
 func (n *Node) hello(ctx context.Context, name string) bool {
@@ -141,8 +154,8 @@ func (n *Node) hello(ctx context.Context, name string) bool {
 		return false
 	}
 	defer resp.Body.Close()
-	var h Hello
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&h) != nil || h.Name != name {
+	h, err := readHello(resp.Body)
+	if resp.StatusCode != http.StatusOK || err != nil || h.Name != name {
 		return false
 	}
 	n.live.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -223,4 +224,25 @@ func TestNonVoterCannotLead(t *testing.T) {
 	if !m.mayLead("novox") {
 		t.Error("after leaderlessGrace without a voter leading, novox is still refused (a stale configuration would never catch up)")
 	}
+}
+
+// A peer's hello is read up to maxHello: a value longer than that is no
+// hello, not a buffer of whatever the peer sends.
+func TestHelloIsBounded(t *testing.T) {
+	if h, err := readHello(strings.NewReader(`{"name":"novox","version":"v1"}`)); err != nil || h.Name != "novox" {
+		t.Fatalf("a hello: %+v %v", h, err)
+	}
+	huge := io.MultiReader(strings.NewReader(`{"name":"`), io.LimitReader(neverEnding('a'), 1<<30), strings.NewReader(`"}`))
+	if _, err := readHello(huge); err == nil {
+		t.Fatal("a hello of 1 GB was taken")
+	}
+}
+
+type neverEnding byte
+
+func (b neverEnding) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(b)
+	}
+	return len(p), nil
 }
