@@ -81,6 +81,7 @@ func guest(addr, from string) (net.Conn, error) {
 // the mesh are still served, and a place given back is taken again.
 func TestGuestsAreBounded(t *testing.T) {
 	a, b := twoNodes(t)
+	waitVoter(t, a, "novox") // its Raft connection is taken (a voter's only)
 	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
 	guestsOpen := a.Node.mux.guests.Open
 	// novox's join was a guest; it keeps no connection, and the node sees
@@ -306,6 +307,7 @@ func TestJoinOutlastsItsBodyTime(t *testing.T) {
 // strangers take every place. The count goes back to nothing after.
 func TestHandshakesAreBounded(t *testing.T) {
 	a, b := twoNodes(t)
+	waitVoter(t, a, "novox") // its Raft connection is taken (a voter's only)
 	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
 	shaking := a.Node.mux.shaking.open
 	type stalled struct {

@@ -48,9 +48,7 @@ func TestRemovedNodeLosesItsRaftConnections(t *testing.T) {
 	}
 	a, b := nodes["ace"], nodes["novox"]
 	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
-	eventually(t, 10*time.Second, "novox is a voter of ace's configuration", func() bool {
-		return isVoter(a.Node.raft.GetConfiguration().Configuration(), "novox")
-	})
+	waitVoter(t, a, "novox")
 	b.Stop()
 	held := &nodeTLS{} // novox's certificate, as a machine that keeps it
 	held.trust.Store(b.Node.tls.trust.Load())
@@ -91,6 +89,15 @@ func TestRemovedNodeLosesItsRaftConnections(t *testing.T) {
 	if err == nil {
 		t.Fatalf("removed novox's Raft RPC was taken over the connection it held (ace answered term %d, was %d; ace is now %s)", resp.Term, term, a.Node.State())
 	}
+}
+
+// waitVoter waits until name is a voter of m's Raft configuration: only a
+// voter's Raft connection is taken (mux.mayLead).
+func waitVoter(t *testing.T, m *Member, name string) {
+	t.Helper()
+	eventually(t, 20*time.Second, name+" is a voter of "+m.ID.Name+"'s configuration", func() bool {
+		return isVoter(m.Node.raft.GetConfiguration().Configuration(), name)
+	})
 }
 
 // holdsRaftConnOf says whether m holds a Raft connection of node name.

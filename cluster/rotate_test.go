@@ -45,6 +45,7 @@ func TestCARotationEndsAndRefusesTheOldCA(t *testing.T) {
 	ctx := context.Background()
 	a, b := twoNodes(t)
 	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
+	waitVoter(t, a, "novox") // its Raft connection is taken (a voter's only)
 	id, _ := a.Store.Identity(ctx)
 	oldKey, _, err := a.Node.OpenIdentity(id)
 	if err != nil {

@@ -21,6 +21,9 @@ func TestForwardedCommandsSpeakForTheirNode(t *testing.T) {
 	a, b := twoNodesVoting(t, 1) // ace leads and votes; novox does not
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// ace records its own certificate's key once it runs: read its keys
+	// after that, or the comparison below sees that change.
+	waitKey(t, a, "ace", CertKey(a.Node.tls.current().Leaf))
 	before, err := a.Store.Node(ctx, "ace")
 	if err != nil {
 		t.Fatal(err)
