@@ -157,9 +157,37 @@ func (n *Node) peerHandler() http.Handler {
 			http.Error(w, "this node's agent is still starting; try again", http.StatusServiceUnavailable)
 			return
 		}
-		(*h).ServeHTTP(w, r)
+		ctx, stop := n.whileMember(r)
+		defer stop()
+		(*h).ServeHTTP(w, r.WithContext(ctx))
 	}))
 	return mux
+}
+
+// whileMember is r's context, ended once the node that made r is no longer
+// a current node with that certificate (removed, another key recorded for
+// it, its certificate expired or its CA ended), looked at on each change
+// of the replica and once a minute. A stream (mesh logs -f, mesh exec)
+// outlived the check of its request otherwise: a node removed went on
+// reading any container's output, or running a shell in it.
+func (n *Node) whileMember(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.Context())
+	go func() {
+		defer cancel()
+		for {
+			changed := n.store.Changed()
+			if n.peerName(r.WithContext(ctx)) == "" {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			case <-time.After(time.Minute):
+			}
+		}
+	}()
+	return ctx, cancel
 }
 
 // PeerName is the node whose certificate made request r ("" for none of

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -252,4 +253,55 @@ func (b neverEnding) Read(p []byte) (int, error) {
 		p[i] = byte(b)
 	}
 	return len(p), nil
+}
+
+// A stream of the peer API's /v1/op/ (mesh logs -f, mesh exec) ends when
+// the node that opened it is removed: its member check was made once, at
+// the request, and a removed node went on reading or running in any
+// container. A change that leaves it a node does not end it.
+func TestOperateStreamEndsWithItsNode(t *testing.T) {
+	ctx := context.Background()
+	a, b := twoNodesVoting(t, 1)
+	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
+	started, ended := make(chan struct{}), make(chan struct{})
+	a.Node.SetOperate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		close(started)
+		<-r.Context().Done()
+		close(ended)
+	}))
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: b.Node.tls.clientConfig(alpnAPI)}}
+	reqCtx, cancelReq := context.WithCancel(ctx)
+	defer cancelReq()
+	req, _ := http.NewRequestWithContext(reqCtx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/v1/op/stream", a.ID.Port), nil)
+	go func() {
+		if resp, err := client.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("novox's stream did not start")
+	}
+	// A change of the replica that leaves novox a node.
+	if _, err := a.Node.Propose(ctx, addModule(t, "other.yaml", "module: other\n")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ended:
+		t.Fatal("novox's stream ended at a change that left it a node")
+	case <-time.After(300 * time.Millisecond):
+	}
+	b.Stop()
+	if _, err := a.Node.RemoveNode(ctx, "novox", false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("novox's stream went on 10 s after novox was removed")
+	}
 }
