@@ -213,7 +213,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	m := newMux(ln, nt, member, nodes.has, log)
 	go m.keepRechecking(store.Changed)
 	stop := make(chan struct{})
-	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv, stop: stop, known: knownPeer(store)}, 3, 10*time.Second, hl)
+	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv, stop: stop, known: knownPeer(store), nodeAt: nodeAt(store)}, 3, 10*time.Second, hl)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.ID)
 	rc.Logger = hl

@@ -305,3 +305,45 @@ func TestOperateStreamEndsWithItsNode(t *testing.T) {
 		t.Fatal("novox's stream went on 10 s after novox was removed")
 	}
 }
+
+// Raft dials a node's address and takes only that node there: another
+// member's certificate, however valid, is refused (it would acknowledge
+// entries in that node's place).
+func TestRaftDialTakesOnlyTheNodeThere(t *testing.T) {
+	a, b := twoNodesVoting(t, 1)
+	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
+	at := net.JoinHostPort(b.ID.Address, strconv.Itoa(b.ID.Port))
+	b.Stop()
+	// What answers at novox's address shows ace's certificate (a node of
+	// the mesh, its key recorded) instead of novox's.
+	ln, err := tls.Listen("tcp", at, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*a.Node.tls.current()}, NextProtos: []string{alpnRaft},
+		ClientAuth: tls.RequireAnyClientCert})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { c.(*tls.Conn).Handshake(); io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	sl := &streamLayer{m: a.Node.mux, nodeAt: nodeAt(a.Store)}
+	c, err := sl.Dial(raft.ServerAddress(at), 5*time.Second)
+	if err == nil {
+		c.Close()
+		t.Fatal("a dial of novox's address took ace's certificate")
+	}
+	if !strings.Contains(err.Error(), "answered as ace, not as novox") {
+		t.Fatalf("a dial of novox's address answered by ace: %v", err)
+	}
+	// The node there is taken: ace, at its own address.
+	c, err = sl.Dial(raft.ServerAddress(net.JoinHostPort(a.ID.Address, strconv.Itoa(a.ID.Port))), 5*time.Second)
+	if err != nil {
+		t.Fatalf("a dial of ace's address, where ace answers: %v", err)
+	}
+	c.Close()
+}

@@ -390,6 +390,9 @@ type streamLayer struct {
 	// refused dial waits only for those (a node that joined again under
 	// another port is dialled there at Raft's next try).
 	known func(address string) bool
+	// nodeAt is the node the state has at address ("" when none, or the
+	// replica is empty): a peer that answers there must be that node.
+	nodeAt func(address string) string
 }
 
 // knownPeer says whether address is the Raft address of a node of store's
@@ -443,6 +446,10 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 		d := &net.Dialer{Deadline: deadline}
 		c, err := tls.DialWithDialer(d, "tcp", string(address), s.m.tls.clientConfig(alpnRaft))
 		if err == nil {
+			if err := s.isExpected(c, string(address)); err != nil {
+				c.Close()
+				return nil, err
+			}
 			return c, nil
 		}
 		if !dialWaits.Load() || !errors.Is(err, syscall.ECONNREFUSED) || time.Until(deadline) < dialRetry || (s.known != nil && !s.known(string(address))) {
@@ -453,6 +460,47 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 			return nil, fmt.Errorf("dial raft peer %s: %w", address, err)
 		case <-time.After(dialRetry):
 		}
+	}
+}
+
+// isExpected checks that the peer of c, dialled at address, is the node
+// the state has there. The client's check (nodeTLS.clientConfig) takes any
+// node of the mesh with its recorded key; a member that took another
+// node's address (on a shared network, or a machine given it) would
+// otherwise answer Raft in its place, and acknowledge entries it never
+// kept.
+func (s *streamLayer) isExpected(c *tls.Conn, address string) error {
+	if s.nodeAt == nil {
+		return nil
+	}
+	want := s.nodeAt(address)
+	if want == "" {
+		return nil
+	}
+	certs := c.ConnectionState().PeerCertificates
+	got, err := s.m.tls.verifyPeer(certs)
+	if err == nil && got != want {
+		err = fmt.Errorf("the peer at %s answered as %s, not as %s, the node there", address, got, want)
+	}
+	if err != nil {
+		return fmt.Errorf("dial raft peer %s: %w", address, err)
+	}
+	return nil
+}
+
+// nodeAt is streamLayer.nodeAt of the store's nodes.
+func nodeAt(store *state.Store) func(string) string {
+	return func(address string) string {
+		nodes, err := store.Nodes(context.Background())
+		if err != nil {
+			return ""
+		}
+		for _, nd := range nodes {
+			if nd.Port != 0 && net.JoinHostPort(nd.Address, strconv.Itoa(nd.Port)) == address {
+				return nd.Name
+			}
+		}
+		return ""
 	}
 }
 
