@@ -34,6 +34,18 @@ func (c *raftClient) Accept() (net.Conn, error) { <-c.stop; return nil, net.ErrC
 func (c *raftClient) Close() error              { return nil }
 func (c *raftClient) Addr() net.Addr            { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2), Port: 1} }
 
+// raftAs is a Raft transport that sends with from's certificate (kept
+// after from stops), and the address of to's Raft.
+func raftAs(t *testing.T, from, to *Member) (*raft.NetworkTransport, raft.ServerAddress) {
+	id := &nodeTLS{}
+	id.trust.Store(from.Node.tls.trust.Load())
+	id.cert.Store(from.Node.tls.current())
+	stop := make(chan struct{})
+	trans := raft.NewNetworkTransport(&raftClient{id: id, stop: stop}, 1, 5*time.Second, nil)
+	t.Cleanup(func() { trans.Close(); close(stop) })
+	return trans, raft.ServerAddress(net.JoinHostPort("127.0.0.1", strconv.Itoa(to.ID.Port)))
+}
+
 // A node removed from the mesh is refused by Raft from then on: not only
 // on the connections it opens afterwards, but on the one it held open
 // since before its removal, over which it could otherwise go on sending
@@ -51,15 +63,7 @@ func TestRemovedNodeLosesItsRaftConnections(t *testing.T) {
 	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
 	waitVoter(t, a, "novox")
 	b.Stop()
-	held := &nodeTLS{} // novox's certificate, as a machine that keeps it
-	held.trust.Store(b.Node.tls.trust.Load())
-	held.cert.Store(b.Node.tls.current())
-
-	stop := make(chan struct{})
-	defer close(stop)
-	trans := raft.NewNetworkTransport(&raftClient{id: held, stop: stop}, 1, 5*time.Second, nil)
-	defer trans.Close()
-	target := raft.ServerAddress(net.JoinHostPort("127.0.0.1", strconv.Itoa(a.ID.Port)))
+	trans, target := raftAs(t, b, a) // novox's certificate, as a machine that keeps it
 	// A harmless RPC (of an old term) while novox is a node: its connection
 	// is kept for the next.
 	var resp raft.AppendEntriesResponse
@@ -204,14 +208,7 @@ func TestReplacedVoterLosesTheJoinSecret(t *testing.T) {
 func TestNonVoterCannotLead(t *testing.T) {
 	a, b := twoNodesVoting(t, 1)
 	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
-	cert := &nodeTLS{} // novox's certificate, current and recorded
-	cert.trust.Store(b.Node.tls.trust.Load())
-	cert.cert.Store(b.Node.tls.current())
-	stop := make(chan struct{})
-	defer close(stop)
-	trans := raft.NewNetworkTransport(&raftClient{id: cert, stop: stop}, 1, 5*time.Second, nil)
-	defer trans.Close()
-	target := raft.ServerAddress(net.JoinHostPort("127.0.0.1", strconv.Itoa(a.ID.Port)))
+	trans, target := raftAs(t, b, a) // novox's certificate, current and recorded
 
 	term := a.Node.Stats()["term"]
 	n, _ := strconv.ParseUint(term, 10, 64)
