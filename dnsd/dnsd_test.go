@@ -130,10 +130,17 @@ func query(t *testing.T, addr, network, name string, qtype uint16) *dns.Msg {
 
 // startUpstream runs an upstream of our own on loopback that answers
 // example.org with 192.0.2.80, and returns its address.
-func startUpstream(t *testing.T) string {
+func startUpstream(t *testing.T) string { return startUpstreamSeeing(t, nil) }
+
+// startUpstreamSeeing is startUpstream that sends each query it gets to
+// seen (when not nil).
+func startUpstreamSeeing(t *testing.T, seen chan<- *dns.Msg) string {
 	t.Helper()
 	up := dns.NewServeMux()
 	up.HandleFunc("example.org.", func(w dns.ResponseWriter, r *dns.Msg) {
+		if seen != nil {
+			seen <- r
+		}
 		m := new(dns.Msg)
 		m.SetReply(r)
 		rr, _ := dns.NewRR("example.org. 60 IN A 192.0.2.80")

@@ -1,7 +1,6 @@
 package dnsd
 
 import (
-	"net"
 	"testing"
 	"time"
 
@@ -14,23 +13,7 @@ import (
 // records held some 100 kB while it was forwarded.
 func TestQueriesCarryOnlyTheirQuestion(t *testing.T) {
 	seen := make(chan *dns.Msg, 4)
-	up := dns.NewServeMux()
-	up.HandleFunc("example.org.", func(w dns.ResponseWriter, r *dns.Msg) {
-		seen <- r
-		m := new(dns.Msg)
-		m.SetReply(r)
-		rr, _ := dns.NewRR("example.org. 60 IN A 192.0.2.80")
-		m.Answer = []dns.RR{rr}
-		w.WriteMsg(m)
-	})
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	upSrv := &dns.Server{PacketConn: pc, Handler: up}
-	go upSrv.ActivateAndServe()
-	t.Cleanup(func() { upSrv.Shutdown() })
-	_, addr := startServer(t, pc.LocalAddr().String())
+	_, addr := startServer(t, startUpstreamSeeing(t, seen))
 
 	rr := func(s string) dns.RR {
 		r, err := dns.NewRR(s)
