@@ -1,10 +1,12 @@
 package metrics
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -127,26 +129,38 @@ func TestServeBoundsConnections(t *testing.T) {
 	if !closed(c) {
 		t.Errorf("an idle connection after a scrape is still open after 3 s")
 	}
+	// The bound, on a server whose idle connections stay (the default
+	// idle time): each held connection is served once, so the server has
+	// taken it before the one past the bound is made.
+	serveIdle = time.Minute
+	addr, err = New(func() map[string]string { return nil }).Serve(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var held []net.Conn
 	defer func() {
 		for _, h := range held {
 			h.Close()
 		}
 	}()
-	for range serveMaxConnsPerSource {
+	for i := range serveMaxConnsPerSource {
 		h, err := net.Dial("tcp", addr.String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, h)
+		h.SetReadDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(h, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, err := http.ReadResponse(bufio.NewReader(h), nil); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("connection %d within the bound: %v %v", i+1, resp, err)
+		}
 	}
-	time.Sleep(100 * time.Millisecond)
 	extra, err := net.Dial("tcp", addr.String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer extra.Close()
-	extra.SetReadDeadline(time.Now().Add(time.Second))
+	extra.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := extra.Read(make([]byte, 1)); err != io.EOF {
 		t.Errorf("a connection past %d from one source: read %v, want it closed at once", serveMaxConnsPerSource, err)
 	}
