@@ -211,6 +211,10 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		return set, nil
 	}, changed: store.Changed}
 	m := newMux(ln, nt, member, nodes.has, log)
+	m.emptyReplica = func() bool {
+		nodes, err := store.Nodes(context.Background())
+		return err == nil && len(nodes) == 0
+	}
 	go m.keepRechecking(store.Changed)
 	stop := make(chan struct{})
 	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv, stop: stop, known: knownPeer(store), nodeAt: nodeAt(store)}, 3, 10*time.Second, hl)

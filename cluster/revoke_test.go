@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -225,7 +226,7 @@ func TestNonVoterCannotLead(t *testing.T) {
 	if !m.mayLead("ace") || m.mayLead("novox") || m.mayLead("nobody") {
 		t.Errorf("while ace leads: ace %v, novox %v, a name not configured %v; want only the voter", m.mayLead("ace"), m.mayLead("novox"), m.mayLead("nobody"))
 	}
-	m.led.Store(time.Now().Add(-leaderlessGrace - time.Second).UnixNano())
+	m.led.Store(int64(time.Since(m.start) - leaderlessGrace - time.Second))
 	if !m.mayLead("novox") {
 		t.Error("after leaderlessGrace without a voter leading, novox is still refused (a stale configuration would never catch up)")
 	}
@@ -343,4 +344,40 @@ func TestRaftDialTakesOnlyTheNodeThere(t *testing.T) {
 		t.Fatalf("a dial of ace's address, where ace answers: %v", err)
 	}
 	c.Close()
+}
+
+// A Raft connection taken on the CA's word alone (this node's replica
+// empty: it just joined) is left to its certificate's checks by recheck:
+// the replica that fills from it names its peer only once it has caught up
+// to that peer's own join. One taken from a known node that stops being
+// one that may lead is closed.
+func TestRecheckLeavesWhatTheCAVouchedFor(t *testing.T) {
+	a, b := twoNodesVoting(t, 1)
+	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
+	m := a.Node.mux
+	certs := []*x509.Certificate{b.Node.tls.current().Leaf}
+	if name, err := m.tls.verifyPeer(certs); err != nil || name != "novox" {
+		t.Fatalf("novox's certificate: %q %v", name, err)
+	}
+	p1, q1 := net.Pipe()
+	p2, q2 := net.Pipe()
+	defer q1.Close()
+	defer q2.Close()
+	vouched := &raftConn{Conn: tls.Client(p1, &tls.Config{}), m: m, name: "novox", certs: certs, vouched: true}
+	known := &raftConn{Conn: tls.Client(p2, &tls.Config{}), m: m, name: "novox", certs: certs}
+	m.raftMu.Lock()
+	if m.raftConns == nil {
+		m.raftConns = map[*raftConn]struct{}{}
+	}
+	m.raftConns[vouched], m.raftConns[known] = struct{}{}, struct{}{}
+	m.raftMu.Unlock()
+	m.recheck() // novox is a non-voter while ace leads: it may not lead
+	m.raftMu.Lock()
+	_, keptVouched := m.raftConns[vouched]
+	_, keptKnown := m.raftConns[known]
+	m.raftMu.Unlock()
+	if !keptVouched || keptKnown {
+		t.Fatalf("after a recheck: the connection the CA vouched for kept %v (want true), the known node's kept %v (want false)", keptVouched, keptKnown)
+	}
+	vouched.Close()
 }

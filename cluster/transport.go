@@ -61,9 +61,39 @@ type mux struct {
 	raftConns map[*raftConn]struct{}
 	// raft is this node's Raft once started (mayLead reads its
 	// configuration and its leader); led is when this node last knew a
-	// leader that is a voter (unix ns), kept by watchLeader.
+	// leader that is a voter (ns since start), kept by watchLeader.
 	raft atomic.Pointer[raft.Raft]
 	led  atomic.Int64
+	// start is when the mux was made: led counts from it, on the
+	// monotonic clock (a wall clock stepped would shorten or stretch the
+	// grace).
+	start time.Time
+	// emptyReplica says whether this node's replica holds no node yet
+	// (set by the node; nil in tests of the mux alone).
+	emptyReplica func() bool
+}
+
+// sinceLed is how long ago this node last knew a voter leading.
+func (m *mux) sinceLed() time.Duration {
+	return time.Since(m.start) - time.Duration(m.led.Load())
+}
+
+// markLed records that this node knows a voter leading now.
+func (m *mux) markLed() { m.led.Store(int64(time.Since(m.start))) }
+
+// onCAAlone says whether a Raft connection taken now is taken on the
+// mesh CA's word alone: this node's replica, or its Raft configuration,
+// holds nobody yet (a node that just joined). recheck leaves such a
+// connection to its certificate's checks: the replica that fills from it
+// names its peer only once it has caught up to that peer's own join, and
+// a joiner whose leader joined after the first node lost the one
+// connection it caught up by (a review saw one stay at a third of the log).
+func (m *mux) onCAAlone() bool {
+	if m.emptyReplica != nil && m.emptyReplica() {
+		return true
+	}
+	r := m.raft.Load()
+	return r != nil && len(r.GetConfiguration().Configuration().Servers) == 0
 }
 
 // leaderlessGrace is how long a node knows no leader before it takes Raft
@@ -92,7 +122,7 @@ func (m *mux) mayLead(name string) bool {
 	if len(cfg.Servers) == 0 || isVoter(cfg, name) {
 		return true
 	}
-	return time.Since(time.Unix(0, m.led.Load())) > leaderlessGrace
+	return m.sinceLed() > leaderlessGrace
 }
 
 func isVoter(cfg raft.Configuration, name string) bool {
@@ -108,7 +138,7 @@ func isVoter(cfg raft.Configuration, name string) bool {
 // when a voter is seen leading again (a non-voter's connection taken while
 // none led is closed then), until the mux closes.
 func (m *mux) watchLeader(r *raft.Raft) {
-	m.led.Store(time.Now().UnixNano()) // a node that starts waits the grace too
+	m.markLed() // a node that starts waits the grace too
 	m.raft.Store(r)
 	m.recheck()
 	t := time.NewTicker(time.Second)
@@ -123,7 +153,7 @@ func (m *mux) watchLeader(r *raft.Raft) {
 		_, id := r.LeaderWithID()
 		led := id != "" && isVoter(r.GetConfiguration().Configuration(), string(id))
 		if led {
-			m.led.Store(time.Now().UnixNano())
+			m.markLed()
 			if !wasLed {
 				m.recheck()
 			}
@@ -139,6 +169,8 @@ type raftConn struct {
 	m     *mux
 	name  string
 	certs []*x509.Certificate
+	// vouched: taken on the CA's word alone (onCAAlone).
+	vouched bool
 }
 
 func (c *raftConn) Close() error {
@@ -162,7 +194,7 @@ func (m *mux) recheck() time.Time {
 	var soonest time.Time
 	for c := range m.raftConns {
 		name, err := m.tls.verifyPeer(c.certs)
-		if err != nil || name != c.name || !m.member(name, c.certs[0]) || !m.mayLead(name) {
+		if err != nil || name != c.name || !c.vouched && (!m.member(name, c.certs[0]) || !m.mayLead(name)) {
 			gone = append(gone, c)
 			delete(m.raftConns, c)
 			continue
@@ -205,7 +237,7 @@ func (m *mux) keepRechecking(changed func() <-chan struct{}) {
 // newMux serves the node port on ln; isNode says whether an address is a
 // node's (handshakes.go).
 func newMux(ln net.Listener, t *nodeTLS, member func(string, *x509.Certificate) bool, isNode func(netip.Addr) bool, log *slog.Logger) *mux {
-	m := &mux{tls: t, member: member, raftCh: make(chan net.Conn, 16), log: log, closing: make(chan struct{}),
+	m := &mux{tls: t, member: member, raftCh: make(chan net.Conn, 16), log: log, closing: make(chan struct{}), start: time.Now(),
 		guests: newGuests(guestsInAll, guestsPerSource), shaking: newHandshakes(handshakesInAll, handshakesPerSource, handshakesPerNode, isNode)}
 	m.api = &chanListener{ch: make(chan net.Conn, 16), addr: ln.Addr(), closing: m.closing}
 	m.ln, m.cfg = ln, m.serverConfig()
@@ -278,7 +310,7 @@ func (m *mux) route(c *tls.Conn, e *handshake) {
 		var rc *raftConn
 		if err == nil {
 			// Held before the check: a removal after it is rechecked.
-			rc = &raftConn{Conn: c, m: m, name: name, certs: st.PeerCertificates}
+			rc = &raftConn{Conn: c, m: m, name: name, certs: st.PeerCertificates, vouched: m.onCAAlone()}
 			m.raftMu.Lock()
 			if m.raftConns == nil {
 				m.raftConns = map[*raftConn]struct{}{}
