@@ -3,10 +3,15 @@ package state
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding"
 	"encoding/hex"
 	"encoding/json"
+	"hash/fnv"
 	"io"
 	"maps"
+	"sync"
+
+	"github.com/klauspost/compress/flate"
 
 	"mesh/state/manifest"
 )
@@ -69,12 +74,83 @@ func sameResource(a, b *Resource) bool {
 // slices of it, in a new array and map) allocated 0.35 MB, a quarter of
 // all it allocated; the collections that garbage brings slow the applies
 // they overlap two to four times (the slowest applies were those). whole
-// is set when the plan was encoded whole; else the text is head, the
-// encodings separated by commas, and tail.
+// is set when the plan was encoded whole; else the text is its chunks'
+// texts one after the other.
 type planText struct {
-	whole, head, tail []byte
-	encs              [][]byte
-	size              int
+	whole  []byte
+	chunks []*planChunk
+	size   int
+	digest string
+	// hashedFrom is the first chunk hash wrote (tests).
+	hashedFrom int
+}
+
+// A plan's text is cut into chunks (issue "scale", item 1): a chunk ends
+// with a module whose name's FNV-1a hash is a multiple of chunkEvery (a
+// run of about chunkEvery modules), and the head and the tail (routes,
+// publish address, purges) are chunks of their own. The cuts depend on
+// the modules' names alone, so an assign changes the chunk its module
+// falls in and no other. Each chunk is deflated on its own, sync-flushed
+// (byte-aligned, not final), with the last chunkDict bytes of the chunk
+// before as its dictionary: the chunks' streams put one after the other,
+// and an empty final block, are one DEFLATE stream whose back-references
+// reach only into the text before them, which any inflater reads. A
+// chunk's stream is a function of its text and of the text before it,
+// so a chunk the same as in the node's last plan, after the same chunk,
+// is not deflated again; and the sha256 state after each chunk is kept,
+// so a plan the same as the last one up to a chunk is hashed from there.
+// The stored bytes are a function of the plan's text alone, whatever was
+// kept (TestPackedPlanIsItsTextAlone).
+const (
+	chunkEvery = 8
+	chunkDict  = 4 << 10
+)
+
+// planChunk is one chunk of a plan's text: lead (the plan's head in the
+// first chunk, its tail in the last), then its resources' encodings, each
+// after a comma but the first chunk's first.
+type planChunk struct {
+	key   string // the module of its first resource; tailKey for the tail
+	first bool
+	lead  []byte
+	encs  [][]byte
+	size  int
+	// after is the sha256 state after this chunk, packed its stream (nil
+	// until pack deflates it, or taken from the last plan's same chunk).
+	after, packed []byte
+}
+
+// tailKey keys the tail chunk: no module is named with a NUL.
+const tailKey = "\x00tail"
+
+func (c *planChunk) writeTo(w io.Writer) {
+	w.Write(c.lead)
+	for i, enc := range c.encs {
+		if i > 0 || !c.first {
+			w.Write(comma)
+		}
+		w.Write(enc)
+	}
+}
+
+// same says c's text is d's.
+func (c *planChunk) same(d *planChunk) bool {
+	if c.key != d.key || c.first != d.first || len(c.encs) != len(d.encs) || !bytes.Equal(c.lead, d.lead) {
+		return false
+	}
+	for i := range c.encs {
+		if !bytes.Equal(c.encs[i], d.encs[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// cutAfter says a chunk ends with module mod.
+func cutAfter(mod string) bool {
+	h := fnv.New32a()
+	io.WriteString(h, mod)
+	return h.Sum32()%chunkEvery == 0
 }
 
 // writeTo writes the text to w, which does not fail (a hash, a deflater
@@ -84,14 +160,9 @@ func (t *planText) writeTo(w io.Writer) {
 		w.Write(t.whole)
 		return
 	}
-	w.Write(t.head)
-	for i, enc := range t.encs {
-		if i > 0 {
-			w.Write(comma)
-		}
-		w.Write(enc)
+	for _, c := range t.chunks {
+		c.writeTo(w)
 	}
-	w.Write(t.tail)
 }
 
 var comma = []byte{','}
@@ -103,16 +174,80 @@ func (t *planText) bytes() []byte {
 	return b.Bytes()
 }
 
-// digest is Plan.Digest's digest of the text.
-func (t *planText) digest() string {
+// hash sets t.digest, Plan.Digest's digest of the text, hashing the
+// chunks from the first of them not in prefix (the states after the
+// chunks the text begins with, as the last plan did).
+func (t *planText) hash(prefix [][]byte) {
 	h := sha256.New()
-	t.writeTo(h)
-	return hex.EncodeToString(h.Sum(nil))
+	if t.whole != nil {
+		h.Write(t.whole)
+		t.digest = hex.EncodeToString(h.Sum(nil))
+		return
+	}
+	from := 0
+	if len(prefix) > 0 {
+		if err := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(prefix[len(prefix)-1]); err == nil {
+			from = len(prefix)
+			for i := range from {
+				t.chunks[i].after = prefix[i]
+			}
+		} else {
+			h.Reset()
+		}
+	}
+	t.hashedFrom = from
+	for _, c := range t.chunks[from:] {
+		c.writeTo(h)
+		c.after, _ = h.(encoding.BinaryMarshaler).MarshalBinary()
+	}
+	t.digest = hex.EncodeToString(h.Sum(nil))
 }
 
-// pack is packPlan of the text.
+// chunkWriters deflate chunks, always reset with their dictionary (a
+// writer of planWriters is reset without one).
+var chunkWriters = sync.Pool{New: func() any {
+	w, _ := flate.NewWriter(nil, flate.BestSpeed)
+	return w
+}}
+
+// finalBlock is an empty final block of fixed codes: the end of a stream
+// of sync-flushed chunks.
+var finalBlock = []byte{0x03, 0x00}
+
+// pack is how state.db keeps the text: packPlan's format, deflating the
+// chunks no kept stream was taken for.
 func (t *planText) pack() []byte {
-	return packWith(t.writeTo, t.size)
+	if t.whole != nil {
+		return packPlan(t.whole)
+	}
+	var dict bytes.Buffer
+	size := 1 + len(finalBlock)
+	for i, c := range t.chunks {
+		if c.packed == nil {
+			var b bytes.Buffer
+			b.Grow(c.size/8 + 64)
+			dict.Reset()
+			if i > 0 {
+				t.chunks[i-1].writeTo(&dict)
+			}
+			d := dict.Bytes()
+			d = d[max(0, len(d)-chunkDict):]
+			w := chunkWriters.Get().(*flate.Writer)
+			w.ResetDict(&b, d)
+			c.writeTo(w)
+			w.Flush()
+			w.ResetDict(nil, nil) // keeps no dictionary of ours
+			chunkWriters.Put(w)
+			c.packed = b.Bytes()
+		}
+		size += len(c.packed)
+	}
+	out := make([]byte, 0, size)
+	out = append(out, packedPlan)
+	for _, c := range t.chunks {
+		out = append(out, c.packed...)
+	}
+	return append(out, finalBlock...)
 }
 
 // planBody is p's JSON and its digest, as json.Marshal and Plan.Digest
@@ -138,7 +273,8 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 			panic(err)
 		}
 		text = &planText{whole: body, size: len(body)}
-		return text, text.digest()
+		text.hash(nil)
+		return text, text.digest
 	}
 	if s.encoded == nil {
 		s.encoded = map[string]*keptPlan{}
@@ -149,20 +285,21 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 		s.encoded[p.Node] = kept
 	}
 	kept.gen++
-	text = &planText{head: prefix, tail: head[len(prefix):], encs: make([][]byte, len(p.Resources)), size: len(head) + max(len(p.Resources)-1, 0)}
+	encs := make([][]byte, len(p.Resources))
+	size := len(head) + max(len(p.Resources)-1, 0)
 	for i := range p.Resources {
 		r := &p.Resources[i]
 		k := kept.of[r.src]
 		if k != nil && k.same(r) {
-			text.encs[i] = k.enc
-			text.size += len(k.enc)
+			encs[i] = k.enc
+			size += len(k.enc)
 			k.gen = kept.gen
 			continue
 		}
-		if text.encs[i], err = json.Marshal(r); err != nil {
+		if encs[i], err = json.Marshal(r); err != nil {
 			panic(err)
 		}
-		text.size += len(text.encs[i])
+		size += len(encs[i])
 		if r.src == nil {
 			continue
 		}
@@ -170,7 +307,7 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 			k = new(keptResource)
 			kept.of[r.src] = k
 		}
-		*k = keepResource(r, text.encs[i])
+		*k = keepResource(r, encs[i])
 		k.gen = kept.gen
 	}
 	for src, k := range kept.of {
@@ -178,7 +315,64 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 			delete(kept.of, src)
 		}
 	}
-	return text, text.digest()
+	text = &planText{chunks: cutPlan(p, prefix, head[len(prefix):], encs), size: size}
+	text.hash(kept.reuse(text.chunks))
+	kept.chunks = text.chunks
+	return text, text.digest
+}
+
+// cutPlan cuts a plan's text into chunks: head, then the encodings of
+// p's resources (encs), then tail.
+func cutPlan(p *Plan, head, tail []byte, encs [][]byte) []*planChunk {
+	chunks := make([]*planChunk, 0, 2+len(encs)/(4*chunkEvery))
+	c := &planChunk{first: true, lead: head, size: len(head)}
+	if len(encs) > 0 {
+		c.key = p.Resources[0].Module
+	}
+	for i, enc := range encs {
+		if i > 0 && p.Resources[i].Module != p.Resources[i-1].Module && cutAfter(p.Resources[i-1].Module) {
+			chunks = append(chunks, c)
+			c = &planChunk{key: p.Resources[i].Module}
+		}
+		if len(c.encs) == 0 {
+			c.encs = encs[i:i]
+		}
+		c.encs = c.encs[:len(c.encs)+1] // encs[i] is the next of encs
+		c.size += len(enc) + 1
+	}
+	return append(chunks, c, &planChunk{key: tailKey, lead: tail, size: len(tail)})
+}
+
+// reuse takes, for the chunks of a plan's text, what the node's last
+// plan's chunks give: the stream of each chunk the same as one of them
+// after the chunk before it there too, and the hash states after the
+// chunks the two plans begin alike with (returned).
+func (k *keptPlan) reuse(chunks []*planChunk) (prefix [][]byte) {
+	if len(k.chunks) == 0 {
+		return nil
+	}
+	at := make(map[string]int, len(k.chunks))
+	for i, c := range k.chunks {
+		at[c.key] = i
+	}
+	alike, prev := true, -1
+	for j, c := range chunks {
+		i, ok := at[c.key]
+		if !ok || !c.same(k.chunks[i]) {
+			alike, prev = false, -1
+			continue
+		}
+		if i == j && alike && k.chunks[i].after != nil {
+			prefix = append(prefix, k.chunks[i].after)
+		} else {
+			alike = false
+		}
+		if i == 0 || prev == i-1 {
+			c.packed = k.chunks[i].packed
+		}
+		prev = i
+	}
+	return prefix
 }
 
 // keptPlan is what planBody keeps of a node's last plan: its resources by
@@ -186,6 +380,8 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 type keptPlan struct {
 	of  map[*manifest.Resource]*keptResource
 	gen uint64
+	// chunks are the last plan's text's (cutPlan).
+	chunks []*planChunk
 }
 
 // forgetEncoded drops the kept encodings of the nodes not in nodes.
