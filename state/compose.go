@@ -290,8 +290,9 @@ func resourceArray(n int) []Resource {
 // but copies (planBody keeps fields, not the array).
 func (out Output) releasePlans() {
 	for _, p := range out.Plans {
+		// Past len the array is zero: it was cleared when let go, or new.
+		clear(p.Resources) // holds nothing of this plan alive
 		a := p.Resources[:cap(p.Resources)]
-		clear(a) // holds nothing of this plan alive
 		p.Resources = nil
 		resourceArrays.Lock()
 		if free := resourceArrays.free; len(free) < keptArrays {

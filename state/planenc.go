@@ -259,7 +259,7 @@ func (t *planText) pack() []byte {
 // was encoded from, whatever the command's outcome.
 func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 	shell := *p
-	shell.Resources = []Resource{}
+	shell.Resources, shell.Routes = []Resource{}, nil // spliced in below
 	head, err := json.Marshal(&shell)
 	if err != nil {
 		panic(err) // a Plan always encodes
@@ -285,6 +285,10 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 		s.encoded[p.Node] = kept
 	}
 	kept.gen++
+	tail := head[len(prefix):]
+	if len(p.Routes) > 0 {
+		tail = kept.routesTail(p.Routes, tail)
+	}
 	encs := make([][]byte, len(p.Resources))
 	size := len(head) + max(len(p.Resources)-1, 0)
 	for i := range p.Resources {
@@ -315,7 +319,8 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 			delete(kept.of, src)
 		}
 	}
-	text = &planText{chunks: cutPlan(p, prefix, head[len(prefix):], encs), size: size}
+	size += len(tail) - len(head[len(prefix):])
+	text = &planText{chunks: cutPlan(p, prefix, tail, encs), size: size}
 	text.hash(kept.reuse(text.chunks))
 	kept.chunks = text.chunks
 	return text, text.digest
@@ -382,6 +387,55 @@ type keptPlan struct {
 	gen uint64
 	// chunks are the last plan's text's (cutPlan).
 	chunks []*planChunk
+	// routes are the encodings of the last plan's routes: a node of 100
+	// modules routes 200 names, and encoding them with every assign was
+	// a tenth of it.
+	routes map[Route]*keptRoute
+}
+
+type keptRoute struct {
+	enc []byte
+	gen uint64
+}
+
+// routesTail is the plan's tail with its routes: tail is the plan's
+// encoded without routes (']' and what follows the resources), and the
+// routes come right after the resources (Plan's field order).
+func (k *keptPlan) routesTail(routes []Route, tail []byte) []byte {
+	if k.routes == nil {
+		k.routes = make(map[Route]*keptRoute, len(routes))
+	}
+	encs := make([][]byte, len(routes))
+	size := len(tail) + len(`,"routes":[]`) + len(routes) - 1
+	for i, r := range routes {
+		kr := k.routes[r]
+		if kr == nil {
+			enc, err := json.Marshal(r)
+			if err != nil {
+				panic(err) // a Route always encodes
+			}
+			kr = &keptRoute{enc: enc}
+			k.routes[r] = kr
+		}
+		kr.gen = k.gen
+		encs[i] = kr.enc
+		size += len(kr.enc)
+	}
+	for r, kr := range k.routes {
+		if kr.gen != k.gen {
+			delete(k.routes, r)
+		}
+	}
+	out := make([]byte, 0, size)
+	out = append(out, `],"routes":[`...)
+	for i, enc := range encs {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, enc...)
+	}
+	out = append(out, ']')
+	return append(out, tail[1:]...)
 }
 
 // forgetEncoded drops the kept encodings of the nodes not in nodes.

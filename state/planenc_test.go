@@ -221,8 +221,13 @@ func TestPackedPlanIsItsTextAlone(t *testing.T) {
 				m.decl = append(m.decl, &c)
 			}
 			mods[i] = m
-		case 4: // the routes (the tail)
-			routes = append(routes, Route{Name: fmt.Sprintf("r%d", step), Module: mods[0].name, Port: 80})
+		case 4: // the routes (the tail): one more, or one fewer
+			if len(routes) > 0 && rng.IntN(3) == 0 {
+				at := rng.IntN(len(routes))
+				routes = slices.Delete(slices.Clone(routes), at, at+1)
+				break
+			}
+			routes = append(slices.Clone(routes), Route{Name: fmt.Sprintf("r%d.example.org", step), Module: mods[rng.IntN(len(mods))].name, Port: 80 + rng.IntN(3)})
 		case 5: // nothing changed
 		case 6: // a batch unassign of one chunk's modules, so that the
 			// chunks after it are the same at other places
