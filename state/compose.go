@@ -384,14 +384,41 @@ func groupFor(in Input, only map[string]bool) (byNode, byModule map[string][]str
 	if len(providers) == 0 {
 		return byNode, byModule
 	}
-	var theirs []Assignment
-	for _, a := range in.Assignments {
-		if providers[a.Module] {
-			theirs = append(theirs, a)
+	byModule = groupByModule(in, assignmentsOf(in, providers))
+	return byNode, byModule
+}
+
+// assignmentsOf is the assignments of the modules in mods, in no order:
+// when the assignments are sorted by node (as the FSM keeps them), found
+// by binary search in each node's run rather than by a walk of the
+// fleet's (a node whose modules bind to a database walked 10,000 of them
+// with every command).
+func assignmentsOf(in Input, mods map[string]bool) []Assignment {
+	var out []Assignment
+	if !in.assignedByNode || len(mods)*len(in.Nodes) > len(in.Assignments)/8 {
+		for _, a := range in.Assignments {
+			if mods[a.Module] {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	return assignmentsOfByRun(in, mods)
+}
+
+// assignmentsOfByRun is assignmentsOf by binary search in each node's run
+// of assignments, sorted by node, then module (in.assignedByNode).
+func assignmentsOfByRun(in Input, mods map[string]bool) []Assignment {
+	var out []Assignment
+	for _, n := range in.Nodes {
+		run := nodeRun(in.Assignments, n.Name)
+		for m := range mods {
+			if i, found := slices.BinarySearchFunc(run, m, func(a Assignment, m string) int { return strings.Compare(a.Module, m) }); found {
+				out = append(out, run[i])
+			}
 		}
 	}
-	byModule = groupByModule(in, theirs)
-	return byNode, byModule
+	return out
 }
 
 // SortRoster orders names by name, then address, then node.

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -258,7 +259,7 @@ func TestNodesRunning(t *testing.T) {
 		for _, n := range in.Nodes {
 			for j := range 40 {
 				if rng.IntN(3) == 0 {
-					in.Assignments = append(in.Assignments, Assignment{Node: n.Name, Module: fmt.Sprintf("m%02d", j)})
+					in.Assignments = append(in.Assignments, Assignment{Node: n.Name, Module: fmt.Sprintf("m%02d", j), Seq: rng.Uint64N(50)})
 				}
 			}
 		}
@@ -278,6 +279,22 @@ func TestNodesRunning(t *testing.T) {
 			slices.Sort(got)
 			if !slices.Equal(got, want) {
 				t.Fatalf("round %d: nodes running %v: %v, a walk finds %v", round, modules, got, want)
+			}
+		}
+		// groupFor's assignments of its bindings' providers, the same way.
+		var walked []Assignment
+		for _, a := range in.Assignments {
+			if modules[a.Module] {
+				walked = append(walked, a)
+			}
+		}
+		for _, f := range []func(Input, map[string]bool) []Assignment{assignmentsOf, assignmentsOfByRun} {
+			got := f(in, modules)
+			slices.SortFunc(got, func(a, b Assignment) int {
+				return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Module, b.Module))
+			})
+			if !slices.Equal(got, walked) {
+				t.Fatalf("round %d: assignments of %v: %v, a walk finds %v", round, modules, got, walked)
 			}
 		}
 	}
