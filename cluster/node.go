@@ -9,6 +9,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -248,7 +249,8 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		stop:      stop, logStore: logStore, catchUpWake: make(chan struct{}, 1)}
 	n.catchingUp.Add(1)
 	go func() { defer n.catchingUp.Done(); n.catchUp() }()
-	n.peerConns = &peerTransport{cfg: nt.clientConfig(alpnAPI)}
+	at := nodeAt(store)
+	n.peerConns = &peerTransport{cfg: nt.clientConfig(alpnAPI), expect: func(c *tls.Conn, address string) error { return nt.isNodeAt(at, c, address) }}
 	n.peerConns.fresh()
 	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: n.peerConns}
 	n.streams = &http.Client{Transport: n.peerConns}

@@ -274,18 +274,42 @@ func csrFor(keyPEM []byte, name, address string) ([]byte, error) {
 // expired). Calls in flight finish on the old pool, which is then closed.
 type peerTransport struct {
 	cfg *tls.Config
-	cur atomic.Pointer[http.Transport]
+	// expect checks that the peer of a connection made to an address is
+	// the node the state has there (nodeTLS.isNodeAt): the certificate's
+	// check takes any node of the mesh, and a member that took another's
+	// address (on a shared network, or a machine given it) would otherwise
+	// be sent what is meant for that node: a write forwarded to the
+	// leader with the secret it sets, a joiner's request with its token,
+	// an exec session's input. Nil checks nothing more.
+	expect func(c *tls.Conn, address string) error
+	cur    atomic.Pointer[http.Transport]
 }
 
 func (p *peerTransport) fresh() {
-	t := &http.Transport{
-		TLSClientConfig: p.cfg, DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext, TLSHandshakeTimeout: 2 * time.Second,
-		IdleConnTimeout: time.Minute,
-	}
+	t := &http.Transport{DialTLSContext: p.dialTLS, IdleConnTimeout: time.Minute}
 	if old := p.cur.Swap(t); old != nil {
 		old.CloseIdleConnections()
 		time.AfterFunc(20*time.Second, old.CloseIdleConnections) // after the calls in flight (15 s at most)
 	}
+}
+
+// dialTLS dials a peer, with the handshake, within the 2 s each the
+// transport gave them before; every failure is a dial's (net.OpError), so
+// that a caller knows the request was not sent (Node.call).
+func (p *peerTransport) dialTLS(ctx context.Context, network, address string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	defer cancel()
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 2 * time.Second}, Config: p.cfg}
+	c, err := d.DialContext(ctx, network, address)
+	if err == nil && p.expect != nil {
+		if err = p.expect(c.(*tls.Conn), address); err != nil {
+			c.Close()
+		}
+	}
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
+	}
+	return c, nil
 }
 
 func (p *peerTransport) RoundTrip(r *http.Request) (*http.Response, error) {

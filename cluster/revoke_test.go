@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -380,4 +381,63 @@ func TestRecheckLeavesWhatTheCAVouchedFor(t *testing.T) {
 		t.Fatalf("after a recheck: the connection the CA vouched for kept %v (want true), the known node's kept %v (want false)", keptVouched, keptKnown)
 	}
 	vouched.Close()
+}
+
+// The peer API's client (writes forwarded to the leader, joins, renewals,
+// hellos, exec and logs streams) dials a node's address and takes only
+// that node there too: another member that took novox's address is sent
+// nothing, not even the request's head, and the call fails as one that
+// was not sent (safe to try again).
+func TestPeerCallsTakeOnlyTheNodeThere(t *testing.T) {
+	a, b := twoNodesVoting(t, 1)
+	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
+	at := net.JoinHostPort(b.ID.Address, strconv.Itoa(b.ID.Port))
+	b.Stop()
+	var got atomic.Int64
+	served := make(chan struct{}, 16)
+	ln, err := tls.Listen("tcp", at, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*a.Node.tls.current()}, NextProtos: []string{alpnAPI},
+		ClientAuth: tls.RequireAnyClientCert})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				n, _ := io.Copy(io.Discard, c)
+				got.Add(n)
+				c.Close()
+				served <- struct{}{}
+			}()
+		}
+	}()
+	ctx := context.Background()
+	var out applyReply
+	err = a.Node.call(ctx, at, "/v1/apply", map[string]string{"value": "the operator's secret"}, &out)
+	if err == nil || !strings.Contains(err.Error(), "answered as ace, not as novox") {
+		t.Fatalf("a call to novox's address answered by ace: %v", err)
+	}
+	if !errors.Is(err, errNotSent) {
+		t.Fatalf("a call refused at the handshake is not known as not sent: %v", err)
+	}
+	select {
+	case <-served: // the connection the call made, and closed
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call's connection to the member at novox's address did not end")
+	}
+	if n := got.Load(); n != 0 {
+		t.Fatalf("the member at novox's address was sent %d bytes after the handshake", n)
+	}
+	// ace, at its own address, is called.
+	req, _ := http.NewRequestWithContext(ctx, "GET", "https://"+net.JoinHostPort(a.ID.Address, strconv.Itoa(a.ID.Port))+"/v1/hello", nil)
+	resp, err := a.Node.peers.Do(req)
+	if err != nil {
+		t.Fatalf("a hello to ace at its own address: %v", err)
+	}
+	resp.Body.Close()
 }

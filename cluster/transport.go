@@ -502,22 +502,28 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 // otherwise answer Raft in its place, and acknowledge entries it never
 // kept.
 func (s *streamLayer) isExpected(c *tls.Conn, address string) error {
-	if s.nodeAt == nil {
-		return nil
-	}
-	want := s.nodeAt(address)
-	if want == "" {
-		return nil
-	}
-	certs := c.ConnectionState().PeerCertificates
-	got, err := s.m.tls.verifyPeer(certs)
-	if err == nil && got != want {
-		err = fmt.Errorf("the peer at %s answered as %s, not as %s, the node there", address, got, want)
-	}
-	if err != nil {
+	if err := s.m.tls.isNodeAt(s.nodeAt, c, address); err != nil {
 		return fmt.Errorf("dial raft peer %s: %w", address, err)
 	}
 	return nil
+}
+
+// isNodeAt checks that the peer of c, dialled at address, is the node
+// nodeAt says the state has there (any node of the mesh when it has none
+// there, or nodeAt is nil).
+func (t *nodeTLS) isNodeAt(nodeAt func(string) string, c *tls.Conn, address string) error {
+	if nodeAt == nil {
+		return nil
+	}
+	want := nodeAt(address)
+	if want == "" {
+		return nil
+	}
+	got, err := t.verifyPeer(c.ConnectionState().PeerCertificates)
+	if err == nil && got != want {
+		err = fmt.Errorf("the peer at %s answered as %s, not as %s, the node there", address, got, want)
+	}
+	return err
 }
 
 // nodeAt is streamLayer.nodeAt of the store's nodes.
