@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -23,6 +24,13 @@ import (
 // checkComposition on (the tests and the fuzz targets), every use of the
 // kept list is compared with a read of the table: a write that does not
 // edit the copy fails there.
+
+// With the list, the store keeps how many nodes run each module
+// (assignedN), edited with it: whether a consumer runs anywhere decides
+// whether its provider's accepts-credentials directory receives its
+// credential, and walking the fleet's assignments for it, per consumer of
+// each provider on a composed node, was most of an assign in a fleet of
+// wired modules (BenchmarkFleetWired).
 
 // keptAssignments is this command's view of the assignments table: its own
 // copy once it edited it, else the store's; ok is false when neither is
@@ -47,7 +55,11 @@ func (ap *applier) editAssigned(edit func([]Assignment) []Assignment) {
 		// of 10,000 assignments was a sixth of an assign's garbage): the
 		// store keeps none until the command commits, so after a failure
 		// or a broken rule the next command reads the table.
-		ap.s.assigned = nil
+		ap.assignedN = ap.s.assignedN
+		ap.s.assigned, ap.s.assignedN = nil, nil
+	}
+	if ap.assignedN == nil {
+		ap.assignedN = countModules(cur)
 	}
 	ap.assigned, ap.assignedKnown, ap.assignedDirty = edit(cur), true, true
 	if ap.assigned == nil {
@@ -67,6 +79,7 @@ func (ap *applier) assignedInsert(a Assignment) {
 		if found {
 			return as
 		}
+		ap.assignedN[a.Module]++
 		return slices.Insert(as, i, a)
 	})
 }
@@ -78,6 +91,7 @@ func (ap *applier) assignedDelete(node, module string) {
 		if !found {
 			return as
 		}
+		ap.uncount(module)
 		return slices.Delete(as, i, i+1)
 	})
 }
@@ -85,13 +99,52 @@ func (ap *applier) assignedDelete(node, module string) {
 // assignedDeleteNode follows a DELETE of every row of node.
 func (ap *applier) assignedDeleteNode(node string) {
 	ap.editAssigned(func(as []Assignment) []Assignment {
-		return slices.DeleteFunc(as, func(a Assignment) bool { return a.Node == node })
+		return slices.DeleteFunc(as, func(a Assignment) bool {
+			if a.Node == node {
+				ap.uncount(a.Module)
+				return true
+			}
+			return false
+		})
 	})
 }
 
 // assignedForget follows a rewrite of the table: the next input reads it.
 func (ap *applier) assignedForget() {
-	ap.assigned, ap.assignedKnown, ap.assignedDirty = nil, false, true
+	ap.assigned, ap.assignedN, ap.assignedKnown, ap.assignedDirty = nil, nil, false, true
+}
+
+func (ap *applier) uncount(module string) {
+	if ap.assignedN[module]--; ap.assignedN[module] <= 0 {
+		delete(ap.assignedN, module)
+	}
+}
+
+// countModules is how many of as run each module.
+func countModules(as []Assignment) map[string]int {
+	n := make(map[string]int, len(as))
+	for _, a := range as {
+		n[a.Module]++
+	}
+	return n
+}
+
+// assignedCount is how many nodes run each module, as assignmentsFor's
+// list says (after it).
+func (ap *applier) assignedCount() map[string]int {
+	if !ap.assignedDirty {
+		if ap.s.assigned == nil {
+			return nil
+		}
+		if ap.s.assignedN == nil {
+			ap.s.assignedN = countModules(ap.s.assigned)
+		}
+		return ap.s.assignedN
+	}
+	if ap.assignedN == nil && ap.assignedKnown {
+		ap.assignedN = countModules(ap.assigned)
+	}
+	return ap.assignedN
 }
 
 // assignmentsFor is the assignments an input of this command holds: the
@@ -107,6 +160,9 @@ func (ap *applier) assignmentsFor() ([]Assignment, error) {
 			if !slices.Equal(read, as) {
 				return nil, fmt.Errorf("the kept assignments (%d) are not the table's (%d): a write to the table did not edit them", len(as), len(read))
 			}
+			if n := ap.assignedCount(); n != nil && !maps.Equal(n, countModules(read)) {
+				return nil, fmt.Errorf("the kept count of each module's nodes is not the table's: an edit of the assignments did not count")
+			}
 		}
 		return as, nil
 	}
@@ -114,7 +170,7 @@ func (ap *applier) assignmentsFor() ([]Assignment, error) {
 	if err != nil {
 		return nil, err
 	}
-	ap.assigned, ap.assignedKnown, ap.assignedDirty = read, true, true
+	ap.assigned, ap.assignedN, ap.assignedKnown, ap.assignedDirty = read, countModules(read), true, true
 	return read, nil
 }
 

@@ -105,6 +105,12 @@ type Input struct {
 	// hostIndex is, when set, the catalogue's routes by name and host
 	// (catDeps), for the rule on host names about a few hosts.
 	hostIndex *catDeps
+	// consumers are, when set, each provider's consumers in Credentials,
+	// sorted; assignedN how many nodes run each module of Assignments
+	// (issue "scale": consumersOf walked every credential, and for each of
+	// a provider's every assignment of the fleet).
+	consumers map[string][]string
+	assignedN map[string]int
 }
 
 // Purge is a data directory a node removes, with all it holds, while its
@@ -162,6 +168,10 @@ type Resource struct {
 	// src is the manifest's declaration Decl and Typed were copied from
 	// (nil for one composition made up), for planBody; never encoded.
 	src *manifest.Resource
+	// via is, for a delivered credential (made up), the accepts-credentials
+	// directory's declaration its Decl and Typed are made from, for
+	// planBody; never encoded.
+	via *manifest.Resource
 }
 
 // KindDeliveredCredential is a provider-side credential file: the mesh writes
@@ -566,6 +576,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 						Typed:      manifest.Typed{OK: true, HasOwner: d.Typed.HasOwner, UID: d.Typed.UID, GID: d.Typed.GID, HasMode: true, Mode: 0o600},
 						Credential: &p,
 						Digest:     in.Credentials[p],
+						via:        d,
 					}
 					if err := claim(dr.Name, mod); err != nil {
 						return nil, nil, err
@@ -631,6 +642,14 @@ func (r Resource) RuntimeName() string {
 // are assigned somewhere and whose secret exists, in consumer order.
 func consumersOf(in Input, mod string) []Pair {
 	var ps []Pair
+	if in.consumers != nil {
+		for _, c := range in.consumers[mod] { // sorted
+			if p := (Pair{Consumer: c, Provider: mod}); isAssigned(in, c) && declaresCredential(in.Modules[c], mod) {
+				ps = append(ps, p)
+			}
+		}
+		return ps
+	}
 	for p := range in.Credentials {
 		if p.Provider == mod && isAssigned(in, p.Consumer) && declaresCredential(in.Modules[p.Consumer], mod) {
 			ps = append(ps, p)
@@ -641,6 +660,9 @@ func consumersOf(in Input, mod string) []Pair {
 }
 
 func isAssigned(in Input, mod string) bool {
+	if in.assignedN != nil {
+		return in.assignedN[mod] > 0
+	}
 	for _, a := range in.Assignments {
 		if a.Module == mod {
 			return true

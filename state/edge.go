@@ -506,7 +506,7 @@ func (ap *applier) hostRule() (*Input, error) {
 	if err != nil {
 		return nil, err
 	}
-	in, err := inputWith(ap.ctx, ap.q, cat, assigned)
+	in, err := ap.input(cat, assigned, ap.assignedCount())
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -182,6 +183,9 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 	if err == nil && recompose {
 		err = ap.recompose(causeAt(req, ap.v))
 	}
+	if err == nil {
+		err = ap.settleInputs()
+	}
 	var rule *RuleError
 	switch {
 	case errors.As(err, &rule):
@@ -207,12 +211,13 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 		s.rosterBy = ap.rosterBy
 	}
 	if broken == nil && ap.assignedDirty {
-		s.assigned = nil
+		s.assigned, s.assignedN = nil, nil
 		if ap.assignedKnown {
-			s.assigned = ap.assigned
+			s.assigned, s.assignedN = ap.assigned, ap.assignedN
 		}
 	}
 	ap.catalogueCommitted(broken)
+	s.inputsCommitted(ap, broken)
 	if broken == nil && (ap.reported != nil || ap.reportsForgotten) {
 		s.reportsCommitted(ap.reported, ap.reportsForgotten)
 	}
@@ -279,6 +284,13 @@ type applier struct {
 	// wrote the table without a copy to edit (assigned.go).
 	assigned                     []Assignment
 	assignedKnown, assignedDirty bool
+	assignedN                    map[string]int
+	// inputs are the kept tables an input reads whole, once this command
+	// took them from the store (inputsTaken); marks the keys it wrote since
+	// (keptinputs.go).
+	inputs      *keptInputs
+	inputsTaken bool
+	marks       inputMarks
 	// reported is the report this command wrote (node and body);
 	// reportsForgotten says it removed one (reportbodies.go).
 	reported         *[2]string
@@ -588,6 +600,7 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM modules WHERE name = ?`, r.Name); err != nil {
 		return false, err
 	}
+	ap.markPull(r.Name)
 	if err := exec(tx, `DELETE FROM pulls WHERE module = ?`, r.Name); err != nil {
 		return false, err
 	}
@@ -600,6 +613,7 @@ func (ap *applier) moduleRemove(r *ModuleRemoveRequest) (bool, error) {
 	if err := exec(tx, `DELETE FROM module_history WHERE module = ?`, r.Name); err != nil {
 		return false, err
 	}
+	ap.markRestartsOf(r.Name)
 	if err := exec(tx, `DELETE FROM restarts WHERE module = ?`, r.Name); err != nil {
 		return false, err
 	}
@@ -644,6 +658,7 @@ func (ap *applier) modulePull(r *ModulePullRequest) (bool, error) {
 			return false, err
 		}
 	}
+	ap.markPull(r.Module)
 	if err := exec(tx, `INSERT INTO pulls (module, idx) VALUES (?, ?) ON CONFLICT (module) DO UPDATE SET idx = excluded.idx`, r.Module, ap.index); err != nil {
 		return false, err
 	}
@@ -1036,6 +1051,31 @@ func input(ctx context.Context, q queryer, cat map[string]*manifest.Manifest) (I
 
 // inputWith is input with the assignments given (nil: read the table).
 func inputWith(ctx context.Context, q queryer, cat map[string]*manifest.Manifest, assigned []Assignment) (Input, error) {
+	return inputKept(ctx, q, cat, assigned, nil)
+}
+
+// input is inputWith for this command, its credentials, secrets, restarts
+// and pulls from the maps the FSM keeps (keptinputs.go); count is how many
+// nodes run each module of assigned, when known (assignedCount). Its Bound
+// is empty: a composition reads the bindings of the nodes it composes
+// (readBound), and the table holds one row per binding of the fleet.
+func (ap *applier) input(cat map[string]*manifest.Manifest, assigned []Assignment, count map[string]int) (Input, error) {
+	k, err := ap.keptInputsNow()
+	if err != nil {
+		return Input{}, err
+	}
+	if checkComposition {
+		if err := checkInputs(ap.ctx, ap.q, k); err != nil {
+			return Input{}, err
+		}
+	}
+	in, err := inputKept(ap.ctx, ap.q, cat, assigned, k)
+	in.assignedN = count
+	return in, err
+}
+
+// inputKept is inputWith with the four tables of k when it is not nil.
+func inputKept(ctx context.Context, q queryer, cat map[string]*manifest.Manifest, assigned []Assignment, k *keptInputs) (Input, error) {
 	in := Input{Credentials: map[Pair]string{}, Bound: map[BindKey]string{}, Pulls: map[string]uint64{}, Modules: cat}
 	if err := q.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = 'domain'`).Scan(&in.Domain); err != nil {
 		return in, fmt.Errorf("read domain: %w", err)
@@ -1053,46 +1093,15 @@ func inputWith(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 		}
 	}
 	in.assignedByNode = true // both are sorted by node, then module
-	err = eachRow(ctx, q, "bindings", `SELECT node, module, path, provider_node FROM bindings`, func(rows *sql.Rows) error {
-		var k BindKey
-		var v string
-		if err := rows.Scan(&k.Node, &k.Module, &k.Path, &v); err != nil {
-			return err
+	if k == nil {
+		if in.Bound, err = readBound(ctx, q, nil); err != nil {
+			return in, err
 		}
-		in.Bound[k] = v
-		return nil
-	})
-	if err != nil {
-		return in, err
-	}
-	err = eachRow(ctx, q, "credentials", `SELECT consumer, provider, digest FROM credentials`, func(rows *sql.Rows) error {
-		var p Pair
-		var d string
-		if err := rows.Scan(&p.Consumer, &p.Provider, &d); err != nil {
-			return err
+		if k, err = readInputs(ctx, q); err != nil {
+			return in, err
 		}
-		in.Credentials[p] = d
-		return nil
-	})
-	if err != nil {
-		return in, err
 	}
-	if in.Secrets, err = secretDigests(ctx, q); err != nil {
-		return in, err
-	}
-	in.Restarts = map[RestartKey]uint64{}
-	err = eachRow(ctx, q, "restarts", `SELECT module, container, node, idx FROM restarts`, func(rows *sql.Rows) error {
-		var k RestartKey
-		var i uint64
-		if err := rows.Scan(&k.Module, &k.Container, &k.Node, &i); err != nil {
-			return err
-		}
-		in.Restarts[k] = i
-		return nil
-	})
-	if err != nil {
-		return in, err
-	}
+	in.Credentials, in.Secrets, in.Restarts, in.Pulls, in.consumers = k.credentials, k.secrets, k.restarts, k.pulls, k.consumers
 	if in.Held, in.HeldPulls, in.HeldSecrets, err = heldBack(q); err != nil {
 		return in, err
 	}
@@ -1116,19 +1125,31 @@ func inputWith(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 		in.Purges[node] = append(in.Purges[node], p)
 		return nil
 	})
-	if err != nil {
-		return in, err
-	}
-	err = eachRow(ctx, q, "pulls", `SELECT module, idx FROM pulls`, func(rows *sql.Rows) error {
-		var m string
-		var i uint64
-		if err := rows.Scan(&m, &i); err != nil {
+	return in, err
+}
+
+// readBound is the bindings table's rows of the nodes in only (all when
+// only is nil): what Input.Bound holds for the nodes composed.
+func readBound(ctx context.Context, q queryer, only map[string]bool) (map[BindKey]string, error) {
+	out := map[BindKey]string{}
+	scan := func(rows *sql.Rows) error {
+		var k BindKey
+		var v string
+		if err := rows.Scan(&k.Node, &k.Module, &k.Path, &v); err != nil {
 			return err
 		}
-		in.Pulls[m] = i
+		out[k] = v
 		return nil
-	})
-	return in, err
+	}
+	if only == nil {
+		return out, eachRow(ctx, q, "bindings", `SELECT node, module, path, provider_node FROM bindings`, scan)
+	}
+	for n := range only {
+		if err := eachRow(ctx, q, "bindings", `SELECT node, module, path, provider_node FROM bindings WHERE node = ?`, scan, n); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // eachRow calls scan on every row query finds; what names the rows in its
@@ -1192,7 +1213,7 @@ func (ap *applier) recompose(cause string) error {
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
 	}
-	in, err := inputWith(ctx, ap.q, cat, assigned)
+	in, err := ap.input(cat, assigned, ap.assignedCount())
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
 	}
@@ -1208,6 +1229,27 @@ func (ap *applier) recompose(cause string) error {
 			return fmt.Errorf("recompose: what the modules read of each other, as kept, differs from the catalogue's")
 		}
 		only = affected(in, ap.touched, deps)
+	}
+	// The bindings of the nodes composed; with checkComposition on, all of
+	// them too, for the full composition it compares with (read before
+	// this command rewrites those it composes).
+	var allBound map[BindKey]string
+	if only == nil || checkComposition {
+		if allBound, err = readBound(ctx, ap.q, nil); err != nil {
+			return fmt.Errorf("recompose: %w", err)
+		}
+	}
+	if in.Bound = allBound; only != nil {
+		if in.Bound, err = readBound(ctx, ap.q, only); err != nil {
+			return fmt.Errorf("recompose: %w", err)
+		}
+		if checkComposition {
+			mine := maps.Clone(allBound)
+			maps.DeleteFunc(mine, func(k BindKey, _ string) bool { return !only[k.Node] })
+			if !maps.Equal(mine, in.Bound) {
+				return fmt.Errorf("recompose: the bindings read for the nodes composed are not the table's")
+			}
+		}
 	}
 	out := ComposeNodes(in, only)
 	defer out.releasePlans()
@@ -1313,7 +1355,9 @@ func (ap *applier) recompose(cause string) error {
 	}
 	if only != nil && checkComposition {
 		flat, flatOld := now.Names(), old.Names()
-		if err := ap.checkAgainstFull(in, only, flat); err != nil {
+		full := in
+		full.Bound = allBound
+		if err := ap.checkAgainstFull(full, only, flat); err != nil {
 			return err
 		}
 		if want := RosterChanges(flatOld, flat); !slices.Equal(changes, want) {

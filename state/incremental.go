@@ -448,7 +448,12 @@ func RosterLess(x, y Name) bool {
 // (the roster it is about to write). See checkComposition.
 func (ap *applier) checkAgainstFull(in Input, only map[string]bool, roster []Name) error {
 	tx := ap.tx
-	full := Compose(in)
+	// Composed without the indexes the incremental composition reads
+	// (which consumers each provider has, how many nodes run each
+	// module): with the walks they replace.
+	plain := in
+	plain.consumers, plain.assignedN = nil, nil
+	full := Compose(plain)
 	var want []Name
 	want = append(want, full.Roster...)
 	bound := map[BindKey]string{}

@@ -325,11 +325,14 @@ func (ap *applier) composesOn(node, module string, cat map[string]*manifest.Mani
 	with = append(with, as...)
 	with = append(with, Assignment{Node: node, Module: module, Seq: ap.index})
 	slices.SortFunc(with, func(a, b Assignment) int { return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Module, b.Module)) })
-	in, err := inputWith(ap.ctx, ap.q, cat, with)
+	in, err := ap.input(cat, with, nil)
 	if err != nil {
 		return err
 	}
 	only := map[string]bool{node: true}
+	if in.Bound, err = readBound(ap.ctx, ap.q, only); err != nil {
+		return err
+	}
 	out := ComposeNodes(in, only)
 	defer out.releasePlans()
 	msg, failed := out.Errors[node]

@@ -36,7 +36,7 @@ type keptResource struct {
 	pull, restart                                 uint64
 	credential                                    *Pair
 	secrets                                       map[string]string
-	src                                           *manifest.Resource
+	src, via                                      *manifest.Resource
 	enc                                           []byte
 	gen                                           uint64 // keptPlan.gen
 }
@@ -44,16 +44,17 @@ type keptResource struct {
 // keepResource is what planBody keeps of r, with its JSON enc.
 func keepResource(r *Resource, enc []byte) keptResource {
 	return keptResource{module: r.Module, kind: r.Kind, name: r.Name, content: r.Content, digest: r.Digest, provider: r.Provider,
-		pull: r.Pull, restart: r.Restart, credential: r.Credential, secrets: r.Secrets, src: r.src, enc: enc}
+		pull: r.Pull, restart: r.Restart, credential: r.Credential, secrets: r.Secrets, src: r.src, via: r.via, enc: enc}
 }
 
 // same says r encodes to the JSON k was kept with. Decl and Typed are
 // copied from the manifest's resource src names, and a parsed manifest is
-// never changed, so the same src (never nil) gives the same both; every
-// other field is compared. TestSameResourceComparesEveryField fails when a
+// never changed, so the same src (never nil) gives the same both; a
+// delivered credential's are made from its directory's declaration via
+// alone; every other field is compared. TestSameResourceComparesEveryField fails when a
 // field is added to Resource and not here.
 func (k *keptResource) same(r *Resource) bool {
-	return k.src != nil && k.src == r.src &&
+	return (k.src != nil && k.src == r.src || k.src == nil && r.src == nil && k.via != nil && k.via == r.via) &&
 		k.module == r.Module && k.kind == r.Kind && k.name == r.Name &&
 		k.content == r.Content && k.digest == r.Digest && k.provider == r.Provider &&
 		k.pull == r.Pull && k.restart == r.Restart &&
@@ -293,7 +294,13 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 	size := len(head) + max(len(p.Resources)-1, 0)
 	for i := range p.Resources {
 		r := &p.Resources[i]
-		k := kept.of[r.src]
+		var k *keptResource
+		switch {
+		case r.src != nil:
+			k = kept.of[r.src]
+		case r.via != nil:
+			k = kept.delivered[deliveredKey{r.via, r.Name}]
+		}
 		if k != nil && k.same(r) {
 			encs[i] = k.enc
 			size += len(k.enc)
@@ -304,12 +311,19 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 			panic(err)
 		}
 		size += len(encs[i])
-		if r.src == nil {
+		if r.src == nil && r.via == nil {
 			continue
 		}
 		if k == nil {
 			k = new(keptResource)
-			kept.of[r.src] = k
+			if r.src != nil {
+				kept.of[r.src] = k
+			} else {
+				if kept.delivered == nil {
+					kept.delivered = map[deliveredKey]*keptResource{}
+				}
+				kept.delivered[deliveredKey{r.via, r.Name}] = k
+			}
 		}
 		*k = keepResource(r, encs[i])
 		k.gen = kept.gen
@@ -317,6 +331,11 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 	for src, k := range kept.of {
 		if k.gen != kept.gen {
 			delete(kept.of, src)
+		}
+	}
+	for dk, k := range kept.delivered {
+		if k.gen != kept.gen {
+			delete(kept.delivered, dk)
 		}
 	}
 	size += len(tail) - len(head[len(prefix):])
@@ -385,12 +404,22 @@ func (k *keptPlan) reuse(chunks []*planChunk) (prefix [][]byte) {
 type keptPlan struct {
 	of  map[*manifest.Resource]*keptResource
 	gen uint64
+	// delivered are the delivered credentials', by their directory's
+	// declaration and their path: a database's node delivers one per
+	// consumer, and encoding them all with every command was a third of
+	// an assign in a fleet of wired modules.
+	delivered map[deliveredKey]*keptResource
 	// chunks are the last plan's text's (cutPlan).
 	chunks []*planChunk
 	// routes are the encodings of the last plan's routes: a node of 100
 	// modules routes 200 names, and encoding them with every assign was
 	// a tenth of it.
 	routes map[Route]*keptRoute
+}
+
+type deliveredKey struct {
+	via  *manifest.Resource
+	name string
 }
 
 type keptRoute struct {

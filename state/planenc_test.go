@@ -26,8 +26,8 @@ func TestSameResourceComparesEveryField(t *testing.T) {
 	for i := range rt.NumField() {
 		f := rt.Field(i)
 		switch f.Name {
-		case "Decl", "Typed", "src":
-			continue // named by src (and src compared: below)
+		case "Decl", "Typed", "src", "via":
+			continue // named by src or via (and those compared: below)
 		}
 		other := base
 		other.Secrets = map[string]string{"k": "d"}
@@ -56,6 +56,22 @@ func TestSameResourceComparesEveryField(t *testing.T) {
 	other.src = &manifest.Resource{Directory: "/srv/x"}
 	if sameResource(&base, &other) {
 		t.Error("sameResource does not compare src")
+	}
+	// A delivered credential (no src): the same as another only with the
+	// same directory's declaration via.
+	dir := &manifest.Resource{Directory: "/srv/pg/creds"}
+	d1 := Resource{Module: "pg", Kind: KindDeliveredCredential, Name: "/srv/pg/creds/app.credential", Credential: &Pair{Consumer: "app", Provider: "pg"}, Digest: "d", via: dir}
+	d2 := d1
+	if !sameResource(&d1, &d2) {
+		t.Error("a delivered credential is not the same as itself")
+	}
+	d2.via = &manifest.Resource{Directory: "/srv/pg/creds"}
+	if sameResource(&d1, &d2) {
+		t.Error("sameResource does not compare via")
+	}
+	d2.via = nil
+	if sameResource(&d2, &d2) {
+		t.Error("a resource without a src or a via is the same as another")
 	}
 	made := base
 	made.src = nil

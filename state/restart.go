@@ -75,6 +75,7 @@ func (ap *applier) moduleRestart(r *ModuleRestartRequest) (bool, error) {
 		}
 		return false, ruleErr(ErrConflict, "module %s is assigned to no node: there is nothing to restart", r.Module)
 	}
+	ap.markRestart(RestartKey{Module: r.Module, Container: r.Container, Node: r.Node})
 	return true, exec(tx, `INSERT INTO restarts (module, container, node, idx) VALUES (?, ?, ?, ?)
 		ON CONFLICT (module, container, node) DO UPDATE SET idx = excluded.idx`, r.Module, r.Container, r.Node, ap.index)
 }

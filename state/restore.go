@@ -143,6 +143,7 @@ func (sn *Snapshot) RestoreBody() (*RestoreBody, error) {
 func (ap *applier) restore(b *RestoreBody) (bool, error) {
 	ap.catalogueChanges()
 	ap.rosterChanges()
+	ap.forgetInputs()
 	tx := ap.tx
 	names, err := listRows(tx, `SELECT name FROM nodes ORDER BY name`)
 	if err != nil {

@@ -394,6 +394,7 @@ func (ap *applier) dropRollout(module string) error {
 // go back to it. Sealed to the nodes of then; a node assigned since gets
 // it when a holder seals it again (StaleSecrets).
 func (ap *applier) putSecret(module, name string) error {
+	ap.markSecret(SecretRef{Module: module, Name: name})
 	if err := exec(ap.tx, `INSERT INTO secrets (module, name, sealed, digest, salt, size, set_at, set_index, recipients)
 		SELECT module, name, sealed, digest, salt, size, set_at, set_index, recipients FROM held_secrets WHERE module = ? AND name = ?
 		ON CONFLICT (module, name) DO UPDATE SET sealed = excluded.sealed, digest = excluded.digest, salt = excluded.salt, size = excluded.size,
@@ -546,6 +547,7 @@ func (ap *applier) stopRollout(ro *Rollout, why string, revert bool) error {
 
 // putPull sets a module's pull index back (0: no pull).
 func (ap *applier) putPull(module string, idx uint64) error {
+	ap.markPull(module)
 	if idx == 0 {
 		return exec(ap.tx, `DELETE FROM pulls WHERE module = ?`, module)
 	}

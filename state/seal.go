@@ -199,6 +199,7 @@ func (ap *applier) takeSecrets(secrets []Secret) error {
 				if err := exec(ap.tx, `INSERT INTO credentials (consumer, provider, secret, digest) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING`, sc.Consumer, sc.Provider, sc.Value, SecretDigest(sc.Value)); err != nil {
 					return err
 				}
+				ap.markCredential(sc.Pair)
 				ap.touch("", sc.Consumer, sc.Provider)
 			}
 			continue
@@ -232,6 +233,7 @@ func (ap *applier) takeSecrets(secrets []Secret) error {
 			sc.Consumer, sc.Provider, sc.Digest, sc.Sealed, strings.Join(rec, ",")); err != nil {
 			return err
 		}
+		ap.markCredential(sc.Pair)
 		ap.touch("", sc.Consumer, sc.Provider)
 		delete(needs, sc.Pair)
 	}

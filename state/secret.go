@@ -187,8 +187,10 @@ func (ap *applier) setSecret(r *SecretSetRequest) (bool, error) {
 		}
 		// The same value, for nodes that could not open it (it was lost,
 		// or its holders are down): sealed anew, and no reader changes.
+		ap.markSecret(SecretRef{Module: r.Module, Name: r.Name})
 		return false, exec(ap.tx, `UPDATE secrets SET sealed = ?, recipients = ? WHERE module = ? AND name = ?`, r.Sealed, strings.Join(rec, ","), r.Module, r.Name)
 	}
+	ap.markSecret(SecretRef{Module: r.Module, Name: r.Name})
 	if err := exec(ap.tx, `INSERT INTO secrets (module, name, sealed, digest, salt, size, set_at, set_index, recipients) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (module, name) DO UPDATE SET sealed = excluded.sealed, digest = excluded.digest, salt = excluded.salt, size = excluded.size,
 		set_at = excluded.set_at, set_index = excluded.set_index, recipients = excluded.recipients`,
@@ -233,6 +235,7 @@ func (ap *applier) secretRemove(r *SecretRemoveRequest) (bool, error) {
 	if err := exec(ap.tx, `DELETE FROM held_secrets WHERE module = ? AND name = ?`, r.Module, r.Name); err != nil {
 		return false, err
 	}
+	ap.markSecret(SecretRef{Module: r.Module, Name: r.Name})
 	return true, exec(ap.tx, `DELETE FROM secrets WHERE module = ? AND name = ?`, r.Module, r.Name)
 }
 
@@ -264,6 +267,7 @@ func (ap *applier) secretSeal(r *SecretSealRequest) (bool, error) {
 	if digest != r.Digest || !slices.Equal(rec, want) || strings.Join(want, ",") == have {
 		return false, nil // set again, moved again, or already sealed so
 	}
+	ap.markSecret(SecretRef{Module: r.Module, Name: r.Name})
 	return false, exec(ap.tx, `UPDATE secrets SET sealed = ?, recipients = ? WHERE module = ? AND name = ?`, r.Sealed, strings.Join(rec, ","), r.Module, r.Name)
 }
 

@@ -62,6 +62,12 @@ type Store struct {
 	// assigned is the assignments table as the last committed command left
 	// it, nil when not known (assigned.go); under applyMu.
 	assigned []Assignment
+	// assignedN is how many nodes run each module, with assigned.
+	assignedN map[string]int
+	// inputs are the credentials', secrets', restarts' and pulls' tables
+	// as the last committed command left them, nil when not known
+	// (keptinputs.go); under applyMu.
+	inputs *keptInputs
 	// roster is the roster table as the last committed command left it,
 	// sorted and without duplicates, nil when not known. It is set only
 	// under applyMu, after a commit, and never changed in place: the FSM
