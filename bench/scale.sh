@@ -19,7 +19,7 @@
 # same run; apply_*: the apply alone. A tenth of the modules (at most 300)
 # are assigned in each kind, the patched ones first, once the resolver
 # answers the fleet; the name is asked every 0.25 ms until it is answered.
-# Usage: bash bench/scale.sh        (about two minutes; no root needed)
+# Usage: bash bench/scale.sh        (about three minutes; no root needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . contrib/lib.sh
@@ -38,6 +38,24 @@ END {
 	lo = ms[1]; hi = ms[n]
 	printf "growth from %d to %d modules (x%.0f): assign x%.1f, full assign x%.1f, add one x%.1f, plans x%.1f, snapshot x%.1f\n", lo, hi, hi / lo,
 		v[hi, "assign-ms"] / v[lo, "assign-ms"], v[hi, "full-assign-ms"] / v[lo, "full-assign-ms"], v[hi, "add-one-ms"] / v[lo, "add-one-ms"], v[hi, "plans-MB"] / v[lo, "plans-MB"], v[hi, "snapshot-MB"] / v[lo, "snapshot-MB"]
+}'
+# The same assign in a fleet of wired modules (BenchmarkFleetWired): every
+# tenth a database that accepts credentials, each other module binding to
+# one, taking a credential from it and reading a secret, each with its rows
+# in the tables; an assign recomposes the module's node and its database's.
+#   wired modules=N nodes=100 assign_ms=X full_assign_ms=Y
+out=$(go test -run '^$' -bench '^BenchmarkFleetWired$' -benchtime 1x -timeout 30m ./state/)
+echo "$out" | awk '
+/^BenchmarkFleetWired\/modules=/ {
+	split($1, kv, "="); m = kv[2] + 0
+	for (i = 3; i < NF; i += 2) v[m, $(i + 1)] = $i
+	ms[++n] = m
+}
+END {
+	for (i = 1; i <= n; i++) { m = ms[i]
+		printf "wired modules=%d nodes=100 assign_ms=%.1f full_assign_ms=%.1f\n", m, v[m, "assign-ms"], v[m, "full-assign-ms"] }
+	lo = ms[1]; hi = ms[n]
+	printf "growth from %d to %d wired modules: assign x%.1f, full assign x%.1f\n", lo, hi, v[hi, "assign-ms"] / v[lo, "assign-ms"], v[hi, "full-assign-ms"] / v[lo, "full-assign-ms"]
 }'
 out=$(go test -run '^$' -bench '^BenchmarkAssignAnswered$' -benchtime 1x -timeout 30m ./agent/)
 echo "$out" | awk '
