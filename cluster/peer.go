@@ -614,10 +614,28 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 			if n.raft.State() != raft.Leader {
 				return JoinReply{}, fmt.Errorf("%w: %s stopped leading under the join", ErrNoLeader, n.cfg.ID)
 			}
-			if k := (&state.NodeKeyRequest{Node: req.Name, SealKey: req.SealKey}); n.canApply(state.NewCommand(k)) == nil {
-				if _, err := n.Propose(ctx, k); err != nil {
-					return JoinReply{}, fmt.Errorf("record %s's new sealing key: %w", req.Name, err)
-				}
+			// A node that cannot apply node.key yet would leave the old
+			// key in the state, and the voters would seal the CA key and
+			// the join secret to it again (VoterSealStale): refused, with
+			// nothing changed.
+			k := &state.NodeKeyRequest{Node: req.Name, SealKey: req.SealKey}
+			if need := state.NewCommand(k).NeedsVersion(); req.Commands < need {
+				return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this machine's mesh cannot take %s's place: it does not apply the command that records its sealing key (format %d); upgrade mesh here and join again", req.Name, need)}
+			}
+			// What the replaced machine said of its binary is no longer
+			// the node's: this machine's is what its request says (until
+			// it says hello).
+			n.live.mu.Lock()
+			if s, ok := n.live.seen[req.Name]; ok {
+				s.Commands = req.Commands
+				n.live.seen[req.Name] = s
+			}
+			n.live.mu.Unlock()
+			if err := n.canApply(state.NewCommand(k)); err != nil {
+				return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s cannot take %s's place yet: the mesh must record this machine's sealing key instead of the replaced one's, so that nothing is sealed to that machine any more, and %s", req.Name, req.Name, err)}
+			}
+			if _, err := n.Propose(ctx, k); err != nil {
+				return JoinReply{}, fmt.Errorf("record %s's new sealing key: %w", req.Name, err)
 			}
 		}
 	} else {
@@ -635,6 +653,19 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 			return JoinReply{}, err
 		}
 	}
+	if replaced && again.Voter {
+		// The voter replaced held the join secret, and would join again
+		// with it at will (under a new name, or with --replace in any
+		// node's place): a new one, as mesh node remove of a voter makes,
+		// sealed to the voters as they are now (this machine's key, not
+		// the replaced one's). Before Raft takes this machine: a rotation
+		// that fails leaves it out, to join again, rather than in Raft
+		// without its certificate.
+		if err := n.rotateJoinSecret(ctx); err != nil {
+			return JoinReply{}, fmt.Errorf("%s could not take the place of voter %s: the join secret that machine held was not replaced (join again, or run mesh token --rotate on a voter): %w", req.Name, req.Name, err)
+		}
+		n.log.Warn("a voter's place was taken by another machine: the join secret was replaced (mesh token prints the new token)", "name", req.Name)
+	}
 	rep := JoinReply{MeshID: id.MeshID, CA: id.CACert, Voter: voter, Overlay: settings.Overlay}
 	if me, err := n.store.Node(ctx, req.Name); err == nil {
 		rep.OverlayAddress = me.OverlayAddress
@@ -647,17 +678,6 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		return JoinReply{}, fmt.Errorf("add %s to raft: %w", req.Name, err)
 	}
 	n.log.Info("node joined", "name", req.Name, "address", addr, "voter", voter)
-	if replaced && again.Voter {
-		// The voter replaced held the join secret, and would join again
-		// with it at will (under a new name, or with --replace in any
-		// node's place): a new one, as mesh node remove of a voter makes,
-		// sealed to the voters as they are now (this machine's key, not
-		// the replaced one's).
-		if err := n.rotateJoinSecret(ctx); err != nil {
-			return JoinReply{}, fmt.Errorf("%s joined in the place of voter %s, but the join secret that machine held was not replaced (run mesh token --rotate on a voter): %w", req.Name, req.Name, err)
-		}
-		n.log.Warn("a voter's place was taken by another machine: the join secret was replaced (mesh token prints the new token)", "name", req.Name)
-	}
 	rep.Cert = string(cert)
 	return rep, nil
 }

@@ -202,6 +202,70 @@ func TestReplacedVoterLosesTheJoinSecret(t *testing.T) {
 	}
 }
 
+// A voter's place is not taken while a node of the mesh cannot record the
+// new machine's sealing key: the state would keep naming the replaced
+// machine's, and the voters would seal the CA key and the join secret to
+// it again. The join is refused with nothing changed (no key, no join
+// secret, Raft as it was), and goes through once that node runs a binary
+// that can; the replaced node's own binary is not held against it.
+func TestReplaceWaitsForEveryNodeToRecordTheKey(t *testing.T) {
+	ctx := context.Background()
+	nodes, _ := threeMembers(t)
+	for _, m := range nodes {
+		defer m.Stop()
+	}
+	a, b := nodes["ace"], nodes["novox"]
+	old := joinToken(t, a)
+	eventually(t, 10*time.Second, "ace hears from novox", func() bool { _, ok := a.Node.Seen()["novox"]; return ok })
+	if _, err := a.Node.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: "old", Address: "10.9.9.9"}}); err != nil {
+		t.Fatal(err)
+	}
+	key := &state.NodeKeyRequest{Node: "novox", SealKey: "x"}
+	a.Node.live.mu.Lock()
+	a.Node.live.seen["old"] = Seen{LastSeen: time.Now(), Version: "v0.4", Commands: state.NewCommand(key).NeedsVersion() - 1}
+	a.Node.live.seen["novox"] = Seen{LastSeen: time.Now(), Version: "v0.4", Commands: state.NewCommand(key).NeedsVersion() - 1}
+	a.Node.live.mu.Unlock()
+	before, err := a.Store.Node(ctx, "novox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	idBefore, err := a.Store.Identity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Stop()
+	peer := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	join := func(dir string) error {
+		return Join(ctx, JoinConfig{DataDir: dir, Peer: peer, Token: old, Name: "novox", Address: "127.0.0.2", Port: freePort(t), Replace: true})
+	}
+	err = join(filepath.Join(t.TempDir(), "novox-again"))
+	if err == nil || !strings.Contains(err.Error(), "cannot take novox's place yet") || !strings.Contains(err.Error(), "upgrade old first") {
+		t.Fatalf("a voter's place taken while node old cannot record the new key: %v", err)
+	}
+	if nd, err := a.Store.Node(ctx, "novox"); err != nil || nd.SealKey != before.SealKey {
+		t.Errorf("novox's sealing key after a refused replace: %q (%v), was %q", nd.SealKey, err, before.SealKey)
+	}
+	if id, err := a.Store.Identity(ctx); err != nil || id.JoinSecretSealed != idBefore.JoinSecretSealed {
+		t.Errorf("the join secret changed with a refused replace (%v)", err)
+	}
+	// Once old runs a binary that records keys, the place is taken (novox's
+	// own older binary, seen before it stopped, is not held against it).
+	a.Node.live.mu.Lock()
+	a.Node.live.seen["old"] = Seen{LastSeen: time.Now(), Version: "v0.5", Commands: state.CommandVersion}
+	a.Node.live.mu.Unlock()
+	dir := filepath.Join(t.TempDir(), "novox-third")
+	if err := join(dir); err != nil {
+		t.Fatalf("the replace once old can record keys: %v", err)
+	}
+	newSeal, err := seal.LoadOrCreate(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nd, err := a.Store.Node(ctx, "novox"); err != nil || nd.SealKey != newSeal.Recipient() {
+		t.Errorf("novox's sealing key after its place was taken: %q (%v), want the new machine's", nd.SealKey, err)
+	}
+}
+
 // A non-voter is no leader: a Raft connection from one is refused while
 // the voters lead, so its AppendEntries of a newer term neither deposes
 // the leader nor writes into its log (Raft takes one from any sender).
