@@ -1,6 +1,7 @@
 package state
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -1128,6 +1129,41 @@ func inputKept(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 	return in, err
 }
 
+// writeBindings makes node's rows of the bindings table p's bindings,
+// writing only the rows that changed (had are its rows before): a node of
+// 100 modules bound to databases rewrote 90 rows with every command that
+// composed it, the most of an assign's writes in a wired fleet.
+func (ap *applier) writeBindings(node string, had map[BindKey]string, p *Plan) error {
+	now := map[BindKey]bool{}
+	for _, r := range p.Resources {
+		if r.Kind != manifest.KindBinding {
+			continue
+		}
+		k := BindKey{Node: node, Module: r.Module, Path: r.Name}
+		now[k] = true
+		if prov, ok := had[k]; ok && prov == r.Provider {
+			continue
+		}
+		if err := ap.q.exec(`INSERT INTO bindings VALUES (?, ?, ?, ?) ON CONFLICT (node, module, path) DO UPDATE SET provider_node = excluded.provider_node`,
+			node, r.Module, r.Name, r.Provider); err != nil {
+			return err
+		}
+	}
+	var gone []BindKey
+	for k := range had {
+		if !now[k] {
+			gone = append(gone, k)
+		}
+	}
+	slices.SortFunc(gone, func(a, b BindKey) int { return cmp.Or(cmp.Compare(a.Module, b.Module), cmp.Compare(a.Path, b.Path)) })
+	for _, k := range gone {
+		if err := ap.q.exec(`DELETE FROM bindings WHERE node = ? AND module = ? AND path = ?`, node, k.Module, k.Path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // readBound is the bindings table's rows of the nodes in only (all when
 // only is nil): what Input.Bound holds for the nodes composed.
 func readBound(ctx context.Context, q queryer, only map[string]bool) (map[BindKey]string, error) {
@@ -1263,6 +1299,17 @@ func (ap *applier) recompose(cause string) error {
 		old = NewRoster(flat)
 	}
 	roster := out.Roster
+	// The bindings rows each composed node has, to write only those that
+	// changed.
+	had := map[string]map[BindKey]string{}
+	for k, prov := range in.Bound {
+		if only == nil || only[k.Node] {
+			if had[k.Node] == nil {
+				had[k.Node] = map[BindKey]string{}
+			}
+			had[k.Node][k] = prov
+		}
+	}
 	bound, err := historyBound(ap.q)
 	if err != nil {
 		return err
@@ -1285,16 +1332,9 @@ func (ap *applier) recompose(cause string) error {
 		if err := ap.q.exec(`UPDATE nodes SET compose_error = '' WHERE name = ?`, n.Name); err != nil {
 			return err
 		}
-		if err := ap.q.exec(`DELETE FROM bindings WHERE node = ?`, n.Name); err != nil {
-			return err
-		}
 		p := out.Plans[n.Name]
-		for _, r := range p.Resources {
-			if r.Kind == manifest.KindBinding {
-				if err := ap.q.exec(`INSERT INTO bindings VALUES (?, ?, ?, ?)`, n.Name, r.Module, r.Name, r.Provider); err != nil {
-					return err
-				}
-			}
+		if err := ap.writeBindings(n.Name, had[n.Name], p); err != nil {
+			return err
 		}
 		text, d := s.planBody(p)
 		var last string
