@@ -623,19 +623,22 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 				return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this machine's mesh cannot take %s's place: it does not apply the command that records its sealing key (format %d); upgrade mesh here and join again", req.Name, need)}
 			}
 			// What the replaced machine said of its binary is no longer
-			// the node's: this machine's is what its request says (until
-			// it says hello).
-			n.live.mu.Lock()
-			if s, ok := n.live.seen[req.Name]; ok {
-				s.Commands = req.Commands
-				n.live.seen[req.Name] = s
-			}
-			n.live.mu.Unlock()
-			if err := n.canApply(state.NewCommand(k)); err != nil {
-				return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s cannot take %s's place yet: the mesh must record this machine's sealing key instead of the replaced one's, so that nothing is sealed to that machine any more, and %s", req.Name, req.Name, err)}
-			}
-			if _, err := n.Propose(ctx, k); err != nil {
-				return JoinReply{}, fmt.Errorf("record %s's new sealing key: %w", req.Name, err)
+			// the node's once this machine's key is recorded: this
+			// machine's is what its request says (until it says hello).
+			// Until then it stays, so that a refused replace leaves the
+			// leader holding commands the old machine cannot apply.
+			took, err := n.asReplaced(req.Name, req.Commands, func() error {
+				if err := n.canApply(state.NewCommand(k)); err != nil {
+					return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s cannot take %s's place yet: the mesh must record this machine's sealing key instead of the replaced one's, so that nothing is sealed to that machine any more, and %s", req.Name, req.Name, err)}
+				}
+				_, err := n.Propose(ctx, k)
+				return err
+			})
+			if err != nil {
+				if took {
+					err = fmt.Errorf("record %s's new sealing key: %w", req.Name, err)
+				}
+				return JoinReply{}, err
 			}
 		}
 	} else {
@@ -653,19 +656,6 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 			return JoinReply{}, err
 		}
 	}
-	if replaced && again.Voter {
-		// The voter replaced held the join secret, and would join again
-		// with it at will (under a new name, or with --replace in any
-		// node's place): a new one, as mesh node remove of a voter makes,
-		// sealed to the voters as they are now (this machine's key, not
-		// the replaced one's). Before Raft takes this machine: a rotation
-		// that fails leaves it out, to join again, rather than in Raft
-		// without its certificate.
-		if err := n.rotateJoinSecret(ctx); err != nil {
-			return JoinReply{}, fmt.Errorf("%s could not take the place of voter %s: the join secret that machine held was not replaced (join again, or run mesh token --rotate on a voter): %w", req.Name, req.Name, err)
-		}
-		n.log.Warn("a voter's place was taken by another machine: the join secret was replaced (mesh token prints the new token)", "name", req.Name)
-	}
 	rep := JoinReply{MeshID: id.MeshID, CA: id.CACert, Voter: voter, Overlay: settings.Overlay}
 	if me, err := n.store.Node(ctx, req.Name); err == nil {
 		rep.OverlayAddress = me.OverlayAddress
@@ -678,8 +668,50 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		return JoinReply{}, fmt.Errorf("add %s to raft: %w", req.Name, err)
 	}
 	n.log.Info("node joined", "name", req.Name, "address", addr, "voter", voter)
+	if replaced && again.Voter {
+		// The voter replaced held the join secret, and would join again
+		// with it at will (under a new name, or with --replace in any
+		// node's place): a new one, as mesh node remove of a voter makes,
+		// sealed to the voters as they are now (this machine's key, not
+		// the replaced one's). Last, so that a join that fails before it
+		// (the leader lost under it) is sent again with the same token.
+		if err := n.rotateJoinSecret(ctx); err != nil {
+			return JoinReply{}, fmt.Errorf("%s joined in the place of voter %s, but the join secret that machine held was not replaced (join again, or run mesh token --rotate on a voter): %w", req.Name, req.Name, err)
+		}
+		n.log.Warn("a voter's place was taken by another machine: the join secret was replaced (mesh token prints the new token)", "name", req.Name)
+	}
 	rep.Cert = string(cert)
 	return rep, nil
+}
+
+// asReplaced runs record (the check and the command that records a
+// replacing machine's sealing key) with node's last hello saying the
+// binary format the replacing machine's join request says, commands: what
+// the replaced machine said is not held against the machine that takes
+// its place. If record fails before the key is recorded, what the
+// replaced machine said is put back (unless a hello changed it since), so
+// that a refused replace leaves the leader refusing what that machine
+// cannot apply. took says record's command was sent.
+func (n *Node) asReplaced(node string, commands int, record func() error) (took bool, err error) {
+	n.live.mu.Lock()
+	prev, had := n.live.seen[node]
+	mine := prev
+	if had {
+		mine.Commands = commands
+		n.live.seen[node] = mine
+	}
+	n.live.mu.Unlock()
+	err = record()
+	var rule *state.RuleError
+	took = err == nil || !errors.As(err, &rule)
+	if err != nil && had {
+		n.live.mu.Lock()
+		if n.live.seen[node] == mine {
+			n.live.seen[node] = prev
+		}
+		n.live.mu.Unlock()
+	}
+	return took, err
 }
 
 // rotateJoinSecret (a voter) makes a new join secret, sealed to the voters'

@@ -293,21 +293,34 @@ func (p *peerTransport) fresh() {
 	}
 }
 
-// dialTLS dials a peer, with the handshake, within the 2 s each the
+// dialTLS dials a peer and makes the handshake, each within the 2 s the
 // transport gave them before; every failure is a dial's (net.OpError), so
 // that a caller knows the request was not sent (Node.call).
 func (p *peerTransport) dialTLS(ctx context.Context, network, address string) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, 4*time.Second)
-	defer cancel()
-	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 2 * time.Second}, Config: p.cfg}
-	c, err := d.DialContext(ctx, network, address)
-	if err == nil && p.expect != nil {
-		if err = p.expect(c.(*tls.Conn), address); err != nil {
-			c.Close()
-		}
-	}
+	c, err := p.handshake(ctx, network, address)
 	if err != nil {
 		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
+	}
+	return c, nil
+}
+
+func (p *peerTransport) handshake(ctx context.Context, network, address string) (*tls.Conn, error) {
+	raw, err := (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c := tls.Client(raw, p.cfg)
+	if err := c.HandshakeContext(hctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	if p.expect != nil {
+		if err := p.expect(c, address); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	return c, nil
 }

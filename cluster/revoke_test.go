@@ -220,10 +220,10 @@ func TestReplaceWaitsForEveryNodeToRecordTheKey(t *testing.T) {
 	if _, err := a.Node.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: "old", Address: "10.9.9.9"}}); err != nil {
 		t.Fatal(err)
 	}
-	key := &state.NodeKeyRequest{Node: "novox", SealKey: "x"}
+	key0Format := state.NewCommand(&state.NodeKeyRequest{Node: "novox", SealKey: "x"}).NeedsVersion()
 	a.Node.live.mu.Lock()
-	a.Node.live.seen["old"] = Seen{LastSeen: time.Now(), Version: "v0.4", Commands: state.NewCommand(key).NeedsVersion() - 1}
-	a.Node.live.seen["novox"] = Seen{LastSeen: time.Now(), Version: "v0.4", Commands: state.NewCommand(key).NeedsVersion() - 1}
+	a.Node.live.seen["old"] = Seen{LastSeen: time.Now(), Version: "v0.4", Commands: key0Format - 1}
+	a.Node.live.seen["novox"] = Seen{LastSeen: time.Now(), Version: "v0.4", Commands: key0Format - 1}
 	a.Node.live.mu.Unlock()
 	before, err := a.Store.Node(ctx, "novox")
 	if err != nil {
@@ -247,6 +247,11 @@ func TestReplaceWaitsForEveryNodeToRecordTheKey(t *testing.T) {
 	}
 	if id, err := a.Store.Identity(ctx); err != nil || id.JoinSecretSealed != idBefore.JoinSecretSealed {
 		t.Errorf("the join secret changed with a refused replace (%v)", err)
+	}
+	// What the replaced machine said of its binary still holds: the leader
+	// goes on refusing what that machine cannot apply, should it come back.
+	if s := a.Node.Seen()["novox"]; s.Commands != key0Format-1 {
+		t.Errorf("novox's binary after a refused replace: format %d, want the %d it said", s.Commands, key0Format-1)
 	}
 	// Once old runs a binary that records keys, the place is taken (novox's
 	// own older binary, seen before it stopped, is not held against it).
