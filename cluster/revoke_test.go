@@ -384,21 +384,7 @@ func TestRaftDialTakesOnlyTheNodeThere(t *testing.T) {
 	b.Stop()
 	// What answers at novox's address shows ace's certificate (a node of
 	// the mesh, its key recorded) instead of novox's.
-	ln, err := tls.Listen("tcp", at, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*a.Node.tls.current()}, NextProtos: []string{alpnRaft},
-		ClientAuth: tls.RequireAnyClientCert})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { c.(*tls.Conn).Handshake(); io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	serveAs(t, a, at, alpnRaft, func(c *tls.Conn) { c.Handshake(); io.Copy(io.Discard, c) })
 	sl := &streamLayer{m: a.Node.mux, nodeAt: nodeAt(a.Store)}
 	c, err := sl.Dial(raft.ServerAddress(at), 5*time.Second)
 	if err == nil {
@@ -464,30 +450,15 @@ func TestPeerCallsTakeOnlyTheNodeThere(t *testing.T) {
 	b.Stop()
 	var got atomic.Int64
 	served := make(chan struct{}, 16)
-	ln, err := tls.Listen("tcp", at, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*a.Node.tls.current()}, NextProtos: []string{alpnAPI},
-		ClientAuth: tls.RequireAnyClientCert})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				c.SetDeadline(time.Now().Add(10 * time.Second))
-				n, _ := io.Copy(io.Discard, c)
-				got.Add(n)
-				c.Close()
-				served <- struct{}{}
-			}()
-		}
-	}()
+	serveAs(t, a, at, alpnAPI, func(c *tls.Conn) {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		n, _ := io.Copy(io.Discard, c)
+		got.Add(n)
+		served <- struct{}{}
+	})
 	ctx := context.Background()
 	var out applyReply
-	err = a.Node.call(ctx, at, "/v1/apply", map[string]string{"value": "the operator's secret"}, &out)
+	err := a.Node.call(ctx, at, "/v1/apply", map[string]string{"value": "the operator's secret"}, &out)
 	if err == nil || !strings.Contains(err.Error(), "answered as ace, not as novox") {
 		t.Fatalf("a call to novox's address answered by ace: %v", err)
 	}
@@ -509,4 +480,25 @@ func TestPeerCallsTakeOnlyTheNodeThere(t *testing.T) {
 		t.Fatalf("a hello to ace at its own address: %v", err)
 	}
 	resp.Body.Close()
+}
+
+// serveAs listens at address with as's certificate, offering proto, and
+// hands each connection to serve (closed after it), until the test ends.
+func serveAs(t *testing.T, as *Member, address, proto string, serve func(*tls.Conn)) {
+	t.Helper()
+	ln, err := tls.Listen("tcp", address, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*as.Node.tls.current()}, NextProtos: []string{proto},
+		ClientAuth: tls.RequireAnyClientCert})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { serve(c.(*tls.Conn)); c.Close() }()
+		}
+	}()
 }

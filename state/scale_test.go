@@ -46,6 +46,12 @@ type benchFleet struct {
 
 // newBenchFleet makes it and says how long the module add took.
 func newBenchFleet(b *testing.B, nodes, modules int) (*benchFleet, time.Duration) {
+	return newBenchFleetOf(b, nodes, modules, func(j int) string { return benchModule(fmt.Sprintf("m%05d", j)) })
+}
+
+// newBenchFleetOf is newBenchFleet of module j's manifest src(j), named
+// m%05d.
+func newBenchFleetOf(b *testing.B, nodes, modules int, src func(j int) string) (*benchFleet, time.Duration) {
 	f := &benchFleet{s: openStore(b), at: t0}
 	f.apply(b, &InitRequest{MeshID: "m-scale", Domain: "internal", Node: Node{Name: "n000", Address: "10.1.0.1", Voter: true}})
 	for i := 1; i < nodes; i++ {
@@ -53,8 +59,7 @@ func newBenchFleet(b *testing.B, nodes, modules int) (*benchFleet, time.Duration
 	}
 	var specs []ModuleSpec
 	for j := 0; j < modules; j++ {
-		name := fmt.Sprintf("m%05d", j)
-		specs = append(specs, spec(name+".yaml", benchModule(name)))
+		specs = append(specs, spec(fmt.Sprintf("m%05d.yaml", j), src(j)))
 	}
 	return f, f.apply(b, &ModuleAddRequest{Modules: specs})
 }

@@ -65,16 +65,7 @@ func BenchmarkFleetWired(b *testing.B) {
 
 func wiredFleet(b *testing.B, nodes, modules int) {
 	b.StopTimer()
-	f := &benchFleet{s: openStore(b), at: t0}
-	f.apply(b, &InitRequest{MeshID: "m-wired", Domain: "internal", Node: Node{Name: "n000", Address: "10.1.0.1", Voter: true}})
-	for i := 1; i < nodes; i++ {
-		f.apply(b, &NodeAddRequest{Node: Node{Name: fmt.Sprintf("n%03d", i), Address: fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)}})
-	}
-	var specs []ModuleSpec
-	for j := 0; j < modules; j++ {
-		specs = append(specs, spec(fmt.Sprintf("m%05d.yaml", j), wiredModule(j)))
-	}
-	f.apply(b, &ModuleAddRequest{Modules: specs})
+	f, _ := newBenchFleetOf(b, nodes, modules, wiredModule)
 	const last = 100
 	f.assignStraight(b, nodes, modules-last-1)
 	tx, err := f.s.db.Begin()
