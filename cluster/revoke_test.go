@@ -167,13 +167,7 @@ func TestJoinRefusedWhenTheTokenIsRotatedUnderIt(t *testing.T) {
 // sealing key, and the new join secret is not sealed to the old one's.
 func TestReplacedVoterLosesTheJoinSecret(t *testing.T) {
 	ctx := context.Background()
-	nodes, _ := threeMembers(t)
-	for _, m := range nodes {
-		defer m.Stop()
-	}
-	a, b := nodes["ace"], nodes["novox"]
-	old := joinToken(t, a)
-	eventually(t, 10*time.Second, "ace hears from novox", func() bool { _, ok := a.Node.Seen()["novox"]; return ok })
+	a, b, old := voterToReplace(t)
 	oldSeal := b.Node.seal
 	b.Stop()
 	peer := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
@@ -210,13 +204,7 @@ func TestReplacedVoterLosesTheJoinSecret(t *testing.T) {
 // that can; the replaced node's own binary is not held against it.
 func TestReplaceWaitsForEveryNodeToRecordTheKey(t *testing.T) {
 	ctx := context.Background()
-	nodes, _ := threeMembers(t)
-	for _, m := range nodes {
-		defer m.Stop()
-	}
-	a, b := nodes["ace"], nodes["novox"]
-	old := joinToken(t, a)
-	eventually(t, 10*time.Second, "ace hears from novox", func() bool { _, ok := a.Node.Seen()["novox"]; return ok })
+	a, b, old := voterToReplace(t)
 	if _, err := a.Node.Propose(ctx, &state.NodeAddRequest{Node: state.Node{Name: "old", Address: "10.9.9.9"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -501,4 +489,18 @@ func serveAs(t *testing.T, as *Member, address, proto string, serve func(*tls.Co
 			go func() { serve(c.(*tls.Conn)); c.Close() }()
 		}
 	}()
+}
+
+// voterToReplace is three members, ace leading, its join token, and novox,
+// a voter ace has heard from (its place to be taken).
+func voterToReplace(t *testing.T) (a, b *Member, token string) {
+	t.Helper()
+	nodes, _ := threeMembers(t)
+	for _, m := range nodes {
+		t.Cleanup(func() { m.Stop() })
+	}
+	a, b = nodes["ace"], nodes["novox"]
+	token = joinToken(t, a)
+	eventually(t, 10*time.Second, "ace hears from novox", func() bool { _, ok := a.Node.Seen()["novox"]; return ok })
+	return a, b, token
 }
