@@ -606,6 +606,7 @@ func (sp *ModuleSpec) check() error {
 	if sp.Digest != manifest.Digest([]byte(sp.Text)) {
 		return ruleErr(ErrInvalid, "the manifest from %s does not match its digest", sp.File)
 	}
+	sp.Manifest.IndexProviders() // decoded with the command, not yet shared
 	return nil
 }
 
@@ -619,5 +620,6 @@ func decodeSpec(file, digest, spec string) (*manifest.Manifest, error) {
 		return nil, err
 	}
 	m.File, m.Digest = file, digest
+	m.IndexProviders()
 	return &m, nil
 }

@@ -383,10 +383,8 @@ func groupFor(in Input, only map[string]bool) (byNode, byModule map[string][]str
 			if m == nil {
 				continue
 			}
-			for i := range m.Resources {
-				if r := &m.Resources[i]; r.Kind() == manifest.KindBinding {
-					providers[r.Provider] = true
-				}
+			for _, p := range m.BindingProviders() {
+				providers[p] = true
 			}
 		}
 	}
@@ -672,15 +670,7 @@ func isAssigned(in Input, mod string) bool {
 }
 
 func declaresCredential(m *manifest.Manifest, provider string) bool {
-	if m == nil {
-		return false
-	}
-	for i := range m.Resources {
-		if m.Resources[i].Kind() == manifest.KindCredential && m.Resources[i].Provider == provider {
-			return true
-		}
-	}
-	return false
+	return m != nil && slices.Contains(m.CredentialProviders(), provider)
 }
 
 // bindingContent resolves a binding: the provider's mesh name, the node it
@@ -732,10 +722,11 @@ func providersFirst(mods []string, cat map[string]*manifest.Manifest) []string {
 		state[m] = visiting
 		if man, ok := cat[m]; ok {
 			var deps []string
-			for i := range man.Resources {
-				r := &man.Resources[i]
-				if k := r.Kind(); (k == manifest.KindBinding || k == manifest.KindCredential) && state[r.Provider] != 0 && r.Provider != m {
-					deps = append(deps, r.Provider)
+			for _, ps := range [][]string{man.BindingProviders(), man.CredentialProviders()} {
+				for _, p := range ps {
+					if state[p] != 0 && p != m {
+						deps = append(deps, p)
+					}
 				}
 			}
 			sort.Strings(deps)

@@ -58,6 +58,7 @@ func TestBackupRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	back.File, back.Digest = m.File, m.Digest
+	back.IndexProviders() // not in the parsed form: found again
 	if !reflect.DeepEqual(&back, m) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", &back, m)
 	}

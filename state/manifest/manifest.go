@@ -74,6 +74,52 @@ type Manifest struct {
 	// travels with the parsed form, so a check made after the log carried
 	// the manifest still names the line.
 	Lines []int `yaml:"-" json:"lines,omitempty"`
+
+	// bindsTo and takesFrom are the modules its bindings and its
+	// credentials name, in the order of its resources, once Parse or
+	// IndexProviders found them (providersKnown); otherwise its resources
+	// are walked. Composition asks them of every module on a node with
+	// every command, and each walk read every resource's declaration.
+	bindsTo, takesFrom []string
+	providersKnown     bool
+}
+
+// BindingProviders are the modules m's bindings name, in the order of its
+// resources.
+func (m *Manifest) BindingProviders() []string {
+	if m.providersKnown {
+		return m.bindsTo
+	}
+	return m.providersOf(KindBinding)
+}
+
+// CredentialProviders are the modules m's credentials are taken from, in
+// the order of its resources.
+func (m *Manifest) CredentialProviders() []string {
+	if m.providersKnown {
+		return m.takesFrom
+	}
+	return m.providersOf(KindCredential)
+}
+
+// IndexProviders keeps what BindingProviders and CredentialProviders
+// give: for a manifest decoded from its parsed form, before it is shared
+// (a manifest is never changed after).
+// One already indexed is left as it is (never written twice).
+func (m *Manifest) IndexProviders() {
+	if !m.providersKnown {
+		m.bindsTo, m.takesFrom, m.providersKnown = m.providersOf(KindBinding), m.providersOf(KindCredential), true
+	}
+}
+
+func (m *Manifest) providersOf(kind string) []string {
+	var out []string
+	for i := range m.Resources {
+		if r := &m.Resources[i]; r.Kind() == kind {
+			out = append(out, r.Provider)
+		}
+	}
+	return out
 }
 
 // Pull policies.
@@ -345,6 +391,7 @@ func Parse(file string, src []byte) (m *Manifest, err error) {
 	if errs := m.check(&pos); len(errs) > 0 {
 		return nil, errs
 	}
+	m.IndexProviders()
 	return m, nil
 }
 

@@ -1,12 +1,14 @@
 package manifest
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -433,5 +435,51 @@ func TestKindNameIsKindsFirst(t *testing.T) {
 		if k, v := r.kindName(); k != wantK || v != wantV {
 			t.Fatalf("mask %b: kindName = %q %q, kinds() gives %q %q", mask, k, v, wantK, wantV)
 		}
+	}
+}
+
+// The providers a manifest's bindings and credentials name are the same
+// whether Parse kept them, IndexProviders found them after a decode of the
+// parsed form, or they are walked (a manifest made otherwise).
+func TestProvidersAreTheResourcesOnes(t *testing.T) {
+	src := `module: app
+resources:
+  - directory: /srv/app
+  - binding: /srv/app/db.binding
+    provider: pg
+  - credential: /srv/app/db.password
+    provider: pg
+  - binding: /srv/app/cache.binding
+    provider: redis
+  - credential: /srv/app/mail.password
+    provider: mail
+  - binding: /srv/app/db2.binding
+    provider: pg
+`
+	m, err := Parse("app.yaml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantB, wantC := []string{"pg", "redis", "pg"}, []string{"pg", "mail"}
+	b, _ := json.Marshal(m)
+	var back Manifest
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	walked := back // not indexed: walked
+	for _, c := range []struct {
+		what string
+		m    *Manifest
+	}{{"parsed", m}, {"decoded, walked", &walked}} {
+		if got := c.m.BindingProviders(); !slices.Equal(got, wantB) {
+			t.Errorf("%s: binding providers %v, want %v", c.what, got, wantB)
+		}
+		if got := c.m.CredentialProviders(); !slices.Equal(got, wantC) {
+			t.Errorf("%s: credential providers %v, want %v", c.what, got, wantC)
+		}
+	}
+	back.IndexProviders()
+	if !back.providersKnown || !slices.Equal(back.BindingProviders(), wantB) || !slices.Equal(back.CredentialProviders(), wantC) {
+		t.Errorf("decoded and indexed: %v %v", back.BindingProviders(), back.CredentialProviders())
 	}
 }
