@@ -81,12 +81,15 @@ func (ap *applier) moduleRestart(r *ModuleRestartRequest) (bool, error) {
 }
 
 // restartOf is the last restart that names container name of mod on node.
-func (in Input) restartOf(mod, name, node string) uint64 {
+//
+// The scopes that name it are four keys (the module; the container; the
+// module on node; the container on node), looked up: a walk of every
+// restart the fleet was ever given, per container composed, grew with the
+// fleet (issue "scale").
+func (in *Input) restartOf(mod, name, node string) uint64 {
 	var idx uint64
-	for k, i := range in.Restarts {
-		if k.Module == mod && (k.Container == "" || k.Container == name) && (k.Node == "" || k.Node == node) {
-			idx = max(idx, i)
-		}
+	for _, k := range [...]RestartKey{{mod, "", ""}, {mod, name, ""}, {mod, "", node}, {mod, name, node}} {
+		idx = max(idx, in.Restarts[k])
 	}
 	return idx
 }

@@ -2,6 +2,7 @@ package state
 
 import (
 	"context"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -77,5 +78,28 @@ func TestModuleRestart(t *testing.T) {
 	var left int
 	if err := s.db.QueryRow(`SELECT count(*) FROM restarts`).Scan(&left); err != nil || left != 0 {
 		t.Fatalf("module remove left %d restarts (%v)", left, err)
+	}
+}
+
+// restartOf looks up the four scopes that name a container; it gives what
+// a walk of every restart gives.
+func TestRestartOfIsAWalk(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 8))
+	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
+	for round := range 500 {
+		in := Input{Restarts: map[RestartKey]uint64{}}
+		for range rng.IntN(12) {
+			in.Restarts[RestartKey{Module: pick("a", "b"), Container: pick("", "a.s", "b.s", "a.t"), Node: pick("", "n1", "n2")}] = rng.Uint64N(100)
+		}
+		mod, name, node := pick("a", "b"), pick("a.s", "b.s", "a.t"), pick("n1", "n2")
+		var want uint64
+		for k, i := range in.Restarts {
+			if k.Module == mod && (k.Container == "" || k.Container == name) && (k.Node == "" || k.Node == node) {
+				want = max(want, i)
+			}
+		}
+		if got := in.restartOf(mod, name, node); got != want {
+			t.Fatalf("round %d: restart of %s %s on %s: %d, a walk gives %d (%v)", round, mod, name, node, got, want, in.Restarts)
+		}
 	}
 }
