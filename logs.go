@@ -54,7 +54,7 @@ func (c *LogsCmd) Run(g *Globals) error {
 			fmt.Fprintf(os.Stderr, "mesh: %s on %s: %s\n", r.Container, r.Node, shown(r.Error, errTTY))
 			return nil
 		case r.Note != "":
-			fmt.Fprintf(os.Stderr, "mesh: %s\n", r.Note)
+			fmt.Fprintf(os.Stderr, "mesh: %s\n", shown(r.Note, errTTY))
 			return nil
 		}
 		w, tty := g.out, outTTY

@@ -23,7 +23,7 @@ func TestLogsLineEscapesForATerminal(t *testing.T) {
 	c := &LogsCmd{}
 	r := api.Record{Node: "ace", Container: "app.server", Time: time.Unix(100, 0), Text: hostile}
 	got := c.line(r, true, true)
-	want := `ace app.server | \x1b]0;pwned\x07\x1b[2J\x0dfake\x1b]52;c;ZXZpbA==\x07\x9b1m\x7f ` + "\x1b[1;31mred\x1b[0m\tend\n"
+	want := `ace app.server | \x1b]0;pwned\x07\x1b[2J\x0dfake\x1b]52;c;ZXZpbA==\x07\x9b1m\x7f ` + "\x1b[1;31mred\x1b[0m\tend\x1b[0m\n"
 	if got != want {
 		t.Fatalf("on a terminal:\n got %q\nwant %q", got, want)
 	}
@@ -32,6 +32,17 @@ func TestLogsLineEscapesForATerminal(t *testing.T) {
 	}
 	if got := terminalText("\x1b[?25l\x1b[1;31"); got != `\x1b[?25l\x1b[1;31` {
 		t.Fatalf("sequences that are not whole colours: %q", got)
+	}
+	// What a line sets ends with it: hidden text, or a colour never reset,
+	// does not reach the lines after it (another container's, mesh's).
+	for in, want := range map[string]string{
+		"\x1b[8mhidden":       "\x1b[8mhidden\x1b[0m",
+		"\x1b[30;40mon black": "\x1b[30;40mon black\x1b[0m",
+		"plain":               "plain",
+	} {
+		if got := terminalText(in); got != want {
+			t.Errorf("terminalText(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
 

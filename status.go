@@ -406,13 +406,18 @@ func isControl(r rune) bool {
 // terminal raw, or it could retitle the window, clear the screen, print
 // over other lines, write the clipboard with OSC 52), but a tab is kept,
 // and so is a colour (SGR: ESC [ digits and ; ... m), which only colours
-// text: many programs log in colour.
+// text: many programs log in colour. A line that set one ends with a
+// reset, so that what a container set (hidden text: ESC [ 8 m, or black on
+// black) does not reach the lines after it: another container's, or mesh's
+// own.
 func terminalText(s string) string {
 	var b strings.Builder
+	coloured := false
 	for i := 0; i < len(s); {
 		if n := sgrLen(s[i:]); n > 0 {
 			b.WriteString(s[i : i+n])
 			i += n
+			coloured = true
 			continue
 		}
 		r, size := utf8.DecodeRuneInString(s[i:])
@@ -422,6 +427,9 @@ func terminalText(s string) string {
 			b.WriteRune(r) // a byte that is not UTF-8 shows as U+FFFD
 		}
 		i += size
+	}
+	if coloured {
+		b.WriteString("\x1b[0m")
 	}
 	return b.String()
 }

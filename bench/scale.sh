@@ -24,13 +24,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . contrib/lib.sh
 ensure_go
-out=$(go test -run '^$' -bench '^BenchmarkFleet$' -benchtime 1x -timeout 30m ./state/)
-echo "$out" | awk '
-/^BenchmarkFleet\/modules=/ {
+# sizes reads benchmark bench's lines (`BENCH/modules=N-2 iters v1 unit1 v2
+# unit2 ...`) into v[N, unit] and the sizes, in order, into ms[1..n].
+sizes='
+$1 ~ "^" bench "/modules=" {
 	split($1, kv, "="); m = kv[2] + 0
 	for (i = 3; i < NF; i += 2) v[m, $(i + 1)] = $i
 	ms[++n] = m
-}
+}'
+out=$(go test -run '^$' -bench '^BenchmarkFleet$' -benchtime 1x -timeout 30m ./state/)
+echo "$out" | awk -v bench=BenchmarkFleet "$sizes"'
 END {
 	for (i = 1; i <= n; i++) { m = ms[i]
 		printf "scale modules=%d nodes=100 assign_ms=%.1f full_assign_ms=%.1f add_ms=%.1f add_all_ms=%.0f plans_mb=%.1f snapshot_mb=%.1f assign_full_to_incremental=%.1f\n", m,
@@ -45,12 +48,7 @@ END {
 # in the tables; an assign recomposes the module's node and its database's.
 #   wired modules=N nodes=100 assign_ms=X full_assign_ms=Y
 out=$(go test -run '^$' -bench '^BenchmarkFleetWired$' -benchtime 1x -timeout 30m ./state/)
-echo "$out" | awk '
-/^BenchmarkFleetWired\/modules=/ {
-	split($1, kv, "="); m = kv[2] + 0
-	for (i = 3; i < NF; i += 2) v[m, $(i + 1)] = $i
-	ms[++n] = m
-}
+echo "$out" | awk -v bench=BenchmarkFleetWired "$sizes"'
 END {
 	for (i = 1; i <= n; i++) { m = ms[i]
 		printf "wired modules=%d nodes=100 assign_ms=%.1f full_assign_ms=%.1f\n", m, v[m, "assign-ms"], v[m, "full-assign-ms"] }
@@ -58,12 +56,7 @@ END {
 	printf "growth from %d to %d wired modules: assign x%.1f, full assign x%.1f\n", lo, hi, v[hi, "assign-ms"] / v[lo, "assign-ms"], v[hi, "full-assign-ms"] / v[lo, "full-assign-ms"]
 }'
 out=$(go test -run '^$' -bench '^BenchmarkAssignAnswered$' -benchtime 1x -timeout 30m ./agent/)
-echo "$out" | awk '
-/^BenchmarkAssignAnswered\/modules=/ {
-	split($1, kv, "="); m = kv[2] + 0
-	for (i = 3; i < NF; i += 2) v[m, $(i + 1)] = $i
-	ms[++n] = m
-}
+echo "$out" | awk -v bench=BenchmarkAssignAnswered "$sizes"'
 END {
 	for (i = 1; i <= n; i++) { m = ms[i]
 		printf "answer modules=%d nodes=100 answer_p50_ms=%.1f answer_p99_ms=%.1f whole_p50_ms=%.1f whole_p99_ms=%.1f apply_p50_ms=%.1f apply_p99_ms=%.1f whole_to_patched_p50=%.1f\n", m,

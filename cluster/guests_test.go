@@ -235,6 +235,9 @@ func TestSlowBodiesLoseTheirPlace(t *testing.T) {
 		{"GET /v1/binary", http.StatusBadRequest},
 		{"POST /v1/apply", http.StatusForbidden},
 		{"POST /v1/committed", http.StatusForbidden},
+		// The mux's own refusals: no such path, another method.
+		{"POST /v1/nosuch", http.StatusNotFound},
+		{"POST /v1/ca", http.StatusMethodNotAllowed},
 	} {
 		t.Run(strings.ReplaceAll(c.request, "/", "_"), func(t *testing.T) {
 			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})

@@ -161,7 +161,17 @@ func (n *Node) peerHandler() http.Handler {
 		defer stop()
 		(*h).ServeHTTP(w, r.WithContext(ctx))
 	}))
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern == "" {
+			// The mux's own refusal (no such path: 404; another method:
+			// 405), which reads no body: the server reads what is left of
+			// it before it answers, under the deadline a refused guest's
+			// is read under, or a body sent a byte at a time would keep
+			// the connection's guest place for as long as it is sent.
+			boundRest(w)
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // whileMember is r's context, ended once the node that made r is no longer
@@ -352,7 +362,7 @@ func (n *Node) call(ctx context.Context, addr, path string, in, out any) error {
 	n.log.Debug("peer call", "addr", addr, "path", path, "took", time.Since(start), "err", err)
 	if err != nil {
 		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" || strings.Contains(err.Error(), "TLS handshake") {
+		if errors.As(err, &op) && op.Op == "dial" { // every failure of peerTransport.dialTLS
 			return fmt.Errorf("%w: reach the leader at %s: %w", ErrNoLeader, addr, errors.Join(errNotSent, err))
 		}
 		return fmt.Errorf("%w: reach the leader at %s: %v", ErrNoLeader, addr, err)
@@ -626,18 +636,17 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 			// the node's once this machine's key is recorded: this
 			// machine's is what its request says (until it says hello).
 			// Until then it stays, so that a refused replace leaves the
-			// leader holding commands the old machine cannot apply.
-			took, err := n.asReplaced(req.Name, req.Commands, func() error {
+			// leader refusing commands the old machine cannot apply.
+			err := n.asReplaced(req.Name, req.Commands, func() error {
 				if err := n.canApply(state.NewCommand(k)); err != nil {
 					return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s cannot take %s's place yet: the mesh must record this machine's sealing key instead of the replaced one's, so that nothing is sealed to that machine any more, and %s", req.Name, req.Name, err)}
 				}
-				_, err := n.Propose(ctx, k)
-				return err
+				if _, err := n.Propose(ctx, k); err != nil {
+					return fmt.Errorf("record %s's new sealing key: %w", req.Name, err)
+				}
+				return nil
 			})
 			if err != nil {
-				if took {
-					err = fmt.Errorf("record %s's new sealing key: %w", req.Name, err)
-				}
 				return JoinReply{}, err
 			}
 		}
@@ -691,8 +700,8 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 // its place. If record fails before the key is recorded, what the
 // replaced machine said is put back (unless a hello changed it since), so
 // that a refused replace leaves the leader refusing what that machine
-// cannot apply. took says record's command was sent.
-func (n *Node) asReplaced(node string, commands int, record func() error) (took bool, err error) {
+// cannot apply.
+func (n *Node) asReplaced(node string, commands int, record func() error) error {
 	n.live.mu.Lock()
 	prev, had := n.live.seen[node]
 	mine := prev
@@ -701,9 +710,7 @@ func (n *Node) asReplaced(node string, commands int, record func() error) (took 
 		n.live.seen[node] = mine
 	}
 	n.live.mu.Unlock()
-	err = record()
-	var rule *state.RuleError
-	took = err == nil || !errors.As(err, &rule)
+	err := record()
 	if err != nil && had {
 		n.live.mu.Lock()
 		if n.live.seen[node] == mine {
@@ -711,7 +718,7 @@ func (n *Node) asReplaced(node string, commands int, record func() error) (took 
 		}
 		n.live.mu.Unlock()
 	}
-	return took, err
+	return err
 }
 
 // rotateJoinSecret (a voter) makes a new join secret, sealed to the voters'

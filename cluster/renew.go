@@ -298,8 +298,11 @@ func (p *peerTransport) fresh() {
 // that a caller knows the request was not sent (Node.call).
 func (p *peerTransport) dialTLS(ctx context.Context, network, address string) (net.Conn, error) {
 	c, err := p.handshake(ctx, network, address)
+	if op := (*net.OpError)(nil); err != nil && !(errors.As(err, &op) && op.Op == "dial") {
+		err = &net.OpError{Op: "dial", Net: network, Err: err} // the handshake's, or the name's check
+	}
 	if err != nil {
-		return nil, &net.OpError{Op: "dial", Net: network, Err: err}
+		return nil, err
 	}
 	return c, nil
 }

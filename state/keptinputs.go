@@ -54,32 +54,17 @@ func (m *inputMarks) empty() bool {
 	return !m.all && len(m.credentials) == 0 && len(m.secrets) == 0 && len(m.restarts) == 0 && len(m.pulls) == 0
 }
 
-func (ap *applier) markCredential(p Pair) {
-	if ap.marks.credentials == nil {
-		ap.marks.credentials = map[Pair]bool{}
-	}
-	ap.marks.credentials[p] = true
-}
+func (ap *applier) markCredential(p Pair)    { mark(&ap.marks.credentials, p) }
+func (ap *applier) markSecret(r SecretRef)   { mark(&ap.marks.secrets, r) }
+func (ap *applier) markRestart(k RestartKey) { mark(&ap.marks.restarts, k) }
+func (ap *applier) markPull(module string)   { mark(&ap.marks.pulls, module) }
 
-func (ap *applier) markSecret(r SecretRef) {
-	if ap.marks.secrets == nil {
-		ap.marks.secrets = map[SecretRef]bool{}
+// mark adds k to the set *set, made at its first mark.
+func mark[K comparable](set *map[K]bool, k K) {
+	if *set == nil {
+		*set = map[K]bool{}
 	}
-	ap.marks.secrets[r] = true
-}
-
-func (ap *applier) markRestart(k RestartKey) {
-	if ap.marks.restarts == nil {
-		ap.marks.restarts = map[RestartKey]bool{}
-	}
-	ap.marks.restarts[k] = true
-}
-
-func (ap *applier) markPull(module string) {
-	if ap.marks.pulls == nil {
-		ap.marks.pulls = map[string]bool{}
-	}
-	ap.marks.pulls[module] = true
+	(*set)[k] = true
 }
 
 // markRestartsOf follows a DELETE of every restart of module: each kept
