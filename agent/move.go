@@ -291,7 +291,14 @@ func (s *idle) Write(p []byte) (int, error) { return s.moved(s.w.Write(p)) }
 func (s *idle) Read(p []byte) (int, error)  { return s.moved(s.r.Read(p)) }
 
 func (s *idle) moved(n int, err error) (int, error) {
-	if n > 0 {
+	switch {
+	case err != nil:
+		// The stream ended: no more bytes to wait for. TO reads back and
+		// hashes what it wrote after the end, which takes its time with
+		// no byte coming (a minute of it cancelled every copy of tens of
+		// gigabytes, taken for a FROM that sent nothing).
+		s.t.Stop()
+	case n > 0:
 		s.t.Reset(moveIdle)
 	}
 	return n, err

@@ -3,9 +3,11 @@ package agent
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,5 +121,19 @@ func TestMovedNamesIsAWalkOfBoth(t *testing.T) {
 	}
 	if shared < 300*len(before.Runs())/2 {
 		t.Fatalf("the rosters shared %d runs in 300 commands of %d runs each: each is copied", shared, len(before.Runs()))
+	}
+}
+
+// A copy's idle timer stops when the stream ends: TO reads back what it
+// wrote after the end, with no byte coming, and the timer cancelled that
+// (every copy that took longer than moveIdle to read back failed).
+func TestIdleStopsAtTheStreamsEnd(t *testing.T) {
+	stall := time.AfterFunc(time.Hour, func() {})
+	r := &idle{r: strings.NewReader("the stream"), t: stall}
+	if b, err := io.ReadAll(r); err != nil || string(b) != "the stream" {
+		t.Fatalf("read %q, %v", b, err)
+	}
+	if stall.Stop() {
+		t.Fatal("the idle timer still runs after the stream ended")
 	}
 }
