@@ -475,19 +475,12 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 				return fmt.Errorf("snapshot %s restored no directory %s", snap.ShortID, d)
 			}
 		}
-		for _, d := range res.Dirs {
-			aside, err := swapIn(d)
-			if errors.Is(err, errUnsynced) {
-				// Restored: a power cut may bring the data before back.
-				b.log.Warn("restored, but the swap may not survive a power cut", "dir", d, "err", err)
-				err = nil
-			}
-			if err != nil {
-				return err
-			}
-			res.Kept[d] = aside
-		}
-		return nil
+		kept, err := swapAllIn(res.Dirs, swapIn, func(d string, err error) {
+			// Restored: a power cut may bring the data before back.
+			b.log.Warn("restored, but the swap may not survive a power cut", "dir", d, "err", err)
+		})
+		maps.Copy(res.Kept, kept)
+		return err
 	})
 	// The next pass starts the containers again (and sets each data
 	// directory's owner and mode to the manifest's).
@@ -600,6 +593,79 @@ func swapIn(d string) (string, error) {
 		return aside, fmt.Errorf("%w: %w", errUnsynced, synced)
 	}
 	return aside, nil
+}
+
+// swapAllIn swaps each of dirs in with its restored copy (swap: swapIn),
+// all or none: when one fails, those swapped before it get their data as
+// it was back (swapBack), so the module never starts on some directories
+// restored and others not (a database's data and its log, of two points in
+// time). kept is where each directory's data as it was is, when all were
+// swapped in. unsynced is told of a swap done that may not survive a power
+// cut.
+func swapAllIn(dirs []string, swap func(string) (string, error), unsynced func(string, error)) (kept map[string]string, err error) {
+	kept = map[string]string{}
+	var done []string
+	for _, d := range dirs {
+		aside, err := swap(d)
+		if errors.Is(err, errUnsynced) {
+			unsynced(d, err)
+			err = nil
+		}
+		if err != nil {
+			// This one too, if its exchange was made before it failed.
+			back := true
+			for i := len(done); i >= 0; i-- {
+				x, isDone := d, false
+				if i < len(done) {
+					x, isDone = done[i], true
+				}
+				if berr := swapBack(x, isDone); berr != nil {
+					back = false
+					err = fmt.Errorf("%w; and %s could not be put back as it was (%v): its data before the restore is at %s or %s", err, x, berr, x+restoreAside, x+restoreStaging+x)
+				}
+			}
+			if back {
+				err = fmt.Errorf("%w (no directory of the module was restored)", err)
+			}
+			return nil, err
+		}
+		kept[d] = aside
+		done = append(done, d)
+	}
+	return kept, nil
+}
+
+// swapBack undoes swapIn(d): the data as it was goes back to d, and the
+// restored copy is removed. done says swapIn(d) returned (its data as it
+// was is at d's aside path); else swapIn(d) failed, and its mark says
+// whether its exchange was made (the data as it was is then at the
+// staging path, or at the aside path once finishSwap moved it).
+func swapBack(d string, done bool) error {
+	s, aside := d+restoreStaging, d+restoreAside
+	before := aside
+	if !done {
+		mark, merr := os.ReadFile(filepath.Join(s, swapped))
+		_, serr := os.Lstat(s + d)
+		switch {
+		case merr == nil && restoredCopyStill(s+d, mark), merr != nil && serr == nil:
+			// The exchange was not made (it follows the mark): d is as it
+			// was, the restored copy still staged.
+			return os.RemoveAll(s)
+		case serr == nil:
+			before = s + d // exchanged, not yet moved aside
+		}
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, before, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
+		return fmt.Errorf("swap %s back with its data as it was: %w", d, err)
+	}
+	if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
+		return err
+	}
+	// What is at before now is the restored copy.
+	if err := os.RemoveAll(before); err != nil {
+		return err
+	}
+	return os.RemoveAll(s)
 }
 
 // errUnsynced is swapIn's when the swap is done but the directory that

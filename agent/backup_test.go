@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -118,5 +119,78 @@ func TestSwapIn(t *testing.T) {
 	}
 	if err := sameDevice("/proc"); err == nil || !strings.Contains(err.Error(), "mount point") {
 		t.Fatalf("/proc: %v", err)
+	}
+}
+
+// A restore of several data directories is all or none: when the swap of
+// one fails (before its exchange, after it, or once its data as it was is
+// aside), those swapped before it get their data back and the module is
+// not started on a mix of two points in time.
+func TestSwapAllInIsAllOrNone(t *testing.T) {
+	for _, at := range []string{"before the exchange", "after the exchange", "once aside"} {
+		t.Run(strings.ReplaceAll(at, " ", "_"), func(t *testing.T) {
+			root := t.TempDir()
+			var dirs []string
+			for _, n := range []string{"data", "wal", "conf"} {
+				d := filepath.Join(root, "srv", n)
+				for p, v := range map[string]string{d + "/v": "old " + n, d + restoreStaging + d + "/v": "restored " + n} {
+					os.MkdirAll(filepath.Dir(p), 0o755)
+					if err := os.WriteFile(p, []byte(v), 0o600); err != nil {
+						t.Fatal(err)
+					}
+				}
+				dirs = append(dirs, d)
+			}
+			last := dirs[2]
+			swap := func(d string) (string, error) {
+				if d != last {
+					return swapIn(d)
+				}
+				switch at {
+				case "after the exchange":
+					s := d + restoreStaging
+					var st unix.Stat_t
+					if err := unix.Lstat(s+d, &st); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.WriteFile(filepath.Join(s, swapped), []byte(strconv.FormatUint(st.Ino, 10)), 0o600); err != nil {
+						t.Fatal(err)
+					}
+					if err := unix.Renameat2(unix.AT_FDCWD, s+d, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
+						t.Fatal(err)
+					}
+				case "once aside":
+					if _, err := swapIn(d); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return "", errors.New("no space left on device")
+			}
+			kept, err := swapAllIn(dirs, swap, func(string, error) {})
+			if err == nil || !strings.Contains(err.Error(), "no space left on device") || !strings.Contains(err.Error(), "no directory of the module was restored") || kept != nil {
+				t.Fatalf("swapAllIn: %v, kept %v", err, kept)
+			}
+			for _, d := range dirs {
+				if b, _ := os.ReadFile(d + "/v"); string(b) != "old "+filepath.Base(d) {
+					t.Errorf("%s holds %q after the failed restore, want its data as it was", d, b)
+				}
+				for _, p := range []string{d + restoreAside, d + restoreStaging} {
+					if _, err := os.Lstat(p); !os.IsNotExist(err) {
+						t.Errorf("%s stays after the failed restore: %v", p, err)
+					}
+				}
+			}
+		})
+	}
+	// All swapped: each one's data as it was is aside.
+	root := t.TempDir()
+	d := filepath.Join(root, "srv", "db")
+	for p, v := range map[string]string{d + "/v": "old", d + restoreStaging + d + "/v": "restored"} {
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte(v), 0o600)
+	}
+	kept, err := swapAllIn([]string{d}, swapIn, func(string, error) {})
+	if b, _ := os.ReadFile(d + "/v"); err != nil || kept[d] != d+restoreAside || string(b) != "restored" {
+		t.Fatalf("swapAllIn: %v, kept %v, %s holds %q", err, kept, d, b)
 	}
 }
