@@ -61,6 +61,11 @@ type backups struct {
 
 	mu   sync.Mutex
 	runs map[string]state.BackupRun // module -> its backups here, kept in backups.json
+	// unremoved are, by module, the snapshots that missed files and could
+	// not be removed when made (another node's run held the repository's
+	// lock), kept in unremovedFile: a default restore here never takes
+	// one, and the module's next backup here removes them.
+	unremoved map[string][]string
 }
 
 // scheduledLimit bounds a scheduled backup: one that hangs (a backend that
@@ -86,6 +91,13 @@ func (b *backups) start(rec *reconciler.Reconciler) {
 
 const backupsFile = "backups.json"
 
+// unremovedFile keeps backups.unremoved.
+const unremovedFile = "backups-unremoved.json"
+
+// forgetTries is how many times a snapshot that missed files is removed
+// before it is recorded as not removed (restic 0.14 waits for no lock).
+var forgetTries, forgetWait = 3, 2 * time.Second
+
 // restoreAside is the suffix of a data directory's content before a
 // restore, kept beside it until the next restore of that directory.
 const restoreAside = ".mesh-before-restore"
@@ -101,7 +113,86 @@ func newBackups(node string, store *state.Store, secret func(context.Context, st
 			b.runs = map[string]state.BackupRun{}
 		}
 	}
+	if raw, err := os.ReadFile(filepath.Join(dir, unremovedFile)); err == nil {
+		if err := json.Unmarshal(raw, &b.unremoved); err != nil {
+			log.Warn("the record of snapshots that missed files and were not removed is damaged: mesh backup list shows every snapshot; restore one by its ID", "file", unremovedFile, "err", err)
+			b.unremoved = nil
+		}
+	}
 	return b
+}
+
+// keepUnremoved records (or, with ids empty, forgets) the snapshots of
+// module that missed files and are not removed yet.
+func (b *backups) keepUnremoved(module string, ids []string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.unremoved == nil {
+		b.unremoved = map[string][]string{}
+	}
+	if len(ids) == 0 {
+		delete(b.unremoved, module)
+	} else {
+		b.unremoved[module] = ids
+	}
+	raw, err := json.Marshal(b.unremoved)
+	if err == nil {
+		err = safefs.WriteFile(filepath.Join(b.dir, unremovedFile), raw, 0o600)
+	}
+	if err != nil {
+		b.log.Warn("record the snapshots that missed files", "module", module, "err", err)
+	}
+}
+
+func (b *backups) unremovedOf(module string) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.unremoved[module])
+}
+
+// forgetIncomplete removes a snapshot that missed files, trying again a
+// few times: restic takes the repository's lock for it, and another
+// node's backup may hold it.
+func forgetIncomplete(ctx context.Context, repo restic.Repo, id string) error {
+	var err error
+	for try := range forgetTries {
+		if err = repo.ForgetID(ctx, id, false); err == nil {
+			return nil
+		}
+		if try < forgetTries-1 {
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(forgetWait << try):
+			}
+		}
+	}
+	return err
+}
+
+// removeUnremoved removes module's snapshots that missed files and could
+// not be removed when made; those the repository no longer holds are
+// forgotten, those it still cannot remove stay recorded.
+func (b *backups) removeUnremoved(ctx context.Context, repo restic.Repo, module string) {
+	ids := b.unremovedOf(module)
+	if len(ids) == 0 {
+		return
+	}
+	snaps, err := repo.Snapshots(ctx, []string{"mesh", "module=" + module})
+	if err != nil {
+		return // the backup says what is wrong with the repository
+	}
+	var left []string
+	for _, id := range ids {
+		if !slices.ContainsFunc(snaps, func(s restic.Snapshot) bool { return strings.HasPrefix(s.ID, id) }) {
+			continue // removed since (by hand, or by keep:)
+		}
+		if err := repo.ForgetID(ctx, id, false); err != nil {
+			b.log.Warn("a snapshot that missed files is still not removed", "module", module, "snapshot", id, "err", err)
+			left = append(left, id)
+		}
+	}
+	b.keepUnremoved(module, left)
 }
 
 // save writes the record (a kill after a backup keeps it).
@@ -275,6 +366,7 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 		if res.Created {
 			progress("initialised the repository")
 		}
+		b.removeUnremoved(ctx, repo, module)
 		tags := append(moduleTags(module, b.node), "plan="+strconv.FormatUint(h.version, 10), "manifest="+short(h.manifest))
 		var sum restic.Summary
 		err = b.rec.Exclusive(ctx, func(ctx context.Context) error {
@@ -305,8 +397,9 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 		})
 		if errors.Is(err, restic.ErrIncomplete) && sum.SnapshotID != "" {
 			// Never a default restore's choice, nor counted by keep:.
-			if ferr := repo.ForgetID(context.WithoutCancel(ctx), sum.SnapshotID, false); ferr != nil {
-				return res, fmt.Errorf("%w; it could not be removed (%v): do not restore it", err, ferr)
+			if ferr := forgetIncomplete(context.WithoutCancel(ctx), repo, sum.SnapshotID); ferr != nil {
+				b.keepUnremoved(module, append(b.unremovedOf(module), sum.SnapshotID))
+				return res, fmt.Errorf("%w; it could not be removed (%v): a restore on %s takes it only when named, and the next backup of %s here removes it; do not restore it", err, ferr, b.node, module)
 			}
 			return res, fmt.Errorf("%w; that snapshot was removed", err)
 		}
@@ -423,7 +516,7 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 	if err != nil {
 		return res, err
 	}
-	snap, err := pickSnapshot(snaps, id, b.node, module)
+	snap, err := pickSnapshot(snaps, id, b.node, module, b.unremovedOf(module))
 	if err != nil {
 		return res, err
 	}
@@ -498,8 +591,9 @@ var snapshotID = regexp.MustCompile(`^[0-9a-f]{8,64}$`)
 // pickSnapshot is the snapshot a restore on node takes: the one id names
 // (exactly one must match), or, by default, the newest this node made, or
 // the newest of any node when it made none (the module was elsewhere). A
-// snapshot tagged incomplete is taken only when named.
-func pickSnapshot(snaps []restic.Snapshot, id, node, module string) (*restic.Snapshot, error) {
+// snapshot tagged incomplete, or one of unremoved (this node's record of
+// those that missed files and were not removed), is taken only when named.
+func pickSnapshot(snaps []restic.Snapshot, id, node, module string, unremoved []string) (*restic.Snapshot, error) {
 	var match, mine, any *restic.Snapshot
 	n := 0
 	for i := range snaps {
@@ -511,7 +605,7 @@ func pickSnapshot(snaps []restic.Snapshot, id, node, module string) (*restic.Sna
 			}
 			continue
 		}
-		if slices.Contains(s.Tags, "incomplete") {
+		if slices.Contains(s.Tags, "incomplete") || slices.ContainsFunc(unremoved, func(u string) bool { return strings.HasPrefix(s.ID, u) }) {
 			continue
 		}
 		any = s // oldest first: the last is the newest

@@ -2,7 +2,10 @@ package agent
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -31,7 +34,7 @@ func TestPickSnapshot(t *testing.T) {
 		{"aaaa", "ace", "", "names 2 snapshots"},
 		{"eeee5555", "ace", "", "has no snapshot eeee5555"},
 	} {
-		got, err := pickSnapshot(snaps, c.id, c.node, "db")
+		got, err := pickSnapshot(snaps, c.id, c.node, "db", nil)
 		switch {
 		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
 			t.Errorf("%q on %s: %v, want %q", c.id, c.node, err, c.err)
@@ -39,7 +42,15 @@ func TestPickSnapshot(t *testing.T) {
 			t.Errorf("%q on %s: %v %v, want %s", c.id, c.node, got, err, c.want)
 		}
 	}
-	if _, err := pickSnapshot(nil, "", "ace", "db"); err == nil || !strings.Contains(err.Error(), "no snapshot in the repository yet") {
+	// A snapshot this node recorded as missing files (its removal failed)
+	// is not a default restore's either; named, it is taken.
+	if got, err := pickSnapshot(snaps, "", "ace", "db", []string{"aaaa1111"}); err != nil || got.ShortID != "aaaa2222" {
+		t.Errorf("with aaaa1111 unremoved: %v %v, want aaaa2222", got, err)
+	}
+	if got, err := pickSnapshot(snaps, "aaaa1111", "ace", "db", []string{"aaaa1111"}); err != nil || got.ShortID != "aaaa1111" {
+		t.Errorf("aaaa1111 named: %v %v", got, err)
+	}
+	if _, err := pickSnapshot(nil, "", "ace", "db", nil); err == nil || !strings.Contains(err.Error(), "no snapshot in the repository yet") {
 		t.Errorf("none: %v", err)
 	}
 }
@@ -192,5 +203,76 @@ func TestSwapAllInIsAllOrNone(t *testing.T) {
 	kept, err := swapAllIn([]string{d}, swapIn, func(string, error) {})
 	if b, _ := os.ReadFile(d + "/v"); err != nil || kept[d] != d+restoreAside || string(b) != "restored" {
 		t.Fatalf("swapAllIn: %v, kept %v, %s holds %q", err, kept, d, b)
+	}
+}
+
+// A snapshot that missed files and could not be removed (another node's
+// run held the repository's lock) is tried a few times, then recorded: the
+// record outlives the agent, a default restore here passes over it, and
+// the module's next backup removes it (with the real restic; a stand-in
+// that cannot take the lock for the failing removal).
+func TestUnremovedSnapshots(t *testing.T) {
+	if _, err := exec.LookPath("restic"); err != nil {
+		t.Fatal("restic is not on PATH (apt-get install restic); this test runs the real binary")
+	}
+	ctx := t.Context()
+	repo := restic.Repo{URL: filepath.Join(t.TempDir(), "repo"), Password: []byte("correct horse"), Host: "ace"}
+	if _, err := repo.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	data := t.TempDir()
+	if err := os.WriteFile(filepath.Join(data, "v"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := repo.Backup(ctx, []string{data}, []string{"mesh", "module=db", "node=ace"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The removal fails every time: tried forgetTries times, then said.
+	dir := t.TempDir()
+	calls := filepath.Join(dir, "calls")
+	locked := repo
+	locked.Binary = filepath.Join(dir, "restic")
+	script := "#!/bin/sh\necho \"$*\" >> " + calls + "\necho 'unable to create lock in backend: repository is already locked exclusively' >&2\nexit 1\n"
+	if err := os.WriteFile(locked.Binary, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer func(n int, w time.Duration) { forgetTries, forgetWait = n, w }(forgetTries, forgetWait)
+	forgetWait = time.Millisecond
+	if err := forgetIncomplete(ctx, locked, sum.SnapshotID); err == nil || !strings.Contains(err.Error(), "locked") {
+		t.Fatalf("forget under a lock: %v", err)
+	}
+	if b, _ := os.ReadFile(calls); strings.Count(string(b), "forget") != forgetTries {
+		t.Fatalf("forget tried %d times, want %d (calls: %q)", strings.Count(string(b), "forget"), forgetTries, b)
+	}
+
+	state := t.TempDir()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	b := newBackups("ace", nil, nil, state, log)
+	b.keepUnremoved("db", []string{sum.SnapshotID, "0123abcd"}) // the second: gone from the repository since
+	b = newBackups("ace", nil, nil, state, log)                 // the agent restarted
+	if got := b.unremovedOf("db"); len(got) != 2 || got[0] != sum.SnapshotID {
+		t.Fatalf("the record after a restart: %v", got)
+	}
+	snaps, err := repo.Snapshots(ctx, []string{"mesh", "module=db"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pickSnapshot(snaps, "", "ace", "db", b.unremovedOf("db")); err == nil {
+		t.Fatal("a default restore took the snapshot that missed files")
+	}
+
+	// Still locked at the next backup: it stays recorded.
+	b.removeUnremoved(ctx, locked, "db")
+	if got := b.unremovedOf("db"); len(got) != 2 {
+		t.Fatalf("a removal that failed again dropped the record: %v", got)
+	}
+	b.removeUnremoved(ctx, repo, "db")
+	if got := newBackups("ace", nil, nil, state, log).unremovedOf("db"); len(got) != 0 {
+		t.Fatalf("after the next backup's removal the record holds %v", got)
+	}
+	if snaps, err := repo.Snapshots(ctx, []string{"mesh", "module=db"}); err != nil || len(snaps) != 0 {
+		t.Fatalf("the snapshot that missed files stays: %v %v", snaps, err)
 	}
 }
