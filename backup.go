@@ -144,7 +144,7 @@ type BackupRepoSetCmd struct {
 
 // Run reads the password and hands both to the local agent, which seals it.
 func (c *BackupRepoSetCmd) Run(g *Globals) error {
-	if err := state.CheckRepoURL(c.URL); err != nil {
+	if err := errors.Join(state.CheckRepoURL(c.URL), state.CheckRepoPassword(c.URL)); err != nil {
 		return usageError{err}
 	}
 	pw, err := safefs.ReadRegular(c.PasswordFile, state.MaxSecretSize)

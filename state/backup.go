@@ -3,6 +3,7 @@ package state
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"sort"
@@ -59,6 +60,34 @@ func RedactRepoURL(u string) string {
 		return u
 	}
 	return scheme + ":" + parsed.Redacted()
+}
+
+// CheckRepoPassword refuses, where an operator proposes a repository, a
+// URL with a user's password that RedactRepoURL cannot find: one that does
+// not parse as a URL (a password holding '/', '#', '?', a space or a bad
+// '%' escape), which restic could not read either, and whose password
+// would show in status, logs and the mesh's history. Not part of
+// CheckRepoURL, which the FSM runs: a command it took before must still
+// be taken.
+func CheckRepoPassword(u string) error {
+	_, rest, ok := strings.Cut(u, ":")
+	if !ok || !strings.Contains(rest, "://") || !strings.Contains(rest, "@") {
+		return nil
+	}
+	if _, err := url.Parse(rest); err != nil {
+		return ruleErr(ErrInvalid, "the repository's URL does not read as a URL (%v), and the password in it would show in status, logs and the history: write the password percent-encoded (/ as %%2F, # as %%23, ? as %%3F, %% as %%25, a space as %%20), as restic reads it", urlError(err))
+	}
+	return nil
+}
+
+// urlError is a URL parser's error without the URL it quotes (which holds
+// the password).
+func urlError(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err.Error()
+	}
+	return "it does not parse"
 }
 
 // CheckRepoURL says what is wrong with a repository's URL, nil if nothing.

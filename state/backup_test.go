@@ -106,4 +106,20 @@ func TestRedactRepoURL(t *testing.T) {
 			t.Errorf("%s: %s, want %s", in, got, want)
 		}
 	}
+	// A password RedactRepoURL cannot find is refused where a repository
+	// is proposed, and the refusal does not show it.
+	for _, in := range []string{"rest:https://user:pa/ss@host:8000/r", "rest:https://user:pa#ss@host/r", "rest:https://user:pa?ss@host/r", "rest:https://user:pa%zzss@host/r", "rest:https://user:pa ss@host/r"} {
+		if RedactRepoURL(in) != in {
+			t.Errorf("%s: RedactRepoURL finds its password now (%s): the refusal may go", in, RedactRepoURL(in))
+		}
+		err := CheckRepoPassword(in)
+		if err == nil || !strings.Contains(err.Error(), "percent-encoded") || strings.Contains(err.Error(), "ss@") {
+			t.Errorf("%s: %v", in, err)
+		}
+	}
+	for _, in := range []string{"/srv/b@ckups", "sftp:user@host:/srv/restic", "rest:https://user:pa%2Fss@host/r", "rest:https://host/r@x", "s3:https://key:secret@s3.example/bucket"} {
+		if err := CheckRepoPassword(in); err != nil {
+			t.Errorf("%s: %v", in, err)
+		}
+	}
 }

@@ -150,6 +150,10 @@ func (a *API) setBackupRepo(w http.ResponseWriter, r *http.Request) {
 		fail(w, err)
 		return
 	}
+	if err := state.CheckRepoPassword(body.URL); err != nil {
+		fail(w, err)
+		return
+	}
 	switch {
 	case len(body.Password) == 0:
 		fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: "the repository's password is empty; give it with --password-file"})
