@@ -218,7 +218,11 @@ func toContainer(l types.ListContainer) reconciler.Container {
 	if len(l.Names) > 0 {
 		name = l.Names[0]
 	}
-	return reconciler.Container{ID: l.ID, Name: name, Labels: l.Labels, Running: l.State == "running", State: l.State, ImageID: l.ImageID}
+	c := reconciler.Container{ID: l.ID, Name: name, Labels: l.Labels, Running: l.State == "running", State: l.State, ImageID: l.ImageID}
+	if l.StartedAt > 0 { // a container never started has Go's zero time, far below 0
+		c.StartedAt = time.Unix(l.StartedAt, 0)
+	}
+	return c
 }
 
 // Managed lists the mesh's containers.

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"mesh/reconciler"
 
+	"github.com/containers/podman/v5/pkg/domain/entities/types"
 	"github.com/containers/podman/v5/pkg/specgen"
 )
 
@@ -83,5 +85,18 @@ func TestGeneratorCarriesTheComposeKeys(t *testing.T) {
 		if strings.Contains(string(b), k) {
 			t.Errorf("a container without the keys asks for %s: %s", k, b)
 		}
+	}
+}
+
+// A container's start reaches the reconciler's Container (mesh logs -f
+// tells a run that began and ended between two lookups by it); one never
+// started, which Podman gives as Go's zero time in seconds, has none.
+func TestContainerStartedAt(t *testing.T) {
+	c := toContainer(types.ListContainer{ID: "c1", Names: []string{"f.app"}, State: "exited", StartedAt: 105})
+	if !c.StartedAt.Equal(time.Unix(105, 0)) || c.Running {
+		t.Fatalf("started %v, running %v; want 105, not running", c.StartedAt, c.Running)
+	}
+	if c := toContainer(types.ListContainer{ID: "c2", State: "created", StartedAt: time.Time{}.Unix()}); !c.StartedAt.IsZero() {
+		t.Fatalf("a container never started: started %v, want none", c.StartedAt)
 	}
 }

@@ -5,6 +5,7 @@ import (
 
 	"context"
 	"net/netip"
+	"time"
 )
 
 // Labels the mesh puts on every container it creates. A container without
@@ -93,6 +94,10 @@ type Container struct {
 	State   string
 	// ImageID is the image the container was created from.
 	ImageID string
+	// StartedAt is when it last started, in whole seconds (zero: never,
+	// or the runtime does not say). A restart changes it, so a run that
+	// began and ended between two looks is still told from the one before.
+	StartedAt time.Time
 }
 
 // Spec is a container to create.

@@ -220,6 +220,9 @@ func lineDigest(l podman.LogLine) [32]byte {
 // lines before that second, then of it either the first skip (when every
 // line of it shown was counted), or, when a --tail left out some of its
 // earlier lines, all up to the end of run, the last lines of it shown.
+// run ends no sooner than the least'th line of that second: the lines
+// shown were its last, so as many lines of it came before their end, and
+// identical lines (more of them than run keeps) are not found too early.
 // Until run is found a line of that second is held; a later line, or the
 // end of the read, shows that run is not there (the log was cut), and
 // the held lines are shown then rather than lost.
@@ -227,6 +230,8 @@ type resumed struct {
 	from   time.Time
 	skip   int
 	run    [][32]byte
+	least  int
+	read   int // lines of from's second read
 	held   []podman.LogLine
 	digest [][32]byte // of held
 	size   int        // of held's text
@@ -254,12 +259,13 @@ func (r *resumed) line(l podman.LogLine) error {
 		r.done = true
 		return r.show(l)
 	}
+	r.read++
 	r.held, r.digest, r.size = append(r.held, l), append(r.digest, lineDigest(l)), r.size+len(l.Text)
 	for len(r.held) > heldAtMost || r.size > heldBytes && len(r.held) > 1 { // an earlier line of that second, shown or not
 		r.size -= len(r.held[0].Text)
 		r.held, r.digest = slices.Delete(r.held, 0, 1), slices.Delete(r.digest, 0, 1)
 	}
-	if len(r.digest) >= len(r.run) && slices.Equal(r.digest[len(r.digest)-len(r.run):], r.run) {
+	if r.read >= r.least && len(r.digest) >= len(r.run) && slices.Equal(r.digest[len(r.digest)-len(r.run):], r.run) {
 		r.held, r.digest, r.size, r.done = nil, nil, 0, true
 	}
 	return nil
@@ -288,6 +294,11 @@ func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, e
 		return emit(api.Record{Time: l.Time, Stream: l.Stream, Text: l.Text, Partial: l.Partial, Cut: l.Cut})
 	}
 	var lastID string
+	// lastStart is when the run last read started (Podman's whole
+	// seconds; zero when it does not say): a run that started and ended
+	// between two lookups is seen by its start, not by running (unless
+	// it started in the same second as the run before).
+	var lastStart time.Time
 	// last is the time of the last line shown, atLast how many lines of
 	// that time were shown and seenAt the last of them (at most keepSeen,
 	// by digest): where a restarted container's log resumes. tailFrom is
@@ -330,7 +341,7 @@ func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, e
 					return nil
 				}
 			}
-			lastID, waiting = c.ID, false
+			lastID, lastStart, waiting = c.ID, c.StartedAt, false
 			last, atLast, seenAt, tailFrom = time.Time{}, 0, nil, time.Time{}
 			first := true
 			err := s.RT.StreamLogs(ctx, c.ID, o, func(l podman.LogLine) error {
@@ -354,22 +365,37 @@ func (s *Server) nodeLogs(ctx context.Context, src api.Source, q api.LogQuery, e
 			if !q.Follow {
 				return nil
 			}
-		case ok && c.Running:
+		case ok && (c.Running || !c.StartedAt.Equal(lastStart)):
 			// The same container, started again: what it wrote after the
 			// last line shown. Podman's since is whole seconds, so the lines
 			// are asked from that line's second (a crash-looping container's
 			// first lines are within it) and those shown are passed over.
+			// A run already ended (shorter than repoll, its last words a
+			// crash's) is read too: its start is not the one read before.
 			from := last
 			if from.IsZero() {
 				from = q.Since
 			}
 			r := &resumed{from: from, skip: atLast, show: shown}
-			if !last.IsZero() && last.Equal(tailFrom) {
+			switch {
+			case !last.IsZero() && !c.StartedAt.IsZero() && c.StartedAt.Unix() >= last.Unix()+2:
+				// This run started after that second ended, with a second
+				// to spare (Podman notes the start once the process runs):
+				// every line of that second is an earlier run's, shown or
+				// left out by a tail, and none is this run's.
+				r.from, r.skip = time.Unix(last.Unix()+1, 0), 0
+			case !last.IsZero() && last.Equal(tailFrom):
 				// A tail cut into that second: the lines shown of it are
-				// found by what they say, not counted.
-				r.skip, r.run = 0, slices.Clone(seenAt)
+				// found by what they say, not counted. A known limit: when
+				// this run started within that second or the next, or
+				// Podman did not say when, and the earlier run's lines of
+				// that second repeat the lines shown, they may be found too
+				// early, and the lines after that place show, those shown
+				// again (nothing in the log says which run wrote a line).
+				r.skip, r.run, r.least = 0, slices.Clone(seenAt), atLast
 			}
-			s.RT.StreamLogs(ctx, c.ID, podman.LogOptions{Follow: true, Since: from}, r.line)
+			lastStart = c.StartedAt
+			s.RT.StreamLogs(ctx, c.ID, podman.LogOptions{Follow: true, Since: r.from}, r.line)
 			r.flush()
 		case !ok && !waiting:
 			waiting = true
