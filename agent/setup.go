@@ -144,13 +144,31 @@ func setupOverlay(cfg SetupConfig, out io.Writer) error {
 	}
 	uid, _ := strconv.Atoi(u.Uid)
 	mtu := overlay.UnderlayMTU(netip.MustParseAddr(id.Address)) - overlay.Overhead
-	if err := overlay.Prepare(device, uid, netip.PrefixFrom(addr, p.Bits()), mtu); err != nil {
-		return err
-	}
-	if err := overlay.InstallFilter(p, device); err != nil {
+	ops := prepareOps{install: overlay.InstallFilter, prepare: overlay.Prepare}
+	if err := prepareFiltered(p, device, uid, netip.PrefixFrom(addr, p.Bits()), mtu, ops); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "overlay: %s holds %s/%d (MTU %d), owned by %s; traffic for %s that did not come through it is dropped (nftables table ip %s)\n",
 		device, addr, p.Bits(), mtu, cfg.User, p, overlay.FilterTable)
 	return nil
+}
+
+// prepareOps are what prepareFiltered does to the host (a test's fakes).
+type prepareOps struct {
+	install func(prefix netip.Prefix, device string) error
+	prepare func(device string, uid int, addr netip.Prefix, mtu int) error
+}
+
+// prepareFiltered makes a rootless agent's overlay device with its
+// address, the packet filter installed first, as openFiltered does as
+// root: the device is persistent, and made before a filter that then
+// failed (no nf_tables in a container or on a locked-down VPS), it kept
+// the overlay address on the host with nothing to keep the LAN from the
+// ports the agent then published there (the agent checks only the link).
+// The filter names the device, which need not exist yet.
+func prepareFiltered(p netip.Prefix, device string, uid int, addr netip.Prefix, mtu int, ops prepareOps) error {
+	if err := ops.install(p, device); err != nil {
+		return err
+	}
+	return ops.prepare(device, uid, addr, mtu)
 }

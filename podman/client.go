@@ -795,15 +795,28 @@ func (c *Client) Subnets(ctx context.Context) ([]netip.Prefix, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list networks: %w", err)
 	}
+	return bridgeSubnets(nets), nil
+}
+
+// bridgeSubnets are the subnets of the bridge networks among nets: a
+// container there reaches the resolver through the host's bridge. Not a
+// macvlan's or an ipvlan's: such a network is a part of the LAN (a home
+// box's 192.168.1.0/24, for Home Assistant), its containers cannot reach
+// the host's own addresses anyway, and the resolver would have taken any
+// device of the LAN for a container (open recursion, the fleet's names).
+func bridgeSubnets(nets []nettypes.Network) []netip.Prefix {
 	var out []netip.Prefix
 	for _, n := range nets {
+		if n.Driver != "bridge" {
+			continue
+		}
 		for _, s := range n.Subnets {
 			if p, err := netip.ParsePrefix(s.Subnet.String()); err == nil {
 				out = append(out, p.Masked())
 			}
 		}
 	}
-	return out, nil
+	return out
 }
 
 // Networks lists the node's Podman networks.

@@ -2,12 +2,15 @@ package podman
 
 import (
 	"encoding/json"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"mesh/reconciler"
 
+	nettypes "github.com/containers/common/libnetwork/types"
 	"github.com/containers/podman/v5/pkg/domain/entities/types"
 	"github.com/containers/podman/v5/pkg/specgen"
 )
@@ -98,5 +101,26 @@ func TestContainerStartedAt(t *testing.T) {
 	}
 	if c := toContainer(types.ListContainer{ID: "c2", State: "created", StartedAt: time.Time{}.Unix()}); !c.StartedAt.IsZero() {
 		t.Fatalf("a container never started: started %v, want none", c.StartedAt)
+	}
+}
+
+// The resolver answers containers of the node's bridge networks, not every
+// device of a LAN a macvlan or ipvlan network is a part of.
+func TestBridgeSubnets(t *testing.T) {
+	net := func(driver string, cidrs ...string) nettypes.Network {
+		n := nettypes.Network{Driver: driver}
+		for _, c := range cidrs {
+			ip, err := nettypes.ParseCIDR(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.Subnets = append(n.Subnets, nettypes.Subnet{Subnet: ip})
+		}
+		return n
+	}
+	got := bridgeSubnets([]nettypes.Network{net("bridge", "10.88.0.0/16"), net("macvlan", "192.168.1.0/24"), net("ipvlan", "192.168.2.0/24"), net("bridge", "10.89.3.0/24", "fd00:1::/64")})
+	want := []netip.Prefix{netip.MustParsePrefix("10.88.0.0/16"), netip.MustParsePrefix("10.89.3.0/24"), netip.MustParsePrefix("fd00:1::/64")}
+	if !slices.Equal(got, want) {
+		t.Fatalf("%v, want %v", got, want)
 	}
 }
