@@ -1295,6 +1295,13 @@ func (x *run) purgePath(p string, e PathEntry) state.ResourceReport {
 		rr.Outcome, rr.Reason = state.Kept, msg
 		return rr
 	}
+	if other := x.r.keptUnder(p, e.Module); other != "" {
+		// Another module's path, or one taken over, that stays (a data
+		// directory of a module unassigned without --purge-data is kept):
+		// never removed with this module's data.
+		rr.Outcome, rr.Reason = state.Kept, "--purge-data: it holds "+other+", which stays; move that out of it, then the next apply purges it"
+		return rr
+	}
 	n, err := purgeDir(p)
 	if err != nil {
 		rr.Outcome, rr.Reason = state.Failed, "--purge-data: "+err.Error()
@@ -1302,6 +1309,27 @@ func (x *run) purgePath(p string, e PathEntry) state.ResourceReport {
 	}
 	rr.Outcome, rr.Reason = state.Removed, fmt.Sprintf("purged with its %d entries (mesh unassign --purge-data)", n)
 	return rr
+}
+
+// keptUnder names the first path the ledger holds under p (not p) that a
+// purge of module's data directory p must not remove: another module's,
+// or one taken over (there before the mesh); "" when none.
+func (r *Reconciler) keptUnder(p, module string) string {
+	var found []string
+	for q, e := range r.ledger.Paths {
+		if q != p && manifest.Within(q, p) && (e.Module != module || e.Original != nil) {
+			found = append(found, q)
+		}
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	slices.Sort(found)
+	e := r.ledger.Paths[found[0]]
+	if e.Module != module {
+		return found[0] + " (module " + e.Module + ")"
+	}
+	return found[0] + " (taken over: there before the mesh)"
 }
 
 // removePath removes one path the mesh made and no longer wants, or puts

@@ -448,7 +448,8 @@ const purgeSuffix = ".mesh-purging"
 
 // removeTree removes name in dfd: a file or a link is unlinked, a directory
 // emptied first, each opened with O_NOFOLLOW relative to its parent; a
-// directory on another device than dev (a mount inside) is not entered.
+// mount inside (a directory on another device than dev, or a bind mount)
+// is not entered.
 func removeTree(dfd int, name string, depth int, dev uint64) (int, error) {
 	err := unix.Unlinkat(dfd, name, 0)
 	if err == nil || errors.Is(err, unix.ENOENT) {
@@ -460,7 +461,16 @@ func removeTree(dfd int, name string, depth int, dev uint64) (int, error) {
 	if depth >= maxPurgeDepth {
 		return 0, fmt.Errorf("nested more than %d directories deep; remove the rest by hand", maxPurgeDepth)
 	}
-	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	// Not across a mount, a bind mount of the same file system included
+	// (the same st_dev as the tree: /srv/media bound onto a directory in
+	// the data was emptied through it).
+	fd, err := unix.Openat2(dfd, name, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_XDEV | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if errors.Is(err, unix.EXDEV) {
+		return 0, fmt.Errorf("%s is a mount point; the purge does not cross it: unmount it, then the next apply goes on", name)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("open %s: %w", name, err)
 	}

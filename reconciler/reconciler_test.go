@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"mesh/state"
 	"mesh/state/manifest"
 )
@@ -598,6 +600,81 @@ func TestPurgeData(t *testing.T) {
 	b.apply()
 	if _, err := os.Stat(filepath.Join(data, "new")); err != nil {
 		t.Fatalf("the data of a module that runs was purged: %v", err)
+	}
+}
+
+// A purge never removes what stays under the data directory: another
+// module's data directory (kept when that module was unassigned without
+// --purge-data) or a directory taken over; the purge waits, said, and
+// goes on once that is moved out.
+func TestPurgeKeepsOthersUnder(t *testing.T) {
+	b := newBed(t)
+	b.vars["data"] = "\n    data: true"
+	b.apply()
+	data := filepath.Join(b.dir, "app/data")
+	for _, other := range []PathEntry{
+		{Kind: manifest.KindDirectory, Module: "mail", Data: true},
+		{Kind: manifest.KindDirectory, Module: "app", Data: true, Original: &Original{UID: 0, GID: 0, Mode: 0o755}},
+	} {
+		inner := filepath.Join(data, "inner")
+		if err := os.MkdirAll(inner, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(inner, "mailbox"), []byte("keep me"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		b.r.ledger.Paths[inner] = other
+		b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+		b.in.Purges = map[string][]state.Purge{"ace": {{Module: "app", Path: data}}}
+		rep := b.apply()
+		if o := outcome(rep, data); o.Outcome != state.Kept || !strings.Contains(o.Reason, "it holds "+inner) {
+			t.Fatalf("a purge around %+v: %+v", other, o)
+		}
+		if got, err := os.ReadFile(filepath.Join(inner, "mailbox")); err != nil || string(got) != "keep me" {
+			t.Fatalf("what stays under the purged directory (%+v) went: %q %v", other, got, err)
+		}
+		// Moved out (here: the ledger lets go of it), the purge goes on.
+		delete(b.r.ledger.Paths, inner)
+		rep = b.apply()
+		if o := outcome(rep, data); o.Outcome != state.Removed {
+			t.Fatalf("once nothing stays under it: %+v", o)
+		}
+		b.in.Purges = nil
+		b.in.Assignments = []state.Assignment{{Node: "ace", Module: "app"}, {Node: "ace", Module: "db"}}
+		b.apply()
+	}
+}
+
+// A purge does not cross a mount inside the data directory, a bind mount
+// of the same file system included (it emptied the bind's source).
+func TestPurgeDoesNotEnterABindMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test bind-mounts; run it as root (contrib/test.sh does)")
+	}
+	root := t.TempDir()
+	media, data := filepath.Join(root, "media"), filepath.Join(root, "data")
+	for _, d := range []string{media, filepath.Join(data, "media")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(media, "photo"), []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(media, filepath.Join(data, "media"), "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, m := range []string{filepath.Join(data, "media"), filepath.Join(data+purgeSuffix, "media")} {
+			unix.Unmount(m, unix.MNT_DETACH)
+		}
+	})
+	_, err := purgeDir(data)
+	if err == nil || !strings.Contains(err.Error(), "is a mount point") {
+		t.Fatalf("a purge around a bind mount: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(media, "photo")); err != nil || string(got) != "keep me" {
+		t.Fatalf("the bind's source was emptied: %q %v", got, err)
 	}
 }
 
