@@ -537,6 +537,9 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 			return res, err
 		}
 	}
+	if err := mountsInside(res.Dirs); err != nil {
+		return res, err
+	}
 	err = b.rec.Exclusive(ctx, func(ctx context.Context) error {
 		if err := b.notMoving(ctx, module); err != nil {
 			return err
@@ -626,6 +629,17 @@ func pickSnapshot(snaps []restic.Snapshot, id, node, module string, unremoved []
 		return any, nil
 	}
 	return nil, fmt.Errorf("module %s has no snapshot in the repository yet (mesh backup %s)", module, module)
+}
+
+// mountsInside refuses data directories that hold a mount: it would go
+// with the directory swapped aside, and the next restore removes what is
+// aside, through the mount (a media library bound into a photos module's
+// data directory, emptied).
+func mountsInside(dirs []string) error {
+	if why := restic.MountsUnder(dirs); why != "" {
+		return fmt.Errorf("%s: a restore swaps a data directory whole and keeps the one before aside, to be removed at the next restore, with what is mounted in it; unmount it, restore, and mount it again", why)
+	}
+	return nil
 }
 
 // sameDevice refuses a data directory that is a mount point: its copy

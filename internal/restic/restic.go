@@ -428,10 +428,24 @@ func holdsMounts(paths []string) string {
 	if err != nil {
 		return "the mounts could not be read: " + err.Error()
 	}
+	if msg := mountsUnder(string(b), paths); msg != "" {
+		return msg + ", which a bind onto it would hide"
+	}
+	return ""
+}
+
+// MountsUnder says which of paths holds a mount point under it (not at
+// it), "" when none does, from /proc/self/mountinfo; one that cannot be
+// read counts as holding one.
+func MountsUnder(paths []string) string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "the mounts could not be read: " + err.Error()
+	}
 	return mountsUnder(string(b), paths)
 }
 
-// mountsUnder is holdsMounts of a mountinfo text.
+// mountsUnder is MountsUnder of a mountinfo text.
 func mountsUnder(mountinfo string, paths []string) string {
 	for _, line := range strings.Split(mountinfo, "\n") {
 		f := strings.Fields(line)
@@ -441,7 +455,7 @@ func mountsUnder(mountinfo string, paths []string) string {
 		at := unescapeMount(f[4])
 		for _, p := range paths {
 			if strings.HasPrefix(at, strings.TrimSuffix(p, "/")+"/") {
-				return p + " holds another mount (" + at + "), which a bind onto it would hide"
+				return p + " holds another mount (" + at + ")"
 			}
 		}
 	}
