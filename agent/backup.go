@@ -537,7 +537,12 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 			return res, err
 		}
 	}
-	if err := mountsInside(res.Dirs); err != nil {
+	// The copies an earlier restore kept aside are removed by this one.
+	check := slices.Clone(res.Dirs)
+	for _, d := range res.Dirs {
+		check = append(check, d+restoreAside)
+	}
+	if err := mountsInside(check); err != nil {
 		return res, err
 	}
 	err = b.rec.Exclusive(ctx, func(ctx context.Context) error {
