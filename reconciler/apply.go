@@ -559,10 +559,11 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 	case fileRefuse:
 		return report(res, state.Failed, d.Message)
 	case fileCopyAside:
-		if res.Kind == manifest.KindSecret {
-			// What a secret's file held is never copied anywhere: what a
-			// container wrote there may hold the secret too.
-			note = "its content had changed on the host; put back (a secret's file is never copied aside)"
+		if res.Kind == manifest.KindSecret || res.Kind == manifest.KindCredential || res.Kind == state.KindDeliveredCredential {
+			// What a secret's or a credential's file held is never copied
+			// anywhere: what a container wrote there may hold the secret
+			// too (a copy outlived the secret's rotation and the module).
+			note = "its content had changed on the host; put back (a secret's or a credential's file is never copied aside)"
 			break
 		}
 		fallthrough

@@ -410,6 +410,26 @@ func TestApplyThenNothingChanges(t *testing.T) {
 	}
 }
 
+// A credential's file, and a delivered one, that a container rewrote is
+// put back, its bytes never copied aside (they may hold the secret).
+func TestCredentialFilesAreNeverCopiedAside(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	for file, want := range map[string]string{"app/db.password": "s3cret\n", "db/creds/app.credential": "name=app\nsecret=s3cret\n"} {
+		p := filepath.Join(b.dir, file)
+		if err := os.WriteFile(p, []byte("s3cret and more"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rep := b.apply()
+		if got, _ := os.ReadFile(p); string(got) != want || !strings.Contains(outcome(rep, p).Reason, "never copied aside") {
+			t.Fatalf("%s after a container rewrote it: %q %+v", file, got, outcome(rep, p))
+		}
+		if kept, _ := os.ReadDir(b.r.keptDir()); len(kept) != 0 {
+			t.Fatalf("a copy of %s was kept: %v", file, kept)
+		}
+	}
+}
+
 func TestFileChangeReplacesOnlyItsReader(t *testing.T) {
 	b := newBed(t)
 	b.apply()
