@@ -210,6 +210,20 @@ func writeFile(path string, have pathState, content []byte, uid, gid int, mode u
 			return "", "", nameErr(path, err)
 		}
 		defer unix.Close(fd)
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return "", "", nameErr(path, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
+			// Swapped since look, or a hard link a container made to a
+			// file of its own (which a chown and a setuid mode would
+			// give it under another name): written anew, a file of its
+			// own.
+			if err := safefs.WriteAt(dfd, base, content, safefs.Attr{UID: uid, GID: gid, Mode: mode, Chown: true}); err != nil {
+				return "", "", err
+			}
+			return fsUpdated, "written anew: it was a link to another name (or no longer a file)", nil
+		}
 		drift, err := fixOwnerMode(fd, uid, gid, mode)
 		if err != nil {
 			return "", "", err

@@ -430,6 +430,30 @@ func TestCredentialFilesAreNeverCopiedAside(t *testing.T) {
 	}
 }
 
+// A declared file a container hard-linked to a name of its own is written
+// anew, not chowned and chmoded in place: the owner and mode the manifest
+// gives it (a setuid bit, a root owner) never reach the container's name.
+func TestHardLinkedFileIsWrittenAnew(t *testing.T) {
+	b := newBed(t)
+	b.apply()
+	ini, other := filepath.Join(b.dir, "app/app.ini"), filepath.Join(b.dir, "app/mine")
+	if err := os.Link(ini, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(other, 0o777); err != nil { // the file drifts: the mesh would fix its mode
+		t.Fatal(err)
+	}
+	rep := b.apply()
+	if o := outcome(rep, ini); !strings.Contains(o.Reason, "written anew") {
+		t.Fatalf("a hard-linked file: %+v", o)
+	}
+	fi, _ := os.Stat(ini)
+	fo, _ := os.Stat(other)
+	if fi.Mode().Perm() != 0o640 || fo.Mode().Perm() != 0o777 || os.SameFile(fi, fo) {
+		t.Fatalf("after the apply: %s %v, the container's name %v (same file: %v)", ini, fi.Mode(), fo.Mode(), os.SameFile(fi, fo))
+	}
+}
+
 func TestFileChangeReplacesOnlyItsReader(t *testing.T) {
 	b := newBed(t)
 	b.apply()
