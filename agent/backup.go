@@ -386,7 +386,7 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 			}
 			progress("copying " + strings.Join(h.dirs, ", "))
 			last := time.Time{}
-			sum, err = repo.Backup(ctx, h.dirs, tags, func(p restic.Progress) {
+			sum, err = repo.BackupExcluding(ctx, h.dirs, reconciler.SecretsUnder(h.plan, h.dirs), tags, func(p restic.Progress) {
 				if time.Since(last) < 2*time.Second {
 					return
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"mesh/state"
@@ -50,6 +51,27 @@ func DataDirs(plan *state.Plan, module string) []string {
 	var out []string
 	for _, res := range plan.Resources {
 		if res.Module == module && res.Kind == manifest.KindDirectory && res.Decl.Data {
+			out = append(out, res.Name)
+		}
+	}
+	return out
+}
+
+// SecretsUnder lists the files of the plan that hold a secret (a secret's
+// file, a credential, a delivered credential), of any module, inside any
+// of dirs: a backup leaves them out. The repository's password is sealed
+// to every node, so a node that may not open a secret could read it from
+// a snapshot, and a value rotated or removed would stay in the snapshots;
+// the reconciler writes them again after a restore.
+func SecretsUnder(plan *state.Plan, dirs []string) []string {
+	var out []string
+	for _, res := range plan.Resources {
+		switch res.Kind {
+		case manifest.KindSecret, manifest.KindCredential, state.KindDeliveredCredential:
+		default:
+			continue
+		}
+		if slices.ContainsFunc(dirs, func(d string) bool { return manifest.Within(res.Name, d) }) {
 			out = append(out, res.Name)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"mesh/state"
+	"mesh/state/manifest"
 )
 
 const backupTmpl = `module: db
@@ -172,5 +173,25 @@ func TestBackupQuiesce(t *testing.T) {
 	close(release)
 	if err := r.Exclusive(ctx, func(context.Context) error { ran = true; return nil }); err != nil || !ran {
 		t.Fatalf("after the first: %v", err)
+	}
+}
+
+// A backup leaves out the files of a secret a data directory holds (of
+// any module): every node can open the repository.
+func TestSecretsUnder(t *testing.T) {
+	plan := &state.Plan{Resources: []state.Resource{
+		{Module: "db", Kind: manifest.KindDirectory, Name: "/srv/db"},
+		{Module: "db", Kind: manifest.KindSecret, Name: "/srv/db/admin.pw"},
+		{Module: "db", Kind: manifest.KindDirectory, Name: "/srv/db/creds"},
+		{Module: "db", Kind: state.KindDeliveredCredential, Name: "/srv/db/creds/app.credential"},
+		{Module: "app", Kind: manifest.KindCredential, Name: "/srv/db/app/db.password"},
+		{Module: "db", Kind: manifest.KindFile, Name: "/srv/db/db.conf"},
+		{Module: "db", Kind: manifest.KindSecret, Name: "/srv/dbx/pw"},
+		{Module: "db", Kind: manifest.KindSecret, Name: "/etc/db.pw"},
+	}}
+	got := SecretsUnder(plan, []string{"/srv/db"})
+	want := []string{"/srv/db/admin.pw", "/srv/db/creds/app.credential", "/srv/db/app/db.password"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("%v, want %v", got, want)
 	}
 }

@@ -120,6 +120,12 @@ func (r Repo) Ensure(ctx context.Context) (created bool, err error) {
 // A snapshot that misses files it could not read is returned with an error
 // wrapping ErrIncomplete.
 func (r Repo) Backup(ctx context.Context, paths []string, tags []string, progress func(Progress)) (Summary, error) {
+	return r.BackupExcluding(ctx, paths, nil, tags, progress)
+}
+
+// BackupExcluding is Backup leaving out exclude (absolute paths, each
+// matched as itself, not as a pattern).
+func (r Repo) BackupExcluding(ctx context.Context, paths, exclude []string, tags []string, progress func(Progress)) (Summary, error) {
 	if len(paths) == 0 {
 		return Summary{}, errors.New("restic backup: no paths given")
 	}
@@ -147,6 +153,12 @@ func (r Repo) Backup(ctx context.Context, paths []string, tags []string, progres
 	}
 	if len(tags) > 0 {
 		args = append(args, "--tag="+strings.Join(tags, ","))
+	}
+	for _, x := range exclude {
+		if !filepath.IsAbs(x) {
+			return Summary{}, fmt.Errorf("restic backup: the excluded %q is not an absolute path", x)
+		}
+		args = append(args, "--exclude="+globEscape.Replace(x))
 	}
 	args = append(args, "--")
 	args = append(args, paths...)

@@ -606,3 +606,35 @@ func TestMountsUnder(t *testing.T) {
 		}
 	}
 }
+
+// BackupExcluding leaves out the paths it is given, each as itself (a
+// name with a pattern's characters matches only that name).
+func TestBackupExcluding(t *testing.T) {
+	ctx := t.Context()
+	r := newRepo(t)
+	src := filepath.Join(t.TempDir(), "data")
+	if err := os.MkdirAll(filepath.Join(src, "sub"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"db", "pw[1]", "pw1", "sub/db.password", "sub/other"} {
+		if err := os.WriteFile(filepath.Join(src, f), []byte(f), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum, err := r.BackupExcluding(ctx, []string{src}, []string{filepath.Join(src, "pw[1]"), filepath.Join(src, "sub/db.password")}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := t.TempDir()
+	if err := r.Restore(ctx, sum.SnapshotID, target); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]bool{"db": true, "pw[1]": false, "pw1": true, "sub/db.password": false, "sub/other": true} {
+		if _, err := os.Lstat(filepath.Join(target, src, f)); (err == nil) != want {
+			t.Errorf("%s in the snapshot: %v, want %v", f, err == nil, want)
+		}
+	}
+	if _, err := r.BackupExcluding(ctx, []string{src}, []string{"pw1"}, nil, nil); err == nil {
+		t.Error("a relative path to leave out was taken")
+	}
+}
