@@ -229,10 +229,17 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 		return out, nil
 	}
 	dir := base // where the file's relative paths start (an include's project_directory)
-	resolve := func(p string) (string, bool) {
+	// resolve is where compose-go reads a path the file names, once
+	// interpolated; home says whether it expands a leading ~ there, as it
+	// does for env_file and label_file only (extends and include paths it
+	// joins to the directory as they are).
+	resolve := func(p string, home bool) (string, bool) {
 		s, err := template.Substitute(p, g.lookup)
 		if err != nil || s == "" {
 			return "", false
+		}
+		if home {
+			s = expandUser(s)
 		}
 		if !filepath.IsAbs(s) {
 			s = filepath.Join(dir, s)
@@ -244,7 +251,7 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 		if !ok {
 			return nil
 		}
-		if path, ok := resolve(s); ok {
+		if path, ok := resolve(s, true); ok {
 			if err := regularFile(path, what); err != nil {
 				return err
 			}
@@ -260,7 +267,7 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 		if !ok {
 			return nil, nil
 		}
-		if path, ok := resolve(s); ok && !strings.Contains(path, "://") {
+		if path, ok := resolve(s, false); ok && !strings.Contains(path, "://") {
 			if err := regularFile(path, what); err != nil {
 				return nil, err
 			}
@@ -280,7 +287,7 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 	include := func(paths []any, projectDir any, envFiles []any) error {
 		incDir := ""
 		if pd, ok := projectDir.(string); ok && pd != "" {
-			p, ok := resolve(pd)
+			p, ok := resolve(pd, false)
 			if !ok {
 				return nil
 			}
@@ -290,7 +297,7 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 			incDir = p
 		} else if len(paths) > 0 {
 			if s, ok := paths[0].(string); ok {
-				if p, ok := resolve(s); ok {
+				if p, ok := resolve(s, false); ok {
 					incDir = filepath.Dir(p)
 				}
 			}
@@ -306,7 +313,7 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 			if !ok {
 				continue
 			}
-			p, ok := resolve(es)
+			p, ok := resolve(es, false)
 			if !ok {
 				continue
 			}
@@ -422,6 +429,22 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 }
 
 func (g *guard) lookup(k string) (string, bool) { v, ok := g.vars[k]; return v, ok }
+
+// expandUser is compose-go's paths.ExpandUser: a path that starts with ~ is
+// under the home of the process (its HOME, whatever Options.Env says), "~x"
+// as "~/x"; without a home it is left as it is. Joined to the project's
+// directory instead, "~/x.env" would pass as absent while compose-go read
+// the operator's own file into the manifest (or hung on a FIFO there).
+func expandUser(p string) string {
+	if !strings.HasPrefix(p, "~") {
+		return p
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return p
+	}
+	return filepath.Join(home, p[1:])
+}
 
 // size is what a node stands for once its aliases are copied: how many
 // nodes, and how deep it nests.

@@ -88,6 +88,79 @@ func TestImportRefusesFilesItCannotReadWhole(t *testing.T) {
 	}
 }
 
+// importWithin imports, failing the test when the import has not returned
+// after 20 s (a FIFO opened blocks for good).
+func importWithin(t *testing.T, opts Options) (*Result, error) {
+	t.Helper()
+	type result struct {
+		res *Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := Import(context.Background(), opts)
+		done <- result{res, err}
+	}()
+	select {
+	case r := <-done:
+		return r.res, r.err
+	case <-time.After(20 * time.Second):
+		t.Fatal("the import hung")
+		return nil, nil
+	}
+}
+
+// compose-go reads an env_file or label_file "~/x.env" from the home of the
+// process, so the guard checks that file: one outside the project is
+// refused unless --copy-host-files, a FIFO always. extends and include
+// paths compose-go joins to the directory as they are ("~" a directory of
+// the project), and the guard checks them there.
+func TestImportExpandsHomeAsComposeGoDoes(t *testing.T) {
+	home := t.TempDir()
+	os.WriteFile(filepath.Join(home, "secret.env"), []byte("TOKEN=operator-private\n"), 0o600)
+	if err := syscall.Mkfifo(filepath.Join(home, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("HOME", home)
+	for _, c := range []struct {
+		name, svc string
+		copyHost  bool
+		want      string
+	}{
+		{"env_file", `env_file: ["~/secret.env"]`, false, "env_file of service a: " + home + "/secret.env is outside the project's directory"},
+		{"label_file", `label_file: ["~/secret.env"]`, false, "label_file of service a: " + home + "/secret.env is outside the project's directory"},
+		{"env_file long form, ~ then a name", `env_file: [{path: "~secret.env"}]`, false, home + "/secret.env is outside"},
+		{"env_file a FIFO", `env_file: ["~/fifo"]`, true, "env_file of service a: " + home + "/fifo is a named pipe"},
+		{"label_file a FIFO", `label_file: ["~/fifo"]`, true, home + "/fifo is a named pipe"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			file := writeProject(t, map[string]string{"compose.yaml": "services:\n  a:\n    image: busybox\n    " + c.svc + "\n"})
+			_, err := importWithin(t, Options{File: file, Env: []string{}, CopyHostFiles: c.copyHost})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error saying %q", err, c.want)
+			}
+		})
+	}
+	// Asked for, the home's file is read, as compose-go reads it.
+	file := writeProject(t, map[string]string{"compose.yaml": "services:\n  a:\n    image: busybox\n    env_file: [\"~/secret.env\"]\n"})
+	res, err := importWithin(t, Options{File: file, Env: []string{}, CopyHostFiles: true})
+	if err != nil || !strings.Contains(manifestOf(t, res, "a"), `"TOKEN":"operator-private"`) {
+		t.Fatalf("with --copy-host-files: %v", err)
+	}
+	for name, compose := range map[string]string{
+		"include's env_file": "include:\n  - path: inc.yaml\n    env_file: \"~/fifo\"\nservices:\n  a:\n    image: busybox\n",
+		"extends file":       "services:\n  a:\n    extends: {file: \"~/fifo\", service: b}\n",
+	} {
+		d := filepath.Dir(writeProject(t, map[string]string{"compose.yaml": compose, "inc.yaml": "services:\n  i:\n    image: busybox\n"}))
+		os.Mkdir(filepath.Join(d, "~"), 0o755)
+		syscall.Mkfifo(filepath.Join(d, "~", "fifo"), 0o600)
+		_, err := importWithin(t, Options{File: filepath.Join(d, "compose.yaml"), Env: []string{}})
+		if err == nil || !strings.Contains(err.Error(), filepath.Join(d, "~", "fifo")+" is a named pipe") {
+			t.Errorf("%s: %v, want the project's ~/fifo refused", name, err)
+		}
+	}
+}
+
 // Any compose file: the import returns manifests that pass mesh check, or an
 // error; it never panics and never hangs on what the file names.
 func FuzzImport(f *testing.F) {
