@@ -18,13 +18,14 @@ import (
 )
 
 // Every file compose-go reads while loading a project (the compose file, its
-// .env, each env_file and label_file, each file an extends or include names)
-// is read whole, with no limit: a compose file naming /dev/zero, a FIFO or a
-// huge file would make `mesh import compose` hang and eat memory. guardFiles
-// checks them first: each must be a regular file (after following links) of
-// at most maxComposeFile bytes. Paths are interpolated as compose-go would,
-// with the same environment and .env, and files named by extends and include
-// are checked the same way, to a bounded depth.
+// .env, each env_file and label_file, a service's and a pre_start hook's,
+// each file an extends or include names) is read whole, with no limit: a
+// compose file naming /dev/zero, a FIFO or a huge file would make `mesh
+// import compose` hang and eat memory. guardFiles checks them first: each
+// must be a regular file (after following links) of at most maxComposeFile
+// bytes. Paths are interpolated as compose-go would, with the same
+// environment and .env, and files named by extends and include are checked
+// the same way, to a bounded depth.
 //
 // compose-go's time also grows with what a small file expands to: each YAML
 // node costs it tens of microseconds, and it copies nodes for every alias,
@@ -350,10 +351,23 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 		services, _ := doc["services"].(map[string]any)
 		for _, name := range sortedKeys(services) {
 			svc, _ := services[name].(map[string]any)
-			for _, key := range []string{"env_file", "label_file"} {
-				for _, p := range pathsOf(svc[key]) {
-					if err := check(p, fmt.Sprintf("%s of service %s:", key, name)); err != nil {
-						return out, err
+			// compose-go reads a pre_start hook's env_file and label_file
+			// as a service's: a hook is a container of its own.
+			specs := []map[string]any{svc}
+			whose := []string{"service " + name}
+			hooks, _ := svc["pre_start"].([]any)
+			for i, h := range hooks {
+				if hook, ok := h.(map[string]any); ok {
+					specs = append(specs, hook)
+					whose = append(whose, fmt.Sprintf("pre_start hook %d of service %s", i+1, name))
+				}
+			}
+			for i, spec := range specs {
+				for _, key := range []string{"env_file", "label_file"} {
+					for _, p := range pathsOf(spec[key]) {
+						if err := check(p, fmt.Sprintf("%s of %s:", key, whose[i])); err != nil {
+							return out, err
+						}
 					}
 				}
 			}

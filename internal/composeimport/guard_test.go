@@ -161,6 +161,41 @@ func TestImportExpandsHomeAsComposeGoDoes(t *testing.T) {
 	}
 }
 
+// A pre_start hook is a container of its own, whose env_file and label_file
+// compose-go reads as a service's: each is checked the same way (a FIFO
+// refused at once, a file outside the project unless --copy-host-files).
+func TestImportGuardsPreStartHooks(t *testing.T) {
+	out := t.TempDir()
+	outside := filepath.Join(out, "outside.env")
+	os.WriteFile(outside, []byte("X=operator-private\n"), 0o600)
+	fifo := filepath.Join(out, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hook := func(key, p string) string {
+		return "services:\n  app:\n    image: busybox\n    pre_start:\n      - image: busybox\n        command: [\"true\"]\n      - image: busybox\n        " + key + ": [\"" + p + "\"]\n"
+	}
+	for _, c := range []struct {
+		name, compose string
+		copyHost      bool
+		want          string
+	}{
+		{"env_file a FIFO", hook("env_file", fifo), true, "env_file of pre_start hook 2 of service app: " + fifo + " is a named pipe"},
+		{"label_file a FIFO", hook("label_file", fifo), true, "label_file of pre_start hook 2 of service app: " + fifo + " is a named pipe"},
+		{"env_file outside", hook("env_file", outside), false, "env_file of pre_start hook 2 of service app: " + outside + " is outside the project's directory"},
+		{"label_file outside", hook("label_file", outside), false, outside + " is outside the project's directory"},
+		{"in the project", hook("env_file", "hook.env"), false, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			file := writeProject(t, map[string]string{"compose.yaml": c.compose, "hook.env": "X=1\n"})
+			_, err := importWithin(t, Options{File: file, Env: []string{}, CopyHostFiles: c.copyHost})
+			if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+				t.Fatalf("got %v, want an error saying %q", err, c.want)
+			}
+		})
+	}
+}
+
 // Any compose file: the import returns manifests that pass mesh check, or an
 // error; it never panics and never hangs on what the file names.
 func FuzzImport(f *testing.F) {
