@@ -958,7 +958,8 @@ func (w *writer) hostFile(what, src, p, owner, mode string) bool {
 }
 
 // configs: each becomes a file with its content (from its file in the
-// project, or inline), mounted read-only where compose puts it.
+// project, or inline), mounted read-only where compose puts it; one whose
+// content is an environment variable's becomes a secret.
 func (w *writer) configs(svc types.ServiceConfig) {
 	for _, c := range svc.Configs {
 		target := c.Target
@@ -967,6 +968,21 @@ func (w *writer) configs(svc types.ServiceConfig) {
 		}
 		if !path.IsAbs(target) {
 			target = "/" + target
+		}
+		cfg := w.p.proj.Configs[c.Source]
+		if cfg.Environment != "" && !bool(cfg.External) {
+			// Its content is the value of a variable of the environment
+			// the import runs in (a token, often): as a file's content it
+			// would be in the manifest every node replicates, so it is a
+			// secret, as a compose secret from the environment is.
+			if _, again := w.sources["config "+c.Source]; !again {
+				w.note(NoteCarried, "config %s takes its value from the environment variable %s: it becomes a secret, its value kept out of the manifest", c.Source, cfg.Environment)
+			}
+			set := func(name string) string { return w.setFrom(cfg.Environment, name) }
+			if !w.secret("config", types.FileReferenceConfig(c), target, set) {
+				return
+			}
+			continue
 		}
 		owner, mode := "0:0", "0444"
 		if c.UID != "" || c.GID != "" {
@@ -984,7 +1000,6 @@ func (w *writer) configs(svc types.ServiceConfig) {
 			w.note(NoteDropped, "config %s at %q: not carried over; a mesh mount's container path may not hold ':', ',' or a newline", c.Source, target)
 			continue
 		}
-		cfg := w.p.proj.Configs[c.Source]
 		p, fresh := w.path("config "+c.Source, safeBase(c.Source))
 		switch {
 		case !fresh:
@@ -1079,19 +1094,7 @@ func (w *writer) addTmpfs(t string) {
 // set, sealed to the nodes the module runs on), mounted where compose put
 // it, owned and moded as compose says.
 func (w *writer) secrets(svc types.ServiceConfig) {
-	if len(svc.Secrets) == 0 {
-		return
-	}
-	dir, fresh := w.path("the module's secrets", "secrets")
-	if fresh {
-		w.res("directory", dir, "owner", w.owner, "mode", "0700")
-	}
 	for _, s := range svc.Secrets {
-		name := secretName(s.Source)
-		if !manifest.SecretNameRE.MatchString(name) {
-			w.refuse("secret %q has no letter or digit to name a mesh secret with; rename it", s.Source)
-			return
-		}
 		target := s.Target
 		if target == "" {
 			target = s.Source
@@ -1099,65 +1102,92 @@ func (w *writer) secrets(svc types.ServiceConfig) {
 		if !path.IsAbs(target) {
 			target = "/run/secrets/" + target
 		}
-		if badTarget(target) {
-			w.note(NoteDropped, "secret %s at %q: not carried over; a mesh mount's container path may not hold ':', ',' or a newline", s.Source, target)
-			continue
-		}
-		if p, ok := w.sources["secret "+s.Source]; ok {
-			// One secret at a second place: mounted there too.
-			w.mounts = append(w.mounts, p+":"+path.Clean(target)+":ro")
-			w.note(NoteCarried, "secret %s mounted at %s too", s.Source, path.Clean(target))
-			continue
-		}
-		p := filepath.Join(dir, name)
-		for i := 2; w.paths[p] != ""; i++ {
-			name = secretName(s.Source) + "-" + strconv.Itoa(i)
-			p = filepath.Join(dir, name)
-		}
-		if name != secretName(s.Source) {
-			w.note(NoteCarried, "secret %s is mesh secret %s: %s is another of its secrets' name", s.Source, name, secretName(s.Source))
-		}
-		w.paths[p], w.sources["secret "+s.Source] = "secret "+s.Source, p
-		owner := w.owner
-		if s.UID != "" || s.GID != "" {
-			u, g := s.UID, s.GID
-			if u == "" {
-				u = "0"
+		how := func(name string) string {
+			if sc, ok := w.p.proj.Secrets[s.Source]; ok && sc.File != "" {
+				return fmt.Sprintf("mesh secret set %s %s --from-file %s", w.module, name, sc.File)
+			} else if ok && sc.Environment != "" {
+				return w.setFrom(sc.Environment, name)
 			}
-			if g == "" {
-				g = u
-			}
-			if _, _, err := manifest.ParseOwner(u + ":" + g); err == nil {
-				owner = u + ":" + g
-			} else {
-				w.note(NoteDropped, "secret %s: uid %q, gid %q: dropped (%v)", s.Source, s.UID, s.GID, err)
-			}
+			return fmt.Sprintf("printf '%%s' \"$VALUE\" | mesh secret set %s %s", w.module, name)
 		}
-		mode := "0600"
-		if s.Mode != nil {
-			m := uint32(*s.Mode) & 0o777
-			switch {
-			case m&0o077 != 0:
-				w.note(NoteCarried, "secret %s: mode %04o lets group or others read it; the mesh keeps a secret its owner's alone: 0600", s.Source, m)
-			case m&0o200 == 0:
-				mode = "0400"
-			}
+		if !w.secret("secret", types.FileReferenceConfig(s), target, how) {
+			return
 		}
-		w.res("secret", p, "name", name, "owner", owner, "mode", mode)
-		w.mounts = append(w.mounts, p+":"+path.Clean(target)+":ro")
-		// A file mount keeps the file it found (a new value is a new file,
-		// renamed over): under restart-on, a new value replaces the
-		// container; without, it read the old value until something else
-		// made it again.
-		w.restartOn = append(w.restartOn, p)
-		how := fmt.Sprintf("printf '%%s' \"$VALUE\" | mesh secret set %s %s", w.module, name)
-		if sc, ok := w.p.proj.Secrets[s.Source]; ok && sc.File != "" {
-			how = fmt.Sprintf("mesh secret set %s %s --from-file %s", w.module, name, sc.File)
-		} else if ok && sc.Environment != "" {
-			how = fmt.Sprintf("printf '%%s' \"$%s\" | mesh secret set %s %s", sc.Environment, w.module, name)
-		}
-		w.note(NoteAction, "secret %s -> secret %s (name %s, owner %s, mode %s) mounted at %s; once the module is added and assigned, set its value: %s", s.Source, p, name, owner, mode, path.Clean(target), how)
 	}
+}
+
+// setFrom is the line that sets a mesh secret to the value of an
+// environment variable.
+func (w *writer) setFrom(variable, name string) string {
+	return fmt.Sprintf("printf '%%s' \"$%s\" | mesh secret set %s %s", variable, w.module, name)
+}
+
+// secret declares one secret resource for a compose secret or config (kind)
+// mounted at target, and says the mesh secret set line to run (how, given
+// the mesh secret's name). It says false when the import must fail.
+func (w *writer) secret(kind string, s types.FileReferenceConfig, target string, how func(name string) string) bool {
+	dir, fresh := w.path("the module's secrets", "secrets")
+	if fresh {
+		w.res("directory", dir, "owner", w.owner, "mode", "0700")
+	}
+	name := secretName(s.Source)
+	if !manifest.SecretNameRE.MatchString(name) {
+		w.refuse("%s %q has no letter or digit to name a mesh secret with; rename it", kind, s.Source)
+		return false
+	}
+	if badTarget(target) {
+		w.note(NoteDropped, "%s %s at %q: not carried over; a mesh mount's container path may not hold ':', ',' or a newline", kind, s.Source, target)
+		return true
+	}
+	if p, ok := w.sources[kind+" "+s.Source]; ok {
+		// One secret at a second place: mounted there too.
+		w.mounts = append(w.mounts, p+":"+path.Clean(target)+":ro")
+		w.note(NoteCarried, "%s %s mounted at %s too", kind, s.Source, path.Clean(target))
+		return true
+	}
+	p := filepath.Join(dir, name)
+	for i := 2; w.paths[p] != ""; i++ {
+		name = secretName(s.Source) + "-" + strconv.Itoa(i)
+		p = filepath.Join(dir, name)
+	}
+	if name != secretName(s.Source) {
+		w.note(NoteCarried, "%s %s is mesh secret %s: %s is another of its secrets' name", kind, s.Source, name, secretName(s.Source))
+	}
+	w.paths[p], w.sources[kind+" "+s.Source] = kind+" "+s.Source, p
+	owner := w.owner
+	if s.UID != "" || s.GID != "" {
+		u, g := s.UID, s.GID
+		if u == "" {
+			u = "0"
+		}
+		if g == "" {
+			g = u
+		}
+		if _, _, err := manifest.ParseOwner(u + ":" + g); err == nil {
+			owner = u + ":" + g
+		} else {
+			w.note(NoteDropped, "%s %s: uid %q, gid %q: dropped (%v)", kind, s.Source, s.UID, s.GID, err)
+		}
+	}
+	mode := "0600"
+	if s.Mode != nil {
+		m := uint32(*s.Mode) & 0o777
+		switch {
+		case m&0o077 != 0:
+			w.note(NoteCarried, "%s %s: mode %04o lets group or others read it; the mesh keeps a secret its owner's alone: 0600", kind, s.Source, m)
+		case m&0o200 == 0:
+			mode = "0400"
+		}
+	}
+	w.res("secret", p, "name", name, "owner", owner, "mode", mode)
+	w.mounts = append(w.mounts, p+":"+path.Clean(target)+":ro")
+	// A file mount keeps the file it found (a new value is a new file,
+	// renamed over): under restart-on, a new value replaces the
+	// container; without, it read the old value until something else
+	// made it again.
+	w.restartOn = append(w.restartOn, p)
+	w.note(NoteAction, "%s %s -> secret %s (name %s, owner %s, mode %s) mounted at %s; once the module is added and assigned, set its value: %s", kind, s.Source, p, name, owner, mode, path.Clean(target), how(name))
+	return true
 }
 
 // dependsOn: a binding to each dependency, so it is applied first on a node

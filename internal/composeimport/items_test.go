@@ -393,3 +393,24 @@ func TestImportConfigs(t *testing.T) {
 		t.Errorf("a config from outside the project:\n%s\n%v", a, res.Lines())
 	}
 }
+
+// A config whose content is an environment variable's (a token, often)
+// becomes a secret, as a compose secret from the environment does: its
+// value never lands in the manifest every node replicates.
+func TestImportConfigFromTheEnvironment(t *testing.T) {
+	res := mustImport(t, Options{Env: []string{"GITHUB_TOKEN=ghp_topsecret"}, File: writeProject(t, map[string]string{
+		"compose.yaml": "services:\n  app:\n    image: busybox\n    configs:\n      - source: token\n        target: /etc/token\n        uid: \"100\"\n        mode: 0o400\n      - token\nconfigs:\n  token:\n    environment: GITHUB_TOKEN\n",
+	})})
+	app := manifestOf(t, res, "app")
+	if strings.Contains(app, "ghp_topsecret") {
+		t.Fatalf("the variable's value is in the manifest:\n%s", app)
+	}
+	for _, want := range []string{`secret: "/srv/` + res.Project + `-app/secrets/token"`, `name: "token"`, `/secrets/token:/token:ro"`, `/secrets/token:/etc/token:ro"`} {
+		if !strings.Contains(app, want) {
+			t.Errorf("no %s in\n%s", want, app)
+		}
+	}
+	if !hasNote(res, NoteAction, `app: config token -> secret /srv/`+res.Project+`-app/secrets/token (name token, owner 100:100, mode 0400) mounted at /etc/token; once the module is added and assigned, set its value: printf '%s' "$GITHUB_TOKEN" | mesh secret set app token`) {
+		t.Errorf("no mesh secret set line:\n%s", strings.Join(res.Lines(), "\n"))
+	}
+}
