@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -54,7 +55,13 @@ const (
 	maxServicePorts = 1024
 )
 
-func guardFiles(file string, env []string, project projectDir, hostFiles bool) error {
+// guardFiles checks the files as above, and returns the variables whose
+// values the files take from env alone: compose-go fills them in (${VAR}, a
+// bare "environment: [VAR]", ${VAR} in an env_file) from the environment
+// the import runs in, and neither the .env nor an include's env file gives
+// them that value, so the operator's own values (a token exported in the
+// shell) end up in manifests every node replicates, which the import says.
+func guardFiles(file string, env []string, project projectDir, hostFiles bool) ([]string, error) {
 	dir := filepath.Dir(file)
 	vars := map[string]string{}
 	for _, kv := range env {
@@ -62,33 +69,39 @@ func guardFiles(file string, env []string, project projectDir, hostFiles bool) e
 			vars[k] = v
 		}
 	}
+	g := &guard{env: maps.Clone(vars), files: map[string]*guarded{}, project: project, hostFiles: hostFiles,
+		fileValues: map[string][]string{}, used: map[string]bool{}}
 	if err := regularFile(file, "the compose file"); err != nil {
-		return err
+		return nil, err
 	}
 	dotEnv := filepath.Join(dir, ".env")
 	if _, err := os.Lstat(dotEnv); err == nil {
 		if err := regularFile(dotEnv, "the .env beside it"); err != nil {
-			return err
+			return nil, err
 		}
 		if err := insideProject(dotEnv, "the .env beside it", project, hostFiles); err != nil {
-			return err
+			return nil, err
 		}
 		if m, err := dotenv.Read(dotEnv); err == nil {
-			for k, v := range m {
-				if _, set := vars[k]; !set {
-					vars[k] = v
-				}
-			}
+			g.fill(vars, m)
 		}
 	}
-	g := &guard{vars: vars, files: map[string]*guarded{}, project: project, hostFiles: hostFiles}
+	g.vars = vars
 	if _, err := g.file(file, dir, 0, false); err != nil {
-		return err
+		return nil, err
 	}
 	if g.nodes > maxComposeNodes {
-		return fmt.Errorf("the compose file %s expands to more than %d YAML nodes (counting what anchors, extends, include and port ranges copy); the import reads compose files up to that size: split it, or import its services from smaller files", file, maxComposeNodes)
+		return nil, fmt.Errorf("the compose file %s expands to more than %d YAML nodes (counting what anchors, extends, include and port ranges copy); the import reads compose files up to that size: split it, or import its services from smaller files", file, maxComposeNodes)
 	}
-	return nil
+	var fromEnv []string
+	for _, k := range sortedKeys(g.used) {
+		// Equal to the project's own (a shell that sourced the .env):
+		// nothing of the operator's.
+		if v, ok := g.env[k]; ok && !slices.Contains(g.fileValues[k], v) {
+			fromEnv = append(fromEnv, k)
+		}
+	}
+	return fromEnv, nil
 }
 
 // guard walks a compose file and the files it names, once each.
@@ -98,6 +111,24 @@ type guard struct {
 	vars      map[string]string
 	files     map[string]*guarded // nil while the file is being walked (a cycle)
 	nodes     int                 // what compose-go will expand, so far
+	// env is the environment the import runs in, fileValues what the
+	// project's .env and include env files set each variable to, and used
+	// the variables the walked files take from the environment.
+	env        map[string]string
+	fileValues map[string][]string
+	used       map[string]bool
+}
+
+// fill adds to vars what an env file m sets and vars does not (the
+// environment wins, as in compose-go), and keeps m's values as the
+// project's.
+func (g *guard) fill(vars, m map[string]string) {
+	for k, v := range m {
+		if _, set := vars[k]; !set {
+			vars[k] = v
+		}
+		g.fileValues[k] = append(g.fileValues[k], v)
+	}
 }
 
 // guarded is what one walked file costs and what each of its services
@@ -325,11 +356,7 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 				return err
 			}
 			if m, err := dotenv.Read(p); err == nil {
-				for k, v := range m {
-					if _, set := vars[k]; !set {
-						vars[k] = v
-					}
-				}
+				g.fill(vars, m)
 			}
 		}
 		saved := g.vars
@@ -347,6 +374,9 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 		var doc map[string]any
 		if d.Decode(&doc) != nil {
 			continue // compose-go says what is wrong with it
+		}
+		for k := range template.ExtractVariables(doc, template.DefaultPattern) {
+			g.used[k] = true
 		}
 		services, _ := doc["services"].(map[string]any)
 		for _, name := range sortedKeys(services) {
@@ -369,6 +399,12 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 							return out, err
 						}
 					}
+				}
+			}
+			g.bareEnv(svc["environment"])
+			for _, e := range envFiles(svc["env_file"]) {
+				if p, ok := resolve(e.path, true); ok {
+					g.envFileUses(p, e.format)
 				}
 			}
 			if err := g.ports(name, svc); err != nil {
@@ -566,6 +602,69 @@ func (g *guard) portSpan(e any) int {
 		}
 	}
 	return span
+}
+
+// bareEnv marks as used the variables an environment entry names without a
+// value ("environment: [TOKEN]", or "TOKEN:"): compose-go gives them the
+// environment's.
+func (g *guard) bareEnv(e any) {
+	switch e := e.(type) {
+	case map[string]any:
+		for k, v := range e {
+			if v == nil {
+				g.used[k] = true
+			}
+		}
+	case []any:
+		for _, x := range e {
+			if s, ok := x.(string); ok && !strings.Contains(s, "=") {
+				g.used[s] = true
+			}
+		}
+	}
+}
+
+// envFileUses marks as used the variables an env_file (checked already)
+// takes from the environment: compose-go fills ${VAR} in its values, and a
+// line that is a name alone, from the project's environment first.
+func (g *guard) envFileUses(p, format string) {
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return
+	}
+	b, err := readSmall(real, maxComposeFile)
+	if err != nil {
+		return
+	}
+	dotenv.ParseWithFormat(bytes.NewReader(b), p, map[string]string{}, func(k string) (string, bool) {
+		g.used[k] = true
+		return g.lookup(k)
+	}, format)
+}
+
+type envFile struct{ path, format string }
+
+// envFiles lists an env_file field's files: a path, a list of paths, or a
+// list of {path, format}.
+func envFiles(v any) []envFile {
+	switch v := v.(type) {
+	case string:
+		return []envFile{{path: v}}
+	case []any:
+		var out []envFile
+		for _, e := range v {
+			switch e := e.(type) {
+			case string:
+				out = append(out, envFile{path: e})
+			case map[string]any:
+				p, _ := e["path"].(string)
+				f, _ := e["format"].(string)
+				out = append(out, envFile{p, f})
+			}
+		}
+		return out
+	}
+	return nil
 }
 
 // pathsOf lists the paths of a field that is a path, a list of paths, or a

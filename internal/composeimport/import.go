@@ -179,7 +179,11 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	if real, err := filepath.EvalSymlinks(dir.named); err == nil {
 		dir.real = real
 	}
-	if err := guardFiles(abs, env, dir, opts.CopyHostFiles); err != nil {
+	// What the guard's interpolation warns of, compose-go warns of again
+	// below, where it becomes a note.
+	var fromEnv []string
+	silenced(nil, func() { fromEnv, err = guardFiles(abs, env, dir, opts.CopyHostFiles) })
+	if err != nil {
 		return nil, err
 	}
 	fns := []cli.ProjectOptionsFn{cli.WithWorkingDirectory(filepath.Dir(abs)), cli.WithEnv(env)}
@@ -213,21 +217,34 @@ func Import(ctx context.Context, opts Options) (*Result, error) {
 	for _, w := range warnings {
 		p.res.Notes = append(p.res.Notes, Note{"compose", NoteAction, w})
 	}
+	// The operator's own values, filled in silently, would otherwise go
+	// unseen into manifests every node replicates.
+	if len(fromEnv) > 0 {
+		p.res.Notes = append(p.res.Notes, Note{"compose", NoteAction, fmt.Sprintf("variables %s: the compose files take their values from the environment the import ran in, not from the project's .env or env files; the values are now in the manifests wherever the files use them, and every node replicates a manifest: keep a secret one in a secret (compose's secrets: or configs: with environment:, or a container's env-secrets:), set with mesh secret set", strings.Join(fromEnv, ", "))})
+	}
 	return p.run(ctx)
 }
 
 // load reads the project, keeping what compose-go warns of (a variable
 // not set, "defaulting to a blank string": an empty password) as notes
 // instead of log lines on stderr.
-func load(ctx context.Context, po *cli.ProjectOptions) (*types.Project, []string, error) {
-	std := logrus.StandardLogger()
+func load(ctx context.Context, po *cli.ProjectOptions) (proj *types.Project, lines []string, err error) {
 	h := &warnHook{}
+	silenced(h, func() { proj, err = po.LoadProject(ctx) })
+	return proj, h.lines, err
+}
+
+// silenced runs f with what the standard logger logs (compose-go's
+// warnings) going to hook alone, or nowhere when it is nil.
+func silenced(hook logrus.Hook, f func()) {
+	std := logrus.StandardLogger()
 	hooks, out := std.ReplaceHooks(logrus.LevelHooks{}), std.Out
-	std.AddHook(h)
+	if hook != nil {
+		std.AddHook(hook)
+	}
 	std.SetOutput(io.Discard)
 	defer func() { std.ReplaceHooks(hooks); std.SetOutput(out) }()
-	proj, err := po.LoadProject(ctx)
-	return proj, h.lines, err
+	f()
 }
 
 type warnHook struct{ lines []string }

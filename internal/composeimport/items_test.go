@@ -98,6 +98,37 @@ func TestImportReadsDotEnv(t *testing.T) {
 	}
 }
 
+// The values compose-go fills in from the environment the import runs in
+// (${VAR}, a bare environment entry, ${VAR} in an env_file) land in the
+// manifests: one note names the variables the project's .env and env files
+// do not set to that value, so the operator sees a token copied from the
+// shell.
+func TestImportSaysWhatTheEnvironmentFilledIn(t *testing.T) {
+	file := writeProject(t, map[string]string{
+		"compose.yaml": "include:\n  - path: inc.yaml\n    env_file: inc.env\nservices:\n  app:\n    image: \"busybox:${TAG}\"\n    env_file: app.env\n    environment:\n      GREETING: ${GITHUB_TOKEN}\n      PASSTHRU:\n      ESCAPED: $${NOT_FILLED}\n      D: ${UNSET:-d}\n      S: ${SOURCED}/${ONLY_DOTENV}\n    labels: {home: \"${HOME}\"}\n",
+		".env":         "TAG=2\nSOURCED=same\nONLY_DOTENV=x\n",
+		"app.env":      "DB_URL=postgres://u:${DB_PW}@db/x\n",
+		"inc.yaml":     "services:\n  inc:\n    image: busybox\n    environment: {V: \"${INC}\"}\n",
+		"inc.env":      "INC=1\n",
+	})
+	env := []string{"GITHUB_TOKEN=ghp_topsecret", "HOME=/home/op", "PASSTHRU=pp", "TAG=3", "SOURCED=same", "DB_PW=pw", "INC=1", "NOT_FILLED=x", "UNUSED=u"}
+	res := mustImport(t, Options{File: file, Env: env})
+	var said []Note
+	for _, n := range res.Notes {
+		if strings.Contains(n.Text, "from the environment the import ran in") {
+			said = append(said, n)
+		}
+	}
+	if len(said) != 1 || said[0].Service != "compose" || said[0].Kind != NoteAction || !strings.HasPrefix(said[0].Text, "variables DB_PW, GITHUB_TOKEN, HOME, PASSTHRU, TAG: ") {
+		t.Fatalf("want one action note naming DB_PW, GITHUB_TOKEN, HOME, PASSTHRU, TAG; got %v", said)
+	}
+	// Nothing taken from the environment: nothing said.
+	res = mustImport(t, Options{File: file, Env: []string{"SOURCED=same", "INC=1", "UNUSED=u"}})
+	if hasNote(res, "", "from the environment the import ran in") {
+		t.Errorf("%s", strings.Join(res.Lines(), "\n"))
+	}
+}
+
 // Item 3: a service others depend on that publishes nothing is published
 // at its image's ports (when the image is here) or its software's
 // well-known one; else each edge is named with what to add.
