@@ -370,6 +370,11 @@ func (p *project) run(ctx context.Context) (*Result, error) {
 	for _, n := range sortedKeys(proj.DisabledServices) {
 		p.res.Notes = append(p.res.Notes, Note{n, NoteDropped, "not imported: its profile is not active (set COMPOSE_PROFILES, in the environment or .env, to import it)"})
 	}
+	// A job runs to its end, on demand or on a schedule, where a module's
+	// containers keep running: none is imported, and each is said.
+	for _, n := range sortedKeys(proj.AllJobs()) {
+		p.res.Notes = append(p.res.Notes, Note{"compose", NoteDropped, fmt.Sprintf("job %s: not imported; the import carries services only: make its work a step of a module (a step runs to its end before the containers start; schedule: runs it again on a cron line)", n)})
+	}
 	return p.res, nil
 }
 

@@ -326,6 +326,22 @@ secrets:
 	}
 }
 
+// A top-level jobs: section is not carried: each job, in an active profile
+// or not, is named in a dropped note.
+func TestImportSaysJobsDropped(t *testing.T) {
+	res := mustImport(t, Options{File: writeProject(t, map[string]string{
+		"compose.yaml": "services:\n  app:\n    image: busybox\njobs:\n  migrate:\n    image: busybox\n    command: [\"true\"]\n    triggers: {manual: true}\n  nightly:\n    image: busybox\n    triggers: {schedule: [\"0 3 * * *\"]}\n  debug:\n    image: busybox\n    triggers: {manual: true}\n    profiles: [debug]\n",
+	})})
+	for _, job := range []string{"debug", "migrate", "nightly"} {
+		if !hasNote(res, NoteDropped, "compose: job "+job+": not imported; the import carries services only") {
+			t.Errorf("no note says job %s is dropped:\n%s", job, strings.Join(res.Lines(), "\n"))
+		}
+	}
+	if len(res.Manifests) != 1 {
+		t.Errorf("%d manifests, want app's alone", len(res.Manifests))
+	}
+}
+
 // Every key the writer claims to read is a key of a compose service: a
 // misspelt one would hide a key that is then dropped without a note.
 func TestCarriedKeysExist(t *testing.T) {
