@@ -69,7 +69,7 @@ func guardFiles(file string, env []string, project projectDir, hostFiles bool) (
 			vars[k] = v
 		}
 	}
-	g := &guard{env: maps.Clone(vars), files: map[string]*guarded{}, project: project, hostFiles: hostFiles,
+	g := &guard{env: maps.Clone(vars), files: map[walked]*guarded{}, project: project, hostFiles: hostFiles,
 		fileValues: map[string][]string{}, used: map[string]bool{}}
 	if err := regularFile(file, "the compose file"); err != nil {
 		return nil, err
@@ -87,7 +87,7 @@ func guardFiles(file string, env []string, project projectDir, hostFiles bool) (
 		}
 	}
 	g.vars = vars
-	if _, err := g.file(file, dir, 0, false); err != nil {
+	if _, err := g.file(file, dir, 0, false, false); err != nil {
 		return nil, err
 	}
 	if g.nodes > maxComposeNodes {
@@ -109,7 +109,7 @@ type guard struct {
 	project   projectDir
 	hostFiles bool // --copy-host-files: files outside it may be read
 	vars      map[string]string
-	files     map[string]*guarded // nil while the file is being walked (a cycle)
+	files     map[walked]*guarded // nil while the file is being walked (a cycle)
 	nodes     int                 // what compose-go will expand, so far
 	// env is the environment the import runs in, fileValues what the
 	// project's .env and include env files set each variable to, and used
@@ -129,6 +129,14 @@ func (g *guard) fill(vars, m map[string]string) {
 		}
 		g.fileValues[k] = append(g.fileValues[k], v)
 	}
+}
+
+// walked is a file as compose-go loads it: as an extends base (asBase) it
+// resolves the file's paths before following its extends, otherwise not,
+// so the same file can name different files each way.
+type walked struct {
+	path   string
+	asBase bool
 }
 
 // guarded is what one walked file costs and what each of its services
@@ -213,9 +221,12 @@ func withinDir(p, dir string) bool {
 
 // file walks one compose file and adds what it costs to g.nodes. A file
 // walked before costs again when again is set: compose-go loads an included
-// file for each include of it, but an extended one once.
-func (g *guard) file(file, base string, depth int, again bool) (*guarded, error) {
-	if done, seen := g.files[file]; seen {
+// file for each include of it, but an extended one once. asBase says the
+// file is walked as an extends names it (an extends base), not as the
+// compose file or an included one.
+func (g *guard) file(file, base string, depth int, again, asBase bool) (*guarded, error) {
+	key := walked{file, asBase}
+	if done, seen := g.files[key]; seen {
 		if done != nil && again {
 			g.spend(done.cost)
 		}
@@ -231,12 +242,12 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 	if err != nil {
 		return nil, err
 	}
-	g.files[file] = nil
+	g.files[key] = nil
 	out := &guarded{services: map[string]int{}}
 	before := g.nodes
 	defer func() {
 		out.cost = g.nodes - before
-		g.files[file] = out
+		g.files[key] = out
 	}()
 	// Count every document's nodes as compose-go will expand them (it reads
 	// with this YAML library too), before anything is expanded.
@@ -262,9 +273,13 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 	}
 	dir := base // where the file's relative paths start (an include's project_directory)
 	// resolve is where compose-go reads a path the file names, once
-	// interpolated; home says whether it expands a leading ~ there, as it
-	// does for env_file and label_file only (extends and include paths it
-	// joins to the directory as they are).
+	// interpolated; home says whether it expands a leading ~ there. It
+	// expands one in every env_file and label_file (paths.ResolveRelativePaths
+	// runs before it reads them), never in include paths (ApplyInclude runs
+	// before that), and in extends paths only in an extends base: the
+	// compose file's and an included file's extends are followed before
+	// their paths are resolved, while loadExtendsBase resolves a base's
+	// paths (its extends.file included) before its own extends are followed.
 	resolve := func(p string, home bool) (string, bool) {
 		s, err := template.Substitute(p, g.lookup)
 		if err != nil || s == "" {
@@ -291,15 +306,19 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 		}
 		return nil
 	}
-	// nested walks a file an extends or include names: a regular file,
-	// inside the project (its values land in manifests as an env_file's
-	// do), from base.
-	nested := func(p any, what string, again bool, base string) (*guarded, error) {
+	// nested walks a file an extends (asBase) or include names: a regular
+	// file, inside the project (its values land in manifests as an
+	// env_file's do), from base.
+	nested := func(p any, what string, again, asBase bool, base string) (*guarded, error) {
 		s, ok := p.(string)
 		if !ok {
 			return nil, nil
 		}
-		if path, ok := resolve(s, false); ok && !strings.Contains(path, "://") {
+		// A leading ~ is the home in an extends path of a file that is
+		// itself an extends base (key.asBase), and nowhere else: not in
+		// the compose file's or an included file's extends paths, nor in
+		// include paths.
+		if path, ok := resolve(s, asBase && key.asBase); ok && !strings.Contains(path, "://") {
 			if err := regularFile(path, what); err != nil {
 				return nil, err
 			}
@@ -309,7 +328,7 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 			if base == "" {
 				base = filepath.Dir(path)
 			}
-			return g.file(path, base, depth+1, again)
+			return g.file(path, base, depth+1, again, asBase)
 		}
 		return nil, nil
 	}
@@ -363,7 +382,7 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 		g.vars = vars
 		defer func() { g.vars = saved }()
 		for _, p := range paths {
-			if _, err := nested(p, "include", true, incDir); err != nil {
+			if _, err := nested(p, "include", true, false, incDir); err != nil {
 				return err
 			}
 		}
@@ -443,7 +462,7 @@ func (g *guard) file(file, base string, depth int, again bool) (*guarded, error)
 					}
 					base = b
 				} else {
-					other, err := nested(ext["file"], fmt.Sprintf("extends file of service %s:", name), false, "")
+					other, err := nested(ext["file"], fmt.Sprintf("extends file of service %s:", name), false, true, "")
 					if err != nil {
 						return 0, err
 					}

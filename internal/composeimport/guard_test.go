@@ -112,9 +112,11 @@ func importWithin(t *testing.T, opts Options) (*Result, error) {
 
 // compose-go reads an env_file or label_file "~/x.env" from the home of the
 // process, so the guard checks that file: one outside the project is
-// refused unless --copy-host-files, a FIFO always. extends and include
-// paths compose-go joins to the directory as they are ("~" a directory of
-// the project), and the guard checks them there.
+// refused unless --copy-host-files, a FIFO always. The extends and include
+// paths of the compose file and of included files compose-go joins to the
+// directory as they are ("~" a directory of the project), and the guard
+// checks them there; an extends path in a file an extends names it expands
+// as an env_file's (TestImportExpandsHomeInExtendsBases).
 func TestImportExpandsHomeAsComposeGoDoes(t *testing.T) {
 	home := t.TempDir()
 	os.WriteFile(filepath.Join(home, "secret.env"), []byte("TOKEN=operator-private\n"), 0o600)
@@ -158,6 +160,46 @@ func TestImportExpandsHomeAsComposeGoDoes(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), filepath.Join(d, "~", "fifo")+" is a named pipe") {
 			t.Errorf("%s: %v, want the project's ~/fifo refused", name, err)
 		}
+	}
+}
+
+// compose-go resolves the paths of a file an extends names (an extends base)
+// before it follows that file's own extends, and so reads an extends file
+// "~/c.yaml" named there from the home of the process; the guard checks
+// that file, not the project's "~/c.yaml": one outside the project is
+// refused unless --copy-host-files, a FIFO always, and with the flag the
+// home's file is what compose-go reads.
+func TestImportExpandsHomeInExtendsBases(t *testing.T) {
+	home := t.TempDir()
+	os.WriteFile(filepath.Join(home, "c.yaml"), []byte("services:\n  c:\n    image: busybox\n    environment: [FROM_HOME=operator-private]\n"), 0o600)
+	if err := syscall.Mkfifo(filepath.Join(home, "fifo.yaml"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("HOME", home)
+	compose := "services:\n  a:\n    extends: {file: b.yaml, service: b}\n"
+	for _, c := range []struct {
+		name, base string
+		copyHost   bool
+		want       string
+	}{
+		{"outside", "services:\n  b:\n    extends: {file: \"~/c.yaml\", service: c}\n", false, "extends file of service b: " + home + "/c.yaml is outside the project's directory"},
+		{"~ then a name", "services:\n  b:\n    extends: {file: \"~c.yaml\", service: c}\n", false, home + "/c.yaml is outside"},
+		{"through a service of the base", "services:\n  b:\n    extends: b2\n  b2:\n    extends: {file: \"~/c.yaml\", service: c}\n", false, "extends file of service b2: " + home + "/c.yaml is outside"},
+		{"a FIFO", "services:\n  b:\n    extends: {file: \"~/fifo.yaml\", service: c}\n", true, "extends file of service b: " + home + "/fifo.yaml is a named pipe"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// The project's own "~/c.yaml", which compose-go does not read.
+			file := writeProject(t, map[string]string{"compose.yaml": compose, "b.yaml": c.base, "~/c.yaml": "services:\n  c:\n    image: busybox\n", "~/fifo.yaml": "services:\n  c:\n    image: busybox\n"})
+			_, err := importWithin(t, Options{File: file, Env: []string{}, CopyHostFiles: c.copyHost})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error saying %q", err, c.want)
+			}
+		})
+	}
+	file := writeProject(t, map[string]string{"compose.yaml": compose, "b.yaml": "services:\n  b:\n    extends: {file: \"~/c.yaml\", service: c}\n"})
+	res, err := importWithin(t, Options{File: file, Env: []string{}, CopyHostFiles: true})
+	if err != nil || !strings.Contains(manifestOf(t, res, "a"), "operator-private") {
+		t.Fatalf("with --copy-host-files: %v", err)
 	}
 }
 
