@@ -431,53 +431,71 @@ func (g *guard) file(file, base string, depth int, again, asBase bool) (*guarded
 			}
 		}
 		// What each extends copies: the service it names, as that one
-		// weighs with its own extends.
-		weighing := map[string]bool{}
-		var weigh func(name string) (int, error)
-		weigh = func(name string) (int, error) {
-			if n, ok := out.services[name]; ok {
-				return n, nil
+		// weighs with its own extends. compose-go's ApplyExtends treats
+		// jobs as services: a job's extends names another job, or a
+		// service of the file it names. It applies them in the compose
+		// file and included files only: in an extends base it follows
+		// the extends of the services the chain names, never of jobs.
+		sections := []string{"services", "jobs"}
+		if key.asBase {
+			sections = sections[:1]
+		}
+		for _, section := range sections {
+			entries, _ := doc[section].(map[string]any)
+			kind := strings.TrimSuffix(section, "s")
+			// A service's weight is what other files' extends copy; a
+			// job's no other file reads.
+			weights := out.services
+			if section == "jobs" {
+				weights = map[string]int{}
 			}
-			if weighing[name] || g.over() {
-				return 0, nil // a cycle (compose-go reports it), or already refused
-			}
-			weighing[name] = true
-			svc, _ := services[name].(map[string]any)
-			ports := g.portCount(svc)
-			n := nodesOf(svc) + ports
-			var base int
-			switch ext := svc["extends"].(type) {
-			case string:
-				b, err := weigh(ext)
-				if err != nil {
-					return 0, err
+			weighing := map[string]bool{}
+			var weigh func(name string) (int, error)
+			weigh = func(name string) (int, error) {
+				if n, ok := weights[name]; ok {
+					return n, nil
 				}
-				base = b
-			case map[string]any:
-				bname, _ := ext["service"].(string)
-				if ext["file"] == nil {
-					b, err := weigh(bname)
+				if weighing[name] || g.over() {
+					return 0, nil // a cycle (compose-go reports it), or already refused
+				}
+				weighing[name] = true
+				svc, _ := entries[name].(map[string]any)
+				ports := g.portCount(svc)
+				n := nodesOf(svc) + ports
+				var base int
+				switch ext := svc["extends"].(type) {
+				case string:
+					b, err := weigh(ext)
 					if err != nil {
 						return 0, err
 					}
 					base = b
-				} else {
-					other, err := nested(ext["file"], fmt.Sprintf("extends file of service %s:", name), false, true, "")
-					if err != nil {
-						return 0, err
-					}
-					if other != nil {
-						base = other.services[bname]
+				case map[string]any:
+					bname, _ := ext["service"].(string)
+					if ext["file"] == nil {
+						b, err := weigh(bname)
+						if err != nil {
+							return 0, err
+						}
+						base = b
+					} else {
+						other, err := nested(ext["file"], fmt.Sprintf("extends file of %s %s:", kind, name), false, true, "")
+						if err != nil {
+							return 0, err
+						}
+						if other != nil {
+							base = other.services[bname]
+						}
 					}
 				}
+				g.spend(base + ports) // its own nodes are counted already
+				weights[name] = n + base
+				return n + base, nil
 			}
-			g.spend(base + ports) // its own nodes are counted already
-			out.services[name] = n + base
-			return n + base, nil
-		}
-		for _, name := range sortedKeys(services) {
-			if _, err := weigh(name); err != nil {
-				return out, err
+			for _, name := range sortedKeys(entries) {
+				if _, err := weigh(name); err != nil {
+					return out, err
+				}
 			}
 		}
 		includes, _ := doc["include"].([]any)

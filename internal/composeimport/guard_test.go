@@ -203,6 +203,53 @@ func TestImportExpandsHomeInExtendsBases(t *testing.T) {
 	}
 }
 
+// compose-go applies the extends of jobs as it does services', reading the
+// file a job's extends names: each is checked as a service's extends file
+// (a FIFO refused at once, a file outside the project unless
+// --copy-host-files), and what a job's extends copies counts toward the
+// bound on what the files expand to.
+func TestImportGuardsJobsExtends(t *testing.T) {
+	out := t.TempDir()
+	os.WriteFile(filepath.Join(out, "bad.yaml"), []byte("services:\n  c:\n    image: busybox\n    environment: [FROM_OUTSIDE=operator-private]\n"), 0o600)
+	if err := syscall.Mkfifo(filepath.Join(out, "fifo.yaml"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	job := func(extends string) string {
+		return "services:\n  app:\n    image: busybox\njobs:\n  j:\n    extends: " + extends + "\n    triggers: {manual: true}\n"
+	}
+	env := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			fmt.Fprintf(&b, "      V%d: x\n", i)
+		}
+		return b.String()
+	}
+	var copies strings.Builder
+	copies.WriteString("services:\n  app:\n    image: busybox\njobs:\n  base:\n    image: busybox\n    triggers: {manual: true}\n    environment:\n" + env(400))
+	for i := range 30 {
+		fmt.Fprintf(&copies, "  j%d:\n    extends: base\n    triggers: {manual: true}\n", i)
+	}
+	for _, c := range []struct {
+		name, compose string
+		copyHost      bool
+		want          string
+	}{
+		{"outside", job("{file: \"${HOME}/bad.yaml\", service: c}"), false, "extends file of job j: " + out + "/bad.yaml is outside the project's directory"},
+		{"a FIFO", job("{file: " + out + "/fifo.yaml, service: c}"), true, "extends file of job j: " + out + "/fifo.yaml is a named pipe"},
+		{"a job extends a job", job("k") + "  k:\n    extends: {file: " + out + "/bad.yaml, service: c}\n    triggers: {manual: true}\n", false, "extends file of job k: " + out + "/bad.yaml is outside"},
+		{"extends copies", copies.String(), false, "expands to more than"},
+		{"in the project", job("{file: base.yaml, service: c}"), false, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			file := writeProject(t, map[string]string{"compose.yaml": c.compose, "base.yaml": "services:\n  c:\n    image: busybox\n"})
+			_, err := importWithin(t, Options{File: file, Env: []string{"HOME=" + out}, CopyHostFiles: c.copyHost})
+			if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+				t.Fatalf("got %v, want an error saying %q", err, c.want)
+			}
+		})
+	}
+}
+
 // A pre_start hook is a container of its own, whose env_file and label_file
 // compose-go reads as a service's: each is checked the same way (a FIFO
 // refused at once, a file outside the project unless --copy-host-files).
