@@ -57,7 +57,8 @@ const (
 
 // guardFiles checks the files as above, and returns the variables whose
 // values the files take from env alone: compose-go fills them in (${VAR}, a
-// bare "environment: [VAR]", ${VAR} in an env_file) from the environment
+// bare "environment: [VAR]", ${VAR} in an env_file, ${VAR} in the .env or
+// an include's env file for a variable the files use) from the environment
 // the import runs in, and neither the .env nor an include's env file gives
 // them that value, so the operator's own values (a token exported in the
 // shell) end up in manifests every node replicates, which the import says.
@@ -70,7 +71,7 @@ func guardFiles(file string, env []string, project projectDir, hostFiles bool) (
 		}
 	}
 	g := &guard{env: maps.Clone(vars), files: map[walked]*guarded{}, project: project, hostFiles: hostFiles,
-		fileValues: map[string][]string{}, used: map[string]bool{}}
+		fileValues: map[string][]string{}, filledFrom: map[string][]string{}, used: map[string]bool{}}
 	if err := regularFile(file, "the compose file"); err != nil {
 		return nil, err
 	}
@@ -82,8 +83,11 @@ func guardFiles(file string, env []string, project projectDir, hostFiles bool) (
 		if err := insideProject(dotEnv, "the .env beside it", project, hostFiles); err != nil {
 			return nil, err
 		}
-		if m, err := dotenv.Read(dotEnv); err == nil {
-			g.fill(vars, m)
+		// Read as Import has compose-go read it (cli.WithDotEnv): not at
+		// all when COMPOSE_DISABLE_ENV_FILE is set, else with ${VAR} in
+		// its values filled in from the environment.
+		if !envFlag(env, "COMPOSE_DISABLE_ENV_FILE") {
+			g.readEnvFiles(vars, []string{dotEnv})
 		}
 	}
 	g.vars = vars
@@ -92,6 +96,16 @@ func guardFiles(file string, env []string, project projectDir, hostFiles bool) (
 	}
 	if g.nodes > maxComposeNodes {
 		return nil, fmt.Errorf("the compose file %s expands to more than %d YAML nodes (counting what anchors, extends, include and port ranges copy); the import reads compose files up to that size: split it, or import its services from smaller files", file, maxComposeNodes)
+	}
+	// A variable an env file filled in from the environment reaches the
+	// manifests through each variable it set that the files use.
+	for queue := sortedKeys(g.used); len(queue) > 0; queue = queue[1:] {
+		for _, k := range g.filledFrom[queue[0]] {
+			if !g.used[k] {
+				g.used[k] = true
+				queue = append(queue, k)
+			}
+		}
 	}
 	var fromEnv []string
 	for _, k := range sortedKeys(g.used) {
@@ -112,23 +126,79 @@ type guard struct {
 	files     map[walked]*guarded // nil while the file is being walked (a cycle)
 	nodes     int                 // what compose-go will expand, so far
 	// env is the environment the import runs in, fileValues what the
-	// project's .env and include env files set each variable to, and used
-	// the variables the walked files take from the environment.
+	// project's .env and include env files set each variable to,
+	// filledFrom the variables of the environment they were read in that
+	// those values were filled in from (by name, whichever include), and
+	// used the variables the walked files take from the environment.
 	env        map[string]string
 	fileValues map[string][]string
+	filledFrom map[string][]string
 	used       map[string]bool
 }
 
-// fill adds to vars what an env file m sets and vars does not (the
-// environment wins, as in compose-go), and keeps m's values as the
-// project's.
-func (g *guard) fill(vars, m map[string]string) {
+// readEnvFiles reads the .env or an include's env files as compose-go
+// reads them, with dotenv.GetEnvFromFile and vars, the environment they are
+// read in: ${VAR} in their values is filled in from vars, then from what
+// they set before. It adds to vars what they set and vars does not (vars
+// wins, as in compose-go), keeps their values as the project's, and notes
+// which variables of vars each value in effect was filled in from.
+func (g *guard) readEnvFiles(vars map[string]string, paths []string) {
+	m, err := dotenv.GetEnvFromFile(vars, paths)
+	if err != nil {
+		return // compose-go fails on the same error
+	}
+	from := filledFrom(vars, paths)
 	for k, v := range m {
 		if _, set := vars[k]; !set {
 			vars[k] = v
 		}
 		g.fileValues[k] = append(g.fileValues[k], v)
+		if vars[k] == v {
+			g.filledFrom[k] = append(g.filledFrom[k], from[k]...)
+		}
 	}
+}
+
+// marker stands for a variable's value in filledFrom's parse.
+var marker = regexp.MustCompile("\x00([^\x00]+)\x00")
+
+// filledFrom says which variables of vars each value env files set was
+// filled in from: it parses them as GetEnvFromFile does (one after the
+// other, a value taking from vars first, then from what they set before),
+// with each value of vars that is not empty replaced by a marker naming
+// it, and finds the markers in what they set. A variable the value only
+// tests (${V:+x}), or one set empty, has put nothing of its own there.
+func filledFrom(vars map[string]string, paths []string) map[string][]string {
+	var src bytes.Buffer
+	for _, p := range paths {
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return nil
+		}
+		b, err := readSmall(real, maxComposeFile)
+		if err != nil {
+			return nil
+		}
+		src.Write(bytes.TrimPrefix(b, []byte("\uFEFF")))
+		src.WriteByte('\n')
+	}
+	set, err := dotenv.ParseWithLookup(&src, func(k string) (string, bool) {
+		v, ok := vars[k]
+		if ok && v != "" {
+			v = "\x00" + k + "\x00"
+		}
+		return v, ok
+	})
+	if err != nil {
+		return nil
+	}
+	out := map[string][]string{}
+	for k, v := range set {
+		for _, m := range marker.FindAllStringSubmatch(v, -1) {
+			out[k] = append(out[k], m[1])
+		}
+	}
+	return out
 }
 
 // walked is a file as compose-go loads it: as an extends base (asBase) it
@@ -353,19 +423,21 @@ func (g *guard) file(file, base string, depth int, again, asBase bool) (*guarded
 				}
 			}
 		}
-		if envFiles == nil && incDir != "" {
-			if _, err := os.Lstat(filepath.Join(incDir, ".env")); err == nil {
+		// As compose-go's ApplyInclude: the project directory's .env when
+		// no env_file is given, and /dev/null as an env_file is none.
+		if len(envFiles) == 0 && incDir != "" {
+			if fi, err := os.Stat(filepath.Join(incDir, ".env")); err == nil && !fi.IsDir() {
 				envFiles = []any{filepath.Join(incDir, ".env")}
 			}
 		}
-		vars := maps.Clone(g.vars)
+		var read []string
 		for _, e := range envFiles {
 			es, ok := e.(string)
 			if !ok {
 				continue
 			}
 			p, ok := resolve(es, false)
-			if !ok {
+			if !ok || p == "/dev/null" {
 				continue
 			}
 			if err := regularFile(p, "env_file of an include:"); err != nil {
@@ -374,9 +446,11 @@ func (g *guard) file(file, base string, depth int, again, asBase bool) (*guarded
 			if err := insideProject(p, "env_file of an include:", g.project, g.hostFiles); err != nil {
 				return err
 			}
-			if m, err := dotenv.Read(p); err == nil {
-				g.fill(vars, m)
-			}
+			read = append(read, p)
+		}
+		vars := maps.Clone(g.vars)
+		if len(read) > 0 {
+			g.readEnvFiles(vars, read)
 		}
 		saved := g.vars
 		g.vars = vars

@@ -250,6 +250,56 @@ func TestImportGuardsJobsExtends(t *testing.T) {
 	}
 }
 
+// compose-go reads the .env and an include's env files with
+// dotenv.GetEnvFromFile, filling ${VAR} in their values from the
+// environment (and the includer's .env), and skips the .env when
+// COMPOSE_DISABLE_ENV_FILE is set: the guard reads them the same way, so a
+// path built from their values is the one compose-go reads, and is
+// checked (a FIFO refused at once, a file outside the project unless
+// --copy-host-files).
+func TestImportReadsEnvFilesAsComposeGoDoes(t *testing.T) {
+	out := t.TempDir()
+	os.WriteFile(filepath.Join(out, "secret.env"), []byte("S=operator-private\n"), 0o600)
+	svc := func(envFile string) string {
+		return "services:\n  a:\n    image: busybox\n    env_file: [\"" + envFile + "\"]\n"
+	}
+	inc := "include:\n  - path: inc.yaml\n    env_file: inc.env\nservices:\n  a:\n    image: busybox\n"
+	for _, c := range []struct {
+		name  string
+		files map[string]string
+		env   []string
+		want  string
+	}{
+		{".env fills a path from the environment", map[string]string{"compose.yaml": svc("${EF}"), ".env": "EF=${HOME}/secret.env\n"}, nil,
+			"env_file of service a: " + out + "/secret.env is outside the project's directory"},
+		{".env sets a path when the environment sets a variable", map[string]string{"compose.yaml": svc("${EF}"), ".env": "EF=${HOME:+fifo}\n"}, nil,
+			"fifo is a named pipe"},
+		{".env from an earlier line", map[string]string{"compose.yaml": svc("${EF}"), ".env": "D=${HOME}\nEF=${D}/secret.env\n"}, nil,
+			out + "/secret.env is outside"},
+		{"an include's env file fills a path from the environment", map[string]string{"compose.yaml": inc, "inc.env": "IEF=${HOME}/secret.env\n",
+			"inc.yaml": "services:\n  i:\n    image: busybox\n    env_file: [\"${IEF}\"]\n"}, nil,
+			"env_file of service i: " + out + "/secret.env is outside"},
+		{"an include's env file takes the includer's .env", map[string]string{"compose.yaml": inc, ".env": "W=fifo\n", "inc.env": "IEF=${W}\n",
+			"inc.yaml": "services:\n  i:\n    image: busybox\n    env_file: [\"${IEF}\"]\n"}, nil,
+			"env_file of service i: "},
+		{"COMPOSE_DISABLE_ENV_FILE", map[string]string{"compose.yaml": svc("${EF:-fifo}"), ".env": "EF=ok.env\n", "ok.env": "OK=1\n"}, []string{"COMPOSE_DISABLE_ENV_FILE=1"},
+			"fifo is a named pipe"},
+		{"an include's env file /dev/null", map[string]string{"compose.yaml": "include:\n  - path: inc.yaml\n    env_file: /dev/null\nservices:\n  a:\n    image: busybox\n",
+			"inc.yaml": "services:\n  i:\n    image: busybox\n"}, nil, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			file := writeProject(t, c.files)
+			if err := syscall.Mkfifo(filepath.Join(filepath.Dir(file), "fifo"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := importWithin(t, Options{File: file, Env: append([]string{"HOME=" + out}, c.env...)})
+			if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+				t.Fatalf("got %v, want an error saying %q", err, c.want)
+			}
+		})
+	}
+}
+
 // A pre_start hook is a container of its own, whose env_file and label_file
 // compose-go reads as a service's: each is checked the same way (a FIFO
 // refused at once, a file outside the project unless --copy-host-files).

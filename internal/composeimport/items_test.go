@@ -129,6 +129,26 @@ func TestImportSaysWhatTheEnvironmentFilledIn(t *testing.T) {
 	}
 }
 
+// A value the .env or an include's env file fills in from the environment
+// (X=${TOKEN}) reaches the manifests through the variable it sets: the note
+// names TOKEN when the files use X, not when nothing uses X, and not for
+// ${TOKEN:+on}, which takes only whether TOKEN is set.
+func TestImportSaysWhatTheEnvFilesFilledIn(t *testing.T) {
+	file := writeProject(t, map[string]string{
+		"compose.yaml": "include:\n  - path: inc.yaml\n    env_file: inc.env\nservices:\n  app:\n    image: busybox\n    environment:\n      V: ${X}\n      ON: ${SET}\n      PASSTHRU:\n",
+		".env":         "X=prefix-${TOKEN}\nUNUSED=${NOT_USED}\nSET=${PRESENCE:+on}\nPASSTHRU=${VIA_BARE}\nCHAIN=${CHAINED}\n",
+		"inc.env":      "I=${CHAIN}\n",
+		"inc.yaml":     "services:\n  inc:\n    image: busybox\n    environment: {V: \"${I}\"}\n",
+	})
+	res := mustImport(t, Options{File: file, Env: []string{"TOKEN=ghp_topsecret", "NOT_USED=n", "PRESENCE=p", "VIA_BARE=b", "CHAINED=c"}})
+	if !strings.Contains(manifestOf(t, res, "app"), "prefix-ghp_topsecret") {
+		t.Fatalf("the .env's value is not in the manifest:\n%s", manifestOf(t, res, "app"))
+	}
+	if !hasNote(res, NoteAction, "variables CHAINED, TOKEN, VIA_BARE: ") {
+		t.Fatalf("want a note naming CHAINED, TOKEN, VIA_BARE:\n%s", strings.Join(res.Lines(), "\n"))
+	}
+}
+
 // Item 3: a service others depend on that publishes nothing is published
 // at its image's ports (when the image is here) or its software's
 // well-known one; else each edge is named with what to add.
