@@ -2,6 +2,7 @@ package composeimport
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -201,12 +202,28 @@ func filledFrom(vars map[string]string, paths []string) map[string][]string {
 	return out
 }
 
-// walked is a file as compose-go loads it: as an extends base (asBase) it
-// resolves the file's paths before following its extends, otherwise not,
-// so the same file can name different files each way.
+// walked is a file as compose-go loads it, each way of which can name
+// different files: as an extends base (asBase) it resolves the file's paths
+// before following its extends, otherwise not; its relative paths start at
+// base (an include's project_directory); and it is interpolated with vars
+// (digested), which an include's env files change. compose-go loads a file
+// again for each of these that differs.
 type walked struct {
 	path   string
 	asBase bool
+	base   string
+	vars   [sha256.Size]byte
+}
+
+// digest stands for vars in a walked file's key.
+func digest(vars map[string]string) [sha256.Size]byte {
+	h := sha256.New()
+	for _, k := range sortedKeys(vars) {
+		fmt.Fprintf(h, "%d:%s%d:%s", len(k), k, len(vars[k]), vars[k])
+	}
+	var d [sha256.Size]byte
+	h.Sum(d[:0])
+	return d
 }
 
 // guarded is what one walked file costs and what each of its services
@@ -290,13 +307,13 @@ func withinDir(p, dir string) bool {
 }
 
 // file walks one compose file and adds what it costs to g.nodes. A file
-// walked before costs again when again is set: compose-go loads an included
-// file for each include of it, but an extended one once. asBase says the
-// file is walked as an extends names it (an extends base), not as the
-// compose file or an included one.
+// walked before the same way (see walked) costs again when again is set:
+// compose-go loads an included file for each include of it, but an
+// extended one once. asBase says the file is walked as an extends names it
+// (an extends base), not as the compose file or an included one.
 func (g *guard) file(file, base string, depth int, again, asBase bool) (*guarded, error) {
-	key := walked{file, asBase}
-	if done, seen := g.files[key]; seen {
+	cur := walked{file, asBase, base, digest(g.vars)}
+	if done, seen := g.files[cur]; seen {
 		if done != nil && again {
 			g.spend(done.cost)
 		}
@@ -312,12 +329,12 @@ func (g *guard) file(file, base string, depth int, again, asBase bool) (*guarded
 	if err != nil {
 		return nil, err
 	}
-	g.files[key] = nil
+	g.files[cur] = nil
 	out := &guarded{services: map[string]int{}}
 	before := g.nodes
 	defer func() {
 		out.cost = g.nodes - before
-		g.files[key] = out
+		g.files[cur] = out
 	}()
 	// Count every document's nodes as compose-go will expand them (it reads
 	// with this YAML library too), before anything is expanded.
@@ -385,10 +402,10 @@ func (g *guard) file(file, base string, depth int, again, asBase bool) (*guarded
 			return nil, nil
 		}
 		// A leading ~ is the home in an extends path of a file that is
-		// itself an extends base (key.asBase), and nowhere else: not in
+		// itself an extends base (cur.asBase), and nowhere else: not in
 		// the compose file's or an included file's extends paths, nor in
 		// include paths.
-		if path, ok := resolve(s, asBase && key.asBase); ok && !strings.Contains(path, "://") {
+		if path, ok := resolve(s, asBase && cur.asBase); ok && !strings.Contains(path, "://") {
 			if err := regularFile(path, what); err != nil {
 				return nil, err
 			}
@@ -511,7 +528,7 @@ func (g *guard) file(file, base string, depth int, again, asBase bool) (*guarded
 		// file and included files only: in an extends base it follows
 		// the extends of the services the chain names, never of jobs.
 		sections := []string{"services", "jobs"}
-		if key.asBase {
+		if cur.asBase {
 			sections = sections[:1]
 		}
 		for _, section := range sections {

@@ -300,6 +300,40 @@ func TestImportReadsEnvFilesAsComposeGoDoes(t *testing.T) {
 	}
 }
 
+// compose-go loads a file included twice once for each include whose env
+// files or project_directory differ, and each load can name other files:
+// the guard walks it each way, so a FIFO the second include's values lead
+// to is refused, not read.
+func TestImportWalksEachIncludeOfAFile(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		files map[string]string
+	}{
+		{"env files", map[string]string{
+			"compose.yaml": "include:\n  - path: a.yaml\n    env_file: good.env\n  - path: a.yaml\n    env_file: bad.env\nservices:\n  m:\n    image: busybox\n",
+			"a.yaml":       "services:\n  x:\n    image: busybox\n    env_file: [\"${E}\"]\n",
+			"good.env":     "E=ok.env\n", "ok.env": "K=1\n", "bad.env": "E=fifo\n",
+		}},
+		{"project directories", map[string]string{
+			"compose.yaml": "include:\n  - path: a.yaml\n    project_directory: good\n  - path: a.yaml\n    project_directory: .\nservices:\n  m:\n    image: busybox\n",
+			"a.yaml":       "services:\n  x:\n    image: busybox\n    env_file: [fifo]\n",
+			"good/fifo":    "K=1\n",
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			file := writeProject(t, c.files)
+			fifo := filepath.Join(filepath.Dir(file), "fifo")
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := importWithin(t, Options{File: file, Env: []string{}})
+			if want := "env_file of service x: " + fifo + " is a named pipe"; err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("got %v, want an error saying %q", err, want)
+			}
+		})
+	}
+}
+
 // A pre_start hook is a container of its own, whose env_file and label_file
 // compose-go reads as a service's: each is checked the same way (a FIFO
 // refused at once, a file outside the project unless --copy-host-files).
