@@ -116,6 +116,9 @@ type Reconciler struct {
 	rt     Runtime
 	ledger *Ledger
 	log    *slog.Logger
+	// secrets are the values given to each module, taken out of what its
+	// containers print before it is reported (redact.go).
+	secrets *secretValues
 	// kept is what the last apply said of each kept path, so that a kept
 	// path is logged when what was found changes, not on every pass.
 	kept map[string]string
@@ -154,7 +157,8 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 		cfg.PodmanBack = 2 * time.Minute
 	}
 	log := cfg.Logger.With("component", "reconciler")
-	r := &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, kept: map[string]string{}, health: newMonitor(rt, log, cfg.Now),
+	secrets := &secretValues{}
+	r := &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, secrets: secrets, kept: map[string]string{}, health: newMonitor(rt, log, cfg.Now, secrets),
 		pass: make(chan struct{}, 1), soon: make(chan struct{}, 1)}
 	r.health.certDial = cfg.CertProbe
 	return r, nil
@@ -506,6 +510,8 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 		if err != nil {
 			return report(res, state.Failed, "read its secret from the replica: "+err.Error())
 		}
+		x.r.secrets.add(res.Credential.Consumer, []byte(secret))
+		x.r.secrets.add(res.Credential.Provider, []byte(secret))
 		if res.Kind == manifest.KindCredential {
 			content = secret + "\n"
 		} else {
@@ -953,7 +959,7 @@ func (x *run) stepRun(ctx context.Context, res state.Resource, want desired, rea
 	}
 	if code != 0 {
 		logs, _ := x.rt.Logs(ctx, id, 10)
-		logs = state.Tail(logs, state.MaxText)
+		logs = state.Tail(x.r.secrets.redact(res.Module, logs), state.MaxText)
 		x.rt.Remove(context.WithoutCancel(ctx), id)
 		msg := fmt.Sprintf("exited with code %d", code)
 		if logs != "" {
@@ -1460,6 +1466,7 @@ func (x *run) secretValue(ctx context.Context, res state.Resource, name string) 
 	if err != nil {
 		return nil, wait(err.Error())
 	}
+	x.r.secrets.add(res.Module, v)
 	return v, nil
 }
 

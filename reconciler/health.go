@@ -40,6 +40,8 @@ type monitor struct {
 	rt  Runtime
 	log *slog.Logger
 	now func() time.Time
+	// secrets are taken out of health output and exit logs (redact.go).
+	secrets *secretValues
 
 	mu       sync.Mutex
 	checks   map[string]*healthCheck // by container name
@@ -81,8 +83,8 @@ func (m *monitor) restartDone(name string) {
 	m.restarting[name] = m.now().Add(restartGrace)
 }
 
-func newMonitor(rt Runtime, log *slog.Logger, now func() time.Time) *monitor {
-	return &monitor{rt: rt, log: log, now: now, checks: map[string]*healthCheck{}, followed: map[string]string{}, exits: map[string]*state.ContainerExit{},
+func newMonitor(rt Runtime, log *slog.Logger, now func() time.Time, secrets *secretValues) *monitor {
+	return &monitor{rt: rt, log: log, now: now, secrets: secrets, checks: map[string]*healthCheck{}, followed: map[string]string{}, exits: map[string]*state.ContainerExit{},
 		changed: make(chan struct{}), wake: make(chan struct{}, 1), certWake: make(chan struct{}, 1), restarting: map[string]time.Time{}}
 }
 
@@ -229,6 +231,7 @@ func (m *monitor) died(ctx context.Context, id, name string, code int) {
 		return
 	}
 	logs, _ := m.rt.Logs(cctx, id, exitLogLines)
+	logs = m.secrets.redact(module, logs)
 	if len(logs) > 4*healthOutputMax {
 		logs = logs[len(logs)-4*healthOutputMax:]
 	}
@@ -279,7 +282,7 @@ func (m *monitor) run(ctx context.Context) {
 
 func (m *monitor) runOne(ctx context.Context, c *healthCheck) {
 	m.mu.Lock()
-	name, timeout := c.name, c.check.Timeout
+	name, timeout, module := c.name, c.check.Timeout, c.module
 	m.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, timeout+10*time.Second)
 	res, err := m.rt.HealthCheck(cctx, name)
@@ -290,7 +293,7 @@ func (m *monitor) runOne(ctx context.Context, c *healthCheck) {
 	if err != nil {
 		res = HealthResult{Status: state.HealthUnhealthy, Output: err.Error()}
 	}
-	out := strings.TrimSpace(res.Output)
+	out := strings.TrimSpace(m.secrets.redact(module, res.Output))
 	if len(out) > healthOutputMax {
 		out = out[len(out)-healthOutputMax:]
 	}

@@ -38,6 +38,8 @@ type fake struct {
 	seq      int
 	// exit decides a step's exit code from its command.
 	exit func(s Spec) int
+	// logs is every container's last lines ("": the default line).
+	logs string
 	// health answers a container's health check (default: healthy).
 	healthMu sync.Mutex
 	health   func(name string) (HealthResult, error)
@@ -212,6 +214,9 @@ func (f *fake) Wait(ctx context.Context, id string) (int, error) {
 	return 0, nil
 }
 func (f *fake) Logs(ctx context.Context, id string, n int) (string, error) {
+	if f.logs != "" {
+		return f.logs, nil
+	}
 	return "migrate: cannot reach db", nil
 }
 
@@ -499,6 +504,28 @@ func TestBindingChangeRerunsStepThenRecreatesServer(t *testing.T) {
 	}
 	if rep := b.apply(); rep.Mutations != 0 {
 		t.Fatalf("third apply made %d mutations: %v", rep.Mutations, b.rt.calls)
+	}
+}
+
+// A step that prints a secret of its module (here the credential the
+// mesh gave it) as it fails: the report, which every node keeps, says
+// [secret] in its place.
+func TestFailedStepsSecretIsNotReported(t *testing.T) {
+	b := newBed(t)
+	b.vars["stepcmd"] = "fail"
+	b.rt.exit = func(s Spec) int {
+		if len(s.Command) > 0 && s.Command[0] == "fail" {
+			return 1
+		}
+		return 0
+	}
+	b.rt.logs = "connecting to postgres://app:s3cret@db/app\nfailed"
+	rep := b.apply()
+	if strings.Contains(rep.Error, "s3cret") || !strings.Contains(rep.Error, "postgres://app:[secret]@db/app") {
+		t.Fatalf("error %q", rep.Error)
+	}
+	if o := outcome(rep, "app.migrate"); strings.Contains(o.Reason, "s3cret") {
+		t.Fatalf("the step's report: %+v", o)
 	}
 }
 

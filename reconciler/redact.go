@@ -1,0 +1,73 @@
+package reconciler
+
+import (
+	"slices"
+	"strings"
+	"sync"
+)
+
+// A container's output reaches the replicated state: a failed step's last
+// lines, a health check's output and a container's last lines at its exit
+// are in the node's report, which every node keeps and mesh status shows.
+// A container that prints its configuration at start (a database URL with
+// its password) would give a module's secret to nodes the secret is not
+// sealed to. So the reconciler remembers the values it delivered to each
+// module (operator secrets, credentials; in memory only) and takes them
+// out of those texts.
+
+// secretValues are, per module, the secret values the reconciler gave it.
+type secretValues struct {
+	mu sync.Mutex
+	of map[string][]string // module -> values, longest first
+}
+
+const (
+	// minRedacted: a shorter value is not looked for (it would take every
+	// "1" or "on" out of the text and hides little).
+	minRedacted = 4
+	// maxRedactedPerModule bounds what is remembered (the newest stay).
+	maxRedactedPerModule = 64
+)
+
+// redactedMark is what a value is replaced with.
+const redactedMark = "[secret]"
+
+// add remembers value as one of module's.
+func (s *secretValues) add(module string, value []byte) {
+	if len(value) < minRedacted {
+		return
+	}
+	v := string(value)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.of == nil {
+		s.of = map[string][]string{}
+	}
+	list := s.of[module]
+	if slices.Contains(list, v) {
+		return
+	}
+	if len(list) >= maxRedactedPerModule {
+		list = list[1:]
+	}
+	list = append(slices.Clip(list), v)
+	s.of[module] = list
+}
+
+// redact is text with every value of module's replaced by redactedMark
+// (the longest first: a value that holds another goes whole).
+func (s *secretValues) redact(module, text string) string {
+	if text == "" {
+		return text
+	}
+	s.mu.Lock()
+	values := slices.Clone(s.of[module])
+	s.mu.Unlock()
+	slices.SortFunc(values, func(a, b string) int { return len(b) - len(a) })
+	for _, v := range values {
+		if strings.Contains(text, v) {
+			text = strings.ReplaceAll(text, v, redactedMark)
+		}
+	}
+	return text
+}

@@ -1,0 +1,30 @@
+package reconciler
+
+import "testing"
+
+// Each module's values are taken out of its own texts only, the longest
+// first; a value too short to look for, or of another module, stays.
+func TestRedact(t *testing.T) {
+	var s secretValues
+	s.add("db", []byte("hunter2"))
+	s.add("db", []byte("hunter2-extra"))
+	s.add("db", []byte("on"))
+	s.add("app", []byte("k3y!"))
+	for _, c := range []struct{ module, in, want string }{
+		{"db", "pw=hunter2-extra, old=hunter2, on", "pw=[secret], old=[secret], on"},
+		{"db", "k3y! is app's", "k3y! is app's"},
+		{"app", "key k3y! and hunter2", "key [secret] and hunter2"},
+		{"mail", "hunter2", "hunter2"},
+		{"db", "", ""},
+	} {
+		if got := s.redact(c.module, c.in); got != c.want {
+			t.Errorf("redact(%s, %q) = %q, want %q", c.module, c.in, got, c.want)
+		}
+	}
+	for i := range maxRedactedPerModule + 5 {
+		s.add("many", []byte{'v', 'a', 'l', byte('0' + i%10), byte('a' + i/10)})
+	}
+	if n := len(s.of["many"]); n != maxRedactedPerModule {
+		t.Errorf("%d values kept for one module, want at most %d", n, maxRedactedPerModule)
+	}
+}
