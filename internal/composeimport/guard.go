@@ -423,6 +423,32 @@ func (g *guard) file(file, base string, depth int, again, asBase bool) (*guarded
 	// env files (by default the .env of its project directory) under the
 	// includer's environment, each checked as the top file's .env is.
 	include := func(paths []any, projectDir any, envFiles []any) error {
+		// compose-go (ApplyInclude) joins a relative env_file or
+		// project_directory to the working directory it loads the file
+		// that holds the include with. For an included file that is a
+		// relative path (the project directory of the include that
+		// loaded it, relative to its includer's, unless that include gave
+		// an absolute project_directory), so compose-go then reads the
+		// joined path from the directory the import runs in, not from the
+		// project. Rather than depend on that directory, the guard refuses
+		// them in every included file. (An extends base is not included:
+		// compose-go applies no include in it.)
+		if depth > 0 && !cur.asBase {
+			var names []string
+			for _, p := range paths {
+				names = append(names, fmt.Sprint(p))
+			}
+			for i, v := range append([]any{projectDir}, envFiles...) {
+				key := "env_file"
+				if i == 0 {
+					key = "project_directory"
+				}
+				s, _ := v.(string)
+				if s, err := template.Substitute(s, g.lookup); err == nil && s != "" && !filepath.IsAbs(s) {
+					return fmt.Errorf("%s: the %s %s of its include of %s is a relative path; compose-go resolves that, in an include inside an included file, against the directory the import runs in, not against the file's: write an absolute path, or move the include up to the top-level compose file", file, key, s, strings.Join(names, ", "))
+				}
+			}
+		}
 		incDir := ""
 		if pd, ok := projectDir.(string); ok && pd != "" {
 			p, ok := resolve(pd, false)

@@ -334,6 +334,69 @@ func TestImportWalksEachIncludeOfAFile(t *testing.T) {
 	}
 }
 
+// For an include inside an included file, compose-go joins a relative
+// env_file or project_directory to the included file's directory relative
+// to the project (sub), then reads it from the directory the import runs
+// in: run from the project's parent, "../proj/fifo" in proj/sub/inc.yaml
+// is the project's own fifo to compose-go, while the file's directory
+// makes it proj/proj/fifo (absent). The guard cannot check what compose-go
+// reads without depending on that directory, so it refuses both, at once;
+// absolute ones import, and are read.
+func TestImportRefusesRelativePathsOfNestedIncludes(t *testing.T) {
+	x := "services:\n  x:\n    image: busybox\n    environment: [\"V=${K:-unset}\"]\n"
+	inc := func(entry string) string {
+		if entry != "" {
+			entry = "    " + entry + "\n"
+		}
+		return "include:\n  - path: x.yaml\n" + entry + "services:\n  i:\n    image: busybox\n"
+	}
+	for _, c := range []struct {
+		name, entry, want string
+	}{
+		{"env_file", "env_file: ../proj/fifo", "the env_file ../proj/fifo of its include of x.yaml is a relative path"},
+		{"env_file through a variable", "env_file: ${REL:-../proj/fifo}", "the env_file ../proj/fifo of its include"},
+		{"project_directory", "project_directory: ../proj/d", "the project_directory ../proj/d of its include of x.yaml is a relative path"},
+		{"absolute env_file", "env_file: ${P}/k.env", ""},
+		{"env_file /dev/null", "env_file: /dev/null", ""},
+		{"neither", "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			file := writeProject(t, map[string]string{
+				"proj/compose.yaml": "include:\n  - sub/inc.yaml\nservices:\n  a:\n    image: busybox\n",
+				"proj/sub/inc.yaml": inc(c.entry),
+				"proj/sub/x.yaml":   x,
+				"proj/k.env":        "K=from-k-env\n",
+			})
+			parent := filepath.Dir(file)
+			project := filepath.Join(parent, "proj")
+			os.Mkdir(filepath.Join(project, "d"), 0o755)
+			for _, f := range []string{"fifo", "d/.env"} {
+				if err := syscall.Mkfifo(filepath.Join(project, f), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Chdir(parent)
+			res, err := importWithin(t, Options{File: filepath.Join(project, "compose.yaml"), Env: []string{"P=" + project}})
+			if c.want != "" {
+				if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "write an absolute path") {
+					t.Fatalf("got %v, want an error saying %q", err, c.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := "unset"
+			if strings.Contains(c.entry, "k.env") {
+				want = "from-k-env"
+			}
+			if m := manifestOf(t, res, "x"); !strings.Contains(m, `"V":"`+want+`"`) {
+				t.Fatalf("want V=%s in\n%s", want, m)
+			}
+		})
+	}
+}
+
 // A pre_start hook is a container of its own, whose env_file and label_file
 // compose-go reads as a service's: each is checked the same way (a FIFO
 // refused at once, a file outside the project unless --copy-host-files).
