@@ -684,7 +684,9 @@ func swapIn(d string) (string, error) {
 	if err := unix.Lstat(s+d, &st); err != nil {
 		return "", fmt.Errorf("the restored copy of %s: %w", d, err)
 	}
-	if err := os.WriteFile(filepath.Join(s, swapped), []byte(strconv.FormatUint(st.Ino, 10)), 0o600); err != nil {
+	// Written whole or not at all: an empty mark (a full disk, a kill
+	// between its create and its write) would not say which copy is which.
+	if err := safefs.WriteFile(filepath.Join(s, swapped), []byte(strconv.FormatUint(st.Ino, 10)), 0o600); err != nil {
 		return "", err
 	}
 	if err := safefs.SyncDir(s); err != nil {
@@ -759,6 +761,12 @@ func swapBack(d string, done bool) error {
 	if !done {
 		mark, merr := os.ReadFile(filepath.Join(s, swapped))
 		_, serr := os.Lstat(s + d)
+		if _, perr := strconv.ParseUint(string(mark), 10, 64); merr == nil && perr != nil {
+			// A mark that names no copy (an earlier release's): which
+			// of the two is the data as it was is not known, so
+			// neither moves.
+			return fmt.Errorf("its swap mark names no copy; nothing was moved")
+		}
 		switch {
 		case merr == nil && restoredCopyStill(s+d, mark), merr != nil && serr == nil:
 			// The exchange was not made (it follows the mark): d is as it

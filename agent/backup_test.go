@@ -193,6 +193,31 @@ func TestSwapAllInIsAllOrNone(t *testing.T) {
 			}
 		})
 	}
+	// A mark left empty (a full disk under an earlier release's plain
+	// write, before the exchange): which copy is which is not known, and
+	// neither moves; the live data stays in place.
+	t.Run("empty_mark", func(t *testing.T) {
+		root := t.TempDir()
+		d := filepath.Join(root, "srv", "db")
+		for p, v := range map[string]string{d + "/v": "old", d + restoreStaging + d + "/v": "restored"} {
+			os.MkdirAll(filepath.Dir(p), 0o755)
+			os.WriteFile(p, []byte(v), 0o600)
+		}
+		swap := func(d string) (string, error) {
+			os.WriteFile(filepath.Join(d+restoreStaging, swapped), nil, 0o600)
+			return "", errors.New("no space left on device")
+		}
+		_, err := swapAllIn([]string{d}, swap, func(string, error) {})
+		if err == nil || !strings.Contains(err.Error(), "could not be put back") {
+			t.Fatalf("swapAllIn: %v", err)
+		}
+		if b, _ := os.ReadFile(d + "/v"); string(b) != "old" {
+			t.Fatalf("%s holds %q, want its data as it was", d, b)
+		}
+		if b, _ := os.ReadFile(d + restoreStaging + d + "/v"); string(b) != "restored" {
+			t.Fatalf("the restored copy went: %q", b)
+		}
+	})
 	// All swapped: each one's data as it was is aside.
 	root := t.TempDir()
 	d := filepath.Join(root, "srv", "db")
