@@ -77,6 +77,14 @@ func (r *Reconciler) RunScheduled(ctx context.Context, plan *state.Plan) []state
 			r.saveSchedules()
 			continue
 		}
+		if next := sch.Next(now); !st.Next.IsZero() && !next.IsZero() && next.Before(st.Next) {
+			// The clock went back (or was ahead when the slot was
+			// planned): the slot kept is further than the schedule's next,
+			// and waiting for it stopped the step for as long.
+			st.Next = next
+			r.ledger.Schedules[name] = st
+			r.saveSchedules()
+		}
 		if st.Next.IsZero() || now.Before(st.Next) {
 			continue
 		}

@@ -111,6 +111,19 @@ func TestScheduledStep(t *testing.T) {
 	if sch = r2.RunScheduled(ctx, plan); !sch[0].OK {
 		t.Fatalf("the retry at the next slot: %+v", sch)
 	}
+	// The clock set back a year (it was ahead when the slot was planned):
+	// the step runs at the schedule's next slot from now, not a year on.
+	clock = clock.AddDate(-1, 0, 0)
+	rt.calls = nil
+	sch = r2.RunScheduled(ctx, plan)
+	if !sch[0].Next.After(clock) || sch[0].Next.After(clock.Add(15*time.Minute)) {
+		t.Fatalf("after the clock went back: the next slot is %s, now is %s", sch[0].Next, clock)
+	}
+	clock = sch[0].Next
+	r2.RunScheduled(ctx, plan)
+	if runs() != 1 {
+		t.Fatalf("after the clock went back: %d runs at the next slot, want 1", runs())
+	}
 	// Gone from the plan, its slots are forgotten.
 	in.Assignments = nil
 	r2.Apply(ctx, 2, composeAce(t, &in, []string{strings.ReplaceAll(scheduledTmpl, "{{d}}", dir)}))
