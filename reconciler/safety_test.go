@@ -286,6 +286,36 @@ func TestOperatorFileIsRefusedOrTakenOverAndPutBack(t *testing.T) {
 	}
 }
 
+// A taken-over file put back, its kept copy removed, whose ledger entry a
+// kill (or a full disk at the ledger's write) left: the next apply finds
+// the original in place and drops the entry, instead of failing on the
+// missing copy at every pass.
+func TestTakenOverFilePutBackBeforeTheLedgerForgotIt(t *testing.T) {
+	h := newHost(t)
+	os.MkdirAll(filepath.Join(h.dir, "conf"), 0o755)
+	h.write("conf/app.ini", "operator's bytes")
+	h.src["conf"] = strings.ReplaceAll(fileTmpl, "{{takeover}}", "    take-over: true\n")
+	h.assign("conf")
+	h.apply()
+	p := filepath.Join(h.dir, "conf/app.ini")
+	e := h.r.ledger.Paths[p]
+	if e.Original == nil {
+		t.Fatalf("not taken over: %+v", e)
+	}
+	// What restore does before the ledger's drop: the original back, the copy gone.
+	h.write("conf/app.ini", "operator's bytes")
+	os.Remove(e.Original.Kept)
+	h.open() // the agent killed and started again
+	h.assign()
+	rep := h.apply()
+	if o := outcome(rep, p); o.Outcome != state.Restored {
+		t.Fatalf("after a kill between the put-back and the ledger: %+v", o)
+	}
+	if _, ok := h.r.ledger.Paths[p]; ok || h.read("conf/app.ini") != "operator's bytes" {
+		t.Fatalf("the ledger keeps %s (%v), which holds %q", p, ok, h.read("conf/app.ini"))
+	}
+}
+
 // A file the mesh wrote and someone then edited is kept aside before the mesh
 // writes it again: no bytes are lost.
 func TestEditedFileIsKeptBeforeRewrite(t *testing.T) {
