@@ -135,7 +135,11 @@ func (s *Store) applyLocked(index uint64, c *Command, req Request) error {
 			// An I/O failure (a damaged file, a statement that fails) is no
 			// rule: the other replicas applied the command, so this one can
 			// neither skip it nor record it as refused. It stops, loudly.
-			panic(fmt.Sprintf("state: apply log entry %d (%s): %v; this node stops applying rather than diverge from the other replicas", index, req.Op(), err))
+			msg := fmt.Sprintf("state: apply log entry %d (%s): %v; this node stops applying rather than diverge from the other replicas", index, req.Op(), err)
+			if IsDamaged(err) {
+				msg += "; " + DamagedWayOut
+			}
+			panic(msg)
 		}
 		// A full disk is not a broken rule and not a reason to die: the command
 		// waits, whole, until there is space again (reads and the resolver keep
@@ -158,6 +162,22 @@ func IsDiskFull(err error) bool {
 	var se *sqlite.Error
 	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_FULL
 }
+
+// IsDamaged reports whether err, however wrapped, is SQLite finding the
+// state database damaged (SQLITE_CORRUPT) or not a database at all
+// (SQLITE_NOTADB).
+func IsDamaged(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	c := se.Code() & 0xff
+	return c == sqlite3.SQLITE_CORRUPT || c == sqlite3.SQLITE_NOTADB
+}
+
+// DamagedWayOut is what to do with a damaged state database: it holds only
+// what the Raft log and snapshot hold, and the node makes it again.
+const DamagedWayOut = "the state database is damaged: stop the agent, move state.db, state.db-wal and state.db-shm aside (keep them), and start it again; the node makes its replica again from its Raft snapshot and log (or from the leader's)"
 
 // applyTx applies req in one transaction. broken is the rule the command
 // broke: it is rolled back and its index recorded all the same, so every

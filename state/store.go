@@ -148,10 +148,16 @@ func openDSN(dsn, path string) (*Store, error) {
 	s := &Store{db: db, path: path, parsed: map[string]*manifest.Manifest{}, planSizes: map[string]int{}, changed: make(chan struct{})}
 	if err := s.migrate(); err != nil {
 		db.Close()
+		if IsDamaged(err) {
+			return nil, fmt.Errorf("migrate state db %q: %w; %s", path, err, DamagedWayOut)
+		}
 		return nil, fmt.Errorf("migrate state db %q: %w", path, err)
 	}
 	if err := s.fillSpecs(context.Background()); err != nil {
 		db.Close()
+		if IsDamaged(err) {
+			return nil, fmt.Errorf("upgrade state db %q: %w; %s", path, err, DamagedWayOut)
+		}
 		return nil, fmt.Errorf("upgrade state db %q: %w", path, err)
 	}
 	return s, nil

@@ -621,3 +621,16 @@ func TestOpenAnyDirectoryName(t *testing.T) {
 		}
 	}
 }
+
+// A state database that is not one (damaged, overwritten) stops the open
+// with what to do: move it aside, the node makes its replica again.
+func TestDamagedStateSaysWhatToDo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	if err := os.WriteFile(path, bytes.Repeat([]byte("damaged "), 1024), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Open(path)
+	if err == nil || !IsDamaged(err) || !strings.Contains(err.Error(), "move state.db, state.db-wal and state.db-shm aside") {
+		t.Fatalf("opening a damaged state db: %v", err)
+	}
+}
