@@ -37,7 +37,7 @@ func LoadOrCreate(dir string) (*Identity, error) {
 	if err == nil {
 		id, err := age.ParseX25519Identity(strings.TrimSpace(string(b)))
 		if err != nil {
-			return nil, fmt.Errorf("%s is not an age identity (%v); move it aside and the node makes a new one, whose credentials the leader then seals again", path, err)
+			return nil, fmt.Errorf("%s is not an age identity (%v): what the mesh sealed to this node opens only with the key it held; put it back from a backup of the data dir (a node the mesh does not know yet makes a new one once it is moved aside)", path, err)
 		}
 		return &Identity{id}, nil
 	}

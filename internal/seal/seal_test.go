@@ -59,7 +59,7 @@ func TestIdentityIsKept(t *testing.T) {
 		t.Fatalf("the identity changed on reload: %v", err)
 	}
 	os.WriteFile(filepath.Join(dir, IdentityFile), []byte("garbage\n"), 0o600)
-	if _, err := LoadOrCreate(dir); err == nil || !strings.Contains(err.Error(), "move it aside") {
+	if _, err := LoadOrCreate(dir); err == nil || !strings.Contains(err.Error(), "put it back from a backup") {
 		t.Fatalf("a damaged identity: %v", err)
 	}
 }
