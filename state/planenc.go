@@ -39,6 +39,8 @@ type keptResource struct {
 	src, via                                      *manifest.Resource
 	enc                                           []byte
 	gen                                           uint64 // keptPlan.gen
+	// at is its place in the node's last plan (keptPlan.order).
+	at int
 }
 
 // keepResource is what planBody keeps of r, with its JSON enc.
@@ -292,12 +294,22 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 	}
 	encs := make([][]byte, len(p.Resources))
 	size := len(head) + max(len(p.Resources)-1, 0)
+	last, order := kept.order, make([]*keptResource, len(p.Resources))
+	next := 0 // where in last the resource after the one found is
 	for i := range p.Resources {
 		r := &p.Resources[i]
 		var k *keptResource
 		switch {
 		case r.src != nil:
-			k = kept.of[r.src]
+			if next < len(last) && last[next] != nil && last[next].src == r.src {
+				k = last[next]
+			} else {
+				k = kept.of[r.src]
+			}
+			if k != nil {
+				next = k.at + 1
+				order[i] = k
+			}
 		case r.via != nil:
 			k = kept.delivered[deliveredKey{r.via, r.Name}]
 		}
@@ -318,6 +330,7 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 			k = new(keptResource)
 			if r.src != nil {
 				kept.of[r.src] = k
+				order[i] = k
 			} else {
 				if kept.delivered == nil {
 					kept.delivered = map[deliveredKey]*keptResource{}
@@ -328,11 +341,19 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 		*k = keepResource(r, encs[i])
 		k.gen = kept.gen
 	}
-	for src, k := range kept.of {
-		if k.gen != kept.gen {
-			delete(kept.of, src)
+	// What the last plan had and this one has not (of holds the last
+	// plan's resources, no more).
+	for _, k := range last {
+		if k != nil && k.gen != kept.gen {
+			delete(kept.of, k.src)
 		}
 	}
+	for i, k := range order {
+		if k != nil {
+			k.at = i
+		}
+	}
+	kept.order = order
 	for dk, k := range kept.delivered {
 		if k.gen != kept.gen {
 			delete(kept.delivered, dk)
@@ -404,6 +425,12 @@ func (k *keptPlan) reuse(chunks []*planChunk) (prefix [][]byte) {
 type keptPlan struct {
 	of  map[*manifest.Resource]*keptResource
 	gen uint64
+	// order is of's resources in the order of the last plan (nil where
+	// a resource has no src): planBody finds most of a plan's resources
+	// in it, at the place after the one before, rather than in of (at
+	// 10,000 modules the lookups of a node's 500 were a tenth of an
+	// assign's composing), and sweeps what it did not find from it.
+	order []*keptResource
 	// delivered are the delivered credentials', by their directory's
 	// declaration and their path: a database's node delivers one per
 	// consumer, and encoding them all with every command was a third of

@@ -107,6 +107,20 @@ func TestPlanBodyIsMarshal(t *testing.T) {
 			if text.size != len(want) {
 				t.Fatalf("%s: %s's text says it is %d bytes, not %d", step, n, text.size, len(want))
 			}
+			// What is kept is this plan's resources, in its order, no more.
+			kept, srcs := s.encoded[n], 0
+			for i, r := range p.Resources {
+				if r.src == nil {
+					continue
+				}
+				srcs++
+				if k := kept.order[i]; k == nil || k.src != r.src || k.at != i || kept.of[r.src] != k {
+					t.Fatalf("%s: %s's kept resource %d is not the plan's", step, n, i)
+				}
+			}
+			if len(kept.of) != srcs || len(kept.order) != len(p.Resources) {
+				t.Fatalf("%s: %s keeps %d resources (%d in order), its plan has %d of %d", step, n, len(kept.of), len(kept.order), srcs, len(p.Resources))
+			}
 			packed := text.pack()
 			if back, err := unpackPlan(packed); err != nil || string(back) != string(want) {
 				t.Fatalf("%s: %s's packed text inflates to %q (%v)", step, n, back, err)
