@@ -2,8 +2,11 @@ package state
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+
+	"mesh/state/manifest"
 )
 
 func boundNode(t *testing.T, in Input, node string) string {
@@ -115,6 +118,19 @@ func TestProvidersFirst(t *testing.T) {
 	p := out.Plans["ace"]
 	if p.Resources[0].Module != "postgres" {
 		t.Fatalf("order: %v", resourceNames(p))
+	}
+	// Modules that take nothing from another keep their order by name
+	// (the order without the visit), whichever module is a provider.
+	cat := map[string]*manifest.Manifest{"a": mustManifest(t, "module: a\nresources: []\n"), "b": in.Modules["postgres"], "c": mustManifest(t, "module: c\nresources: []\n")}
+	if got := providersFirst([]string{"a", "b", "c"}, cat); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("no module takes from another: %v", got)
+	}
+	cat["a"] = in.Modules["app"] // app binds to postgres, which here is b's manifest's name: not on the node
+	if got := providersFirst([]string{"a", "b", "c"}, cat); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("a provider not on the node: %v", got)
+	}
+	if got := providersFirst([]string{"app", "postgres"}, in.Modules); !slices.Equal(got, []string{"postgres", "app"}) {
+		t.Fatalf("a provider on the node: %v", got)
 	}
 }
 

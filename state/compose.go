@@ -703,6 +703,14 @@ func bindingContent(in Input, n Node, mod string, d *manifest.Resource, nodes ma
 // provider that fails makes its consumers wait), otherwise by name. A cycle
 // keeps name order.
 func providersFirst(mods []string, cat map[string]*manifest.Manifest) []string {
+	// Most nodes' modules take nothing from a module: their order is
+	// mods's (by name), without the visit's map of every module.
+	if !slices.ContainsFunc(mods, func(m string) bool {
+		man := cat[m]
+		return man != nil && (len(man.BindingProviders()) > 0 || len(man.CredentialProviders()) > 0)
+	}) {
+		return mods
+	}
 	// Each of mods is on the node, then being visited, then done.
 	const (
 		on = iota + 1
