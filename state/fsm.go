@@ -1307,7 +1307,21 @@ func (ap *applier) recompose(cause string) error {
 			}
 		}
 	}
-	out := ComposeNodes(in, only)
+	var out Output
+	if only != nil {
+		// The checks across each composed node's modules, as its last
+		// composition left them: a cache of what the modules claimed,
+		// by what they were (nodeChecks), which changes no outcome.
+		if s.checks == nil {
+			s.checks = map[string]*nodeChecks{}
+		}
+		out = composeKept(in, only, s.checks)
+	} else {
+		out = ComposeNodes(in, nil)
+		maps.DeleteFunc(s.checks, func(node string, _ *nodeChecks) bool {
+			return !slices.ContainsFunc(in.Nodes, func(n Node) bool { return n.Name == node })
+		})
+	}
 	defer out.releasePlans()
 	var old Roster
 	kept := s.roster.Load()

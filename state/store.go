@@ -83,6 +83,10 @@ type Store struct {
 	// encoded is each node's last composed plan's resources with their JSON
 	// (planenc.go); under applyMu.
 	encoded map[string]*keptPlan
+	// checks are, by node, the checks across its modules its last
+	// incremental composition left (nodeChecks): keyed by what each
+	// module was, they hold whatever commands came between.
+	checks map[string]*nodeChecks
 	// ckpt, ckptStop and ckptDone drive the goroutine that checkpoints the
 	// write-ahead log (checkpoint.go); ckptRuns counts its checkpoints and
 	// ckptFrames is what the last one copied (under mu, for tests).
