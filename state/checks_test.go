@@ -198,11 +198,8 @@ func sameChecks(a, b *nodeChecks) error {
 			return fmt.Errorf("module %s: kept %v, afresh %v", m, ok, c.stopped)
 		}
 	}
-	key := func(x manifest.MountAt) string { return fmt.Sprint(x.Module, x.Name, x.Index, x.Mount) }
-	for mod, want := range b.mounts {
-		if !slices.EqualFunc(a.mounts[mod], want, func(x, y manifest.MountAt) bool { return key(x) == key(y) }) {
-			return fmt.Errorf("mounts of %s kept %v, afresh %v", mod, a.mounts[mod], want)
-		}
+	if !slices.Equal(a.mounts, b.mounts) {
+		return fmt.Errorf("mounts kept %v, afresh %v", a.mounts, b.mounts)
 	}
 	return nil
 }

@@ -581,8 +581,16 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		}
 		if checked != nil {
 			at := len(mounts)
-			if mounts = m.AppendMounts(mounts); keep && len(mounts) > at {
-				kc.mounts[mod] = mounts[at:len(mounts):len(mounts)]
+			if mounts = m.AppendMounts(mounts); keep {
+				for _, mt := range mounts[at:] {
+					km := keptMount{source: mt.Mount.Source, module: mod, owner: mt.Module, rw: !mt.Mount.ReadOnly}
+					if incremental { // in place: the others are sorted
+						i, _ := slices.BinarySearchFunc(kc.mounts, km, compareMounts)
+						kc.mounts = slices.Insert(kc.mounts, i, km)
+					} else {
+						kc.mounts = append(kc.mounts, km)
+					}
+				}
 			}
 		}
 		for i := range m.Resources {
@@ -597,8 +605,10 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			at := len(plan.Resources)
 			plan.Resources = append(plan.Resources, Resource{Module: mod, Kind: kind, Name: d.Name(), Decl: *d, Typed: d.Typed, src: d})
 			res := &plan.Resources[at]
-			if err := claim(res.RuntimeName(), mod); err != nil {
-				return fail(err)
+			if checked != nil {
+				if err := claim(res.RuntimeName(), mod); err != nil {
+					return fail(err)
+				}
 			}
 			if names := SecretsOf(d); len(names) > 0 {
 				res.Secrets = map[string]string{}
@@ -673,6 +683,9 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 	if len(plan.Routes) == 0 {
 		plan.Routes = nil // as a plan without routes always encoded
 	}
+	if !incremental {
+		kc.sortMounts()
+	}
 	if incremental {
 		// The mounts of the modules checked now, against every other
 		// (kc.mounts holds theirs too).
@@ -736,11 +749,11 @@ var errRecheck = errors.New("compose the node whole")
 type nodeChecks struct {
 	domains string // the node's domains, joined: its routes' hosts follow them
 	mods    map[string]*modChecked
-	gen     uint64                        // of the composition under way (modChecked.gen)
-	owner   map[string]string             // a resource's runtime name -> its module
-	routes  map[string]string             // a route's name -> its module
-	hosts   map[string]hostUse            // a host -> its route's module and port
-	mounts  map[string][]manifest.MountAt // each module's, by its name on the node
+	gen     uint64             // of the composition under way (modChecked.gen)
+	owner   map[string]string  // a resource's runtime name -> its module
+	routes  map[string]string  // a route's name -> its module
+	hosts   map[string]hostUse // a host -> its route's module and port
+	mounts  []keptMount        // every module's, sorted by source
 }
 
 type hostUse struct {
@@ -757,7 +770,7 @@ type modChecked struct {
 }
 
 func newNodeChecks(domains string, names, routes int) *nodeChecks {
-	return &nodeChecks{domains: domains, mods: map[string]*modChecked{}, mounts: map[string][]manifest.MountAt{}, owner: make(map[string]string, names), routes: make(map[string]string, routes), hosts: make(map[string]hostUse, routes)}
+	return &nodeChecks{domains: domains, mods: map[string]*modChecked{}, owner: make(map[string]string, names), routes: make(map[string]string, routes), hosts: make(map[string]hostUse, routes)}
 }
 
 // saw says the checks saw module mod as it is now: the same manifest,
@@ -798,31 +811,77 @@ func (kc *nodeChecks) release() {
 		}
 		delete(kc.mods, mod)
 	}
-	for _, mod := range gone {
-		delete(kc.mounts, mod)
+	if len(gone) > 0 {
+		kc.mounts = slices.DeleteFunc(kc.mounts, func(km keptMount) bool { return slices.Contains(gone, km.module) })
 	}
 }
 
+// keptMount is a mount of a module on the node, as the nesting check
+// reads it.
+type keptMount struct {
+	source string
+	module string // the module's name on the node (what release goes by)
+	owner  string // MountAt.Module: whose it is to the check, as NestedMounts compares
+	rw     bool
+}
+
+// sortMounts sorts the mounts by source (then the rest, for one order).
+func (kc *nodeChecks) sortMounts() { slices.SortFunc(kc.mounts, compareMounts) }
+
+func compareMounts(a, b keptMount) int {
+	return cmp.Or(strings.Compare(a.source, b.source), strings.Compare(a.module, b.module), strings.Compare(a.owner, b.owner), cmp.Compare(b2i(a.rw), b2i(b.rw)))
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // nests says whether a mount of mine (the modules checked now) and one of
-// another module (kc.mounts, mine's included) nest as NestedMounts finds
-// them: one inside another's writable one.
+// another module (kc.mounts, sorted, mine's included) nest as NestedMounts
+// finds them: one inside another's writable one. Each is looked up by
+// source, not compared with every mount of the node: outer/ is inside
+// outer exactly when outer is the path before one of its slashes.
 func (kc *nodeChecks) nests(mine []manifest.MountAt) bool {
-	inside := func(inner, outer manifest.MountAt) bool {
-		if outer.Mount.ReadOnly || inner.Module == outer.Module {
-			return false
+	ms := kc.mounts
+	from := func(src string) int { return sort.Search(len(ms), func(k int) bool { return ms[k].source >= src }) }
+	// writableAt: another's writable mount whose source is o.
+	writableAt := func(o string, x manifest.MountAt) bool {
+		for i := from(o); i < len(ms) && ms[i].source == o; i++ {
+			if ms[i].rw && ms[i].owner != x.Module {
+				return true
+			}
 		}
-		if outer.Mount.Source == "/" {
-			return inner.Mount.Source != "/"
-		}
-		return strings.HasPrefix(inner.Mount.Source, outer.Mount.Source+"/")
+		return false
 	}
 	for _, x := range mine {
-		for _, list := range kc.mounts {
-			for _, y := range list {
-				if inside(x, y) || inside(y, x) {
-					return true
+		src := x.Mount.Source
+		if !x.Mount.ReadOnly { // another's mount inside x
+			if src == "/" {
+				for _, e := range ms {
+					if e.source != "/" && e.owner != x.Module {
+						return true
+					}
+				}
+			} else {
+				p := src + "/"
+				for i := from(p); i < len(ms) && strings.HasPrefix(ms[i].source, p); i++ {
+					if ms[i].owner != x.Module {
+						return true
+					}
 				}
 			}
+		}
+		// x inside another's writable mount.
+		for i := 0; i < len(src); i++ {
+			if src[i] == '/' && writableAt(src[:i], x) {
+				return true
+			}
+		}
+		if src != "/" && writableAt("/", x) {
+			return true
 		}
 	}
 	return false
