@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"mesh/internal/restic"
+	"mesh/internal/testutil"
 )
 
 // A restore's default is the newest snapshot this node made, else any
@@ -306,23 +307,10 @@ func TestUnremovedSnapshots(t *testing.T) {
 // same file system included): swapped aside with it, the next restore
 // would remove the mount's files.
 func TestRestoreRefusesMountsInside(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test bind-mounts; run it as root (contrib/test.sh does)")
+	if err := mountsInside([]string{t.TempDir()}); err != nil {
+		t.Fatalf("no mount: %v", err)
 	}
-	root := t.TempDir()
-	media, data := filepath.Join(root, "media"), filepath.Join(root, "data")
-	for _, d := range []string{media, filepath.Join(data, "media")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := mountsInside([]string{data}); err != nil {
-		t.Fatalf("no mount yet: %v", err)
-	}
-	if err := unix.Mount(media, filepath.Join(data, "media"), "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Unmount(filepath.Join(data, "media"), unix.MNT_DETACH) })
+	_, data := testutil.BindInside(t)
 	if err := mountsInside([]string{data}); err == nil || !strings.Contains(err.Error(), data+" holds another mount ("+filepath.Join(data, "media")+")") {
 		t.Fatalf("a data directory holding a bind mount: %v", err)
 	}

@@ -12,8 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
+	"mesh/internal/testutil"
 	"mesh/state"
 	"mesh/state/manifest"
 )
@@ -507,11 +506,8 @@ func TestBindingChangeRerunsStepThenRecreatesServer(t *testing.T) {
 	}
 }
 
-// A step that prints a secret of its module (here the credential the
-// mesh gave it) as it fails: the report, which every node keeps, says
-// [secret] in its place.
-func TestFailedStepsSecretIsNotReported(t *testing.T) {
-	b := newBed(t)
+// failStep makes the bed's step fail (exit 1) until its command changes.
+func (b *bed) failStep() {
 	b.vars["stepcmd"] = "fail"
 	b.rt.exit = func(s Spec) int {
 		if len(s.Command) > 0 && s.Command[0] == "fail" {
@@ -519,6 +515,14 @@ func TestFailedStepsSecretIsNotReported(t *testing.T) {
 		}
 		return 0
 	}
+}
+
+// A step that prints a secret of its module (here the credential the
+// mesh gave it) as it fails: the report, which every node keeps, says
+// [secret] in its place.
+func TestFailedStepsSecretIsNotReported(t *testing.T) {
+	b := newBed(t)
+	b.failStep()
 	b.rt.logs = "connecting to postgres://app:s3cret@db/app\nfailed"
 	rep := b.apply()
 	if strings.Contains(rep.Error, "s3cret") || !strings.Contains(rep.Error, "postgres://app:[secret]@db/app") {
@@ -531,13 +535,7 @@ func TestFailedStepsSecretIsNotReported(t *testing.T) {
 
 func TestFailedStepStopsTheApply(t *testing.T) {
 	b := newBed(t)
-	b.vars["stepcmd"] = "fail"
-	b.rt.exit = func(s Spec) int {
-		if len(s.Command) > 0 && s.Command[0] == "fail" {
-			return 1
-		}
-		return 0
-	}
+	b.failStep()
 	rep := b.apply()
 	if !strings.Contains(rep.Error, "exited with code 1; last lines:\nmigrate: cannot reach db") {
 		t.Fatalf("error %q", rep.Error)
@@ -719,27 +717,7 @@ func TestPurgeKeepsOthersUnder(t *testing.T) {
 // A purge does not cross a mount inside the data directory, a bind mount
 // of the same file system included (it emptied the bind's source).
 func TestPurgeDoesNotEnterABindMount(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("this test bind-mounts; run it as root (contrib/test.sh does)")
-	}
-	root := t.TempDir()
-	media, data := filepath.Join(root, "media"), filepath.Join(root, "data")
-	for _, d := range []string{media, filepath.Join(data, "media")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(media, "photo"), []byte("keep me"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount(media, filepath.Join(data, "media"), "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, m := range []string{filepath.Join(data, "media"), filepath.Join(data+purgeSuffix, "media")} {
-			unix.Unmount(m, unix.MNT_DETACH)
-		}
-	})
+	media, data := testutil.BindInside(t)
 	_, err := purgeDir(data)
 	if err == nil || !strings.Contains(err.Error(), "is a mount point") {
 		t.Fatalf("a purge around a bind mount: %v", err)

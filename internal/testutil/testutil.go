@@ -1,7 +1,8 @@
 // Package testutil holds what the in-process tests of several packages
 // share (cluster and cluster/api cannot share test files across their
 // boundary): a logger that writes to the test's log, a log kept to count
-// its lines, a free port, and a small tmpfs for tests of a full disk.
+// its lines, a free port, a small tmpfs for tests of a full disk, and a
+// directory with a bind mount inside.
 package testutil
 
 import (
@@ -12,9 +13,12 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Log is a logger's output, written from any goroutine, kept for a test
@@ -119,4 +123,38 @@ func Tmpfs(t testing.TB, dir, options string) {
 		t.Fatalf("mount tmpfs on %s: %v %s", dir, err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+}
+
+// BindInside makes, under a temp dir, a directory dir holding a bind mount
+// at dir/media of another directory, source, that holds the file photo
+// ("keep me"): what a data directory with a media library bound into it
+// is, for the tests that must not cross it. Every mount under the temp dir
+// is undone when the test ends (wherever a rename moved it). Root only.
+func BindInside(t testing.TB) (source, dir string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test bind-mounts; run it as root (contrib/test.sh does)")
+	}
+	root := t.TempDir()
+	source, dir = filepath.Join(root, "media"), filepath.Join(root, "data")
+	for _, d := range []string{source, filepath.Join(dir, "media")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(source, "photo"), []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(source, filepath.Join(dir, "media"), "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], root+"/") {
+				unix.Unmount(f[4], unix.MNT_DETACH)
+			}
+		}
+	})
+	return source, dir
 }
