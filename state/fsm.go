@@ -1317,10 +1317,12 @@ func (ap *applier) recompose(cause string) error {
 		}
 		out = composeKept(in, only, s.checks)
 	} else {
-		out = ComposeNodes(in, nil)
-		maps.DeleteFunc(s.checks, func(node string, _ *nodeChecks) bool {
-			return !slices.ContainsFunc(in.Nodes, func(n Node) bool { return n.Name == node })
-		})
+		// Every node composed from nothing, as before; the checks each
+		// leaves are kept for the incremental commands after (a node's
+		// first one needs not make them).
+		fresh := map[string]*nodeChecks{}
+		out = composeKept(in, nil, fresh)
+		s.checks = fresh
 	}
 	defer out.releasePlans()
 	var old Roster
