@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -238,6 +239,10 @@ func BenchmarkFleetProfile(b *testing.B) {
 		b.Fatalf("at most %d assigns (-benchtime %dx)", left, left)
 	}
 	var ds []time.Duration
+	// The timed commands carry a label, so a profile can leave the set-up
+	// out: go tool pprof -tagfocus phase=timed ...
+	defer pprof.SetGoroutineLabels(context.Background())
+	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("phase", "timed")))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if add {
