@@ -112,6 +112,13 @@ type Input struct {
 	// a provider's every assignment of the fleet).
 	consumers map[string][]string
 	assignedN map[string]int
+	// named says composition names each resource's declaration (src)
+	// without copying it into Decl and Typed (1.2 kB a resource, 500 a
+	// node of 100 modules: the largest part of composing one that grew
+	// with the node, issue "scale"). Only the FSM's recompose sets it:
+	// planBody, which copies them into the resources it encodes, and
+	// writeBindings are all that read its plans.
+	named bool
 }
 
 // Purge is a data directory a node removes, with all it holds, while its
@@ -593,24 +600,31 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 				}
 			}
 		}
+		heads := m.Heads()
 		for i := range m.Resources {
 			// Made in place: a Resource is 1.2 kB, and a node of 100
 			// modules composes 500 of them (copying each twice was a
-			// quarter of composing it, issue "scale").
-			d := &m.Resources[i]
-			kind := d.Kind()
+			// quarter of composing it, issue "scale"). What every
+			// resource gives is read from its head, the declaration d
+			// only for the kinds that need more.
+			d, h := &m.Resources[i], &heads[i]
+			kind := h.Kind
 			if stopped && (kind == manifest.KindContainer || kind == manifest.KindStep) {
 				continue
 			}
 			at := len(plan.Resources)
-			plan.Resources = append(plan.Resources, Resource{Module: mod, Kind: kind, Name: d.Name(), Decl: *d, Typed: d.Typed, src: d})
+			if in.named {
+				plan.Resources = append(plan.Resources, Resource{Module: mod, Kind: kind, Name: h.Name, src: d})
+			} else {
+				plan.Resources = append(plan.Resources, Resource{Module: mod, Kind: kind, Name: h.Name, Decl: *d, Typed: d.Typed, src: d})
+			}
 			res := &plan.Resources[at]
 			if checked != nil {
 				if err := claim(res.RuntimeName(), mod); err != nil {
 					return fail(err)
 				}
 			}
-			if names := SecretsOf(d); len(names) > 0 {
+			if names := h.Secrets; len(names) > 0 {
 				res.Secrets = map[string]string{}
 				held := in.HeldSecrets[HeldKey{Node: n.Name, Module: mod}]
 				for _, sn := range names {
@@ -628,7 +642,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 				}
 				res.Restart = in.restartOf(mod, res.Name, n.Name)
 			case manifest.KindFile:
-				res.Content = d.Content
+				res.Content = h.Content
 			case manifest.KindRoutesFile:
 				routesFiles = append(routesFiles, at)
 			case manifest.KindBinding:
@@ -709,11 +723,11 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		sort.Slice(data.Routes, func(i, j int) bool { return data.Routes[i].Name < data.Routes[j].Name })
 		for _, i := range routesFiles {
 			res := &plan.Resources[i]
-			if res.Decl.Template == "" {
+			if res.declared().Template == "" {
 				res.Content = string(b) + "\n"
 				continue
 			}
-			t, err := manifest.ParseTemplate(res.Decl.Template)
+			t, err := manifest.ParseTemplate(res.declared().Template)
 			if err == nil {
 				res.Content, err = manifest.ExecTemplate(t, data)
 			}
@@ -726,7 +740,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 	// (or one inside or around a path) a module the node runs declares.
 	for _, pg := range in.Purges[n.Name] {
 		if !slices.ContainsFunc(plan.Resources, func(r Resource) bool {
-			return manifest.Within(r.Name, pg.Path) || manifest.Within(pg.Path, r.Name) && r.Kind == manifest.KindDirectory && r.Decl.Data
+			return manifest.Within(r.Name, pg.Path) || manifest.Within(pg.Path, r.Name) && r.Kind == manifest.KindDirectory && r.declared().Data
 		}) {
 			plan.Purge = append(plan.Purge, pg)
 		}
@@ -885,6 +899,24 @@ func (kc *nodeChecks) nests(mine []manifest.MountAt) bool {
 		}
 	}
 	return false
+}
+
+// declared is r's declaration: the manifest's it was composed from
+// (which Input.named does not copy into Decl), else Decl.
+func (r *Resource) declared() *manifest.Resource {
+	if r.src != nil {
+		return r.src
+	}
+	return &r.Decl
+}
+
+// withDecl is r with its declaration copied into Decl and Typed, as
+// encoded: composition with Input.named leaves them to be copied here.
+func (r *Resource) withDecl() *Resource {
+	if r.src != nil {
+		r.Decl, r.Typed = *r.src, r.src.Typed
+	}
+	return r
 }
 
 // RuntimeName is what a resource occupies on the host: its path, its

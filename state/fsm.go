@@ -1315,13 +1315,17 @@ func (ap *applier) recompose(cause string) error {
 		if s.checks == nil {
 			s.checks = map[string]*nodeChecks{}
 		}
-		out = composeKept(in, only, s.checks)
+		named := in
+		named.named = true // only planBody and writeBindings read the plans
+		out = composeKept(named, only, s.checks)
 	} else {
 		// Every node composed from nothing, as before; the checks each
 		// leaves are kept for the incremental commands after (a node's
 		// first one needs not make them).
 		fresh := map[string]*nodeChecks{}
-		out = composeKept(in, nil, fresh)
+		named := in
+		named.named = true
+		out = composeKept(named, nil, fresh)
 		s.checks = fresh
 	}
 	defer out.releasePlans()

@@ -94,9 +94,14 @@ func TestPlanBodyIsMarshal(t *testing.T) {
 		if len(out.Plans) == 0 {
 			t.Fatalf("%s: no plan composes: %v", step, out.Errors)
 		}
+		// planBody is given the plans as the FSM composes them: their
+		// declarations named, not copied (Input.named).
+		named := in
+		named.named = true
+		nout := Compose(named)
 		for n, p := range out.Plans {
 			want, _ := json.Marshal(p)
-			text, d := s.planBody(p)
+			text, d := s.planBody(nout.Plans[n])
 			got := text.bytes()
 			if string(got) != string(want) {
 				t.Fatalf("%s: %s's body\n got %s\nwant %s", step, n, got, want)

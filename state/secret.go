@@ -547,17 +547,7 @@ func secretDigests(ctx context.Context, q queryer) (map[SecretRef]string, error)
 
 // SecretsOf lists the names of the secrets a resource reads: a secret
 // file's, or a step's or container's env-secrets, sorted.
-func SecretsOf(d *manifest.Resource) []string {
-	var out []string
-	if d.Kind() == manifest.KindSecret && d.SecretName != "" {
-		out = append(out, d.SecretName)
-	}
-	for _, n := range d.EnvSecrets {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return slices.Compact(out)
-}
+func SecretsOf(d *manifest.Resource) []string { return d.SecretNames() }
 
 // manifestNamesSecrets says whether a manifest names an operator's secret.
 func manifestNamesSecrets(m *manifest.Manifest) bool {
