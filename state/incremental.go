@@ -197,7 +197,7 @@ func affected(in Input, t touches, cat *catDeps) map[string]bool {
 	for m := range t.nodesOf {
 		related[m] = true
 	}
-	for _, n := range nodesRunning(in, related) {
+	for _, n := range nodesRunning(in, related, set) {
 		set[n] = true
 	}
 	return set
@@ -206,8 +206,11 @@ func affected(in Input, t touches, cat *catDeps) map[string]bool {
 // nodesRunning lists the nodes the input assigns any of modules to. With
 // the assignments sorted by node, then module, and few modules, it looks
 // each up in each node's run (by binary search) instead of walking every
-// assignment of the fleet.
-func nodesRunning(in Input, modules map[string]bool) []string {
+// assignment of the fleet; it looks in the nodes of first before the
+// others (a command's own nodes: an assign's module runs on the node it
+// names), and stops once it found as many assignments of them as
+// in.assignedN counts, when set.
+func nodesRunning(in Input, modules, first map[string]bool) []string {
 	var out []string
 	as := in.Assignments
 	if !in.assignedByNode || len(modules)*len(in.Nodes) > len(as)/8 {
@@ -218,7 +221,7 @@ func nodesRunning(in Input, modules map[string]bool) []string {
 		}
 		return out
 	}
-	return nodesRunningByRun(in, modules)
+	return nodesRunningByRun(in, modules, first)
 }
 
 // nodeRun is node's run of as, sorted by node, then module.
@@ -230,16 +233,39 @@ func nodeRun(as []Assignment, node string) []Assignment {
 
 // nodesRunningByRun is nodesRunning by binary search in each node's run of
 // assignments, sorted by node, then module (in.assignedByNode).
-func nodesRunningByRun(in Input, modules map[string]bool) []string {
+func nodesRunningByRun(in Input, modules, first map[string]bool) []string {
 	var out []string
 	as := in.Assignments
-	for _, n := range in.Nodes {
-		run := nodeRun(as, n.Name)
+	// left is how many assignments of modules are still to be found
+	// (-1: not counted, look in every node).
+	left := -1
+	if in.assignedN != nil {
+		left = 0
 		for m := range modules {
-			if _, found := slices.BinarySearchFunc(run, m, func(a Assignment, m string) int { return strings.Compare(a.Module, m) }); found {
-				out = append(out, n.Name)
-				break
+			left += in.assignedN[m]
+		}
+	}
+	look := func(node string) {
+		run := nodeRun(as, node)
+		found := false
+		for m := range modules {
+			if _, ok := slices.BinarySearchFunc(run, m, func(a Assignment, m string) int { return strings.Compare(a.Module, m) }); ok {
+				found = true
+				left--
 			}
+		}
+		if found {
+			out = append(out, node)
+		}
+	}
+	for _, n := range in.Nodes {
+		if left != 0 && first[n.Name] {
+			look(n.Name)
+		}
+	}
+	for _, n := range in.Nodes {
+		if left != 0 && !first[n.Name] {
+			look(n.Name)
 		}
 	}
 	return out
