@@ -282,10 +282,12 @@ func (s *Store) planBody(p *Plan) (text *planText, digest string) {
 	prefix := append(append([]byte(`{"node":`), node...), `,"resources":[`...)
 	if !bytes.HasPrefix(head, prefix) || len(head) <= len(prefix) || head[len(prefix)] != ']' {
 		// Not the shape this splices into: encode it whole.
+		whole := *p
+		whole.Resources = make([]Resource, len(p.Resources))
 		for i := range p.Resources {
-			p.Resources[i].withDecl()
+			whole.Resources[i] = *p.Resources[i].withDecl()
 		}
-		body, err := json.Marshal(p)
+		body, err := json.Marshal(&whole)
 		if err != nil {
 			panic(err)
 		}

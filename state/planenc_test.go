@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"mesh/state/manifest"
 )
@@ -313,4 +314,37 @@ func TestPackedPlanIsItsTextAlone(t *testing.T) {
 		t.Fatalf("the edits reused %d chunks' streams and hashed %d plans from a kept state, in plans of up to %d chunks: this tests nothing", reusedSeen, prefixSeen, mostChunks)
 	}
 	t.Logf("%d chunks' streams reused, %d plans hashed from a kept state, up to %d chunks a plan", reusedSeen, prefixSeen, mostChunks)
+}
+
+// clearNamed leaves zero a resource composed with its declaration named
+// (Decl and Typed never written), whatever other field it set: a field
+// added to Resource and not cleared would keep what it points at alive
+// in a released array, and be taken by the next composition's resource.
+func TestClearNamedClearsAll(t *testing.T) {
+	rt := reflect.TypeOf(Resource{})
+	for i := range rt.NumField() {
+		f := rt.Field(i)
+		if f.Name == "Decl" || f.Name == "Typed" {
+			continue
+		}
+		var r Resource
+		v := reflect.ValueOf(&r).Elem().Field(i)
+		v = reflect.NewAt(f.Type, unsafe.Pointer(v.UnsafeAddr())).Elem() // settable, even unexported
+		switch v.Kind() {
+		case reflect.String:
+			v.SetString("x")
+		case reflect.Uint64:
+			v.SetUint(1)
+		case reflect.Pointer:
+			v.Set(reflect.New(f.Type.Elem()))
+		case reflect.Map:
+			v.Set(reflect.MakeMap(f.Type))
+		default:
+			t.Fatalf("Resource.%s is a %s: teach this test to set it", f.Name, v.Kind())
+		}
+		r.clearNamed()
+		if !reflect.ValueOf(r).IsZero() {
+			t.Errorf("clearNamed leaves Resource.%s set", f.Name)
+		}
+	}
 }
