@@ -420,7 +420,9 @@ func checkSplice(old []Name, only map[string]bool, mine []Name, spliced Roster, 
 // rosterChangesAmong is RosterChanges(before, after) for a command that
 // changed only some nodes' names: beforeMine and afterMine are those
 // nodes' names in before and after (the rest of both is the same rows),
-// all sorted as SortRoster sorts. Only their names can be added or
+// or only those of their rows that differ (rosterDiff's removed and
+// added: a row in both is in both rosters and changes nothing), all
+// sorted as SortRoster sorts. Only their names can be added or
 // removed, so each is looked up in the other roster by binary search
 // instead of putting both rosters in maps; the changes and their order
 // are RosterChanges's (TestRosterChangesAmong).

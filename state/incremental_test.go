@@ -158,6 +158,10 @@ func TestRosterChangesAmong(t *testing.T) {
 			t.Fatalf("changes from %v to %v among %v: %v, want %v", before, after, only, rosterChangesAmong(NewRoster(before), NewRoster(after), theirs, mine), want)
 		}
 		added, removed := rosterDiff(theirs, mine)
+		// Given only the rows that differ, as recompose gives them.
+		if want := RosterChanges(before, after); !slices.Equal(rosterChangesAmong(NewRoster(before), NewRoster(after), removed, added), want) {
+			t.Fatalf("changes from %v to %v among the rows removed %v and added %v: %v, want %v", before, after, removed, added, rosterChangesAmong(NewRoster(before), NewRoster(after), removed, added), want)
+		}
 		var wantAdded, wantRemoved []Name
 		for _, r := range after {
 			if !slices.Contains(before, r) {

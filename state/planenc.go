@@ -454,10 +454,12 @@ type keptPlan struct {
 	delivered map[deliveredKey]*keptResource
 	// chunks are the last plan's text's (cutPlan).
 	chunks []*planChunk
-	// routes are the encodings of the last plan's routes: a node of 100
-	// modules routes 200 names, and encoding them with every assign was
-	// a tenth of it.
-	routes map[Route]*keptRoute
+	// routes and routeEncs are the last plan's routes and their
+	// encodings: a node of 100 modules routes 200 names, and encoding
+	// them with every assign was a tenth of it (then looking each up in
+	// a map of them was a twentieth).
+	routes    []Route
+	routeEncs [][]byte
 }
 
 type deliveredKey struct {
@@ -465,39 +467,37 @@ type deliveredKey struct {
 	name string
 }
 
-type keptRoute struct {
-	enc []byte
-	gen uint64
-}
+// routeLook is how far past where it is expected routesTail looks for a
+// route of the last plan (a command moves a few modules' routes).
+const routeLook = 8
 
 // routesTail is the plan's tail with its routes: tail is the plan's
 // encoded without routes (']' and what follows the resources), and the
-// routes come right after the resources (Plan's field order).
+// routes come right after the resources (Plan's field order). A route
+// equal to one of the last plan's near where it was takes its encoding;
+// any other is encoded.
 func (k *keptPlan) routesTail(routes []Route, tail []byte) []byte {
-	if k.routes == nil {
-		k.routes = make(map[Route]*keptRoute, len(routes))
-	}
 	encs := make([][]byte, len(routes))
 	size := len(tail) + len(`,"routes":[]`) + len(routes) - 1
+	next := 0 // where in k.routes the route after the one found is
 	for i, r := range routes {
-		kr := k.routes[r]
-		if kr == nil {
+		for j := next; j < min(next+routeLook, len(k.routes)); j++ {
+			if k.routes[j] == r {
+				encs[i], next = k.routeEncs[j], j+1
+				break
+			}
+		}
+		if encs[i] == nil {
 			enc, err := json.Marshal(r)
 			if err != nil {
 				panic(err) // a Route always encodes
 			}
-			kr = &keptRoute{enc: enc}
-			k.routes[r] = kr
+			encs[i] = enc
 		}
-		kr.gen = k.gen
-		encs[i] = kr.enc
-		size += len(kr.enc)
+		size += len(encs[i])
 	}
-	for r, kr := range k.routes {
-		if kr.gen != k.gen {
-			delete(k.routes, r)
-		}
-	}
+	// The plan's Routes are never changed once composed.
+	k.routes, k.routeEncs = routes, encs
 	out := make([]byte, 0, size)
 	out = append(out, `],"routes":[`...)
 	for i, enc := range encs {

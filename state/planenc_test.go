@@ -257,13 +257,23 @@ func TestPackedPlanIsItsTextAlone(t *testing.T) {
 				m.decl = append(m.decl, &c)
 			}
 			mods[i] = m
-		case 4: // the routes (the tail): one more, or one fewer
+		case 4: // the routes (the tail): one more anywhere, one fewer,
+			// one changed in place, or several more in a row
 			if len(routes) > 0 && rng.IntN(3) == 0 {
 				at := rng.IntN(len(routes))
 				routes = slices.Delete(slices.Clone(routes), at, at+1)
 				break
 			}
-			routes = append(slices.Clone(routes), Route{Name: fmt.Sprintf("r%d.example.org", step), Module: mods[rng.IntN(len(mods))].name, Port: 80 + rng.IntN(3)})
+			if len(routes) > 0 && rng.IntN(3) == 0 {
+				routes = slices.Clone(routes)
+				routes[rng.IntN(len(routes))].Port++
+				break
+			}
+			more := []Route{}
+			for range 1 + rng.IntN(2)*rng.IntN(12) {
+				more = append(more, Route{Name: fmt.Sprintf("r%d-%d.example.org", step, len(more)), Module: mods[rng.IntN(len(mods))].name, Port: 80 + rng.IntN(3)})
+			}
+			routes = slices.Insert(slices.Clone(routes), rng.IntN(len(routes)+1), more...)
 		case 5: // nothing changed
 		case 6: // a batch unassign of one chunk's modules, so that the
 			// chunks after it are the same at other places
