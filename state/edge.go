@@ -591,11 +591,8 @@ func (ap *applier) moduleHostsBefore(specs []ModuleSpec) (clashes []string, host
 // command is checked here, including those of formats older than the
 // rule, which the FSM applies without it.
 func (s *Store) CheckHosts(ctx context.Context, req Request) error {
-	var cat map[string]*manifest.Manifest
-	var err error
-	if kept := s.catPub.Load(); kept != nil {
-		cat = *kept
-	} else if cat, err = s.readCatalogue(ctx, s.db); err != nil {
+	cat, err := s.publishedCatalogue(ctx)
+	if err != nil {
 		return err
 	}
 	in, err := input(ctx, s.db, cat)

@@ -218,12 +218,15 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 		}
 		defer tx.Rollback()
 	case err != nil:
+		ap.catalogueCommitted(err)
 		return nil, err
 	}
 	if err := (txStmts{s, tx}).exec(`UPDATE applied SET idx = ? WHERE id = 1`, index); err != nil {
+		ap.catalogueCommitted(err)
 		return nil, fmt.Errorf("record the applied index: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
+		ap.catalogueCommitted(err)
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	s.committed()
@@ -280,13 +283,10 @@ type applier struct {
 	// them knows (an older one stops there), so replicas never disagree.
 	v  int
 	at string // the proposer's time
-	// cat is this command's catalogue once it edited a module's row
-	// (catalogueSet), catDeps what those modules read of each other;
-	// catWhole says it rewrote the table whole (a restore), which is then
-	// the only truth (catalogue.go).
-	catWhole bool
-	cat      map[string]*manifest.Manifest
-	catDeps  *catDeps
+	// catEdited says the command edited the kept catalogue in place
+	// (catalogueSet); catWhole that it rewrote the table whole (a
+	// restore), which is then the only truth (catalogue.go).
+	catWhole, catEdited bool
 	// rosterChanged: this command writes the roster table itself (besides
 	// recompose), so the kept roster is not what it diffs against.
 	rosterChanged bool

@@ -156,11 +156,8 @@ func sealNeeds(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 // that adds the assignments extra or the manifests added (which
 // replace those of the same name), in a stable order.
 func (s *Store) SealNeeds(ctx context.Context, extra []Assignment, added []*manifest.Manifest) ([]SealNeed, error) {
-	var cat map[string]*manifest.Manifest
-	var err error
-	if kept := s.catPub.Load(); kept != nil {
-		cat = *kept
-	} else if cat, err = s.readCatalogue(ctx, s.db); err != nil {
+	cat, err := s.publishedCatalogue(ctx)
+	if err != nil {
 		return nil, err
 	}
 	if len(added) > 0 {

@@ -77,8 +77,9 @@ type Store struct {
 	// rosterBy is roster's rows by node, when it was built for the roster
 	// kept now (its of); under applyMu.
 	rosterBy *rosterByNode
-	// catPub is cat published for readers outside the FSM (a proposer's
-	// SealNeeds), as of the last commit; nil when not known.
+	// catPub is a copy of cat for readers outside the FSM (a proposer's
+	// SealNeeds and CheckHosts), as of the last commit; nil when not made
+	// since the last change (publishedCatalogue).
 	catPub atomic.Pointer[map[string]*manifest.Manifest]
 	// encoded is each node's last composed plan's resources with their JSON
 	// (planenc.go); under applyMu.

@@ -545,9 +545,23 @@ func TestKeptCatalogueIsTheTruth(t *testing.T) {
 	kept, afresh := openStore(t), openStore(t)
 	forget := func() { afresh.cat = nil; afresh.roster.Store(nil) }
 	ctx := context.Background()
+	digests := func(c map[string]*manifest.Manifest) map[string]string {
+		d := map[string]string{}
+		for k, m := range c {
+			d[k] = m.Digest
+		}
+		return d
+	}
+	// A copy published before a command stays as it was (the FSM edits
+	// its own catalogue in place).
+	var lastPub map[string]*manifest.Manifest
+	var lastSaid string
 	for i, r := range reqs {
 		e := encodeAt(r, t0.Add(time.Duration(i)*time.Second))
 		ek := kept.Apply(uint64(i+1), e)
+		if lastPub != nil && fmt.Sprint(digests(lastPub)) != lastSaid {
+			t.Fatalf("command %d (%s) changed the catalogue published before it: %v, was %s", i+1, r.Op(), digests(lastPub), lastSaid)
+		}
 		forget()
 		ef := afresh.Apply(uint64(i+1), e)
 		forget()
@@ -563,19 +577,15 @@ func TestKeptCatalogueIsTheTruth(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("after command %d (%s) the kept roster is\n%v\nthe table\n%v", i+1, r.Op(), got, want)
 		}
-		// So is the catalogue a proposer's SealNeeds reads, when published.
-		if pub := kept.catPub.Load(); pub != nil {
+		// So is the catalogue a proposer's SealNeeds reads.
+		if pub, err := kept.publishedCatalogue(ctx); err != nil {
+			t.Fatal(err)
+		} else {
 			fresh, _ := kept.readCatalogue(ctx, kept.db)
-			digests := func(c map[string]*manifest.Manifest) map[string]string {
-				d := map[string]string{}
-				for k, m := range c {
-					d[k] = m.Digest
-				}
-				return d
-			}
-			if g, w := fmt.Sprint(digests(*pub)), fmt.Sprint(digests(fresh)); g != w {
+			if g, w := fmt.Sprint(digests(pub)), fmt.Sprint(digests(fresh)); g != w {
 				t.Fatalf("after command %d (%s) the published catalogue is %s, the table %s", i+1, r.Op(), g, w)
 			}
+			lastPub, lastSaid = pub, fmt.Sprint(digests(pub))
 		}
 	}
 	if !strings.Contains(dumpJSON(t, kept), "localhost/busybox:2") || strings.Contains(dumpJSON(t, kept), "localhost/busybox:3") {
