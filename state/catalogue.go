@@ -111,31 +111,25 @@ func (ap *applier) catalogueCommitted(broken error) {
 
 // publishedCatalogue is the catalogue as of the last commit, for readers
 // outside the FSM (a proposer's checks): a copy of the one the FSM keeps,
-// which it edits in place, made under applyMu (so between two commands)
-// once per change; read from the table when the FSM keeps none.
+// which it edits in place, made once per change between two commands
+// (applyMu held); when a command or a restore holds applyMu, or the FSM
+// keeps no catalogue, it is read from the table, as it was before the
+// FSM kept one: a reader never waits on the FSM (a restore, a catch-up of
+// 256 commands, a full disk's retries).
 func (s *Store) publishedCatalogue(ctx context.Context) (map[string]*manifest.Manifest, error) {
 	if p := s.catPub.Load(); p != nil {
 		return *p, nil
 	}
-	s.applyMu.Lock()
-	if p := s.catPub.Load(); p != nil {
+	if s.applyMu.TryLock() {
+		if s.cat != nil {
+			c := maps.Clone(s.cat)
+			s.catPub.Store(&c)
+			s.applyMu.Unlock()
+			return c, nil
+		}
 		s.applyMu.Unlock()
-		return *p, nil
 	}
-	if s.cat != nil {
-		c := maps.Clone(s.cat)
-		s.catPub.Store(&c)
-		s.applyMu.Unlock()
-		return c, nil
-	}
-	s.applyMu.Unlock()
 	return s.readCatalogue(ctx, s.db)
-}
-
-// clone is a copy of d that edits do not reach (its lists are copied
-// when edited: remove and add never write into a list they share).
-func (d *catDeps) clone() *catDeps {
-	return &catDeps{consumers: maps.Clone(d.consumers), credentials: maps.Clone(d.credentials), hosted: maps.Clone(d.hosted), routed: maps.Clone(d.routed)}
 }
 
 // remove takes what m (module name's manifest) read of other modules out
@@ -161,8 +155,9 @@ func (d *catDeps) remove(name string, m *manifest.Manifest) {
 	}
 }
 
-// removeFrom takes name out of the list of key, into a copy (the list
-// may be shared with another catDeps).
+// removeFrom takes name out of the list of key, into a copy (a list
+// given out before, to affected or the rule on host names, stays as it
+// was).
 func removeFrom(lists map[string][]string, key, name string) {
 	list, ok := lists[key]
 	if !ok || !slices.Contains(list, name) {

@@ -179,6 +179,14 @@ func IsDamaged(err error) bool {
 // what the Raft log and snapshot hold, and the node makes it again.
 const DamagedWayOut = "the state database is damaged: stop the agent, move state.db, state.db-wal and state.db-shm aside (keep them), and start it again; the node makes its replica again from its Raft snapshot and log (or from the leader's)"
 
+// beginAgain, when set (tests), is the error of beginning a transaction
+// again after a command was refused, as a full disk can give.
+var beginAgain func() error
+
+// errNotCommitted is the outcome of a command that committed nothing, for
+// what the FSM keeps of it.
+var errNotCommitted = errors.New("not committed")
+
 // applyTx applies req in one transaction. broken is the rule the command
 // broke: it is rolled back and its index recorded all the same, so every
 // replica agrees on the refusal and a replay skips it. err is any other
@@ -200,6 +208,14 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 		return nil, nil
 	}
 	ap := &applier{s: s, ctx: ctx, tx: tx, q: q, index: index, v: v, at: at.UTC().Format(timeLayout)}
+	// The kept catalogue, which the command edits in place, is settled on
+	// every way out: kept once committed, else forgotten.
+	settled := false
+	defer func() {
+		if !settled {
+			ap.catalogueCommitted(errNotCommitted)
+		}
+	}()
 	recompose, err := ap.apply(req)
 	if err == nil && recompose {
 		err = ap.recompose(causeAt(req, ap.v))
@@ -213,20 +229,22 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 		// Roll the command back but still record the index, so the replay skips it.
 		broken = err
 		tx.Rollback()
+		if beginAgain != nil {
+			if err := beginAgain(); err != nil {
+				return nil, fmt.Errorf("begin the transaction: %w", err)
+			}
+		}
 		if tx, err = s.db.BeginTx(ctx, nil); err != nil {
 			return nil, fmt.Errorf("begin the transaction: %w", err)
 		}
 		defer tx.Rollback()
 	case err != nil:
-		ap.catalogueCommitted(err)
 		return nil, err
 	}
 	if err := (txStmts{s, tx}).exec(`UPDATE applied SET idx = ? WHERE id = 1`, index); err != nil {
-		ap.catalogueCommitted(err)
 		return nil, fmt.Errorf("record the applied index: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		ap.catalogueCommitted(err)
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	s.committed()
@@ -241,6 +259,7 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 		}
 	}
 	ap.catalogueCommitted(broken)
+	settled = true
 	s.inputsCommitted(ap, broken)
 	if broken == nil && (ap.reported != nil || ap.reportsForgotten) {
 		s.reportsCommitted(ap.reported, ap.reportsForgotten)

@@ -177,3 +177,9 @@ func FuzzHostClashesAmong(f *testing.F) {
 		}
 	})
 }
+
+// clone is a copy of d that edits do not reach (remove and add copy a
+// list they edit).
+func (d *catDeps) clone() *catDeps {
+	return &catDeps{consumers: maps.Clone(d.consumers), credentials: maps.Clone(d.credentials), hosted: maps.Clone(d.hosted), routed: maps.Clone(d.routed)}
+}

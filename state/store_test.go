@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -642,5 +643,83 @@ func TestDamagedStateSaysWhatToDo(t *testing.T) {
 	_, err := Open(path)
 	if err == nil || !IsDamaged(err) || !strings.Contains(err.Error(), "move state.db, state.db-wal and state.db-shm aside") {
 		t.Fatalf("opening a damaged state db: %v", err)
+	}
+}
+
+// A command refused after it edited the kept catalogue, whose
+// transaction begun again to record its index fails (a full disk), is
+// applied again; neither try leaves its edit in the catalogue kept or
+// published (a review found the second try kept the first's: replicas
+// would compose the refused manifest).
+func TestRefusedEditForgottenOnAFullDisk(t *testing.T) {
+	old := DiskFullRetry
+	DiskFullRetry = time.Millisecond
+	t.Cleanup(func() { DiskFullRetry, beginAgain = old, nil })
+	s := openStore(t)
+	applyAll(t, s, commandLog())
+	n := uint64(len(commandLog()))
+	fails := 1
+	beginAgain = func() error {
+		if fails > 0 {
+			fails--
+			return syscall.ENOSPC
+		}
+		return nil
+	}
+	// Refused: web given twice; the first is in the catalogue by then.
+	web3 := strings.Replace(webSrc, "localhost/busybox:1", "localhost/busybox:3", 1)
+	err := s.Apply(n+1, encodeAt(&ModuleAddRequest{Modules: []ModuleSpec{spec("web.yaml", web3), spec("web2.yaml", web3)}}, t0.Add(time.Hour)))
+	if err == nil || fails != 0 {
+		t.Fatalf("the refused add: %v, begins failed: %d of 1", err, 1-fails)
+	}
+	ctx := context.Background()
+	table, err := s.readCatalogue(ctx, s.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := s.publishedCatalogue(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := s.cat; k != nil && k["web"].Digest != table["web"].Digest {
+		t.Errorf("the catalogue kept has the refused manifest of web")
+	}
+	if pub["web"].Digest != table["web"].Digest {
+		t.Errorf("the catalogue published has the refused manifest of web")
+	}
+	// And the next command composes with the table's.
+	s.Apply(n+2, encodeAt(&AssignRequest{Assignment: Assignment{Node: "novox", Module: "app"}}, t0.Add(2*time.Hour)))
+	if strings.Contains(dumpJSON(t, s), "localhost/busybox:3") {
+		t.Error("a plan runs the refused manifest of web")
+	}
+}
+
+// A reader of the published catalogue does not wait on the FSM: with
+// applyMu held (a restore, a catch-up, a full disk's retries) it reads
+// the table.
+func TestPublishedCatalogueDoesNotWait(t *testing.T) {
+	s := openStore(t)
+	applyAll(t, s, commandLog())
+	s.catPub.Store(nil)
+	s.applyMu.Lock()
+	got := make(chan map[string]*manifest.Manifest, 1)
+	go func() {
+		c, err := s.publishedCatalogue(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- c
+	}()
+	select {
+	case c := <-got:
+		if c["web"] == nil || c["postgres"] == nil {
+			t.Errorf("read with applyMu held: %v", c)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("publishedCatalogue waits on applyMu")
+	}
+	s.applyMu.Unlock()
+	if s.catPub.Load() != nil {
+		t.Error("a catalogue read from the table while the FSM applied was published")
 	}
 }
