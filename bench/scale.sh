@@ -36,10 +36,10 @@ out=$(go test -run '^$' -bench '^BenchmarkFleet$' -benchtime 1x -timeout 30m ./s
 echo "$out" | awk -v bench=BenchmarkFleet "$sizes"'
 END {
 	for (i = 1; i <= n; i++) { m = ms[i]
-		printf "scale modules=%d nodes=100 assign_ms=%.1f full_assign_ms=%.1f add_ms=%.1f add_all_ms=%.0f plans_mb=%.1f snapshot_mb=%.1f assign_full_to_incremental=%.1f\n", m,
+		printf "scale modules=%d nodes=100 assign_ms=%.2f full_assign_ms=%.1f add_ms=%.2f add_all_ms=%.0f plans_mb=%.1f snapshot_mb=%.1f assign_full_to_incremental=%.1f\n", m,
 			v[m, "assign-ms"], v[m, "full-assign-ms"], v[m, "add-one-ms"], v[m, "module-add-ms"], v[m, "plans-MB"], v[m, "snapshot-MB"], v[m, "full-assign-ms"] / v[m, "assign-ms"] }
 	lo = ms[1]; hi = ms[n]
-	printf "growth from %d to %d modules (x%.0f): assign x%.1f, full assign x%.1f, add one x%.1f, plans x%.1f, snapshot x%.1f\n", lo, hi, hi / lo,
+	printf "growth from %d to %d modules (x%.0f): assign x%.2f, full assign x%.1f, add one x%.2f, plans x%.1f, snapshot x%.1f\n", lo, hi, hi / lo,
 		v[hi, "assign-ms"] / v[lo, "assign-ms"], v[hi, "full-assign-ms"] / v[lo, "full-assign-ms"], v[hi, "add-one-ms"] / v[lo, "add-one-ms"], v[hi, "plans-MB"] / v[lo, "plans-MB"], v[hi, "snapshot-MB"] / v[lo, "snapshot-MB"]
 }'
 # The same assign in a fleet of wired modules (BenchmarkFleetWired): every
@@ -51,17 +51,17 @@ out=$(go test -run '^$' -bench '^BenchmarkFleetWired$' -benchtime 1x -timeout 30
 echo "$out" | awk -v bench=BenchmarkFleetWired "$sizes"'
 END {
 	for (i = 1; i <= n; i++) { m = ms[i]
-		printf "wired modules=%d nodes=100 assign_ms=%.1f full_assign_ms=%.1f\n", m, v[m, "assign-ms"], v[m, "full-assign-ms"] }
+		printf "wired modules=%d nodes=100 assign_ms=%.2f full_assign_ms=%.1f\n", m, v[m, "assign-ms"], v[m, "full-assign-ms"] }
 	lo = ms[1]; hi = ms[n]
-	printf "growth from %d to %d wired modules: assign x%.1f, full assign x%.1f\n", lo, hi, v[hi, "assign-ms"] / v[lo, "assign-ms"], v[hi, "full-assign-ms"] / v[lo, "full-assign-ms"]
+	printf "growth from %d to %d wired modules: assign x%.2f, full assign x%.1f\n", lo, hi, v[hi, "assign-ms"] / v[lo, "assign-ms"], v[hi, "full-assign-ms"] / v[lo, "full-assign-ms"]
 }'
 out=$(go test -run '^$' -bench '^BenchmarkAssignAnswered$' -benchtime 1x -timeout 30m ./agent/)
 echo "$out" | awk -v bench=BenchmarkAssignAnswered "$sizes"'
 END {
 	for (i = 1; i <= n; i++) { m = ms[i]
-		printf "answer modules=%d nodes=100 answer_p50_ms=%.1f answer_p99_ms=%.1f whole_p50_ms=%.1f whole_p99_ms=%.1f apply_p50_ms=%.1f apply_p99_ms=%.1f whole_to_patched_p50=%.1f\n", m,
+		printf "answer modules=%d nodes=100 answer_p50_ms=%.2f answer_p99_ms=%.2f whole_p50_ms=%.1f whole_p99_ms=%.1f apply_p50_ms=%.1f apply_p99_ms=%.1f whole_to_patched_p50=%.1f\n", m,
 			v[m, "answer-p50-ms"], v[m, "answer-p99-ms"], v[m, "whole-p50-ms"], v[m, "whole-p99-ms"], v[m, "apply-p50-ms"], v[m, "apply-p99-ms"], v[m, "whole-p50-ms"] / v[m, "answer-p50-ms"] }
 	lo = ms[1]; hi = ms[n]
-	printf "growth from %d to %d modules: answer p50 x%.1f, p99 x%.1f; whole p50 x%.1f\n", lo, hi,
+	printf "growth from %d to %d modules: answer p50 x%.2f, p99 x%.2f; whole p50 x%.1f\n", lo, hi,
 		v[hi, "answer-p50-ms"] / v[lo, "answer-p50-ms"], v[hi, "answer-p99-ms"] / v[lo, "answer-p99-ms"], v[hi, "whole-p50-ms"] / v[lo, "whole-p50-ms"]
 }'
