@@ -270,7 +270,77 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("resource %d of a valid manifest has no typed values", i)
 			}
 		}
+		checkHeads(t, m)
+		// As the FSM decodes it from its parsed form.
+		j, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d Manifest
+		if err := json.Unmarshal(j, &d); err != nil {
+			t.Fatal(err)
+		}
+		d.IndexProviders()
+		checkHeads(t, &d)
 	})
+}
+
+// checkHeads fails unless m's heads say what its resources say: composition
+// reads the heads instead of the declarations (a wrong head would be in
+// every composition, the full one the FSM compares with too).
+func checkHeads(t *testing.T, m *Manifest) {
+	t.Helper()
+	hs := m.Heads()
+	if len(hs) != len(m.Resources) {
+		t.Fatalf("%d heads for %d resources", len(hs), len(m.Resources))
+	}
+	for i := range m.Resources {
+		r := &m.Resources[i]
+		want := Head{Kind: r.Kind(), Name: r.Name(), Secrets: r.SecretNames(), Content: r.Content}
+		if !reflect.DeepEqual(hs[i], want) {
+			t.Fatalf("resource %d's head %+v, its declaration says %+v", i, hs[i], want)
+		}
+	}
+}
+
+// Every kind of resource, secrets in files and in the environment.
+func TestHeadsAreTheDeclarations(t *testing.T) {
+	for _, src := range []string{gitea, pgBackup, `module: s
+accepts-credentials: /srv/s/creds
+resources:
+  - directory: /srv/s
+  - directory: /srv/s/creds
+  - file: /srv/s/conf
+    content: "x = 1\n"
+  - secret: /srv/s/token
+    name: token
+  - binding: /srv/s/db.env
+    provider: other
+  - routes-file: /srv/s/routes.json
+  - step: init
+    image: localhost/busybox:1
+    command: [true]
+    env-secrets: {A: token, B: other}
+  - container: s
+    image: localhost/busybox:1
+    env-secrets: {A: token}
+`} {
+		m, err := Parse("heads.yaml", []byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.heads) != len(m.Resources) {
+			t.Fatalf("a parsed manifest keeps %d heads for %d resources", len(m.heads), len(m.Resources))
+		}
+		checkHeads(t, m)
+		seen := map[string]bool{}
+		for _, h := range m.Heads() {
+			seen[h.Kind] = true
+		}
+		if src != gitea && src != pgBackup && len(seen) != 7 {
+			t.Fatalf("the test manifest has kinds %v, not all seven", seen)
+		}
+	}
 }
 
 // The schema lists exactly the keys Parse accepts, and refuses others.
