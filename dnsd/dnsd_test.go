@@ -252,11 +252,19 @@ func FuzzAnswer(f *testing.F) {
 	m.SetQuestion("example.org.", dns.TypeAAAA)
 	b, _ = m.Pack()
 	f.Add(b)
+	for _, name := range reverseSeeds {
+		for _, qt := range []uint16{dns.TypePTR, dns.TypeA, dns.TypeSOA} {
+			m.SetQuestion(name, qt)
+			b, _ = m.Pack()
+			f.Add(b)
+		}
+	}
 	s, err := New(Config{Addr: "127.0.0.1:0"}, "internal")
 	if err != nil {
 		f.Fatal(err)
 	}
-	s.SetIndex(testIndex())
+	// A non-octet prefix, so that names around it are forwarded too.
+	s.SetIndex(overlayIndex("100.64.0.0/10", map[string]string{"100.90.0.1": "ace.internal"}))
 	s.exchange = func(context.Context, *dns.Msg, string, string) (*dns.Msg, error) {
 		return nil, errors.New("no network in fuzzing")
 	}

@@ -36,6 +36,12 @@ type Index struct {
 	// soaWire is the zone's SOA in wire form with the server's TTL, for the
 	// fast path (set by the server that serves the index).
 	soaWire []byte
+	// overlay is the mesh's overlay prefix (IPv4), invalid when there is
+	// none; nodes is the name each node's address on it answers a PTR
+	// with. The reverse names inside the prefix are answered here
+	// (reverse.go, WithOverlay).
+	overlay netip.Prefix
+	nodes   map[netip.Addr]string
 }
 
 // shardCount is how many shards the names are kept in: at 10,000 names,
@@ -132,9 +138,10 @@ func (ix *Index) Names() int {
 }
 
 // Equal says a and b answer the same names with the same addresses, in the
-// same zone (for tests of what With builds).
+// same zone, and the same reverse names of the overlay (for tests of what
+// With builds).
 func (a *Index) Equal(b *Index) bool {
-	if a.domain != b.domain || a.Names() != b.Names() {
+	if a.domain != b.domain || a.Names() != b.Names() || a.overlay != b.overlay || !maps.Equal(a.nodes, b.nodes) {
 		return false
 	}
 	for _, sh := range a.names {
@@ -163,13 +170,17 @@ type Result struct {
 
 // Lookup answers one question. Names in the mesh domain are answered with
 // authority (NXDOMAIN for unknown names, NODATA for a type a name lacks, SOA
-// and NS at the apex). In a public domain only routed names are answered;
+// and NS at the apex), and so are the reverse names of the overlay
+// (reverse.go). In a public domain only routed names are answered;
 // everything else there, and every other name, is forwarded: the public
 // domain's own records live elsewhere.
 func (ix *Index) Lookup(q dns.Question, ttl uint32) Result {
 	name := lower(q.Name)
 	if q.Qclass != dns.ClassINET && q.Qclass != dns.ClassANY {
 		return Result{Forward: true}
+	}
+	if r, ok := ix.reverse(name, q, ttl); ok {
+		return r
 	}
 	addrs, known := ix.get(name)
 	if !known && ix.ns.IsValid() && name == "ns."+ix.domain {
@@ -226,9 +237,14 @@ func hdr(name string, t uint16, ttl uint32) dns.RR_Header {
 	return dns.RR_Header{Name: name, Rrtype: t, Class: dns.ClassINET, Ttl: ttl}
 }
 
-func (ix *Index) soa(zone string, ttl uint32) dns.RR {
+func (ix *Index) soa(zone string, ttl uint32) dns.RR { return ix.soaOf(zone, zone, ttl) }
+
+// soaOf is zone's SOA naming the name server and mailbox of domain: the
+// zone itself, or the mesh domain for the overlay's reverse zones (whose
+// name server is this resolver, ns.DOMAIN).
+func (ix *Index) soaOf(zone, domain string, ttl uint32) dns.RR {
 	return &dns.SOA{
-		Hdr: hdr(zone, dns.TypeSOA, ttl), Ns: "ns." + zone, Mbox: "hostmaster." + zone,
+		Hdr: hdr(zone, dns.TypeSOA, ttl), Ns: "ns." + domain, Mbox: "hostmaster." + domain,
 		Serial: ix.serial, Refresh: 60, Retry: 30, Expire: 600, Minttl: ttl,
 	}
 }
