@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"net/netip"
+	"strings"
 	"time"
 
 	"mesh/cluster"
@@ -32,6 +33,11 @@ type replica interface {
 // or report changed), the next index is the last one with those names
 // answered anew (dnsd.Index.With), not every name of the fleet again
 // (issue "scale"); any other change builds it whole.
+//
+// The index also answers the reverse names of the overlay's prefix
+// (dnsd.Index.WithOverlay): each node's overlay address with the node's
+// name, every other name inside the prefix NXDOMAIN, so that the PTR
+// lookups servers make of their peers never leave the node.
 type feed struct {
 	self    string
 	replica replica
@@ -58,11 +64,15 @@ type feedReport struct {
 }
 
 // feedInput is what one index was built from: the names with their nodes,
-// and what decides which instances are fit.
+// what decides which instances are fit, and the overlay's prefix (invalid
+// when the overlay is off or the mesh has none yet) with the node names
+// its addresses answer.
 type feedInput struct {
-	domain string
-	roster state.Roster
-	fit    fitInputs
+	domain  string
+	roster  state.Roster
+	fit     fitInputs
+	overlay netip.Prefix
+	nodes   map[netip.Addr]string
 }
 
 // fitInputs is what state.Fit reads: which nodes are reachable (of those
@@ -109,6 +119,11 @@ func (f *feed) read(ctx context.Context) (*feedInput, func(state.Name) bool, uin
 	idx, _ := f.replica.AppliedIndex()
 	reach := state.Reach{Self: f.self, LastSeen: f.seen(), Now: f.now(), Started: f.started, Within: f.within()}
 	in := &feedInput{domain: st.Domain, roster: ro, fit: fitInputs{reachable: map[string]bool{}, unheard: reach.Reachable(""), bodies: bodies}}
+	// OverlayOff and "" (a mesh made before the overlay) are no prefix;
+	// nor is a damaged setting, on which no node brings its overlay up.
+	if p, err := state.ParseOverlay(st.Overlay); err == nil {
+		in.overlay = p
+	}
 	for n := range reach.LastSeen {
 		in.fit.reachable[n] = reach.Reachable(n)
 	}
@@ -152,7 +167,7 @@ func (f *feed) Index(ctx context.Context, last *dnsd.Index) (*dnsd.Index, error)
 	}
 	prev := f.last
 	f.last, f.lastPatched = in, false
-	if last != nil && prev != nil && prev.domain == in.domain && prev.fit.equal(in.fit) {
+	if last != nil && prev != nil && prev.domain == in.domain && prev.overlay == in.overlay && prev.fit.equal(in.fit) {
 		moved := movedNames(prev.roster, in.roster)
 		changes := answers(in.roster, up, moved)
 		for n := range moved {
@@ -161,9 +176,63 @@ func (f *feed) Index(ctx context.Context, last *dnsd.Index) (*dnsd.Index, error)
 			}
 		}
 		f.lastPatched = true
-		return last.With(changes, serial), nil
+		next := last.With(changes, serial)
+		// A node's own name moves when a node joins or leaves, or when
+		// its names turn to its overlay address; an assign moves only
+		// modules' names, and the reverse names stay as they were.
+		if in.nodes = prev.nodes; nodeNameMoved(moved, prev.roster, in.roster, in.domain) {
+			in.nodes = overlayNames(in.roster, in.domain, in.overlay)
+			next = next.WithOverlay(in.overlay, in.nodes)
+		}
+		return next, nil
 	}
-	return dnsd.NewIndex(in.domain, answers(in.roster, up, nil), serial), nil
+	in.nodes = overlayNames(in.roster, in.domain, in.overlay)
+	return dnsd.NewIndex(in.domain, answers(in.roster, up, nil), serial).WithOverlay(in.overlay, in.nodes), nil
+}
+
+// overlayNames is the name each node's overlay address answers a PTR with:
+// the node's own name (NODE.DOMAIN), where that name answers an address of
+// prefix. The roster says which: while a mesh made by an earlier release
+// upgrades, the nodes' names still answer their mesh addresses, and then
+// the overlay's addresses have no name (NXDOMAIN, still answered here), as
+// a PTR to a name that does not answer the address back fails the check
+// servers make of it (sshd's UseDNS, postfix's "unknown" clients).
+func overlayNames(roster state.Roster, domain string, prefix netip.Prefix) map[netip.Addr]string {
+	if !prefix.IsValid() {
+		return nil
+	}
+	out := map[netip.Addr]string{}
+	for n := range roster.All() {
+		if !isNodeName(n, domain) {
+			continue
+		}
+		if a, err := netip.ParseAddr(n.Address); err == nil && prefix.Contains(a) {
+			out[a] = n.Name
+		}
+	}
+	return out
+}
+
+// isNodeName says n is its node's own name, NODE.DOMAIN (state composes
+// one for each node), not a module's name that answers the node's address.
+func isNodeName(n state.Name, domain string) bool {
+	return len(n.Name) == len(n.Node)+1+len(domain) && n.Name[len(n.Node)] == '.' &&
+		strings.HasPrefix(n.Name, n.Node) && strings.HasSuffix(n.Name, domain)
+}
+
+// nodeNameMoved says a name of moved is a node's own name in either
+// roster: a look-up of each name moved, not a walk of the roster.
+func nodeNameMoved(moved map[string]bool, before, after state.Roster, domain string) bool {
+	for name := range moved {
+		for _, r := range []state.Roster{before, after} {
+			for n := range r.Named(name) {
+				if isNodeName(n, domain) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // answers is each name's answer in roster (only those of only, unless it

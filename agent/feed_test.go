@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"mesh/dnsd"
 	"mesh/state"
 )
@@ -19,10 +21,11 @@ import (
 type fakeReplica struct {
 	roster  []state.Name
 	reports map[string]state.Report
+	overlay string
 }
 
 func (f *fakeReplica) Settings(context.Context) (state.Settings, error) {
-	return state.Settings{Domain: "internal"}, nil
+	return state.Settings{Domain: "internal", Overlay: f.overlay}, nil
 }
 func (f *fakeReplica) SharedRoster(context.Context) (state.Roster, error) {
 	return state.NewRoster(slices.Clone(f.roster)), nil
@@ -105,18 +108,20 @@ func TestFeedAnswersFitInstances(t *testing.T) {
 
 // The index the feed patches after a change of names only answers what an
 // index built whole from the same replica answers, through assigns,
-// unassigns, names that move between nodes, reports that turn a module
-// unhealthy and back, and nodes that stop being heard from; and it is
-// patched, not built whole, when only names moved.
+// unassigns, names that move between nodes, nodes that join and leave
+// (their PTRs among them), reports that turn a module unhealthy and back,
+// and nodes that stop being heard from; and it is patched, not built
+// whole, when only names moved.
 func TestFeedIndexPatchesNames(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(7, 8))
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	nodes := []string{"n1", "n2", "n3", "n4"}
 	seen := map[string]time.Time{"n2": now, "n3": now, "n4": now}
-	rep := &fakeReplica{reports: map[string]state.Report{}}
+	rep := &fakeReplica{reports: map[string]state.Report{}, overlay: state.DefaultOverlay}
 	f := &feed{self: "n1", replica: rep, seen: func() map[string]time.Time { return maps.Clone(seen) },
 		started: now.Add(-time.Hour), within: func() time.Duration { return 6 * time.Second }, now: func() time.Time { return now }}
 	placed := map[[2]string]bool{} // module, node
+	joined := map[string]bool{}    // nodes with their own name
 	var last *dnsd.Index
 	patched := 0
 	for round := range 400 {
@@ -141,11 +146,19 @@ func TestFeedIndexPatchesNames(t *testing.T) {
 				seen[n] = now
 			}
 			onlyNames = false
+		case k == 9: // a node joins or leaves: its own name, and its PTR
+			n := nodes[rnd.IntN(len(nodes))]
+			joined[n] = !joined[n]
 		}
 		rep.roster = nil
 		for p, on := range placed {
 			if on {
-				rep.roster = append(rep.roster, state.Name{Name: p[0] + ".internal", Address: "10.0.0." + p[1][1:], Node: p[1]})
+				rep.roster = append(rep.roster, state.Name{Name: p[0] + ".internal", Address: "100.90.0." + p[1][1:], Node: p[1]})
+			}
+		}
+		for n, on := range joined {
+			if on {
+				rep.roster = append(rep.roster, state.Name{Name: n + ".internal", Address: "100.90.0." + n[1:], Node: n})
 			}
 		}
 		state.SortRoster(rep.roster)
@@ -171,5 +184,77 @@ func TestFeedIndexPatchesNames(t *testing.T) {
 	}
 	if patched < 200 {
 		t.Fatalf("patched %d of 400 indexes: a change of names only should patch", patched)
+	}
+}
+
+// ptrOf is what ix answers to a PTR of addr.
+func ptrOf(t *testing.T, ix *dnsd.Index, addr string) dnsd.Result {
+	t.Helper()
+	name, err := dns.ReverseAddr(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ix.Lookup(dns.Question{Name: name, Qtype: dns.TypePTR, Qclass: dns.ClassINET}, 5)
+}
+
+// The resolver answers the PTRs of the overlay's addresses itself, with
+// the node's own name (not a module's that answers the same address),
+// and never forwards them; with the overlay off, nothing changes.
+func TestFeedAnswersTheOverlaysReverseNames(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	onOverlay := []state.Name{
+		{Name: "db.internal", Address: "100.90.0.2", Node: "n2"},
+		{Name: "n1.internal", Address: "100.90.0.1", Node: "n1"},
+		{Name: "n2.internal", Address: "100.90.0.2", Node: "n2"},
+		{Name: "web.internal", Address: "100.90.0.2", Node: "n2"},
+	}
+	// While a mesh made by an earlier release upgrades, the nodes' names
+	// answer their mesh addresses.
+	upgrading := []state.Name{
+		{Name: "n1.internal", Address: "10.0.0.1", Node: "n1"},
+		{Name: "n2.internal", Address: "10.0.0.2", Node: "n2"},
+	}
+	cases := []struct {
+		name    string
+		overlay string
+		roster  []state.Name
+		addr    string
+		forward bool
+		answer  string // the PTR's target, "" for NXDOMAIN
+	}{
+		{"a node's address", state.DefaultOverlay, onOverlay, "100.90.0.2", false, "n2.internal."},
+		{"this node's address", state.DefaultOverlay, onOverlay, "100.90.0.1", false, "n1.internal."},
+		{"an unused address", state.DefaultOverlay, onOverlay, "100.90.7.9", false, ""},
+		{"just outside the prefix", state.DefaultOverlay, onOverlay, "100.91.0.1", true, ""},
+		{"a public address", state.DefaultOverlay, onOverlay, "192.0.2.1", true, ""},
+		{"a /12 overlay", "172.16.0.0/12", []state.Name{{Name: "n1.internal", Address: "172.20.0.1", Node: "n1"}}, "172.20.0.1", false, "n1.internal."},
+		{"beside a /12 overlay", "172.16.0.0/12", []state.Name{{Name: "n1.internal", Address: "172.20.0.1", Node: "n1"}}, "172.32.0.1", true, ""},
+		{"upgrading: no name yet, still answered here", state.DefaultOverlay, upgrading, "100.90.0.2", false, ""},
+		{"overlay off", state.OverlayOff, upgrading, "100.90.0.2", true, ""},
+		{"a mesh without an overlay yet", "", upgrading, "100.90.0.2", true, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &feed{self: "n1", replica: &fakeReplica{roster: tc.roster, overlay: tc.overlay}, seen: func() map[string]time.Time { return nil },
+				started: now, within: func() time.Duration { return 6 * time.Second }, now: func() time.Time { return now }}
+			ix, err := f.Index(context.Background(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := ptrOf(t, ix, tc.addr)
+			if r.Forward != tc.forward {
+				t.Fatalf("PTR %s forwarded %v, want %v", tc.addr, r.Forward, tc.forward)
+			}
+			if tc.forward {
+				return
+			}
+			var got string
+			if len(r.Answer) == 1 {
+				got = r.Answer[0].(*dns.PTR).Ptr
+			}
+			if got != tc.answer || len(r.Answer) > 1 || (tc.answer == "") != (r.Rcode == dns.RcodeNameError) {
+				t.Fatalf("PTR %s: %s %v, want %q", tc.addr, dns.RcodeToString[r.Rcode], r.Answer, tc.answer)
+			}
+		})
 	}
 }
