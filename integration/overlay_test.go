@@ -208,6 +208,19 @@ func TestOverlay(t *testing.T) {
 	if out := n[2].resolve("bedprov.internal"); !strings.Contains(out, "100.90.0.1") {
 		t.Fatalf("bedprov.internal from n2: %s", out)
 	}
+	// It answers the overlay's reverse names itself (a server's PTR of a
+	// peer never goes upstream): n1's address with n1's name, an unused
+	// address NXDOMAIN with authority.
+	ptr := func(name string) string {
+		out, _ := exec.Command("ip", "netns", "exec", n[2].h.netns, dnsqBin, "-server", "169.254.53.53:53", "-type", "PTR", "-aa", name).CombinedOutput()
+		return string(out)
+	}
+	if out := ptr("1.0.90.100.in-addr.arpa"); !strings.Contains(out, "NOERROR") || !strings.Contains(out, "PTR\tn1.internal.") || !strings.Contains(out, "AUTHORITATIVE") {
+		t.Fatalf("the PTR of n1's overlay address from n2: %s", out)
+	}
+	if out := ptr("7.7.90.100.in-addr.arpa"); !strings.Contains(out, "NXDOMAIN") || !strings.Contains(out, "AUTHORITATIVE") {
+		t.Fatalf("the PTR of an unused overlay address from n2: %s", out)
+	}
 	consumerReaches(t, n[2], 20*time.Second, "the consumer on n2 reaches bedprov on n1 by name")
 	eventually(t, 10*time.Second, "status shows n1's handshake with n2", func() (bool, string) {
 		out := n[1].mesh("status")

@@ -17,6 +17,7 @@ func main() {
 	network := flag.String("net", "udp", "udp or tcp")
 	server := flag.String("server", "", "HOST:PORT (default: the first nameserver of /etc/resolv.conf)")
 	qtype := flag.String("type", "A", "query type")
+	aa := flag.Bool("aa", false, "print AUTHORITATIVE last when the answer has the AA flag")
 	flag.Parse()
 	if *server == "" {
 		cc, err := dns.ClientConfigFromFile("/etc/resolv.conf")
@@ -36,5 +37,8 @@ func main() {
 	fmt.Println(dns.RcodeToString[r.Rcode])
 	for _, rr := range r.Answer {
 		fmt.Println(rr.String())
+	}
+	if *aa && r.Authoritative {
+		fmt.Println("AUTHORITATIVE")
 	}
 }
