@@ -1174,7 +1174,8 @@ func inputKept(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 // composed it, the most of an assign's writes in a wired fleet.
 func (ap *applier) writeBindings(node string, had map[BindKey]string, p *Plan) error {
 	now := map[BindKey]bool{}
-	for _, r := range p.Resources {
+	for i := range p.Resources { // by index: a Resource is 1.2 kB
+		r := &p.Resources[i]
 		if r.Kind != manifest.KindBinding {
 			continue
 		}
