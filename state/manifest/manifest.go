@@ -77,11 +77,11 @@ type Manifest struct {
 
 	// bindsTo and takesFrom are the modules its bindings and its
 	// credentials name, in the order of its resources, once Parse or
-	// IndexProviders found them (providersKnown); otherwise its resources
+	// IndexProviders found them (indexed, with heads); otherwise its resources
 	// are walked. Composition asks them of every module on a node with
 	// every command, and each walk read every resource's declaration.
 	bindsTo, takesFrom []string
-	providersKnown     bool
+	indexed            bool
 	// heads are what composition reads of each resource with every
 	// command, once IndexProviders made them (else made at each ask).
 	heads []Head
@@ -101,7 +101,7 @@ type Head struct {
 
 // Heads are m's resources' heads, in order.
 func (m *Manifest) Heads() []Head {
-	if m.providersKnown {
+	if m.indexed {
 		return m.heads
 	}
 	return m.headsOf()
@@ -134,7 +134,7 @@ func (r *Resource) SecretNames() []string {
 // BindingProviders are the modules m's bindings name, in the order of its
 // resources.
 func (m *Manifest) BindingProviders() []string {
-	if m.providersKnown {
+	if m.indexed {
 		return m.bindsTo
 	}
 	return m.providersOf(KindBinding)
@@ -143,7 +143,7 @@ func (m *Manifest) BindingProviders() []string {
 // CredentialProviders are the modules m's credentials are taken from, in
 // the order of its resources.
 func (m *Manifest) CredentialProviders() []string {
-	if m.providersKnown {
+	if m.indexed {
 		return m.takesFrom
 	}
 	return m.providersOf(KindCredential)
@@ -154,8 +154,8 @@ func (m *Manifest) CredentialProviders() []string {
 // (a manifest is never changed after).
 // One already indexed is left as it is (never written twice).
 func (m *Manifest) IndexProviders() {
-	if !m.providersKnown {
-		m.bindsTo, m.takesFrom, m.heads, m.providersKnown = m.providersOf(KindBinding), m.providersOf(KindCredential), m.headsOf(), true
+	if !m.indexed {
+		m.bindsTo, m.takesFrom, m.heads, m.indexed = m.providersOf(KindBinding), m.providersOf(KindCredential), m.headsOf(), true
 	}
 }
 

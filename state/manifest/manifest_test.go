@@ -549,7 +549,7 @@ resources:
 		}
 	}
 	back.IndexProviders()
-	if !back.providersKnown || !slices.Equal(back.BindingProviders(), wantB) || !slices.Equal(back.CredentialProviders(), wantC) {
+	if !back.indexed || !slices.Equal(back.BindingProviders(), wantB) || !slices.Equal(back.CredentialProviders(), wantC) {
 		t.Errorf("decoded and indexed: %v %v", back.BindingProviders(), back.CredentialProviders())
 	}
 }
