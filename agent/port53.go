@@ -165,12 +165,18 @@ func bindResolver(addr netip.Addr) ([]*os.File, []string, error) {
 		f, err := pc.(*net.UDPConn).File()
 		pc.Close()
 		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
 			return nil, nil, err
 		}
 		files, kinds = append(files, f), append(kinds, "udp")
 	}
 	l, err := net.Listen("tcp", at)
 	if err != nil {
+		for _, f := range files {
+			f.Close()
+		}
 		return nil, nil, fmt.Errorf("bind tcp %s: %w", at, err)
 	}
 	f, err := l.(*net.TCPListener).File()

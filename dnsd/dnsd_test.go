@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -748,5 +750,43 @@ func TestForwardingSharePerSource(t *testing.T) {
 	r := new(dns.Msg)
 	if err := r.Unpack(buf[:k]); err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
 		t.Fatalf("another source's lookup during the flood: %v %v", r, err)
+	}
+}
+
+// With port 0 the TCP socket takes the port UDP picked, which another
+// process's connection may hold: Start picks again (CI saw this once).
+// A port the operator chose is not changed.
+func TestStartPicksAgainWhenTCPPortIsTaken(t *testing.T) {
+	taken := 0
+	listenTCP = func(network, addr string) (net.Listener, error) {
+		if taken < 3 {
+			taken++
+			return nil, &net.OpError{Op: "listen", Net: network, Err: os.NewSyscallError("bind", syscall.EADDRINUSE)}
+		}
+		return net.Listen(network, addr)
+	}
+	t.Cleanup(func() { listenTCP = net.Listen })
+	_, addr := startServer(t, startUpstream(t))
+	if taken != 3 {
+		t.Fatalf("TCP listen tried after %d refusals, want 3", taken)
+	}
+	if r := query(t, addr, "tcp", "gitea.internal.", dns.TypeA); r.Rcode != dns.RcodeSuccess {
+		t.Fatalf("tcp: %v", r)
+	}
+
+	taken = 0
+	fixed, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := fixed.LocalAddr().String()
+	fixed.Close()
+	s, err := New(Config{Addr: port}, "internal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Start(); !errors.Is(err, syscall.EADDRINUSE) || taken != 1 {
+		s.Close()
+		t.Fatalf("fixed port: err %v after %d tries, want EADDRINUSE after 1", err, taken)
 	}
 }

@@ -163,14 +163,33 @@ func (s *Server) Start() (string, error) {
 		}
 		return s.serve(bound, so.UDP, so.TCP), nil
 	}
+	// With port 0 (tests), UDP picks a free port that TCP may find taken
+	// by another process's connection; pick again rather than fail.
+	_, port, _ := net.SplitHostPort(s.cfg.Addr)
+	for attempt := 1; ; attempt++ {
+		bound, conns, l, err := bindBoth(s.cfg.Addr)
+		if err == nil {
+			return s.serve(bound, conns, l), nil
+		}
+		if port != "0" || !errors.Is(err, syscall.EADDRINUSE) || attempt == 20 {
+			return "", err
+		}
+	}
+}
+
+// listenTCP is net.Listen; tests make it fail.
+var listenTCP = net.Listen
+
+// bindBoth binds UDP on addr (one socket per CPU) and TCP on the port UDP got.
+func bindBoth(addr string) (string, []net.PacketConn, net.Listener, error) {
 	lc := net.ListenConfig{Control: func(network, address string, c syscall.RawConn) error {
 		var serr error
 		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, unix.SO_REUSEPORT, 1) })
 		return serr
 	}}
-	pc, err := lc.ListenPacket(context.Background(), "udp", s.cfg.Addr)
+	pc, err := lc.ListenPacket(context.Background(), "udp", addr)
 	if err != nil {
-		return "", fmt.Errorf("resolver: listen udp %s: %w", s.cfg.Addr, err)
+		return "", nil, nil, fmt.Errorf("resolver: listen udp %s: %w", addr, err)
 	}
 	bound := pc.LocalAddr().String()
 	conns := []net.PacketConn{pc}
@@ -181,15 +200,14 @@ func (s *Server) Start() (string, error) {
 		}
 		conns = append(conns, more)
 	}
-	// The TCP socket takes the port UDP got, so ":0" works in tests.
-	l, err := net.Listen("tcp", bound)
+	l, err := listenTCP("tcp", bound)
 	if err != nil {
 		for _, c := range conns {
 			c.Close()
 		}
-		return "", fmt.Errorf("resolver: listen tcp %s: %w", bound, err)
+		return "", nil, nil, fmt.Errorf("resolver: listen tcp %s: %w", bound, err)
 	}
-	return s.serve(bound, conns, l), nil
+	return bound, conns, l, nil
 }
 
 // serve serves on bound sockets.
