@@ -59,3 +59,29 @@ func TestTighten(t *testing.T) {
 		}
 	}
 }
+
+// A kill -9 in a write of the node's own files leaves a temp file holding
+// what was being written (a key); the agent removes it when it starts,
+// once it holds the lock, and nothing else.
+func TestAgentSweepsTempFilesOfWritesCutShort(t *testing.T) {
+	dir := initDir(t, LogStoreWAL)
+	left := filepath.Join(dir, ".node.key.mesh-0123456789ab")
+	if err := os.WriteFile(left, []byte("-----BEGIN PRIVATE KEY-----"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mine := filepath.Join(dir, "notes.mesh-0123456789ab") // not of that form: kept
+	if err := os.WriteFile(mine, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := startAgent(t, dir)
+	defer m.Stop()
+	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the temp file of a write cut short is still there: %v", err)
+	}
+	if _, err := os.Stat(mine); err != nil {
+		t.Fatalf("a file of another form was removed: %v", err)
+	}
+	if _, err := ReadIdentity(dir); err != nil {
+		t.Fatalf("the node's own files: %v", err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"mesh/internal/safefs"
 	"mesh/state"
 )
 
@@ -58,6 +59,14 @@ func StartMember(cfg MemberConfig) (_ *Member, err error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("node", id.Name)
+	// A kill -9 in a write of the node's own files (a key, a
+	// certificate, the ledger) left its temp file, which holds what was
+	// being written; with the lock held, no write of ours is under way.
+	if removed, err := safefs.SweepTemps(cfg.DataDir); err != nil {
+		log.Warn("could not remove the temp files of writes cut short", "err", err)
+	} else if len(removed) > 0 {
+		log.Info("removed the temp files of writes cut short", "files", removed)
+	}
 	store, err := state.Open(filepath.Join(cfg.DataDir, StateFile))
 	if err != nil {
 		return nil, err

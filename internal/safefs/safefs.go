@@ -213,6 +213,69 @@ func isTempOf(entry, name string) bool {
 	return true
 }
 
+// isTemp says entry is a temp file WriteAt made, for any name.
+func isTemp(entry string) bool {
+	if len(entry) < len(".mesh-")+12 || entry[0] != '.' {
+		return false
+	}
+	rest := entry[len(entry)-12:]
+	head := entry[:len(entry)-12]
+	if head != ".mesh-" && (!strings.HasSuffix(head, ".mesh-") || len(head) <= len("..mesh-")) {
+		return false
+	}
+	for _, c := range rest {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// SweepTemps removes, from dir, the temp files WriteAt calls cut short
+// left for any name: each holds what was being written (a key, a
+// certificate, a ledger), which nothing else would ever remove. It is for
+// the mesh's own data dir, swept by the process that holds its lock, so no
+// write of its own is under way. Directories and other entries are left.
+// It says what it removed.
+func SweepTemps(dir string) ([]string, error) {
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	f := os.NewFile(uintptr(dfd), dir)
+	defer f.Close()
+	var removed []string
+	for {
+		entries, err := f.Readdirnames(1024)
+		for _, e := range entries {
+			if !isTemp(e) {
+				continue
+			}
+			var st unix.Stat_t
+			if unix.Fstatat(dfd, e, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+				continue
+			}
+			if err := unix.Unlinkat(dfd, e, 0); err == nil {
+				removed = append(removed, e)
+			} else if !errors.Is(err, unix.ENOENT) {
+				return removed, fmt.Errorf("remove %s, left by a write cut short: %w", filepath.Join(dir, e), err)
+			}
+		}
+		if err == io.EOF || len(entries) == 0 {
+			break
+		}
+		if err != nil {
+			return removed, fmt.Errorf("list %s: %w", dir, err)
+		}
+	}
+	if len(removed) > 0 {
+		if err := unix.Fsync(dfd); err != nil {
+			return removed, fmt.Errorf("sync %s: %w", dir, err)
+		}
+	}
+	return removed, nil
+}
+
 // SweepAt removes, from the directory dfd, the temp files a WriteAt of
 // name cut short left (a kill -9 or a power cut before its rename): each
 // holds what was being written, a secret's value as well, which nothing

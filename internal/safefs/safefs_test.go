@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +176,68 @@ func TestSweepAtTakesWriteAtsTempNames(t *testing.T) {
 	}
 	if strings.Join(names, " ") != ".f.mesh-zzzzzzzzzzzz f g" {
 		t.Fatalf("left: %v", names)
+	}
+}
+
+// SweepTemps takes every name WriteAt's temp files have, for any file,
+// and nothing else: not the files, not a directory or a link of that
+// form, not names that only look alike.
+func TestSweepTempsTakesOnlyWriteAtsTemps(t *testing.T) {
+	long := strings.Repeat("n", 250)
+	for _, tc := range []struct {
+		entry string
+		want  bool
+	}{
+		{".node.key.mesh-0123456789ab", true},
+		{".mesh-0123456789ab", true},
+		{"..x.mesh-0123456789ab", true},
+		{tempName("ledger.json", "a0b1c2d3e4f5"), true},
+		{tempName(long, "a0b1c2d3e4f5"), true},
+		{"..mesh-0123456789ab", false},
+		{"node.key.mesh-0123456789ab", false},
+		{".node.key.mesh-0123456789a", false},
+		{".node.key.mesh-0123456789abc", false},
+		{".node.key.mesh-0123456789aB", false},
+		{".node.key-mesh-0123456789ab", false},
+		{"mesh-0123456789ab", false},
+		{".mesh-", false},
+		{"state.db", false},
+	} {
+		if got := isTemp(tc.entry); got != tc.want {
+			t.Errorf("isTemp(%.40q) = %v", tc.entry, got)
+		}
+	}
+	dir := t.TempDir()
+	files := []string{"node.key", ".node.key.mesh-0123456789ab", ".mesh-a0b1c2d3e4f5", "ledger.json", ".ledger.json.mesh-zzzzzzzzzzzz"}
+	for _, n := range files {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("secret"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Mkdir(filepath.Join(dir, ".d.mesh-0123456789ab"), 0o700)
+	outside := filepath.Join(t.TempDir(), "kept")
+	os.WriteFile(outside, []byte("x"), 0o600)
+	os.Symlink(outside, filepath.Join(dir, ".l.mesh-0123456789ab"))
+	removed, err := SweepTemps(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(removed)
+	if want := []string{".mesh-a0b1c2d3e4f5", ".node.key.mesh-0123456789ab"}; !slices.Equal(removed, want) {
+		t.Fatalf("removed %q, want %q", removed, want)
+	}
+	left, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range left {
+		names = append(names, e.Name())
+	}
+	if want := []string{".d.mesh-0123456789ab", ".l.mesh-0123456789ab", ".ledger.json.mesh-zzzzzzzzzzzz", "ledger.json", "node.key"}; !slices.Equal(names, want) {
+		t.Fatalf("left %q, want %q", names, want)
+	}
+	if _, err := os.Stat(outside); err != nil {
+		t.Fatalf("the link's target: %v", err)
+	}
+	if _, err := SweepTemps(filepath.Join(dir, "missing")); err == nil {
+		t.Fatal("a missing dir swept without an error")
 	}
 }
