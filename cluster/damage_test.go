@@ -1,15 +1,22 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"mesh/internal/seal"
+	"mesh/state"
 )
 
 // Issue 9 item 11: damaged or missing Raft data is named at start with the
@@ -118,5 +125,201 @@ func TestRenamedNodeIsNamed(t *testing.T) {
 	_, err = StartMember(MemberConfig{DataDir: dir, Logger: testLogger(t), Version: "test"})
 	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), `names this node "someone"`) || !strings.Contains(err.Error(), `is for "ace"`) {
 		t.Fatalf("a start under another name: %v", err)
+	}
+}
+
+// snapshotsOf lists the data dir's Raft snapshots, newest first, and the
+// damaged ones set aside.
+func snapshotsOf(t *testing.T, dir string) (snaps []*raft.SnapshotMeta, aside []string) {
+	t.Helper()
+	fs, err := raft.NewFileSnapshotStore(filepath.Join(dir, RaftDir, "snapshots"), 3, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snaps, err = fs.List(); err != nil {
+		t.Fatal(err)
+	}
+	aside, _ = filepath.Glob(filepath.Join(dir, RaftDir, "snapshots", "damaged-*"))
+	return snaps, aside
+}
+
+// truncateNewestSnapshot cuts the newest snapshot's state in half, as a
+// disk that lost its tail would, and says which it was.
+func truncateNewestSnapshot(t *testing.T, dir string) string {
+	t.Helper()
+	snaps, _ := snapshotsOf(t, dir)
+	if len(snaps) == 0 {
+		t.Fatal("no snapshot")
+	}
+	p := filepath.Join(dir, RaftDir, "snapshots", "snapshots", snaps[0].ID, "state.bin")
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(p, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	return snaps[0].ID
+}
+
+// A Raft snapshot damaged on disk is found at start (its CRC is read), not
+// the day a follower needs it: set aside when the node can do without it,
+// else named with the ways out.
+func TestDamagedSnapshotIsFoundAtStart(t *testing.T) {
+	modules := func(t *testing.T, m *Member) []string {
+		infos, err := m.Store.Modules(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, i := range infos {
+			names = append(names, i.Name)
+		}
+		return names
+	}
+	// setup proposes one module, snapshots, and does that again for each
+	// more; after says whether one more command follows the last
+	// snapshot.
+	setup := func(t *testing.T, more int, after bool) string {
+		dir := initDir(t, LogStoreWAL)
+		a := startAgent(t, dir)
+		waitLeader(t, a)
+		for i := 0; i <= more; i++ {
+			if _, err := a.Node.Propose(context.Background(), addModule(t, fmt.Sprintf("m%d.yaml", i), fmt.Sprintf("module: m%d\n", i))); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Node.Snapshot(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if after {
+			if _, err := a.Node.Propose(context.Background(), addModule(t, "last.yaml", "module: last\n")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a.Stop()
+		return dir
+	}
+
+	t.Run("the replica at its index writes it again", func(t *testing.T) {
+		dir := setup(t, 0, false)
+		damaged := truncateNewestSnapshot(t, dir)
+		a := startAgent(t, dir)
+		defer a.Stop()
+		snaps, aside := snapshotsOf(t, dir)
+		if len(aside) != 1 || filepath.Base(aside[0]) != "damaged-"+damaged || len(snaps) != 1 || snaps[0].ID == damaged {
+			t.Fatalf("snapshots %v, aside %v (damaged %s)", snaps, aside, damaged)
+		}
+		// The snapshot written again reads back whole and holds the state.
+		fs, _ := raft.NewFileSnapshotStore(filepath.Join(dir, RaftDir, "snapshots"), 3, io.Discard)
+		_, rc, err := fs.Open(snaps[0].ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fresh.Close()
+		if err := fresh.Restore(context.Background(), rc); err != nil {
+			t.Fatal(err)
+		}
+		rc.Close()
+		applied, _ := fresh.AppliedIndex()
+		if applied != snaps[0].Index {
+			t.Fatalf("the snapshot written again is at %d, its meta says %d", applied, snaps[0].Index)
+		}
+		if mods, _ := fresh.Modules(context.Background()); len(mods) != 1 || mods[0].Name != "m0" {
+			t.Fatalf("the snapshot written again holds %v", mods)
+		}
+		waitLeader(t, a)
+		if _, err := a.Node.Propose(context.Background(), addModule(t, "next.yaml", "module: next\n")); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("after more commands", func(t *testing.T) {
+		dir := setup(t, 1, true)
+		damaged := truncateNewestSnapshot(t, dir)
+		a := startAgent(t, dir)
+		defer a.Stop()
+		snaps, aside := snapshotsOf(t, dir)
+		if len(aside) != 1 || filepath.Base(aside[0]) != "damaged-"+damaged || len(snaps) != 2 || snaps[0].ID == damaged {
+			t.Fatalf("snapshots %v, aside %v (damaged %s)", snaps, aside, damaged)
+		}
+		waitLeader(t, a)
+		if _, err := a.Node.Propose(context.Background(), addModule(t, "next.yaml", "module: next\n")); err != nil {
+			t.Fatal(err)
+		}
+		if got := modules(t, a); !slices.Equal(got, []string{"last", "m0", "m1", "next"}) {
+			t.Fatalf("modules after the snapshot was written again: %v", got)
+		}
+	})
+}
+
+// When the log no longer holds the entry the replica stands at (a fresh
+// replica here), a damaged snapshot gives way to an older intact one whose
+// entries after it the log holds; without one the start is refused.
+func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
+	conf := raft.Configuration{Servers: []raft.Server{{ID: "ace", Address: "127.0.0.1:1"}}}
+	for _, tc := range []struct {
+		name        string
+		snapshots   []uint64 // indexes, oldest first; the newest is damaged
+		first, last uint64   // the log's
+		ok          bool
+	}{
+		{"an older snapshot stands in", []uint64{20, 40}, 15, 50, true},
+		{"the log starts after the older one", []uint64{20, 40}, 30, 50, false},
+		{"the log ends before the damaged one", []uint64{20, 40}, 15, 39, false},
+		{"no older snapshot", []uint64{40}, 15, 50, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			snaps, err := raft.NewFileSnapshotStore(filepath.Join(dir, "snapshots"), 3, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, i := range tc.snapshots {
+				sink, err := snaps.Create(1, i, 2, conf, 1, peerEncoder{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				sink.Write(bytes.Repeat([]byte{byte(i)}, 4096))
+				if err := sink.Close(); err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, sink.ID())
+			}
+			newest := ids[len(ids)-1]
+			if err := os.Truncate(filepath.Join(dir, "snapshots", "snapshots", newest, "state.bin"), 100); err != nil {
+				t.Fatal(err)
+			}
+			logs := raft.NewInmemStore()
+			for i := tc.first; i <= tc.last; i++ {
+				logs.StoreLog(&raft.Log{Index: i, Term: 2, Type: raft.LogNoop})
+			}
+			store, err := state.Open(filepath.Join(dir, "state.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			err = checkSnapshots(dir, snaps, logs, store, testLogger(t))
+			list, _ := snaps.List()
+			_, aside := os.Stat(filepath.Join(dir, "snapshots", "damaged-"+newest))
+			if tc.ok {
+				if err != nil || aside != nil || len(list) != len(ids)-1 || list[0].ID != ids[len(ids)-2] {
+					t.Fatalf("err %v, set aside: %v, snapshots %d", err, aside == nil, len(list))
+				}
+				return
+			}
+			if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), newest) || !strings.Contains(err.Error(), "CRC") ||
+				!strings.Contains(err.Error(), "mesh join") || !strings.Contains(err.Error(), "snapshot restore") {
+				t.Fatalf("a start beside a damaged snapshot it needs: %v", err)
+			}
+			if aside == nil || len(list) != len(ids) {
+				t.Fatalf("refused, yet a snapshot was set aside (%d listed)", len(list))
+			}
+		})
 	}
 }

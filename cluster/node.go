@@ -30,6 +30,7 @@ import (
 	raftwal "github.com/hashicorp/raft-wal"
 
 	"mesh/internal/connlimit"
+	"mesh/internal/safefs"
 	"mesh/internal/seal"
 	"mesh/state"
 )
@@ -138,6 +139,10 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		return nil, fmt.Errorf("open snapshot store: %w", err)
 	}
 	if err := checkRaftData(cfg.Dir, logStore, stable, snaps, store); err != nil {
+		closer.Close()
+		return nil, err
+	}
+	if err := checkSnapshots(cfg.Dir, snaps, logStore, store, log); err != nil {
 		closer.Close()
 		return nil, err
 	}
@@ -369,6 +374,130 @@ func openLogStore(kind, dir string) (_ raft.LogStore, _ raft.StableStore, _ io.C
 	}
 	return nil, nil, nil, fmt.Errorf("unknown raft log store %q (use %s or %s)", kind, LogStoreWAL, LogStoreBolt)
 }
+
+// checkSnapshots reads the newest Raft snapshot whole (Open checks its
+// CRC), so that one damaged on disk (cut short, changed) is found at start
+// rather than the day a follower needs it or this replica catches up from
+// it. A damaged snapshot is set aside, as raft/snapshots/damaged-ID, when
+// the node can do without it:
+//   - the log holds the entry the replica stands at: a snapshot is written
+//     at that index from state.db, as Raft would take one, before the
+//     damaged one is set aside (a kill between the two leaves both, the
+//     new one first);
+//   - else an older snapshot is intact and the log holds every entry after
+//     it: Raft starts from that one and replays the rest, which the
+//     replica skips where it holds them.
+//
+// Otherwise the start is refused, saying what is damaged and the ways out.
+func checkSnapshots(dir string, snaps *raft.FileSnapshotStore, logs raft.LogStore, store *state.Store, log *slog.Logger) error {
+	list, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("%w: the Raft snapshots in %s cannot be listed: %v; %s", ErrDamaged, dir, err, waysOut)
+	}
+	if len(list) == 0 {
+		return nil
+	}
+	newest := list[0]
+	_, rc, openErr := snaps.Open(newest.ID)
+	if openErr == nil {
+		return rc.Close()
+	}
+	aside := func(how string) error {
+		from := filepath.Join(dir, "snapshots", "snapshots", newest.ID)
+		to := filepath.Join(dir, "snapshots", "damaged-"+newest.ID)
+		if err := os.Rename(from, to); err != nil {
+			return fmt.Errorf("set the damaged Raft snapshot %s aside: %w", newest.ID, err)
+		}
+		if err := safefs.SyncDir(filepath.Join(dir, "snapshots")); err != nil {
+			return err
+		}
+		log.Warn("the newest Raft snapshot was damaged on disk; it is set aside", "snapshot", newest.ID, "error", openErr, "aside", to, "instead", how)
+		return nil
+	}
+	rewriteErr := rewriteSnapshot(snaps, newest, logs, store)
+	if rewriteErr == nil {
+		return aside("a snapshot written again from state.db")
+	}
+	first, ferr := logs.FirstIndex()
+	last, lerr := logs.LastIndex()
+	if len(list) > 1 && ferr == nil && lerr == nil && first > 0 && first <= list[1].Index+1 && last >= newest.Index {
+		if _, rc, err := snaps.Open(list[1].ID); err == nil {
+			rc.Close()
+			return aside("the older snapshot " + list[1].ID)
+		}
+	}
+	return fmt.Errorf("%w: the newest Raft snapshot %s in %s is damaged (%v: cut short or changed on disk); it cannot be written again (%v), "+
+		"and no older intact snapshot with the log after it can stand in; %s", ErrDamaged, newest.ID, dir, openErr, rewriteErr, waysOut)
+}
+
+// rewriteSnapshot writes a snapshot from the replica at the index it
+// stands at, in place of damaged, with what Raft keeps beside it: the
+// term of that entry and the configuration as of it (the last one in the
+// log up to it, or damaged's when that one is not later). The log must
+// hold that entry.
+func rewriteSnapshot(snaps *raft.FileSnapshotStore, damaged *raft.SnapshotMeta, logs raft.LogStore, store *state.Store) (err error) {
+	defer func() {
+		if r := recover(); r != nil { // DecodeConfiguration panics on garbage
+			err = fmt.Errorf("reading the log: %v", r)
+		}
+	}()
+	applied, err := store.AppliedIndex()
+	if err != nil {
+		return err
+	}
+	first, ferr := logs.FirstIndex()
+	last, lerr := logs.LastIndex()
+	if ferr != nil || lerr != nil || applied == 0 || first == 0 || applied < first || applied > last {
+		return fmt.Errorf("the log (entries %d to %d) does not hold the entry the replica stands at, %d", first, last, applied)
+	}
+	var l raft.Log
+	if err := logs.GetLog(applied, &l); err != nil {
+		return err
+	}
+	term := l.Term
+	conf, confIndex := damaged.Configuration, damaged.ConfigurationIndex
+	if confIndex > applied {
+		conf, confIndex = raft.Configuration{}, 0
+	}
+	for i := max(first, confIndex+1); i <= applied; i++ {
+		if err := logs.GetLog(i, &l); err != nil {
+			return err
+		}
+		if l.Type == raft.LogConfiguration {
+			conf, confIndex = raft.DecodeConfiguration(l.Data), i
+		}
+	}
+	if confIndex == 0 {
+		return fmt.Errorf("the configuration as of entry %d is neither in the log nor in the snapshot", applied)
+	}
+	sink, err := snaps.Create(damaged.Version, applied, term, conf, confIndex, peerEncoder{})
+	if err != nil {
+		return err
+	}
+	if err := store.WriteSnapshot(context.Background(), sink); err != nil {
+		sink.Cancel()
+		return err
+	}
+	if now, err := store.AppliedIndex(); err != nil || now != applied {
+		sink.Cancel()
+		return fmt.Errorf("the replica moved to index %d while it was written (%v)", now, err)
+	}
+	if err := sink.Close(); err != nil {
+		return err
+	}
+	_, rc, err := snaps.Open(sink.ID())
+	if err != nil {
+		return fmt.Errorf("the snapshot written again does not read back: %w", err)
+	}
+	return rc.Close()
+}
+
+// peerEncoder encodes a peer's address as the TCP transports do, for the
+// meta's Peers (kept by raft for old versions); nothing else of a
+// transport is asked for when a snapshot is created.
+type peerEncoder struct{ raft.Transport }
+
+func (peerEncoder) EncodePeer(_ raft.ServerID, addr raft.ServerAddress) []byte { return []byte(addr) }
 
 func catchUpFromSnapshot(snaps *raft.FileSnapshotStore, store *state.Store, log *slog.Logger) error {
 	list, err := snaps.List()
