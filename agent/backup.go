@@ -555,6 +555,12 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		if err != nil {
 			return err
 		}
+		// An earlier restore that could not be put back whole is
+		// tried again first; this one does not go over its journal.
+		b.undoCutRestore(false)
+		if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); err == nil {
+			return fmt.Errorf("an earlier restore could not be undone whole (the agent's log says which directory and where its data is); put it back by hand and remove %s", filepath.Join(b.dir, restoreJournal))
+		}
 		for _, d := range res.Dirs {
 			if err := finishSwap(d); err != nil {
 				return err
@@ -576,12 +582,36 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 				return fmt.Errorf("snapshot %s restored no directory %s", snap.ShortID, d)
 			}
 		}
+		// The swaps are all or none across a kill too: the journal
+		// names them until the last is done, and a start that finds it
+		// puts every directory back as it was (undoCutRestore).
+		if err := b.writeRestoreJournal(module, res.Dirs, func(d string) (uint64, error) {
+			var st unix.Stat_t
+			err := unix.Lstat(d+restoreStaging+d, &st)
+			return st.Ino, err
+		}); err != nil {
+			for _, d := range res.Dirs {
+				os.RemoveAll(d + restoreStaging)
+			}
+			return fmt.Errorf("nothing was restored: %w", err)
+		}
 		kept, err := swapAllIn(res.Dirs, swapIn, func(d string, err error) {
 			// Restored: a power cut may bring the data before back.
 			b.log.Warn("restored, but the swap may not survive a power cut", "dir", d, "err", err)
 		})
 		maps.Copy(res.Kept, kept)
-		return err
+		if err != nil {
+			// swapAllIn put back what it could; the journal puts back
+			// the rest, or stays for the next start to.
+			b.undoCutRestore(false)
+			return err
+		}
+		// Left, the journal would undo a restore the operator is told
+		// is done.
+		if err := b.removeRestoreJournal(); err != nil {
+			return fmt.Errorf("restored, but %w: the next start of the agent would undo the restore; remove %s before it", err, filepath.Join(b.dir, restoreJournal))
+		}
+		return nil
 	})
 	// The next pass starts the containers again (and sets each data
 	// directory's owner and mode to the manifest's).
@@ -784,6 +814,142 @@ func swapBack(d string, done bool) error {
 	}
 	// What is at before now is the restored copy.
 	if err := os.RemoveAll(before); err != nil {
+		return err
+	}
+	return os.RemoveAll(s)
+}
+
+// restoreJournal names the data directories a restore is swapping, from
+// before the first swap until the last is done: a kill between two swaps
+// would otherwise start the module on some directories restored and others
+// not (a database's data and its log of two points in time).
+const restoreJournal = "restore-journal.json"
+
+type restoreJournalFile struct {
+	Module string          `json:"module"`
+	Dirs   []journaledSwap `json:"dirs"`
+}
+
+// journaledSwap is a data directory a restore swaps, and the inode of its
+// restored copy: a directory keeps its inode through a rename, so the
+// directory holding it says whether the swap was made, whatever else a
+// kill left (a swap undone in full looks like one never made).
+type journaledSwap struct {
+	Dir      string `json:"dir"`
+	Restored uint64 `json:"restored"`
+}
+
+func (b *backups) writeRestoreJournal(module string, dirs []string, inode func(string) (uint64, error)) error {
+	j := restoreJournalFile{Module: module}
+	for _, d := range dirs {
+		ino, err := inode(d)
+		if err != nil {
+			return fmt.Errorf("the restored copy of %s: %w", d, err)
+		}
+		j.Dirs = append(j.Dirs, journaledSwap{Dir: d, Restored: ino})
+	}
+	raw, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	if err := safefs.WriteFile(filepath.Join(b.dir, restoreJournal), raw, 0o600); err != nil {
+		return fmt.Errorf("write the restore's journal: %w", err)
+	}
+	return nil
+}
+
+func (b *backups) removeRestoreJournal() error {
+	if err := os.Remove(filepath.Join(b.dir, restoreJournal)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the restore's journal: %w", err)
+	}
+	if err := safefs.SyncDir(b.dir); err != nil {
+		return fmt.Errorf("remove the restore's journal: %w", err)
+	}
+	return nil
+}
+
+// undoCutRestore puts back, before the reconciler starts anything, every
+// directory of a restore a kill cut short (its journal is still there): the
+// module starts on its data as it was, never on a mix. The journal goes
+// once every directory is back; a directory that cannot be put back is
+// said, and the journal kept, so that the next start tries again.
+func (b *backups) undoCutRestore(atStart bool) {
+	raw, err := os.ReadFile(filepath.Join(b.dir, restoreJournal))
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	var j restoreJournalFile
+	if err == nil {
+		err = json.Unmarshal(raw, &j)
+	}
+	if err != nil {
+		// Written whole or not at all (safefs): unreadable is a damaged
+		// disk; nothing is moved on a guess.
+		b.log.Error("the journal of a restore cut short cannot be read; its directories are left as they are: check each against its .mesh-before-restore and .mesh-restoring copies, then remove the journal",
+			"journal", filepath.Join(b.dir, restoreJournal), "err", err)
+		return
+	}
+	failed := false
+	var dirs []string
+	for _, js := range j.Dirs {
+		d := js.Dir
+		dirs = append(dirs, d)
+		if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
+			b.log.Error("the journal of a restore cut short names a path that is no data directory; left as it is", "module", j.Module, "dir", d)
+			failed = true
+			continue
+		}
+		if err := undoSwap(d, js.Restored); err != nil {
+			b.log.Error("a restore cut short: a data directory could not be put back as it was; its data before the restore is at its .mesh-before-restore or .mesh-restoring copy",
+				"module", j.Module, "dir", d, "err", err)
+			failed = true
+		}
+	}
+	if failed {
+		return
+	}
+	if err := b.removeRestoreJournal(); err != nil {
+		b.log.Error("a restore cut short was undone, but its journal stays", "err", err)
+		return
+	}
+	if atStart {
+		b.log.Warn("a restore was cut short (the agent stopped during it); every data directory of the module is as it was before it: restore again", "module", j.Module, "dirs", dirs)
+	}
+}
+
+// undoSwap puts d back as it was before a restore whose copy of it has
+// inode restored: when d holds that copy (the exchange was made), its data
+// as it was, staged (not yet moved aside) or aside, is exchanged back and
+// the copy removed; else d was never swapped (or was put back), and only
+// a staged copy goes. An aside left by an earlier restore is not touched.
+func undoSwap(d string, restored uint64) error {
+	s := d + restoreStaging
+	var st unix.Stat_t
+	if err := unix.Lstat(d, &st); err != nil {
+		return err
+	}
+	if st.Ino != restored {
+		// A kill in an undo, after its exchange back, left the restored
+		// copy aside, where it would pass for the data as it was.
+		var ast unix.Stat_t
+		if unix.Lstat(d+restoreAside, &ast) == nil && ast.Ino == restored {
+			if err := os.RemoveAll(d + restoreAside); err != nil {
+				return err
+			}
+		}
+		return os.RemoveAll(s)
+	}
+	before := d + restoreAside
+	if _, err := os.Lstat(s + d); err == nil {
+		before = s + d // exchanged, not yet moved aside
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, before, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
+		return fmt.Errorf("swap %s back with its data as it was: %w", d, err)
+	}
+	if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(before); err != nil { // the restored copy now
 		return err
 	}
 	return os.RemoveAll(s)

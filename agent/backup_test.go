@@ -315,3 +315,126 @@ func TestRestoreRefusesMountsInside(t *testing.T) {
 		t.Fatalf("a data directory holding a bind mount: %v", err)
 	}
 }
+
+// A kill between two swaps of a restore (or anywhere in them, or in the
+// undo itself) never starts the module on a mix: the journal written
+// before the first swap makes the next start put every directory back as
+// it was, and leaves an earlier restore's copy aside alone.
+func TestCutRestoreIsUndoneAtStart(t *testing.T) {
+	read := func(p string) string { b, _ := os.ReadFile(p); return string(b) }
+	exchange := func(t *testing.T, a, b string) {
+		if err := unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		cut  func(t *testing.T, dirs []string, b *backups)
+	}{
+		{"before any swap", func(t *testing.T, dirs []string, b *backups) {}},
+		{"after the first swap", func(t *testing.T, dirs []string, b *backups) {
+			if _, err := swapIn(dirs[0]); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"in the third swap, after its exchange", func(t *testing.T, dirs []string, b *backups) {
+			for _, d := range dirs[:2] {
+				if _, err := swapIn(d); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d := dirs[2]
+			os.RemoveAll(d + restoreAside) // as swapIn does first
+			var st unix.Stat_t
+			unix.Lstat(d+restoreStaging+d, &st)
+			os.WriteFile(filepath.Join(d+restoreStaging, swapped), []byte(strconv.FormatUint(st.Ino, 10)), 0o600)
+			exchange(t, d+restoreStaging+d, d)
+		}},
+		{"after every swap, before the journal went", func(t *testing.T, dirs []string, b *backups) {
+			for _, d := range dirs {
+				if _, err := swapIn(d); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+		{"after a failed swap was put back, before the journal went", func(t *testing.T, dirs []string, b *backups) {
+			swap := func(d string) (string, error) {
+				if d == dirs[1] {
+					return "", errors.New("no space left on device")
+				}
+				return swapIn(d)
+			}
+			if _, err := swapAllIn(dirs, swap, func(string, error) {}); err == nil {
+				t.Fatal("the failing swap did not fail")
+			}
+		}},
+		{"in an undo, after its exchange back", func(t *testing.T, dirs []string, b *backups) {
+			if _, err := swapIn(dirs[0]); err != nil {
+				t.Fatal(err)
+			}
+			exchange(t, dirs[0]+restoreAside, dirs[0])
+		}},
+	} {
+		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
+			root := t.TempDir()
+			var dirs []string
+			for _, n := range []string{"data", "wal", "conf"} {
+				d := filepath.Join(root, "srv", n)
+				for p, v := range map[string]string{d + "/v": "old " + n, d + restoreStaging + d + "/v": "restored " + n} {
+					os.MkdirAll(filepath.Dir(p), 0o755)
+					if err := os.WriteFile(p, []byte(v), 0o600); err != nil {
+						t.Fatal(err)
+					}
+				}
+				dirs = append(dirs, d)
+			}
+			// The conf directory's copy aside is an earlier restore's.
+			os.MkdirAll(dirs[2]+restoreAside, 0o755)
+			os.WriteFile(dirs[2]+restoreAside+"/v", []byte("before an earlier restore"), 0o600)
+			b := newBackups("n1", nil, nil, t.TempDir(), testutil.Logger(t))
+			if err := b.writeRestoreJournal("db", dirs, func(d string) (uint64, error) {
+				var st unix.Stat_t
+				err := unix.Lstat(d+restoreStaging+d, &st)
+				return st.Ino, err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			tc.cut(t, dirs, b)
+			b.undoCutRestore(true)
+			for _, d := range dirs {
+				if got := read(d + "/v"); got != "old "+filepath.Base(d) {
+					t.Errorf("%s holds %q, want its data as it was", d, got)
+				}
+				if _, err := os.Lstat(d + restoreStaging); !os.IsNotExist(err) {
+					t.Errorf("%s's staging stays: %v", d, err)
+				}
+				if got := read(d + restoreAside + "/v"); strings.HasPrefix(got, "restored") {
+					t.Errorf("%s's copy aside is the restored one", d)
+				}
+			}
+			if got := read(dirs[2] + restoreAside + "/v"); tc.name != "after every swap, before the journal went" && tc.name != "in the third swap, after its exchange" && got != "before an earlier restore" {
+				t.Errorf("an earlier restore's copy aside holds %q", got)
+			}
+			if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); !os.IsNotExist(err) {
+				t.Errorf("the journal stays: %v", err)
+			}
+		})
+	}
+
+	// A journal that cannot be read moves nothing and stays.
+	root := t.TempDir()
+	d := filepath.Join(root, "srv", "db")
+	os.MkdirAll(d, 0o755)
+	os.WriteFile(d+"/v", []byte("restored"), 0o600)
+	os.MkdirAll(d+restoreAside, 0o755)
+	os.WriteFile(d+restoreAside+"/v", []byte("old"), 0o600)
+	b := newBackups("n1", nil, nil, t.TempDir(), testutil.Logger(t))
+	os.WriteFile(filepath.Join(b.dir, restoreJournal), []byte(`{"module":"db","dirs":[{"dir":`), 0o600)
+	b.undoCutRestore(true)
+	if read(d+"/v") != "restored" || read(d+restoreAside+"/v") != "old" {
+		t.Fatal("a damaged journal moved something")
+	}
+	if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); err != nil {
+		t.Fatalf("a damaged journal went: %v", err)
+	}
+}
