@@ -134,6 +134,24 @@ func TestSwapIn(t *testing.T) {
 	}
 }
 
+// stagedDirs makes three data directories (data, wal, conf), each holding
+// v "old NAME" and staged with a restored copy whose v is "restored NAME".
+func stagedDirs(t *testing.T) []string {
+	root := t.TempDir()
+	var dirs []string
+	for _, n := range []string{"data", "wal", "conf"} {
+		d := filepath.Join(root, "srv", n)
+		for p, v := range map[string]string{d + "/v": "old " + n, d + restoreStaging + d + "/v": "restored " + n} {
+			os.MkdirAll(filepath.Dir(p), 0o755)
+			if err := os.WriteFile(p, []byte(v), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dirs = append(dirs, d)
+	}
+	return dirs
+}
+
 // A restore of several data directories is all or none: when the swap of
 // one fails (before its exchange, after it, or once its data as it was is
 // aside), those swapped before it get their data back and the module is
@@ -141,18 +159,7 @@ func TestSwapIn(t *testing.T) {
 func TestSwapAllInIsAllOrNone(t *testing.T) {
 	for _, at := range []string{"before the exchange", "after the exchange", "once aside"} {
 		t.Run(strings.ReplaceAll(at, " ", "_"), func(t *testing.T) {
-			root := t.TempDir()
-			var dirs []string
-			for _, n := range []string{"data", "wal", "conf"} {
-				d := filepath.Join(root, "srv", n)
-				for p, v := range map[string]string{d + "/v": "old " + n, d + restoreStaging + d + "/v": "restored " + n} {
-					os.MkdirAll(filepath.Dir(p), 0o755)
-					if err := os.WriteFile(p, []byte(v), 0o600); err != nil {
-						t.Fatal(err)
-					}
-				}
-				dirs = append(dirs, d)
-			}
+			dirs := stagedDirs(t)
 			last := dirs[2]
 			swap := func(d string) (string, error) {
 				if d != last {
@@ -376,18 +383,7 @@ func TestCutRestoreIsUndoneAtStart(t *testing.T) {
 		}},
 	} {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
-			root := t.TempDir()
-			var dirs []string
-			for _, n := range []string{"data", "wal", "conf"} {
-				d := filepath.Join(root, "srv", n)
-				for p, v := range map[string]string{d + "/v": "old " + n, d + restoreStaging + d + "/v": "restored " + n} {
-					os.MkdirAll(filepath.Dir(p), 0o755)
-					if err := os.WriteFile(p, []byte(v), 0o600); err != nil {
-						t.Fatal(err)
-					}
-				}
-				dirs = append(dirs, d)
-			}
+			dirs := stagedDirs(t)
 			// The conf directory's copy aside is an earlier restore's.
 			os.MkdirAll(dirs[2]+restoreAside, 0o755)
 			os.WriteFile(dirs[2]+restoreAside+"/v", []byte("before an earlier restore"), 0o600)

@@ -201,60 +201,58 @@ func TestDamagedSnapshotIsFoundAtStart(t *testing.T) {
 		return dir
 	}
 
-	t.Run("the replica at its index writes it again", func(t *testing.T) {
-		dir := setup(t, 0, false)
-		damaged := truncateNewestSnapshot(t, dir)
-		a := startAgent(t, dir)
-		defer a.Stop()
-		snaps, aside := snapshotsOf(t, dir)
-		if len(aside) != 1 || filepath.Base(aside[0]) != "damaged-"+damaged || len(snaps) != 1 || snaps[0].ID == damaged {
-			t.Fatalf("snapshots %v, aside %v (damaged %s)", snaps, aside, damaged)
-		}
-		// The snapshot written again reads back whole and holds the state.
-		fs, _ := raft.NewFileSnapshotStore(filepath.Join(dir, RaftDir, "snapshots"), 3, io.Discard)
-		_, rc, err := fs.Open(snaps[0].ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fresh, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer fresh.Close()
-		if err := fresh.Restore(context.Background(), rc); err != nil {
-			t.Fatal(err)
-		}
-		rc.Close()
-		applied, _ := fresh.AppliedIndex()
-		if applied != snaps[0].Index {
-			t.Fatalf("the snapshot written again is at %d, its meta says %d", applied, snaps[0].Index)
-		}
-		if mods, _ := fresh.Modules(context.Background()); len(mods) != 1 || mods[0].Name != "m0" {
-			t.Fatalf("the snapshot written again holds %v", mods)
-		}
-		waitLeader(t, a)
-		if _, err := a.Node.Propose(context.Background(), addModule(t, "next.yaml", "module: next\n")); err != nil {
-			t.Fatal(err)
-		}
-	})
-
-	t.Run("after more commands", func(t *testing.T) {
-		dir := setup(t, 1, true)
-		damaged := truncateNewestSnapshot(t, dir)
-		a := startAgent(t, dir)
-		defer a.Stop()
-		snaps, aside := snapshotsOf(t, dir)
-		if len(aside) != 1 || filepath.Base(aside[0]) != "damaged-"+damaged || len(snaps) != 2 || snaps[0].ID == damaged {
-			t.Fatalf("snapshots %v, aside %v (damaged %s)", snaps, aside, damaged)
-		}
-		waitLeader(t, a)
-		if _, err := a.Node.Propose(context.Background(), addModule(t, "next.yaml", "module: next\n")); err != nil {
-			t.Fatal(err)
-		}
-		if got := modules(t, a); !slices.Equal(got, []string{"last", "m0", "m1", "next"}) {
-			t.Fatalf("modules after the snapshot was written again: %v", got)
-		}
-	})
+	// The log holds the entry the replica stands at: a snapshot is
+	// written there from state.db, holding the state, and the node goes on.
+	for _, tc := range []struct {
+		name        string
+		more        int
+		after       bool
+		snaps       int      // listed after the start
+		held, later []string // the modules the new snapshot holds; then all
+	}{
+		{"written again from state.db", 0, false, 1, []string{"m0"}, []string{"m0", "next"}},
+		{"after more commands", 1, true, 2, []string{"last", "m0", "m1"}, []string{"last", "m0", "m1", "next"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := setup(t, tc.more, tc.after)
+			damaged := truncateNewestSnapshot(t, dir)
+			a := startAgent(t, dir)
+			defer a.Stop()
+			snaps, aside := snapshotsOf(t, dir)
+			if len(aside) != 1 || filepath.Base(aside[0]) != "damaged-"+damaged || len(snaps) != tc.snaps || snaps[0].ID == damaged {
+				t.Fatalf("snapshots %v, aside %v (damaged %s)", snaps, aside, damaged)
+			}
+			// The snapshot written again reads back whole and holds the
+			// state at the index its meta says.
+			fs, _ := raft.NewFileSnapshotStore(filepath.Join(dir, RaftDir, "snapshots"), 3, io.Discard)
+			_, rc, err := fs.Open(snaps[0].ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fresh, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fresh.Close()
+			if err := fresh.Restore(context.Background(), rc); err != nil {
+				t.Fatal(err)
+			}
+			rc.Close()
+			if applied, _ := fresh.AppliedIndex(); applied != snaps[0].Index {
+				t.Fatalf("the snapshot written again is at %d, its meta says %d", applied, snaps[0].Index)
+			}
+			if got := modules(t, &Member{Store: fresh}); !slices.Equal(got, tc.held) {
+				t.Fatalf("the snapshot written again holds %v", got)
+			}
+			waitLeader(t, a)
+			if _, err := a.Node.Propose(context.Background(), addModule(t, "next.yaml", "module: next\n")); err != nil {
+				t.Fatal(err)
+			}
+			if got := modules(t, a); !slices.Equal(got, tc.later) {
+				t.Fatalf("modules after the snapshot was written again: %v", got)
+			}
+		})
+	}
 }
 
 // When the log no longer holds the entry the replica stands at (a fresh
