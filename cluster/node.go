@@ -382,8 +382,8 @@ func openLogStore(kind, dir string) (_ raft.LogStore, _ raft.StableStore, _ io.C
 // the node can do without it:
 //   - the log holds the entry the replica stands at: a snapshot is written
 //     at that index from state.db, as Raft would take one, before the
-//     damaged one is set aside (a kill between the two leaves both, the
-//     new one first);
+//     damaged one is set aside (a kill between the two leaves both: the
+//     next start finds the new one first, or does the same again);
 //   - else an older snapshot is intact and the log holds every entry after
 //     it: Raft starts from that one and replays the rest, which the
 //     replica skips where it holds them.
