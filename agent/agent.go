@@ -302,7 +302,6 @@ func (a *Agent) startOperate() error {
 	a.backups = newBackups(m.ID.Name, m.Store, func(ctx context.Context, ref state.SecretRef) ([]byte, error) {
 		return a.sealer.OperatorSecret(ctx, ref, "")
 	}, a.dir, a.log.With("component", "backup"))
-	a.backups.undoCutRestore(true) // before the reconciler starts anything
 	a.operate = &operate.Server{Node: m.ID.Name, Store: m.Store, RT: operateRuntime{a.podman}, Peers: m.Node,
 		StepLogs: filepath.Join(a.dir, "step-logs"), Log: a.log.With("component", "operate"), Stop: a.ctx, Backups: a.backups}
 	peer := http.NewServeMux()
@@ -372,7 +371,7 @@ func (a *Agent) startReconciler() error {
 		return err
 	}
 	a.reconciler = rec
-	a.backups.start(rec)
+	a.backups.start(a.ctx, rec)
 	return nil
 }
 

@@ -40,13 +40,17 @@ import (
 // beside it and swaps it in (the directory as it was is kept aside), and
 // lets the next apply start the containers again.
 type backups struct {
-	node   string
-	store  *state.Store
-	rec    *reconciler.Reconciler
-	secret func(ctx context.Context, ref state.SecretRef) ([]byte, error)
-	dir    string // the node's data dir
-	log    *slog.Logger
-	now    func() time.Time
+	node  string
+	store *state.Store
+	rec   *reconciler.Reconciler
+	// hasContainers and dataDirs stand in for the reconciler and the plan
+	// (tests).
+	hasContainers func(context.Context, string) (bool, error)
+	dataDirs      func(context.Context, string) ([]string, error)
+	secret        func(ctx context.Context, ref state.SecretRef) ([]byte, error)
+	dir           string // the node's data dir
+	log           *slog.Logger
+	now           func() time.Time
 
 	// ready is closed once rec is set (the reconciler is made after the
 	// peer API serves).
@@ -84,8 +88,14 @@ func (b *backups) Wait(limit time.Duration) {
 }
 
 // start gives the backups the node's reconciler.
-func (b *backups) start(rec *reconciler.Reconciler) {
+func (b *backups) start(ctx context.Context, rec *reconciler.Reconciler) {
 	b.rec = rec
+	// Before the reconciler runs: the module must not start on a mix.
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := b.undoCutRestore(ctx, ""); err != nil {
+		b.log.Error("a restore cut short is not undone", "err", err)
+	}
 	close(b.ready)
 }
 
@@ -555,11 +565,11 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		if err != nil {
 			return err
 		}
-		// An earlier restore that could not be put back whole is
-		// tried again first; this one does not go over its journal.
-		b.undoCutRestore(false)
-		if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); err == nil {
-			return fmt.Errorf("an earlier restore could not be undone whole (the agent's log says which directory and where its data is); put it back by hand and remove %s", filepath.Join(b.dir, restoreJournal))
+		// An earlier restore of this module that could not be put back
+		// whole is put back first (its containers are gone now); one of
+		// another module is refused, not undone under it.
+		if err := b.undoCutRestore(ctx, module); err != nil {
+			return fmt.Errorf("nothing was restored: %w", err)
 		}
 		for _, d := range res.Dirs {
 			if err := finishSwap(d); err != nil {
@@ -585,11 +595,7 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		// The swaps are all or none across a kill too: the journal
 		// names them until the last is done, and a start that finds it
 		// puts every directory back as it was (undoCutRestore).
-		if err := b.writeRestoreJournal(module, res.Dirs, func(d string) (uint64, error) {
-			var st unix.Stat_t
-			err := unix.Lstat(d+restoreStaging+d, &st)
-			return st.Ino, err
-		}); err != nil {
+		if err := b.writeRestoreJournal(module, res.Dirs); err != nil {
 			for _, d := range res.Dirs {
 				os.RemoveAll(d + restoreStaging)
 			}
@@ -602,14 +608,20 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		maps.Copy(res.Kept, kept)
 		if err != nil {
 			// swapAllIn put back what it could; the journal puts back
-			// the rest, or stays for the next start to.
-			b.undoCutRestore(false)
+			// the rest, or stays (said in the log) for a restore again.
+			if uerr := b.undoCutRestore(ctx, module); uerr != nil {
+				b.log.Error("a restore failed, and what it swapped could not all be put back", "module", module, "err", uerr)
+			}
 			return err
 		}
-		// Left, the journal would undo a restore the operator is told
-		// is done.
+		// Left, the journal would undo, at the next start, a restore the
+		// operator is told is done: when it cannot be removed, the
+		// restore is undone now, while the module is still stopped.
 		if err := b.removeRestoreJournal(); err != nil {
-			return fmt.Errorf("restored, but %w: the next start of the agent would undo the restore; remove %s before it", err, filepath.Join(b.dir, restoreJournal))
+			if uerr := b.undoCutRestore(ctx, module); uerr != nil {
+				return fmt.Errorf("%w, and the restore could not be undone either (%v): restore again", err, uerr)
+			}
+			return fmt.Errorf("%w: the restore is undone, every directory is as it was (restore again)", err)
 		}
 		return nil
 	})
@@ -830,23 +842,25 @@ type restoreJournalFile struct {
 	Dirs   []journaledSwap `json:"dirs"`
 }
 
-// journaledSwap is a data directory a restore swaps, and the inode of its
-// restored copy: a directory keeps its inode through a rename, so the
-// directory holding it says whether the swap was made, whatever else a
-// kill left (a swap undone in full looks like one never made).
+// journaledSwap is a data directory a restore swaps, and the device and
+// inode of its restored copy: a directory keeps them through a rename, so
+// the directory holding it says whether the swap was made, whatever else
+// a kill left (a swap undone in full looks like one never made).
 type journaledSwap struct {
 	Dir      string `json:"dir"`
+	Dev      uint64 `json:"dev"`
 	Restored uint64 `json:"restored"`
 }
 
-func (b *backups) writeRestoreJournal(module string, dirs []string, inode func(string) (uint64, error)) error {
+// writeRestoreJournal names dirs, their restored copies staged.
+func (b *backups) writeRestoreJournal(module string, dirs []string) error {
 	j := restoreJournalFile{Module: module}
 	for _, d := range dirs {
-		ino, err := inode(d)
-		if err != nil {
+		var st unix.Stat_t
+		if err := unix.Lstat(d+restoreStaging+d, &st); err != nil {
 			return fmt.Errorf("the restored copy of %s: %w", d, err)
 		}
-		j.Dirs = append(j.Dirs, journaledSwap{Dir: d, Restored: ino})
+		j.Dirs = append(j.Dirs, journaledSwap{Dir: d, Dev: st.Dev, Restored: st.Ino})
 	}
 	raw, err := json.Marshal(j)
 	if err != nil {
@@ -858,25 +872,34 @@ func (b *backups) writeRestoreJournal(module string, dirs []string, inode func(s
 	return nil
 }
 
+// removeRestoreJournal removes the journal: the restore is done (or
+// undone). A removal whose directory cannot be synced is done, and said.
 func (b *backups) removeRestoreJournal() error {
 	if err := os.Remove(filepath.Join(b.dir, restoreJournal)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove the restore's journal: %w", err)
+		return fmt.Errorf("the restore's journal could not be removed: %w", err)
 	}
 	if err := safefs.SyncDir(b.dir); err != nil {
-		return fmt.Errorf("remove the restore's journal: %w", err)
+		b.log.Warn("the restore's journal is removed, but the data dir could not be synced: a power cut may bring it back, and the next start undo the restore", "err", err)
 	}
 	return nil
 }
 
-// undoCutRestore puts back, before the reconciler starts anything, every
-// directory of a restore a kill cut short (its journal is still there): the
-// module starts on its data as it was, never on a mix. The journal goes
-// once every directory is back; a directory that cannot be put back is
-// said, and the journal kept, so that the next start tries again.
-func (b *backups) undoCutRestore(atStart bool) {
-	raw, err := os.ReadFile(filepath.Join(b.dir, restoreJournal))
+// undoCutRestore puts back every directory of a restore that a kill, or a
+// failure, cut short (its journal is still there), while the module is
+// stopped: the module starts on its data as it was, never on a mix. It
+// runs when the agent starts, before the reconciler (restoring ""), and
+// in a restore of a module, its containers removed (restoring: that
+// module). It touches nothing, and says why, when the journal is another
+// module's than restoring, when at start the journal's module has
+// containers again (it was started on what the directories hold; a
+// restore of it puts them right), when it cannot be read, or when a
+// directory it names is not one of the module's data directories in this
+// node's plan. The journal goes once every directory is back.
+func (b *backups) undoCutRestore(ctx context.Context, restoring string) error {
+	path := filepath.Join(b.dir, restoreJournal)
+	raw, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return
+		return nil
 	}
 	var j restoreJournalFile
 	if err == nil {
@@ -885,74 +908,115 @@ func (b *backups) undoCutRestore(atStart bool) {
 	if err != nil {
 		// Written whole or not at all (safefs): unreadable is a damaged
 		// disk; nothing is moved on a guess.
-		b.log.Error("the journal of a restore cut short cannot be read; its directories are left as they are: check each against its .mesh-before-restore and .mesh-restoring copies, then remove the journal",
-			"journal", filepath.Join(b.dir, restoreJournal), "err", err)
-		return
+		return fmt.Errorf("the journal of a restore cut short (%s) cannot be read (%v); nothing was moved: check each data directory against its .mesh-before-restore and .mesh-restoring copies, then remove the journal", path, err)
 	}
-	failed := false
-	var dirs []string
+	if restoring != "" && j.Module != restoring {
+		return fmt.Errorf("a restore of module %s was cut short and is not undone yet (%s); restore %s first, which puts its directories back before it restores", j.Module, path, j.Module)
+	}
+	if restoring == "" {
+		has, err := b.containersOf(ctx, j.Module)
+		if err != nil {
+			return fmt.Errorf("a restore of module %s was cut short; whether its containers run cannot be told (%v), so nothing was moved", j.Module, err)
+		}
+		if has {
+			return fmt.Errorf("a restore of module %s was cut short, and the module runs again on what its data directories hold (some may be restored, some not); nothing was moved under it: restore %s again", j.Module, j.Module)
+		}
+	}
+	dirs, err := b.dataDirsOf(ctx, j.Module)
+	if err != nil {
+		return fmt.Errorf("a restore of module %s was cut short; its data directories here cannot be read (%v), so nothing was moved", j.Module, err)
+	}
 	for _, js := range j.Dirs {
-		d := js.Dir
-		dirs = append(dirs, d)
-		if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
-			b.log.Error("the journal of a restore cut short names a path that is no data directory; left as it is", "module", j.Module, "dir", d)
-			failed = true
-			continue
-		}
-		if err := undoSwap(d, js.Restored); err != nil {
-			b.log.Error("a restore cut short: a data directory could not be put back as it was; its data before the restore is at its .mesh-before-restore or .mesh-restoring copy",
-				"module", j.Module, "dir", d, "err", err)
-			failed = true
+		if !slices.Contains(dirs, js.Dir) {
+			return fmt.Errorf("the journal of a restore of module %s cut short (%s) names %s, which is no data directory of %s in this node's plan; nothing was moved: check each directory it names by hand, then remove it", j.Module, path, js.Dir, j.Module)
 		}
 	}
-	if failed {
-		return
+	var names []string
+	for _, js := range j.Dirs {
+		names = append(names, js.Dir)
+		if err := undoSwap(js); err != nil {
+			return fmt.Errorf("a restore of module %s cut short could not be put back whole: %w", j.Module, err)
+		}
 	}
 	if err := b.removeRestoreJournal(); err != nil {
-		b.log.Error("a restore cut short was undone, but its journal stays", "err", err)
-		return
+		return fmt.Errorf("a restore of module %s cut short was put back, but %w", j.Module, err)
 	}
-	if atStart {
-		b.log.Warn("a restore was cut short (the agent stopped during it); every data directory of the module is as it was before it: restore again", "module", j.Module, "dirs", dirs)
+	if restoring == "" {
+		b.log.Warn("a restore was cut short (the agent stopped during it); every data directory of the module is as it was before it: restore again", "module", j.Module, "dirs", names)
 	}
+	return nil
 }
 
-// undoSwap puts d back as it was before a restore whose copy of it has
-// inode restored: when d holds that copy (the exchange was made), its data
-// as it was, staged (not yet moved aside) or aside, is exchanged back and
-// the copy removed; else d was never swapped (or was put back), and only
-// a staged copy goes. An aside left by an earlier restore is not touched.
-func undoSwap(d string, restored uint64) error {
-	s := d + restoreStaging
-	var st unix.Stat_t
-	if err := unix.Lstat(d, &st); err != nil {
-		return err
+// containersOf says module has containers on this node (a restore removes
+// them all first).
+func (b *backups) containersOf(ctx context.Context, module string) (bool, error) {
+	if b.hasContainers != nil {
+		return b.hasContainers(ctx, module)
 	}
-	if st.Ino != restored {
+	return b.rec.HasContainers(ctx, module)
+}
+
+// dataDirsOf are module's data directories in this node's plan.
+func (b *backups) dataDirsOf(ctx context.Context, module string) ([]string, error) {
+	if b.dataDirs != nil {
+		return b.dataDirs(ctx, module)
+	}
+	pv, err := b.store.Plan(ctx, b.node)
+	if err != nil {
+		return nil, err
+	}
+	if pv.Plan == nil {
+		return nil, fmt.Errorf("node %s has no plan", b.node)
+	}
+	return reconciler.DataDirs(pv.Plan, module), nil
+}
+
+// undoSwap puts js.Dir back as it was before a restore whose copy of it
+// js names: when the directory holds that copy (the exchange was made),
+// its data as it was, staged (not yet moved aside) or aside, is exchanged
+// back and the copy removed; else it was never swapped (or was put back),
+// and only the restored copy, staged or aside, goes. An error says where
+// each copy is.
+func undoSwap(js journaledSwap) error {
+	d := js.Dir
+	s := d + restoreStaging
+	is := func(p string) bool {
+		var st unix.Stat_t
+		return unix.Lstat(p, &st) == nil && st.Dev == js.Dev && st.Ino == js.Restored
+	}
+	if _, err := os.Lstat(d); err != nil {
+		return fmt.Errorf("%s: %w", d, err)
+	}
+	if !is(d) {
 		// A kill in an undo, after its exchange back, left the restored
 		// copy aside, where it would pass for the data as it was.
-		var ast unix.Stat_t
-		if unix.Lstat(d+restoreAside, &ast) == nil && ast.Ino == restored {
+		if is(d + restoreAside) {
 			if err := os.RemoveAll(d + restoreAside); err != nil {
-				return err
+				return fmt.Errorf("%s holds its data as it was; its restored copy at %s could not be removed: %w", d, d+restoreAside, err)
 			}
 		}
-		return os.RemoveAll(s)
+		if err := os.RemoveAll(s); err != nil {
+			return fmt.Errorf("%s holds its data as it was; the restore's staging %s could not be removed: %w", d, s, err)
+		}
+		return nil
 	}
 	before := d + restoreAside
 	if _, err := os.Lstat(s + d); err == nil {
 		before = s + d // exchanged, not yet moved aside
 	}
 	if err := unix.Renameat2(unix.AT_FDCWD, before, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
-		return fmt.Errorf("swap %s back with its data as it was: %w", d, err)
+		return fmt.Errorf("%s holds the restored copy and its data as it was is at %s; they could not be swapped back: %w", d, before, err)
 	}
 	if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
-		return err
+		return fmt.Errorf("%s holds its data as it was again, but its directory could not be synced: %w", d, err)
 	}
 	if err := os.RemoveAll(before); err != nil { // the restored copy now
-		return err
+		return fmt.Errorf("%s holds its data as it was; its restored copy at %s could not be removed: %w", d, before, err)
 	}
-	return os.RemoveAll(s)
+	if err := os.RemoveAll(s); err != nil {
+		return fmt.Errorf("%s holds its data as it was; the restore's staging %s could not be removed: %w", d, s, err)
+	}
+	return nil
 }
 
 // errUnsynced is swapIn's when the swap is done but the directory that

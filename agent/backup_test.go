@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -326,7 +327,8 @@ func TestRestoreRefusesMountsInside(t *testing.T) {
 // A kill between two swaps of a restore (or anywhere in them, or in the
 // undo itself) never starts the module on a mix: the journal written
 // before the first swap makes the next start put every directory back as
-// it was, and leaves an earlier restore's copy aside alone.
+// it was, and leaves an earlier restore's copy aside alone where the
+// restore did not reach it.
 func TestCutRestoreIsUndoneAtStart(t *testing.T) {
 	read := func(p string) string { b, _ := os.ReadFile(p); return string(b) }
 	exchange := func(t *testing.T, a, b string) {
@@ -334,37 +336,50 @@ func TestCutRestoreIsUndoneAtStart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	mark := func(t *testing.T, d string) {
+		os.RemoveAll(d + restoreAside) // as swapIn does first
+		var st unix.Stat_t
+		if err := unix.Lstat(d+restoreStaging+d, &st); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(d+restoreStaging, swapped), []byte(strconv.FormatUint(st.Ino, 10)), 0o600)
+	}
 	for _, tc := range []struct {
 		name string
-		cut  func(t *testing.T, dirs []string, b *backups)
+		cut  func(t *testing.T, dirs []string)
+		// reached: the restore reached the conf directory (its swap
+		// removes an earlier restore's copy aside).
+		reached bool
 	}{
-		{"before any swap", func(t *testing.T, dirs []string, b *backups) {}},
-		{"after the first swap", func(t *testing.T, dirs []string, b *backups) {
+		{"before any swap", func(t *testing.T, dirs []string) {}, false},
+		{"after the first swap", func(t *testing.T, dirs []string) {
 			if _, err := swapIn(dirs[0]); err != nil {
 				t.Fatal(err)
 			}
-		}},
-		{"in the third swap, after its exchange", func(t *testing.T, dirs []string, b *backups) {
+		}, false},
+		{"in the second swap, between its mark and its exchange", func(t *testing.T, dirs []string) {
+			if _, err := swapIn(dirs[0]); err != nil {
+				t.Fatal(err)
+			}
+			mark(t, dirs[1])
+		}, false},
+		{"in the third swap, after its exchange", func(t *testing.T, dirs []string) {
 			for _, d := range dirs[:2] {
 				if _, err := swapIn(d); err != nil {
 					t.Fatal(err)
 				}
 			}
-			d := dirs[2]
-			os.RemoveAll(d + restoreAside) // as swapIn does first
-			var st unix.Stat_t
-			unix.Lstat(d+restoreStaging+d, &st)
-			os.WriteFile(filepath.Join(d+restoreStaging, swapped), []byte(strconv.FormatUint(st.Ino, 10)), 0o600)
-			exchange(t, d+restoreStaging+d, d)
-		}},
-		{"after every swap, before the journal went", func(t *testing.T, dirs []string, b *backups) {
+			mark(t, dirs[2])
+			exchange(t, dirs[2]+restoreStaging+dirs[2], dirs[2])
+		}, true},
+		{"after every swap, before the journal went", func(t *testing.T, dirs []string) {
 			for _, d := range dirs {
 				if _, err := swapIn(d); err != nil {
 					t.Fatal(err)
 				}
 			}
-		}},
-		{"after a failed swap was put back, before the journal went", func(t *testing.T, dirs []string, b *backups) {
+		}, true},
+		{"after a failed swap was put back, before the journal went", func(t *testing.T, dirs []string) {
 			swap := func(d string) (string, error) {
 				if d == dirs[1] {
 					return "", errors.New("no space left on device")
@@ -374,29 +389,21 @@ func TestCutRestoreIsUndoneAtStart(t *testing.T) {
 			if _, err := swapAllIn(dirs, swap, func(string, error) {}); err == nil {
 				t.Fatal("the failing swap did not fail")
 			}
-		}},
-		{"in an undo, after its exchange back", func(t *testing.T, dirs []string, b *backups) {
+		}, false},
+		{"in an undo, after its exchange back", func(t *testing.T, dirs []string) {
 			if _, err := swapIn(dirs[0]); err != nil {
 				t.Fatal(err)
 			}
 			exchange(t, dirs[0]+restoreAside, dirs[0])
-		}},
+		}, false},
 	} {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
 			dirs := stagedDirs(t)
-			// The conf directory's copy aside is an earlier restore's.
-			os.MkdirAll(dirs[2]+restoreAside, 0o755)
-			os.WriteFile(dirs[2]+restoreAside+"/v", []byte("before an earlier restore"), 0o600)
-			b := newBackups("n1", nil, nil, t.TempDir(), testutil.Logger(t))
-			if err := b.writeRestoreJournal("db", dirs, func(d string) (uint64, error) {
-				var st unix.Stat_t
-				err := unix.Lstat(d+restoreStaging+d, &st)
-				return st.Ino, err
-			}); err != nil {
+			b := cutRestore(t, dirs)
+			tc.cut(t, dirs)
+			if err := b.undoCutRestore(context.Background(), ""); err != nil {
 				t.Fatal(err)
 			}
-			tc.cut(t, dirs, b)
-			b.undoCutRestore(true)
 			for _, d := range dirs {
 				if got := read(d + "/v"); got != "old "+filepath.Base(d) {
 					t.Errorf("%s holds %q, want its data as it was", d, got)
@@ -408,7 +415,7 @@ func TestCutRestoreIsUndoneAtStart(t *testing.T) {
 					t.Errorf("%s's copy aside is the restored one", d)
 				}
 			}
-			if got := read(dirs[2] + restoreAside + "/v"); tc.name != "after every swap, before the journal went" && tc.name != "in the third swap, after its exchange" && got != "before an earlier restore" {
+			if got := read(dirs[2] + restoreAside + "/v"); !tc.reached && got != "before an earlier restore" {
 				t.Errorf("an earlier restore's copy aside holds %q", got)
 			}
 			if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); !os.IsNotExist(err) {
@@ -416,21 +423,72 @@ func TestCutRestoreIsUndoneAtStart(t *testing.T) {
 			}
 		})
 	}
+}
 
-	// A journal that cannot be read moves nothing and stays.
-	root := t.TempDir()
-	d := filepath.Join(root, "srv", "db")
-	os.MkdirAll(d, 0o755)
-	os.WriteFile(d+"/v", []byte("restored"), 0o600)
-	os.MkdirAll(d+restoreAside, 0o755)
-	os.WriteFile(d+restoreAside+"/v", []byte("old"), 0o600)
+// cutRestore is a restore of dirs (stagedDirs) by module db, its journal
+// written, the conf directory's copy aside an earlier restore's; the
+// module has no containers, and dirs are its data directories.
+func cutRestore(t *testing.T, dirs []string) *backups {
+	os.MkdirAll(dirs[2]+restoreAside, 0o755)
+	os.WriteFile(dirs[2]+restoreAside+"/v", []byte("before an earlier restore"), 0o600)
 	b := newBackups("n1", nil, nil, t.TempDir(), testutil.Logger(t))
-	os.WriteFile(filepath.Join(b.dir, restoreJournal), []byte(`{"module":"db","dirs":[{"dir":`), 0o600)
-	b.undoCutRestore(true)
-	if read(d+"/v") != "restored" || read(d+restoreAside+"/v") != "old" {
-		t.Fatal("a damaged journal moved something")
+	b.hasContainers = func(context.Context, string) (bool, error) { return false, nil }
+	b.dataDirs = func(_ context.Context, module string) ([]string, error) {
+		if module != "db" {
+			return nil, nil
+		}
+		return dirs, nil
 	}
-	if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); err != nil {
-		t.Fatalf("a damaged journal went: %v", err)
+	if err := b.writeRestoreJournal("db", dirs); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A journal the undo cannot trust, or a module it must not act under,
+// moves nothing, keeps the journal and says why: another module's
+// restore; the module running again; a path that is none of its data
+// directories; a journal that cannot be read.
+func TestCutRestoreUndoRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name, restoring, want string
+		set                   func(b *backups, dirs []string)
+	}{
+		{"another module's restore", "web", "restore db first", func(*backups, []string) {}},
+		{"the module runs again", "", "runs again", func(b *backups, _ []string) {
+			b.hasContainers = func(context.Context, string) (bool, error) { return true, nil }
+		}},
+		{"the runtime cannot say", "", "cannot be told", func(b *backups, _ []string) {
+			b.hasContainers = func(context.Context, string) (bool, error) { return false, errors.New("podman socket down") }
+		}},
+		{"no data directory of the module", "", "no data directory of db", func(b *backups, dirs []string) {
+			b.dataDirs = func(context.Context, string) ([]string, error) { return dirs[:2], nil }
+		}},
+		{"a damaged journal", "", "cannot be read", func(b *backups, _ []string) {
+			os.WriteFile(filepath.Join(b.dir, restoreJournal), []byte(`{"module":"db","dirs":[{"dir":`), 0o600)
+		}},
+	} {
+		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
+			dirs := stagedDirs(t)
+			b := cutRestore(t, dirs)
+			for _, d := range dirs {
+				if _, err := swapIn(d); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tc.set(b, dirs)
+			err := b.undoCutRestore(context.Background(), tc.restoring)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("undo: %v, want it to say %q", err, tc.want)
+			}
+			for _, d := range dirs {
+				if b, _ := os.ReadFile(d + "/v"); string(b) != "restored "+filepath.Base(d) {
+					t.Errorf("%s holds %q: the refused undo moved it", d, b)
+				}
+			}
+			if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); err != nil {
+				t.Errorf("the journal went: %v", err)
+			}
+		})
 	}
 }

@@ -147,9 +147,15 @@ func TestBackupQuiesce(t *testing.T) {
 	}
 
 	// A restore's stop, and the apply after it.
+	if has, err := r.HasContainers(ctx, "db"); !has || err != nil {
+		t.Fatalf("db's containers before the stop: %v %v", has, err)
+	}
 	stopped, err := r.StopAll(ctx, "db")
 	if err != nil || !slices.Equal(stopped, []string{"db.server"}) || rt.byName("db.server") != nil {
 		t.Fatalf("stop: %v %v", stopped, err)
+	}
+	if has, err := r.HasContainers(ctx, "db"); has || err != nil {
+		t.Fatalf("db's containers after the stop: %v %v", has, err)
 	}
 	if rep := r.Apply(ctx, 1, plan); rep.Error != "" || rt.byName("db.server") == nil {
 		t.Fatalf("the apply after the restore did not start the server again: %q", rep.Error)

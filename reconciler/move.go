@@ -36,6 +36,16 @@ func (r *Reconciler) StopAll(ctx context.Context, module string) ([]string, erro
 	return stopped, nil
 }
 
+// HasContainers says module has containers here, running or not (StopAll
+// removes them all).
+func (r *Reconciler) HasContainers(ctx context.Context, module string) (bool, error) {
+	list, err := r.rt.Managed(ctx)
+	if err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(list, func(c Container) bool { return c.Labels[LabelModule] == module }), nil
+}
+
 // MarkersOf are the markers of module's steps (MODULE.STEP -> marker).
 func (r *Reconciler) MarkersOf(module string) map[string]Marker {
 	out := map[string]Marker{}
