@@ -257,19 +257,31 @@ func TestDamagedSnapshotIsFoundAtStart(t *testing.T) {
 
 // When the log no longer holds the entry the replica stands at (a fresh
 // replica here), a damaged snapshot gives way to an older intact one whose
-// entries after it the log holds; without one the start is refused.
+// entries after it the log holds; without one the start is refused. A
+// meta that cannot be read is damage too (Raft would pass over that
+// snapshot in silence), a state that cannot be read for another reason is
+// no damage (nothing is set aside), and a log that begins past the newest
+// snapshot is refused.
 func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
 	conf := raft.Configuration{Servers: []raft.Server{{ID: "ace", Address: "127.0.0.1:1"}}}
 	for _, tc := range []struct {
 		name        string
 		snapshots   []uint64 // indexes, oldest first; the newest is damaged
+		damage      string   // "state" (cut short), "meta", "dir" (state.bin a directory), "" (none)
 		first, last uint64   // the log's
+		applied     uint64   // the replica's (0: fresh)
 		ok          bool
+		want        string // in the error
 	}{
-		{"an older snapshot stands in", []uint64{20, 40}, 15, 50, true},
-		{"the log starts after the older one", []uint64{20, 40}, 30, 50, false},
-		{"the log ends before the damaged one", []uint64{20, 40}, 15, 39, false},
-		{"no older snapshot", []uint64{40}, 15, 50, false},
+		{"an older snapshot stands in", []uint64{20, 40}, "state", 15, 50, 0, true, ""},
+		{"the log starts after the older one", []uint64{20, 40}, "state", 30, 50, 0, false, "CRC"},
+		{"the log ends before the damaged one", []uint64{20, 40}, "state", 15, 39, 0, false, "CRC"},
+		{"no older snapshot", []uint64{40}, "state", 15, 50, 0, false, "CRC"},
+		{"a meta that cannot be read, an older stands in", []uint64{20, 40}, "meta", 15, 50, 0, true, ""},
+		{"a meta that cannot be read, the only one", []uint64{150}, "meta", 100, 200, 0, false, "meta.json cannot be read"},
+		{"a state that cannot be read otherwise", []uint64{20, 40}, "dir", 15, 50, 0, false, "cannot be read"},
+		{"the log begins past the newest snapshot", []uint64{20, 40}, "", 45, 50, 0, false, "begins at entry 45, past its newest snapshot's 40"},
+		{"behind three snapshots", []uint64{20, 30, 40}, "state", 10, 39, 12, false, "behind 3 snapshots"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -288,9 +300,21 @@ func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
 					t.Fatal(err)
 				}
 				ids = append(ids, sink.ID())
+				time.Sleep(2 * time.Millisecond) // IDs end in the millisecond
 			}
 			newest := ids[len(ids)-1]
-			if err := os.Truncate(filepath.Join(dir, "snapshots", "snapshots", newest, "state.bin"), 100); err != nil {
+			at := filepath.Join(dir, "snapshots", "snapshots", newest)
+			switch tc.damage {
+			case "state":
+				err = os.Truncate(filepath.Join(at, "state.bin"), 100)
+			case "meta":
+				err = os.WriteFile(filepath.Join(at, "meta.json"), []byte("{garbage"), 0o600)
+			case "dir":
+				if err = os.Remove(filepath.Join(at, "state.bin")); err == nil {
+					err = os.Mkdir(filepath.Join(at, "state.bin"), 0o700)
+				}
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
 			logs := raft.NewInmemStore()
@@ -302,6 +326,12 @@ func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer store.Close()
+			if tc.applied > 0 {
+				c := state.NewCommand(&state.InitRequest{MeshID: "m", Domain: "internal", Node: state.Node{Name: "ace", Address: "127.0.0.1", Voter: true}})
+				if err := store.Apply(tc.applied, c.Encode()); err != nil {
+					t.Fatal(err)
+				}
+			}
 			err = checkSnapshots(dir, snaps, logs, store, testLogger(t))
 			list, _ := snaps.List()
 			_, aside := os.Stat(filepath.Join(dir, "snapshots", "damaged-"+newest))
@@ -311,12 +341,15 @@ func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), newest) || !strings.Contains(err.Error(), "CRC") ||
+			if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), tc.want) ||
 				!strings.Contains(err.Error(), "mesh join") || !strings.Contains(err.Error(), "snapshot restore") {
 				t.Fatalf("a start beside a damaged snapshot it needs: %v", err)
 			}
-			if aside == nil || len(list) != len(ids) {
-				t.Fatalf("refused, yet a snapshot was set aside (%d listed)", len(list))
+			if tc.damage != "" && !strings.Contains(err.Error(), newest) {
+				t.Fatalf("the error does not name the snapshot %s: %v", newest, err)
+			}
+			if aside == nil {
+				t.Fatal("refused, yet the snapshot was set aside")
 			}
 		})
 	}

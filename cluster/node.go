@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -376,66 +377,164 @@ func openLogStore(kind, dir string) (_ raft.LogStore, _ raft.StableStore, _ io.C
 }
 
 // checkSnapshots reads the newest Raft snapshot whole (Open checks its
-// CRC), so that one damaged on disk (cut short, changed) is found at start
-// rather than the day a follower needs it or this replica catches up from
-// it. A damaged snapshot is set aside, as raft/snapshots/damaged-ID, when
-// the node can do without it:
+// CRC), so that one damaged on disk (cut short, changed, its meta
+// unreadable) is found at start rather than the day a follower needs it or
+// this replica catches up from it (Raft, which reads no snapshot at start
+// but its meta, passes over one whose meta it cannot read, and would then
+// start from an older one, or panic on a log compacted past it). A damaged
+// snapshot is set aside, as raft/snapshots/damaged-ID, when the node can do
+// without it:
 //   - the log holds the entry the replica stands at: a snapshot is written
 //     at that index from state.db, as Raft would take one, before the
 //     damaged one is set aside (a kill between the two leaves both: the
 //     next start finds the new one first, or does the same again);
-//   - else an older snapshot is intact and the log holds every entry after
-//     it: Raft starts from that one and replays the rest, which the
+//   - else the next older snapshot is intact and the log holds every entry
+//     after it: Raft starts from that one and replays the rest, which the
 //     replica skips where it holds them.
 //
 // Otherwise the start is refused, saying what is damaged and the ways out.
+// Last, the log must begin no later than just after the newest snapshot.
 func checkSnapshots(dir string, snaps *raft.FileSnapshotStore, logs raft.LogStore, store *state.Store, log *slog.Logger) error {
 	list, err := snaps.List()
 	if err != nil {
 		return fmt.Errorf("%w: the Raft snapshots in %s cannot be listed: %v; %s", ErrDamaged, dir, err, waysOut)
 	}
-	if len(list) == 0 {
-		return nil
+	d, err := damagedSnapshot(filepath.Join(dir, "snapshots", "snapshots"), snaps, list)
+	if err != nil {
+		return fmt.Errorf("%w: the newest Raft snapshot in %s cannot be read: %v; %s", ErrDamaged, dir, err, waysOut)
 	}
-	newest := list[0]
-	_, rc, openErr := snaps.Open(newest.ID)
-	if openErr == nil {
-		return rc.Close()
-	}
-	aside := func(how string) error {
-		from := filepath.Join(dir, "snapshots", "snapshots", newest.ID)
-		to := filepath.Join(dir, "snapshots", "damaged-"+newest.ID)
-		if err := os.Rename(from, to); err != nil {
-			return fmt.Errorf("set the damaged Raft snapshot %s aside: %w", newest.ID, err)
+	if d != nil {
+		aside := func(how string) error {
+			from := filepath.Join(dir, "snapshots", "snapshots", d.id)
+			to := filepath.Join(dir, "snapshots", "damaged-"+d.id)
+			if err := os.Rename(from, to); err != nil {
+				return fmt.Errorf("set the damaged Raft snapshot %s aside: %w", d.id, err)
+			}
+			if err := safefs.SyncDir(filepath.Join(dir, "snapshots")); err != nil {
+				return err
+			}
+			log.Warn("the newest Raft snapshot was damaged on disk; it is set aside", "snapshot", d.id, "damage", d.why, "aside", to, "instead", how)
+			return nil
 		}
-		if err := safefs.SyncDir(filepath.Join(dir, "snapshots")); err != nil {
+		first, ferr := logs.FirstIndex()
+		last, lerr := logs.LastIndex()
+		older := d.older(list)
+		rewriteErr := rewriteSnapshot(snaps, d.meta, list, logs, store)
+		switch {
+		case rewriteErr == nil:
+			err = aside("a snapshot written again from state.db")
+		case older != nil && ferr == nil && lerr == nil && first > 0 && first <= older.Index+1 && last >= d.index:
+			if _, rc, oerr := snaps.Open(older.ID); oerr == nil {
+				rc.Close()
+				err = aside("the older snapshot " + older.ID)
+				break
+			}
+			fallthrough
+		default:
+			return fmt.Errorf("%w: the newest Raft snapshot %s in %s is damaged (%v: cut short or changed on disk); it cannot be written again (%v), "+
+				"and no older intact snapshot with the log after it can stand in; %s", ErrDamaged, d.id, dir, d.why, rewriteErr, waysOut)
+		}
+		if err != nil {
 			return err
 		}
-		log.Warn("the newest Raft snapshot was damaged on disk; it is set aside", "snapshot", newest.ID, "error", openErr, "aside", to, "instead", how)
-		return nil
-	}
-	rewriteErr := rewriteSnapshot(snaps, newest, logs, store)
-	if rewriteErr == nil {
-		return aside("a snapshot written again from state.db")
-	}
-	first, ferr := logs.FirstIndex()
-	last, lerr := logs.LastIndex()
-	if len(list) > 1 && ferr == nil && lerr == nil && first > 0 && first <= list[1].Index+1 && last >= newest.Index {
-		if _, rc, err := snaps.Open(list[1].ID); err == nil {
-			rc.Close()
-			return aside("the older snapshot " + list[1].ID)
+		if list, err = snaps.List(); err != nil {
+			return err
 		}
 	}
-	return fmt.Errorf("%w: the newest Raft snapshot %s in %s is damaged (%v: cut short or changed on disk); it cannot be written again (%v), "+
-		"and no older intact snapshot with the log after it can stand in; %s", ErrDamaged, newest.ID, dir, openErr, rewriteErr, waysOut)
+	// Raft starts from the newest snapshot and reads the log from the
+	// entry after it: a log that begins later lost entries (and Raft
+	// would panic on them).
+	first, err := logs.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("%w: the Raft log's first index: %v; %s", ErrDamaged, err, waysOut)
+	}
+	var newest uint64
+	if len(list) > 0 {
+		newest = list[0].Index
+	}
+	if first > newest+1 {
+		return fmt.Errorf("%w: the Raft log in %s begins at entry %d, past its newest snapshot's %d: the entries between are lost; %s", ErrDamaged, dir, first, newest, waysOut)
+	}
+	return nil
+}
+
+// damagedSnap is the newest snapshot, damaged: its ID, index, why, and its
+// meta when that could be read.
+type damagedSnap struct {
+	id    string
+	index uint64
+	why   error
+	meta  *raft.SnapshotMeta
+}
+
+// older is the snapshot Raft would start from without d.
+func (d *damagedSnap) older(list []*raft.SnapshotMeta) *raft.SnapshotMeta {
+	for _, m := range list {
+		if m.ID != d.id {
+			return m
+		}
+	}
+	return nil
+}
+
+// damagedSnapshot says whether the newest snapshot in path (the file
+// store's directory) is damaged: one whose meta cannot be read, newer (by
+// the term and index of its name) than every one listed, or the newest
+// listed, whose CRC does not check or whose state is gone. Any other
+// failure to read it is returned as it is.
+func damagedSnapshot(path string, snaps *raft.FileSnapshotStore, list []*raft.SnapshotMeta) (*damagedSnap, error) {
+	listed := map[string]bool{}
+	for _, m := range list {
+		listed[m.ID] = true
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var d *damagedSnap
+	var dterm uint64
+	for _, e := range entries {
+		name := e.Name()
+		if !e.IsDir() || strings.HasSuffix(name, ".tmp") || listed[name] {
+			continue
+		}
+		parts := strings.Split(name, "-")
+		if len(parts) != 3 {
+			continue
+		}
+		term, terr := strconv.ParseUint(parts[0], 10, 64)
+		index, ierr := strconv.ParseUint(parts[1], 10, 64)
+		if terr != nil || ierr != nil {
+			continue
+		}
+		if d == nil || term > dterm || term == dterm && index > d.index {
+			d, dterm = &damagedSnap{id: name, index: index, why: errors.New("its meta.json cannot be read")}, term
+		}
+	}
+	if d != nil && (len(list) == 0 || dterm > list[0].Term || dterm == list[0].Term && d.index > list[0].Index) {
+		return d, nil
+	}
+	if len(list) == 0 {
+		return nil, nil
+	}
+	_, rc, err := snaps.Open(list[0].ID)
+	switch {
+	case err == nil:
+		return nil, rc.Close()
+	case err.Error() == "CRC mismatch", errors.Is(err, os.ErrNotExist), errors.Is(err, io.ErrUnexpectedEOF):
+		return &damagedSnap{id: list[0].ID, index: list[0].Index, why: err, meta: list[0]}, nil
+	}
+	return nil, fmt.Errorf("snapshot %s: %w", list[0].ID, err)
 }
 
 // rewriteSnapshot writes a snapshot from the replica at the index it
-// stands at, in place of damaged, with what Raft keeps beside it: the
-// term of that entry and the configuration as of it (the last one in the
-// log up to it, or damaged's when that one is not later). The log must
-// hold that entry.
-func rewriteSnapshot(snaps *raft.FileSnapshotStore, damaged *raft.SnapshotMeta, logs raft.LogStore, store *state.Store) (err error) {
+// stands at, in place of a damaged one, with what Raft keeps beside it:
+// the term of that entry and the configuration as of it, the last one in
+// the log up to it, over a meta's (the damaged one's when it could be read,
+// else the newest listed) whose following entries the log holds. The log
+// must hold the entry; the snapshot must not be one the store's retention
+// (three) would remove as it is written.
+func rewriteSnapshot(snaps *raft.FileSnapshotStore, damaged *raft.SnapshotMeta, list []*raft.SnapshotMeta, logs raft.LogStore, store *state.Store) (err error) {
 	defer func() {
 		if r := recover(); r != nil { // DecodeConfiguration panics on garbage
 			err = fmt.Errorf("reading the log: %v", r)
@@ -450,16 +549,32 @@ func rewriteSnapshot(snaps *raft.FileSnapshotStore, damaged *raft.SnapshotMeta, 
 	if ferr != nil || lerr != nil || applied == 0 || first == 0 || applied < first || applied > last {
 		return fmt.Errorf("the log (entries %d to %d) does not hold the entry the replica stands at, %d", first, last, applied)
 	}
+	above := 0
+	for _, m := range list {
+		if m.Index >= applied {
+			above++
+		}
+	}
+	if above >= 3 {
+		return fmt.Errorf("the replica stands at entry %d, behind %d snapshots, and one written there would not be kept", applied, above)
+	}
 	var l raft.Log
 	if err := logs.GetLog(applied, &l); err != nil {
 		return err
 	}
 	term := l.Term
-	conf, confIndex := damaged.Configuration, damaged.ConfigurationIndex
-	if confIndex > applied {
-		conf, confIndex = raft.Configuration{}, 0
+	base := damaged
+	if base == nil && len(list) > 0 {
+		base = list[0]
 	}
-	for i := max(first, confIndex+1); i <= applied; i++ {
+	var conf raft.Configuration
+	var confIndex uint64
+	from := first
+	if base != nil && base.ConfigurationIndex <= applied && first <= base.Index+1 {
+		conf, confIndex = base.Configuration, base.ConfigurationIndex
+		from = max(first, confIndex+1)
+	}
+	for i := from; i <= applied; i++ {
 		if err := logs.GetLog(i, &l); err != nil {
 			return err
 		}
@@ -468,9 +583,9 @@ func rewriteSnapshot(snaps *raft.FileSnapshotStore, damaged *raft.SnapshotMeta, 
 		}
 	}
 	if confIndex == 0 {
-		return fmt.Errorf("the configuration as of entry %d is neither in the log nor in the snapshot", applied)
+		return fmt.Errorf("the configuration as of entry %d is neither in the log nor in a snapshot's meta", applied)
 	}
-	sink, err := snaps.Create(damaged.Version, applied, term, conf, confIndex, peerEncoder{})
+	sink, err := snaps.Create(1, applied, term, conf, confIndex, peerEncoder{})
 	if err != nil {
 		return err
 	}
