@@ -371,8 +371,7 @@ func (a *Agent) startReconciler() error {
 		return err
 	}
 	a.reconciler = rec
-	a.backups.start(a.ctx, rec)
-	return nil
+	return a.backups.start(a.ctx, rec)
 }
 
 // startAPI serves the local API on the data dir's socket. It comes after

@@ -87,16 +87,18 @@ func (b *backups) Wait(limit time.Duration) {
 	}
 }
 
-// start gives the backups the node's reconciler.
-func (b *backups) start(ctx context.Context, rec *reconciler.Reconciler) {
+// start gives the backups the node's reconciler, once a restore a kill
+// cut short is undone (before the reconciler runs, so that the module does
+// not start on a mix).
+func (b *backups) start(ctx context.Context, rec *reconciler.Reconciler) error {
 	b.rec = rec
-	// Before the reconciler runs: the module must not start on a mix.
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := b.undoCutRestore(ctx, ""); err != nil {
-		b.log.Error("a restore cut short is not undone", "err", err)
+	if err := b.undoCutRestore(ctx); err != nil {
+		return err
 	}
 	close(b.ready)
+	return nil
 }
 
 const backupsFile = "backups.json"
@@ -559,17 +561,16 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		if err := b.notMoving(ctx, module); err != nil {
 			return err
 		}
+		// A journal outlives its restore only when it could not be
+		// removed (said then); this restore does not go over it.
+		if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); err == nil {
+			return fmt.Errorf("nothing was restored: %s, the journal of an earlier restore, could not be removed; remove it by hand (each directory it names is as it was), then restore", filepath.Join(b.dir, restoreJournal))
+		}
 		progress("stopping the module's containers")
 		stopped, err := b.rec.StopAll(ctx, module)
 		res.Stopped = stopped
 		if err != nil {
 			return err
-		}
-		// An earlier restore of this module that could not be put back
-		// whole is put back first (its containers are gone now); one of
-		// another module is refused, not undone under it.
-		if err := b.undoCutRestore(ctx, module); err != nil {
-			return fmt.Errorf("nothing was restored: %w", err)
 		}
 		for _, d := range res.Dirs {
 			if err := finishSwap(d); err != nil {
@@ -595,7 +596,8 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		// The swaps are all or none across a kill too: the journal
 		// names them until the last is done, and a start that finds it
 		// puts every directory back as it was (undoCutRestore).
-		if err := b.writeRestoreJournal(module, res.Dirs); err != nil {
+		j, err := b.writeRestoreJournal(module, res.Dirs)
+		if err != nil {
 			for _, d := range res.Dirs {
 				os.RemoveAll(d + restoreStaging)
 			}
@@ -608,20 +610,23 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		maps.Copy(res.Kept, kept)
 		if err != nil {
 			// swapAllIn put back what it could; the journal puts back
-			// the rest, or stays (said in the log) for a restore again.
-			if uerr := b.undoCutRestore(ctx, module); uerr != nil {
-				b.log.Error("a restore failed, and what it swapped could not all be put back", "module", module, "err", uerr)
+			// the rest now, while the module is stopped, and goes.
+			if uerr := undoAll(j); uerr != nil {
+				err = fmt.Errorf("%w; and what it swapped could not all be put back: %w", err, uerr)
+			}
+			if rerr := b.removeRestoreJournal(); rerr != nil {
+				err = fmt.Errorf("%w; and %w", err, rerr)
 			}
 			return err
 		}
 		// Left, the journal would undo, at the next start, a restore the
 		// operator is told is done: when it cannot be removed, the
 		// restore is undone now, while the module is still stopped.
-		if err := b.removeRestoreJournal(); err != nil {
-			if uerr := b.undoCutRestore(ctx, module); uerr != nil {
-				return fmt.Errorf("%w, and the restore could not be undone either (%v): restore again", err, uerr)
+		if rerr := b.removeRestoreJournal(); rerr != nil {
+			if uerr := undoAll(j); uerr != nil {
+				return fmt.Errorf("%w, and the restore could not be undone either: %w", rerr, uerr)
 			}
-			return fmt.Errorf("%w: the restore is undone, every directory is as it was (restore again)", err)
+			return fmt.Errorf("%w; the restore is undone, every directory is as it was: remove the journal by hand, then restore again", rerr)
 		}
 		return nil
 	})
@@ -834,7 +839,9 @@ func swapBack(d string, done bool) error {
 // restoreJournal names the data directories a restore is swapping, from
 // before the first swap until the last is done: a kill between two swaps
 // would otherwise start the module on some directories restored and others
-// not (a database's data and its log of two points in time).
+// not (a database's data and its log of two points in time). It lives no
+// longer than its restore and, after a kill, than the next start: once the
+// module may run again, undoing the journal would lose what it writes.
 const restoreJournal = "restore-journal.json"
 
 type restoreJournalFile struct {
@@ -842,41 +849,56 @@ type restoreJournalFile struct {
 	Dirs   []journaledSwap `json:"dirs"`
 }
 
-// journaledSwap is a data directory a restore swaps, and the device and
-// inode of its restored copy: a directory keeps them through a rename, so
-// the directory holding it says whether the swap was made, whatever else
-// a kill left (a swap undone in full looks like one never made).
+// journaledSwap is a data directory a restore swaps, and what tells its
+// restored copy from any other directory: its inode and, where the
+// filesystem keeps one, its birth time (a directory keeps both through a
+// rename), on the filesystem of the directory's parent. The directory
+// holding the copy says whether the swap was made, whatever else a kill
+// left (a swap undone in full looks like one never made).
 type journaledSwap struct {
-	Dir      string `json:"dir"`
-	Dev      uint64 `json:"dev"`
-	Restored uint64 `json:"restored"`
+	Dir   string `json:"dir"`
+	Ino   uint64 `json:"ino"`
+	Btime int64  `json:"btime,omitempty"` // ns; 0 when not kept
+}
+
+// fileIdentity is p's device, inode and birth time (0 when not kept).
+func fileIdentity(p string) (dev, ino uint64, btime int64, err error) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_INO|unix.STATX_BTIME, &st); err != nil {
+		return 0, 0, 0, err
+	}
+	if st.Mask&unix.STATX_BTIME != 0 {
+		btime = st.Btime.Sec*1e9 + int64(st.Btime.Nsec)
+	}
+	return unix.Mkdev(st.Dev_major, st.Dev_minor), st.Ino, btime, nil
 }
 
 // writeRestoreJournal names dirs, their restored copies staged.
-func (b *backups) writeRestoreJournal(module string, dirs []string) error {
+func (b *backups) writeRestoreJournal(module string, dirs []string) (restoreJournalFile, error) {
 	j := restoreJournalFile{Module: module}
 	for _, d := range dirs {
-		var st unix.Stat_t
-		if err := unix.Lstat(d+restoreStaging+d, &st); err != nil {
-			return fmt.Errorf("the restored copy of %s: %w", d, err)
+		_, ino, btime, err := fileIdentity(d + restoreStaging + d)
+		if err != nil {
+			return j, fmt.Errorf("the restored copy of %s: %w", d, err)
 		}
-		j.Dirs = append(j.Dirs, journaledSwap{Dir: d, Dev: st.Dev, Restored: st.Ino})
+		j.Dirs = append(j.Dirs, journaledSwap{Dir: d, Ino: ino, Btime: btime})
 	}
 	raw, err := json.Marshal(j)
 	if err != nil {
-		return err
+		return j, err
 	}
 	if err := safefs.WriteFile(filepath.Join(b.dir, restoreJournal), raw, 0o600); err != nil {
-		return fmt.Errorf("write the restore's journal: %w", err)
+		return j, fmt.Errorf("write the restore's journal: %w", err)
 	}
-	return nil
+	return j, nil
 }
 
 // removeRestoreJournal removes the journal: the restore is done (or
 // undone). A removal whose directory cannot be synced is done, and said.
 func (b *backups) removeRestoreJournal() error {
-	if err := os.Remove(filepath.Join(b.dir, restoreJournal)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("the restore's journal could not be removed: %w", err)
+	path := filepath.Join(b.dir, restoreJournal)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("the restore's journal %s could not be removed: %w", path, err)
 	}
 	if err := safefs.SyncDir(b.dir); err != nil {
 		b.log.Warn("the restore's journal is removed, but the data dir could not be synced: a power cut may bring it back, and the next start undo the restore", "err", err)
@@ -884,18 +906,17 @@ func (b *backups) removeRestoreJournal() error {
 	return nil
 }
 
-// undoCutRestore puts back every directory of a restore that a kill, or a
-// failure, cut short (its journal is still there), while the module is
-// stopped: the module starts on its data as it was, never on a mix. It
-// runs when the agent starts, before the reconciler (restoring ""), and
-// in a restore of a module, its containers removed (restoring: that
-// module). It touches nothing, and says why, when the journal is another
-// module's than restoring, when at start the journal's module has
-// containers again (it was started on what the directories hold; a
-// restore of it puts them right), when it cannot be read, or when a
-// directory it names is not one of the module's data directories in this
-// node's plan. The journal goes once every directory is back.
-func (b *backups) undoCutRestore(ctx context.Context, restoring string) error {
+// undoCutRestore runs when the agent starts, before the reconciler: it
+// puts back every directory of a restore a kill cut short (its journal is
+// still there), so that the module starts on its data as it was, never on
+// a mix. It moves nothing, and says why, when the journal cannot be read,
+// when the journal's module has containers (it ran since; a restore
+// removes them all), or when a directory the journal names is not one of
+// the module's data directories in this node's plan. Either way the
+// journal goes now (kept beside as restore-journal-TIME.json when not
+// undone, for the operator): the module may run from here on. Only a
+// journal that cannot be removed is an error, which stops the agent.
+func (b *backups) undoCutRestore(ctx context.Context) error {
 	path := filepath.Join(b.dir, restoreJournal)
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -903,46 +924,62 @@ func (b *backups) undoCutRestore(ctx context.Context, restoring string) error {
 	}
 	var j restoreJournalFile
 	if err == nil {
-		err = json.Unmarshal(raw, &j)
+		if err = json.Unmarshal(raw, &j); err != nil {
+			err = fmt.Errorf("it cannot be read (%v)", err)
+		}
 	}
+	if err == nil {
+		err = b.mayUndo(ctx, j)
+	}
+	if err == nil {
+		err = undoAll(j)
+	}
+	if err == nil {
+		if err := b.removeRestoreJournal(); err != nil {
+			return fmt.Errorf("a restore of module %s cut short was undone, but %w; the agent does not start while it is there", j.Module, err)
+		}
+		b.log.Warn("a restore was cut short (the agent stopped during it); every data directory of the module is as it was before it: restore again", "module", j.Module)
+		return nil
+	}
+	kept := filepath.Join(b.dir, fmt.Sprintf("restore-journal-%d.json", time.Now().Unix()))
+	if rerr := os.Rename(path, kept); rerr != nil {
+		return fmt.Errorf("a restore cut short is not undone (%v), and its journal could not be set aside (%v); the agent does not start while %s is there", err, rerr, path)
+	}
+	safefs.SyncDir(b.dir)
+	b.log.Error("a restore was cut short and is not undone: the module may start on some data directories restored and others not; compare each directory the journal names with its .mesh-before-restore and .mesh-restoring copies, or restore the module again",
+		"module", j.Module, "journal", kept, "err", err)
+	return nil
+}
+
+// mayUndo refuses to undo j when its module has containers here (it ran
+// since the restore was cut) or when a directory j names is not one of its
+// data directories in this node's plan.
+func (b *backups) mayUndo(ctx context.Context, j restoreJournalFile) error {
+	has, err := b.containersOf(ctx, j.Module)
 	if err != nil {
-		// Written whole or not at all (safefs): unreadable is a damaged
-		// disk; nothing is moved on a guess.
-		return fmt.Errorf("the journal of a restore cut short (%s) cannot be read (%v); nothing was moved: check each data directory against its .mesh-before-restore and .mesh-restoring copies, then remove the journal", path, err)
+		return fmt.Errorf("whether module %s has containers here cannot be told (%v), so nothing was moved", j.Module, err)
 	}
-	if restoring != "" && j.Module != restoring {
-		return fmt.Errorf("a restore of module %s was cut short and is not undone yet (%s); restore %s first, which puts its directories back before it restores", j.Module, path, j.Module)
-	}
-	if restoring == "" {
-		has, err := b.containersOf(ctx, j.Module)
-		if err != nil {
-			return fmt.Errorf("a restore of module %s was cut short; whether its containers run cannot be told (%v), so nothing was moved", j.Module, err)
-		}
-		if has {
-			return fmt.Errorf("a restore of module %s was cut short, and the module runs again on what its data directories hold (some may be restored, some not); nothing was moved under it: restore %s again", j.Module, j.Module)
-		}
+	if has {
+		return fmt.Errorf("module %s has containers here again, so it may have run on what its data directories hold; nothing was moved under it", j.Module)
 	}
 	dirs, err := b.dataDirsOf(ctx, j.Module)
 	if err != nil {
-		return fmt.Errorf("a restore of module %s was cut short; its data directories here cannot be read (%v), so nothing was moved", j.Module, err)
+		return fmt.Errorf("the data directories of module %s here cannot be read (%v), so nothing was moved", j.Module, err)
 	}
 	for _, js := range j.Dirs {
 		if !slices.Contains(dirs, js.Dir) {
-			return fmt.Errorf("the journal of a restore of module %s cut short (%s) names %s, which is no data directory of %s in this node's plan; nothing was moved: check each directory it names by hand, then remove it", j.Module, path, js.Dir, j.Module)
+			return fmt.Errorf("the journal names %s, which is no data directory of module %s in this node's plan; nothing was moved", js.Dir, j.Module)
 		}
 	}
-	var names []string
+	return nil
+}
+
+// undoAll undoes each swap j names (undoSwap), the module stopped.
+func undoAll(j restoreJournalFile) error {
 	for _, js := range j.Dirs {
-		names = append(names, js.Dir)
 		if err := undoSwap(js); err != nil {
-			return fmt.Errorf("a restore of module %s cut short could not be put back whole: %w", j.Module, err)
+			return err
 		}
-	}
-	if err := b.removeRestoreJournal(); err != nil {
-		return fmt.Errorf("a restore of module %s cut short was put back, but %w", j.Module, err)
-	}
-	if restoring == "" {
-		b.log.Warn("a restore was cut short (the agent stopped during it); every data directory of the module is as it was before it: restore again", "module", j.Module, "dirs", names)
 	}
 	return nil
 }
@@ -975,14 +1012,19 @@ func (b *backups) dataDirsOf(ctx context.Context, module string) ([]string, erro
 // js names: when the directory holds that copy (the exchange was made),
 // its data as it was, staged (not yet moved aside) or aside, is exchanged
 // back and the copy removed; else it was never swapped (or was put back),
-// and only the restored copy, staged or aside, goes. An error says where
-// each copy is.
+// and only the restored copy, staged or aside, goes, when it is that copy
+// for sure: nothing is removed on a guess. An error says where each copy
+// is.
 func undoSwap(js journaledSwap) error {
 	d := js.Dir
 	s := d + restoreStaging
+	pdev, _, _, err := fileIdentity(filepath.Dir(d))
+	if err != nil {
+		return fmt.Errorf("%s: %w", filepath.Dir(d), err)
+	}
 	is := func(p string) bool {
-		var st unix.Stat_t
-		return unix.Lstat(p, &st) == nil && st.Dev == js.Dev && st.Ino == js.Restored
+		dev, ino, btime, err := fileIdentity(p)
+		return err == nil && dev == pdev && ino == js.Ino && (js.Btime == 0 || btime == 0 || btime == js.Btime)
 	}
 	if _, err := os.Lstat(d); err != nil {
 		return fmt.Errorf("%s: %w", d, err)
@@ -994,6 +1036,9 @@ func undoSwap(js journaledSwap) error {
 			if err := os.RemoveAll(d + restoreAside); err != nil {
 				return fmt.Errorf("%s holds its data as it was; its restored copy at %s could not be removed: %w", d, d+restoreAside, err)
 			}
+		}
+		if _, err := os.Lstat(s + d); err == nil && !is(s+d) {
+			return fmt.Errorf("%s holds neither the restored copy nor, staged at %s, anything known to be it; nothing was moved: compare %s, %s and %s", d, s+d, d, s+d, d+restoreAside)
 		}
 		if err := os.RemoveAll(s); err != nil {
 			return fmt.Errorf("%s holds its data as it was; the restore's staging %s could not be removed: %w", d, s, err)

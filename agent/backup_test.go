@@ -401,7 +401,7 @@ func TestCutRestoreIsUndoneAtStart(t *testing.T) {
 			dirs := stagedDirs(t)
 			b := cutRestore(t, dirs)
 			tc.cut(t, dirs)
-			if err := b.undoCutRestore(context.Background(), ""); err != nil {
+			if err := b.undoCutRestore(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			for _, d := range dirs {
@@ -439,55 +439,77 @@ func cutRestore(t *testing.T, dirs []string) *backups {
 		}
 		return dirs, nil
 	}
-	if err := b.writeRestoreJournal("db", dirs); err != nil {
+	if _, err := b.writeRestoreJournal("db", dirs); err != nil {
 		t.Fatal(err)
 	}
 	return b
 }
 
 // A journal the undo cannot trust, or a module it must not act under,
-// moves nothing, keeps the journal and says why: another module's
-// restore; the module running again; a path that is none of its data
-// directories; a journal that cannot be read.
+// moves nothing and says why in the log; the journal is set aside for the
+// operator all the same (the module may run from here on, and a journal
+// undone under it later would lose what it wrote): the module running
+// again, a runtime that cannot say, a path that is none of its data
+// directories, a journal that cannot be read, a staged copy that is not
+// the one the journal names.
 func TestCutRestoreUndoRefuses(t *testing.T) {
 	for _, tc := range []struct {
-		name, restoring, want string
-		set                   func(b *backups, dirs []string)
+		name string
+		set  func(b *backups, dirs []string)
+		// swapped: the directories hold the restored copies (else the
+		// cut came before the first swap)
+		swapped bool
 	}{
-		{"another module's restore", "web", "restore db first", func(*backups, []string) {}},
-		{"the module runs again", "", "runs again", func(b *backups, _ []string) {
+		{"the module runs again", func(b *backups, _ []string) {
 			b.hasContainers = func(context.Context, string) (bool, error) { return true, nil }
-		}},
-		{"the runtime cannot say", "", "cannot be told", func(b *backups, _ []string) {
+		}, true},
+		{"the runtime cannot say", func(b *backups, _ []string) {
 			b.hasContainers = func(context.Context, string) (bool, error) { return false, errors.New("podman socket down") }
-		}},
-		{"no data directory of the module", "", "no data directory of db", func(b *backups, dirs []string) {
+		}, true},
+		{"no data directory of the module", func(b *backups, dirs []string) {
 			b.dataDirs = func(context.Context, string) ([]string, error) { return dirs[:2], nil }
-		}},
-		{"a damaged journal", "", "cannot be read", func(b *backups, _ []string) {
+		}, true},
+		{"a damaged journal", func(b *backups, _ []string) {
 			os.WriteFile(filepath.Join(b.dir, restoreJournal), []byte(`{"module":"db","dirs":[{"dir":`), 0o600)
-		}},
+		}, true},
+		{"a staged copy that is not the restored one", func(b *backups, dirs []string) {
+			d := dirs[0]
+			os.RemoveAll(d + restoreStaging + d)
+			os.MkdirAll(d+restoreStaging+d, 0o755)
+			os.WriteFile(d+restoreStaging+d+"/v", []byte("restored data"), 0o600)
+		}, false},
 	} {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
 			dirs := stagedDirs(t)
 			b := cutRestore(t, dirs)
-			for _, d := range dirs {
-				if _, err := swapIn(d); err != nil {
-					t.Fatal(err)
+			want := "old "
+			if tc.swapped {
+				want = "restored "
+				for _, d := range dirs {
+					if _, err := swapIn(d); err != nil {
+						t.Fatal(err)
+					}
 				}
 			}
 			tc.set(b, dirs)
-			err := b.undoCutRestore(context.Background(), tc.restoring)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("undo: %v, want it to say %q", err, tc.want)
+			if err := b.undoCutRestore(context.Background()); err != nil {
+				t.Fatal(err)
 			}
 			for _, d := range dirs {
-				if b, _ := os.ReadFile(d + "/v"); string(b) != "restored "+filepath.Base(d) {
+				if b, _ := os.ReadFile(d + "/v"); string(b) != want+filepath.Base(d) {
 					t.Errorf("%s holds %q: the refused undo moved it", d, b)
 				}
 			}
-			if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); err != nil {
-				t.Errorf("the journal went: %v", err)
+			if !tc.swapped {
+				if b, _ := os.ReadFile(dirs[0] + restoreStaging + dirs[0] + "/v"); string(b) != "restored data" {
+					t.Errorf("the staged copy not known went: %q", b)
+				}
+			}
+			if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); !os.IsNotExist(err) {
+				t.Errorf("the journal stays where a start would undo it: %v", err)
+			}
+			if kept, _ := filepath.Glob(filepath.Join(b.dir, "restore-journal-*.json")); len(kept) != 1 {
+				t.Errorf("the journal is not kept beside for the operator: %v", kept)
 			}
 		})
 	}

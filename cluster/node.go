@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -505,6 +506,17 @@ func damagedSnapshot(path string, snaps *raft.FileSnapshotStore, list []*raft.Sn
 		term, terr := strconv.ParseUint(parts[0], 10, 64)
 		index, ierr := strconv.ParseUint(parts[1], 10, 64)
 		if terr != nil || ierr != nil {
+			continue
+		}
+		// Damage is a meta that is gone, does not decode, or is of a
+		// version Raft does not read; another failure to read it is
+		// returned as it is.
+		raw, err := os.ReadFile(filepath.Join(path, name, "meta.json"))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("snapshot %s: %w", name, err)
+		}
+		var meta raft.SnapshotMeta
+		if err == nil && json.Unmarshal(raw, &meta) == nil && meta.Version >= raft.SnapshotVersionMin && meta.Version <= raft.SnapshotVersionMax {
 			continue
 		}
 		if d == nil || term > dterm || term == dterm && index > d.index {
