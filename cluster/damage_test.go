@@ -354,3 +354,19 @@ func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
 		})
 	}
 }
+
+// A bolt log store keeps, on a follower, the entries before a snapshot
+// installed past them and appends after it: the gap up to the snapshot's
+// index is no damage (Raft never reads it); one past it is.
+func TestVerifyLogPassesTheGapBelowTheSnapshot(t *testing.T) {
+	logs := raft.NewInmemStore()
+	for _, i := range []uint64{1, 2, 3, 4, 5, 11, 12, 13} {
+		logs.StoreLog(&raft.Log{Index: i, Term: 2, Type: raft.LogNoop})
+	}
+	if err := verifyLog(logs, 10); err != nil {
+		t.Fatalf("a gap below the snapshot: %v", err)
+	}
+	if err := verifyLog(logs, 8); !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "entry 9") {
+		t.Fatalf("a gap past the snapshot: %v", err)
+	}
+}

@@ -308,14 +308,21 @@ func checkRaftData(dir string, logs raft.LogStore, stable raft.StableStore, snap
 			return fmt.Errorf("%w: the Raft log in %s ends at index %d and its newest snapshot at %d, before the %d the replica applied: entries were lost (a damaged segment); %s", ErrDamaged, dir, last, snapped, applied, waysOut)
 		}
 	}
-	return verifyLog(logs)
+	var snapped uint64
+	if list, err := snaps.List(); err == nil && len(list) > 0 {
+		snapped = list[0].Index
+	}
+	return verifyLog(logs, snapped)
 }
 
 // verifyLog reads every entry of the log and decodes each command: a
 // segment damaged on disk (garbage written over it) is named at start,
 // instead of stopping the node the day Raft reads that entry, or feeding
 // a follower what it cannot apply.
-func verifyLog(logs raft.LogStore) (err error) {
+// Entries up to the newest snapshot's index (snapped) may be missing: a
+// follower's bolt store keeps the entries before a snapshot installed past
+// them and appends after it, a gap Raft never reads.
+func verifyLog(logs raft.LogStore, snapped uint64) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: reading the Raft log failed (%v); %s", ErrDamaged, r, waysOut)
@@ -335,6 +342,9 @@ func verifyLog(logs raft.LogStore) (err error) {
 	var l raft.Log
 	for i := first; i <= last; i++ {
 		if err := logs.GetLog(i, &l); err != nil {
+			if errors.Is(err, raft.ErrLogNotFound) && i <= snapped {
+				continue
+			}
 			return fmt.Errorf("%w: entry %d of the Raft log cannot be read: %v; %s", ErrDamaged, i, err, waysOut)
 		}
 		if l.Index != i {
