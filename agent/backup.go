@@ -561,10 +561,11 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		if err := b.notMoving(ctx, module); err != nil {
 			return err
 		}
-		// A journal outlives its restore only when it could not be
-		// removed (said then); this restore does not go over it.
-		if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); err == nil {
-			return fmt.Errorf("nothing was restored: %s, the journal of an earlier restore, could not be removed; remove it by hand (each directory it names is as it was), then restore", filepath.Join(b.dir, restoreJournal))
+		// A journal outlives its restore only when neither removing nor
+		// setting it aside could be done (said then); this restore does
+		// not go over it.
+		if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("nothing was restored: %s, the journal of an earlier restore, is still there (%v): the agent's log says what became of the directories it names; check them, remove it by hand, then restore", filepath.Join(b.dir, restoreJournal), err)
 		}
 		progress("stopping the module's containers")
 		stopped, err := b.rec.StopAll(ctx, module)
@@ -598,6 +599,9 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		// puts every directory back as it was (undoCutRestore).
 		j, err := b.writeRestoreJournal(module, res.Dirs)
 		if err != nil {
+			// The write may have failed after its rename (the sync of
+			// the data dir): no journal stays for swaps never made.
+			b.removeRestoreJournal()
 			for _, d := range res.Dirs {
 				os.RemoveAll(d + restoreStaging)
 			}
@@ -611,22 +615,13 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		if err != nil {
 			// swapAllIn put back what it could; the journal puts back
 			// the rest now, while the module is stopped, and goes.
-			if uerr := undoAll(j); uerr != nil {
-				err = fmt.Errorf("%w; and what it swapped could not all be put back: %w", err, uerr)
-			}
-			if rerr := b.removeRestoreJournal(); rerr != nil {
-				err = fmt.Errorf("%w; and %w", err, rerr)
-			}
-			return err
+			return b.settleJournal(j, fmt.Errorf("nothing was restored: %w", err))
 		}
 		// Left, the journal would undo, at the next start, a restore the
 		// operator is told is done: when it cannot be removed, the
 		// restore is undone now, while the module is still stopped.
 		if rerr := b.removeRestoreJournal(); rerr != nil {
-			if uerr := undoAll(j); uerr != nil {
-				return fmt.Errorf("%w, and the restore could not be undone either: %w", rerr, uerr)
-			}
-			return fmt.Errorf("%w; the restore is undone, every directory is as it was: remove the journal by hand, then restore again", rerr)
+			return b.settleJournal(j, fmt.Errorf("the restore is not kept: %w", rerr))
 		}
 		return nil
 	})
@@ -893,17 +888,63 @@ func (b *backups) writeRestoreJournal(module string, dirs []string) (restoreJour
 	return j, nil
 }
 
-// removeRestoreJournal removes the journal: the restore is done (or
-// undone). A removal whose directory cannot be synced is done, and said.
+// removeRestoreJournal removes the journal, durably: the restore is done
+// (or undone). A removal the data dir's sync does not confirm is an error
+// (a power cut could bring the journal back under a module that ran).
 func (b *backups) removeRestoreJournal() error {
 	path := filepath.Join(b.dir, restoreJournal)
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("the restore's journal %s could not be removed: %w", path, err)
 	}
 	if err := safefs.SyncDir(b.dir); err != nil {
-		b.log.Warn("the restore's journal is removed, but the data dir could not be synced: a power cut may bring it back, and the next start undo the restore", "err", err)
+		return fmt.Errorf("the restore's journal %s was removed, but the data dir could not be synced: %w", path, err)
 	}
 	return nil
+}
+
+// setJournalAside keeps the journal beside, as restore-journal-TIME.json,
+// for the operator: what it names is not undone, and the module may run
+// from here on, so no start may undo it later. It says where.
+func (b *backups) setJournalAside() (string, error) {
+	path := filepath.Join(b.dir, restoreJournal)
+	kept := filepath.Join(b.dir, fmt.Sprintf("restore-journal-%d.json", time.Now().UnixNano()))
+	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, kept, unix.RENAME_NOREPLACE); err != nil {
+		return "", fmt.Errorf("the journal %s could not be set aside: %w", path, err)
+	}
+	if err := safefs.SyncDir(b.dir); err != nil {
+		return "", fmt.Errorf("the journal %s was set aside as %s, but the data dir could not be synced: %w", path, kept, err)
+	}
+	return kept, nil
+}
+
+// settleJournal ends a restore that failed (cause) after its journal was
+// written, the module still stopped: what was swapped is put back
+// (undoAll) and the journal goes; when not all could be put back, the
+// journal is set aside and the log says where each copy is, since the
+// module starts again on what its directories hold.
+func (b *backups) settleJournal(j restoreJournalFile, cause error) error {
+	warnings, uerr := undoAll(j)
+	for _, w := range warnings {
+		b.log.Warn("a failed restore was put back: "+w, "module", j.Module)
+	}
+	if uerr == nil {
+		if rerr := b.removeRestoreJournal(); rerr != nil {
+			kept, aerr := b.setJournalAside()
+			if aerr != nil {
+				b.log.Error("a failed restore was put back, but its journal stays: the next start may undo it again (it moves nothing it cannot tell apart)", "module", j.Module, "err", aerr)
+				return fmt.Errorf("%w; every directory is as it was, but %w", cause, aerr)
+			}
+			b.log.Warn("a failed restore was put back; its journal is set aside", "module", j.Module, "journal", kept)
+		}
+		return fmt.Errorf("%w; every directory is as it was", cause)
+	}
+	b.log.Error("a failed restore could not be put back: the module starts on some data directories restored and others not", "module", j.Module, "err", uerr)
+	kept, aerr := b.setJournalAside()
+	if aerr != nil {
+		b.log.Error("and its journal stays: the next start will look at it again", "module", j.Module, "err", aerr)
+		return fmt.Errorf("%w; and what it swapped could not all be put back (%w), and %w", cause, uerr, aerr)
+	}
+	return fmt.Errorf("%w; and what it swapped could not all be put back (%w): the journal is kept as %s", cause, uerr, kept)
 }
 
 // undoCutRestore runs when the agent starts, before the reconciler: it
@@ -924,15 +965,30 @@ func (b *backups) undoCutRestore(ctx context.Context) error {
 	}
 	var j restoreJournalFile
 	if err == nil {
-		if err = json.Unmarshal(raw, &j); err != nil {
-			err = fmt.Errorf("it cannot be read (%v)", err)
+		err = json.Unmarshal(raw, &j)
+		for _, js := range j.Dirs {
+			if err == nil && (js.Dir == "" || js.Ino == 0) {
+				err = errors.New("an entry names no directory or no inode")
+			}
+		}
+		if err != nil {
+			err = fmt.Errorf("it cannot be read (%v); nothing was moved", err)
 		}
 	}
 	if err == nil {
+		// Podman or the plan not there yet is no reason to let the
+		// module start on a mix: the agent stops, to try again.
+		if err := b.mayUndoNow(ctx, j); err != nil {
+			return fmt.Errorf("a restore of module %s was cut short and is not undone yet: %w; the agent does not start until it can tell (start it again)", j.Module, err)
+		}
 		err = b.mayUndo(ctx, j)
 	}
+	var warnings []string
 	if err == nil {
-		err = undoAll(j)
+		warnings, err = undoAll(j)
+	}
+	for _, w := range warnings {
+		b.log.Warn("a restore cut short was put back: "+w, "module", j.Module)
 	}
 	if err == nil {
 		if err := b.removeRestoreJournal(); err != nil {
@@ -941,13 +997,25 @@ func (b *backups) undoCutRestore(ctx context.Context) error {
 		b.log.Warn("a restore was cut short (the agent stopped during it); every data directory of the module is as it was before it: restore again", "module", j.Module)
 		return nil
 	}
-	kept := filepath.Join(b.dir, fmt.Sprintf("restore-journal-%d.json", time.Now().Unix()))
-	if rerr := os.Rename(path, kept); rerr != nil {
-		return fmt.Errorf("a restore cut short is not undone (%v), and its journal could not be set aside (%v); the agent does not start while %s is there", err, rerr, path)
+	kept, aerr := b.setJournalAside()
+	if aerr != nil {
+		return fmt.Errorf("a restore cut short is not undone (%v), and %w; the agent does not start while it is there", err, aerr)
 	}
-	safefs.SyncDir(b.dir)
-	b.log.Error("a restore was cut short and is not undone: the module may start on some data directories restored and others not; compare each directory the journal names with its .mesh-before-restore and .mesh-restoring copies, or restore the module again",
+	b.log.Error("a restore was cut short and is not undone: the module may start on some data directories restored and others not. Compare each directory the journal names with its .mesh-before-restore and .mesh-restoring copies; a restore of the module again removes its .mesh-before-restore copies, which may hold the data as it was",
 		"module", j.Module, "journal", kept, "err", err)
+	return nil
+}
+
+// mayUndoNow says whether j's module's containers and data directories
+// can be told now: an error is one to try again (Podman or the plan not
+// answering), not a reason to set the journal aside.
+func (b *backups) mayUndoNow(ctx context.Context, j restoreJournalFile) error {
+	if _, err := b.containersOf(ctx, j.Module); err != nil {
+		return fmt.Errorf("whether module %s has containers here cannot be told (%v)", j.Module, err)
+	}
+	if _, err := b.dataDirsOf(ctx, j.Module); err != nil {
+		return fmt.Errorf("the data directories of module %s here cannot be read (%v)", j.Module, err)
+	}
 	return nil
 }
 
@@ -974,14 +1042,94 @@ func (b *backups) mayUndo(ctx context.Context, j restoreJournalFile) error {
 	return nil
 }
 
-// undoAll undoes each swap j names (undoSwap), the module stopped.
-func undoAll(j restoreJournalFile) error {
-	for _, js := range j.Dirs {
-		if err := undoSwap(js); err != nil {
-			return err
+// undoAll undoes the swaps j names, the module stopped, in two passes:
+// first each directory is told apart (undoState), and when one cannot be
+// (a staged copy not known to be the restored one, a directory gone),
+// nothing is moved; then each swapped directory is exchanged back, and
+// the restored copies are removed. A failed exchange stops it, saying
+// which directories were put back; a copy that cannot be removed is a
+// warning (returned), not a stop, so the undo never leaves a mix of its
+// own.
+func undoAll(j restoreJournalFile) (warnings []string, err error) {
+	states := make([]undoState, len(j.Dirs))
+	for i, js := range j.Dirs {
+		if states[i], err = tellApart(js); err != nil {
+			return nil, err
 		}
 	}
-	return nil
+	var back []string
+	for i, st := range states {
+		if st.before == "" {
+			continue
+		}
+		d := j.Dirs[i].Dir
+		if err := unix.Renameat2(unix.AT_FDCWD, st.before, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
+			return nil, fmt.Errorf("%s holds the restored copy and its data as it was is at %s; they could not be swapped back (%w); put back before this: %v", d, st.before, err, back)
+		}
+		back = append(back, d)
+		if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
+			warnings = append(warnings, fmt.Sprintf("%s holds its data as it was again, but its directory could not be synced: %v", d, err))
+		}
+	}
+	for i, st := range states {
+		for _, p := range st.remove {
+			if err := os.RemoveAll(p); err != nil {
+				warnings = append(warnings, fmt.Sprintf("%s holds its data as it was; the restored copy or staging at %s could not be removed: %v", j.Dirs[i].Dir, p, err))
+			}
+		}
+	}
+	return warnings, nil
+}
+
+// undoState is what undoing one swap does: exchange before (the data as
+// it was) back with the directory, when set, then remove what remove
+// names (the restored copy, the staging).
+type undoState struct {
+	before string
+	remove []string
+}
+
+// tellApart says how to undo the swap js names: when the directory holds
+// the restored copy (the exchange was made), its data as it was, staged
+// (not yet moved aside) or aside, goes back and the copy, then at that
+// path, goes; else it was never swapped (or was put back), and only the
+// restored copy, staged or aside, goes, when it is that copy for sure. A
+// copy is told by its inode and birth time on the filesystem of the
+// directory's parent (a device number changes across a reboot).
+func tellApart(js journaledSwap) (undoState, error) {
+	d := js.Dir
+	s := d + restoreStaging
+	pdev, _, _, err := fileIdentity(filepath.Dir(d))
+	if err != nil {
+		return undoState{}, fmt.Errorf("%s: %w; nothing was moved", filepath.Dir(d), err)
+	}
+	is := func(p string) bool {
+		dev, ino, btime, err := fileIdentity(p)
+		return err == nil && dev == pdev && ino == js.Ino && (js.Btime == 0 || btime == js.Btime)
+	}
+	if _, err := os.Lstat(d); err != nil {
+		return undoState{}, fmt.Errorf("%s: %w; nothing was moved", d, err)
+	}
+	if is(d) {
+		before := d + restoreAside
+		if _, err := os.Lstat(s + d); err == nil {
+			before = s + d // exchanged, not yet moved aside
+		} else if _, err := os.Lstat(before); err != nil {
+			return undoState{}, fmt.Errorf("%s holds the restored copy, and its data as it was is neither at %s nor at %s; nothing was moved", d, s+d, before)
+		}
+		return undoState{before: before, remove: []string{before, s}}, nil
+	}
+	var st undoState
+	if is(d + restoreAside) {
+		// A kill in an undo, after its exchange back, left the restored
+		// copy aside, where it would pass for the data as it was.
+		st.remove = append(st.remove, d+restoreAside)
+	}
+	if _, err := os.Lstat(s + d); err == nil && !is(s+d) {
+		return undoState{}, fmt.Errorf("%s holds neither the restored copy nor, staged at %s, anything known to be it; nothing was moved: compare %s, %s and %s", d, s+d, d, s+d, d+restoreAside)
+	}
+	st.remove = append(st.remove, s)
+	return st, nil
 }
 
 // containersOf says module has containers on this node (a restore removes
@@ -1006,62 +1154,6 @@ func (b *backups) dataDirsOf(ctx context.Context, module string) ([]string, erro
 		return nil, fmt.Errorf("node %s has no plan", b.node)
 	}
 	return reconciler.DataDirs(pv.Plan, module), nil
-}
-
-// undoSwap puts js.Dir back as it was before a restore whose copy of it
-// js names: when the directory holds that copy (the exchange was made),
-// its data as it was, staged (not yet moved aside) or aside, is exchanged
-// back and the copy removed; else it was never swapped (or was put back),
-// and only the restored copy, staged or aside, goes, when it is that copy
-// for sure: nothing is removed on a guess. An error says where each copy
-// is.
-func undoSwap(js journaledSwap) error {
-	d := js.Dir
-	s := d + restoreStaging
-	pdev, _, _, err := fileIdentity(filepath.Dir(d))
-	if err != nil {
-		return fmt.Errorf("%s: %w", filepath.Dir(d), err)
-	}
-	is := func(p string) bool {
-		dev, ino, btime, err := fileIdentity(p)
-		return err == nil && dev == pdev && ino == js.Ino && (js.Btime == 0 || btime == 0 || btime == js.Btime)
-	}
-	if _, err := os.Lstat(d); err != nil {
-		return fmt.Errorf("%s: %w", d, err)
-	}
-	if !is(d) {
-		// A kill in an undo, after its exchange back, left the restored
-		// copy aside, where it would pass for the data as it was.
-		if is(d + restoreAside) {
-			if err := os.RemoveAll(d + restoreAside); err != nil {
-				return fmt.Errorf("%s holds its data as it was; its restored copy at %s could not be removed: %w", d, d+restoreAside, err)
-			}
-		}
-		if _, err := os.Lstat(s + d); err == nil && !is(s+d) {
-			return fmt.Errorf("%s holds neither the restored copy nor, staged at %s, anything known to be it; nothing was moved: compare %s, %s and %s", d, s+d, d, s+d, d+restoreAside)
-		}
-		if err := os.RemoveAll(s); err != nil {
-			return fmt.Errorf("%s holds its data as it was; the restore's staging %s could not be removed: %w", d, s, err)
-		}
-		return nil
-	}
-	before := d + restoreAside
-	if _, err := os.Lstat(s + d); err == nil {
-		before = s + d // exchanged, not yet moved aside
-	}
-	if err := unix.Renameat2(unix.AT_FDCWD, before, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
-		return fmt.Errorf("%s holds the restored copy and its data as it was is at %s; they could not be swapped back: %w", d, before, err)
-	}
-	if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
-		return fmt.Errorf("%s holds its data as it was again, but its directory could not be synced: %w", d, err)
-	}
-	if err := os.RemoveAll(before); err != nil { // the restored copy now
-		return fmt.Errorf("%s holds its data as it was; its restored copy at %s could not be removed: %w", d, before, err)
-	}
-	if err := os.RemoveAll(s); err != nil {
-		return fmt.Errorf("%s holds its data as it was; the restore's staging %s could not be removed: %w", d, s, err)
-	}
-	return nil
 }
 
 // errUnsynced is swapIn's when the swap is done but the directory that

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -463,9 +464,6 @@ func TestCutRestoreUndoRefuses(t *testing.T) {
 		{"the module runs again", func(b *backups, _ []string) {
 			b.hasContainers = func(context.Context, string) (bool, error) { return true, nil }
 		}, true},
-		{"the runtime cannot say", func(b *backups, _ []string) {
-			b.hasContainers = func(context.Context, string) (bool, error) { return false, errors.New("podman socket down") }
-		}, true},
 		{"no data directory of the module", func(b *backups, dirs []string) {
 			b.dataDirs = func(context.Context, string) ([]string, error) { return dirs[:2], nil }
 		}, true},
@@ -513,4 +511,67 @@ func TestCutRestoreUndoRefuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Podman or the plan not answering at start is no reason to let the module
+// start on a mix: the agent does not start (to try again), and nothing
+// moves or goes.
+func TestCutRestoreWaitsForTheRuntime(t *testing.T) {
+	dirs := stagedDirs(t)
+	b := cutRestore(t, dirs)
+	swapIn(dirs[0])
+	b.hasContainers = func(context.Context, string) (bool, error) { return false, errors.New("podman socket down") }
+	err := b.undoCutRestore(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "podman socket down") || !strings.Contains(err.Error(), "does not start") {
+		t.Fatalf("undo without the runtime: %v", err)
+	}
+	if b, _ := os.ReadFile(dirs[0] + "/v"); string(b) != "restored data" {
+		t.Fatalf("%s holds %q: moved without the runtime", dirs[0], b)
+	}
+	if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); err != nil {
+		t.Fatalf("the journal went: %v", err)
+	}
+	b.hasContainers = func(context.Context, string) (bool, error) { return false, nil }
+	if err := b.undoCutRestore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(dirs[0] + "/v"); string(b) != "old data" {
+		t.Fatalf("%s holds %q once the runtime answers", dirs[0], b)
+	}
+}
+
+// The undo tells every directory apart before it moves any: a staged copy
+// it cannot tell for the restored one, met after swapped directories,
+// leaves those as they are too (the undo makes no mix of its own).
+func TestCutRestoreUndoMovesNothingUnlessAll(t *testing.T) {
+	dirs := stagedDirs(t)
+	b := cutRestore(t, dirs)
+	for _, d := range dirs[:2] {
+		if _, err := swapIn(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := dirs[2]
+	os.RemoveAll(d + restoreStaging + d)
+	os.MkdirAll(d+restoreStaging+d, 0o755)
+	if _, err := undoAll(mustJournal(t, b)); err == nil || !strings.Contains(err.Error(), "nothing was moved") {
+		t.Fatalf("undo: %v", err)
+	}
+	for _, d := range dirs[:2] {
+		if b, _ := os.ReadFile(d + "/v"); string(b) != "restored "+filepath.Base(d) {
+			t.Errorf("%s holds %q: moved before the undo knew it could do all", d, b)
+		}
+	}
+}
+
+func mustJournal(t *testing.T, b *backups) restoreJournalFile {
+	raw, err := os.ReadFile(filepath.Join(b.dir, restoreJournal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var j restoreJournalFile
+	if err := json.Unmarshal(raw, &j); err != nil {
+		t.Fatal(err)
+	}
+	return j
 }
