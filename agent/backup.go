@@ -601,7 +601,9 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		if err != nil {
 			// The write may have failed after its rename (the sync of
 			// the data dir): no journal stays for swaps never made.
-			b.removeRestoreJournal()
+			if rerr := b.removeRestoreJournal(); rerr != nil {
+				b.log.Error("a restore's journal, written for swaps never made, stays; the next start removes only what it can tell for the restored copies", "err", rerr)
+			}
 			for _, d := range res.Dirs {
 				os.RemoveAll(d + restoreStaging)
 			}
@@ -615,13 +617,13 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		if err != nil {
 			// swapAllIn put back what it could; the journal puts back
 			// the rest now, while the module is stopped, and goes.
-			return b.settleJournal(j, fmt.Errorf("nothing was restored: %w", err))
+			return b.settleJournal(j, err)
 		}
 		// Left, the journal would undo, at the next start, a restore the
 		// operator is told is done: when it cannot be removed, the
 		// restore is undone now, while the module is still stopped.
 		if rerr := b.removeRestoreJournal(); rerr != nil {
-			return b.settleJournal(j, fmt.Errorf("the restore is not kept: %w", rerr))
+			return b.settleJournal(j, fmt.Errorf("the restore cannot be kept: %w", rerr))
 		}
 		return nil
 	})
@@ -931,20 +933,21 @@ func (b *backups) settleJournal(j restoreJournalFile, cause error) error {
 		if rerr := b.removeRestoreJournal(); rerr != nil {
 			kept, aerr := b.setJournalAside()
 			if aerr != nil {
-				b.log.Error("a failed restore was put back, but its journal stays: the next start may undo it again (it moves nothing it cannot tell apart)", "module", j.Module, "err", aerr)
-				return fmt.Errorf("%w; every directory is as it was, but %w", cause, aerr)
+				b.log.Error("a failed restore was put back, but its journal stays: the next start looks at it again (it moves nothing it cannot tell apart)", "module", j.Module, "err", aerr)
+				return fmt.Errorf("nothing was restored (every data directory is as it was): %w; and %w", cause, aerr)
 			}
 			b.log.Warn("a failed restore was put back; its journal is set aside", "module", j.Module, "journal", kept)
 		}
-		return fmt.Errorf("%w; every directory is as it was", cause)
+		return fmt.Errorf("nothing was restored (every data directory is as it was): %w", cause)
 	}
 	b.log.Error("a failed restore could not be put back: the module starts on some data directories restored and others not", "module", j.Module, "err", uerr)
 	kept, aerr := b.setJournalAside()
 	if aerr != nil {
-		b.log.Error("and its journal stays: the next start will look at it again", "module", j.Module, "err", aerr)
-		return fmt.Errorf("%w; and what it swapped could not all be put back (%w), and %w", cause, uerr, aerr)
+		b.log.Error("and its journal stays where the next start would undo it, taking what the module writes until then: before the agent starts again, compare the directories it names with their copies and remove it by hand",
+			"module", j.Module, "journal", filepath.Join(b.dir, restoreJournal), "err", aerr)
+		return fmt.Errorf("some data directories were restored and others not, and the module starts on them: %w; putting them back failed: %w; and %w: remove it by hand before the agent starts again", cause, uerr, aerr)
 	}
-	return fmt.Errorf("%w; and what it swapped could not all be put back (%w): the journal is kept as %s", cause, uerr, kept)
+	return fmt.Errorf("some data directories were restored and others not, and the module starts on them: %w; putting them back failed: %w (the journal is kept as %s)", cause, uerr, kept)
 }
 
 // undoCutRestore runs when the agent starts, before the reconciler: it
@@ -976,12 +979,13 @@ func (b *backups) undoCutRestore(ctx context.Context) error {
 		}
 	}
 	if err == nil {
-		// Podman or the plan not there yet is no reason to let the
-		// module start on a mix: the agent stops, to try again.
-		if err := b.mayUndoNow(ctx, j); err != nil {
-			return fmt.Errorf("a restore of module %s was cut short and is not undone yet: %w; the agent does not start until it can tell (start it again)", j.Module, err)
+		var again error
+		err, again = b.mayUndo(ctx, j)
+		if again != nil {
+			// Podman or the plan not there yet is no reason to let
+			// the module start on a mix: the agent stops, to try again.
+			return fmt.Errorf("a restore of module %s was cut short and is not undone yet: %w; the agent does not start until it can tell (start it again)", j.Module, again)
 		}
-		err = b.mayUndo(ctx, j)
 	}
 	var warnings []string
 	if err == nil {
@@ -1006,40 +1010,29 @@ func (b *backups) undoCutRestore(ctx context.Context) error {
 	return nil
 }
 
-// mayUndoNow says whether j's module's containers and data directories
-// can be told now: an error is one to try again (Podman or the plan not
-// answering), not a reason to set the journal aside.
-func (b *backups) mayUndoNow(ctx context.Context, j restoreJournalFile) error {
-	if _, err := b.containersOf(ctx, j.Module); err != nil {
-		return fmt.Errorf("whether module %s has containers here cannot be told (%v)", j.Module, err)
-	}
-	if _, err := b.dataDirsOf(ctx, j.Module); err != nil {
-		return fmt.Errorf("the data directories of module %s here cannot be read (%v)", j.Module, err)
-	}
-	return nil
-}
-
-// mayUndo refuses to undo j when its module has containers here (it ran
-// since the restore was cut) or when a directory j names is not one of its
-// data directories in this node's plan.
-func (b *backups) mayUndo(ctx context.Context, j restoreJournalFile) error {
+// mayUndo refuses to undo j (refused) when its module has containers here
+// (it ran since the restore was cut) or when a directory j names is not
+// one of its data directories in this node's plan; again is an error to
+// try again on (Podman or the plan not answering), not a refusal. Each is
+// asked once.
+func (b *backups) mayUndo(ctx context.Context, j restoreJournalFile) (refused, again error) {
 	has, err := b.containersOf(ctx, j.Module)
 	if err != nil {
-		return fmt.Errorf("whether module %s has containers here cannot be told (%v), so nothing was moved", j.Module, err)
-	}
-	if has {
-		return fmt.Errorf("module %s has containers here again, so it may have run on what its data directories hold; nothing was moved under it", j.Module)
+		return nil, fmt.Errorf("whether module %s has containers here cannot be told (%v)", j.Module, err)
 	}
 	dirs, err := b.dataDirsOf(ctx, j.Module)
 	if err != nil {
-		return fmt.Errorf("the data directories of module %s here cannot be read (%v), so nothing was moved", j.Module, err)
+		return nil, fmt.Errorf("the data directories of module %s here cannot be read (%v)", j.Module, err)
+	}
+	if has {
+		return fmt.Errorf("module %s has containers here again, so it may have run on what its data directories hold; nothing was moved under it", j.Module), nil
 	}
 	for _, js := range j.Dirs {
 		if !slices.Contains(dirs, js.Dir) {
-			return fmt.Errorf("the journal names %s, which is no data directory of module %s in this node's plan; nothing was moved", js.Dir, j.Module)
+			return fmt.Errorf("the journal names %s, which is no data directory of module %s in this node's plan; nothing was moved", js.Dir, j.Module), nil
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // undoAll undoes the swaps j names, the module stopped, in two passes:

@@ -472,10 +472,11 @@ func TestCutRestoreUndoRefuses(t *testing.T) {
 		}, true},
 		{"a staged copy that is not the restored one", func(b *backups, dirs []string) {
 			d := dirs[0]
-			os.RemoveAll(d + restoreStaging + d)
-			os.MkdirAll(d+restoreStaging+d, 0o755)
-			os.WriteFile(d+restoreStaging+d+"/v", []byte("restored data"), 0o600)
+			replaceDir(d+restoreStaging+d, "restored data")
 		}, false},
+		{"an entry without an inode (an earlier format)", func(b *backups, dirs []string) {
+			os.WriteFile(filepath.Join(b.dir, restoreJournal), []byte(`{"module":"db","dirs":[{"dir":"`+dirs[0]+`","restored":12,"dev":3}]}`), 0o600)
+		}, true},
 	} {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
 			dirs := stagedDirs(t)
@@ -520,8 +521,15 @@ func TestCutRestoreWaitsForTheRuntime(t *testing.T) {
 	dirs := stagedDirs(t)
 	b := cutRestore(t, dirs)
 	swapIn(dirs[0])
-	b.hasContainers = func(context.Context, string) (bool, error) { return false, errors.New("podman socket down") }
+	dataDirs := b.dataDirs
+	b.dataDirs = func(context.Context, string) ([]string, error) { return nil, errors.New("no plan yet") }
 	err := b.undoCutRestore(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "no plan yet") || !strings.Contains(err.Error(), "does not start") {
+		t.Fatalf("undo without the plan: %v", err)
+	}
+	b.dataDirs = dataDirs
+	b.hasContainers = func(context.Context, string) (bool, error) { return false, errors.New("podman socket down") }
+	err = b.undoCutRestore(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "podman socket down") || !strings.Contains(err.Error(), "does not start") {
 		t.Fatalf("undo without the runtime: %v", err)
 	}
@@ -552,8 +560,7 @@ func TestCutRestoreUndoMovesNothingUnlessAll(t *testing.T) {
 		}
 	}
 	d := dirs[2]
-	os.RemoveAll(d + restoreStaging + d)
-	os.MkdirAll(d+restoreStaging+d, 0o755)
+	replaceDir(d+restoreStaging+d, "restored conf")
 	if _, err := undoAll(mustJournal(t, b)); err == nil || !strings.Contains(err.Error(), "nothing was moved") {
 		t.Fatalf("undo: %v", err)
 	}
@@ -574,4 +581,51 @@ func mustJournal(t *testing.T, b *backups) restoreJournalFile {
 		t.Fatal(err)
 	}
 	return j
+}
+
+// replaceDir puts at p a new directory, surely not the one there (made
+// before that one goes, so it cannot take its inode), holding v "text".
+func replaceDir(p, text string) {
+	tmp := p + ".new"
+	os.MkdirAll(tmp, 0o755)
+	os.WriteFile(tmp+"/v", []byte(text), 0o600)
+	os.RemoveAll(p)
+	os.Rename(tmp, p)
+}
+
+// A restore that fails after its journal is written settles it at once,
+// the module still stopped: put back whole, the journal goes and the error
+// says nothing was restored; not put back, the journal is set aside (no
+// start undoes it under the module) and the error says the module starts
+// on a mix.
+func TestFailedRestoreSettlesItsJournal(t *testing.T) {
+	dirs := stagedDirs(t)
+	b := cutRestore(t, dirs)
+	swapIn(dirs[0])
+	err := b.settleJournal(mustJournal(t, b), errors.New("no space left on device"))
+	if err == nil || !strings.Contains(err.Error(), "nothing was restored (every data directory is as it was)") {
+		t.Fatalf("settled: %v", err)
+	}
+	if v, _ := os.ReadFile(dirs[0] + "/v"); string(v) != "old data" {
+		t.Fatalf("%s holds %q", dirs[0], v)
+	}
+	if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); !os.IsNotExist(err) {
+		t.Fatalf("the journal stays: %v", err)
+	}
+
+	dirs = stagedDirs(t)
+	b = cutRestore(t, dirs)
+	j := mustJournal(t, b)
+	swapIn(dirs[0])
+	replaceDir(dirs[1]+restoreStaging+dirs[1], "unknown")
+	err = b.settleJournal(j, errors.New("no space left on device"))
+	if err == nil || !strings.Contains(err.Error(), "some data directories were restored and others not") {
+		t.Fatalf("settled: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); !os.IsNotExist(err) {
+		t.Fatalf("the journal stays where a start would undo it: %v", err)
+	}
+	if kept, _ := filepath.Glob(filepath.Join(b.dir, "restore-journal-*.json")); len(kept) != 1 {
+		t.Fatalf("the journal is not kept beside: %v", kept)
+	}
 }
