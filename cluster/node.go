@@ -296,21 +296,15 @@ func checkRaftData(dir string, logs raft.LogStore, stable raft.StableStore, snap
 	if terr != nil || term == 0 {
 		return fmt.Errorf("%w: the replica has applied up to index %d, but %s holds no Raft term (its log store was emptied or replaced); %s", ErrDamaged, applied, dir, waysOut)
 	}
-	// What the replica applied is in the log or in a snapshot: a log that
-	// ends before it (a segment cut short by garbage, which the store reads
-	// as its end) lost committed entries.
-	if lerr == nil && last < applied {
-		var snapped uint64
-		if list, err := snaps.List(); err == nil && len(list) > 0 {
-			snapped = list[0].Index
-		}
-		if snapped < applied {
-			return fmt.Errorf("%w: the Raft log in %s ends at index %d and its newest snapshot at %d, before the %d the replica applied: entries were lost (a damaged segment); %s", ErrDamaged, dir, last, snapped, applied, waysOut)
-		}
-	}
 	var snapped uint64
 	if list, err := snaps.List(); err == nil && len(list) > 0 {
 		snapped = list[0].Index
+	}
+	// What the replica applied is in the log or in a snapshot: a log that
+	// ends before it (a segment cut short by garbage, which the store reads
+	// as its end) lost committed entries.
+	if lerr == nil && last < applied && snapped < applied {
+		return fmt.Errorf("%w: the Raft log in %s ends at index %d and its newest snapshot at %d, before the %d the replica applied: entries were lost (a damaged segment); %s", ErrDamaged, dir, last, snapped, applied, waysOut)
 	}
 	return verifyLog(logs, snapped)
 }
@@ -319,6 +313,7 @@ func checkRaftData(dir string, logs raft.LogStore, stable raft.StableStore, snap
 // segment damaged on disk (garbage written over it) is named at start,
 // instead of stopping the node the day Raft reads that entry, or feeding
 // a follower what it cannot apply.
+//
 // Entries up to the newest snapshot's index (snapped) may be missing: a
 // follower's bolt store keeps the entries before a snapshot installed past
 // them and appends after it, a gap Raft never reads.
