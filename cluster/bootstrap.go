@@ -30,9 +30,8 @@ const (
 	binaryChunk = 1 << 20
 )
 
-// binaryChunkTime is how long a reader has to take each chunk (a variable
-// for tests).
-var binaryChunkTime = 15 * time.Second
+// binaryChunkTime is how long a reader has to take each chunk.
+var binaryChunkTime = newTunable(15 * time.Second)
 
 func (n *Node) serveCA(w http.ResponseWriter, r *http.Request) {
 	if hasBody(r) {
@@ -89,7 +88,7 @@ func (n *Node) serveBinary(w http.ResponseWriter, r *http.Request) {
 	buf := make([]byte, 64<<10)
 	for sent, next := int64(0), int64(0); ; {
 		if sent >= next {
-			rc.SetWriteDeadline(time.Now().Add(binaryChunkTime))
+			rc.SetWriteDeadline(time.Now().Add(binaryChunkTime.get()))
 			next = sent + binaryChunk
 		}
 		k, rerr := f.Read(buf)

@@ -150,9 +150,7 @@ func TestGuestsAreBounded(t *testing.T) {
 // is not refused for good by guests that asked and stalled.
 func TestStalledDownloadsLoseTheirSlot(t *testing.T) {
 	a, _ := twoNodes(t)
-	old := binaryChunkTime
-	binaryChunkTime = 2 * time.Second
-	t.Cleanup(func() { binaryChunkTime = old })
+	t.Cleanup(binaryChunkTime.set(2 * time.Second))
 	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
 	ask := func(from string) (*http.Response, net.Conn, error) {
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
@@ -219,9 +217,7 @@ func TestStalledDownloadsLoseTheirSlot(t *testing.T) {
 // its own (the API's streams outlive any), and such guests held every
 // place for as long as they liked.
 func TestSlowBodiesLoseTheirPlace(t *testing.T) {
-	old := joinBodyTime
-	joinBodyTime = time.Second
-	t.Cleanup(func() { joinBodyTime = old })
+	t.Cleanup(joinBodyTime.set(time.Second))
 	a := startAgent(t, initDir(t, LogStoreWAL))
 	t.Cleanup(func() { a.Stop() })
 	waitLeader(t, a)
@@ -295,9 +291,7 @@ func TestSlowBodiesLoseTheirPlace(t *testing.T) {
 // trial without the lift, admit slowed by 100 ms, the join completed too
 // and its context was not cancelled; the deadline is lifted all the same.)
 func TestJoinOutlastsItsBodyTime(t *testing.T) {
-	old := joinBodyTime
-	joinBodyTime = 5 * time.Millisecond
-	t.Cleanup(func() { joinBodyTime = old })
+	t.Cleanup(joinBodyTime.set(5 * time.Millisecond))
 	twoNodes(t) // fails if novox's join does
 }
 

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -410,15 +411,33 @@ func (n *Node) forward(ctx context.Context, c *state.Command) (uint64, error) {
 // joinBodyTime bounds the reading of a guest's request body: the port
 // serves without a read timeout (the API's streams outlive any), and a
 // guest that sent a body a byte at a time held its place for as long as
-// it liked (a variable for tests).
-var joinBodyTime = 10 * time.Second
+// it liked.
+var joinBodyTime = newTunable(10 * time.Second)
+
+// tunable is a duration a test may shorten: atomic, because the handlers
+// of a test's nodes may still read it while the test puts it back.
+type tunable struct{ ns atomic.Int64 }
+
+func newTunable(d time.Duration) *tunable {
+	t := &tunable{}
+	t.ns.Store(int64(d))
+	return t
+}
+
+func (t *tunable) get() time.Duration { return time.Duration(t.ns.Load()) }
+
+// set makes the duration d and returns what puts it back (for t.Cleanup).
+func (t *tunable) set(d time.Duration) (restore func()) {
+	old := t.ns.Swap(int64(d))
+	return func() { t.ns.Store(old) }
+}
 
 // boundRest bounds, by joinBodyTime from now, the reading of what a
 // request still holds: a handler that answers a guest before reading its
 // body (a refusal, a GET) leaves the server to read the rest before it
 // answers, and it would wait for a trickle without end.
 func boundRest(w http.ResponseWriter) {
-	http.NewResponseController(w).SetReadDeadline(time.Now().Add(joinBodyTime))
+	http.NewResponseController(w).SetReadDeadline(time.Now().Add(joinBodyTime.get()))
 }
 
 // hasBody says r comes with a body (a guest's GET must not).
