@@ -106,6 +106,7 @@ func wiredFleet(b *testing.B, nodes, modules int) {
 	}
 	timed := func(from, to int) (d time.Duration) {
 		runtime.GC()
+		f.s.checkpoint() // as BenchmarkFleetProfile's
 		for j := from; j < to; j++ {
 			d += assign(j)
 		}
