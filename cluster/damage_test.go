@@ -266,22 +266,31 @@ func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
 	conf := raft.Configuration{Servers: []raft.Server{{ID: "ace", Address: "127.0.0.1:1"}}}
 	for _, tc := range []struct {
 		name        string
-		snapshots   []uint64 // indexes, oldest first; the newest is damaged
-		damage      string   // "state" (cut short), "meta", "dir" (state.bin a directory), "" (none)
-		first, last uint64   // the log's
-		applied     uint64   // the replica's (0: fresh)
+		snapshots   []uint64  // indexes, oldest first; the newest is damaged
+		damage      string    // "state" (cut short), "meta", "dir" (state.bin a directory), "" (none)
+		first, last uint64    // the log's
+		gap         [2]uint64 // entries the log lacks, from and to (a follower's bolt store below a snapshot installed)
+		applied     uint64    // the replica's (0: fresh)
 		ok          bool
-		want        string // in the error
+		want        string // in the error; for one that is ok, "written again" (else an older stands in)
 	}{
-		{"an older snapshot stands in", []uint64{20, 40}, "state", 15, 50, 0, true, ""},
-		{"the log starts after the older one", []uint64{20, 40}, "state", 30, 50, 0, false, "CRC"},
-		{"the log ends before the damaged one", []uint64{20, 40}, "state", 15, 39, 0, false, "CRC"},
-		{"no older snapshot", []uint64{40}, "state", 15, 50, 0, false, "CRC"},
-		{"a meta that cannot be read, an older stands in", []uint64{20, 40}, "meta", 15, 50, 0, true, ""},
-		{"a meta that cannot be read, the only one", []uint64{150}, "meta", 100, 200, 0, false, "meta.json cannot be read"},
-		{"a state that cannot be read otherwise", []uint64{20, 40}, "dir", 15, 50, 0, false, "cannot be read"},
-		{"the log begins past the newest snapshot", []uint64{20, 40}, "", 45, 50, 0, false, "begins at entry 45, past its newest snapshot's 40"},
-		{"behind three snapshots", []uint64{20, 30, 40}, "state", 10, 39, 12, false, "behind 3 snapshots"},
+		{"an older snapshot stands in", []uint64{20, 40}, "state", 15, 50, [2]uint64{}, 0, true, ""},
+		{"the log starts after the older one", []uint64{20, 40}, "state", 30, 50, [2]uint64{}, 0, false, "CRC"},
+		{"the log ends before the damaged one", []uint64{20, 40}, "state", 15, 39, [2]uint64{}, 0, false, "CRC"},
+		{"no older snapshot", []uint64{40}, "state", 15, 50, [2]uint64{}, 0, false, "CRC"},
+		{"a meta that cannot be read, an older stands in", []uint64{20, 40}, "meta", 15, 50, [2]uint64{}, 0, true, ""},
+		{"a meta that cannot be read, the only one", []uint64{150}, "meta", 100, 200, [2]uint64{}, 0, false, "meta.json cannot be read"},
+		{"a state that cannot be read otherwise", []uint64{20, 40}, "dir", 15, 50, [2]uint64{}, 0, false, "cannot be read"},
+		{"the log begins past the newest snapshot", []uint64{20, 40}, "", 45, 50, [2]uint64{}, 0, false, "begins at entry 45, past its newest snapshot's 40"},
+		{"behind three snapshots", []uint64{20, 30, 40}, "state", 10, 39, [2]uint64{}, 12, false, "behind 3 snapshots"},
+		// A follower's bolt log with a gap up to a snapshot installed:
+		// the configuration is read after the damaged one's index (a read
+		// from the log's first entry stopped at the gap, and the older
+		// one stood in, on which Raft panicked at start), and no older
+		// one stands in across the gap.
+		{"a gap below the damaged one, written again", []uint64{5, 20}, "state", 2, 30, [2]uint64{9, 20}, 25, true, "written again"},
+		{"a gap after the older one", []uint64{5, 20}, "state", 2, 30, [2]uint64{9, 20}, 0, false, "CRC"},
+		{"a gap after the newest snapshot", []uint64{20, 40}, "", 15, 50, [2]uint64{43, 44}, 0, false, "has no entry 43"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -319,7 +328,9 @@ func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
 			}
 			logs := raft.NewInmemStore()
 			for i := tc.first; i <= tc.last; i++ {
-				logs.StoreLog(&raft.Log{Index: i, Term: 2, Type: raft.LogNoop})
+				if i < tc.gap[0] || i > tc.gap[1] {
+					logs.StoreLog(&raft.Log{Index: i, Term: 2, Type: raft.LogNoop})
+				}
 			}
 			store, err := state.Open(filepath.Join(dir, "state.db"))
 			if err != nil {
@@ -335,6 +346,12 @@ func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
 			err = checkSnapshots(dir, snaps, logs, store, testLogger(t))
 			list, _ := snaps.List()
 			_, aside := os.Stat(filepath.Join(dir, "snapshots", "damaged-"+newest))
+			if tc.ok && tc.want == "written again" {
+				if err != nil || aside != nil || len(list) != len(ids) || list[0].Index != tc.applied || list[1].ID != ids[len(ids)-2] {
+					t.Fatalf("err %v, set aside: %v, snapshots %d, the newest at %d", err, aside == nil, len(list), list[0].Index)
+				}
+				return
+			}
 			if tc.ok {
 				if err != nil || aside != nil || len(list) != len(ids)-1 || list[0].ID != ids[len(ids)-2] {
 					t.Fatalf("err %v, set aside: %v, snapshots %d", err, aside == nil, len(list))
@@ -352,6 +369,69 @@ func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
 				t.Fatal("refused, yet the snapshot was set aside")
 			}
 		})
+	}
+}
+
+// Two snapshots damaged, the newest's meta and the next one's state, with
+// the replica behind both: each is set aside in turn, the second after a
+// snapshot written again at the replica's entry, and Raft starts from an
+// intact one (before, it started from the second, unchecked).
+func TestCheckSnapshotsSetsEveryDamagedOneAside(t *testing.T) {
+	dir := t.TempDir()
+	snaps, err := raft.NewFileSnapshotStore(filepath.Join(dir, "snapshots"), 3, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := raft.Configuration{Servers: []raft.Server{{ID: "ace", Address: "127.0.0.1:1"}}}
+	var ids []string
+	for _, i := range []uint64{20, 40, 50} {
+		sink, err := snaps.Create(1, i, 2, conf, 1, peerEncoder{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sink.Write(bytes.Repeat([]byte{byte(i)}, 4096))
+		if err := sink.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sink.ID())
+		time.Sleep(2 * time.Millisecond) // IDs end in the millisecond
+	}
+	at := func(id string) string { return filepath.Join(dir, "snapshots", "snapshots", id) }
+	if err := os.WriteFile(filepath.Join(at(ids[2]), "meta.json"), []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(at(ids[1]), "state.bin"), 100); err != nil {
+		t.Fatal(err)
+	}
+	logs := raft.NewInmemStore()
+	for i := uint64(15); i <= 60; i++ {
+		logs.StoreLog(&raft.Log{Index: i, Term: 2, Type: raft.LogNoop})
+	}
+	store, err := state.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	c := state.NewCommand(&state.InitRequest{MeshID: "m", Domain: "internal", Node: state.Node{Name: "ace", Address: "127.0.0.1", Voter: true}})
+	if err := store.Apply(30, c.Encode()); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkSnapshots(dir, snaps, logs, store, testLogger(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids[1:] {
+		if _, err := os.Stat(filepath.Join(dir, "snapshots", "damaged-"+id)); err != nil {
+			t.Errorf("%s is not set aside: %v", id, err)
+		}
+	}
+	list, err := snaps.List()
+	if err != nil || len(list) == 0 || list[0].Index != 30 {
+		t.Fatalf("the snapshots left: %v %v", list, err)
+	}
+	if _, rc, err := snaps.Open(list[0].ID); err != nil {
+		t.Fatalf("the newest left does not read: %v", err)
+	} else {
+		rc.Close()
 	}
 }
 

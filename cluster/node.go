@@ -287,7 +287,7 @@ func checkRaftData(dir string, logs raft.LogStore, stable raft.StableStore, snap
 	}
 	last, lerr := logs.LastIndex()
 	term, terr := stable.GetUint64([]byte("CurrentTerm"))
-	snapFiles, _ := os.ReadDir(filepath.Join(dir, "snapshots"))
+	snapFiles, _ := os.ReadDir(filepath.Join(dir, "snapshots", "snapshots")) // the file store's own
 	if lerr == nil && last == 0 && (terr != nil || term == 0) && len(snapFiles) == 0 {
 		return fmt.Errorf("%w: the replica has applied up to index %d, but %s holds no Raft log, term or snapshot; %s", ErrDamaged, applied, dir, waysOut)
 	}
@@ -399,67 +399,103 @@ func openLogStore(kind, dir string) (_ raft.LogStore, _ raft.StableStore, _ io.C
 //     replica skips where it holds them.
 //
 // Otherwise the start is refused, saying what is damaged and the ways out.
-// Last, the log must begin no later than just after the newest snapshot.
+// Last, the log must hold every entry after the newest snapshot.
 func checkSnapshots(dir string, snaps *raft.FileSnapshotStore, logs raft.LogStore, store *state.Store, log *slog.Logger) error {
+	path := filepath.Join(dir, "snapshots", "snapshots") // the file store's own
 	list, err := snaps.List()
 	if err != nil {
 		return fmt.Errorf("%w: the Raft snapshots in %s cannot be listed: %v; %s", ErrDamaged, dir, err, waysOut)
 	}
-	d, err := damagedSnapshot(filepath.Join(dir, "snapshots", "snapshots"), snaps, list)
-	if err != nil {
-		return fmt.Errorf("%w: the newest Raft snapshot in %s cannot be read: %v; %s", ErrDamaged, dir, err, waysOut)
-	}
-	if d != nil {
-		aside := func(how string) error {
-			from := filepath.Join(dir, "snapshots", "snapshots", d.id)
-			to := filepath.Join(dir, "snapshots", "damaged-"+d.id)
-			if err := os.Rename(from, to); err != nil {
-				return fmt.Errorf("set the damaged Raft snapshot %s aside: %w", d.id, err)
-			}
-			if err := safefs.SyncDir(filepath.Join(dir, "snapshots")); err != nil {
-				return err
-			}
-			log.Warn("the newest Raft snapshot was damaged on disk; it is set aside", "snapshot", d.id, "damage", d.why, "aside", to, "instead", how)
-			return nil
+	// Each turn sets one damaged snapshot aside (a snapshot written again
+	// reads back), until the newest is intact: two can be damaged, and the
+	// one written again may stand below the other.
+	for turns := 0; ; turns++ {
+		entries, _ := os.ReadDir(path)
+		if turns > len(entries) {
+			return fmt.Errorf("%w: the Raft snapshots in %s are still damaged after %d were set aside; %s", ErrDamaged, dir, turns, waysOut)
 		}
-		first, ferr := logs.FirstIndex()
-		last, lerr := logs.LastIndex()
-		older := d.older(list)
-		rewriteErr := rewriteSnapshot(snaps, d.meta, list, logs, store)
-		switch {
-		case rewriteErr == nil:
-			err = aside("a snapshot written again from state.db")
-		case older != nil && ferr == nil && lerr == nil && first > 0 && first <= older.Index+1 && last >= d.index:
-			if _, rc, oerr := snaps.Open(older.ID); oerr == nil {
-				rc.Close()
-				err = aside("the older snapshot " + older.ID)
-				break
-			}
-			fallthrough
-		default:
-			return fmt.Errorf("%w: the newest Raft snapshot %s in %s is damaged (%v: cut short or changed on disk); it cannot be written again (%v), "+
-				"and no older intact snapshot with the log after it can stand in; %s", ErrDamaged, d.id, dir, d.why, rewriteErr, waysOut)
-		}
+		d, err := damagedSnapshot(path, snaps, list)
 		if err != nil {
+			return fmt.Errorf("%w: the newest Raft snapshot in %s cannot be read: %v; %s", ErrDamaged, dir, err, waysOut)
+		}
+		if d == nil {
+			break
+		}
+		if err := setDamagedAside(dir, path, snaps, d, list, logs, store, log); err != nil {
 			return err
 		}
 		if list, err = snaps.List(); err != nil {
 			return err
 		}
 	}
-	// Raft starts from the newest snapshot and reads the log from the
-	// entry after it: a log that begins later lost entries (and Raft
-	// would panic on them).
-	first, err := logs.FirstIndex()
-	if err != nil {
-		return fmt.Errorf("%w: the Raft log's first index: %v; %s", ErrDamaged, err, waysOut)
-	}
+	// Raft starts from the newest snapshot and reads every entry of the
+	// log after it (it panics on one it cannot read): a log that begins
+	// later, or has a gap after it, lost entries.
 	var newest uint64
 	if len(list) > 0 {
 		newest = list[0].Index
 	}
-	if first > newest+1 {
-		return fmt.Errorf("%w: the Raft log in %s begins at entry %d, past its newest snapshot's %d: the entries between are lost; %s", ErrDamaged, dir, first, newest, waysOut)
+	if err := logHolds(logs, newest+1); err != nil {
+		return fmt.Errorf("%w: the Raft log in %s %v, past its newest snapshot's %d: entries Raft reads at start are lost; %s", ErrDamaged, dir, err, newest, waysOut)
+	}
+	return nil
+}
+
+// setDamagedAside moves the damaged snapshot d to raft/snapshots/damaged-ID
+// once the node can do without it (checkSnapshots), or says why not.
+func setDamagedAside(dir, path string, snaps *raft.FileSnapshotStore, d *damagedSnap, list []*raft.SnapshotMeta, logs raft.LogStore, store *state.Store, log *slog.Logger) error {
+	aside := func(how string) error {
+		to := filepath.Join(dir, "snapshots", "damaged-"+d.id)
+		if err := os.Rename(filepath.Join(path, d.id), to); err != nil {
+			return fmt.Errorf("set the damaged Raft snapshot %s aside: %w", d.id, err)
+		}
+		if err := safefs.SyncDir(filepath.Join(dir, "snapshots")); err != nil {
+			return err
+		}
+		log.Warn("the newest Raft snapshot was damaged on disk; it is set aside", "snapshot", d.id, "damage", d.why, "aside", to, "instead", how)
+		return nil
+	}
+	rewriteErr := rewriteSnapshot(path, snaps, d.meta, list, logs, store)
+	if rewriteErr == nil {
+		return aside("a snapshot written again from state.db")
+	}
+	// An older one stands in if it is intact and the log holds every
+	// entry after it, up to the damaged one's at least.
+	if older := d.older(list); older != nil {
+		last, lerr := logs.LastIndex()
+		if lerr == nil && last >= d.index && logHolds(logs, older.Index+1) == nil {
+			if _, rc, oerr := snaps.Open(older.ID); oerr == nil {
+				rc.Close()
+				return aside("the older snapshot " + older.ID)
+			}
+		}
+	}
+	return fmt.Errorf("%w: the newest Raft snapshot %s in %s is damaged (%v: cut short or changed on disk); it cannot be written again (%v), "+
+		"and no older intact snapshot with the log after it can stand in; %s", ErrDamaged, d.id, dir, d.why, rewriteErr, waysOut)
+}
+
+// logHolds says whether the log holds every entry from index from to its
+// last: Raft reads each of them at start.
+func logHolds(logs raft.LogStore, from uint64) error {
+	first, err := logs.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("has no first index (%v)", err)
+	}
+	last, err := logs.LastIndex()
+	if err != nil {
+		return fmt.Errorf("has no last index (%v)", err)
+	}
+	if first == 0 || last < from {
+		return nil // nothing after from to read
+	}
+	if first > from {
+		return fmt.Errorf("begins at entry %d", first)
+	}
+	var l raft.Log
+	for i := from; i <= last; i++ {
+		if err := logs.GetLog(i, &l); err != nil {
+			return fmt.Errorf("has no entry %d (%v)", i, err)
+		}
 	}
 	return nil
 }
@@ -550,8 +586,9 @@ func damagedSnapshot(path string, snaps *raft.FileSnapshotStore, list []*raft.Sn
 // the log up to it, over a meta's (the damaged one's when it could be read,
 // else the newest listed) whose following entries the log holds. The log
 // must hold the entry; the snapshot must not be one the store's retention
-// (three) would remove as it is written.
-func rewriteSnapshot(snaps *raft.FileSnapshotStore, damaged *raft.SnapshotMeta, list []*raft.SnapshotMeta, logs raft.LogStore, store *state.Store) (err error) {
+// (three) would remove as it is written. One that does not read back is
+// removed from path (the file store's directory).
+func rewriteSnapshot(path string, snaps *raft.FileSnapshotStore, damaged *raft.SnapshotMeta, list []*raft.SnapshotMeta, logs raft.LogStore, store *state.Store) (err error) {
 	defer func() {
 		if r := recover(); r != nil { // DecodeConfiguration panics on garbage
 			err = fmt.Errorf("reading the log: %v", r)
@@ -584,12 +621,16 @@ func rewriteSnapshot(snaps *raft.FileSnapshotStore, damaged *raft.SnapshotMeta, 
 	if base == nil && len(list) > 0 {
 		base = list[0]
 	}
+	// The base's configuration stands as of its index (no later one up to
+	// it): only the entries after that are read, if any up to applied. A
+	// follower's bolt log may lack the entries below a snapshot installed
+	// past them, which a read from the log's first entry stopped at.
 	var conf raft.Configuration
 	var confIndex uint64
 	from := first
-	if base != nil && base.ConfigurationIndex <= applied && first <= base.Index+1 {
+	if base != nil && base.ConfigurationIndex <= applied && (applied <= base.Index || first <= base.Index+1) {
 		conf, confIndex = base.Configuration, base.ConfigurationIndex
-		from = max(first, confIndex+1)
+		from = max(first, base.Index+1)
 	}
 	for i := from; i <= applied; i++ {
 		if err := logs.GetLog(i, &l); err != nil {
@@ -619,6 +660,10 @@ func rewriteSnapshot(snaps *raft.FileSnapshotStore, damaged *raft.SnapshotMeta, 
 	}
 	_, rc, err := snaps.Open(sink.ID())
 	if err != nil {
+		// Left, it would be the newest, the one Raft starts from.
+		if rerr := os.RemoveAll(filepath.Join(path, sink.ID())); rerr != nil {
+			return fmt.Errorf("the snapshot written again does not read back (%w), and it cannot be removed: %v", err, rerr)
+		}
 		return fmt.Errorf("the snapshot written again does not read back: %w", err)
 	}
 	return rc.Close()
