@@ -171,7 +171,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				if err != nil {
 					return 0, nil, err
 				}
-				return v.Version, v.Plan, nil
+				return v.Version, a.backups.holdIn(v.Plan), nil
 			},
 			Changed: a.member.Store.Changed,
 			Report:  a.publish,

@@ -70,6 +70,12 @@ type backups struct {
 	// lock), kept in unremovedFile: a default restore here never takes
 	// one, and the module's next backup here removes them.
 	unremoved map[string][]string
+	// held is the module a failed restore left on some data directories
+	// restored and others not, its journal still in place (neither
+	// removed nor set aside): it is kept stopped (holdIn) while the
+	// journal stays, so that the next start's undo of the journal takes
+	// nothing the module wrote.
+	held string
 }
 
 // scheduledLimit bounds a scheduled backup: one that hangs (a backend that
@@ -593,6 +599,13 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 				os.RemoveAll(s)
 				return fmt.Errorf("snapshot %s restored no directory %s", snap.ShortID, d)
 			}
+			// restic writes without a sync: a power cut after the swap
+			// would leave the files it wrote empty or torn, under a
+			// restore the operator was told is done.
+			if err := safefs.SyncFS(s); err != nil {
+				os.RemoveAll(s)
+				return fmt.Errorf("nothing was restored: the restored copy of %s cannot be made durable: %w", d, err)
+			}
 		}
 		// The swaps are all or none across a kill too: the journal
 		// names them until the last is done, and a start that finds it
@@ -804,6 +817,9 @@ func swapBack(d string, done bool) error {
 	before := aside
 	if !done {
 		mark, merr := os.ReadFile(filepath.Join(s, swapped))
+		if merr != nil && !errors.Is(merr, os.ErrNotExist) {
+			return fmt.Errorf("its swap mark cannot be read (%w); nothing was moved", merr)
+		}
 		_, serr := os.Lstat(s + d)
 		if _, perr := strconv.ParseUint(string(mark), 10, 64); merr == nil && perr != nil {
 			// A mark that names no copy (an earlier release's): which
@@ -909,7 +925,7 @@ func (b *backups) removeRestoreJournal() error {
 // from here on, so no start may undo it later. It says where.
 func (b *backups) setJournalAside() (string, error) {
 	path := filepath.Join(b.dir, restoreJournal)
-	kept := filepath.Join(b.dir, fmt.Sprintf("restore-journal-%d.json", time.Now().UnixNano()))
+	kept := filepath.Join(b.dir, fmt.Sprintf("restore-journal-%d.json", b.now().UnixNano()))
 	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, kept, unix.RENAME_NOREPLACE); err != nil {
 		return "", fmt.Errorf("the journal %s could not be set aside: %w", path, err)
 	}
@@ -943,11 +959,42 @@ func (b *backups) settleJournal(j restoreJournalFile, cause error) error {
 	b.log.Error("a failed restore could not be put back: the module starts on some data directories restored and others not", "module", j.Module, "err", uerr)
 	kept, aerr := b.setJournalAside()
 	if aerr != nil {
-		b.log.Error("and its journal stays where the next start would undo it, taking what the module writes until then: before the agent starts again, compare the directories it names with their copies and remove it by hand",
+		// Started on the mix, the module would write into directories the
+		// next start's undo puts aside: it stays stopped instead.
+		b.mu.Lock()
+		b.held = j.Module
+		b.mu.Unlock()
+		b.log.Error("and its journal stays: the module is kept stopped while it does; the agent's next start undoes the restore, or, removed by hand, the module starts on the directories as they are",
 			"module", j.Module, "journal", filepath.Join(b.dir, restoreJournal), "err", aerr)
-		return fmt.Errorf("some data directories were restored and others not, and the module starts on them: %w; putting them back failed: %w; and %w: remove it by hand before the agent starts again", cause, uerr, aerr)
+		return fmt.Errorf("some data directories were restored and others not: %w; putting them back failed: %w; and %w: the module is kept stopped while the journal stays (the agent's next start undoes the restore; remove the journal by hand to start the module on the directories as they are)", cause, uerr, aerr)
 	}
 	return fmt.Errorf("some data directories were restored and others not, and the module starts on them: %w; putting them back failed: %w (the journal is kept as %s)", cause, uerr, kept)
+}
+
+// holdIn is plan without the containers and steps of the module held
+// (backups.held), as if stopped, while the journal of its failed restore
+// stays; plan itself once there is none.
+func (b *backups) holdIn(plan *state.Plan) *state.Plan {
+	b.mu.Lock()
+	held := b.held
+	b.mu.Unlock()
+	if held == "" || plan == nil {
+		return plan
+	}
+	if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); errors.Is(err, os.ErrNotExist) {
+		b.mu.Lock()
+		if b.held == held {
+			b.held = ""
+		}
+		b.mu.Unlock()
+		b.log.Warn("the journal of a failed restore is gone: the module starts again, on its directories as they are", "module", held)
+		return plan
+	}
+	q := *plan
+	q.Resources = slices.DeleteFunc(slices.Clone(plan.Resources), func(r state.Resource) bool {
+		return r.Module == held && (r.Kind == manifest.KindContainer || r.Kind == manifest.KindStep)
+	})
+	return &q
 }
 
 // undoCutRestore runs when the agent starts, before the reconciler: it
@@ -966,17 +1013,27 @@ func (b *backups) undoCutRestore(ctx context.Context) error {
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
+	if err != nil {
+		// A read that fails (an I/O error, no file descriptor left) is
+		// no reason to let the module start on a mix: start again.
+		return fmt.Errorf("a restore was cut short, and its journal cannot be read now: %w; the agent does not start until it can (start it again)", err)
+	}
 	var j restoreJournalFile
-	if err == nil {
-		err = json.Unmarshal(raw, &j)
-		for _, js := range j.Dirs {
-			if err == nil && (js.Dir == "" || js.Ino == 0) {
-				err = errors.New("an entry names no directory or no inode")
-			}
+	err = json.Unmarshal(raw, &j)
+	for i, js := range j.Dirs {
+		switch {
+		case err != nil:
+		case js.Dir == "" || js.Ino == 0:
+			err = errors.New("an entry names no directory or no inode")
+		case slices.ContainsFunc(j.Dirs[:i], func(o journaledSwap) bool { return manifest.Within(js.Dir, o.Dir) || manifest.Within(o.Dir, js.Dir) }):
+			// A restore swaps each directory once, none inside another:
+			// undone twice, the second exchange would put the restored
+			// copy back and the first's data as it was be removed.
+			err = fmt.Errorf("it names %s twice, or inside another", js.Dir)
 		}
-		if err != nil {
-			err = fmt.Errorf("it cannot be read (%v); nothing was moved", err)
-		}
+	}
+	if err != nil {
+		err = fmt.Errorf("it cannot be read (%v); nothing was moved", err)
 	}
 	if err == nil {
 		var again error
@@ -1159,7 +1216,13 @@ var errUnsynced = errors.New("swapped, but the directory was not synced")
 // goes.
 func finishSwap(d string) error {
 	s := d + restoreStaging
-	if mark, err := os.ReadFile(filepath.Join(s, swapped)); err == nil && !restoredCopyStill(s+d, mark) {
+	mark, err := os.ReadFile(filepath.Join(s, swapped))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		// Not knowing which copy the staging directory holds, nothing
+		// there is removed: it may be the data as it was.
+		return fmt.Errorf("the swap mark in %s cannot be read (%w); nothing there was removed", s, err)
+	}
+	if err == nil && !restoredCopyStill(s+d, mark) {
 		if err := os.RemoveAll(d + restoreAside); err != nil {
 			return err
 		}

@@ -18,6 +18,8 @@ import (
 
 	"mesh/internal/restic"
 	"mesh/internal/testutil"
+	"mesh/state"
+	"mesh/state/manifest"
 )
 
 // A restore's default is the newest snapshot this node made, else any
@@ -451,30 +453,36 @@ func cutRestore(t *testing.T, dirs []string) *backups {
 // operator all the same (the module may run from here on, and a journal
 // undone under it later would lose what it wrote): the module running
 // again, a runtime that cannot say, a path that is none of its data
-// directories, a journal that cannot be read, a staged copy that is not
-// the one the journal names.
+// directories, a journal that cannot be read, one that names a directory
+// twice (undone twice, the second exchange would put the restored copy
+// back), a staged copy that is not the one the journal names.
 func TestCutRestoreUndoRefuses(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		set  func(b *backups, dirs []string)
+		set  func(t *testing.T, b *backups, dirs []string)
 		// swapped: the directories hold the restored copies (else the
 		// cut came before the first swap)
 		swapped bool
 	}{
-		{"the module runs again", func(b *backups, _ []string) {
+		{"the module runs again", func(_ *testing.T, b *backups, _ []string) {
 			b.hasContainers = func(context.Context, string) (bool, error) { return true, nil }
 		}, true},
-		{"no data directory of the module", func(b *backups, dirs []string) {
+		{"no data directory of the module", func(_ *testing.T, b *backups, dirs []string) {
 			b.dataDirs = func(context.Context, string) ([]string, error) { return dirs[:2], nil }
 		}, true},
-		{"a damaged journal", func(b *backups, _ []string) {
+		{"a damaged journal", func(_ *testing.T, b *backups, _ []string) {
 			os.WriteFile(filepath.Join(b.dir, restoreJournal), []byte(`{"module":"db","dirs":[{"dir":`), 0o600)
 		}, true},
-		{"a staged copy that is not the restored one", func(b *backups, dirs []string) {
+		{"a staged copy that is not the restored one", func(_ *testing.T, b *backups, dirs []string) {
 			d := dirs[0]
 			replaceDir(d+restoreStaging+d, "restored data")
 		}, false},
-		{"an entry without an inode (an earlier format)", func(b *backups, dirs []string) {
+		{"a directory named twice", func(t *testing.T, b *backups, _ []string) {
+			j := mustJournal(t, b)
+			j.Dirs = append(j.Dirs, j.Dirs[0])
+			writeJournal(t, b, j)
+		}, true},
+		{"an entry without an inode (an earlier format)", func(_ *testing.T, b *backups, dirs []string) {
 			os.WriteFile(filepath.Join(b.dir, restoreJournal), []byte(`{"module":"db","dirs":[{"dir":"`+dirs[0]+`","restored":12,"dev":3}]}`), 0o600)
 		}, true},
 	} {
@@ -490,7 +498,7 @@ func TestCutRestoreUndoRefuses(t *testing.T) {
 					}
 				}
 			}
-			tc.set(b, dirs)
+			tc.set(t, b, dirs)
 			if err := b.undoCutRestore(context.Background()); err != nil {
 				t.Fatal(err)
 			}
@@ -583,6 +591,17 @@ func mustJournal(t *testing.T, b *backups) restoreJournalFile {
 	return j
 }
 
+// writeJournal writes j as b's journal.
+func writeJournal(t *testing.T, b *backups, j restoreJournalFile) {
+	raw, err := json.Marshal(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(b.dir, restoreJournal), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // replaceDir puts at p a new directory, surely not the one there (made
 // before that one goes, so it cannot take its inode), holding v "text".
 func replaceDir(p, text string) {
@@ -627,5 +646,96 @@ func TestFailedRestoreSettlesItsJournal(t *testing.T) {
 	}
 	if kept, _ := filepath.Glob(filepath.Join(b.dir, "restore-journal-*.json")); len(kept) != 1 {
 		t.Fatalf("the journal is not kept beside: %v", kept)
+	}
+
+	// Not put back, and the journal cannot be set aside either (the name
+	// it would take is taken): the module is kept stopped while the
+	// journal stays, since the next start undoes it and would take what
+	// the module wrote into the restored directories; and starts again
+	// once the journal is gone.
+	dirs = stagedDirs(t)
+	b = cutRestore(t, dirs)
+	b.now = func() time.Time { return time.Unix(0, 1234) }
+	if err := os.WriteFile(filepath.Join(b.dir, "restore-journal-1234.json"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j = mustJournal(t, b)
+	swapIn(dirs[0])
+	replaceDir(dirs[1]+restoreStaging+dirs[1], "unknown")
+	err = b.settleJournal(j, errors.New("no space left on device"))
+	if err == nil || !strings.Contains(err.Error(), "the module is kept stopped while the journal stays") {
+		t.Fatalf("settled: %v", err)
+	}
+	plan := &state.Plan{Node: "n1", Resources: []state.Resource{
+		{Module: "db", Kind: manifest.KindDirectory, Name: dirs[0]},
+		{Module: "db", Kind: manifest.KindStep, Name: "migrate"},
+		{Module: "db", Kind: manifest.KindContainer, Name: "server"},
+		{Module: "web", Kind: manifest.KindContainer, Name: "server"},
+	}}
+	var kinds []string
+	for _, r := range b.holdIn(plan).Resources {
+		kinds = append(kinds, r.Module+" "+r.Kind)
+	}
+	if strings.Join(kinds, ", ") != "db directory, web container" || len(plan.Resources) != 4 {
+		t.Fatalf("the plan while the journal stays: %v (the node's plan itself holds %d)", kinds, len(plan.Resources))
+	}
+	if err := os.Remove(filepath.Join(b.dir, restoreJournal)); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.holdIn(plan); got != plan || b.held != "" {
+		t.Fatalf("the plan once the journal is gone: %d resources, held %q", len(got.Resources), b.held)
+	}
+}
+
+// A journal that cannot be read now (an I/O error, not a damaged file)
+// is no reason to let the module start on a mix: the agent does not start,
+// and nothing moves or goes.
+func TestUnreadableJournalStopsTheStart(t *testing.T) {
+	dirs := stagedDirs(t)
+	b := cutRestore(t, dirs)
+	swapIn(dirs[0])
+	path := filepath.Join(b.dir, restoreJournal)
+	os.Remove(path)
+	if err := os.Mkdir(path, 0o700); err != nil { // read(2) says EISDIR
+		t.Fatal(err)
+	}
+	err := b.undoCutRestore(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "cannot be read now") || !strings.Contains(err.Error(), "does not start") {
+		t.Fatalf("a journal that cannot be read now: %v", err)
+	}
+	if v, _ := os.ReadFile(dirs[0] + "/v"); string(v) != "restored data" {
+		t.Fatalf("%s holds %q", dirs[0], v)
+	}
+	if kept, _ := filepath.Glob(filepath.Join(b.dir, "restore-journal-*.json")); len(kept) != 0 {
+		t.Fatalf("the journal was set aside: %v", kept)
+	}
+}
+
+// A swap mark that cannot be read (an I/O error) is not taken for no mark:
+// the staging directory may hold the data as it was, and nothing there is
+// removed or moved.
+func TestUnreadableSwapMarkMovesNothing(t *testing.T) {
+	dirs := stagedDirs(t)
+	d := dirs[0]
+	s := d + restoreStaging
+	// The exchange made, the mark then unreadable: the staging path
+	// holds the data as it was.
+	if err := unix.Renameat2(unix.AT_FDCWD, s+d, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(s, swapped), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := finishSwap(d); err == nil || !strings.Contains(err.Error(), "nothing there was removed") {
+		t.Fatalf("finishSwap: %v", err)
+	}
+	if err := swapBack(d, false); err == nil || !strings.Contains(err.Error(), "nothing was moved") {
+		t.Fatalf("swapBack: %v", err)
+	}
+	if v, _ := os.ReadFile(s + d + "/v"); string(v) != "old data" {
+		t.Fatalf("the data as it was: %q", v)
+	}
+	if v, _ := os.ReadFile(d + "/v"); string(v) != "restored data" {
+		t.Fatalf("%s holds %q", d, v)
 	}
 }

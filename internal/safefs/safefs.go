@@ -377,6 +377,21 @@ func SyncDir(path string) error {
 	return unix.Fsync(fd)
 }
 
+// SyncFS makes durable everything written to the filesystem that holds
+// path (syncfs(2)): a tree a child process wrote (restic's restore), whose
+// files no one here holds open to fsync one by one.
+func SyncFS(path string) error {
+	fd, err := OpenDir(path)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return &os.PathError{Op: "syncfs", Path: path, Err: err}
+	}
+	return nil
+}
+
 // ErrTooLarge: a file given to read is larger than its bound.
 var ErrTooLarge = errors.New("file too large")
 
