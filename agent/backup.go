@@ -1114,7 +1114,7 @@ func undoAll(j restoreJournalFile) (warnings []string, err error) {
 		}
 		d := j.Dirs[i].Dir
 		if err := unix.Renameat2(unix.AT_FDCWD, st.before, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
-			return nil, fmt.Errorf("%s holds the restored copy and its data as it was is at %s; they could not be swapped back (%w); put back before this: %v", d, st.before, err, back)
+			return warnings, fmt.Errorf("%s holds the restored copy and its data as it was is at %s; they could not be swapped back (%w); put back before this: %v", d, st.before, err, back)
 		}
 		back = append(back, d)
 		if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
