@@ -248,7 +248,17 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, applyReply{Error: notLeaderMsg, Kind: "not-leader"})
 		return
 	}
-	if err := n.speaksForItself(r, c); err != nil {
+	// A command no replica can read stops every one at apply, and again
+	// at each start (the FSM stops rather than skip one): what a node
+	// sends is read whole here, never taken on its envelope. One of a
+	// format this leader does not know is refused by commit, saying so.
+	req, err := c.Request()
+	if err != nil && c.NeedsVersion() <= state.CommandVersion {
+		n.log.Warn("refused a forwarded command that does not decode", "op", c.Op, "peer", n.peerName(r), "err", err)
+		writeJSON(w, http.StatusBadRequest, applyReply{Error: "bad command: " + err.Error(), Kind: "invalid"})
+		return
+	}
+	if err := n.speaksForItself(r, c, req); err != nil {
 		n.log.Warn("refused a forwarded command", "op", c.Op, "err", err)
 		writeJSON(w, http.StatusForbidden, applyReply{Error: err.Error(), Kind: kindOf(err)})
 		return
@@ -283,16 +293,16 @@ func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
 // named for a voter would have every peer refuse it, and quorum go. The
 // one such command a voter proposes for another node is the admission of
 // a joiner and the pinning of its certificate's key (admit), which the
-// leader forwards when it lost the lead under the join.
-func (n *Node) speaksForItself(r *http.Request, c *state.Command) error {
+// leader forwards when it lost the lead under the join. req is c decoded
+// (nil for a format this leader does not know, which commit refuses).
+func (n *Node) speaksForItself(r *http.Request, c *state.Command, req state.Request) error {
 	switch c.Op {
 	case state.OpReport, state.OpNodeKey, state.OpNodeOverlay, state.OpNodeCert, state.OpNodeAdd, state.OpCARotate, state.OpTokenRotate, state.OpSeal:
 	default:
-		return nil // not decoded twice: a restore is up to 320 MiB
+		return nil
 	}
-	req, err := c.Request()
-	if err != nil {
-		return nil // what the leader cannot read, commit refuses, saying why
+	if req == nil {
+		return nil
 	}
 	peer := n.peerName(r)
 	voter := func() bool {

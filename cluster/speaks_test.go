@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -127,5 +128,41 @@ func TestAVoterForwardsAnAdmission(t *testing.T) {
 	g, err := a.Store.Node(ctx, "ghost")
 	if err != nil || g.CertKey != key {
 		t.Fatalf("ghost in the leader's replica: %+v, %v", g, err)
+	}
+}
+
+// A node of the mesh that forwards what no replica can read (an op no
+// binary knows, a known op whose body does not decode) is refused by the
+// leader before anything is appended: committed, it stopped every node at
+// apply, and again at each start. The mesh goes on applying.
+func TestForwardedCommandsThatDoNotDecodeAreRefused(t *testing.T) {
+	a, b := twoNodesVoting(t, 1) // ace leads and votes; novox does not
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	addr, err := b.Node.leaderAddr()
+	for deadline := time.Now().Add(10 * time.Second); err != nil; addr, err = b.Node.leaderAddr() {
+		if time.Now().After(deadline) {
+			t.Fatalf("novox knows no leader after 10 s: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, raw := range []string{
+		`{"op":"nosuch","v":3,"body":{}}`,
+		`{"op":"assign","v":18,"body":{"node":1}}`,
+	} {
+		last := a.Node.raft.LastIndex()
+		var rep applyReply
+		err := b.Node.call(ctx, addr, "/v1/apply", json.RawMessage(raw), &rep)
+		if err != nil || rep.Kind != "invalid" || !strings.Contains(rep.Error, "bad command") {
+			t.Errorf("novox forwarded %s: %v %+v, want it refused as a bad command", raw, err, rep)
+		}
+		if now := a.Node.raft.LastIndex(); now != last {
+			t.Errorf("the leader's log went from %d to %d on %s", last, now, raw)
+		}
+	}
+	c := state.NewCommand(&state.ReportRequest{Report: state.Report{Node: "novox", Version: 1, AppliedAt: time.Now()}})
+	c.Time = time.Now().UTC()
+	if _, err := b.Node.forward(ctx, c); err != nil {
+		t.Fatalf("a command after the refused ones: %v", err)
 	}
 }
