@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -50,7 +51,7 @@ func TestRaftRefusalsDoNotFillTheLog(t *testing.T) {
 
 // guest opens a connection to the node port from the loopback address from,
 // without a certificate, and asks for the CA on it; it returns the
-// connection, kept open, if the CA came back.
+// connection (which the node closes after its answer) if the CA came back.
 func guest(addr, from string) (net.Conn, error) {
 	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
 	c, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})
@@ -80,6 +81,9 @@ func guest(addr, from string) (net.Conn, error) {
 // in all; past either a new one is closed after its handshake, the nodes of
 // the mesh are still served, and a place given back is taken again.
 func TestGuestsAreBounded(t *testing.T) {
+	// A guest holds its place with a join whose body has not come (a
+	// guest's connection ends with its answer).
+	t.Cleanup(joinBodyTime.set(2 * time.Minute))
 	a, b := twoNodes(t)
 	waitVoter(t, a, "novox") // its Raft connection is taken (a voter's only)
 	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
@@ -97,10 +101,34 @@ func TestGuestsAreBounded(t *testing.T) {
 			c.Close()
 		}
 	}()
+	// hold opens a guest's connection from the loopback address from and
+	// sends a join without its body: the node took it when it counts one
+	// guest more, and refused it when a read ends.
+	hold := func(from string) (net.Conn, error) {
+		want := guestsOpen() + 1
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+		c, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(c, "POST /v1/join HTTP/1.1\r\nHost: mesh\r\nContent-Length: 100\r\n\r\n{")
+		for deadline := time.Now().Add(5 * time.Second); guestsOpen() < want; {
+			c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+			if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+				c.Close()
+				return nil, fmt.Errorf("closed (%v)", err)
+			}
+			if time.Now().After(deadline) {
+				c.Close()
+				return nil, errors.New("neither taken nor closed after 5 s")
+			}
+		}
+		return c, nil
+	}
 	take := func(from string, n int) {
 		t.Helper()
 		for i := 0; i < n; i++ {
-			c, err := guest(addr, from)
+			c, err := hold(from)
 			if err != nil {
 				t.Fatalf("guest %d from %s: %v", i+1, from, err)
 			}
@@ -108,7 +136,7 @@ func TestGuestsAreBounded(t *testing.T) {
 		}
 	}
 	take("127.0.2.1", guestsPerSource)
-	if c, err := guest(addr, "127.0.2.1"); err == nil {
+	if c, err := hold("127.0.2.1"); err == nil {
 		c.Close()
 		t.Fatalf("guest %d from one address was served, want it closed", guestsPerSource+1)
 	}
@@ -120,7 +148,7 @@ func TestGuestsAreBounded(t *testing.T) {
 		left -= n
 	}
 	last := fmt.Sprintf("127.0.2.%d", src)
-	if c, err := guest(addr, last); err == nil {
+	if c, err := hold(last); err == nil {
 		c.Close()
 		t.Fatalf("guest %d in all was served, want it closed", guestsInAll+1)
 	}
@@ -133,7 +161,7 @@ func TestGuestsAreBounded(t *testing.T) {
 	open = open[1:]
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c, err := guest(addr, last)
+		c, err := hold(last)
 		if err == nil {
 			open = append(open, c)
 			break
@@ -210,6 +238,16 @@ func TestStalledDownloadsLoseTheirSlot(t *testing.T) {
 	}
 }
 
+// guestsNode starts a node, leading, with joinBodyTime a second, for the
+// tests of guests' bodies; it returns it and its port's address.
+func guestsNode(t *testing.T) (*Member, string) {
+	t.Cleanup(joinBodyTime.set(time.Second))
+	a := startAgent(t, initDir(t, LogStoreWAL))
+	t.Cleanup(func() { a.Stop() })
+	waitLeader(t, a)
+	return a, fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+}
+
 // A guest that sends a request's body a byte at a time loses its place
 // once joinBodyTime has passed, whether the handler reads the body (a
 // join) or answers first and leaves the server to read the rest (a GET
@@ -217,11 +255,7 @@ func TestStalledDownloadsLoseTheirSlot(t *testing.T) {
 // its own (the API's streams outlive any), and such guests held every
 // place for as long as they liked.
 func TestSlowBodiesLoseTheirPlace(t *testing.T) {
-	t.Cleanup(joinBodyTime.set(time.Second))
-	a := startAgent(t, initDir(t, LogStoreWAL))
-	t.Cleanup(func() { a.Stop() })
-	waitLeader(t, a)
-	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	a, addr := guestsNode(t)
 	for _, c := range []struct {
 		request string
 		status  int
@@ -283,6 +317,55 @@ func TestSlowBodiesLoseTheirPlace(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A guest's connection ends with its answer: kept alive, a request every
+// minute held a guest's place for good (16 places from one address, 128
+// in all). A join whose body runs past its bound is answered, under the
+// body's deadline: it was read up to the bound, the deadline lifted, and
+// the server then waited without one for the rest before it answered.
+func TestGuestsAreAnsweredAndLetGo(t *testing.T) {
+	a, addr := guestsNode(t)
+	dial := func() *tls.Conn {
+		t.Helper()
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		return conn
+	}
+	answer := func(conn *tls.Conn) (*http.Response, error) {
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return nil, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if _, err := br.ReadByte(); err != io.EOF {
+			return resp, fmt.Errorf("after the answer, the connection read %v, want it closed", err)
+		}
+		return resp, nil
+	}
+	conn := dial()
+	fmt.Fprintf(conn, "GET /v1/ca HTTP/1.1\r\nHost: mesh\r\n\r\n")
+	if resp, err := answer(conn); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("a guest's GET of the CA: %v %v", resp, err)
+	}
+	conn = dial()
+	fmt.Fprintf(conn, "POST /v1/join HTTP/1.1\r\nHost: mesh\r\nContent-Length: %d\r\n\r\n", maxJoinRequest+100)
+	conn.Write(append([]byte("{}"), bytes.Repeat([]byte(" "), maxJoinRequest-2)...)) // and never the rest
+	resp, err := answer(conn)
+	if err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a join over its bound: %v %v", resp, err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); a.Node.mux.guests.Open() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d guests still open after the answers", a.Node.mux.guests.Open())
+		}
 	}
 }
 

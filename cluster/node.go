@@ -264,7 +264,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	// An idle connection is closed after two minutes: the peers' own idle
 	// connections go after one (peerTransport), so none is cut under a request.
 	n.peerAPI = &http.Server{Handler: n.peerHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		ConnState: m.connState}
+		ConnState: m.connState, ConnContext: m.connContext}
 	go n.peerAPI.Serve(m.api)
 	log.Info("raft started", "id", cfg.ID, "addr", trans.LocalAddr(), "log_store", cfg.LogStore)
 	return n, nil

@@ -163,6 +163,11 @@ func (n *Node) peerHandler() http.Handler {
 		(*h).ServeHTTP(w, r.WithContext(ctx))
 	}))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if guestConn(r.Context()) {
+			// A guest's connection ends with its answer: kept alive, one
+			// request every minute held a guest's place for good.
+			w.Header().Set("Connection", "close")
+		}
 		if _, pattern := mux.Handler(r); pattern == "" {
 			// The mux's own refusal (no such path: 404; another method:
 			// 405), which reads no body: the server reads what is left of
@@ -453,17 +458,24 @@ func boundRest(w http.ResponseWriter) {
 // hasBody says r comes with a body (a guest's GET must not).
 func hasBody(r *http.Request) bool { return r.ContentLength != 0 || len(r.TransferEncoding) > 0 }
 
+// maxJoinRequest bounds a join request's body.
+const maxJoinRequest = 1 << 20
+
 func (n *Node) serveJoin(w http.ResponseWriter, r *http.Request) {
 	boundRest(w)
 	rc := http.NewResponseController(w)
 	var req JoinRequest
-	body := io.LimitReader(r.Body, 1<<20)
+	body := &io.LimitedReader{R: r.Body, N: maxJoinRequest + 1}
 	err := json.NewDecoder(body).Decode(&req)
 	if err == nil {
 		// The rest (nothing but space) too: the server reads what a
 		// handler left before it answers, and must not wait for it
 		// without the deadline.
 		_, err = io.Copy(io.Discard, body)
+	}
+	if err == nil && body.N == 0 {
+		// More than the bound: the rest is read under the deadline.
+		err = fmt.Errorf("over the %d kB a join request takes", maxJoinRequest>>10)
 	}
 	if err != nil {
 		// The deadline stays: what is left is read under it, and the

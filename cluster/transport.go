@@ -366,6 +366,24 @@ func (m *mux) fromNode(st tls.ConnectionState) bool {
 	return err == nil && m.member(name, st.PeerCertificates[0])
 }
 
+// guestKey marks the context of a guest's connection (connContext).
+type guestKey struct{}
+
+// connContext is the API server's ConnContext: it marks a guest's
+// connection, which the peer API closes after each answer.
+func (m *mux) connContext(ctx context.Context, c net.Conn) context.Context {
+	if m.guests.holds(c) {
+		return context.WithValue(ctx, guestKey{}, true)
+	}
+	return ctx
+}
+
+// guestConn says ctx is a request's on a guest's connection.
+func guestConn(ctx context.Context) bool {
+	g, _ := ctx.Value(guestKey{}).(bool)
+	return g
+}
+
 // connState is the API server's ConnState: a guest's place is given back
 // when its connection ends.
 func (m *mux) connState(c net.Conn, s http.ConnState) {
@@ -603,6 +621,14 @@ func (g *guests) admit(c net.Conn) (int, bool) {
 		g.conns[c] = src
 	}
 	return open, ok
+}
+
+// holds says c has a guest's place.
+func (g *guests) holds(c net.Conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, ok := g.conns[c]
+	return ok
 }
 
 // gone gives c's place back, if it had one.
