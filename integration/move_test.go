@@ -197,6 +197,17 @@ func checkMove(t *testing.T, n []*agent) {
 	if sum(n[1].h.dir+"/srv/postgres/dump/big") != bigSum {
 		t.Fatal("the 500 MB file differs on n1")
 	}
+	// The step's marker travelled though n2 restarted under the move (its
+	// first apply, of the plan that holds postgres stopped, forgot the
+	// step's run, and the copy sent again carried none: n1 ran it again).
+	// n1's log since its restart, under the copy, holds its start.
+	after = strings.Join(n[1].linesAfter(0), "\n")
+	if !strings.Contains(after, "updated postgres.server (postgres): created") {
+		t.Fatalf("n1's log does not show postgres.server created (the check below would prove nothing):\n%s", after)
+	}
+	if strings.Contains(after, "postgres.superuser-password (postgres): ran") {
+		t.Fatalf("the superuser-password step ran again on n1 (its marker did not travel with the copy sent again):\n%s", after)
+	}
 	if exists(staging) {
 		t.Fatal("a staging directory is left on n1")
 	}

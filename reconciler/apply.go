@@ -1257,15 +1257,23 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 		}
 	}
 	// The ledger forgets the runs of steps and the pulls of containers the
-	// plan no longer holds.
-	want := map[string]bool{}
+	// plan no longer holds, but the runs of a module held stopped (in the
+	// plan, without a container or step: a move, a failed restore):
+	// forgotten, its steps ran again where it started next (on TO, from
+	// the markers the move sends; here, after an abort).
+	want, held := map[string]bool{}, map[string]bool{}
 	for _, res := range plan.Resources {
+		if _, ok := held[res.Module]; !ok {
+			held[res.Module] = true
+		}
 		if res.Kind == manifest.KindStep || res.Kind == manifest.KindContainer {
 			want[res.Kind+"\x00"+res.RuntimeName()] = true
+			held[res.Module] = false
 		}
 	}
 	for k := range x.r.ledger.Markers {
-		if !want[manifest.KindStep+"\x00"+k] {
+		module, _, _ := strings.Cut(k, ".") // a module's name is a DNS label: no dot
+		if !want[manifest.KindStep+"\x00"+k] && !held[module] {
 			delete(x.r.ledger.Markers, k)
 		}
 	}

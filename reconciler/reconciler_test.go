@@ -476,6 +476,30 @@ func TestFileChangeReplacesOnlyItsReader(t *testing.T) {
 	}
 }
 
+// A module held stopped (a move's, a failed restore's: in the plan without
+// its containers and steps) keeps the runs of its steps: forgotten, they
+// ran again where it started next. One that leaves the node forgets them.
+func TestHeldModuleKeepsItsStepRuns(t *testing.T) {
+	b := newBed(t)
+	if o := outcome(b.apply(), "app.migrate"); o.Outcome != state.Ran {
+		t.Fatalf("step: %+v", o)
+	}
+	b.in.Stopped = map[state.HeldKey]string{{Node: "ace", Module: "app"}: state.MoveCopy}
+	b.apply()
+	if len(b.r.MarkersOf("app")) == 0 {
+		t.Fatal("the step's run was forgotten while its module was held stopped")
+	}
+	b.in.Stopped = nil
+	if o := outcome(b.apply(), "app.migrate"); o.Outcome != state.Unchanged {
+		t.Fatalf("the step once its module starts again: %+v", o)
+	}
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.apply()
+	if m := b.r.MarkersOf("app"); len(m) != 0 {
+		t.Fatalf("the runs of a module gone from the node are kept: %v", m)
+	}
+}
+
 func TestBindingChangeRerunsStepThenRecreatesServer(t *testing.T) {
 	b := newBed(t)
 	b.apply()
