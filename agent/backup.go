@@ -971,6 +971,13 @@ func (b *backups) settleJournal(j restoreJournalFile, cause error) error {
 	return fmt.Errorf("some data directories were restored and others not, and the module starts on them: %w; putting them back failed: %w (the journal is kept as %s)", cause, uerr, kept)
 }
 
+// holds says module is held stopped by a failed restore (holdIn).
+func (b *backups) holds(module string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.held == module
+}
+
 // holdIn is plan without the containers and steps of the module held
 // (backups.held), as if stopped, while the journal of its failed restore
 // stays; plan itself once there is none.

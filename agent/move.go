@@ -206,6 +206,17 @@ func (m *movers) send(ctx context.Context, mv state.MoveInfo) (moveResult, error
 	if addr == "" {
 		return res, fmt.Errorf("no address is known for %s", mv.To)
 	}
+	// What the host does not touch for a module is not sent either: a
+	// manifest that names this node's data dir (which the state cannot
+	// know) would have its keys and state copied to TO.
+	for _, d := range mv.Data {
+		if why := a.reconciler.RefusedPath(d); why != "" {
+			return res, fmt.Errorf("data directory %s is not sent: %s", d, why)
+		}
+	}
+	if a.backups.holds(mv.Module) {
+		return res, fmt.Errorf("%s is held stopped here: a restore of it failed and could not be put back, and its journal stays (the agent's log says where each copy is); it is not moved on a mix", mv.Module)
+	}
 	// Holding the node only to stop the module and read its markers: the
 	// plan holds none of its containers or steps from the copy on, so no
 	// apply starts anything of it, and no node waits on another's copy (two
