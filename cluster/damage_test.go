@@ -298,19 +298,7 @@ func TestCheckSnapshotsWithoutTheReplicasEntry(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var ids []string
-			for _, i := range tc.snapshots {
-				sink, err := snaps.Create(1, i, 2, conf, 1, peerEncoder{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				sink.Write(bytes.Repeat([]byte{byte(i)}, 4096))
-				if err := sink.Close(); err != nil {
-					t.Fatal(err)
-				}
-				ids = append(ids, sink.ID())
-				time.Sleep(2 * time.Millisecond) // IDs end in the millisecond
-			}
+			ids := makeSnapshots(t, snaps, conf, tc.snapshots...)
 			newest := ids[len(ids)-1]
 			at := filepath.Join(dir, "snapshots", "snapshots", newest)
 			switch tc.damage {
@@ -383,19 +371,7 @@ func TestCheckSnapshotsSetsEveryDamagedOneAside(t *testing.T) {
 		t.Fatal(err)
 	}
 	conf := raft.Configuration{Servers: []raft.Server{{ID: "ace", Address: "127.0.0.1:1"}}}
-	var ids []string
-	for _, i := range []uint64{20, 40, 50} {
-		sink, err := snaps.Create(1, i, 2, conf, 1, peerEncoder{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		sink.Write(bytes.Repeat([]byte{byte(i)}, 4096))
-		if err := sink.Close(); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, sink.ID())
-		time.Sleep(2 * time.Millisecond) // IDs end in the millisecond
-	}
+	ids := makeSnapshots(t, snaps, conf, 20, 40, 50)
 	at := func(id string) string { return filepath.Join(dir, "snapshots", "snapshots", id) }
 	if err := os.WriteFile(filepath.Join(at(ids[2]), "meta.json"), []byte("{garbage"), 0o600); err != nil {
 		t.Fatal(err)
@@ -433,6 +409,26 @@ func TestCheckSnapshotsSetsEveryDamagedOneAside(t *testing.T) {
 	} else {
 		rc.Close()
 	}
+}
+
+// makeSnapshots writes a snapshot at each of indexes (term 2, conf as of
+// entry 1), oldest first, and returns their IDs.
+func makeSnapshots(t *testing.T, snaps *raft.FileSnapshotStore, conf raft.Configuration, indexes ...uint64) []string {
+	t.Helper()
+	var ids []string
+	for _, i := range indexes {
+		sink, err := snaps.Create(1, i, 2, conf, 1, peerEncoder{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sink.Write(bytes.Repeat([]byte{byte(i)}, 4096))
+		if err := sink.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sink.ID())
+		time.Sleep(2 * time.Millisecond) // IDs end in the millisecond
+	}
+	return ids
 }
 
 // A bolt log store keeps, on a follower, the entries before a snapshot
