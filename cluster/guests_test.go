@@ -355,12 +355,23 @@ func TestGuestsAreAnsweredAndLetGo(t *testing.T) {
 	if resp, err := answer(conn); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("a guest's GET of the CA: %v %v", resp, err)
 	}
+	// A join over its bound, its rest never sent: answered under the
+	// deadline (before, not at all); and one sent whole: refused at once.
 	conn = dial()
 	fmt.Fprintf(conn, "POST /v1/join HTTP/1.1\r\nHost: mesh\r\nContent-Length: %d\r\n\r\n", maxJoinRequest+100)
 	conn.Write(append([]byte("{}"), bytes.Repeat([]byte(" "), maxJoinRequest-2)...)) // and never the rest
 	resp, err := answer(conn)
 	if err != nil || resp.StatusCode != http.StatusBadRequest {
-		t.Fatalf("a join over its bound: %v %v", resp, err)
+		t.Fatalf("a join over its bound, cut short: %v %v", resp, err)
+	}
+	conn = dial()
+	fmt.Fprintf(conn, "POST /v1/join HTTP/1.1\r\nHost: mesh\r\nContent-Length: %d\r\n\r\n", maxJoinRequest+100)
+	conn.Write(append([]byte("{}"), bytes.Repeat([]byte(" "), maxJoinRequest+98)...))
+	br := bufio.NewReader(conn)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a join over its bound, sent whole: %v %v", resp, err)
+	} else if body, _ := io.ReadAll(resp.Body); !strings.Contains(string(body), "over the 1024 kB a join request takes") {
+		t.Fatalf("a join over its bound, sent whole: %s", body)
 	}
 	for deadline := time.Now().Add(5 * time.Second); a.Node.mux.guests.Open() != 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
