@@ -978,7 +978,7 @@ func (b *backups) holds(module string) bool {
 	return b.held == module
 }
 
-// holdIn is plan without the containers and steps of the module held
+// holdIn is plan without the containers, steps and routes of the module held
 // (backups.held), as if stopped, while the journal of its failed restore
 // stays; plan itself once there is none.
 func (b *backups) holdIn(plan *state.Plan) *state.Plan {
@@ -1001,6 +1001,8 @@ func (b *backups) holdIn(plan *state.Plan) *state.Plan {
 	q.Resources = slices.DeleteFunc(slices.Clone(plan.Resources), func(r state.Resource) bool {
 		return r.Module == held && (r.Kind == manifest.KindContainer || r.Kind == manifest.KindStep)
 	})
+	// Its routes go too, as a stopped module's: nothing answers them.
+	q.Routes = slices.DeleteFunc(slices.Clone(plan.Routes), func(r state.Route) bool { return r.Module == held })
 	return &q
 }
 

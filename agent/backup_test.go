@@ -671,13 +671,17 @@ func TestFailedRestoreSettlesItsJournal(t *testing.T) {
 		{Module: "db", Kind: manifest.KindStep, Name: "migrate"},
 		{Module: "db", Kind: manifest.KindContainer, Name: "server"},
 		{Module: "web", Kind: manifest.KindContainer, Name: "server"},
-	}}
+	}, Routes: []state.Route{{Name: "db", Module: "db", Port: 5432}, {Name: "web", Module: "web", Port: 80}}}
+	held := b.holdIn(plan)
 	var kinds []string
-	for _, r := range b.holdIn(plan).Resources {
+	for _, r := range held.Resources {
 		kinds = append(kinds, r.Module+" "+r.Kind)
 	}
-	if strings.Join(kinds, ", ") != "db directory, web container" || len(plan.Resources) != 4 {
-		t.Fatalf("the plan while the journal stays: %v (the node's plan itself holds %d)", kinds, len(plan.Resources))
+	for _, r := range held.Routes {
+		kinds = append(kinds, r.Module+" route")
+	}
+	if strings.Join(kinds, ", ") != "db directory, web container, web route" || len(plan.Resources) != 4 || len(plan.Routes) != 2 {
+		t.Fatalf("the plan while the journal stays: %v (the node's plan itself holds %d resources, %d routes)", kinds, len(plan.Resources), len(plan.Routes))
 	}
 	if err := os.Remove(filepath.Join(b.dir, restoreJournal)); err != nil {
 		t.Fatal(err)

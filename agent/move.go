@@ -154,6 +154,14 @@ func (m *movers) copyOut(ctx context.Context, mv state.MoveInfo) {
 			return
 		}
 		last = err
+		if errors.Is(err, errNotMovable) {
+			// Trying again changes nothing, and the module is held
+			// stopped meanwhile: the move is aborted at once.
+			if m.stillAt(ctx, mv) {
+				m.step(ctx, mv, state.MoveAborted, err.Error())
+			}
+			return
+		}
 		m.a.log.Warn("move: the copy failed; trying again", "module", mv.Module, "to", mv.To, "try", try, "err", err)
 		select {
 		case <-ctx.Done():
@@ -197,6 +205,10 @@ func (m *movers) stillAt(ctx context.Context, mv state.MoveInfo) bool {
 	return err == nil && len(l) == 1 && l[0].ID == mv.ID && l[0].Phase == mv.Phase
 }
 
+// errNotMovable: FROM does not send the module, and trying again changes
+// nothing (copyOut aborts the move at once).
+var errNotMovable = errors.New("not moved")
+
 // send stops the module here and streams its data directories to TO,
 // holding the node so that no apply starts anything of it meanwhile.
 func (m *movers) send(ctx context.Context, mv state.MoveInfo) (moveResult, error) {
@@ -211,11 +223,11 @@ func (m *movers) send(ctx context.Context, mv state.MoveInfo) (moveResult, error
 	// know) would have its keys and state copied to TO.
 	for _, d := range mv.Data {
 		if why := a.reconciler.RefusedPath(d); why != "" {
-			return res, fmt.Errorf("data directory %s is not sent: %s", d, why)
+			return res, fmt.Errorf("%w: data directory %s is not sent: %s", errNotMovable, d, why)
 		}
 	}
 	if a.backups.holds(mv.Module) {
-		return res, fmt.Errorf("%s is held stopped here: a restore of it failed and could not be put back, and its journal stays (the agent's log says where each copy is); it is not moved on a mix", mv.Module)
+		return res, fmt.Errorf("%w: %s is held stopped here: a restore of it failed and could not be put back, and its journal stays (the agent's log says where each copy is); it is not moved on a mix", errNotMovable, mv.Module)
 	}
 	// Holding the node only to stop the module and read its markers: the
 	// plan holds none of its containers or steps from the copy on, so no
