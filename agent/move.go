@@ -451,7 +451,11 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 		if err != nil {
 			return err
 		}
-		if err := a.reconciler.Adopt(module, meta.Markers, mv.Data, parents); err != nil {
+		// The markers are kept until the start reaches this node; a move
+		// still at its copy moveLimit after its phase began is aborted
+		// by FROM, so twice that (for the clocks of two nodes) outlives
+		// every move that can still start.
+		if err := a.reconciler.Adopt(module, meta.Markers, mv.Data, parents, time.Now().Add(2*moveLimit)); err != nil {
 			undo()
 			return err
 		}

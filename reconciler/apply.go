@@ -1258,9 +1258,10 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 	}
 	// The ledger forgets the runs of steps and the pulls of containers the
 	// plan no longer holds, but the runs of a module held stopped (in the
-	// plan, without a container or step: a move, a failed restore):
-	// forgotten, its steps ran again where it started next (on TO, from
-	// the markers the move sends; here, after an abort).
+	// plan, without a container or step: a move, a failed restore), and
+	// those a move brought here before its start reached the node
+	// (Arriving): forgotten, its steps ran again where it started next
+	// (on TO, from the markers the move sends; here, after an abort).
 	want, held := map[string]bool{}, map[string]bool{}
 	for _, res := range plan.Resources {
 		if _, ok := held[res.Module]; !ok {
@@ -1269,6 +1270,14 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 		if res.Kind == manifest.KindStep || res.Kind == manifest.KindContainer {
 			want[res.Kind+"\x00"+res.RuntimeName()] = true
 			held[res.Module] = false
+		}
+	}
+	now := x.r.cfg.Now()
+	for module, until := range x.r.ledger.Arriving {
+		if stopped, in := held[module]; (in && !stopped) || now.After(until) {
+			delete(x.r.ledger.Arriving, module)
+		} else {
+			held[module] = true
 		}
 	}
 	for k := range x.r.ledger.Markers {

@@ -34,6 +34,12 @@ type Ledger struct {
 	PrePull map[string]PrePull `json:"pre_pull,omitempty"`
 	// Schedules maps a scheduled step (MODULE.STEP) to its runs.
 	Schedules map[string]Scheduled `json:"schedules,omitempty"`
+	// Arriving maps a module a move brought here (Adopt) to when its
+	// markers stop being kept without the module in the plan: until its
+	// start reaches this node the plan holds nothing of it, and an apply
+	// meanwhile (a resync, another module's change) must not forget the
+	// runs of its steps, or they run again on the data they ran on.
+	Arriving map[string]time.Time `json:"arriving,omitempty"`
 
 	path  string
 	saved []byte

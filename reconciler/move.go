@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"time"
 
 	"mesh/state/manifest"
 )
@@ -60,8 +61,10 @@ func (r *Reconciler) MarkersOf(module string) map[string]Marker {
 // Adopt records, inside Exclusive, what a move brought: markers of
 // module's steps, the data directories it wrote and the parents it made
 // for them, each the mesh's own from now on (never removed but for
-// --purge-data, as data made here would be).
-func (r *Reconciler) Adopt(module string, markers map[string]Marker, data, parents []string) error {
+// --purge-data, as data made here would be). The markers are kept until
+// the module's steps are in the plan, or until keep passes (the move
+// ended without starting here: it was aborted).
+func (r *Reconciler) Adopt(module string, markers map[string]Marker, data, parents []string, keep time.Time) error {
 	// What the ledger held at each key this writes, to put back when the
 	// save fails (a full disk): the ledger in memory never claims more
 	// than the one on disk (Ledger.Put), and the caller puts back the
@@ -86,6 +89,11 @@ func (r *Reconciler) Adopt(module string, markers map[string]Marker, data, paren
 		oldMarkers[name] = was[Marker]{v, had}
 		r.ledger.Markers[name] = m
 	}
+	oldArriving, hadArriving := r.ledger.Arriving[module]
+	if r.ledger.Arriving == nil {
+		r.ledger.Arriving = map[string]time.Time{}
+	}
+	r.ledger.Arriving[module] = keep.UTC()
 	for _, p := range parents {
 		if _, ok := r.ledger.Paths[p]; !ok {
 			setPath(p, PathEntry{Kind: manifest.KindDirectory, Module: module})
@@ -108,6 +116,11 @@ func (r *Reconciler) Adopt(module string, markers map[string]Marker, data, paren
 			} else {
 				delete(r.ledger.Paths, p)
 			}
+		}
+		if hadArriving {
+			r.ledger.Arriving[module] = oldArriving
+		} else {
+			delete(r.ledger.Arriving, module)
 		}
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // A move's receiver refuses a data directory that holds another module's
@@ -54,7 +55,7 @@ func TestAdoptTakesBackWhatItCouldNotSave(t *testing.T) {
 	path := b.r.ledger.path
 	b.r.ledger.path = filepath.Join(path, "not-a-directory") // the save fails
 	err = b.r.Adopt("moved", map[string]Marker{"moved.init": {Digest: "d"}, "mail.x": {Digest: "e"}},
-		[]string{moved, mail}, []string{filepath.Join(b.dir, "srv")})
+		[]string{moved, mail}, []string{filepath.Join(b.dir, "srv")}, time.Now().Add(time.Hour))
 	if err == nil {
 		t.Fatal("Adopt saved a ledger under a file")
 	}
@@ -63,7 +64,7 @@ func TestAdoptTakesBackWhatItCouldNotSave(t *testing.T) {
 		t.Errorf("a failed adoption changed the ledger in memory:\nbefore %s\nafter  %s", before, after)
 	}
 	b.r.ledger.path = path
-	if err := b.r.Adopt("moved", map[string]Marker{"moved.init": {Digest: "d"}}, []string{moved}, nil); err != nil {
+	if err := b.r.Adopt("moved", map[string]Marker{"moved.init": {Digest: "d"}}, []string{moved}, nil, time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	if got := b.r.PathModule(moved); got != "moved" {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"mesh/internal/testutil"
 	"mesh/state"
@@ -497,6 +498,63 @@ func TestHeldModuleKeepsItsStepRuns(t *testing.T) {
 	b.apply()
 	if m := b.r.MarkersOf("app"); len(m) != 0 {
 		t.Fatalf("the runs of a module gone from the node are kept: %v", m)
+	}
+}
+
+// The markers a move brings to its TO are kept while the module is not in
+// the node's plan yet: an apply between the copy and the start (the
+// resync, another module's change, a start the leader takes late) forgot
+// them, and the steps ran again on the data they had run on (a review).
+// They go once the move can no longer start.
+func TestArrivingModuleKeepsItsStepRuns(t *testing.T) {
+	b := newBed(t)
+	if o := outcome(b.apply(), "app.migrate"); o.Outcome != state.Ran {
+		t.Fatalf("step: %+v", o)
+	}
+	markers := b.r.MarkersOf("app")
+	both := b.in.Assignments
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.apply()
+	if m := b.r.MarkersOf("app"); len(m) != 0 {
+		t.Fatalf("the runs of a module gone from the node are kept: %v", m)
+	}
+
+	now := time.Now()
+	if err := b.r.Adopt("app", markers, nil, nil, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	b.apply() // before the start: the plan holds nothing of app
+	if m := b.r.MarkersOf("app"); len(m) != len(markers) {
+		t.Fatalf("an apply before the move's start forgot its markers: %v, adopted %v", m, markers)
+	}
+	reloaded, err := LoadLedger(b.r.ledger.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := reloaded.Arriving["app"]; !ok || len(reloaded.Markers) == 0 {
+		t.Fatalf("the ledger on disk (a kill -9 now) does not keep them: %+v", reloaded)
+	}
+	b.in.Assignments = both // the start
+	if o := outcome(b.apply(), "app.migrate"); o.Outcome != state.Unchanged {
+		t.Fatalf("the moved module's step once it starts: %+v", o)
+	}
+	if _, ok := b.r.ledger.Arriving["app"]; ok {
+		t.Fatal("the module started and is still arriving")
+	}
+
+	// A move that never starts (aborted): kept until its time is up.
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	if err := b.r.Adopt("app", markers, nil, nil, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	b.apply()
+	if len(b.r.MarkersOf("app")) == 0 {
+		t.Fatal("forgotten before the time is up")
+	}
+	b.r.cfg.Now = func() time.Time { return now.Add(2 * time.Hour) }
+	b.apply()
+	if m := b.r.MarkersOf("app"); len(m) != 0 || len(b.r.ledger.Arriving) != 0 {
+		t.Fatalf("the markers of a move that can no longer start are kept: %v, %v", m, b.r.ledger.Arriving)
 	}
 }
 
