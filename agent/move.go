@@ -58,6 +58,9 @@ const (
 const (
 	moveStaging = ".mesh-moving"
 	moveAside   = ".mesh-before-move"
+	// moveStale is an earlier copy of the same move, replaced by the
+	// copy tried again (swapCopiesIn), until it is removed.
+	moveStale = ".mesh-moved-before"
 )
 
 // moveResult is what TO answers a copy with.
@@ -412,8 +415,10 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 		if err != nil {
 			return res, http.StatusInternalServerError, err
 		}
-		if err := os.RemoveAll(d + moveStaging); err != nil { // a copy cut short
-			return res, http.StatusInternalServerError, err
+		for _, left := range []string{d + moveStaging, d + moveStale} { // a copy cut short, one replaced before a kill
+			if err := os.RemoveAll(left); err != nil {
+				return res, http.StatusInternalServerError, err
+			}
 		}
 	}
 	cleanup := func() {
@@ -438,6 +443,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 		meta = moveMeta{} // no markers: the steps run again here
 	}
 	res.Summary, res.Aside = sum, map[string]string{}
+	var stale []string // earlier copies of this move, replaced
 	err = a.reconciler.Exclusive(ctx, func(ctx context.Context) error {
 		// Still this move, still at its copy: a move aborted meanwhile
 		// leaves the node as it was.
@@ -447,23 +453,41 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 		if err := othersPath(); err != nil {
 			return err
 		}
-		undo, err := swapCopiesIn(mv.Data, res.Aside, hostSwap)
+		// A copy of this move already swapped in replaces nothing of
+		// the operator's: what the first one set aside stays there, and
+		// is reported again.
+		prev, again := a.reconciler.Arrived(module, id)
+		undo, replaced, err := swapCopiesIn(mv.Data, res.Aside, func(d string) bool {
+			return again && a.reconciler.PathModule(d) == module
+		}, hostSwap)
 		if err != nil {
 			return err
+		}
+		for d, w := range prev.Aside {
+			if _, ok := res.Aside[d]; !ok && slices.Contains(mv.Data, d) {
+				res.Aside[d] = w
+			}
 		}
 		// The markers are kept until the start reaches this node; a move
 		// still at its copy moveLimit after its phase began is aborted
 		// by FROM, so twice that (for the clocks of two nodes) outlives
 		// every move that can still start.
-		if err := a.reconciler.Adopt(module, meta.Markers, mv.Data, parents, time.Now().Add(2*moveLimit)); err != nil {
+		arr := reconciler.Arrival{Move: id, Until: time.Now().Add(2 * moveLimit), Aside: res.Aside}
+		if err := a.reconciler.Adopt(module, arr, meta.Markers, mv.Data, parents); err != nil {
 			undo()
 			return err
 		}
+		stale = replaced
 		return nil
 	})
 	if err != nil {
 		cleanup()
 		return res, http.StatusInternalServerError, err
+	}
+	for _, w := range stale {
+		if err := os.RemoveAll(w); err != nil {
+			a.log.Warn("move: the copy this one replaced is left", "module", module, "path", w, "err", err)
+		}
 	}
 	a.log.Info("move: received", "module", module, "from", mv.From, "files", res.Summary.Files, "bytes", res.Summary.Bytes, "aside", res.Aside)
 	return res, http.StatusOK, nil
@@ -478,43 +502,52 @@ type swapOps struct {
 var hostSwap = swapOps{rename: os.Rename, syncDir: safefs.SyncDir}
 
 // swapCopiesIn swaps each directory's copy (at d+moveStaging) in at d,
-// setting what was at d aside (recorded in aside, d -> where). A failure
-// puts back every directory swapped so far (the copy to its staging path,
-// which the caller removes; what was there to d) and is returned: the
-// node is as it was, and the copy is tried again. undo does the same
-// after a success, for a later step that fails (the ledger's save).
-func swapCopiesIn(data []string, aside map[string]string, ops swapOps) (undo func(), err error) {
+// setting what was at d aside (recorded in aside, d -> where). What was at
+// d is an earlier copy of the same move when again(d) says so (its answer
+// was lost, or FROM stopped before the start): that one never ran, and is
+// set at d+moveStale, returned in stale for the caller to remove once the
+// ledger holds the new one, rather than kept aside with every try. A
+// failure puts back every directory swapped so far (the copy to its
+// staging path, which the caller removes; what was there to d) and is
+// returned: the node is as it was, and the copy is tried again. undo does
+// the same after a success, for a later step that fails (the ledger's
+// save).
+func swapCopiesIn(data []string, aside map[string]string, again func(d string) bool, ops swapOps) (undo func(), stale []string, err error) {
 	var swapped []string
+	was := map[string]string{} // d -> where what it held is now
 	undo = func() {
 		for _, d := range slices.Backward(swapped) {
 			ops.rename(d, d+moveStaging)
-			if was, ok := aside[d]; ok {
-				ops.rename(was, d)
-				delete(aside, d)
+			if w, ok := was[d]; ok {
+				ops.rename(w, d)
+				delete(was, d)
 			}
 			ops.syncDir(filepath.Dir(d))
 		}
 		swapped = nil
+		clear(aside)
 	}
 	for _, d := range data {
 		if _, err := os.Lstat(d); err == nil {
-			was := d + moveAside
-			if _, err := os.Lstat(was); err == nil {
-				was = fmt.Sprintf("%s-%d", was, time.Now().Unix())
+			w := d + moveAside
+			if again != nil && again(d) {
+				w = d + moveStale
+			} else if _, err := os.Lstat(w); err == nil {
+				w = fmt.Sprintf("%s-%d", w, time.Now().Unix())
 			}
-			if err := ops.rename(d, was); err != nil {
+			if err := ops.rename(d, w); err != nil {
 				undo()
-				return nil, err
+				return nil, nil, err
 			}
-			aside[d] = was
+			was[d] = w
 		}
 		if err := ops.rename(d+moveStaging, d); err != nil {
-			if was, ok := aside[d]; ok {
-				ops.rename(was, d) // as it was
-				delete(aside, d)
+			if w, ok := was[d]; ok {
+				ops.rename(w, d) // as it was
+				delete(was, d)
 			}
 			undo()
-			return nil, err
+			return nil, nil, err
 		}
 		swapped = append(swapped, d)
 		// The renames are durable before the ledger and the state say
@@ -522,10 +555,17 @@ func swapCopiesIn(data []string, aside map[string]string, ops swapOps) (undo fun
 		// on what was at d before, while FROM lets its copy go.
 		if err := ops.syncDir(filepath.Dir(d)); err != nil {
 			undo()
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return undo, nil
+	for _, d := range data {
+		if w, ok := was[d]; ok && w == d+moveStale {
+			stale = append(stale, w)
+		} else if ok {
+			aside[d] = w
+		}
+	}
+	return undo, stale, nil
 }
 
 // makeParents makes the missing directories of p (0755, root's), following

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"mesh/internal/safefs"
@@ -21,7 +22,7 @@ func TestSwapCopiesInPutsBackOnAnyFailure(t *testing.T) {
 		dir, data := swapBed(t)
 		aside := map[string]string{}
 		ops := counted(&total, -1, -1)
-		undo, err := swapCopiesIn(data, aside, ops)
+		undo, _, err := swapCopiesIn(data, aside, nil, ops)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +46,7 @@ func TestSwapCopiesInPutsBackOnAnyFailure(t *testing.T) {
 		dir, data := swapBed(t)
 		aside := map[string]string{}
 		var n swapCalls
-		if _, err := swapCopiesIn(data, aside, counted(&n, k, -1)); err == nil {
+		if _, _, err := swapCopiesIn(data, aside, nil, counted(&n, k, -1)); err == nil {
 			t.Fatalf("rename %d failed and the swap said nothing", k)
 		}
 		checkAsItWas(t, dir, data, aside)
@@ -54,10 +55,64 @@ func TestSwapCopiesInPutsBackOnAnyFailure(t *testing.T) {
 		dir, data := swapBed(t)
 		aside := map[string]string{}
 		var n swapCalls
-		if _, err := swapCopiesIn(data, aside, counted(&n, -1, k)); err == nil {
+		if _, _, err := swapCopiesIn(data, aside, nil, counted(&n, -1, k)); err == nil {
 			t.Fatalf("sync %d failed and the swap said nothing", k)
 		}
 		checkAsItWas(t, dir, data, aside)
+	}
+}
+
+// A copy of the same move tried again (its answer was lost, or FROM
+// stopped before the start) replaces the earlier copy, which never ran,
+// rather than setting it aside as well: a review found every try kept
+// one more whole copy of the module's data on TO, for ever. What the first
+// copy set aside stays where it is.
+func TestSwapCopiesInReplacesAnEarlierCopy(t *testing.T) {
+	dir, data := swapBed(t)
+	first := map[string]string{}
+	if _, _, err := swapCopiesIn(data, first, nil, hostSwap); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range data {
+		write(t, d+moveStaging, "again")
+	}
+	ours := func(d string) bool { return d != data[2] } // the third is not the move's (set aside)
+	aside := map[string]string{}
+	undo, stale, err := swapCopiesIn(data, aside, ours, hostSwap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{data[0] + moveStale, data[1] + moveStale}; !slices.Equal(stale, want) {
+		t.Errorf("stale %v, want %v", stale, want)
+	}
+	for i, d := range data {
+		if got := content(d); got != "again" {
+			t.Errorf("%s holds %q, want the copy tried again", d, got)
+		}
+		if i != 1 && content(first[d]) != old(i) {
+			t.Errorf("what %s held before the move is no longer at %s", d, first[d])
+		}
+	}
+	if len(aside) != 1 || content(aside[data[2]]) != "new" {
+		t.Errorf("set aside now: %v", aside)
+	}
+	for _, w := range stale {
+		if content(w) != "new" {
+			t.Errorf("%s holds %q, want the earlier copy", w, content(w))
+		}
+	}
+	undo()
+	for _, d := range data {
+		if content(d) != "new" || content(d+moveStaging) != "again" {
+			t.Errorf("undo: %s holds %q, its staging %q", d, content(d), content(d+moveStaging))
+		}
+	}
+	if len(aside) != 0 {
+		t.Errorf("undo left %v in the answer", aside)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 3+3+2 { // the copies, the tries again, the first asides
+		t.Errorf("after undo %s holds %d entries", dir, len(ents))
 	}
 }
 

@@ -1273,8 +1273,8 @@ func (x *run) removeUnwanted(ctx context.Context, plan *state.Plan, paths, ctrs 
 		}
 	}
 	now := x.r.cfg.Now()
-	for module, until := range x.r.ledger.Arriving {
-		if stopped, in := held[module]; (in && !stopped) || now.After(until) {
+	for module, arr := range x.r.ledger.Arriving {
+		if stopped, in := held[module]; (in && !stopped) || now.After(arr.Until) {
 			delete(x.r.ledger.Arriving, module)
 		} else {
 			held[module] = true

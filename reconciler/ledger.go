@@ -39,10 +39,23 @@ type Ledger struct {
 	// start reaches this node the plan holds nothing of it, and an apply
 	// meanwhile (a resync, another module's change) must not forget the
 	// runs of its steps, or they run again on the data they ran on.
-	Arriving map[string]time.Time `json:"arriving,omitempty"`
+	Arriving map[string]Arrival `json:"arriving,omitempty"`
 
 	path  string
 	saved []byte
+}
+
+// Arrival is a move's copy swapped in here whose start has not reached the
+// node yet (Ledger.Arriving).
+type Arrival struct {
+	// Move is the move's ID (the index of its module.move).
+	Move uint64 `json:"move"`
+	// Until is when its markers stop being kept without the module in
+	// the plan (the move can no longer start).
+	Until time.Time `json:"until"`
+	// Aside is where the copy set what each data directory held before
+	// (directory -> where), for a copy of the same move tried again.
+	Aside map[string]string `json:"aside,omitempty"`
 }
 
 // PrePull is the image a container ran before the pull at Index.

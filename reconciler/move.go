@@ -2,9 +2,9 @@ package reconciler
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
-	"time"
 
 	"mesh/state/manifest"
 )
@@ -62,9 +62,9 @@ func (r *Reconciler) MarkersOf(module string) map[string]Marker {
 // module's steps, the data directories it wrote and the parents it made
 // for them, each the mesh's own from now on (never removed but for
 // --purge-data, as data made here would be). The markers are kept until
-// the module's steps are in the plan, or until keep passes (the move
+// the module's steps are in the plan, or until arr.Until passes (the move
 // ended without starting here: it was aborted).
-func (r *Reconciler) Adopt(module string, markers map[string]Marker, data, parents []string, keep time.Time) error {
+func (r *Reconciler) Adopt(module string, arr Arrival, markers map[string]Marker, data, parents []string) error {
 	// What the ledger held at each key this writes, to put back when the
 	// save fails (a full disk): the ledger in memory never claims more
 	// than the one on disk (Ledger.Put), and the caller puts back the
@@ -91,9 +91,11 @@ func (r *Reconciler) Adopt(module string, markers map[string]Marker, data, paren
 	}
 	oldArriving, hadArriving := r.ledger.Arriving[module]
 	if r.ledger.Arriving == nil {
-		r.ledger.Arriving = map[string]time.Time{}
+		r.ledger.Arriving = map[string]Arrival{}
 	}
-	r.ledger.Arriving[module] = keep.UTC()
+	arr.Until = arr.Until.UTC()
+	arr.Aside = maps.Clone(arr.Aside)
+	r.ledger.Arriving[module] = arr
 	for _, p := range parents {
 		if _, ok := r.ledger.Paths[p]; !ok {
 			setPath(p, PathEntry{Kind: manifest.KindDirectory, Module: module})
@@ -125,6 +127,13 @@ func (r *Reconciler) Adopt(module string, markers map[string]Marker, data, paren
 		return err
 	}
 	return nil
+}
+
+// Arrived is, inside Exclusive, the copy of module's move swapped in here
+// (Adopt) and not started yet, if it is move's.
+func (r *Reconciler) Arrived(module string, move uint64) (Arrival, bool) {
+	a, ok := r.ledger.Arriving[module]
+	return a, ok && a.Move == move
 }
 
 // RefusedPath says why the host will not touch a path ("" when it will).

@@ -54,8 +54,9 @@ func TestAdoptTakesBackWhatItCouldNotSave(t *testing.T) {
 	moved := filepath.Join(b.dir, "srv", "moved")
 	path := b.r.ledger.path
 	b.r.ledger.path = filepath.Join(path, "not-a-directory") // the save fails
-	err = b.r.Adopt("moved", map[string]Marker{"moved.init": {Digest: "d"}, "mail.x": {Digest: "e"}},
-		[]string{moved, mail}, []string{filepath.Join(b.dir, "srv")}, time.Now().Add(time.Hour))
+	arr := Arrival{Move: 7, Until: time.Now().Add(time.Hour)}
+	err = b.r.Adopt("moved", arr, map[string]Marker{"moved.init": {Digest: "d"}, "mail.x": {Digest: "e"}},
+		[]string{moved, mail}, []string{filepath.Join(b.dir, "srv")})
 	if err == nil {
 		t.Fatal("Adopt saved a ledger under a file")
 	}
@@ -64,7 +65,7 @@ func TestAdoptTakesBackWhatItCouldNotSave(t *testing.T) {
 		t.Errorf("a failed adoption changed the ledger in memory:\nbefore %s\nafter  %s", before, after)
 	}
 	b.r.ledger.path = path
-	if err := b.r.Adopt("moved", map[string]Marker{"moved.init": {Digest: "d"}}, []string{moved}, nil, time.Now().Add(time.Hour)); err != nil {
+	if err := b.r.Adopt("moved", arr, map[string]Marker{"moved.init": {Digest: "d"}}, []string{moved}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := b.r.PathModule(moved); got != "moved" {

@@ -520,7 +520,7 @@ func TestArrivingModuleKeepsItsStepRuns(t *testing.T) {
 	}
 
 	now := time.Now()
-	if err := b.r.Adopt("app", markers, nil, nil, now.Add(time.Hour)); err != nil {
+	if err := b.r.Adopt("app", Arrival{Move: 9, Until: now.Add(time.Hour)}, markers, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	b.apply() // before the start: the plan holds nothing of app
@@ -544,7 +544,7 @@ func TestArrivingModuleKeepsItsStepRuns(t *testing.T) {
 
 	// A move that never starts (aborted): kept until its time is up.
 	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
-	if err := b.r.Adopt("app", markers, nil, nil, now.Add(time.Hour)); err != nil {
+	if err := b.r.Adopt("app", Arrival{Move: 9, Until: now.Add(time.Hour)}, markers, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	b.apply()
