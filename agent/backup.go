@@ -1238,6 +1238,11 @@ func finishSwap(d string) error {
 		if err := os.Rename(s+d, d+restoreAside); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
+		// The data as it was is at its aside path for good before the
+		// staging directory (its mark with it) goes.
+		if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
+			return err
+		}
 	}
 	return os.RemoveAll(s)
 }
