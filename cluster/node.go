@@ -80,7 +80,10 @@ type Config struct {
 
 // Node is one Raft member holding a replica in a state.Store.
 type Node struct {
-	cfg       Config
+	cfg Config
+	// large are the places of the forwarded commands over smallCommand
+	// the leader reads at once (serveApply).
+	large     chan struct{}
 	raft      *raft.Raft
 	store     *state.Store
 	transport *raft.NetworkTransport
@@ -263,6 +266,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	n.streams = &http.Client{Transport: n.peerConns}
 	// An idle connection is closed after two minutes: the peers' own idle
 	// connections go after one (peerTransport), so none is cut under a request.
+	n.large = make(chan struct{}, largeCommands)
 	n.peerAPI = &http.Server{Handler: n.peerHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ConnState: m.connState, ConnContext: m.connContext}
 	go n.peerAPI.Serve(m.api)

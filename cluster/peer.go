@@ -232,14 +232,79 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // refuses a larger one itself, saying so, rather than send it cut short.
 const MaxCommand = 320 << 20
 
-func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
-	raw, err := io.ReadAll(io.LimitReader(r.Body, MaxCommand+1))
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, applyReply{Error: "bad command: " + err.Error(), Kind: "invalid"})
-		return
+// A forwarded command over smallCommand (nearly none is: an assign is a
+// few hundred bytes) is read in one of largeCommands places, waiting for
+// one at most largeCommandWait: each may hold MaxCommand, and a node that
+// sent many at once (a hostile one) took the leader's memory many times
+// over. Every read of a command's body comes within commandIdle of the
+// last, or the command is refused: a body sent a byte at a time held its
+// place (and its goroutine) for as long as the sender liked.
+const (
+	smallCommand  = 1 << 20
+	largeCommands = 2
+)
+
+var (
+	largeCommandWait = newTunable(10 * time.Second)
+	commandIdle      = newTunable(30 * time.Second)
+)
+
+// readCommand reads a forwarded command's body (see smallCommand); release
+// gives its place back once the command is done with. A refusal is an
+// applyReply and its status.
+func (n *Node) readCommand(w http.ResponseWriter, r *http.Request) (raw []byte, release func(), code int, refused applyReply) {
+	none := func() {}
+	rc := http.NewResponseController(w)
+	defer rc.SetReadDeadline(time.Time{})
+	body := &idleBody{r: r.Body, rc: rc}
+	bad := func(err error) ([]byte, func(), int, applyReply) {
+		return nil, none, http.StatusBadRequest, applyReply{Error: "bad command: " + err.Error(), Kind: "invalid"}
 	}
-	if len(raw) > MaxCommand {
-		writeJSON(w, http.StatusBadRequest, applyReply{Error: fmt.Sprintf("the command is over the %d MiB a leader takes", MaxCommand>>20), Kind: "invalid"})
+	raw, err := io.ReadAll(io.LimitReader(body, smallCommand+1))
+	if err != nil {
+		return bad(err)
+	}
+	if len(raw) <= smallCommand {
+		return raw, none, 0, refused
+	}
+	wait := time.NewTimer(largeCommandWait.get())
+	defer wait.Stop()
+	select {
+	case n.large <- struct{}{}:
+	case <-wait.C:
+		n.log.Warn("refused a large forwarded command: the leader reads as many as it takes", "peer", n.peerName(r), "places", largeCommands)
+		return nil, none, http.StatusServiceUnavailable, applyReply{Error: fmt.Sprintf("the leader is reading %d commands over %d MiB already; try again", largeCommands, smallCommand>>20)}
+	case <-r.Context().Done():
+		return bad(r.Context().Err())
+	}
+	rest, err := io.ReadAll(io.LimitReader(body, MaxCommand+1-int64(len(raw))))
+	if raw = append(raw, rest...); err != nil || len(raw) > MaxCommand {
+		<-n.large
+		if err != nil {
+			return bad(err)
+		}
+		return nil, none, http.StatusBadRequest, applyReply{Error: fmt.Sprintf("the command is over the %d MiB a leader takes", MaxCommand>>20), Kind: "invalid"}
+	}
+	return raw, func() { <-n.large }, 0, refused
+}
+
+// idleBody is a request body each read of which must come within
+// commandIdle.
+type idleBody struct {
+	r  io.Reader
+	rc *http.ResponseController
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	b.rc.SetReadDeadline(time.Now().Add(commandIdle.get()))
+	return b.r.Read(p)
+}
+
+func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {
+	raw, release, code, refused := n.readCommand(w, r)
+	defer release()
+	if code != 0 {
+		writeJSON(w, code, refused)
 		return
 	}
 	// A follower of an older binary sends a flat command: Decode converts it.

@@ -1,8 +1,11 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -176,5 +179,77 @@ func TestForwardedCommandsThatDoNotDecodeAreRefused(t *testing.T) {
 	c.Time = time.Now().UTC()
 	if _, err := b.Node.forward(ctx, c); err != nil {
 		t.Fatalf("a command after the refused ones: %v", err)
+	}
+}
+
+// A node of the mesh that sends the leader many large commands at once (a
+// hostile one) takes no more than largeCommands places of MaxCommand: a
+// review found each forwarded command could hold 320 MiB of the leader's
+// memory, with no bound across requests. The others wait for a place, and
+// are refused when none comes; small commands go on; a body that stalls
+// gives its place back.
+func TestLargeForwardedCommandsAreBounded(t *testing.T) {
+	defer largeCommandWait.set(300 * time.Millisecond)()
+	defer commandIdle.set(2 * time.Second)()
+	a, b := twoNodesVoting(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	addr, err := b.Node.leaderAddr()
+	for deadline := time.Now().Add(10 * time.Second); err != nil; addr, err = b.Node.leaderAddr() {
+		if time.Now().After(deadline) {
+			t.Fatalf("novox knows no leader after 10 s: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	large := bytes.Repeat([]byte("x"), smallCommand+10)
+	send := func(body io.Reader) (int, applyReply, error) {
+		req, err := http.NewRequestWithContext(ctx, "POST", "https://"+addr+"/v1/apply", body)
+		if err != nil {
+			return 0, applyReply{}, err
+		}
+		resp, err := b.Node.streams.Do(req)
+		if err != nil {
+			return 0, applyReply{}, err
+		}
+		defer resp.Body.Close()
+		var rep applyReply
+		err = json.NewDecoder(resp.Body).Decode(&rep)
+		return resp.StatusCode, rep, err
+	}
+	type answer struct {
+		code int
+		rep  applyReply
+		err  error
+	}
+	stalled := make(chan answer, largeCommands)
+	for range largeCommands {
+		pr, pw := io.Pipe()
+		defer pw.Close()
+		go pw.Write(large) // and nothing more
+		go func() {
+			code, rep, err := send(pr)
+			stalled <- answer{code, rep, err}
+		}()
+	}
+	eventually(t, 10*time.Second, "the stalled commands hold every place", func() bool { return len(a.Node.large) == largeCommands })
+
+	code, rep, err := send(bytes.NewReader(large))
+	if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(rep.Error, "try again") {
+		t.Fatalf("a large command while every place is held: %d %+v %v", code, rep, err)
+	}
+	c := state.NewCommand(&state.ReportRequest{Report: state.Report{Node: "novox", Version: 1, AppliedAt: time.Now()}})
+	c.Time = time.Now().UTC()
+	if _, err := b.Node.forward(ctx, c); err != nil {
+		t.Fatalf("a small command while every place is held: %v", err)
+	}
+	for range largeCommands {
+		got := <-stalled
+		if got.err != nil || got.code != http.StatusBadRequest || !strings.Contains(got.rep.Error, "timeout") {
+			t.Errorf("a command whose body stalled: %d %+v %v", got.code, got.rep, got.err)
+		}
+	}
+	eventually(t, 10*time.Second, "the stalled commands give their places back", func() bool { return len(a.Node.large) == 0 })
+	if code, rep, err := send(bytes.NewReader(large)); err != nil || code != http.StatusBadRequest || rep.Kind != "invalid" {
+		t.Fatalf("a large command once places are free (read, then refused as no command): %d %+v %v", code, rep, err)
 	}
 }
