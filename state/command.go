@@ -90,7 +90,14 @@ const (
 // next to what runs there (moveFitFormat, move.go): an older node would
 // take it, and TO would receive the module's data (inside another
 // module's mounted directory, say) before its plan said no.
-const CommandVersion = 18
+// 19, a move.step that finishes a done move only while TO still runs the
+// module (finishFormat, move.go): an older node would purge FROM's copy of
+// the data of a module unassigned from TO since, maybe the last one.
+const CommandVersion = 19
+
+// finishFormat is the format of a move.step --finish that refuses when
+// the move's TO no longer runs the module.
+const finishFormat = 19
 
 // moveFitFormat is the format of a module.move that checks the module
 // composes on TO.
@@ -238,6 +245,7 @@ func (r *RestoreBody) formatNeeded() int {
 	return v
 }
 func (r *ModuleMoveRequest) formatNeeded() int { return moveFitFormat }
+func (r *MoveStepRequest) formatNeeded() int   { return iff(r.Finish, finishFormat) }
 func (r *NodeAddRequest) formatNeeded() int {
 	return max(iff(r.Node.SealKey != "", 5), iff(r.Node.OverlayKey != "", 7))
 }

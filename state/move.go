@@ -214,6 +214,18 @@ func (ap *applier) moveStep(r *MoveStepRequest) (bool, error) {
 		if mv.Phase != MoveDone {
 			return false, ruleErr(ErrConflict, "the move of %s is at %s, not done: nothing to finish (mesh move --abort %s ends it)", r.Module, mv.Phase, r.Module)
 		}
+		// FROM's copy may be the only one left once TO no longer runs
+		// the module (unassigned there since, --purge-data maybe).
+		if ap.v >= finishFormat {
+			var on int
+			if err := tx.QueryRow(`SELECT count(*) FROM assignments WHERE node = ? AND module = ?`, mv.To, r.Module).Scan(&on); err != nil {
+				return false, err
+			}
+			if on == 0 {
+				return false, ruleErr(ErrConflict, "module %s no longer runs on %s, where it moved: %s's copy of its data may be the only one left, so it is kept (mesh assign %s %s runs the module on that copy; mesh unassign %s %s --purge-data then removes it)",
+					r.Module, mv.To, mv.From, mv.From, r.Module, mv.From, r.Module)
+			}
+		}
 		// FROM removes its copy, as an unassign --purge-data would have.
 		for _, p := range splitLines(data) {
 			if err := exec(tx, `INSERT INTO purges (node, module, path, idx) VALUES (?, ?, ?, ?) ON CONFLICT (node, path) DO UPDATE SET module = excluded.module, idx = excluded.idx`, mv.From, r.Module, p, ap.index); err != nil {

@@ -262,3 +262,47 @@ func TestModuleMoveRefusedWhereItWouldNotCompose(t *testing.T) {
 		t.Fatalf("a refused move was written: %+v", mv)
 	}
 }
+
+// A finish purges FROM's copy of the data only while TO runs the module:
+// unassigned from TO since (with --purge-data, maybe), FROM's copy may be
+// the last one (a review: finish checked nothing of TO). Assigning the
+// module back to FROM runs it on that copy, and ends the move.
+func TestMoveFinishKeepsTheLastCopy(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", moveDBSrc)}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
+	mustApply(t, s, &idx, &ModuleMoveRequest{Module: "db", From: "ace", To: "bee"})
+	id := idx
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveCopy, To: MoveStart})
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveStart, To: MoveDone})
+	mustApply(t, s, &idx, &UnassignRequest{Assignment: Assignment{Node: "bee", Module: "db"}, PurgeData: []string{"/srv/db/data"}})
+
+	finish := &MoveStepRequest{Module: "db", Finish: true}
+	if c := NewCommand(finish); c.V != finishFormat {
+		t.Fatalf("a finish is written in format %d", c.V)
+	}
+	err := applyErr(t, s, &idx, finish)
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "no longer runs on bee") || !strings.Contains(err.Error(), "mesh assign ace db") {
+		t.Fatalf("a finish once bee no longer runs db: %v", err)
+	}
+	if pv, _ := s.Plan(ctx, "ace"); len(pv.Plan.Purge) != 0 {
+		t.Fatalf("ace purges %+v", pv.Plan.Purge)
+	}
+	if mv, _ := s.Moves(ctx, "db"); len(mv) != 1 || mv[0].Phase != MoveDone {
+		t.Fatalf("the refused finish changed the move: %+v", mv)
+	}
+	// A log written before format 19 applies as it did.
+	c := NewCommand(finish)
+	c.V = finishFormat - 1
+	idx++
+	if err := s.Apply(idx, c.Encode()); err != nil {
+		t.Fatalf("a finish of format 18: %v", err)
+	}
+	if pv, _ := s.Plan(ctx, "ace"); len(pv.Plan.Purge) != 1 {
+		t.Fatalf("a finish of format 18 purges %+v on ace", pv.Plan.Purge)
+	}
+}
