@@ -82,8 +82,9 @@ type Config struct {
 type Node struct {
 	cfg Config
 	// large are the places of the forwarded commands over smallCommand
-	// the leader reads at once (serveApply).
+	// the leader reads at once, reads the bodies being read (serveApply).
 	large     chan struct{}
+	reads     readers
 	raft      *raft.Raft
 	store     *state.Store
 	transport *raft.NetworkTransport

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -233,71 +234,138 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 const MaxCommand = 320 << 20
 
 // A forwarded command over smallCommand (nearly none is: an assign is a
-// few hundred bytes) is read in one of largeCommands places, waiting for
-// one at most largeCommandWait: each may hold MaxCommand, and a node that
-// sent many at once (a hostile one) took the leader's memory many times
-// over. Every read of a command's body comes within commandIdle of the
-// last, or the command is refused: a body sent a byte at a time held its
-// place (and its goroutine) for as long as the sender liked.
+// few hundred bytes) is read in one of largeCommands places, one a node,
+// waiting for one at most largeCommandWait: each may hold MaxCommand, and
+// a node that sent many at once (a hostile one) took the leader's memory
+// many times over. A node has at most peerReads bodies being read at once
+// (a small one is read in microseconds), and each body is read whole
+// within commandReadTime (a forwarding node's client gives up after 15 s):
+// a body sent a byte at a time held its goroutine, and its place, for as
+// long as the sender liked.
 const (
 	smallCommand  = 1 << 20
 	largeCommands = 2
+	peerReads     = 4
 )
 
 var (
 	largeCommandWait = newTunable(10 * time.Second)
-	commandIdle      = newTunable(30 * time.Second)
+	commandReadTime  = newTunable(time.Minute)
 )
+
+// readers are the forwarded commands' bodies being read, by node, and the
+// nodes holding a large place.
+type readers struct {
+	mu      sync.Mutex
+	reading map[string]int
+	large   map[string]bool
+}
+
+// begin counts one more body of peer's, if it has fewer than peerReads.
+func (rs *readers) begin(peer string) bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.reading[peer] >= peerReads {
+		return false
+	}
+	if rs.reading == nil {
+		rs.reading = map[string]int{}
+	}
+	rs.reading[peer]++
+	return true
+}
+
+func (rs *readers) end(peer string) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.reading[peer]--; rs.reading[peer] <= 0 {
+		delete(rs.reading, peer)
+	}
+}
+
+// holdLarge marks peer as holding (or waiting for) a large place, if it
+// does not already.
+func (rs *readers) holdLarge(peer string, hold bool) bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if !hold {
+		delete(rs.large, peer)
+		return true
+	}
+	if rs.large[peer] {
+		return false
+	}
+	if rs.large == nil {
+		rs.large = map[string]bool{}
+	}
+	rs.large[peer] = true
+	return true
+}
 
 // readCommand reads a forwarded command's body (see smallCommand); release
 // gives its place back once the command is done with. A refusal is an
-// applyReply and its status.
+// applyReply and its status; it leaves the read deadline set, for what the
+// server reads of the rest of the body before it answers.
 func (n *Node) readCommand(w http.ResponseWriter, r *http.Request) (raw []byte, release func(), code int, refused applyReply) {
 	none := func() {}
+	peer := n.peerName(r)
 	rc := http.NewResponseController(w)
-	defer rc.SetReadDeadline(time.Time{})
-	body := &idleBody{r: r.Body, rc: rc}
+	rc.SetReadDeadline(time.Now().Add(commandReadTime.get()))
 	bad := func(err error) ([]byte, func(), int, applyReply) {
 		return nil, none, http.StatusBadRequest, applyReply{Error: "bad command: " + err.Error(), Kind: "invalid"}
 	}
-	raw, err := io.ReadAll(io.LimitReader(body, smallCommand+1))
+	busy := func(why string) ([]byte, func(), int, applyReply) {
+		n.log.Warn("refused a forwarded command", "peer", peer, "why", why)
+		return nil, none, http.StatusServiceUnavailable, applyReply{Error: why + "; try again"}
+	}
+	if !n.reads.begin(peer) {
+		return busy(fmt.Sprintf("the leader is reading %d commands from %s already", peerReads, peer))
+	}
+	defer n.reads.end(peer)
+	raw, err := io.ReadAll(io.LimitReader(r.Body, smallCommand+1))
 	if err != nil {
 		return bad(err)
 	}
 	if len(raw) <= smallCommand {
+		rc.SetReadDeadline(time.Time{})
 		return raw, none, 0, refused
+	}
+	if !n.reads.holdLarge(peer, true) {
+		return busy(fmt.Sprintf("the leader is reading a command over %d MiB from %s already", smallCommand>>20, peer))
 	}
 	wait := time.NewTimer(largeCommandWait.get())
 	defer wait.Stop()
 	select {
 	case n.large <- struct{}{}:
 	case <-wait.C:
-		n.log.Warn("refused a large forwarded command: the leader reads as many as it takes", "peer", n.peerName(r), "places", largeCommands)
-		return nil, none, http.StatusServiceUnavailable, applyReply{Error: fmt.Sprintf("the leader is reading %d commands over %d MiB already; try again", largeCommands, smallCommand>>20)}
+		n.reads.holdLarge(peer, false)
+		return busy(fmt.Sprintf("the leader is reading %d commands over %d MiB already", largeCommands, smallCommand>>20))
 	case <-r.Context().Done():
+		n.reads.holdLarge(peer, false)
 		return bad(r.Context().Err())
 	}
-	rest, err := io.ReadAll(io.LimitReader(body, MaxCommand+1-int64(len(raw))))
-	if raw = append(raw, rest...); err != nil || len(raw) > MaxCommand {
+	release = func() {
 		<-n.large
-		if err != nil {
-			return bad(err)
-		}
+		n.reads.holdLarge(peer, false)
+	}
+	// Read into a buffer of the size the body announces (a buffer grown
+	// by doubling held twice MaxCommand at its peak).
+	size := 2 * smallCommand
+	if cl := r.ContentLength; cl > int64(len(raw)) && cl <= MaxCommand {
+		size = int(cl)
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
+	buf.Write(raw)
+	if _, err := buf.ReadFrom(io.LimitReader(r.Body, MaxCommand+1-int64(len(raw)))); err != nil {
+		release()
+		return bad(err)
+	}
+	if buf.Len() > MaxCommand {
+		release()
 		return nil, none, http.StatusBadRequest, applyReply{Error: fmt.Sprintf("the command is over the %d MiB a leader takes", MaxCommand>>20), Kind: "invalid"}
 	}
-	return raw, func() { <-n.large }, 0, refused
-}
-
-// idleBody is a request body each read of which must come within
-// commandIdle.
-type idleBody struct {
-	r  io.Reader
-	rc *http.ResponseController
-}
-
-func (b *idleBody) Read(p []byte) (int, error) {
-	b.rc.SetReadDeadline(time.Now().Add(commandIdle.get()))
-	return b.r.Read(p)
+	rc.SetReadDeadline(time.Time{})
+	return buf.Bytes(), release, 0, refused
 }
 
 func (n *Node) serveApply(w http.ResponseWriter, r *http.Request) {

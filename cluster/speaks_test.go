@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -183,31 +184,32 @@ func TestForwardedCommandsThatDoNotDecodeAreRefused(t *testing.T) {
 }
 
 // A node of the mesh that sends the leader many large commands at once (a
-// hostile one) takes no more than largeCommands places of MaxCommand: a
+// hostile one) takes no more than one of largeCommands places of
+// MaxCommand, and every node together no more than largeCommands: a
 // review found each forwarded command could hold 320 MiB of the leader's
 // memory, with no bound across requests. The others wait for a place, and
-// are refused when none comes; small commands go on; a body that stalls
-// gives its place back.
+// are refused when none comes; a node reads no more than peerReads bodies
+// at once; small commands go on; a body that is not sent whole within
+// commandReadTime gives its place back.
 func TestLargeForwardedCommandsAreBounded(t *testing.T) {
 	defer largeCommandWait.set(300 * time.Millisecond)()
-	defer commandIdle.set(2 * time.Second)()
-	a, b := twoNodesVoting(t, 1)
+	defer commandReadTime.set(3 * time.Second)()
+	nodes, _ := threeMembers(t)
+	for _, m := range nodes {
+		defer m.Stop()
+	}
+	ace := nodes["ace"]
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	addr, err := b.Node.leaderAddr()
-	for deadline := time.Now().Add(10 * time.Second); err != nil; addr, err = b.Node.leaderAddr() {
-		if time.Now().After(deadline) {
-			t.Fatalf("novox knows no leader after 10 s: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	addr := fmt.Sprintf("127.0.0.1:%d", ace.ID.Port)
+	eventually(t, 10*time.Second, "ace leads", func() bool { return ace.Node.raft.State() == raft.Leader })
 	large := bytes.Repeat([]byte("x"), smallCommand+10)
-	send := func(body io.Reader) (int, applyReply, error) {
+	send := func(from *Member, body io.Reader) (int, applyReply, error) {
 		req, err := http.NewRequestWithContext(ctx, "POST", "https://"+addr+"/v1/apply", body)
 		if err != nil {
 			return 0, applyReply{}, err
 		}
-		resp, err := b.Node.streams.Do(req)
+		resp, err := from.Node.streams.Do(req)
 		if err != nil {
 			return 0, applyReply{}, err
 		}
@@ -221,35 +223,63 @@ func TestLargeForwardedCommandsAreBounded(t *testing.T) {
 		rep  applyReply
 		err  error
 	}
-	stalled := make(chan answer, largeCommands)
-	for range largeCommands {
+	// stall sends from a body that stops after what it holds.
+	stall := func(from *Member, what []byte, answers chan<- answer) {
 		pr, pw := io.Pipe()
-		defer pw.Close()
-		go pw.Write(large) // and nothing more
+		t.Cleanup(func() { pw.Close() })
+		go pw.Write(what) // and nothing more
 		go func() {
-			code, rep, err := send(pr)
-			stalled <- answer{code, rep, err}
+			code, rep, err := send(from, pr)
+			answers <- answer{code, rep, err}
 		}()
 	}
-	eventually(t, 10*time.Second, "the stalled commands hold every place", func() bool { return len(a.Node.large) == largeCommands })
-
-	code, rep, err := send(bytes.NewReader(large))
-	if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(rep.Error, "try again") {
-		t.Fatalf("a large command while every place is held: %d %+v %v", code, rep, err)
-	}
-	c := state.NewCommand(&state.ReportRequest{Report: state.Report{Node: "novox", Version: 1, AppliedAt: time.Now()}})
-	c.Time = time.Now().UTC()
-	if _, err := b.Node.forward(ctx, c); err != nil {
-		t.Fatalf("a small command while every place is held: %v", err)
-	}
-	for range largeCommands {
-		got := <-stalled
-		if got.err != nil || got.code != http.StatusBadRequest || !strings.Contains(got.rep.Error, "timeout") {
-			t.Errorf("a command whose body stalled: %d %+v %v", got.code, got.rep, got.err)
+	refusedBusy := func(what string, code int, rep applyReply, err error, why string) {
+		t.Helper()
+		if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(rep.Error, why) || !strings.Contains(rep.Error, "try again") {
+			t.Errorf("%s: %d %+v %v, want refused: %s", what, code, rep, err, why)
 		}
 	}
-	eventually(t, 10*time.Second, "the stalled commands give their places back", func() bool { return len(a.Node.large) == 0 })
-	if code, rep, err := send(bytes.NewReader(large)); err != nil || code != http.StatusBadRequest || rep.Kind != "invalid" {
+	stalled := make(chan answer, 2)
+	stall(nodes["novox"], large, stalled)
+	eventually(t, 10*time.Second, "novox's stalled command holds a place", func() bool { return len(ace.Node.large) == 1 })
+	code, rep, err := send(nodes["novox"], bytes.NewReader(large))
+	refusedBusy("novox's second large command", code, rep, err, "over 1 MiB from novox already")
+	stall(nodes["g14"], large, stalled)
+	eventually(t, 10*time.Second, "g14's stalled command holds the other place", func() bool { return len(ace.Node.large) == 2 })
+	code, rep, err = send(ace, bytes.NewReader(large))
+	refusedBusy("ace's large command while every place is held", code, rep, err, "reading 2 commands over 1 MiB already")
+	c := state.NewCommand(&state.ReportRequest{Report: state.Report{Node: "novox", Version: 1, AppliedAt: time.Now()}})
+	c.Time = time.Now().UTC()
+	if _, err := nodes["novox"].Node.forward(ctx, c); err != nil {
+		t.Fatalf("a small command while every place is held: %v", err)
+	}
+	// Small bodies that stall: novox has one large being read, and
+	// peerReads-1 more; the next is refused.
+	smalls := make(chan answer, peerReads)
+	for range peerReads - 1 {
+		stall(nodes["novox"], []byte(`{"op":`), smalls)
+	}
+	eventually(t, 10*time.Second, "novox's stalled bodies are being read", func() bool {
+		ace.Node.reads.mu.Lock()
+		defer ace.Node.reads.mu.Unlock()
+		return ace.Node.reads.reading["novox"] == peerReads
+	})
+	code, rep, err = send(nodes["novox"], bytes.NewReader([]byte(`{}`)))
+	refusedBusy("novox's command past its bodies being read", code, rep, err, "reading 4 commands from novox already")
+
+	for range 2 {
+		got := <-stalled
+		if got.err != nil || got.code != http.StatusBadRequest || !strings.Contains(got.rep.Error, "timeout") {
+			t.Errorf("a large command whose body stalled: %d %+v %v", got.code, got.rep, got.err)
+		}
+	}
+	for range peerReads - 1 {
+		if got := <-smalls; got.err != nil || got.code != http.StatusBadRequest || !strings.Contains(got.rep.Error, "timeout") {
+			t.Errorf("a small command whose body stalled: %d %+v %v", got.code, got.rep, got.err)
+		}
+	}
+	eventually(t, 10*time.Second, "the stalled commands give their places back", func() bool { return len(ace.Node.large) == 0 })
+	if code, rep, err := send(nodes["novox"], bytes.NewReader(large)); err != nil || code != http.StatusBadRequest || rep.Kind != "invalid" {
 		t.Fatalf("a large command once places are free (read, then refused as no command): %d %+v %v", code, rep, err)
 	}
 }
