@@ -581,7 +581,7 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		}
 		for _, d := range res.Dirs {
 			if err := finishSwap(d); err != nil {
-				return err
+				return fmt.Errorf("nothing was restored: what an earlier restore of %s left: %w", d, err)
 			}
 			s := d + restoreStaging
 			if err := os.RemoveAll(s); err != nil {
@@ -758,11 +758,16 @@ func swapIn(d string) (string, error) {
 	// for the restore's (which would leave the module started on the
 	// restored data, told it failed, without its copy aside).
 	synced := safefs.SyncDir(filepath.Dir(d))
-	if err := finishSwap(d); err != nil {
+	if err := finishSwap(d); errors.Is(err, errUnsynced) && synced == nil {
+		synced = err
+	} else if err != nil && !errors.Is(err, errUnsynced) {
 		return "", err
 	}
+	if synced != nil && !errors.Is(synced, errUnsynced) {
+		synced = fmt.Errorf("%w: %w", errUnsynced, synced)
+	}
 	if synced != nil {
-		return aside, fmt.Errorf("%w: %w", errUnsynced, synced)
+		return aside, synced
 	}
 	return aside, nil
 }
@@ -1239,10 +1244,18 @@ func finishSwap(d string) error {
 			return err
 		}
 		// The data as it was is at its aside path for good before the
-		// staging directory (its mark with it) goes.
-		if err := safefs.SyncDir(filepath.Dir(d)); err != nil {
+		// staging directory (its mark with it) goes; a sync that fails
+		// is said (errUnsynced), not taken for the swap's failure: the
+		// rename is made, and a mark left behind would have the next
+		// finishSwap remove that aside path.
+		unsynced := safefs.SyncDir(filepath.Dir(d))
+		if err := os.RemoveAll(s); err != nil {
 			return err
 		}
+		if unsynced != nil {
+			return fmt.Errorf("%w: %w", errUnsynced, unsynced)
+		}
+		return nil
 	}
 	return os.RemoveAll(s)
 }
