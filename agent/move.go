@@ -602,6 +602,15 @@ func makeParents(p string) ([]string, error) {
 // (a health gate, a secret being sealed to TO, a provider) goes on.
 func (m *movers) checkStarted(ctx context.Context, mv state.MoveInfo) {
 	store := m.a.member.Store
+	// An earlier copy that a copy sent again replaced is removed once the
+	// ledger holds the new one (receive); a kill between the two left it,
+	// and no copy comes after the start to remove it.
+	for _, d := range mv.Data {
+		if _, err := os.Lstat(d + moveStale); err == nil {
+			err := os.RemoveAll(d + moveStale)
+			m.a.log.Info("move: removed the copy a copy sent again replaced", "module", mv.Module, "path", d+moveStale, "err", err)
+		}
+	}
 	if n, err := store.Node(ctx, mv.To); err == nil && n.ComposeError != "" {
 		m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("%s's plan does not compose with %s: %s", mv.To, mv.Module, n.ComposeError))
 		return
