@@ -318,6 +318,9 @@ func (n *Node) readCommand(w http.ResponseWriter, r *http.Request) (raw []byte, 
 		n.log.Warn("refused a forwarded command", "peer", peer, "why", why)
 		return nil, none, http.StatusServiceUnavailable, applyReply{Error: why + "; try again"}
 	}
+	if r.ContentLength > MaxCommand {
+		return nil, none, http.StatusBadRequest, applyReply{Error: fmt.Sprintf("the command is over the %d MiB a leader takes", MaxCommand>>20), Kind: "invalid"}
+	}
 	if !n.reads.begin(peer) {
 		return busy(fmt.Sprintf("the leader is reading %d commands from %s already", peerReads, peer))
 	}
@@ -348,10 +351,11 @@ func (n *Node) readCommand(w http.ResponseWriter, r *http.Request) (raw []byte, 
 		<-n.large
 		n.reads.holdLarge(peer, false)
 	}
-	// Read into a buffer of the size the body announces (a buffer grown
-	// by doubling held twice MaxCommand at its peak).
-	size := 2 * smallCommand
-	if cl := r.ContentLength; cl > int64(len(raw)) && cl <= MaxCommand {
+	// Read into a buffer of the size the body announces, or of the most
+	// it may hold (a buffer grown by doubling held about twice that at
+	// its peak; pages not written to are not taken).
+	size := MaxCommand + 1
+	if cl := r.ContentLength; cl > int64(len(raw)) {
 		size = int(cl)
 	}
 	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))

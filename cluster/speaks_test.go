@@ -193,7 +193,7 @@ func TestForwardedCommandsThatDoNotDecodeAreRefused(t *testing.T) {
 // commandReadTime gives its place back.
 func TestLargeForwardedCommandsAreBounded(t *testing.T) {
 	defer largeCommandWait.set(300 * time.Millisecond)()
-	defer commandReadTime.set(3 * time.Second)()
+	defer commandReadTime.set(8 * time.Second)()
 	nodes, _ := threeMembers(t)
 	for _, m := range nodes {
 		defer m.Stop()
@@ -279,7 +279,44 @@ func TestLargeForwardedCommandsAreBounded(t *testing.T) {
 		}
 	}
 	eventually(t, 10*time.Second, "the stalled commands give their places back", func() bool { return len(ace.Node.large) == 0 })
-	if code, rep, err := send(nodes["novox"], bytes.NewReader(large)); err != nil || code != http.StatusBadRequest || rep.Kind != "invalid" {
-		t.Fatalf("a large command once places are free (read, then refused as no command): %d %+v %v", code, rep, err)
+	// Each node that was refused a place, or held one, has a place again
+	// (read, then refused as no command).
+	for _, name := range []string{"novox", "g14", "ace"} {
+		if code, rep, err := send(nodes[name], bytes.NewReader(large)); err != nil || code != http.StatusBadRequest || rep.Kind != "invalid" {
+			t.Fatalf("a large command from %s once places are free: %d %+v %v", name, code, rep, err)
+		}
+	}
+	// A body trickled, a byte a second, is refused once commandReadTime
+	// has passed: an idle deadline alone would read it for ever.
+	pr, pw := io.Pipe()
+	go func() {
+		defer pw.Close()
+		pw.Write(large)
+		for range 30 {
+			time.Sleep(time.Second)
+			if _, err := pw.Write([]byte("x")); err != nil {
+				return
+			}
+		}
+	}()
+	began := time.Now()
+	code, rep, err = send(nodes["g14"], pr)
+	if took := time.Since(began); err != nil || code != http.StatusBadRequest || !strings.Contains(rep.Error, "timeout") || took > 20*time.Second {
+		t.Fatalf("a trickled body: %d %+v %v after %s", code, rep, err, took)
+	}
+	// A body that says it is over MaxCommand is refused unread.
+	pr, pw = io.Pipe()
+	defer pw.Close()
+	go pw.Write([]byte("{")) // and nothing more: it is not read
+	req, _ := http.NewRequestWithContext(ctx, "POST", "https://"+addr+"/v1/apply", pr)
+	req.ContentLength = MaxCommand + 1
+	resp, err := nodes["novox"].Node.streams.Do(req)
+	if err != nil {
+		t.Fatalf("a body announced over MaxCommand: %v", err)
+	}
+	json.NewDecoder(resp.Body).Decode(&rep)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(rep.Error, "over the 320 MiB") {
+		t.Fatalf("a body announced over MaxCommand: %d %+v", resp.StatusCode, rep)
 	}
 }
