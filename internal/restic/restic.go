@@ -524,6 +524,13 @@ func (r Repo) runIn(ctx context.Context, out io.Writer, confine []string, args .
 		// Go makes the new namespace's mounts private before the exec.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	// restic ends with the agent: one that outlived a kill -9 of it went
+	// on writing a restore's copy while the agent, started again, removed
+	// what the cut restore had left (the examples bed). SIGINT, as below.
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGINT
 	cmd.Env = env
 	cmd.Stdout = out
 	stderr := &tailBuffer{max: stderrTail}
