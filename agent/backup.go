@@ -103,8 +103,38 @@ func (b *backups) start(ctx context.Context, rec *reconciler.Reconciler) error {
 	if err := b.undoCutRestore(ctx); err != nil {
 		return err
 	}
+	b.sweepCutRestores(ctx)
 	close(b.ready)
 	return nil
+}
+
+// sweepCutRestores removes what a restore cut short before its journal
+// left (a kill while restic wrote the copy): a staging directory beside a
+// data directory of this node's plan, maybe a whole copy of the data,
+// which waited for the module's next restore. finishSwap tells it from
+// one a finished swap put the data as it was in (its mark), kept aside.
+func (b *backups) sweepCutRestores(ctx context.Context) {
+	if b.store == nil {
+		return
+	}
+	if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); !errors.Is(err, os.ErrNotExist) {
+		return // its directories are the journal's to settle
+	}
+	pv, err := b.store.Plan(ctx, b.node)
+	if err != nil || pv.Plan == nil {
+		return
+	}
+	for _, res := range pv.Plan.Resources {
+		if res.Kind != manifest.KindDirectory || !res.Decl.Data {
+			continue
+		}
+		d := res.Name
+		if _, err := os.Lstat(d + restoreStaging); err != nil {
+			continue
+		}
+		err := finishSwap(d)
+		b.log.Info("restore: removed what a restore cut short left", "dir", d, "staging", d+restoreStaging, "err", err)
+	}
 }
 
 const backupsFile = "backups.json"
@@ -1236,18 +1266,21 @@ func finishSwap(d string) error {
 		// there is removed: it may be the data as it was.
 		return fmt.Errorf("the swap mark in %s cannot be read (%w); nothing there was removed", s, err)
 	}
-	if err == nil && !restoredCopyStill(s+d, mark) {
+	_, staged := os.Lstat(s + d)
+	if err == nil && staged == nil && !restoredCopyStill(s+d, mark) {
+		// The exchange was made: what is staged is the data as it was.
+		// Without it (moved aside before a kill), the aside path holds
+		// the data as it was, and is kept: this removed it.
 		if err := os.RemoveAll(d + restoreAside); err != nil {
 			return err
 		}
-		if err := os.Rename(s+d, d+restoreAside); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Rename(s+d, d+restoreAside); err != nil {
 			return err
 		}
 		// The data as it was is at its aside path for good before the
 		// staging directory (its mark with it) goes; a sync that fails
 		// is said (errUnsynced), not taken for the swap's failure: the
-		// rename is made, and a mark left behind would have the next
-		// finishSwap remove that aside path.
+		// rename is made.
 		unsynced := safefs.SyncDir(filepath.Dir(d))
 		if err := os.RemoveAll(s); err != nil {
 			return err

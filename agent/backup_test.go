@@ -129,6 +129,20 @@ func TestSwapIn(t *testing.T) {
 	if _, err := os.Lstat(d + restoreStaging); !os.IsNotExist(err) {
 		t.Fatalf("a cut restore's staging stays: %v", err)
 	}
+	// Killed after the data as it was moved aside, before its staging
+	// directory (the mark in it) went: the aside path is kept, the mark
+	// goes (a review found the next finishSwap, at the agent's start or
+	// the next restore, removed the data as it was).
+	write(filepath.Join(d+restoreStaging, swapped), "")
+	if err := finishSwap(d); err != nil {
+		t.Fatal(err)
+	}
+	if read(d+"/v") != "second" || read(d+restoreAside+"/v") != "restored" {
+		t.Fatalf("after a swap cut once moved aside: %q, aside %q", read(d+"/v"), read(d+restoreAside+"/v"))
+	}
+	if _, err := os.Lstat(d + restoreStaging); !os.IsNotExist(err) {
+		t.Fatalf("the staging of a swap cut once moved aside stays: %v", err)
+	}
 	// A mount point is refused before anything is staged.
 	if err := sameDevice(d); err != nil {
 		t.Fatalf("a plain directory: %v", err)

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,6 +26,9 @@ import (
 //     server started again and healthy; the link is restored as a link and
 //     /etc/shadow is untouched; the data as it was is kept aside;
 //   - a restore of a snapshot that does not exist changes nothing;
+//   - a restore cut by a kill -9 of n1's agent while restic writes the
+//     copy: n1 starts again with the module whole, nothing of the cut
+//     restore is left, and the next restore works;
 //   - the schedule shortened to every 15s: two scheduled backups run, and
 //     keep: (daily 7, weekly 4, all in one day) prunes the older ones.
 func checkBackups(t *testing.T, n []*agent, pgFile string) {
@@ -65,6 +69,12 @@ func checkBackups(t *testing.T, n []*agent, pgFile string) {
 	}
 	srv := n[1].h.dir + "/srv/postgres"
 	server := n[1].h.containerID("postgres.server")
+	// 100 MB more in a data directory: a restore then takes long enough
+	// for the bed to cut it (below).
+	big := srv + "/dump/big"
+	if out, err := exec.Command("sh", "-c", "head -c 100M /dev/urandom > "+big).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
 
 	out := n[3].mesh("backup", "postgres")
 	if !strings.Contains(out, "postgres on n1: snapshot ") || !strings.Contains(out, "/srv/postgres/data") || !strings.Contains(out, "initialised") {
@@ -115,6 +125,60 @@ func checkBackups(t *testing.T, n []*agent, pgFile string) {
 	}
 	if id := n[1].h.containerID("postgres.server"); id != server {
 		t.Fatal("a refused restore stopped the server")
+	}
+
+	// A restore cut by a kill -9 of n1's agent while restic writes the
+	// copy: n1 starts again with the module whole (the data as it was, or
+	// restored), nothing of the cut restore left beside its directories,
+	// and the next restore works.
+	psql("DELETE FROM rows")
+	done := make(chan string, 1)
+	go func() {
+		out, _ := n[2].command("restore", "postgres", "--timeout", "2m", "--data-dir", n[2].n.dir).CombinedOutput()
+		done <- string(out)
+	}()
+	staging := func() []string {
+		left, _ := filepath.Glob(srv + "/*.mesh-restoring")
+		return left
+	}
+	for deadline := time.Now().Add(2 * time.Minute); len(staging()) == 0; time.Sleep(5 * time.Millisecond) {
+		select {
+		case out := <-done:
+			t.Fatalf("the restore ended before the bed saw it write its copy (make the data larger):\n%s", out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the restore wrote no copy in 2 minutes")
+		}
+	}
+	n[1].kill9()
+	select {
+	case out := <-done:
+		t.Logf("the restore cut by the kill: %s", strings.TrimSpace(out))
+	case <-time.After(3 * time.Minute):
+		t.Fatal("mesh restore did not end once n1's agent was killed")
+	}
+	n[1].start()
+	eventually(t, 2*time.Minute, "postgres answers on n1 after the cut restore, whole", func() (bool, string) {
+		out, err := n[1].h.podmanCmd("exec", "postgres.server", "psql", "-h", "/var/run/postgresql", "-U", "postgres", "-Atc", "SELECT count(*) FROM rows").CombinedOutput()
+		c := strings.TrimSpace(string(out))
+		return err == nil && (c == "0" || c == "10000"), c
+	})
+	if left := staging(); len(left) != 0 {
+		var said []string
+		for _, l := range strings.Split(n[1].log(), "\n") {
+			if strings.Contains(l, "restore") {
+				said = append(said, l)
+			}
+		}
+		t.Fatalf("the cut restore left %v on n1; n1's log on restores:\n%s", left, strings.Join(said, "\n"))
+	}
+	out = n[2].mesh("restore", "postgres", "--timeout", "5m")
+	if !strings.Contains(out, "restored /srv/postgres/data") {
+		t.Fatalf("mesh restore after a cut one: %s", out)
+	}
+	if c := psql("SELECT count(*) FROM rows"); c != "10000" {
+		t.Fatalf("after the restore that followed a cut one: %s rows", c)
 	}
 
 	// Scheduled: every 15s, twice; keep: prunes.
