@@ -79,12 +79,13 @@ type movers struct {
 	mu      sync.Mutex
 	copying map[uint64]bool // the moves whose copy runs here now
 	logged  map[uint64]string
+	swept   map[uint64]bool // the started moves whose replaced copies were looked for
 }
 
 // driveMoves runs this node's part of every move, until ctx ends.
 func (a *Agent) driveMoves(ctx context.Context) {
 	<-a.backups.ready
-	m := &movers{a: a, copying: map[uint64]bool{}, logged: map[uint64]string{}}
+	m := &movers{a: a, copying: map[uint64]bool{}, logged: map[uint64]string{}, swept: map[uint64]bool{}}
 	store := a.member.Store
 	for nextChange(ctx, store, moveEvery) {
 		moves, err := store.Moves(ctx, "")
@@ -595,6 +596,24 @@ func makeParents(p string) ([]string, error) {
 	return missing, nil
 }
 
+// removeReplaced removes the earlier copies of mv's data a copy sent again
+// replaced and a kill left (checkStarted).
+func (m *movers) removeReplaced(mv state.MoveInfo) {
+	for _, d := range mv.Data {
+		if d != filepath.Clean(d) || !filepath.IsAbs(d) {
+			continue
+		}
+		if _, err := os.Lstat(d + moveStale); err != nil {
+			continue
+		}
+		if err := os.RemoveAll(d + moveStale); err != nil {
+			m.a.log.Warn("move: the copy a copy sent again replaced cannot be removed", "module", mv.Module, "path", d+moveStale, "err", err)
+			continue
+		}
+		m.a.log.Info("move: removed the copy a copy sent again replaced", "module", mv.Module, "path", d+moveStale)
+	}
+}
+
 // checkStarted is TO's side once the module is assigned here: done when
 // TO's plan holds the module, its apply of that plan created what the
 // module runs, and its health checks pass (its containers without one have
@@ -604,12 +623,14 @@ func (m *movers) checkStarted(ctx context.Context, mv state.MoveInfo) {
 	store := m.a.member.Store
 	// An earlier copy that a copy sent again replaced is removed once the
 	// ledger holds the new one (receive); a kill between the two left it,
-	// and no copy comes after the start to remove it.
-	for _, d := range mv.Data {
-		if _, err := os.Lstat(d + moveStale); err == nil {
-			err := os.RemoveAll(d + moveStale)
-			m.a.log.Info("move: removed the copy a copy sent again replaced", "module", mv.Module, "path", d+moveStale, "err", err)
-		}
+	// and no copy comes after the start to remove it. Looked for once a
+	// move, aside from this loop (a whole copy takes a while to remove).
+	m.mu.Lock()
+	sweep := !m.swept[mv.ID]
+	m.swept[mv.ID] = true
+	m.mu.Unlock()
+	if sweep {
+		go m.removeReplaced(mv)
 	}
 	if n, err := store.Node(ctx, mv.To); err == nil && n.ComposeError != "" {
 		m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("%s's plan does not compose with %s: %s", mv.To, mv.Module, n.ComposeError))
