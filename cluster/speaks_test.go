@@ -305,10 +305,10 @@ func TestLargeForwardedCommandsAreBounded(t *testing.T) {
 		t.Fatalf("a trickled body: %d %+v %v after %s", code, rep, err, took)
 	}
 	// A body that says it is over MaxCommand is refused unread.
-	pr, pw = io.Pipe()
-	defer pw.Close()
-	go pw.Write([]byte("{")) // and nothing more: it is not read
-	req, _ := http.NewRequestWithContext(ctx, "POST", "https://"+addr+"/v1/apply", pr)
+	held, hold := io.Pipe()
+	defer hold.Close()
+	go hold.Write([]byte("{")) // and nothing more: it is not read
+	req, _ := http.NewRequestWithContext(ctx, "POST", "https://"+addr+"/v1/apply", held)
 	req.ContentLength = MaxCommand + 1
 	resp, err := nodes["novox"].Node.streams.Do(req)
 	if err != nil {
