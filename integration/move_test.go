@@ -136,6 +136,15 @@ func checkMove(t *testing.T, n []*agent) {
 	if st := n[1].mesh("status"); !strings.Contains(st, "n1 keeps its copy of /srv/postgres/data") {
 		t.Fatalf("status does not report the copy n1 keeps: %s", st)
 	}
+	// A purge of n2's copy is refused while n1 keeps its own: an assign
+	// on n2 again and a finish would leave none.
+	out = n[1].meshFails("unassign", "n2", "postgres", "--purge-data", "--yes")
+	if !strings.Contains(out, "mesh move --finish postgres first") {
+		t.Fatalf("unassign n2 postgres --purge-data while n1 keeps its copy:\n%s", out)
+	}
+	if on := runsOn(n, "postgres.server"); len(on) != 1 || on[0] != "n2" {
+		t.Fatalf("after the refused purge, postgres.server runs on %v", on)
+	}
 	n[1].mesh("move", "--finish", "postgres")
 	eventually(t, 60*time.Second, "n1 removes its copy", func() (bool, string) {
 		return !exists(n[1].h.dir + "/srv/postgres/data"), ""

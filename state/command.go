@@ -93,7 +93,15 @@ const (
 // 19, a move.step that finishes a done move only while TO still runs the
 // module (finishFormat, move.go): an older node would purge FROM's copy of
 // the data of a module unassigned from TO since, maybe the last one.
-const CommandVersion = 19
+// 20, an unassign with --purge-data (purgeMovedFormat, move.go) that
+// refuses to purge TO's copy of a module moved there while FROM still
+// keeps its own: an older node would purge it, and a finish once the
+// module was assigned there again would purge FROM's, the last copy.
+const CommandVersion = 20
+
+// purgeMovedFormat is the format of an unassign with --purge-data that
+// refuses while a done move keeps FROM's copy of the module's data.
+const purgeMovedFormat = 20
 
 // finishFormat is the format of a move.step --finish that refuses when
 // the move's TO no longer runs the module.
@@ -441,9 +449,10 @@ type UnassignRequest struct {
 func (r *UnassignRequest) All() []Assignment { return batch(r.Assignment, r.More) }
 
 // A purge needs format 12: an older replica would not record it, and its
-// state would differ from the others'.
+// state would differ from the others'; and format 20, which refuses one
+// on the TO of a done move (purgeMovedFormat).
 func (r *UnassignRequest) formatNeeded() int {
-	return max(iff(len(r.PurgeData) > 0, dataFormat), iff(len(r.More) > 0, batchFormat), iff(len(r.More)+1 > describedNames, shortCauseFormat))
+	return max(iff(len(r.PurgeData) > 0, purgeMovedFormat), iff(len(r.More) > 0, batchFormat), iff(len(r.More)+1 > describedNames, shortCauseFormat))
 }
 
 // ReportRequest is what a node says it last applied.

@@ -850,6 +850,11 @@ func (ap *applier) unassignOne(a Assignment, purgeData []string) error {
 	if err := ap.refuseMoving(a.Module, "unassign it"); err != nil {
 		return err
 	}
+	if len(purgeData) > 0 && ap.v >= purgeMovedFormat {
+		if err := ap.refuseMovedHere(a); err != nil {
+			return err
+		}
+	}
 	if len(purgeData) > 0 {
 		cat, err := ap.catalogue()
 		if err != nil {

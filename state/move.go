@@ -311,6 +311,24 @@ func (ap *applier) moving(module string) (moving bool, phase, from, to string, e
 	return err == nil && (phase == MoveCopy || phase == MoveStart), phase, from, to, err
 }
 
+// refuseMovedHere refuses an unassign --purge-data of a module from the
+// TO of its done move while FROM still keeps its copy (format 20,
+// purgeMovedFormat): once TO's copy is gone, an assign there again would
+// run the module on empty directories, and the finish the operator then
+// runs, believing TO holds the data, would purge FROM's copy, the last.
+func (ap *applier) refuseMovedHere(a Assignment) error {
+	var from, data string
+	err := ap.tx.QueryRow(`SELECT from_node, data FROM moves WHERE module = ? AND to_node = ? AND phase = ?`, a.Module, a.Node, MoveDone).Scan(&from, &data)
+	if err == sql.ErrNoRows {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return ruleErr(ErrConflict, "module %s moved to %s from %s, which still keeps its copy of %s: --purge-data now could leave no copy once the move is finished; nothing was changed. Run mesh move --finish %s first (it purges %s's copy), or mesh assign %s %s to run it on that copy (its data as the move found it), then unassign again",
+		a.Module, a.Node, from, strings.Join(splitLines(data), ", "), a.Module, from, from, a.Module)
+}
+
 // refuseMoving refuses what would change where module runs while a move
 // of it goes on.
 func (ap *applier) refuseMoving(module, what string) error {

@@ -279,13 +279,36 @@ func TestMoveFinishKeepsTheLastCopy(t *testing.T) {
 	id := idx
 	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveCopy, To: MoveStart})
 	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveStart, To: MoveDone})
-	mustApply(t, s, &idx, &UnassignRequest{Assignment: Assignment{Node: "bee", Module: "db"}, PurgeData: []string{"/srv/db/data"}})
+
+	// Purging bee's copy while ace keeps its own is refused (format 20):
+	// an assign there again and a finish would leave no copy.
+	purge := &UnassignRequest{Assignment: Assignment{Node: "bee", Module: "db"}, PurgeData: []string{"/srv/db/data"}}
+	if c := NewCommand(purge); c.V != purgeMovedFormat {
+		t.Fatalf("an unassign --purge-data is written in format %d", c.V)
+	}
+	err := applyErr(t, s, &idx, purge)
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "mesh move --finish db first") || !strings.Contains(err.Error(), "mesh assign ace db") {
+		t.Fatalf("a purge of bee's copy while ace keeps its own: %v", err)
+	}
+	if pv, _ := s.Plan(ctx, "bee"); len(pv.Plan.Purge) != 0 || !slices.ContainsFunc(pv.Plan.Resources, func(r Resource) bool { return r.Module == "db" }) {
+		t.Fatalf("the refused unassign changed bee's plan: purges %+v", pv.Plan.Purge)
+	}
+	// A log written before format 20 applies as it did.
+	c := NewCommand(purge)
+	c.V = purgeMovedFormat - 1
+	idx++
+	if err := s.Apply(idx, c.Encode()); err != nil {
+		t.Fatalf("an unassign --purge-data of format 19: %v", err)
+	}
+	if pv, _ := s.Plan(ctx, "bee"); len(pv.Plan.Purge) != 1 {
+		t.Fatalf("an unassign --purge-data of format 19 purges %+v on bee", pv.Plan.Purge)
+	}
 
 	finish := &MoveStepRequest{Module: "db", Finish: true}
 	if c := NewCommand(finish); c.V != finishFormat {
 		t.Fatalf("a finish is written in format %d", c.V)
 	}
-	err := applyErr(t, s, &idx, finish)
+	err = applyErr(t, s, &idx, finish)
 	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "no longer runs on bee") || !strings.Contains(err.Error(), "mesh assign ace db") {
 		t.Fatalf("a finish once bee no longer runs db: %v", err)
 	}
@@ -296,7 +319,7 @@ func TestMoveFinishKeepsTheLastCopy(t *testing.T) {
 		t.Fatalf("the refused finish changed the move: %+v", mv)
 	}
 	// A log written before format 19 applies as it did.
-	c := NewCommand(finish)
+	c = NewCommand(finish)
 	c.V = finishFormat - 1
 	idx++
 	if err := s.Apply(idx, c.Encode()); err != nil {
@@ -305,4 +328,38 @@ func TestMoveFinishKeepsTheLastCopy(t *testing.T) {
 	if pv, _ := s.Plan(ctx, "ace"); len(pv.Plan.Purge) != 1 {
 		t.Fatalf("a finish of format 18 purges %+v on ace", pv.Plan.Purge)
 	}
+}
+
+// TestPurgeOnToOnceFromRunsItAgain: the refusal of a purge on the TO of a
+// done move (TestMoveFinishKeepsTheLastCopy) ends when the move does: an
+// assign on FROM again makes FROM's copy its data, and TO's can go.
+func TestPurgeOnToOnceFromRunsItAgain(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", moveDBSrc)}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
+	mustApply(t, s, &idx, &ModuleMoveRequest{Module: "db", From: "ace", To: "bee"})
+	id := idx
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveCopy, To: MoveStart})
+	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveStart, To: MoveDone})
+	purge := &UnassignRequest{Assignment: Assignment{Node: "bee", Module: "db"}, PurgeData: []string{"/srv/db/data"}}
+	if err := applyErr(t, s, &idx, purge); !errors.Is(err, ErrConflict) {
+		t.Fatalf("a purge on bee while ace keeps its copy: %v", err)
+	}
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
+	if mv, _ := s.Moves(ctx, "db"); len(mv) != 0 {
+		t.Fatalf("an assign on FROM again kept the move: %+v", mv)
+	}
+	mustApply(t, s, &idx, purge)
+	if pv, _ := s.Plan(ctx, "bee"); len(pv.Plan.Purge) != 1 {
+		t.Fatalf("bee purges %+v", pv.Plan.Purge)
+	}
+	if pv, _ := s.Plan(ctx, "ace"); len(pv.Plan.Purge) != 0 || !slices.ContainsFunc(pv.Plan.Resources, func(r Resource) bool { return r.Module == "db" }) {
+		t.Fatalf("ace's plan after the purge on bee: purges %+v", pv.Plan.Purge)
+	}
+	// A purge of a module never moved is not refused.
+	mustApply(t, s, &idx, &UnassignRequest{Assignment: Assignment{Node: "ace", Module: "db"}, PurgeData: []string{"/srv/db/data"}})
 }

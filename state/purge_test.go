@@ -27,8 +27,8 @@ func TestUnassignPurgesData(t *testing.T) {
 	if p, _ := s.Plan(ctx, "ace"); len(p.Plan.Resources) == 0 {
 		t.Fatal("a refused purge unassigned the module")
 	}
-	if v := NewCommand(&UnassignRequest{Assignment: Assignment{Node: "ace", Module: "pg"}, PurgeData: []string{"/srv/pg/data"}}).V; v != dataFormat {
-		t.Fatalf("an unassign with a purge has format %d, want %d", v, dataFormat)
+	if v := NewCommand(&UnassignRequest{Assignment: Assignment{Node: "ace", Module: "pg"}, PurgeData: []string{"/srv/pg/data"}}).V; v != purgeMovedFormat {
+		t.Fatalf("an unassign with a purge has format %d, want %d", v, purgeMovedFormat)
 	}
 	if v := NewCommand(&UnassignRequest{Assignment: Assignment{Node: "ace", Module: "pg"}}).V; v != 3 {
 		t.Fatalf("an unassign without a purge has format %d, want 3", v)

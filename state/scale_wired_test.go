@@ -1,8 +1,12 @@
 package state
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"runtime"
+	"runtime/pprof"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -66,7 +70,10 @@ func BenchmarkFleetWired(b *testing.B) {
 func wiredFleet(b *testing.B, nodes, modules int) {
 	b.StopTimer()
 	f, _ := newBenchFleetOf(b, nodes, modules, wiredModule)
-	const last = 100
+	last := 100
+	if n, _ := strconv.Atoi(os.Getenv("MESH_WIRED_LAST")); n > 0 {
+		last = min(2*(n/2), modules/2) // for a profile: more assigns
+	}
 	f.assignStraight(b, nodes, modules-last-1)
 	tx, err := f.s.db.Begin()
 	if err != nil {
@@ -104,9 +111,19 @@ func wiredFleet(b *testing.B, nodes, modules int) {
 		f.s.db.QueryRow(`SELECT compose_error FROM nodes WHERE compose_error != '' LIMIT 1`).Scan(&msg)
 		b.Fatalf("%d nodes do not compose: %s", errs, msg)
 	}
+	timedPhase := func() string {
+		if alwaysFull {
+			return "full"
+		}
+		return "timed"
+	}
 	timed := func(from, to int) (d time.Duration) {
 		runtime.GC()
 		f.s.checkpoint() // as BenchmarkFleetProfile's
+		// Labelled, so a profile can leave the set-up out (as
+		// BenchmarkFleetProfile's): go tool pprof -tagfocus phase=timed.
+		defer pprof.SetGoroutineLabels(context.Background())
+		pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("phase", timedPhase())))
 		for j := from; j < to; j++ {
 			d += assign(j)
 		}
