@@ -446,3 +446,55 @@ func TestVerifyLogPassesTheGapBelowTheSnapshot(t *testing.T) {
 		t.Fatalf("a gap past the snapshot: %v", err)
 	}
 }
+
+// TestCutSnapshotIsRemovedAtStart: a snapshot a kill cut while Raft wrote
+// it (ID.tmp) is removed at the next start; Raft itself never removes one,
+// so each such kill kept a copy of the state for good. The intact
+// snapshot stays and the node starts from it.
+func TestCutSnapshotIsRemovedAtStart(t *testing.T) {
+	dir := initDir(t, LogStoreWAL)
+	a := startAgent(t, dir)
+	waitLeader(t, a)
+	if _, err := a.Node.Propose(context.Background(), addModule(t, "m0.yaml", "module: m0\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Node.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	a.Stop()
+	before, _ := snapshotsOf(t, dir)
+	if len(before) != 1 {
+		t.Fatalf("snapshots before: %v", before)
+	}
+	store := filepath.Join(dir, RaftDir, "snapshots", "snapshots")
+	cut := filepath.Join(store, "9-999-1234.tmp")
+	if err := os.MkdirAll(cut, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"state.bin", "meta.json"} {
+		if err := os.WriteFile(filepath.Join(cut, f), bytes.Repeat([]byte("x"), 1<<16), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A file of that name is no snapshot Raft wrote: left as it is.
+	other := filepath.Join(store, "notes.tmp")
+	if err := os.WriteFile(other, []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a = startAgent(t, dir)
+	defer a.Stop()
+	if _, err := os.Stat(cut); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the cut snapshot is still there: %v", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Fatalf("a file named .tmp was removed: %v", err)
+	}
+	if after, _ := snapshotsOf(t, dir); len(after) != 1 || after[0].ID != before[0].ID {
+		t.Fatalf("snapshots after the start: %v (before %v)", after, before)
+	}
+	waitLeader(t, a)
+	infos, err := a.Store.Modules(context.Background())
+	if err != nil || len(infos) != 1 || infos[0].Name != "m0" {
+		t.Fatalf("modules after the start: %+v %v", infos, err)
+	}
+}
