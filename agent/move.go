@@ -92,6 +92,7 @@ func (a *Agent) driveMoves(ctx context.Context) {
 		if err != nil {
 			continue
 		}
+		m.forget(moves)
 		for _, mv := range moves {
 			if (mv.Phase == state.MoveCopy || mv.Phase == state.MoveStart) && mv.From == a.member.ID.Name && time.Since(mv.Since) > moveLimit {
 				m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("it was at %s for more than %s", mv.Phase, moveLimit))
@@ -111,6 +112,22 @@ func (a *Agent) driveMoves(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// forget drops what the loop keeps of the moves no longer copying or
+// starting (all of them but these), so that an agent that runs for years
+// keeps an entry for none of its past moves.
+func (m *movers) forget(moves []state.MoveInfo) {
+	live := map[uint64]bool{}
+	for _, mv := range moves {
+		if mv.Phase == state.MoveCopy || mv.Phase == state.MoveStart {
+			live[mv.ID] = true
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	maps.DeleteFunc(m.logged, func(id uint64, _ string) bool { return !live[id] })
+	maps.DeleteFunc(m.swept, func(id uint64, _ bool) bool { return !live[id] })
 }
 
 // step proposes a move's next phase.
