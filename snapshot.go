@@ -2,7 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"time"
+
+	"mesh/cluster"
 	"mesh/cluster/api"
 	"mesh/internal/safefs"
 	"mesh/state"
@@ -58,7 +62,9 @@ func (c *SnapshotRestoreCmd) Run(g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", c.File, err)
 	}
-	ctx, cancel := timeout()
+	// A large state (tens of MiB at thousands of modules) is given the
+	// time each step on the way gives it (cluster.LargeWrite).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second+cluster.LargeWrite(int64(len(b))))
 	defer cancel()
 	r, err := g.client().Restore(ctx, api.RestoreRequest{Restore: body, Force: c.Force})
 	if err != nil {

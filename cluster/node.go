@@ -45,7 +45,28 @@ const (
 	ApplyTimeout = 10 * time.Second
 	// LeaderWait bounds how long a write waits for an election to finish.
 	LeaderWait = 4 * time.Second
+	// perMiB is the time a write is given for each MiB it carries, on
+	// top of the bounds above: a link of 4 Mbit/s (a home uplink) carries
+	// a MiB in two seconds.
+	perMiB = 2 * time.Second
 )
+
+// LargeWrite is the time a write of size bytes is given on top of the
+// bounds of a small one, to cross to the leader (a restore of a fleet's
+// state weighs tens of MiB). Every bound a write meets along the way
+// grows by it: the local API's, the forwarding node's and the leader's
+// reading of the body.
+func LargeWrite(size int64) time.Duration {
+	if size <= 0 {
+		return 0
+	}
+	return time.Duration(size>>20) * perMiB
+}
+
+// peerCallTime bounds a call to a peer that carries at most a small body
+// (smallCommand); a write with more has LargeWrite more, through a client
+// of no bound of its own. A tunable for tests, read when a node starts.
+var peerCallTime = newTunable(15 * time.Second)
 
 // Log stores that can back the Raft log (see DESIGN.md for the choice).
 const (
@@ -264,7 +285,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	at := nodeAt(store)
 	n.peerConns = &peerTransport{cfg: nt.clientConfig(alpnAPI), expect: func(c *tls.Conn, address string) error { return nt.isNodeAt(at, c, address) }}
 	n.peerConns.fresh()
-	n.peers = &http.Client{Timeout: 15 * time.Second, Transport: n.peerConns}
+	n.peers = &http.Client{Timeout: peerCallTime.get(), Transport: n.peerConns}
 	n.streams = &http.Client{Transport: n.peerConns}
 	// An idle connection is closed after two minutes: the peers' own idle
 	// connections go after one (peerTransport), so none is cut under a request.
@@ -787,8 +808,8 @@ func (n *Node) Apply(ctx context.Context, c *state.Command) (uint64, error) {
 			last = err // never appended: safe to send to the next leader
 		} else if n.Leader() != "" && time.Since(n.raft.LastContact()) < 4*heartbeatTimeout {
 			// A leader not heard from for a few heartbeats is not one to wait on.
-			// A big command (a restore) gets a second more per MiB to cross.
-			wait := LeaderWait + time.Duration(len(c.Body)>>20)*time.Second
+			// A big command (a restore) gets more time to cross (LargeWrite).
+			wait := LeaderWait + LargeWrite(int64(len(c.Body)))
 			fctx, cancel := context.WithTimeout(ctx, wait)
 			idx, err := n.forward(fctx, c)
 			timedOut := errors.Is(fctx.Err(), context.DeadlineExceeded)

@@ -239,7 +239,7 @@ const MaxCommand = 320 << 20
 // a node that sent many at once (a hostile one) took the leader's memory
 // many times over. A node has at most peerReads bodies being read at once
 // (a small one is read in microseconds), and each body is read whole
-// within commandReadTime (a forwarding node's client gives up after 15 s):
+// within commandReadTime, and LargeWrite more for the size it announces:
 // a body sent a byte at a time held its goroutine, and its place, for as
 // long as the sender liked.
 const (
@@ -310,7 +310,10 @@ func (n *Node) readCommand(w http.ResponseWriter, r *http.Request) (raw []byte, 
 	none := func() {}
 	peer := n.peerName(r)
 	rc := http.NewResponseController(w)
-	rc.SetReadDeadline(time.Now().Add(commandReadTime.get()))
+	// A body that says it is large is given the time its sender's Apply
+	// gives it (LargeWrite) on top: one of 300 MiB has eleven minutes, not
+	// one (5 MiB/s, more than a home uplink carries).
+	rc.SetReadDeadline(time.Now().Add(commandReadTime.get() + LargeWrite(min(r.ContentLength, MaxCommand))))
 	bad := func(err error) ([]byte, func(), int, applyReply) {
 		return nil, none, http.StatusBadRequest, applyReply{Error: "bad command: " + err.Error(), Kind: "invalid"}
 	}
@@ -506,12 +509,17 @@ var errNotSent = errors.New("request not sent")
 // call POSTs to a peer's API and decodes the answer.
 func (n *Node) call(ctx context.Context, addr, path string, in, out any) error {
 	b, _ := json.Marshal(in)
+	return n.callWith(ctx, n.peers, addr, path, b, out)
+}
+
+// callWith is call of the body b, through client.
+func (n *Node) callWith(ctx context.Context, client *http.Client, addr, path string, b []byte, out any) error {
 	req, err := http.NewRequestWithContext(ctx, "POST", "https://"+addr+path, bytes.NewReader(b))
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	resp, err := n.peers.Do(req)
+	resp, err := client.Do(req)
 	n.log.Debug("peer call", "addr", addr, "path", path, "took", time.Since(start), "err", err)
 	if err != nil {
 		var op *net.OpError
@@ -537,8 +545,18 @@ func (n *Node) forward(ctx context.Context, c *state.Command) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	// A large command is bounded by ctx alone (Apply gives it LargeWrite
+	// more): the peers' client gives up after peerCallTime, however
+	// large the body (a restore of 50 MiB from a home uplink takes more).
+	b, _ := json.Marshal(c)
+	client := n.peers
+	if len(b) > smallCommand {
+		if _, ok := ctx.Deadline(); ok {
+			client = n.streams
+		}
+	}
 	var rep applyReply
-	if err := n.call(ctx, addr, "/v1/apply", c, &rep); err != nil {
+	if err := n.callWith(ctx, client, addr, "/v1/apply", b, &rep); err != nil {
 		return 0, err
 	}
 	// Read your writes: return once this replica holds the entry too, so the

@@ -320,3 +320,71 @@ func TestLargeForwardedCommandsAreBounded(t *testing.T) {
 		t.Fatalf("a body announced over MaxCommand: %d %+v", resp.StatusCode, rep)
 	}
 }
+
+// TestLargeForwardedCommandOutlivesThePeersBound: a forwarded command
+// over smallCommand is bounded by what Apply gives it (LargeWrite), not by
+// the peers' client's bound for small calls (peerCallTime): a restore of
+// tens of MiB sent from a node behind a home uplink took longer than that
+// and failed, "may or may not have been applied".
+func TestLargeForwardedCommandOutlivesThePeersBound(t *testing.T) {
+	defer peerCallTime.set(time.Second)()
+	nodes, _ := threeMembers(t)
+	for _, m := range nodes {
+		defer m.Stop()
+	}
+	ace, novox := nodes["ace"], nodes["novox"]
+	eventually(t, 10*time.Second, "ace leads", func() bool { return ace.Node.raft.State() == raft.Leader })
+	// novox's link carries 1 MiB a second.
+	for _, c := range []*http.Client{novox.Node.peers, novox.Node.streams} {
+		c.Transport = throttled{next: c.Transport, perSecond: 1 << 20}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	report := func(text int) *state.Command {
+		c := state.NewCommand(&state.ReportRequest{Report: state.Report{Node: "novox", Version: 1, AppliedAt: time.Now(), Error: strings.Repeat("x", text)}})
+		c.Time = time.Now().UTC()
+		return c
+	}
+	began := time.Now()
+	if _, err := novox.Node.Apply(ctx, report(2<<20+1000)); err != nil {
+		t.Fatalf("a command of 2 MiB over a link of 1 MiB/s: %v", err)
+	}
+	// Else this test proves nothing: the command took longer than the
+	// peers' client would have waited.
+	if took := time.Since(began); took < 2*peerCallTime.get() {
+		t.Fatalf("the command crossed in %s: the link was not slow", took)
+	}
+	if _, err := novox.Node.Apply(ctx, report(10)); err != nil {
+		t.Fatalf("a small command: %v", err)
+	}
+}
+
+// throttled sends requests' bodies at perSecond bytes a second at most.
+type throttled struct {
+	next      http.RoundTripper
+	perSecond int
+}
+
+func (t throttled) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Body == nil {
+		return t.next.RoundTrip(r)
+	}
+	r2 := r.Clone(r.Context())
+	r2.Body = &slowBody{ReadCloser: r.Body, perSecond: t.perSecond}
+	return t.next.RoundTrip(r2)
+}
+
+type slowBody struct {
+	io.ReadCloser
+	perSecond int
+}
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	chunk := b.perSecond / 16
+	if len(p) > chunk {
+		p = p[:chunk]
+	}
+	n, err := b.ReadCloser.Read(p)
+	time.Sleep(time.Duration(n) * time.Second / time.Duration(b.perSecond))
+	return n, err
+}

@@ -322,10 +322,14 @@ func (c *Client) Snapshot(ctx context.Context) ([]byte, error) {
 	return raw, nil
 }
 
-// Restore puts a snapshot's state back, through Raft.
+// Restore puts a snapshot's state back, through Raft. It is bounded by
+// ctx alone: a large state takes longer than the client's own bound
+// (cluster.LargeWrite).
 func (c *Client) Restore(ctx context.Context, req RestoreRequest) (RestoreResult, error) {
 	var r RestoreResult
-	return r, c.do(ctx, "POST", "/v1/snapshot/restore", req, &r)
+	unbound := *c
+	unbound.http = c.Streams()
+	return r, unbound.do(ctx, "POST", "/v1/snapshot/restore", req, &r)
 }
 
 // WebTokenRequest asks the node's web page for a one-time login link

@@ -324,7 +324,7 @@ func decode(r *http.Request, v any) error {
 func (a *API) propose(ctx context.Context, req state.Request) (uint64, error) {
 	c := state.NewCommand(req)
 	c.Time = a.now().UTC()
-	ctx, cancel := context.WithTimeout(ctx, cluster.ApplyTimeout)
+	ctx, cancel := context.WithTimeout(ctx, cluster.ApplyTimeout+cluster.LargeWrite(int64(len(c.Body))))
 	defer cancel()
 	return a.node.Apply(ctx, c)
 }
