@@ -43,6 +43,11 @@ type Identity struct {
 	Overlay        string `json:"overlay,omitempty"`
 	OverlayAddress string `json:"overlay_address,omitempty"`
 	OverlayPort    int    `json:"overlay_port,omitempty"`
+	// Vouch are the voters when this node joined (JoinReply.Voters):
+	// while its replica is empty, the only nodes whose Raft connections
+	// it takes (on the CA's word: it knows no node's key yet). Empty for
+	// the first node, and for one that joined through an older leader.
+	Vouch []string `json:"vouch,omitempty"`
 }
 
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -355,7 +360,7 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 	if logStore == "" {
 		logStore = DefaultLogStore
 	}
-	id := Identity{Name: cfg.Name, Address: addr.String(), Port: cfg.Port, MeshID: rep.MeshID, LogStore: logStore, Overlay: rep.Overlay, OverlayAddress: rep.OverlayAddress}
+	id := Identity{Name: cfg.Name, Address: addr.String(), Port: cfg.Port, MeshID: rep.MeshID, LogStore: logStore, Overlay: rep.Overlay, OverlayAddress: rep.OverlayAddress, Vouch: rep.Voters}
 	if rep.Overlay == state.OverlayOff {
 		os.Remove(filepath.Join(cfg.DataDir, wgkey.File)) // never used
 	} else {

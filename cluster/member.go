@@ -91,6 +91,7 @@ func StartMember(cfg MemberConfig) (_ *Member, err error) {
 		Bind:      net.JoinHostPort(id.Address, strconv.Itoa(id.Port)),
 		Advertise: net.JoinHostPort(id.Address, strconv.Itoa(id.Port)),
 		LogStore:  id.LogStore, TLSDir: cfg.DataDir, Logger: log, Version: cfg.Version,
+		Vouch: id.Vouch,
 	}, store)
 	if err != nil {
 		store.Close()

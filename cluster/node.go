@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -97,6 +98,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Version is this binary's version, told to the other nodes.
 	Version string
+	// Vouch are the voters when this node joined (Identity.Vouch).
+	Vouch []string
 }
 
 // Node is one Raft member holding a replica in a state.Store.
@@ -216,13 +219,9 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	// A peer must be a node of the replica, with the key recorded for it
 	// (keyFits). A node that just joined has an
 	// empty replica; until it knows any node, the mesh CA (whose digest its
-	// token pinned) vouches for the leader that brings it the state.
-	// One read: the replica fills while a node catches up, and two reads
-	// could see it empty and then without the peer.
-	member := func(name string, cert *x509.Certificate) bool {
-		nodes, err := store.Nodes(context.Background())
-		return err == nil && (len(nodes) == 0 || pinnedIn(nodes, name, cert))
-	}
+	// token pinned) vouches for the leader that brings it the state, if
+	// it was a voter when this node joined.
+	member := replicaMember(store, cfg.Vouch)
 	nt.peerOK = func(name string, cert *x509.Certificate) error {
 		if !member(name, cert) {
 			return fmt.Errorf("the peer's certificate for %s is not the one the mesh recorded for it (another key, or no such node)", name)
@@ -248,6 +247,10 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	m.emptyReplica = func() bool {
 		nodes, err := store.Nodes(context.Background())
 		return err == nil && len(nodes) == 0
+	}
+	m.caughtUp = func() bool {
+		me, err := store.Node(context.Background(), cfg.ID)
+		return err == nil && keyFits(me, nt.current().Leaf)
 	}
 	go m.keepRechecking(store.Changed)
 	stop := make(chan struct{})
@@ -534,6 +537,27 @@ type damagedSnap struct {
 	index uint64
 	why   error
 	meta  *raft.SnapshotMeta
+}
+
+// replicaMember says whether a peer of that name and certificate is a
+// node of the replica, with the key recorded for it (keyFits); while the
+// replica holds no node (this node just joined), whether it is one of
+// vouch, the voters when this node joined (all the CA vouches for when
+// vouch is empty, its leader older): a removed node's certificate stays
+// valid for a year, and an empty replica cannot tell that it was removed.
+// One read: the replica fills while a node catches up, and two reads
+// could see it empty and then without the peer.
+func replicaMember(store *state.Store, vouch []string) func(string, *x509.Certificate) bool {
+	return func(name string, cert *x509.Certificate) bool {
+		nodes, err := store.Nodes(context.Background())
+		if err != nil {
+			return false
+		}
+		if len(nodes) == 0 {
+			return len(vouch) == 0 || slices.Contains(vouch, name)
+		}
+		return pinnedIn(nodes, name, cert)
+	}
 }
 
 // removeCutSnapshots removes the snapshots a kill cut while Raft wrote

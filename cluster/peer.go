@@ -70,6 +70,11 @@ type JoinReply struct {
 	// address on it ("" until it has one).
 	Overlay        string `json:"overlay,omitempty"`
 	OverlayAddress string `json:"overlay_address,omitempty"`
+	// Voters are the voters of the leader's Raft configuration at the
+	// join: while the new node's replica is empty, it takes a Raft
+	// connection from them alone (Identity.Vouch). Absent from an older
+	// leader's reply: then from any node the CA vouches for.
+	Voters []string `json:"voters,omitempty"`
 }
 
 func kindOf(err error) string {
@@ -862,6 +867,13 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		}
 	}
 	rep := JoinReply{MeshID: id.MeshID, CA: id.CACert, Voter: voter, Overlay: settings.Overlay}
+	if f := n.raft.GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			if s.Suffrage == raft.Voter {
+				rep.Voters = append(rep.Voters, string(s.ID))
+			}
+		}
+	}
 	if me, err := n.store.Node(ctx, req.Name); err == nil {
 		rep.OverlayAddress = me.OverlayAddress
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -391,14 +392,21 @@ func TestRaftDialTakesOnlyTheNodeThere(t *testing.T) {
 }
 
 // A Raft connection taken on the CA's word alone (this node's replica
-// empty: it just joined) is left to its certificate's checks by recheck:
-// the replica that fills from it names its peer only once it has caught up
-// to that peer's own join. One taken from a known node that stops being
-// one that may lead is closed.
+// empty: it just joined) is left to its certificate's checks by recheck
+// until the replica holds this node's join (caughtUp): the replica that
+// fills from it names its peer only once it has caught up to that peer's
+// own join. From then on it is checked as any other: one taken by a
+// removed node that raced the real leader would otherwise be kept for as
+// long as that node liked (a review). One taken from a known node that
+// stops being one that may lead is closed.
 func TestRecheckLeavesWhatTheCAVouchedFor(t *testing.T) {
 	a, b := twoNodesVoting(t, 1)
 	waitKey(t, a, "novox", CertKey(b.Node.tls.current().Leaf))
-	m := a.Node.mux
+	// ace's checks, in a mux of the test's own (ace's runs its rechecks).
+	var joined atomic.Bool
+	m := &mux{tls: a.Node.mux.tls, member: a.Node.mux.member, log: a.Node.mux.log, start: time.Now(), caughtUp: joined.Load}
+	m.raft.Store(a.Node.raft)
+	m.markLed()
 	certs := []*x509.Certificate{b.Node.tls.current().Leaf}
 	if name, err := m.tls.verifyPeer(certs); err != nil || name != "novox" {
 		t.Fatalf("novox's certificate: %q %v", name, err)
@@ -423,7 +431,47 @@ func TestRecheckLeavesWhatTheCAVouchedFor(t *testing.T) {
 	if !keptVouched || keptKnown {
 		t.Fatalf("after a recheck: the connection the CA vouched for kept %v (want true), the known node's kept %v (want false)", keptVouched, keptKnown)
 	}
-	vouched.Close()
+	joined.Store(true)
+	m.recheck() // the replica holds this node's join: novox is checked
+	m.raftMu.Lock()
+	_, keptVouched = m.raftConns[vouched]
+	m.raftMu.Unlock()
+	if keptVouched {
+		t.Fatal("the connection the CA vouched for was kept once the replica held this node's join, from a node that may not lead")
+	}
+}
+
+// While a node's replica is empty (it just joined), it takes a Raft
+// connection from the voters when it joined alone (JoinReply.Voters), not
+// from any node the CA vouches for: a removed node's certificate stays
+// valid, and a replica that knows no node cannot tell. A joiner through
+// an older leader (no voters said) takes any, as before.
+func TestEmptyReplicaTakesTheVotersItJoinedWith(t *testing.T) {
+	nodes, dirs := threeMembers(t)
+	for _, m := range nodes {
+		defer m.Stop()
+	}
+	id, err := ReadIdentity(dirs["g14"])
+	if err != nil || !slices.Equal(id.Vouch, []string{"ace"}) {
+		t.Fatalf("g14's identity: vouch %v (%v), want the voters when it joined, [ace]", id.Vouch, err)
+	}
+	empty, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer empty.Close()
+	novox, ace := nodes["novox"].Node.tls.current().Leaf, nodes["ace"].Node.tls.current().Leaf
+	if member := replicaMember(empty, []string{"ace"}); member("novox", novox) || !member("ace", ace) {
+		t.Fatalf("an empty replica that joined with voter ace: takes novox %v (want false), ace %v (want true)", member("novox", novox), member("ace", ace))
+	}
+	if !replicaMember(empty, nil)("novox", novox) {
+		t.Fatal("an empty replica that joined through an older leader refuses novox")
+	}
+	// A replica that holds nodes goes by their keys, whatever it joined with.
+	waitKey(t, nodes["g14"], "novox", CertKey(novox))
+	if full := replicaMember(nodes["g14"].Store, []string{"ace"}); !full("novox", novox) || full("novox", ace) {
+		t.Fatalf("g14's replica: novox with its certificate %v (want true), with ace's %v (want false)", full("novox", novox), full("novox", ace))
+	}
 }
 
 // The peer API's client (writes forwarded to the leader, joins, renewals,

@@ -71,6 +71,10 @@ type mux struct {
 	// emptyReplica says whether this node's replica holds no node yet
 	// (set by the node; nil in tests of the mux alone).
 	emptyReplica func() bool
+	// caughtUp says whether this node's replica names this node with its
+	// own certificate's key: it holds the entry of this node's join, and
+	// so every node of the mesh then (set by the node; nil: it does).
+	caughtUp func() bool
 }
 
 // sinceLed is how long ago this node last knew a voter leading.
@@ -189,12 +193,18 @@ func (c *raftConn) Close() error {
 // removed node able to depose the leader and write into its log. It
 // returns when the soonest certificate still held expires.
 func (m *mux) recheck() time.Time {
+	// A connection the CA vouched for is left to its certificate's
+	// checks until the replica holds this node's join (caughtUp), and
+	// checked as any other from then on: taken before the real leader
+	// came, by a removed node whose certificate is still valid, it would
+	// otherwise be kept for as long as its peer liked.
+	early := m.caughtUp != nil && !m.caughtUp()
 	m.raftMu.Lock()
 	var gone []*raftConn
 	var soonest time.Time
 	for c := range m.raftConns {
 		name, err := m.tls.verifyPeer(c.certs)
-		if err != nil || name != c.name || !c.vouched && (!m.member(name, c.certs[0]) || !m.mayLead(name)) {
+		if err != nil || name != c.name || !(c.vouched && early) && (!m.member(name, c.certs[0]) || !m.mayLead(name)) {
 			gone = append(gone, c)
 			delete(m.raftConns, c)
 			continue
