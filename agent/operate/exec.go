@@ -82,6 +82,10 @@ func (s *Server) serveNodeExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("name a container"))
 		return
 	}
+	if err := s.planHolds(r.Context(), name, false); err != nil {
+		writeError(w, err)
+		return
+	}
 	ws, ctx, done := s.accept(w, r)
 	if ws == nil {
 		return

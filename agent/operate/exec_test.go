@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 
 	"mesh/cluster/api"
 	"mesh/podman"
+	"mesh/reconciler"
 )
 
 // An exec runs in one container: a module of several containers on one
@@ -232,4 +234,54 @@ func TestExecRelayCallerGoesWhilePeerTakesNothing(t *testing.T) {
 	flood(t, ws, ctx)
 	ws.CloseNow()
 	within(t, served, 10*time.Second, "the relay ended after the caller went")
+}
+
+// A peer's exec and logs reach only what this node's plan runs: Podman
+// takes any container's name or ID, the mesh's or not, and a member (a
+// hostile one) could otherwise exec into any container of the host.
+func TestPeerReachesOnlyThePlansContainers(t *testing.T) {
+	var mu sync.Mutex
+	var asked []string
+	ask := func(name string) { mu.Lock(); asked = append(asked, name); mu.Unlock() }
+	seen := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(asked) }
+	s := testServer(t, &fakeRuntime{
+		exec:   func(name string, _ podman.ExecConfig) (Session, error) { ask(name); return newFakeSession(), nil },
+		lookup: func(name string) (reconciler.Container, bool, error) { ask(name); return running(name) },
+		logs: func(ctx context.Context, id string, o podman.LogOptions, each func(podman.LogLine) error) error {
+			return nil
+		},
+	})
+	ts := httptest.NewServer(s.PeerHandler())
+	defer ts.Close()
+	for _, path := range []string{
+		"/v1/op/exec?name=operators-own&cmd=sh",
+		"/v1/op/exec?name=c1abcdef&cmd=sh", // an ID
+		"/v1/op/logs?name=operators-own",
+		"/v1/op/logs?name=app.server&step=1", // a container, asked as a step
+		"/v1/op/logs?name=app.migrate",       // a step, asked as a container
+	} {
+		resp, err := http.Get(ts.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "not in ace's plan") {
+			t.Errorf("%s: %s %s", path, resp.Status, body)
+		}
+	}
+	if a := seen(); len(a) > 0 {
+		t.Fatalf("Podman was asked for %v", a)
+	}
+	// What the plan runs is reached.
+	resp, err := http.Get(ts.URL + "/v1/op/logs?name=app.server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if a := seen(); resp.StatusCode != http.StatusOK || !slices.Contains(a, "app.server") {
+		t.Fatalf("logs of app.server: %s, Podman asked for %v", resp.Status, a)
+	}
+	dialExec(t, "ws"+strings.TrimPrefix(ts.URL, "http"))
 }

@@ -180,6 +180,10 @@ func (s *Server) serveNodeLogs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("name a container"))
 		return
 	}
+	if err := s.planHolds(r.Context(), src.Container, src.Step); err != nil {
+		writeError(w, err)
+		return
+	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	f, _ := w.(http.Flusher)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"mesh/cluster/api"
 	"mesh/podman"
 	"mesh/reconciler"
+	"mesh/state"
 )
 
 // fakeRuntime is a node's Podman as the tests need it.
@@ -36,7 +38,34 @@ func (f *fakeRuntime) Exec(ctx context.Context, name string, cfg podman.ExecConf
 }
 
 func testServer(t *testing.T, rt Runtime) *Server {
-	return &Server{Node: "ace", RT: rt, Log: slog.New(slog.NewTextHandler(tWriter{t}, nil))}
+	return &Server{Node: "ace", RT: rt, Store: planStore(t), Log: slog.New(slog.NewTextHandler(tWriter{t}, nil))}
+}
+
+// planStore is a replica whose node ace runs module app: container
+// app.server and step app.migrate.
+func planStore(t *testing.T) *state.Store {
+	t.Helper()
+	s, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	sp, err := state.SpecOf("app.yaml", "module: app\nresources:\n  - container: app.server\n    image: localhost/busybox:1\n  - step: app.migrate\n    image: localhost/busybox:1\n    command: [\"true\"]\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range []state.Request{
+		&state.InitRequest{MeshID: "m-1", Domain: "internal", Node: state.Node{Name: "ace", Address: "10.0.0.1", Voter: true}},
+		&state.ModuleAddRequest{Modules: []state.ModuleSpec{sp}},
+		&state.AssignRequest{Assignment: state.Assignment{Node: "ace", Module: "app"}},
+	} {
+		c := state.NewCommand(r)
+		c.Time = time.Now().UTC()
+		if err := s.Apply(uint64(i+1), c.Encode()); err != nil {
+			t.Fatalf("%s: %v", r.Op(), err)
+		}
+	}
+	return s
 }
 
 type tWriter struct{ t *testing.T }

@@ -73,6 +73,25 @@ type Server struct {
 	Backups Backups
 }
 
+// planHolds refuses a container (a step, for its lines) that this node's
+// plan does not run: a peer's exec or logs names it as the caller's
+// replica resolved it, and Podman takes any name or ID, the mesh's or
+// not, so a member could exec into any container of the host (a review).
+func (s *Server) planHolds(ctx context.Context, name string, step bool) error {
+	pv, err := s.Store.Plan(ctx, s.Node)
+	if err != nil && !errors.Is(err, state.ErrNotFound) {
+		return err
+	}
+	if pv.Plan != nil {
+		for _, r := range pv.Plan.Resources {
+			if !step && r.Kind == manifest.KindContainer && r.Name == name || step && r.Kind == manifest.KindStep && r.RuntimeName() == name {
+				return nil
+			}
+		}
+	}
+	return notFound("%s is not in %s's plan: a peer reaches only what the mesh runs on this node (a module assigned here a moment ago may not have reached it yet)", name, s.Node)
+}
+
 // streamContext is a request's context, ended too when the agent stops.
 func (s *Server) streamContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
