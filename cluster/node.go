@@ -132,6 +132,9 @@ type Node struct {
 	trustMu sync.Mutex
 	// downloads counts the binary's downloads in flight (bootstrap.go).
 	downloads *connlimit.Bounds
+	// refusedJoin throttles the warning for a join refused for its
+	// secret (anybody on the network can send one).
+	refusedJoin connlimit.Throttle
 
 	// Commit notices (committed.go): logStore is Raft's log, read for a
 	// notice's term and a catch-up's entries; notices are the leader's to

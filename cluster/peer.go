@@ -702,12 +702,20 @@ func (n *Node) checkToken(ctx context.Context, req JoinRequest) (state.Identity,
 	if id.CANextCert != "" {
 		return id, "", &state.RuleError{Kind: state.ErrConflict, Msg: "a rotation of the mesh's CA is under way, and the token pins the CA it replaces; join once it ends (mesh status shows it), with a token made then (mesh token)"}
 	}
-	caKey, joinSecret, err := n.OpenIdentity(id)
+	// The secret first: a stranger's guess never has the CA key opened.
+	joinSecret, err := n.JoinSecret(id)
 	if err != nil {
 		return id, "", err
 	}
 	if !secretEqual(req.Secret, joinSecret) {
+		if n.refusedJoin.Now() {
+			n.log.Warn("refused a join: its token's secret is not this mesh's (logged once a minute at most)", "name", req.Name, "address", req.Address)
+		}
 		return id, "", &state.RuleError{Kind: state.ErrInvalid, Msg: "the join token's secret is not valid (was it rotated? get a new one with `mesh token`)"}
+	}
+	caKey, _, err := n.OpenIdentity(id)
+	if err != nil {
+		return id, "", err
 	}
 	return id, caKey, nil
 }
