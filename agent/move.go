@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"mesh/internal/datacopy"
@@ -80,12 +81,14 @@ type movers struct {
 	copying map[uint64]bool // the moves whose copy runs here now
 	logged  map[uint64]string
 	swept   map[uint64]bool // the started moves whose replaced copies were looked for
+	// removing are the staging directories being removed (sweepStaging).
+	removing map[string]bool
 }
 
 // driveMoves runs this node's part of every move, until ctx ends.
 func (a *Agent) driveMoves(ctx context.Context) {
 	<-a.backups.ready
-	m := &movers{a: a, copying: map[uint64]bool{}, logged: map[uint64]string{}, swept: map[uint64]bool{}}
+	m := &movers{a: a, copying: map[uint64]bool{}, logged: map[uint64]string{}, swept: map[uint64]bool{}, removing: map[string]bool{}}
 	store := a.member.Store
 	for nextChange(ctx, store, moveEvery) {
 		moves, err := store.Moves(ctx, "")
@@ -110,7 +113,46 @@ func (a *Agent) driveMoves(ctx context.Context) {
 			case mv.Phase == state.MoveStart && mv.To == a.member.ID.Name:
 				m.checkStarted(ctx, mv)
 			}
+			if mv.Phase != state.MoveCopy && mv.To == a.member.ID.Name {
+				m.sweepStaging(mv)
+			}
 		}
+	}
+}
+
+// sweepStaging removes what a copy into this node left at its staging
+// paths once the move is past its copy (TO's agent killed while it wrote
+// one, the move then aborted): receive removes it only before a copy of
+// the same module, so a move that was not tried again kept a partial
+// copy of its data for good. Removed aside from the loop (a large copy
+// takes a while).
+func (m *movers) sweepStaging(mv state.MoveInfo) {
+	for _, d := range mv.Data {
+		p := d + moveStaging
+		if d != filepath.Clean(d) || !filepath.IsAbs(d) {
+			continue
+		}
+		if _, err := os.Lstat(p); err != nil {
+			continue
+		}
+		m.mu.Lock()
+		busy := m.removing[p]
+		m.removing[p] = true
+		m.mu.Unlock()
+		if busy {
+			continue
+		}
+		go func() {
+			err := os.RemoveAll(p)
+			if err != nil {
+				m.a.log.Warn("move: a copy cut short here cannot be removed", "module", mv.Module, "path", p, "err", err)
+			} else {
+				m.a.log.Info("move: removed a copy cut short here", "module", mv.Module, "path", p, "phase", mv.Phase)
+			}
+			m.mu.Lock()
+			delete(m.removing, p)
+			m.mu.Unlock()
+		}()
 	}
 }
 
@@ -290,7 +332,9 @@ func (m *movers) send(ctx context.Context, mv state.MoveInfo) (moveResult, error
 			pw.CloseWithError(err)
 			sent <- err
 		}()
-		v := url.Values{"module": {mv.Module}, "id": {strconv.FormatUint(mv.ID, 10)}}
+		// What the data takes here: TO refuses a copy it has not the
+		// room for before anything is sent.
+		v := url.Values{"module": {mv.Module}, "id": {strconv.FormatUint(mv.ID, 10)}, "size": {strconv.FormatUint(dataSize(mv.Data), 10)}}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+"/v1/op/move/receive?"+v.Encode(), pr)
 		if err != nil {
 			pr.Close()
@@ -305,6 +349,10 @@ func (m *movers) send(ctx context.Context, mv state.MoveInfo) (moveResult, error
 		}
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if resp.StatusCode == http.StatusInsufficientStorage {
+			// A try again would fill TO's disk again: aborted at once.
+			return fmt.Errorf("%w: %s refused the copy: %s", errNotMovable, mv.To, strings.TrimSpace(string(body)))
+		}
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("%s refused the copy: %s", mv.To, strings.TrimSpace(string(body)))
 		}
@@ -359,12 +407,13 @@ func errOr(err error, s string) string {
 func (a *Agent) receiveMove(w http.ResponseWriter, r *http.Request) {
 	module := r.URL.Query().Get("module")
 	id, _ := strconv.ParseUint(r.URL.Query().Get("id"), 10, 64)
+	need, _ := strconv.ParseUint(r.URL.Query().Get("size"), 10, 64) // 0: FROM did not say
 	select {
 	case <-a.backups.ready: // the reconciler is made
 	case <-r.Context().Done():
 		return
 	}
-	res, code, err := a.receive(r.Context(), a.member.Node.PeerName(r), module, id, r.Body)
+	res, code, err := a.receive(r.Context(), a.member.Node.PeerName(r), module, id, need, r.Body)
 	if err != nil {
 		http.Error(w, err.Error(), code)
 		return
@@ -373,7 +422,7 @@ func (a *Agent) receiveMove(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(res)
 }
 
-func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, body io.Reader) (moveResult, int, error) {
+func (a *Agent) receive(ctx context.Context, peer, module string, id, need uint64, body io.Reader) (moveResult, int, error) {
 	var res moveResult
 	l, err := a.member.Store.Moves(ctx, module)
 	if err != nil || len(l) != 1 {
@@ -444,15 +493,42 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, bod
 			os.RemoveAll(d + moveStaging)
 		}
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	stall := time.AfterFunc(moveIdle, cancel)
-	raw, sum, err := datacopy.Receive(rctx, &idle{r: body, t: stall}, mv.Data, func(root string) string { return root + moveStaging })
+	if err := roomFor(a.member.ID.Name, mv.Data, need); err != nil {
+		return res, http.StatusInsufficientStorage, err
+	}
+	// The copy ends with the move: an abort (the operator's, the CLI's
+	// --timeout, FROM's after moveLimit) or a move of the module made
+	// anew ends it here too, and none outlives moveLimit, however slowly
+	// FROM sends (it holds moveMu: every other copy into this node waits).
+	rctx, cancel := context.WithTimeout(ctx, moveLimit)
+	defer cancel()
+	var ended atomic.Bool
+	go func() {
+		for nextChange(rctx, a.member.Store, moveEvery) {
+			if l, err := a.member.Store.Moves(rctx, module); err == nil && (len(l) != 1 || l[0].ID != id || l[0].Phase != state.MoveCopy) {
+				ended.Store(true)
+				cancel()
+				return
+			}
+		}
+	}()
+	var stalled atomic.Bool
+	stall := time.AfterFunc(moveIdle, func() { stalled.Store(true); cancel() })
+	room := &roomGuard{r: &idle{r: body, t: stall}, node: a.member.ID.Name, data: mv.Data}
+	raw, sum, err := datacopy.Receive(rctx, room, mv.Data, func(root string) string { return root + moveStaging })
 	stall.Stop()
 	cancel()
 	if err != nil {
 		cleanup()
-		if rctx.Err() != nil && ctx.Err() == nil {
+		switch rerr := room.failed(); {
+		case rerr != nil:
+			return res, http.StatusInsufficientStorage, rerr
+		case ended.Load():
+			err = fmt.Errorf("the move of %s ended while its copy was written: %w", module, err)
+		case stalled.Load() && ctx.Err() == nil:
 			err = fmt.Errorf("%s sent nothing for %s: %w", mv.From, moveIdle, err)
+		case errors.Is(rctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
+			err = fmt.Errorf("the copy took more than %s: %w", moveLimit, err)
 		}
 		return res, http.StatusInternalServerError, err
 	}

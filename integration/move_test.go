@@ -222,6 +222,41 @@ func checkMove(t *testing.T, n []*agent) {
 	}
 	n[1].mesh("move", "--finish", "postgres")
 
+	// A TO without the room for the copy refuses it before anything is
+	// written, by the size FROM announces, and the move is aborted at
+	// once (a try again would fill its disk again): here n3's
+	// /srv/postgres, where the copy would be written, is a filesystem of
+	// 1,200 MiB, over the 1 GiB a node keeps free but not over that and
+	// the 500 MB file alone of postgres's data.
+	// Mounted in n3's mount namespace, where its /srv is its own.
+	room := n[3].h.dir + "/srv/postgres"
+	if err := os.MkdirAll(room, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inN3 := func(args ...string) *exec.Cmd {
+		return exec.Command("nsenter", append([]string{"--mount=" + filepath.Join(multiMnt, n[3].h.netns)}, args...)...)
+	}
+	if out, err := inN3("mount", "-t", "tmpfs", "-o", "size=1200m", "bed-move-room", "/srv/postgres").CombinedOutput(); err != nil {
+		t.Fatalf("mount a small filesystem at n3's /srv/postgres: %v %s", err, out)
+	}
+	unmount := func() { inN3("umount", "/srv/postgres").Run(); os.Remove(room) }
+	defer unmount()
+	if out, err := inN3("findmnt", "-n", "-o", "SIZE", "/srv/postgres").CombinedOutput(); err != nil || !strings.Contains(string(out), "1.2G") {
+		t.Fatalf("n3's /srv/postgres is not the small filesystem: %v %s", err, out)
+	}
+	out = n[3].meshFails("move", "postgres", "n1", "n3", "--timeout", "2m")
+	if !strings.Contains(out, "was aborted; it runs on n1 again") || !strings.Contains(out, "not enough room for the copy on n3") || strings.Contains(out, "what is left") {
+		t.Fatalf("a move to a node without the room for the copy: %s", out)
+	}
+	if ls, err := inN3("ls", "-A", "/srv/postgres").CombinedOutput(); err != nil || len(strings.TrimSpace(string(ls))) != 0 {
+		t.Fatalf("the refused copy wrote into n3's /srv/postgres: %v %s", err, ls)
+	}
+	eventually(t, 90*time.Second, "postgres back on n1", func() (bool, string) {
+		on := runsOn(n, "postgres.server")
+		return len(on) == 1 && on[0] == "n1", strings.Join(on, ",")
+	})
+	unmount()
+
 	// A TO that cannot start it: the abort puts it back on FROM.
 	n[3].h.podman("rmi", "-f", "docker.io/library/postgres:15")
 	server = n[1].h.containerID("postgres.server")

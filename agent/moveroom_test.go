@@ -1,0 +1,120 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"mesh/cluster"
+	"mesh/state"
+)
+
+// fakeFree makes moveFree answer free() for every path, for the test.
+func fakeFree(t *testing.T, free func() uint64) {
+	old := moveFree
+	moveFree = func(string) (uint64, error) { return free(), nil }
+	t.Cleanup(func() { moveFree = old })
+}
+
+// A copy TO has not the room for is refused by the size FROM announces,
+// before anything is written; one that takes the filesystem under the
+// floor while it is written stops there. Either leaves cluster.LowFree.
+func TestCopyKeepsTheNodesRoom(t *testing.T) {
+	data := []string{"/srv/db/data"}
+	fakeFree(t, func() uint64 { return cluster.LowFree + 100<<20 })
+	if err := roomFor("bee", data, 50<<20); err != nil {
+		t.Fatalf("50 MiB into 100 MiB over the floor: %v", err)
+	}
+	err := roomFor("bee", data, 200<<20)
+	if !errors.Is(err, errNoRoom) || !strings.Contains(err.Error(), "on bee: the filesystem of /srv/db has") || !strings.Contains(err.Error(), "a copy of 200.0 MiB") {
+		t.Fatalf("200 MiB into 100 MiB over the floor: %v", err)
+	}
+
+	// While it is written: the free space falls as the stream is read.
+	var read atomic.Int64
+	fakeFree(t, func() uint64 { return cluster.LowFree + 150<<20 - uint64(read.Load()) })
+	g := &roomGuard{r: countReader{io.LimitReader(zeros{}, 1<<30), &read}, node: "bee", data: data}
+	n, err := io.Copy(io.Discard, g)
+	if !errors.Is(err, errNoRoom) || !errors.Is(g.failed(), errNoRoom) || !strings.Contains(err.Error(), "a copy of what is left") {
+		t.Fatalf("a stream of 1 GiB into 150 MiB over the floor: %d bytes, %v (failed: %v)", n, err, g.failed())
+	}
+	if n < 150<<20 || n > 150<<20+roomEvery+1<<20 {
+		t.Fatalf("the stream was stopped after %d MiB, not within a look (%d MiB) of 150 MiB", n>>20, roomEvery>>20)
+	}
+	if _, err := g.Read(make([]byte, 10)); !errors.Is(err, errNoRoom) {
+		t.Fatalf("a read after the stop: %v", err)
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
+
+type countReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// dataSize counts what the files take (a sparse file's holes do not),
+// follows no link, and leaves out what it cannot read.
+func TestDataSizeCountsWhatFilesTake(t *testing.T) {
+	d := t.TempDir()
+	if err := os.WriteFile(filepath.Join(d, "a"), bytes.Repeat([]byte("x"), 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sparse, err := os.Create(filepath.Join(d, "sparse"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sparse.Truncate(1 << 30)
+	sparse.Close()
+	outside := t.TempDir()
+	os.WriteFile(filepath.Join(outside, "big"), bytes.Repeat([]byte("y"), 4<<20), 0o600)
+	os.Symlink(outside, filepath.Join(d, "link"))
+	n := dataSize([]string{d, filepath.Join(d, "missing")})
+	if n < 1<<20 || n > 2<<20 {
+		t.Fatalf("dataSize: %d bytes, want about 1 MiB", n)
+	}
+}
+
+// Once a move is past its copy, what a copy into this node cut short left
+// at its staging path (TO's agent killed while it wrote) is removed;
+// nothing else is.
+func TestStagingOfAnEndedMoveIsRemoved(t *testing.T) {
+	root := t.TempDir()
+	d := filepath.Join(root, "srv", "db", "data")
+	for _, p := range []string{d, d + moveStaging + "/sub"} {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(d, "PG_VERSION"), []byte("15"), 0o600)
+	m := &movers{a: &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))}, removing: map[string]bool{}}
+	m.sweepStaging(state.MoveInfo{ID: 3, Module: "db", Phase: state.MoveAborted, Data: []string{d, "relative/x"}})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Lstat(d + moveStaging); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the staging directory of an aborted move is still there")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if b, err := os.ReadFile(filepath.Join(d, "PG_VERSION")); err != nil || string(b) != "15" {
+		t.Fatalf("the data directory itself: %q %v", b, err)
+	}
+}
