@@ -371,6 +371,9 @@ func (a *Agent) startReconciler() error {
 		return err
 	}
 	a.reconciler = rec
+	if err := undoCutMoveSwap(a.dir, rec.Arrived, a.log); err != nil {
+		return err
+	}
 	return a.backups.start(a.ctx, rec)
 }
 

@@ -551,10 +551,20 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id, need uint6
 		// the operator's: what the first one set aside stays there, and
 		// is reported again.
 		prev, again := a.reconciler.Arrived(module, id)
+		// The markers are kept until the start reaches this node; a move
+		// still at its copy moveLimit after its phase began is aborted
+		// by FROM, so twice that (for the clocks of two nodes) outlives
+		// every move that can still start.
+		until := time.Now().Add(2 * moveLimit)
+		ops := hostSwap
+		ops.journal = func(plan []movedDir) error { return writeMoveJournal(a.dir, module, id, until, plan) }
 		undo, replaced, err := swapCopiesIn(mv.Data, res.Aside, func(d string) bool {
 			return again && a.reconciler.PathModule(d) == module
-		}, hostSwap)
+		}, ops)
 		if err != nil {
+			if rerr := removeMoveJournal(a.dir); rerr != nil {
+				a.log.Warn("move: a swap was put back, but its journal stays (the next start looks at it again)", "module", module, "err", rerr)
+			}
 			return err
 		}
 		for d, w := range prev.Aside {
@@ -562,14 +572,18 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id, need uint6
 				res.Aside[d] = w
 			}
 		}
-		// The markers are kept until the start reaches this node; a move
-		// still at its copy moveLimit after its phase began is aborted
-		// by FROM, so twice that (for the clocks of two nodes) outlives
-		// every move that can still start.
-		arr := reconciler.Arrival{Move: id, Until: time.Now().Add(2 * moveLimit), Aside: res.Aside}
+		arr := reconciler.Arrival{Move: id, Until: until, Aside: res.Aside}
 		if err := a.reconciler.Adopt(module, arr, meta.Markers, mv.Data, parents); err != nil {
 			undo()
+			if rerr := removeMoveJournal(a.dir); rerr != nil {
+				a.log.Warn("move: a swap was put back, but its journal stays (the next start looks at it again)", "module", module, "err", rerr)
+			}
 			return err
+		}
+		// The ledger holds the copy: a journal left now is only removed
+		// at the next start.
+		if err := removeMoveJournal(a.dir); err != nil {
+			a.log.Warn("move: the copy is in, but its journal stays (the next start removes it)", "module", module, "err", err)
 		}
 		stale = replaced
 		return nil
@@ -588,9 +602,13 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id, need uint6
 }
 
 // swapOps are the host operations swapCopiesIn makes (a test's fail).
+// journal, when set, is called with the swaps about to be made, before
+// the first of them: it records them durably (writeMoveJournal), so that
+// a kill part way through is put back at the next start.
 type swapOps struct {
 	rename  func(from, to string) error
 	syncDir func(dir string) error
+	journal func([]movedDir) error
 }
 
 var hostSwap = swapOps{rename: os.Rename, syncDir: safefs.SyncDir}
@@ -621,7 +639,10 @@ func swapCopiesIn(data []string, aside map[string]string, again func(d string) b
 		swapped = nil
 		clear(aside)
 	}
-	for _, d := range data {
+	// Where what is at each directory goes, decided before anything moves.
+	plan := make([]movedDir, len(data))
+	for i, d := range data {
+		plan[i].Dir = d
 		if _, err := os.Lstat(d); err == nil {
 			w := d + moveAside
 			if again != nil && again(d) {
@@ -629,6 +650,17 @@ func swapCopiesIn(data []string, aside map[string]string, again func(d string) b
 			} else if _, err := os.Lstat(w); err == nil {
 				w = fmt.Sprintf("%s-%d", w, time.Now().Unix())
 			}
+			plan[i].Aside = w
+		}
+	}
+	if ops.journal != nil {
+		if err := ops.journal(plan); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, pd := range plan {
+		d := pd.Dir
+		if w := pd.Aside; w != "" {
 			if err := ops.rename(d, w); err != nil {
 				undo()
 				return nil, nil, err

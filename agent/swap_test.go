@@ -2,12 +2,17 @@ package agent
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
+	"time"
 
 	"mesh/internal/safefs"
+	"mesh/reconciler"
 )
 
 // A move's receiver that fails at any rename or sync of its swap puts
@@ -205,5 +210,87 @@ func checkAsItWas(t *testing.T, dir string, data []string, aside map[string]stri
 			names = append(names, e.Name())
 		}
 		t.Errorf("%s holds %v", dir, names)
+	}
+}
+
+// A kill at any point of a copy's swap (after its journal, before the
+// ledger adopted the copy) is put back at the next start: every directory
+// holds what it held before, each copy is at its staging path, nothing is
+// left aside, and the journal is gone. A journal whose swap the ledger
+// adopted moves nothing; one that cannot be read is set aside, moving
+// nothing.
+func TestCutSwapIsPutBackAtStart(t *testing.T) {
+	none := func(string, uint64) (reconciler.Arrival, bool) { return reconciler.Arrival{}, false }
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	until := time.Now().Add(time.Hour).Round(0)
+	// killedAt runs the swap in a goroutine that ends at its op-th rename
+	// or sync (from 0), as a kill -9 there; -1: none.
+	killedAt := func(dataDir string, data []string, op int) (ran int) {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			step := func() {
+				if ran == op {
+					runtime.Goexit()
+				}
+				ran++
+			}
+			ops := swapOps{
+				rename:  func(from, to string) error { step(); return os.Rename(from, to) },
+				syncDir: func(d string) error { step(); return safefs.SyncDir(d) },
+				journal: func(plan []movedDir) error { return writeMoveJournal(dataDir, "db", 7, until, plan) },
+			}
+			if _, _, err := swapCopiesIn(data, map[string]string{}, nil, ops); err != nil {
+				t.Error(err)
+			}
+		}()
+		<-done
+		return ran
+	}
+	total := killedAt(t.TempDir(), func() []string { _, d := swapBed(t); return d }(), -1)
+	if total != 5+3 {
+		t.Fatalf("a swap of three directories made %d renames and syncs, want 8", total)
+	}
+	for op := range total + 1 {
+		dataDir := t.TempDir()
+		dir, data := swapBed(t)
+		killedAt(dataDir, data, op)
+		if _, err := os.Stat(filepath.Join(dataDir, moveJournal)); err != nil {
+			t.Fatalf("killed at op %d: no journal: %v", op, err)
+		}
+		if err := undoCutMoveSwap(dataDir, none, log); err != nil {
+			t.Fatalf("killed at op %d: %v", op, err)
+		}
+		checkAsItWas(t, dir, data, map[string]string{})
+		if _, err := os.Stat(filepath.Join(dataDir, moveJournal)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("killed at op %d: the journal is still there: %v", op, err)
+		}
+	}
+	// The ledger holds the swap (the kill came after Adopt): kept.
+	dataDir := t.TempDir()
+	_, data := swapBed(t)
+	killedAt(dataDir, data, total) // past the last op: the swap is whole, the journal stays
+	adopted := func(m string, id uint64) (reconciler.Arrival, bool) {
+		return reconciler.Arrival{Move: id, Until: until}, m == "db" && id == 7
+	}
+	if err := undoCutMoveSwap(dataDir, adopted, log); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range data {
+		if content(d) != "new" {
+			t.Errorf("%s holds %q once the ledger adopted the copy", d, content(d))
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, moveJournal)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the journal of an adopted swap is still there: %v", err)
+	}
+	// A journal naming what no swap makes is set aside; nothing moves.
+	dataDir = t.TempDir()
+	os.WriteFile(filepath.Join(dataDir, moveJournal), []byte(`{"module":"db","move":7,"dirs":[{"dir":"/etc","aside":"/tmp/x","ino":5}]}`), 0o600)
+	if err := undoCutMoveSwap(dataDir, none, log); err != nil {
+		t.Fatal(err)
+	}
+	if kept, _ := filepath.Glob(filepath.Join(dataDir, "move-journal-*.json")); len(kept) != 1 {
+		t.Fatalf("a journal that cannot be read: set aside as %v", kept)
 	}
 }

@@ -1,0 +1,177 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"mesh/internal/safefs"
+	"mesh/reconciler"
+)
+
+// A copy swapped in on TO, cut by a kill. swapCopiesIn renames what each
+// data directory holds aside and the copy in, one directory after the
+// other, and the ledger adopts the copy after the last (Adopt): a kill in
+// between left a directory half-swapped (what it held aside, the copy not
+// in yet, or some directories swapped and the others not) that nothing
+// recorded, and the copy FROM sent again set the first copy aside as "what
+// TO held". So the swaps are journaled first (moveJournal, in the data
+// dir), the journal removed once the ledger holds the copy; at the next
+// start, a journal whose arrival the ledger does not hold is put back:
+// each copy to its staging path (told apart from any other directory by
+// its inode and birth time), what was set aside to its directory. FROM,
+// whose copy failed, sends it again.
+
+// moveJournal is the journal of a swap under way, in the data dir.
+const moveJournal = "move-journal.json"
+
+// movedDir is one directory a swap changes: Aside is where what it held
+// goes ("" when it held nothing), Ino and Btime the copy's identity
+// (journaledSwap's), taken at its staging path.
+type movedDir struct {
+	Dir   string `json:"dir"`
+	Aside string `json:"aside,omitempty"`
+	Ino   uint64 `json:"ino"`
+	Btime int64  `json:"btime,omitempty"`
+}
+
+// moveJournalFile is the swap of a move's copy: the arrival the ledger
+// adopts once it is done (its Until tells this swap's from an earlier
+// copy's of the same move).
+type moveJournalFile struct {
+	Module string     `json:"module"`
+	Move   uint64     `json:"move"`
+	Until  time.Time  `json:"until"`
+	Dirs   []movedDir `json:"dirs"`
+}
+
+// writeMoveJournal records the swaps plan is about to make, durably.
+func writeMoveJournal(dir, module string, move uint64, until time.Time, plan []movedDir) error {
+	j := moveJournalFile{Module: module, Move: move, Until: until, Dirs: slices.Clone(plan)}
+	for i := range j.Dirs {
+		_, ino, btime, err := fileIdentity(j.Dirs[i].Dir + moveStaging)
+		if err != nil {
+			return fmt.Errorf("the copy of %s: %w", j.Dirs[i].Dir, err)
+		}
+		j.Dirs[i].Ino, j.Dirs[i].Btime = ino, btime
+	}
+	raw, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	if err := safefs.WriteFile(filepath.Join(dir, moveJournal), raw, 0o600); err != nil {
+		return fmt.Errorf("write the move's journal: %w", err)
+	}
+	return nil
+}
+
+// removeMoveJournal removes the journal durably: the swap is done (the
+// ledger holds it) or undone.
+func removeMoveJournal(dir string) error {
+	path := filepath.Join(dir, moveJournal)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("the move's journal %s could not be removed: %w", path, err)
+	}
+	if err := safefs.SyncDir(dir); err != nil {
+		return fmt.Errorf("the move's journal %s was removed, but the data dir could not be synced: %w", path, err)
+	}
+	return nil
+}
+
+// undoCutMoveSwap runs when the agent starts, before the reconciler
+// applies: a journal left by a swap that a kill cut before the ledger
+// adopted the copy (arrived says what the ledger holds) is put back, and
+// removed. One whose swap the ledger holds is only removed. One that
+// cannot be read is set aside (move-journal-TIME.json) and said, moving
+// nothing. Only a journal that cannot be read now, or removed, is an error
+// (the agent does not start on what it cannot tell).
+func undoCutMoveSwap(dir string, arrived func(module string, move uint64) (reconciler.Arrival, bool), log interface {
+	Info(string, ...any)
+	Warn(string, ...any)
+	Error(string, ...any)
+}) error {
+	path := filepath.Join(dir, moveJournal)
+	raw, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("a move's copy was cut while it was swapped in, and its journal cannot be read now: %w; the agent does not start until it can (start it again)", err)
+	}
+	var j moveJournalFile
+	if err := json.Unmarshal(raw, &j); err != nil || !j.valid() {
+		kept := filepath.Join(dir, fmt.Sprintf("move-journal-%d.json", time.Now().UnixNano()))
+		if rerr := os.Rename(path, kept); rerr != nil {
+			return fmt.Errorf("the move's journal %s cannot be read and cannot be set aside: %w", path, rerr)
+		}
+		log.Error("a move's journal cannot be read: nothing was put back. Compare each data directory with its .mesh-moving and .mesh-before-move copies", "journal", kept, "err", errOr(err, "it names a directory that is not a move's"))
+		return nil
+	}
+	if arr, ok := arrived(j.Module, j.Move); ok && arr.Until.Equal(j.Until) {
+		// The ledger adopted the copy; only the journal's removal was cut.
+		return removeMoveJournal(dir)
+	}
+	var problems []string
+	for _, md := range slices.Backward(j.Dirs) {
+		problems = append(problems, putBack(md)...)
+	}
+	if err := removeMoveJournal(dir); err != nil {
+		return err
+	}
+	if len(problems) > 0 {
+		log.Error("a move's copy was cut while it was swapped in, and not all of it could be put back: "+strings.Join(problems, "; "), "module", j.Module, "move", j.Move)
+		return nil
+	}
+	log.Warn("a move's copy was cut while it was swapped in (the agent stopped during it): every data directory is as it was before it; FROM sends the copy again", "module", j.Module, "move", j.Move)
+	return nil
+}
+
+// valid says the journal names directories as a swap does: clean and
+// absolute, each aside at its directory's own name, none twice.
+func (j *moveJournalFile) valid() bool {
+	if j.Module == "" || len(j.Dirs) == 0 {
+		return false
+	}
+	for i, md := range j.Dirs {
+		if md.Dir != filepath.Clean(md.Dir) || !filepath.IsAbs(md.Dir) || md.Dir == "/" || md.Ino == 0 {
+			return false
+		}
+		if md.Aside != "" && !strings.HasPrefix(md.Aside, md.Dir+moveAside) && md.Aside != md.Dir+moveStale {
+			return false
+		}
+		if slices.ContainsFunc(j.Dirs[:i], func(o movedDir) bool { return o.Dir == md.Dir }) {
+			return false
+		}
+	}
+	return true
+}
+
+// putBack undoes one directory's swap, as far as it went: the copy (by
+// its identity) from the directory to its staging path, then what was
+// set aside to the directory. It says what it could not do.
+func putBack(md movedDir) []string {
+	var problems []string
+	if _, ino, btime, err := fileIdentity(md.Dir); err == nil && ino == md.Ino && (md.Btime == 0 || btime == md.Btime) {
+		if err := unix.Renameat2(unix.AT_FDCWD, md.Dir, unix.AT_FDCWD, md.Dir+moveStaging, unix.RENAME_NOREPLACE); err != nil {
+			return append(problems, fmt.Sprintf("the copy at %s could not be moved back to %s: %v", md.Dir, md.Dir+moveStaging, err))
+		}
+	}
+	if md.Aside != "" {
+		if _, err := os.Lstat(md.Aside); err == nil {
+			if err := unix.Renameat2(unix.AT_FDCWD, md.Aside, unix.AT_FDCWD, md.Dir, unix.RENAME_NOREPLACE); err != nil {
+				problems = append(problems, fmt.Sprintf("what %s held, at %s, could not be put back: %v", md.Dir, md.Aside, err))
+			}
+		}
+	}
+	if err := safefs.SyncDir(filepath.Dir(md.Dir)); err != nil {
+		problems = append(problems, fmt.Sprintf("%s could not be synced: %v", filepath.Dir(md.Dir), err))
+	}
+	return problems
+}
