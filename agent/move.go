@@ -83,12 +83,32 @@ type movers struct {
 	swept   map[uint64]bool // the started moves whose replaced copies were looked for
 	// removing are the staging directories being removed (sweepStaging).
 	removing map[string]bool
+	// owner is the module the ledger gives a path, or one under it, to
+	// ("" if none), read while no apply writes the ledger (ownerOf).
+	owner func(ctx context.Context, p string) (string, error)
+}
+
+// ownerOf is movers.owner for the node's reconciler: a path beside a data
+// directory that a module's manifest declares (a hostile one may name
+// /srv/db.mesh-moving) is that module's, and never removed as a leftover
+// of a move.
+func (a *Agent) ownerOf(ctx context.Context, p string) (string, error) {
+	var owner string
+	err := a.reconciler.Exclusive(ctx, func(context.Context) error {
+		if owner = a.reconciler.PathModule(p); owner == "" {
+			if under := a.reconciler.OthersUnder(p, ""); under != "" {
+				owner = a.reconciler.PathModule(under)
+			}
+		}
+		return nil
+	})
+	return owner, err
 }
 
 // driveMoves runs this node's part of every move, until ctx ends.
 func (a *Agent) driveMoves(ctx context.Context) {
 	<-a.backups.ready
-	m := &movers{a: a, copying: map[uint64]bool{}, logged: map[uint64]string{}, swept: map[uint64]bool{}, removing: map[string]bool{}}
+	m := &movers{a: a, copying: map[uint64]bool{}, logged: map[uint64]string{}, swept: map[uint64]bool{}, removing: map[string]bool{}, owner: a.ownerOf}
 	store := a.member.Store
 	for nextChange(ctx, store, moveEvery) {
 		moves, err := store.Moves(ctx, "")
@@ -114,7 +134,7 @@ func (a *Agent) driveMoves(ctx context.Context) {
 				m.checkStarted(ctx, mv)
 			}
 			if mv.Phase != state.MoveCopy && mv.To == a.member.ID.Name {
-				m.sweepStaging(mv)
+				m.sweepStaging(ctx, mv)
 			}
 		}
 	}
@@ -126,7 +146,7 @@ func (a *Agent) driveMoves(ctx context.Context) {
 // the same module, so a move that was not tried again kept a partial
 // copy of its data for good. Removed aside from the loop (a large copy
 // takes a while).
-func (m *movers) sweepStaging(mv state.MoveInfo) {
+func (m *movers) sweepStaging(ctx context.Context, mv state.MoveInfo) {
 	for _, d := range mv.Data {
 		p := d + moveStaging
 		if d != filepath.Clean(d) || !filepath.IsAbs(d) {
@@ -143,15 +163,23 @@ func (m *movers) sweepStaging(mv state.MoveInfo) {
 			continue
 		}
 		go func() {
+			defer func() {
+				m.mu.Lock()
+				delete(m.removing, p)
+				m.mu.Unlock()
+			}()
+			if owner, err := m.owner(ctx, p); err != nil || owner != "" {
+				if owner != "" {
+					m.a.log.Warn("move: a staging path is a module's: left", "module", mv.Module, "path", p, "owner", owner)
+				}
+				return
+			}
 			err := os.RemoveAll(p)
 			if err != nil {
 				m.a.log.Warn("move: a copy cut short here cannot be removed", "module", mv.Module, "path", p, "err", err)
 			} else {
 				m.a.log.Info("move: removed a copy cut short here", "module", mv.Module, "path", p, "phase", mv.Phase)
 			}
-			m.mu.Lock()
-			delete(m.removing, p)
-			m.mu.Unlock()
 		}()
 	}
 }
@@ -465,6 +493,18 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id, need uint6
 			if under := a.reconciler.OthersUnder(d, module); under != "" {
 				return fmt.Errorf("%s holds %s on %s; the move would set it aside with %s", d, under, mv.To, d)
 			}
+			// Where the copy is written, and an earlier one goes, are
+			// removed first: never a module's (a manifest may declare
+			// /srv/db.mesh-moving).
+			for _, p := range []string{d + moveStaging, d + moveStale} {
+				owner := a.reconciler.PathModule(p)
+				if under := a.reconciler.OthersUnder(p, ""); owner == "" && under != "" {
+					owner = a.reconciler.PathModule(under)
+				}
+				if owner != "" {
+					return fmt.Errorf("%s, where the move writes its copy of %s, is module %s's on %s (or holds its files); the move would remove it", p, d, owner, mv.To)
+				}
+			}
 		}
 		return nil
 	}
@@ -723,12 +763,18 @@ func makeParents(p string) ([]string, error) {
 
 // removeReplaced removes the earlier copies of mv's data a copy sent again
 // replaced and a kill left (checkStarted).
-func (m *movers) removeReplaced(mv state.MoveInfo) {
+func (m *movers) removeReplaced(ctx context.Context, mv state.MoveInfo) {
 	for _, d := range mv.Data {
 		if d != filepath.Clean(d) || !filepath.IsAbs(d) {
 			continue
 		}
 		if _, err := os.Lstat(d + moveStale); err != nil {
+			continue
+		}
+		if owner, err := m.owner(ctx, d+moveStale); err != nil || owner != "" {
+			if owner != "" {
+				m.a.log.Warn("move: a replaced copy's path is a module's: left", "module", mv.Module, "path", d+moveStale, "owner", owner)
+			}
 			continue
 		}
 		if err := os.RemoveAll(d + moveStale); err != nil {
@@ -755,7 +801,7 @@ func (m *movers) checkStarted(ctx context.Context, mv state.MoveInfo) {
 	m.swept[mv.ID] = true
 	m.mu.Unlock()
 	if sweep {
-		go m.removeReplaced(mv)
+		go m.removeReplaced(ctx, mv)
 	}
 	if n, err := store.Node(ctx, mv.To); err == nil && n.ComposeError != "" {
 		m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("%s's plan does not compose with %s: %s", mv.To, mv.Module, n.ComposeError))

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -102,8 +103,20 @@ func TestStagingOfAnEndedMoveIsRemoved(t *testing.T) {
 		}
 	}
 	os.WriteFile(filepath.Join(d, "PG_VERSION"), []byte("15"), 0o600)
-	m := &movers{a: &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))}, removing: map[string]bool{}}
-	m.sweepStaging(state.MoveInfo{ID: 3, Module: "db", Phase: state.MoveAborted, Data: []string{d, "relative/x"}})
+	// Another module's path beside a data directory (a manifest may
+	// declare /srv/other.mesh-moving) is never removed as a leftover.
+	theirs := filepath.Join(root, "srv", "other")
+	if err := os.MkdirAll(theirs+moveStaging, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	owner := func(_ context.Context, p string) (string, error) {
+		if p == theirs+moveStaging {
+			return "other", nil
+		}
+		return "", nil
+	}
+	m := &movers{a: &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))}, removing: map[string]bool{}, owner: owner}
+	m.sweepStaging(context.Background(), state.MoveInfo{ID: 3, Module: "db", Phase: state.MoveAborted, Data: []string{d, "relative/x", theirs}})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Lstat(d + moveStaging); errors.Is(err, os.ErrNotExist) {
@@ -116,5 +129,20 @@ func TestStagingOfAnEndedMoveIsRemoved(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(d, "PG_VERSION")); err != nil || string(b) != "15" {
 		t.Fatalf("the data directory itself: %q %v", b, err)
+	}
+	for { // the sweep of theirs has ended once nothing is being removed
+		m.mu.Lock()
+		busy := len(m.removing)
+		m.mu.Unlock()
+		if busy == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sweep did not end")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := os.Lstat(theirs + moveStaging); err != nil {
+		t.Fatalf("module other's path was removed: %v", err)
 	}
 }
