@@ -132,9 +132,30 @@ func (b *backups) sweepCutRestores(ctx context.Context) {
 		if _, err := os.Lstat(d + restoreStaging); err != nil {
 			continue
 		}
+		if err := b.besideIsOurs(d); err != nil {
+			b.log.Warn("restore: what a restore cut short left is not removed", "err", err)
+			continue
+		}
 		err := finishSwap(d)
 		b.log.Info("restore: removed what a restore cut short left", "dir", d, "staging", d+restoreStaging, "err", err)
 	}
+}
+
+// besideIsOurs refuses when a path a restore of d writes, removes or sets
+// aside (d.mesh-restoring, d.mesh-before-restore) is a module's in the
+// ledger: a manifest may declare /srv/db.mesh-restoring, and a restore of
+// db would remove that module's data. The caller holds the node, or runs
+// before the reconciler applies.
+func (b *backups) besideIsOurs(d string) error {
+	if b.rec == nil {
+		return nil
+	}
+	for _, p := range []string{d + restoreStaging, d + restoreAside} {
+		if owner := b.rec.OwnerAt(p); owner != "" {
+			return fmt.Errorf("%s, where a restore of %s writes, is module %s's (or holds its files): a restore would remove it; rename that module's directory", p, d, owner)
+		}
+	}
+	return nil
 }
 
 const backupsFile = "backups.json"
@@ -608,6 +629,11 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		res.Stopped = stopped
 		if err != nil {
 			return err
+		}
+		for _, d := range res.Dirs {
+			if err := b.besideIsOurs(d); err != nil {
+				return fmt.Errorf("nothing was restored: %w", err)
+			}
 		}
 		for _, d := range res.Dirs {
 			if err := finishSwap(d); err != nil {

@@ -95,11 +95,7 @@ type movers struct {
 func (a *Agent) ownerOf(ctx context.Context, p string) (string, error) {
 	var owner string
 	err := a.reconciler.Exclusive(ctx, func(context.Context) error {
-		if owner = a.reconciler.PathModule(p); owner == "" {
-			if under := a.reconciler.OthersUnder(p, ""); under != "" {
-				owner = a.reconciler.PathModule(under)
-			}
-		}
+		owner = a.reconciler.OwnerAt(p)
 		return nil
 	})
 	return owner, err
@@ -497,11 +493,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id, need uint6
 			// removed first: never a module's (a manifest may declare
 			// /srv/db.mesh-moving).
 			for _, p := range []string{d + moveStaging, d + moveStale} {
-				owner := a.reconciler.PathModule(p)
-				if under := a.reconciler.OthersUnder(p, ""); owner == "" && under != "" {
-					owner = a.reconciler.PathModule(under)
-				}
-				if owner != "" {
+				if owner := a.reconciler.OwnerAt(p); owner != "" {
 					return fmt.Errorf("%s, where the move writes its copy of %s, is module %s's on %s (or holds its files); the move would remove it", p, d, owner, mv.To)
 				}
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"mesh/cluster"
+	"mesh/reconciler"
 	"mesh/state"
 )
 
@@ -144,5 +145,39 @@ func TestStagingOfAnEndedMoveIsRemoved(t *testing.T) {
 	}
 	if _, err := os.Lstat(theirs + moveStaging); err != nil {
 		t.Fatalf("module other's path was removed: %v", err)
+	}
+}
+
+// A path beside a data directory that a module owns (a manifest may
+// declare /srv/db.mesh-restoring or /srv/db.mesh-moving) is never taken
+// for a restore's or a move's: the ledger names its module (OwnerAt), and
+// a restore of db refuses rather than remove it.
+func TestPathsBesideADataDirectoryMayBeAModules(t *testing.T) {
+	dir := t.TempDir()
+	ledger := filepath.Join(dir, "ledger.json")
+	os.WriteFile(ledger, []byte(`{"paths": {
+		"/srv/db.mesh-restoring": {"kind": "directory", "module": "other"},
+		"/srv/db.mesh-moving/inner": {"kind": "directory", "module": "third"},
+		"/srv/db/data": {"kind": "directory", "module": "db"}}}`), 0o600)
+	rec, err := reconciler.New(reconciler.Config{Node: "ace", LedgerPath: ledger}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{
+		"/srv/db.mesh-restoring":      "other",
+		"/srv/db.mesh-moving":         "third", // holds a path of its
+		"/srv/db/data.mesh-moving":    "",
+		"/srv/db/data.mesh-restoring": "",
+	} {
+		if got := rec.OwnerAt(p); got != want {
+			t.Errorf("OwnerAt(%s) = %q, want %q", p, got, want)
+		}
+	}
+	b := &backups{rec: rec}
+	if err := b.besideIsOurs("/srv/db"); err == nil || !strings.Contains(err.Error(), "/srv/db.mesh-restoring, where a restore of /srv/db writes, is module other's") {
+		t.Fatalf("a restore of /srv/db beside module other's path: %v", err)
+	}
+	if err := b.besideIsOurs("/srv/db/data"); err != nil {
+		t.Fatalf("a restore of /srv/db/data: %v", err)
 	}
 }

@@ -142,6 +142,21 @@ func (r *Reconciler) RefusedPath(p string) string { return r.refusedPath(p) }
 // PathModule is the module the ledger gives path to ("" if none).
 func (r *Reconciler) PathModule(path string) string { return r.ledger.Paths[path].Module }
 
+// OwnerAt is the module the ledger gives path, or the first path under it,
+// to ("" if none).
+func (r *Reconciler) OwnerAt(path string) string {
+	if e, ok := r.ledger.Paths[path]; ok {
+		return e.Module
+	}
+	first := ""
+	for p := range r.ledger.Paths {
+		if manifest.Within(p, path) && (first == "" || p < first) {
+			first = p
+		}
+	}
+	return r.ledger.Paths[first].Module
+}
+
 // OthersUnder is a path the ledger gives to a module other than module at
 // or under path ("" if none), the first in order: a move that set path's
 // directory aside to swap its copy in would take that path with it, from
