@@ -1326,6 +1326,13 @@ func (x *run) purgePath(p string, e PathEntry) state.ResourceReport {
 		rr.Outcome, rr.Reason = state.Kept, "--purge-data: it holds "+other+", which stays; move that out of it, then the next apply purges it"
 		return rr
 	}
+	if owner := x.r.OwnerAt(p + purgeSuffix); owner != "" {
+		// The purge renames the directory there (and removes what a cut
+		// purge left there first): never a module's, which a manifest
+		// may declare.
+		rr.Outcome, rr.Reason = state.Kept, fmt.Sprintf("--purge-data: %s, where the purge sets it aside, is module %s's (or holds its files); rename that module's directory, then the next apply purges it", p+purgeSuffix, owner)
+		return rr
+	}
 	n, err := purgeDir(p)
 	if err != nil {
 		rr.Outcome, rr.Reason = state.Failed, "--purge-data: "+err.Error()

@@ -1168,3 +1168,31 @@ func TestPurgeCutShortIsFinished(t *testing.T) {
 		t.Fatal("the ledger still holds the purged directory")
 	}
 }
+
+// A purge never takes the path it sets the directory aside at when a
+// module owns it (a manifest may declare /srv/app/data.mesh-purging): it
+// keeps both and says why, rather than remove that module's files first.
+func TestPurgeLeavesAModulesPathBesideIt(t *testing.T) {
+	b := newBed(t)
+	b.vars["data"] = "\n    data: true"
+	b.apply()
+	data := filepath.Join(b.dir, "app/data")
+	theirs := data + purgeSuffix
+	if err := os.MkdirAll(theirs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(theirs, "f"), []byte("db's"), 0o600)
+	b.r.ledger.Paths[theirs] = PathEntry{Kind: manifest.KindDirectory, Module: "db"}
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.in.Purges = map[string][]state.Purge{"ace": {{Module: "app", Path: data}}}
+	o := outcome(b.apply(), data)
+	if o.Outcome != state.Kept || !strings.Contains(o.Reason, "is module db's") {
+		t.Fatalf("a purge beside module db's path: %+v", o)
+	}
+	if got, err := os.ReadFile(filepath.Join(theirs, "f")); err != nil || string(got) != "db's" {
+		t.Fatalf("module db's file: %q %v", got, err)
+	}
+	if _, err := os.Stat(data); err != nil {
+		t.Fatalf("the data directory: %v", err)
+	}
+}
