@@ -263,12 +263,10 @@ func TestModuleMoveRefusedWhereItWouldNotCompose(t *testing.T) {
 	}
 }
 
-// A finish purges FROM's copy of the data only while TO runs the module:
-// unassigned from TO since (with --purge-data, maybe), FROM's copy may be
-// the last one (a review: finish checked nothing of TO). Assigning the
-// module back to FROM runs it on that copy, and ends the move.
-func TestMoveFinishKeepsTheLastCopy(t *testing.T) {
-	ctx := context.Background()
+// doneMove is a store where db moved from ace to bee, done; and its last
+// index.
+func doneMove(t *testing.T) (*Store, uint64) {
+	t.Helper()
 	s := openStore(t)
 	var idx uint64
 	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
@@ -279,6 +277,16 @@ func TestMoveFinishKeepsTheLastCopy(t *testing.T) {
 	id := idx
 	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveCopy, To: MoveStart})
 	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveStart, To: MoveDone})
+	return s, idx
+}
+
+// A finish purges FROM's copy of the data only while TO runs the module:
+// unassigned from TO since (with --purge-data, maybe), FROM's copy may be
+// the last one (a review: finish checked nothing of TO). Assigning the
+// module back to FROM runs it on that copy, and ends the move.
+func TestMoveFinishKeepsTheLastCopy(t *testing.T) {
+	ctx := context.Background()
+	s, idx := doneMove(t)
 
 	// Purging bee's copy while ace keeps its own is refused (format 20):
 	// an assign there again and a finish would leave no copy.
@@ -335,16 +343,7 @@ func TestMoveFinishKeepsTheLastCopy(t *testing.T) {
 // assign on FROM again makes FROM's copy its data, and TO's can go.
 func TestPurgeOnToOnceFromRunsItAgain(t *testing.T) {
 	ctx := context.Background()
-	s := openStore(t)
-	var idx uint64
-	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
-	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
-	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", moveDBSrc)}})
-	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
-	mustApply(t, s, &idx, &ModuleMoveRequest{Module: "db", From: "ace", To: "bee"})
-	id := idx
-	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveCopy, To: MoveStart})
-	mustApply(t, s, &idx, &MoveStepRequest{Module: "db", ID: id, From: MoveStart, To: MoveDone})
+	s, idx := doneMove(t)
 	purge := &UnassignRequest{Assignment: Assignment{Node: "bee", Module: "db"}, PurgeData: []string{"/srv/db/data"}}
 	if err := applyErr(t, s, &idx, purge); !errors.Is(err, ErrConflict) {
 		t.Fatalf("a purge on bee while ace keeps its copy: %v", err)
