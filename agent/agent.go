@@ -13,6 +13,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -371,7 +373,14 @@ func (a *Agent) startReconciler() error {
 		return err
 	}
 	a.reconciler = rec
-	if err := undoCutMoveSwap(a.dir, rec.Arrived, a.log); err != nil {
+	assignedHere := func(module string) (bool, error) {
+		mi, err := m.Store.Module(a.ctx, module)
+		if errors.Is(err, state.ErrNotFound) {
+			return false, nil
+		}
+		return slices.Contains(mi.Nodes, m.ID.Name), err
+	}
+	if err := undoCutMoveSwap(a.dir, rec.Arrived, assignedHere, a.log); err != nil {
 		return err
 	}
 	return a.backups.start(a.ctx, rec)

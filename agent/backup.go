@@ -624,16 +624,16 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		if _, err := os.Lstat(filepath.Join(b.dir, restoreJournal)); !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("nothing was restored: %s, the journal of an earlier restore, is still there (%v): the agent's log says what became of the directories it names; check them, remove it by hand, then restore", filepath.Join(b.dir, restoreJournal), err)
 		}
+		for _, d := range res.Dirs {
+			if err := b.besideIsOurs(d); err != nil {
+				return fmt.Errorf("nothing was restored (the module was not stopped): %w", err)
+			}
+		}
 		progress("stopping the module's containers")
 		stopped, err := b.rec.StopAll(ctx, module)
 		res.Stopped = stopped
 		if err != nil {
 			return err
-		}
-		for _, d := range res.Dirs {
-			if err := b.besideIsOurs(d); err != nil {
-				return fmt.Errorf("nothing was restored: %w", err)
-			}
 		}
 		for _, d := range res.Dirs {
 			if err := finishSwap(d); err != nil {

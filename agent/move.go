@@ -164,6 +164,15 @@ func (m *movers) sweepStaging(ctx context.Context, mv state.MoveInfo) {
 				delete(m.removing, p)
 				m.mu.Unlock()
 			}()
+			// No copy is written into this node meanwhile (receive holds
+			// moveMu for its whole run): a new move of the module writes
+			// its copy at this same path, and a removal going on under it
+			// would take files of the new copy.
+			m.a.moveMu.Lock()
+			defer m.a.moveMu.Unlock()
+			if _, err := os.Lstat(p); err != nil {
+				return // a copy since removed it, or swapped it in
+			}
 			if owner, err := m.owner(ctx, p); err != nil || owner != "" {
 				if owner != "" {
 					m.a.log.Warn("move: a staging path is a module's: left", "module", mv.Module, "path", p, "owner", owner)
@@ -594,9 +603,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id, need uint6
 			return again && a.reconciler.PathModule(d) == module
 		}, ops)
 		if err != nil {
-			if rerr := removeMoveJournal(a.dir); rerr != nil {
-				a.log.Warn("move: a swap was put back, but its journal stays (the next start looks at it again)", "module", module, "err", rerr)
-			}
+			a.settleMoveJournal(module, err)
 			return err
 		}
 		for d, w := range prev.Aside {
@@ -606,14 +613,16 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id, need uint6
 		}
 		arr := reconciler.Arrival{Move: id, Until: until, Aside: res.Aside}
 		if err := a.reconciler.Adopt(module, arr, meta.Markers, mv.Data, parents); err != nil {
-			undo()
-			if rerr := removeMoveJournal(a.dir); rerr != nil {
-				a.log.Warn("move: a swap was put back, but its journal stays (the next start looks at it again)", "module", module, "err", rerr)
+			if uerr := undo(); uerr != nil {
+				err = fmt.Errorf("%w; and %w", err, uerr)
 			}
+			a.settleMoveJournal(module, err)
 			return err
 		}
-		// The ledger holds the copy: a journal left now is only removed
-		// at the next start.
+		// The ledger holds the copy: a journal left now (its removal
+		// failed) is only removed at the next start, which puts nothing
+		// back while the ledger holds this arrival or the state runs the
+		// module here (undoCutMoveSwap).
 		if err := removeMoveJournal(a.dir); err != nil {
 			a.log.Warn("move: the copy is in, but its journal stays (the next start removes it)", "module", module, "err", err)
 		}
@@ -655,21 +664,39 @@ var hostSwap = swapOps{rename: os.Rename, syncDir: safefs.SyncDir}
 // staging path, which the caller removes; what was there to d) and is
 // returned: the node is as it was, and the copy is tried again. undo does
 // the same after a success, for a later step that fails (the ledger's
-// save).
-func swapCopiesIn(data []string, aside map[string]string, again func(d string) bool, ops swapOps) (undo func(), stale []string, err error) {
+// save). A put back that fails too is said, wrapping errNotPutBack: the
+// node is not as it was, and the journal must stay for the operator.
+func swapCopiesIn(data []string, aside map[string]string, again func(d string) bool, ops swapOps) (undo func() error, stale []string, err error) {
 	var swapped []string
 	was := map[string]string{} // d -> where what it held is now
-	undo = func() {
+	undo = func() error {
+		var errs []error
 		for _, d := range slices.Backward(swapped) {
-			ops.rename(d, d+moveStaging)
+			if err := ops.rename(d, d+moveStaging); err != nil {
+				errs = append(errs, err)
+			}
 			if w, ok := was[d]; ok {
-				ops.rename(w, d)
+				if err := ops.rename(w, d); err != nil {
+					errs = append(errs, err)
+				}
 				delete(was, d)
 			}
-			ops.syncDir(filepath.Dir(d))
+			if err := ops.syncDir(filepath.Dir(d)); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		swapped = nil
 		clear(aside)
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("%w: %w", errNotPutBack, err)
+		}
+		return nil
+	}
+	failed := func(err error) (func() error, []string, error) {
+		if uerr := undo(); uerr != nil {
+			return nil, nil, fmt.Errorf("%w; and %w", err, uerr)
+		}
+		return nil, nil, err
 	}
 	// Where what is at each directory goes, decided before anything moves.
 	plan := make([]movedDir, len(data))
@@ -694,26 +721,26 @@ func swapCopiesIn(data []string, aside map[string]string, again func(d string) b
 		d := pd.Dir
 		if w := pd.Aside; w != "" {
 			if err := ops.rename(d, w); err != nil {
-				undo()
-				return nil, nil, err
+				return failed(err)
 			}
 			was[d] = w
 		}
 		if err := ops.rename(d+moveStaging, d); err != nil {
 			if w, ok := was[d]; ok {
-				ops.rename(w, d) // as it was
 				delete(was, d)
+				if rerr := ops.rename(w, d); rerr != nil { // as it was
+					uerr := undo()
+					return nil, nil, fmt.Errorf("%w; and %w: what %s held stays at %s (%v)%s", err, errNotPutBack, d, w, rerr, errSuffix(uerr))
+				}
 			}
-			undo()
-			return nil, nil, err
+			return failed(err)
 		}
 		swapped = append(swapped, d)
 		// The renames are durable before the ledger and the state say
 		// the copy is in: after a power cut the module must not start
 		// on what was at d before, while FROM lets its copy go.
 		if err := ops.syncDir(filepath.Dir(d)); err != nil {
-			undo()
-			return nil, nil, err
+			return failed(err)
 		}
 	}
 	for _, d := range data {
@@ -724,6 +751,17 @@ func swapCopiesIn(data []string, aside map[string]string, again func(d string) b
 		}
 	}
 	return undo, stale, nil
+}
+
+// errNotPutBack: a swap that failed, or its undo, could not put every
+// directory back as it was.
+var errNotPutBack = errors.New("not all was put back")
+
+func errSuffix(err error) string {
+	if err == nil {
+		return ""
+	}
+	return "; " + err.Error()
 }
 
 // makeParents makes the missing directories of p (0755, root's), following

@@ -85,14 +85,50 @@ func removeMoveJournal(dir string) error {
 	return nil
 }
 
+// setMoveJournalAside keeps the journal beside, as
+// move-journal-TIME.json, for the operator, and says where.
+func setMoveJournalAside(dir string) (string, error) {
+	path := filepath.Join(dir, moveJournal)
+	kept := filepath.Join(dir, fmt.Sprintf("move-journal-%d.json", time.Now().UnixNano()))
+	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, kept, unix.RENAME_NOREPLACE); err != nil {
+		return "", fmt.Errorf("the move's journal %s could not be set aside: %w", path, err)
+	}
+	if err := safefs.SyncDir(dir); err != nil {
+		return "", fmt.Errorf("the move's journal %s was set aside as %s, but the data dir could not be synced: %w", path, kept, err)
+	}
+	return kept, nil
+}
+
+// settleMoveJournal ends the journal of a swap that failed (cause): put
+// back whole, it is removed; else (errNotPutBack) it is kept beside for
+// the operator, and the log says so.
+func (a *Agent) settleMoveJournal(module string, cause error) {
+	if !errors.Is(cause, errNotPutBack) {
+		if err := removeMoveJournal(a.dir); err != nil {
+			a.log.Warn("move: a swap was put back, but its journal stays (the next start looks at it again)", "module", module, "err", err)
+		}
+		return
+	}
+	kept, err := setMoveJournalAside(a.dir)
+	if err != nil {
+		a.log.Error("move: a swap that failed could not be put back whole, and its journal stays: the next start puts back what it can", "module", module, "cause", cause, "err", err)
+		return
+	}
+	a.log.Error("move: a swap that failed could not be put back whole: compare each data directory the journal names with its .mesh-moving and .mesh-before-move copies", "module", module, "journal", kept, "cause", cause)
+}
+
 // undoCutMoveSwap runs when the agent starts, before the reconciler
 // applies: a journal left by a swap that a kill cut before the ledger
 // adopted the copy (arrived says what the ledger holds) is put back, and
-// removed. One whose swap the ledger holds is only removed. One that
-// cannot be read is set aside (move-journal-TIME.json) and said, moving
-// nothing. Only a journal that cannot be read now, or removed, is an error
-// (the agent does not start on what it cannot tell).
-func undoCutMoveSwap(dir string, arrived func(module string, move uint64) (reconciler.Arrival, bool), log interface {
+// removed. One whose swap the ledger holds is only removed, and so is one
+// of a module the state runs here (assignedHere): its directories hold
+// what it runs on, whatever the journal says (a journal whose removal
+// failed after the ledger adopted the copy, and whose arrival the ledger
+// let go once the module ran here). One that cannot be read, or not be
+// put back whole, is set aside (move-journal-TIME.json) and said. Only a
+// journal that cannot be read now, or removed, is an error (the agent does
+// not start on what it cannot tell).
+func undoCutMoveSwap(dir string, arrived func(module string, move uint64) (reconciler.Arrival, bool), assignedHere func(module string) (bool, error), log interface {
 	Info(string, ...any)
 	Warn(string, ...any)
 	Error(string, ...any)
@@ -107,9 +143,9 @@ func undoCutMoveSwap(dir string, arrived func(module string, move uint64) (recon
 	}
 	var j moveJournalFile
 	if err := json.Unmarshal(raw, &j); err != nil || !j.valid() {
-		kept := filepath.Join(dir, fmt.Sprintf("move-journal-%d.json", time.Now().UnixNano()))
-		if rerr := os.Rename(path, kept); rerr != nil {
-			return fmt.Errorf("the move's journal %s cannot be read and cannot be set aside: %w", path, rerr)
+		kept, aerr := setMoveJournalAside(dir)
+		if aerr != nil {
+			return fmt.Errorf("the move's journal %s cannot be read, and %w", path, aerr)
 		}
 		log.Error("a move's journal cannot be read: nothing was put back. Compare each data directory with its .mesh-moving and .mesh-before-move copies", "journal", kept, "err", errOr(err, "it names a directory that is not a move's"))
 		return nil
@@ -118,16 +154,28 @@ func undoCutMoveSwap(dir string, arrived func(module string, move uint64) (recon
 		// The ledger adopted the copy; only the journal's removal was cut.
 		return removeMoveJournal(dir)
 	}
+	here, err := assignedHere(j.Module)
+	if err != nil {
+		return fmt.Errorf("a move's copy of %s was cut while it was swapped in, and whether the module runs here cannot be read: %w; the agent does not start until it can (start it again)", j.Module, err)
+	}
+	if here {
+		log.Warn("a move's journal outlived its swap, and the module runs here: its directories are left as they are", "module", j.Module, "move", j.Move)
+		return removeMoveJournal(dir)
+	}
 	var problems []string
 	for _, md := range slices.Backward(j.Dirs) {
 		problems = append(problems, putBack(md)...)
 	}
+	if len(problems) > 0 {
+		kept, aerr := setMoveJournalAside(dir)
+		if aerr != nil {
+			return fmt.Errorf("a move's copy of %s cut while it was swapped in is not put back whole (%s), and %w", j.Module, strings.Join(problems, "; "), aerr)
+		}
+		log.Error("a move's copy was cut while it was swapped in, and not all of it could be put back: "+strings.Join(problems, "; "), "module", j.Module, "move", j.Move, "journal", kept)
+		return nil
+	}
 	if err := removeMoveJournal(dir); err != nil {
 		return err
-	}
-	if len(problems) > 0 {
-		log.Error("a move's copy was cut while it was swapped in, and not all of it could be put back: "+strings.Join(problems, "; "), "module", j.Module, "move", j.Move)
-		return nil
 	}
 	log.Warn("a move's copy was cut while it was swapped in (the agent stopped during it): every data directory is as it was before it; FROM sends the copy again", "module", j.Module, "move", j.Move)
 	return nil

@@ -221,6 +221,7 @@ func checkAsItWas(t *testing.T, dir string, data []string, aside map[string]stri
 // nothing.
 func TestCutSwapIsPutBackAtStart(t *testing.T) {
 	none := func(string, uint64) (reconciler.Arrival, bool) { return reconciler.Arrival{}, false }
+	notHere := func(string) (bool, error) { return false, nil }
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	until := time.Now().Add(time.Hour).Round(0)
 	// killedAt runs the swap in a goroutine that ends at its op-th rename
@@ -258,7 +259,7 @@ func TestCutSwapIsPutBackAtStart(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dataDir, moveJournal)); err != nil {
 			t.Fatalf("killed at op %d: no journal: %v", op, err)
 		}
-		if err := undoCutMoveSwap(dataDir, none, log); err != nil {
+		if err := undoCutMoveSwap(dataDir, none, notHere, log); err != nil {
 			t.Fatalf("killed at op %d: %v", op, err)
 		}
 		checkAsItWas(t, dir, data, map[string]string{})
@@ -273,7 +274,7 @@ func TestCutSwapIsPutBackAtStart(t *testing.T) {
 	adopted := func(m string, id uint64) (reconciler.Arrival, bool) {
 		return reconciler.Arrival{Move: id, Until: until}, m == "db" && id == 7
 	}
-	if err := undoCutMoveSwap(dataDir, adopted, log); err != nil {
+	if err := undoCutMoveSwap(dataDir, adopted, notHere, log); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range data {
@@ -284,13 +285,63 @@ func TestCutSwapIsPutBackAtStart(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dataDir, moveJournal)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the journal of an adopted swap is still there: %v", err)
 	}
+	// The journal outlived an adopted swap whose arrival the ledger let go
+	// (the module ran here since): the module runs on what its
+	// directories hold, which is left as it is.
+	dataDir = t.TempDir()
+	_, data = swapBed(t)
+	killedAt(dataDir, data, total)
+	runsHere := func(m string) (bool, error) { return m == "db", nil }
+	if err := undoCutMoveSwap(dataDir, none, runsHere, log); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range data {
+		if content(d) != "new" {
+			t.Errorf("%s holds %q: the data of a module that runs here was put back", d, content(d))
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, moveJournal)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the journal of a module that runs here is still there: %v", err)
+	}
 	// A journal naming what no swap makes is set aside; nothing moves.
 	dataDir = t.TempDir()
 	os.WriteFile(filepath.Join(dataDir, moveJournal), []byte(`{"module":"db","move":7,"dirs":[{"dir":"/etc","aside":"/tmp/x","ino":5}]}`), 0o600)
-	if err := undoCutMoveSwap(dataDir, none, log); err != nil {
+	if err := undoCutMoveSwap(dataDir, none, notHere, log); err != nil {
 		t.Fatal(err)
 	}
 	if kept, _ := filepath.Glob(filepath.Join(dataDir, "move-journal-*.json")); len(kept) != 1 {
 		t.Fatalf("a journal that cannot be read: set aside as %v", kept)
+	}
+}
+
+// A swap whose failure could not be put back whole (a rename back fails
+// too) says so (errNotPutBack), and its journal is kept beside for the
+// operator rather than removed: the node is not as it was.
+func TestSwapNotPutBackKeepsItsJournal(t *testing.T) {
+	dataDir := t.TempDir()
+	_, data := swapBed(t)
+	n := 0
+	ops := swapOps{
+		rename: func(from, to string) error {
+			n++
+			if n >= 4 { // the second directory's copy, then every rename back
+				return errors.New("injected rename failure")
+			}
+			return os.Rename(from, to)
+		},
+		syncDir: safefs.SyncDir,
+		journal: func(plan []movedDir) error { return writeMoveJournal(dataDir, "db", 7, time.Now(), plan) },
+	}
+	_, _, err := swapCopiesIn(data, map[string]string{}, nil, ops)
+	if !errors.Is(err, errNotPutBack) {
+		t.Fatalf("a swap whose put back failed: %v", err)
+	}
+	a := &Agent{dir: dataDir, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	a.settleMoveJournal("db", err)
+	if _, err := os.Stat(filepath.Join(dataDir, moveJournal)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the journal is still at its place: %v", err)
+	}
+	if kept, _ := filepath.Glob(filepath.Join(dataDir, "move-journal-*.json")); len(kept) != 1 {
+		t.Fatalf("the journal was not kept beside: %v", kept)
 	}
 }
