@@ -367,7 +367,7 @@ func (m *movers) send(ctx context.Context, mv state.MoveInfo) (moveResult, error
 		}()
 		// What the data takes here: TO refuses a copy it has not the
 		// room for before anything is sent.
-		v := url.Values{"module": {mv.Module}, "id": {strconv.FormatUint(mv.ID, 10)}, "size": {strconv.FormatUint(dataSize(mv.Data), 10)}}
+		v := url.Values{"module": {mv.Module}, "id": {strconv.FormatUint(mv.ID, 10)}, "size": {sizesParam(dataSizes(mv.Data))}}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+"/v1/op/move/receive?"+v.Encode(), pr)
 		if err != nil {
 			pr.Close()
@@ -440,13 +440,13 @@ func errOr(err error, s string) string {
 func (a *Agent) receiveMove(w http.ResponseWriter, r *http.Request) {
 	module := r.URL.Query().Get("module")
 	id, _ := strconv.ParseUint(r.URL.Query().Get("id"), 10, 64)
-	need, _ := strconv.ParseUint(r.URL.Query().Get("size"), 10, 64) // 0: FROM did not say
+	sizes := r.URL.Query().Get("size") // each data directory's, as FROM counts them
 	select {
 	case <-a.backups.ready: // the reconciler is made
 	case <-r.Context().Done():
 		return
 	}
-	res, code, err := a.receive(r.Context(), a.member.Node.PeerName(r), module, id, need, r.Body)
+	res, code, err := a.receive(r.Context(), a.member.Node.PeerName(r), module, id, sizes, r.Body)
 	if err != nil {
 		http.Error(w, err.Error(), code)
 		return
@@ -455,7 +455,7 @@ func (a *Agent) receiveMove(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(res)
 }
 
-func (a *Agent) receive(ctx context.Context, peer, module string, id, need uint64, body io.Reader) (moveResult, int, error) {
+func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, sizes string, body io.Reader) (moveResult, int, error) {
 	var res moveResult
 	l, err := a.member.Store.Moves(ctx, module)
 	if err != nil || len(l) != 1 {
@@ -534,7 +534,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id, need uint6
 			os.RemoveAll(d + moveStaging)
 		}
 	}
-	if err := roomFor(a.member.ID.Name, mv.Data, need); err != nil {
+	if err := roomFor(a.member.ID.Name, mv.Data, parseSizes(sizes, len(mv.Data))); err != nil {
 		return res, http.StatusInsufficientStorage, err
 	}
 	// The copy ends with the move: an abort (the operator's, the CLI's

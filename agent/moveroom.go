@@ -6,6 +6,8 @@ import (
 	"io"
 	"io/fs"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -28,14 +30,18 @@ import (
 // errNoRoom: TO has not the room for a copy.
 var errNoRoom = errors.New("not enough room for the copy")
 
-// moveFree is the space left for an unprivileged writer on the
-// filesystem of p (tests replace it).
-var moveFree = func(p string) (uint64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(p, &st); err != nil {
-		return 0, err
+// moveFS is the filesystem of p (its device) and the space left there
+// for an unprivileged writer (tests replace it).
+var moveFS = func(p string) (dev, free uint64, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return 0, 0, err
 	}
-	return st.Bavail * uint64(st.Bsize), nil
+	var fs unix.Statfs_t
+	if err := unix.Statfs(p, &fs); err != nil {
+		return 0, 0, err
+	}
+	return st.Dev, fs.Bavail * uint64(fs.Bsize), nil
 }
 
 // roomEvery is how many bytes of a copy's stream TO reads between two
@@ -43,46 +49,118 @@ var moveFree = func(p string) (uint64, error) {
 const roomEvery = 64 << 20
 
 // roomFor says, as errNoRoom, when a filesystem a copy of data is written
-// on (each directory's parent, which exists) has not need bytes free and
-// cluster.LowFree more.
-func roomFor(node string, data []string, need uint64) error {
-	for _, d := range data {
+// on (each directory's parent, which exists) has not the room for the
+// directories written there (sizes, by directory, as FROM announced them;
+// none: only the floor) and cluster.LowFree more.
+func roomFor(node string, data []string, sizes []uint64) error {
+	type fsNeed struct {
+		dir        string
+		need, free uint64
+	}
+	var order []*fsNeed
+	byDev := map[uint64]*fsNeed{}
+	for i, d := range data {
 		dir := filepath.Dir(d)
-		free, err := moveFree(dir)
+		dev, free, err := moveFS(dir)
 		if err != nil {
 			return fmt.Errorf("the free space of %s: %w", dir, err)
 		}
-		if free < need+cluster.LowFree {
+		f := byDev[dev]
+		if f == nil {
+			f = &fsNeed{dir: dir, free: free}
+			byDev[dev] = f
+			order = append(order, f)
+		}
+		if i < len(sizes) {
+			f.need = addSat(f.need, sizes[i])
+		}
+	}
+	for _, f := range order {
+		if f.free < addSat(f.need, cluster.LowFree) {
 			what := "a copy of what is left"
-			if need > 0 {
-				what = "a copy of " + size(int64(need))
+			if f.need > 0 {
+				what = "a copy of " + size(int64(min(f.need, 1<<62)))
 			}
 			return fmt.Errorf("%w on %s: the filesystem of %s has %s free, and %s would leave it under the %s the node keeps free; free some space there, or move the module to another node",
-				errNoRoom, node, dir, size(int64(free)), what, size(int64(cluster.LowFree)))
+				errNoRoom, node, f.dir, size(int64(min(f.free, 1<<62))), what, size(int64(cluster.LowFree)))
 		}
 	}
 	return nil
 }
 
-// dataSize is the space data's files take on FROM (allocated blocks, so
-// a sparse file counts what it holds): an estimate for TO's first look.
-// It follows no link; what it cannot read it leaves out.
-func dataSize(data []string) uint64 {
-	var n uint64
-	for _, d := range data {
+// addSat is a+b, at most the largest uint64 (an announced size is the
+// sender's word).
+func addSat(a, b uint64) uint64 {
+	if a+b < a {
+		return ^uint64(0)
+	}
+	return a + b
+}
+
+// dataSizes is the space each of data's directories' files take on FROM
+// (allocated blocks, so a sparse file counts what it holds; a file of
+// several hard links once, in the first directory that holds it): an
+// estimate for TO's first look. It follows no link; what it cannot read
+// it leaves out.
+func dataSizes(data []string) []uint64 {
+	type inode struct{ dev, ino uint64 }
+	seen := map[inode]bool{}
+	out := make([]uint64, len(data))
+	for i, d := range data {
 		filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
 			if err != nil || !e.Type().IsRegular() {
 				return nil
 			}
-			if fi, err := e.Info(); err == nil {
-				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-					n += uint64(st.Blocks) * 512
-				}
+			fi, err := e.Info()
+			if err != nil {
+				return nil
 			}
+			st, ok := fi.Sys().(*syscall.Stat_t)
+			if !ok {
+				return nil
+			}
+			if st.Nlink > 1 {
+				k := inode{uint64(st.Dev), st.Ino}
+				if seen[k] {
+					return nil
+				}
+				seen[k] = true
+			}
+			out[i] = addSat(out[i], uint64(st.Blocks)*512)
 			return nil
 		})
 	}
-	return n
+	return out
+}
+
+// sizesParam is sizes as a query's value, and parseSizes its reading: one
+// per directory, or none (an announce that does not name every directory
+// is not used).
+func sizesParam(sizes []uint64) string {
+	var b strings.Builder
+	for i, n := range sizes {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatUint(n, 10))
+	}
+	return b.String()
+}
+
+func parseSizes(v string, dirs int) []uint64 {
+	parts := strings.Split(v, ",")
+	if v == "" || len(parts) != dirs {
+		return nil
+	}
+	out := make([]uint64, dirs)
+	for i, p := range parts {
+		n, err := strconv.ParseUint(p, 10, 64)
+		if err != nil {
+			return nil
+		}
+		out[i] = n
+	}
+	return out
 }
 
 // roomGuard reads a copy's stream and looks at the room left every
@@ -105,7 +183,7 @@ func (g *roomGuard) Read(p []byte) (int, error) {
 	g.read += uint64(n)
 	if g.read >= g.next {
 		g.next = g.read + roomEvery
-		if rerr := roomFor(g.node, g.data, 0); errors.Is(rerr, errNoRoom) {
+		if rerr := roomFor(g.node, g.data, nil); errors.Is(rerr, errNoRoom) {
 			g.mu.Lock()
 			g.err = rerr
 			g.mu.Unlock()

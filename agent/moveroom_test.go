@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,30 +19,56 @@ import (
 	"mesh/state"
 )
 
-// fakeFree makes moveFree answer free() for every path, for the test.
-func fakeFree(t *testing.T, free func() uint64) {
-	old := moveFree
-	moveFree = func(string) (uint64, error) { return free(), nil }
-	t.Cleanup(func() { moveFree = old })
+// fakeFS makes moveFS answer free() for every path, on the filesystem
+// devOf(path) (1 when nil), for the test.
+func fakeFS(t *testing.T, devOf func(string) uint64, free func() uint64) {
+	old := moveFS
+	moveFS = func(p string) (uint64, uint64, error) {
+		dev := uint64(1)
+		if devOf != nil {
+			dev = devOf(p)
+		}
+		return dev, free(), nil
+	}
+	t.Cleanup(func() { moveFS = old })
 }
 
-// A copy TO has not the room for is refused by the size FROM announces,
-// before anything is written; one that takes the filesystem under the
-// floor while it is written stops there. Either leaves cluster.LowFree.
+// A copy TO has not the room for is refused by the sizes FROM announces,
+// summed by filesystem, before anything is written; one that takes a
+// filesystem under the floor while it is written stops there. Either
+// leaves cluster.LowFree.
 func TestCopyKeepsTheNodesRoom(t *testing.T) {
-	data := []string{"/srv/db/data"}
-	fakeFree(t, func() uint64 { return cluster.LowFree + 100<<20 })
-	if err := roomFor("bee", data, 50<<20); err != nil {
-		t.Fatalf("50 MiB into 100 MiB over the floor: %v", err)
+	data := []string{"/srv/db/data", "/srv/db/dump", "/etc/db"}
+	onRoot := func(p string) uint64 {
+		if strings.HasPrefix(p, "/srv") {
+			return 2
+		}
+		return 1
 	}
-	err := roomFor("bee", data, 200<<20)
-	if !errors.Is(err, errNoRoom) || !strings.Contains(err.Error(), "on bee: the filesystem of /srv/db has") || !strings.Contains(err.Error(), "a copy of 200.0 MiB") {
-		t.Fatalf("200 MiB into 100 MiB over the floor: %v", err)
+	fakeFS(t, onRoot, func() uint64 { return cluster.LowFree + 100<<20 })
+	// 60 + 30 MiB on /srv's filesystem, 10 on the root's: each fits.
+	if err := roomFor("bee", data, []uint64{60 << 20, 30 << 20, 10 << 20}); err != nil {
+		t.Fatalf("90 MiB and 10 MiB on two filesystems of 100 MiB over the floor: %v", err)
+	}
+	err := roomFor("bee", data, []uint64{60 << 20, 50 << 20, 10 << 20})
+	if !errors.Is(err, errNoRoom) || !strings.Contains(err.Error(), "on bee: the filesystem of /srv/db has") || !strings.Contains(err.Error(), "a copy of 110.0 MiB") {
+		t.Fatalf("110 MiB on a filesystem of 100 MiB over the floor: %v", err)
+	}
+	if err := roomFor("bee", data, []uint64{^uint64(0), 1, 0}); !errors.Is(err, errNoRoom) {
+		t.Fatalf("an announce of 2^64 bytes: %v", err)
+	}
+	if got := parseSizes(sizesParam([]uint64{1, 2, 3}), 3); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("sizes read back: %v", got)
+	}
+	for _, bad := range []string{"", "1,2", "1,x,3", "1,2,3,4"} {
+		if got := parseSizes(bad, 3); got != nil {
+			t.Errorf("parseSizes(%q) = %v, want none", bad, got)
+		}
 	}
 
 	// While it is written: the free space falls as the stream is read.
 	var read atomic.Int64
-	fakeFree(t, func() uint64 { return cluster.LowFree + 150<<20 - uint64(read.Load()) })
+	fakeFS(t, nil, func() uint64 { return cluster.LowFree + 150<<20 - uint64(read.Load()) })
 	g := &roomGuard{r: countReader{io.LimitReader(zeros{}, 1<<30), &read}, node: "bee", data: data}
 	n, err := io.Copy(io.Discard, g)
 	if !errors.Is(err, errNoRoom) || !errors.Is(g.failed(), errNoRoom) || !strings.Contains(err.Error(), "a copy of what is left") {
@@ -70,11 +97,15 @@ func (c countReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// dataSize counts what the files take (a sparse file's holes do not),
-// follows no link, and leaves out what it cannot read.
-func TestDataSizeCountsWhatFilesTake(t *testing.T) {
-	d := t.TempDir()
+// dataSizes counts what each directory's files take (a sparse file's
+// holes do not; a file of two hard links once), follows no link, and
+// leaves out what it cannot read.
+func TestDataSizesCountWhatFilesTake(t *testing.T) {
+	d, e := t.TempDir(), t.TempDir()
 	if err := os.WriteFile(filepath.Join(d, "a"), bytes.Repeat([]byte("x"), 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(d, "a"), filepath.Join(d, "a2")); err != nil {
 		t.Fatal(err)
 	}
 	sparse, err := os.Create(filepath.Join(d, "sparse"))
@@ -86,9 +117,10 @@ func TestDataSizeCountsWhatFilesTake(t *testing.T) {
 	outside := t.TempDir()
 	os.WriteFile(filepath.Join(outside, "big"), bytes.Repeat([]byte("y"), 4<<20), 0o600)
 	os.Symlink(outside, filepath.Join(d, "link"))
-	n := dataSize([]string{d, filepath.Join(d, "missing")})
-	if n < 1<<20 || n > 2<<20 {
-		t.Fatalf("dataSize: %d bytes, want about 1 MiB", n)
+	os.WriteFile(filepath.Join(e, "b"), bytes.Repeat([]byte("z"), 2<<20), 0o600)
+	n := dataSizes([]string{d, filepath.Join(d, "missing"), e})
+	if n[0] < 1<<20 || n[0] > 3<<19 || n[1] != 0 || n[2] < 2<<20 || n[2] > 5<<19 {
+		t.Fatalf("dataSizes: %v, want about 1 MiB, 0, 2 MiB", n)
 	}
 }
 
