@@ -224,7 +224,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	// empty replica; until it knows any node, the mesh CA (whose digest its
 	// token pinned) vouches for the leader that brings it the state, if
 	// it was a voter when this node joined.
-	member := replicaMember(store, cfg.Vouch)
+	member := replicaMember(store, cfg.Vouch, time.Now().Add(vouchFor), log)
 	nt.peerOK = func(name string, cert *x509.Certificate) error {
 		if !member(name, cert) {
 			return fmt.Errorf("the peer's certificate for %s is not the one the mesh recorded for it (another key, or no such node)", name)
@@ -550,18 +550,37 @@ type damagedSnap struct {
 // valid for a year, and an empty replica cannot tell that it was removed.
 // One read: the replica fills while a node catches up, and two reads
 // could see it empty and then without the peer.
-func replicaMember(store *state.Store, vouch []string) func(string, *x509.Certificate) bool {
+//
+// The list holds until until: past it (none of them brought the state:
+// the leadership went to a voter that joined after this node, say), any
+// node the CA vouches for is taken, as before the list, rather than wait
+// for ever; the log says so, once a minute at most.
+func replicaMember(store *state.Store, vouch []string, until time.Time, log *slog.Logger) func(string, *x509.Certificate) bool {
+	var said connlimit.Throttle
 	return func(name string, cert *x509.Certificate) bool {
 		nodes, err := store.Nodes(context.Background())
 		if err != nil {
 			return false
 		}
 		if len(nodes) == 0 {
-			return len(vouch) == 0 || slices.Contains(vouch, name)
+			if len(vouch) == 0 || slices.Contains(vouch, name) {
+				return true
+			}
+			if time.Now().After(until) {
+				if said.Now() {
+					log.Warn("none of the voters this node joined with brought it the state: it takes a leader the mesh CA vouches for", "voters_then", vouch, "peer", name)
+				}
+				return true
+			}
+			return false
 		}
 		return pinnedIn(nodes, name, cert)
 	}
 }
+
+// vouchFor is how long a node whose replica is empty takes Raft from the
+// voters it joined with alone (replicaMember), from its agent's start.
+var vouchFor = 10 * time.Minute
 
 // removeCutSnapshots removes the snapshots a kill cut while Raft wrote
 // them (ID.tmp in path, the file store's directory): Raft lists none of

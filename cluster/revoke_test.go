@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -461,15 +462,22 @@ func TestEmptyReplicaTakesTheVotersItJoinedWith(t *testing.T) {
 	}
 	defer empty.Close()
 	novox, ace := nodes["novox"].Node.tls.current().Leaf, nodes["ace"].Node.tls.current().Leaf
-	if member := replicaMember(empty, []string{"ace"}); member("novox", novox) || !member("ace", ace) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	soon := time.Now().Add(time.Hour)
+	if member := replicaMember(empty, []string{"ace"}, soon, log); member("novox", novox) || !member("ace", ace) {
 		t.Fatalf("an empty replica that joined with voter ace: takes novox %v (want false), ace %v (want true)", member("novox", novox), member("ace", ace))
 	}
-	if !replicaMember(empty, nil)("novox", novox) {
+	if !replicaMember(empty, nil, soon, log)("novox", novox) {
 		t.Fatal("an empty replica that joined through an older leader refuses novox")
+	}
+	// Still empty once the time is past (the voters it joined with are
+	// gone, another leads): it takes what the CA vouches for.
+	if !replicaMember(empty, []string{"ace"}, time.Now().Add(-time.Second), log)("novox", novox) {
+		t.Fatal("an empty replica past its time with the voters it joined with refuses novox")
 	}
 	// A replica that holds nodes goes by their keys, whatever it joined with.
 	waitKey(t, nodes["g14"], "novox", CertKey(novox))
-	if full := replicaMember(nodes["g14"].Store, []string{"ace"}); !full("novox", novox) || full("novox", ace) {
+	if full := replicaMember(nodes["g14"].Store, []string{"ace"}, soon, log); !full("novox", novox) || full("novox", ace) {
 		t.Fatalf("g14's replica: novox with its certificate %v (want true), with ace's %v (want false)", full("novox", novox), full("novox", ace))
 	}
 }
