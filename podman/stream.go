@@ -199,6 +199,13 @@ func (c *Client) Exec(ctx context.Context, name string, cfg ExecConfig) (*ExecSe
 	if err != nil {
 		return nil, fmt.Errorf("inspect %s: %w", name, err)
 	}
+	// Podman takes an ID, or the start of one, where no container has
+	// the name: the mesh execs in the container of that name alone (a
+	// container of a plan not made yet, named like hex, would reach
+	// another of the host's).
+	if strings.TrimPrefix(data.Name, "/") != name {
+		return nil, fmt.Errorf("inspect %s: no container of that name (%s is %s)", name, name, data.Name)
+	}
 	if data.State == nil || !data.State.Running {
 		st := "unknown"
 		if data.State != nil {
