@@ -64,6 +64,10 @@ func LargeWrite(size int64) time.Duration {
 	return time.Duration(size>>20) * perMiB
 }
 
+// wrapPeerTransport, when set (tests), wraps the transport of the peers'
+// clients of node id, as the node starts.
+var wrapPeerTransport func(id string, rt http.RoundTripper) http.RoundTripper
+
 // peerCallTime bounds a call to a peer that carries at most a small body
 // (smallCommand); a write with more has LargeWrite more, through a client
 // of no bound of its own. A tunable for tests, read when a node starts.
@@ -291,8 +295,12 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	at := nodeAt(store)
 	n.peerConns = &peerTransport{cfg: nt.clientConfig(alpnAPI), expect: func(c *tls.Conn, address string) error { return nt.isNodeAt(at, c, address) }}
 	n.peerConns.fresh()
-	n.peers = &http.Client{Timeout: peerCallTime.get(), Transport: n.peerConns}
-	n.streams = &http.Client{Transport: n.peerConns}
+	var peerRT http.RoundTripper = n.peerConns
+	if wrapPeerTransport != nil {
+		peerRT = wrapPeerTransport(cfg.ID, peerRT)
+	}
+	n.peers = &http.Client{Timeout: peerCallTime.get(), Transport: peerRT}
+	n.streams = &http.Client{Transport: peerRT}
 	// An idle connection is closed after two minutes: the peers' own idle
 	// connections go after one (peerTransport), so none is cut under a request.
 	n.large = make(chan struct{}, largeCommands)

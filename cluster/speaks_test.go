@@ -328,16 +328,21 @@ func TestLargeForwardedCommandsAreBounded(t *testing.T) {
 // and failed, "may or may not have been applied".
 func TestLargeForwardedCommandOutlivesThePeersBound(t *testing.T) {
 	defer peerCallTime.set(time.Second)()
+	// novox's link carries 1 MiB a second (set as it starts: its clients
+	// are in use from then on).
+	wrapPeerTransport = func(id string, rt http.RoundTripper) http.RoundTripper {
+		if id != "novox" {
+			return rt
+		}
+		return throttled{next: rt, perSecond: 1 << 20}
+	}
+	defer func() { wrapPeerTransport = nil }()
 	nodes, _ := threeMembers(t)
 	for _, m := range nodes {
 		defer m.Stop()
 	}
 	ace, novox := nodes["ace"], nodes["novox"]
 	eventually(t, 10*time.Second, "ace leads", func() bool { return ace.Node.raft.State() == raft.Leader })
-	// novox's link carries 1 MiB a second.
-	for _, c := range []*http.Client{novox.Node.peers, novox.Node.streams} {
-		c.Transport = throttled{next: c.Transport, perSecond: 1 << 20}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	report := func(text int) *state.Command {
