@@ -382,8 +382,9 @@ func (m *movers) send(ctx context.Context, mv state.MoveInfo) (moveResult, error
 		}
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if resp.StatusCode == http.StatusInsufficientStorage {
-			// A try again would fill TO's disk again: aborted at once.
+		if resp.StatusCode == http.StatusInsufficientStorage || resp.StatusCode == http.StatusPreconditionFailed {
+			// A try again would fill TO's disk again, or meet the swap
+			// TO could not put back again: aborted at once.
 			return fmt.Errorf("%w: %s refused the copy: %s", errNotMovable, mv.To, strings.TrimSpace(string(body)))
 		}
 		if resp.StatusCode != http.StatusOK {
@@ -471,6 +472,11 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 	}
 	a.moveMu.Lock() // one copy into this node at a time
 	defer a.moveMu.Unlock()
+	if j := unsettledJournal(a.dir); j != "" {
+		// A swap here was not put back whole: another one over it would
+		// take what it left for the copy's "what TO held".
+		return res, http.StatusPreconditionFailed, fmt.Errorf("%s keeps %s: a move's copy swapped in here earlier could not be put back whole (the agent's log says where each directory is); check the data directories it names, remove it, and move again", a.member.ID.Name, j)
+	}
 	for _, d := range mv.Data {
 		if d != filepath.Clean(d) || !filepath.IsAbs(d) {
 			return res, http.StatusBadRequest, fmt.Errorf("data directory %q is not a clean absolute path", d)
@@ -670,7 +676,7 @@ func swapCopiesIn(data []string, aside map[string]string, again func(d string) b
 	var swapped []string
 	was := map[string]string{} // d -> where what it held is now
 	undo = func() error {
-		var errs []error
+		var errs, unsynced []error
 		for _, d := range slices.Backward(swapped) {
 			if err := ops.rename(d, d+moveStaging); err != nil {
 				errs = append(errs, err)
@@ -682,7 +688,7 @@ func swapCopiesIn(data []string, aside map[string]string, again func(d string) b
 				delete(was, d)
 			}
 			if err := ops.syncDir(filepath.Dir(d)); err != nil {
-				errs = append(errs, err)
+				unsynced = append(unsynced, err)
 			}
 		}
 		swapped = nil
@@ -690,7 +696,9 @@ func swapCopiesIn(data []string, aside map[string]string, again func(d string) b
 		if err := errors.Join(errs...); err != nil {
 			return fmt.Errorf("%w: %w", errNotPutBack, err)
 		}
-		return nil
+		// Put back, but maybe not durably: said, not taken for a put
+		// back that failed (the journal, removed after, is synced).
+		return errors.Join(unsynced...)
 	}
 	failed := func(err error) (func() error, []string, error) {
 		if uerr := undo(); uerr != nil {

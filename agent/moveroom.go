@@ -99,14 +99,14 @@ func addSat(a, b uint64) uint64 {
 
 // dataSizes is the space each of data's directories' files take on FROM
 // (allocated blocks, so a sparse file counts what it holds; a file of
-// several hard links once, in the first directory that holds it): an
+// several hard links once a directory, as the copy writes it): an
 // estimate for TO's first look. It follows no link; what it cannot read
 // it leaves out.
 func dataSizes(data []string) []uint64 {
 	type inode struct{ dev, ino uint64 }
-	seen := map[inode]bool{}
 	out := make([]uint64, len(data))
 	for i, d := range data {
+		seen := map[inode]bool{}
 		filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
 			if err != nil || !e.Type().IsRegular() {
 				return nil

@@ -72,6 +72,19 @@ func writeMoveJournal(dir, module string, move uint64, until time.Time, plan []m
 	return nil
 }
 
+// unsettledJournal is a move's journal in dir that a swap or a start left
+// ("" if none): the one under way, or one kept beside because what it
+// names could not be put back whole.
+func unsettledJournal(dir string) string {
+	if _, err := os.Lstat(filepath.Join(dir, moveJournal)); err == nil {
+		return filepath.Join(dir, moveJournal)
+	}
+	if kept, _ := filepath.Glob(filepath.Join(dir, "move-journal-*.json")); len(kept) > 0 {
+		return kept[0]
+	}
+	return ""
+}
+
 // removeMoveJournal removes the journal durably: the swap is done (the
 // ledger holds it) or undone.
 func removeMoveJournal(dir string) error {
@@ -121,13 +134,14 @@ func (a *Agent) settleMoveJournal(module string, cause error) {
 // applies: a journal left by a swap that a kill cut before the ledger
 // adopted the copy (arrived says what the ledger holds) is put back, and
 // removed. One whose swap the ledger holds is only removed, and so is one
-// of a module the state runs here (assignedHere): its directories hold
-// what it runs on, whatever the journal says (a journal whose removal
-// failed after the ledger adopted the copy, and whose arrival the ledger
-// let go once the module ran here). One that cannot be read, or not be
-// put back whole, is set aside (move-journal-TIME.json) and said. Only a
-// journal that cannot be read now, or removed, is an error (the agent does
-// not start on what it cannot tell).
+// whose swap is whole (every directory holds its copy) for a module the
+// state runs here (assignedHere): it runs on that copy (a journal whose
+// removal failed after the ledger adopted the copy, and whose arrival the
+// ledger let go once the module ran here). One that cannot be read, or
+// not be put back whole, is set aside (move-journal-TIME.json) and said;
+// moves into this node are refused while it is there (receive). What it
+// cannot read or write now (the journal, the state) is an error: the
+// agent does not start on what it cannot tell.
 func undoCutMoveSwap(dir string, arrived func(module string, move uint64) (reconciler.Arrival, bool), assignedHere func(module string) (bool, error), log interface {
 	Info(string, ...any)
 	Warn(string, ...any)
@@ -158,8 +172,8 @@ func undoCutMoveSwap(dir string, arrived func(module string, move uint64) (recon
 	if err != nil {
 		return fmt.Errorf("a move's copy of %s was cut while it was swapped in, and whether the module runs here cannot be read: %w; the agent does not start until it can (start it again)", j.Module, err)
 	}
-	if here {
-		log.Warn("a move's journal outlived its swap, and the module runs here: its directories are left as they are", "module", j.Module, "move", j.Move)
+	if here && j.whole() {
+		log.Warn("a move's journal outlived its swap, and the module runs here on the copy: its directories are left as they are", "module", j.Module, "move", j.Move)
 		return removeMoveJournal(dir)
 	}
 	var problems []string
@@ -195,6 +209,17 @@ func (j *moveJournalFile) valid() bool {
 			return false
 		}
 		if slices.ContainsFunc(j.Dirs[:i], func(o movedDir) bool { return o.Dir == md.Dir }) {
+			return false
+		}
+	}
+	return true
+}
+
+// whole says every directory the journal names holds its copy: the swap
+// was made to its end.
+func (j *moveJournalFile) whole() bool {
+	for _, md := range j.Dirs {
+		if _, ino, btime, err := fileIdentity(md.Dir); err != nil || ino != md.Ino || md.Btime != 0 && btime != md.Btime {
 			return false
 		}
 	}

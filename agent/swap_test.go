@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -303,6 +304,16 @@ func TestCutSwapIsPutBackAtStart(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dataDir, moveJournal)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the journal of a module that runs here is still there: %v", err)
 	}
+	// A swap cut part way, of a module the state runs here since (FROM
+	// aborted, the operator assigned it here): put back all the same,
+	// not left half made under the module.
+	dataDir = t.TempDir()
+	dir, data := swapBed(t)
+	killedAt(dataDir, data, 1) // what the first directory held is aside, its copy not in
+	if err := undoCutMoveSwap(dataDir, none, runsHere, log); err != nil {
+		t.Fatal(err)
+	}
+	checkAsItWas(t, dir, data, map[string]string{})
 	// A journal naming what no swap makes is set aside; nothing moves.
 	dataDir = t.TempDir()
 	os.WriteFile(filepath.Join(dataDir, moveJournal), []byte(`{"module":"db","move":7,"dirs":[{"dir":"/etc","aside":"/tmp/x","ino":5}]}`), 0o600)
@@ -311,6 +322,13 @@ func TestCutSwapIsPutBackAtStart(t *testing.T) {
 	}
 	if kept, _ := filepath.Glob(filepath.Join(dataDir, "move-journal-*.json")); len(kept) != 1 {
 		t.Fatalf("a journal that cannot be read: set aside as %v", kept)
+	}
+	// Kept beside, it stops moves into this node until it is settled.
+	if j := unsettledJournal(dataDir); !strings.Contains(j, "move-journal-") {
+		t.Fatalf("a journal kept beside is not seen: %q", j)
+	}
+	if j := unsettledJournal(t.TempDir()); j != "" {
+		t.Fatalf("a data dir without a journal: %q", j)
 	}
 }
 

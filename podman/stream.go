@@ -185,7 +185,7 @@ type ExecSession struct {
 // ErrNotRunning: exec into a container that is not running.
 var ErrNotRunning = errors.New("the container is not running")
 
-// Exec starts cfg.Cmd in the container called name (or of that ID).
+// Exec starts cfg.Cmd in the container called name (by its name alone).
 func (c *Client) Exec(ctx context.Context, name string, cfg ExecConfig) (*ExecSession, error) {
 	if len(cfg.Cmd) == 0 {
 		return nil, errors.New("exec: no command")
