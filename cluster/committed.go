@@ -70,7 +70,14 @@ func (n *Node) tellCommitted(index uint64) {
 		return
 	}
 	var l raft.Log
-	if err := n.logStore.GetLog(index, &l); err != nil {
+	n.logsMu.RLock()
+	if n.logsClosed {
+		n.logsMu.RUnlock()
+		return // the node stopped
+	}
+	err := n.logStore.GetLog(index, &l)
+	n.logsMu.RUnlock()
+	if err != nil {
 		return // compacted already: Raft tells the followers
 	}
 	notice := &committedNotice{Index: index, Term: l.Term}

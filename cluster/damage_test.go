@@ -498,3 +498,32 @@ func TestCutSnapshotIsRemovedAtStart(t *testing.T) {
 		t.Fatalf("modules after the start: %+v %v", infos, err)
 	}
 }
+
+// A commit that ends as its node stops tells the others of it after
+// Shutdown closed the log: it read the closed log, and raft-wal panicked
+// (a unit run of the cluster package died of it). Once stopped, nothing
+// is told.
+func TestCommitNoticeAfterShutdown(t *testing.T) {
+	a := startAgent(t, initDir(t, LogStoreWAL))
+	waitLeader(t, a)
+	idx, err := a.Node.Propose(context.Background(), addModule(t, "m0.yaml", "module: m0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Stop()
+	a.Node.logStore = closedLog{t} // what a closed log is to raft-wal
+	a.Node.tellCommitted(idx)
+}
+
+// closedLog is a log store that is closed: any read fails the test.
+type closedLog struct{ t *testing.T }
+
+func (c closedLog) GetLog(index uint64, _ *raft.Log) error {
+	c.t.Errorf("the closed log was read at %d", index)
+	return errors.New("closed")
+}
+func (c closedLog) FirstIndex() (uint64, error)      { return 0, errors.New("closed") }
+func (c closedLog) LastIndex() (uint64, error)       { return 0, errors.New("closed") }
+func (c closedLog) StoreLog(*raft.Log) error         { return errors.New("closed") }
+func (c closedLog) StoreLogs([]*raft.Log) error      { return errors.New("closed") }
+func (c closedLog) DeleteRange(uint64, uint64) error { return errors.New("closed") }

@@ -143,7 +143,12 @@ type Node struct {
 	// Commit notices (committed.go): logStore is Raft's log, read for a
 	// notice's term and a catch-up's entries; notices are the leader's to
 	// send; caughtUp is the newest notice taken as a follower.
-	logStore    raft.LogStore
+	logStore raft.LogStore
+	// logsMu guards the log store's closing (logsClosed): a commit that
+	// ended as the node stopped read the log after Shutdown closed it,
+	// and raft-wal panics on a closed log.
+	logsMu      sync.RWMutex
+	logsClosed  bool
 	notices     commitNotices
 	caughtUp    atomic.Pointer[committedNotice]
 	catchUpWake chan struct{}
@@ -1018,6 +1023,9 @@ func (n *Node) Shutdown() error {
 	n.peerAPI.Close()
 	n.transport.Close()
 	n.mux.Close()
+	n.logsMu.Lock()
+	n.logsClosed = true
+	n.logsMu.Unlock()
 	if cerr := n.logs.Close(); err == nil {
 		err = cerr
 	}
