@@ -968,32 +968,16 @@ func (b *backups) writeRestoreJournal(module string, dirs []string) (restoreJour
 }
 
 // removeRestoreJournal removes the journal, durably: the restore is done
-// (or undone). A removal the data dir's sync does not confirm is an error
-// (a power cut could bring the journal back under a module that ran).
+// (or undone).
 func (b *backups) removeRestoreJournal() error {
-	path := filepath.Join(b.dir, restoreJournal)
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("the restore's journal %s could not be removed: %w", path, err)
-	}
-	if err := safefs.SyncDir(b.dir); err != nil {
-		return fmt.Errorf("the restore's journal %s was removed, but the data dir could not be synced: %w", path, err)
-	}
-	return nil
+	return removeJournal(b.dir, restoreJournal, "restore's journal")
 }
 
 // setJournalAside keeps the journal beside, as restore-journal-TIME.json,
 // for the operator: what it names is not undone, and the module may run
 // from here on, so no start may undo it later. It says where.
 func (b *backups) setJournalAside() (string, error) {
-	path := filepath.Join(b.dir, restoreJournal)
-	kept := filepath.Join(b.dir, fmt.Sprintf("restore-journal-%d.json", b.now().UnixNano()))
-	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, kept, unix.RENAME_NOREPLACE); err != nil {
-		return "", fmt.Errorf("the journal %s could not be set aside: %w", path, err)
-	}
-	if err := safefs.SyncDir(b.dir); err != nil {
-		return "", fmt.Errorf("the journal %s was set aside as %s, but the data dir could not be synced: %w", path, kept, err)
-	}
-	return kept, nil
+	return setJournalAside(b.dir, restoreJournal, "restore's journal", b.now())
 }
 
 // settleJournal ends a restore that failed (cause) after its journal was

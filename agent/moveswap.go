@@ -87,29 +87,12 @@ func unsettledJournal(dir string) string {
 
 // removeMoveJournal removes the journal durably: the swap is done (the
 // ledger holds it) or undone.
-func removeMoveJournal(dir string) error {
-	path := filepath.Join(dir, moveJournal)
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("the move's journal %s could not be removed: %w", path, err)
-	}
-	if err := safefs.SyncDir(dir); err != nil {
-		return fmt.Errorf("the move's journal %s was removed, but the data dir could not be synced: %w", path, err)
-	}
-	return nil
-}
+func removeMoveJournal(dir string) error { return removeJournal(dir, moveJournal, "move's journal") }
 
 // setMoveJournalAside keeps the journal beside, as
 // move-journal-TIME.json, for the operator, and says where.
 func setMoveJournalAside(dir string) (string, error) {
-	path := filepath.Join(dir, moveJournal)
-	kept := filepath.Join(dir, fmt.Sprintf("move-journal-%d.json", time.Now().UnixNano()))
-	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, kept, unix.RENAME_NOREPLACE); err != nil {
-		return "", fmt.Errorf("the move's journal %s could not be set aside: %w", path, err)
-	}
-	if err := safefs.SyncDir(dir); err != nil {
-		return "", fmt.Errorf("the move's journal %s was set aside as %s, but the data dir could not be synced: %w", path, kept, err)
-	}
-	return kept, nil
+	return setJournalAside(dir, moveJournal, "move's journal", time.Now())
 }
 
 // settleMoveJournal ends the journal of a swap that failed (cause): put
