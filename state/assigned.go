@@ -25,12 +25,13 @@ import (
 // kept list is compared with a read of the table: a write that does not
 // edit the copy fails there.
 
-// With the list, the store keeps how many nodes run each module
-// (assignedN), edited with it: whether a consumer runs anywhere decides
-// whether its provider's accepts-credentials directory receives its
-// credential, and walking the fleet's assignments for it, per consumer of
-// each provider on a composed node, was most of an assign in a fleet of
-// wired modules (BenchmarkFleetWired).
+// With the list, the store keeps each module's assignments (assignedAt),
+// edited with it: whether a consumer runs anywhere decides whether its
+// provider's accepts-credentials directory receives its credential, and
+// walking the fleet's assignments for it, per consumer of each provider on
+// a composed node, was most of an assign in a fleet of wired modules
+// (BenchmarkFleetWired); a node whose modules bind to a hundred databases
+// walked them too for where the databases run (groupFor).
 
 // keptAssignments is this command's view of the assignments table: its own
 // copy once it edited it, else the store's; ok is false when neither is
@@ -55,11 +56,11 @@ func (ap *applier) editAssigned(edit func([]Assignment) []Assignment) {
 		// of 10,000 assignments was a sixth of an assign's garbage): the
 		// store keeps none until the command commits, so after a failure
 		// or a broken rule the next command reads the table.
-		ap.assignedN = ap.s.assignedN
-		ap.s.assigned, ap.s.assignedN = nil, nil
+		ap.assignedAt = ap.s.assignedAt
+		ap.s.assigned, ap.s.assignedAt = nil, nil
 	}
-	if ap.assignedN == nil {
-		ap.assignedN = countModules(cur)
+	if ap.assignedAt == nil {
+		ap.assignedAt = indexModules(cur)
 	}
 	ap.assigned, ap.assignedKnown, ap.assignedDirty = edit(cur), true, true
 	if ap.assigned == nil {
@@ -79,7 +80,7 @@ func (ap *applier) assignedInsert(a Assignment) {
 		if found {
 			return as
 		}
-		ap.assignedN[a.Module]++
+		ap.assignedAt[a.Module] = append(ap.assignedAt[a.Module], a)
 		return slices.Insert(as, i, a)
 	})
 }
@@ -91,7 +92,7 @@ func (ap *applier) assignedDelete(node, module string) {
 		if !found {
 			return as
 		}
-		ap.uncount(module)
+		ap.unindex(node, module)
 		return slices.Delete(as, i, i+1)
 	})
 }
@@ -101,7 +102,7 @@ func (ap *applier) assignedDeleteNode(node string) {
 	ap.editAssigned(func(as []Assignment) []Assignment {
 		return slices.DeleteFunc(as, func(a Assignment) bool {
 			if a.Node == node {
-				ap.uncount(a.Module)
+				ap.unindex(node, a.Module)
 				return true
 			}
 			return false
@@ -111,40 +112,52 @@ func (ap *applier) assignedDeleteNode(node string) {
 
 // assignedForget follows a rewrite of the table: the next input reads it.
 func (ap *applier) assignedForget() {
-	ap.assigned, ap.assignedN, ap.assignedKnown, ap.assignedDirty = nil, nil, false, true
+	ap.assigned, ap.assignedAt, ap.assignedKnown, ap.assignedDirty = nil, nil, false, true
 }
 
-func (ap *applier) uncount(module string) {
-	if ap.assignedN[module]--; ap.assignedN[module] <= 0 {
-		delete(ap.assignedN, module)
+// unindex takes node's assignment of module out of assignedAt.
+func (ap *applier) unindex(node, module string) {
+	at := slices.DeleteFunc(ap.assignedAt[module], func(a Assignment) bool { return a.Node == node })
+	if len(at) == 0 {
+		delete(ap.assignedAt, module)
+	} else {
+		ap.assignedAt[module] = at
 	}
 }
 
-// countModules is how many of as run each module.
-func countModules(as []Assignment) map[string]int {
-	n := make(map[string]int, len(as))
+// indexModules is each module's assignments in as, in as's order.
+func indexModules(as []Assignment) map[string][]Assignment {
+	at := make(map[string][]Assignment, len(as))
 	for _, a := range as {
-		n[a.Module]++
+		at[a.Module] = append(at[a.Module], a)
 	}
-	return n
+	return at
 }
 
-// assignedCount is how many nodes run each module, as assignmentsFor's
-// list says (after it).
-func (ap *applier) assignedCount() map[string]int {
+// sameIndex says two indexes hold the same assignments of each module, in
+// any order.
+func sameIndex(a, b map[string][]Assignment) bool {
+	return maps.EqualFunc(a, b, func(x, y []Assignment) bool {
+		return len(x) == len(y) && !slices.ContainsFunc(x, func(a Assignment) bool { return !slices.Contains(y, a) })
+	})
+}
+
+// assignedIndex is each module's assignments, as assignmentsFor's list
+// says (after it).
+func (ap *applier) assignedIndex() map[string][]Assignment {
 	if !ap.assignedDirty {
 		if ap.s.assigned == nil {
 			return nil
 		}
-		if ap.s.assignedN == nil {
-			ap.s.assignedN = countModules(ap.s.assigned)
+		if ap.s.assignedAt == nil {
+			ap.s.assignedAt = indexModules(ap.s.assigned)
 		}
-		return ap.s.assignedN
+		return ap.s.assignedAt
 	}
-	if ap.assignedN == nil && ap.assignedKnown {
-		ap.assignedN = countModules(ap.assigned)
+	if ap.assignedAt == nil && ap.assignedKnown {
+		ap.assignedAt = indexModules(ap.assigned)
 	}
-	return ap.assignedN
+	return ap.assignedAt
 }
 
 // assignmentsFor is the assignments an input of this command holds: the
@@ -160,8 +173,8 @@ func (ap *applier) assignmentsFor() ([]Assignment, error) {
 			if !slices.Equal(read, as) {
 				return nil, fmt.Errorf("the kept assignments (%d) are not the table's (%d): a write to the table did not edit them", len(as), len(read))
 			}
-			if n := ap.assignedCount(); n != nil && !maps.Equal(n, countModules(read)) {
-				return nil, fmt.Errorf("the kept count of each module's nodes is not the table's: an edit of the assignments did not count")
+			if at := ap.assignedIndex(); at != nil && !sameIndex(at, indexModules(read)) {
+				return nil, fmt.Errorf("the kept index of each module's assignments is not the table's: an edit of the assignments did not index")
 			}
 		}
 		return as, nil
@@ -170,7 +183,7 @@ func (ap *applier) assignmentsFor() ([]Assignment, error) {
 	if err != nil {
 		return nil, err
 	}
-	ap.assigned, ap.assignedN, ap.assignedKnown, ap.assignedDirty = read, countModules(read), true, true
+	ap.assigned, ap.assignedAt, ap.assignedKnown, ap.assignedDirty = read, indexModules(read), true, true
 	return read, nil
 }
 

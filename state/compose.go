@@ -107,11 +107,12 @@ type Input struct {
 	// (catDeps), for the rule on host names about a few hosts.
 	hostIndex *catDeps
 	// consumers are, when set, each provider's consumers in Credentials,
-	// sorted; assignedN how many nodes run each module of Assignments
-	// (issue "scale": consumersOf walked every credential, and for each of
-	// a provider's every assignment of the fleet).
-	consumers map[string][]string
-	assignedN map[string]int
+	// sorted; assignedAt each module's assignments, in no order (issue
+	// "scale": consumersOf walked every credential, and for each of a
+	// provider's every assignment of the fleet; groupFor walked them for
+	// the nodes of the providers a node binds to).
+	consumers  map[string][]string
+	assignedAt map[string][]Assignment
 	// named says composition names each resource's declaration (src)
 	// without copying it into Decl and Typed (1.2 kB a resource, 500 a
 	// node of 100 modules: the largest part of composing one that grew
@@ -438,12 +439,18 @@ func groupFor(in Input, only map[string]bool) (byNode, byModule map[string][]str
 }
 
 // assignmentsOf is the assignments of the modules in mods, in no order:
-// when the assignments are sorted by node (as the FSM keeps them), found
-// by binary search in each node's run rather than by a walk of the
-// fleet's (a node whose modules bind to a database walked 10,000 of them
-// with every command).
+// from each module's assignments when the input indexes them (the FSM's),
+// else when the assignments are sorted by node, found by binary search in
+// each node's run rather than by a walk of the fleet's (a node whose
+// modules bind to a database walked 10,000 of them with every command).
 func assignmentsOf(in Input, mods map[string]bool) []Assignment {
 	var out []Assignment
+	if in.assignedAt != nil {
+		for m := range mods {
+			out = append(out, in.assignedAt[m]...)
+		}
+		return out
+	}
 	if !in.assignedByNode || len(mods)*len(in.Nodes) > len(in.Assignments)/8 {
 		for _, a := range in.Assignments {
 			if mods[a.Module] {
@@ -491,6 +498,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 	type modNow struct {
 		m                  *manifest.Manifest
 		ok, stopped, known bool
+		consumers          []Pair // a provider's, whose credentials its directory receives
 	}
 	now := make([]modNow, len(mods))
 	// What the node's modules hold, to allocate each array once (they
@@ -503,7 +511,11 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			m = h
 		}
 		_, stopped := in.Stopped[HeldKey{Node: n.Name, Module: mod}]
-		now[i] = modNow{m: m, ok: ok, stopped: stopped, known: incremental && ok && kc.saw(mod, m, stopped)}
+		var cons []Pair
+		if ok && m.AcceptsCredentials != "" {
+			cons = consumersOf(in, mod)
+		}
+		now[i] = modNow{m: m, ok: ok, stopped: stopped, consumers: cons, known: incremental && ok && kc.saw(mod, m, stopped, cons)}
 		if ok {
 			size += len(m.Resources)
 			if !now[i].known {
@@ -561,6 +573,12 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 		checked = nil
 		if !now[i].known {
 			checked = &modChecked{m: m, stopped: stopped}
+			if keep && len(now[i].consumers) > 0 {
+				checked.consumers = make([]string, len(now[i].consumers))
+				for k, p := range now[i].consumers {
+					checked.consumers[k] = p.Consumer
+				}
+			}
 		}
 		hostsOf := hostsOfMod[:0] // the module's hosts so far
 		if !stopped {
@@ -615,6 +633,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 				}
 			}
 		}
+		consumers := now[i].consumers
 		heads := m.Heads()
 		for i := range m.Resources {
 			// Made in place: a Resource is 1.2 kB, and a node of 100
@@ -694,7 +713,7 @@ func composeNode(in Input, n Node, nodes map[string]Node, byNode, byModule map[s
 			// right after the directory itself, so it exists before anything reads it.
 			if dir := res.Name; res.Kind == manifest.KindDirectory && m.AcceptsCredentials == dir {
 				// (res is not used below: an append may move the array.)
-				for _, p := range consumersOf(in, mod) {
+				for _, p := range consumers {
 					dr := Resource{
 						Module:     mod,
 						Kind:       KindDeliveredCredential,
@@ -809,6 +828,7 @@ type hostUse struct {
 type modChecked struct {
 	m                    *manifest.Manifest
 	stopped              bool
+	consumers            []string // a provider's, whose credentials its accepts-credentials directory received
 	names, routes, hosts []string
 	gen                  uint64 // nodeChecks.gen of the last composition that saw it so
 }
@@ -818,12 +838,17 @@ func newNodeChecks(domains string, names, routes int) *nodeChecks {
 }
 
 // saw says the checks saw module mod as it is now: the same manifest,
-// stopped or not, and declaring no accepts-credentials directory (whose
-// files follow other modules' assignments).
-func (kc *nodeChecks) saw(mod string, m *manifest.Manifest, stopped bool) bool {
+// stopped or not, and for a provider the same consumers (the files its
+// accepts-credentials directory receives, one per consumer, follow other
+// modules' assignments and manifests: a provider on a node of databases
+// was checked anew with every command, issue "scale").
+func (kc *nodeChecks) saw(mod string, m *manifest.Manifest, stopped bool, consumers []Pair) bool {
 	c := kc.mods[mod]
-	if c == nil || c.m != m || c.stopped != stopped || m.AcceptsCredentials != "" || c.gen == kc.gen {
+	if c == nil || c.m != m || c.stopped != stopped || c.gen == kc.gen {
 		return false // (seen already in this composition: a module twice on the node is checked)
+	}
+	if !slices.EqualFunc(c.consumers, consumers, func(c string, p Pair) bool { return c == p.Consumer }) {
+		return false
 	}
 	c.gen = kc.gen
 	return true
@@ -990,8 +1015,8 @@ func consumersOf(in Input, mod string) []Pair {
 }
 
 func isAssigned(in Input, mod string) bool {
-	if in.assignedN != nil {
-		return in.assignedN[mod] > 0
+	if in.assignedAt != nil {
+		return len(in.assignedAt[mod]) > 0
 	}
 	for _, a := range in.Assignments {
 		if a.Module == mod {

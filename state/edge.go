@@ -506,7 +506,7 @@ func (ap *applier) hostRule() (*Input, error) {
 	if err != nil {
 		return nil, err
 	}
-	in, err := ap.input(cat, assigned, ap.assignedCount())
+	in, err := ap.input(cat, assigned, ap.assignedIndex())
 	if err != nil {
 		return nil, err
 	}

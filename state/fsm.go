@@ -253,9 +253,9 @@ func (s *Store) applyTx(index uint64, v int, at time.Time, req Request) (broken,
 		s.rosterBy = ap.rosterBy
 	}
 	if broken == nil && ap.assignedDirty {
-		s.assigned, s.assignedN = nil, nil
+		s.assigned, s.assignedAt = nil, nil
 		if ap.assignedKnown {
-			s.assigned, s.assignedN = ap.assigned, ap.assignedN
+			s.assigned, s.assignedAt = ap.assigned, ap.assignedAt
 		}
 	}
 	ap.catalogueCommitted(broken)
@@ -324,7 +324,7 @@ type applier struct {
 	// wrote the table without a copy to edit (assigned.go).
 	assigned                     []Assignment
 	assignedKnown, assignedDirty bool
-	assignedN                    map[string]int
+	assignedAt                   map[string][]Assignment
 	// inputs are the kept tables an input reads whole, once this command
 	// took them from the store (inputsTaken); marks the keys it wrote since
 	// (keptinputs.go).
@@ -1100,11 +1100,11 @@ func inputWith(ctx context.Context, q queryer, cat map[string]*manifest.Manifest
 }
 
 // input is inputWith for this command, its credentials, secrets, restarts
-// and pulls from the maps the FSM keeps (keptinputs.go); count is how many
-// nodes run each module of assigned, when known (assignedCount). Its Bound
+// and pulls from the maps the FSM keeps (keptinputs.go); at is each
+// module's assignments in assigned, when known (assignedIndex). Its Bound
 // is empty: a composition reads the bindings of the nodes it composes
 // (readBound), and the table holds one row per binding of the fleet.
-func (ap *applier) input(cat map[string]*manifest.Manifest, assigned []Assignment, count map[string]int) (Input, error) {
+func (ap *applier) input(cat map[string]*manifest.Manifest, assigned []Assignment, at map[string][]Assignment) (Input, error) {
 	k, err := ap.keptInputsNow()
 	if err != nil {
 		return Input{}, err
@@ -1115,7 +1115,7 @@ func (ap *applier) input(cat map[string]*manifest.Manifest, assigned []Assignmen
 		}
 	}
 	in, err := inputKept(ap.ctx, ap.q, cat, assigned, k)
-	in.assignedN = count
+	in.assignedAt = at
 	return in, err
 }
 
@@ -1294,7 +1294,7 @@ func (ap *applier) recompose(cause string) error {
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
 	}
-	in, err := ap.input(cat, assigned, ap.assignedCount())
+	in, err := ap.input(cat, assigned, ap.assignedIndex())
 	if err != nil {
 		return fmt.Errorf("recompose: %w", err)
 	}

@@ -197,21 +197,29 @@ func affected(in Input, t touches, cat *catDeps) map[string]bool {
 	for m := range t.nodesOf {
 		related[m] = true
 	}
-	for _, n := range nodesRunning(in, related, set) {
+	for _, n := range nodesRunning(in, related) {
 		set[n] = true
 	}
 	return set
 }
 
-// nodesRunning lists the nodes the input assigns any of modules to. With
-// the assignments sorted by node, then module, and few modules, it looks
-// each up in each node's run (by binary search) instead of walking every
-// assignment of the fleet; it looks in the nodes of first before the
-// others (a command's own nodes: an assign's module runs on the node it
-// names), and stops once it found as many assignments of them as
-// in.assignedN counts, when set.
-func nodesRunning(in Input, modules, first map[string]bool) []string {
+// nodesRunning lists the nodes the input assigns any of modules to: from
+// each module's assignments when the input indexes them (the FSM's), else
+// with the assignments sorted by node, then module, and few modules, by
+// looking each up in each node's run (by binary search) instead of
+// walking every assignment of the fleet.
+func nodesRunning(in Input, modules map[string]bool) []string {
 	var out []string
+	if in.assignedAt != nil {
+		for m := range modules {
+			for _, a := range in.assignedAt[m] {
+				if !slices.Contains(out, a.Node) {
+					out = append(out, a.Node)
+				}
+			}
+		}
+		return out
+	}
 	as := in.Assignments
 	if !in.assignedByNode || len(modules)*len(in.Nodes) > len(as)/8 {
 		for _, a := range as {
@@ -221,7 +229,7 @@ func nodesRunning(in Input, modules, first map[string]bool) []string {
 		}
 		return out
 	}
-	return nodesRunningByRun(in, modules, first)
+	return nodesRunningByRun(in, modules)
 }
 
 // nodeRun is node's run of as, sorted by node, then module.
@@ -233,39 +241,15 @@ func nodeRun(as []Assignment, node string) []Assignment {
 
 // nodesRunningByRun is nodesRunning by binary search in each node's run of
 // assignments, sorted by node, then module (in.assignedByNode).
-func nodesRunningByRun(in Input, modules, first map[string]bool) []string {
+func nodesRunningByRun(in Input, modules map[string]bool) []string {
 	var out []string
-	as := in.Assignments
-	// left is how many assignments of modules are still to be found
-	// (-1: not counted, look in every node).
-	left := -1
-	if in.assignedN != nil {
-		left = 0
-		for m := range modules {
-			left += in.assignedN[m]
-		}
-	}
-	look := func(node string) {
-		run := nodeRun(as, node)
-		found := false
+	for _, n := range in.Nodes {
+		run := nodeRun(in.Assignments, n.Name)
 		for m := range modules {
 			if _, ok := slices.BinarySearchFunc(run, m, func(a Assignment, m string) int { return strings.Compare(a.Module, m) }); ok {
-				found = true
-				left--
+				out = append(out, n.Name)
+				break
 			}
-		}
-		if found {
-			out = append(out, node)
-		}
-	}
-	for _, n := range in.Nodes {
-		if left != 0 && first[n.Name] {
-			look(n.Name)
-		}
-	}
-	for _, n := range in.Nodes {
-		if left != 0 && !first[n.Name] {
-			look(n.Name)
 		}
 	}
 	return out
@@ -480,7 +464,7 @@ func (ap *applier) checkAgainstFull(in Input, only map[string]bool, roster []Nam
 	// (which consumers each provider has, how many nodes run each
 	// module): with the walks they replace.
 	plain := in
-	plain.consumers, plain.assignedN = nil, nil
+	plain.consumers, plain.assignedAt = nil, nil
 	full := Compose(plain)
 	var want []Name
 	want = append(want, full.Roster...)

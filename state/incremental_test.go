@@ -278,19 +278,12 @@ func TestNodesRunning(t *testing.T) {
 				want = append(want, a.Node)
 			}
 		}
-		// The nodes looked in first (a command's own), and how many
-		// nodes run each module (which the lookup stops at) or not.
-		first := map[string]bool{}
-		for _, n := range in.Nodes {
-			if rng.IntN(4) == 0 {
-				first[n.Name] = true
-			}
-		}
+		// Indexed by module (the FSM's inputs) or not.
 		if rng.IntN(2) == 0 {
-			in.assignedN = countModules(in.Assignments)
+			in.assignedAt = indexModules(in.Assignments)
 		}
-		for _, f := range []func(Input, map[string]bool, map[string]bool) []string{nodesRunning, nodesRunningByRun} {
-			got := f(in, modules, first)
+		for _, f := range []func(Input, map[string]bool) []string{nodesRunning, nodesRunningByRun} {
+			got := f(in, modules)
 			slices.Sort(got)
 			if !slices.Equal(got, want) {
 				t.Fatalf("round %d: nodes running %v: %v, a walk finds %v", round, modules, got, want)

@@ -92,7 +92,7 @@ func (f *benchFleet) assignStraight(b *testing.B, nodes, count int) {
 	if err := tx.Commit(); err != nil {
 		b.Fatal(err)
 	}
-	f.s.assigned, f.s.assignedN = nil, nil // written past the FSM: what it keeps is not the table
+	f.s.assigned, f.s.assignedAt = nil, nil // written past the FSM: what it keeps is not the table
 }
 
 func fleet(b *testing.B, nodes, modules int) {

@@ -251,7 +251,7 @@ func (s *Store) Restore(ctx context.Context, r io.Reader) error {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
 	s.cat, s.deps = nil, nil // whatever happens below, the kept catalogue is not the truth
-	s.assigned, s.assignedN = nil, nil
+	s.assigned, s.assignedAt = nil, nil
 	s.inputs = nil
 	s.roster.Store(nil)
 	s.rosterBy = nil

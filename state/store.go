@@ -62,8 +62,8 @@ type Store struct {
 	// assigned is the assignments table as the last committed command left
 	// it, nil when not known (assigned.go); under applyMu.
 	assigned []Assignment
-	// assignedN is how many nodes run each module, with assigned.
-	assignedN map[string]int
+	// assignedAt is each module's assignments, with assigned.
+	assignedAt map[string][]Assignment
 	// inputs are the credentials', secrets', restarts' and pulls' tables
 	// as the last committed command left them, nil when not known
 	// (keptinputs.go); under applyMu.
