@@ -295,10 +295,20 @@ func (m *movers) start(ctx context.Context, mv state.MoveInfo, note string) {
 	}
 }
 
-// stillAt says whether mv is still the module's move, at its phase.
+// stillAt says whether mv is still the module's move, at its phase (not
+// when the state cannot be read).
 func (m *movers) stillAt(ctx context.Context, mv state.MoveInfo) bool {
-	l, err := m.a.member.Store.Moves(ctx, mv.Module)
-	return err == nil && len(l) == 1 && l[0].ID == mv.ID && l[0].Phase == mv.Phase
+	still, err := moveStill(ctx, m.a.member.Store, mv.Module, mv.ID, mv.Phase)
+	return err == nil && still
+}
+
+// moveStill says whether move id is still module's move, at phase.
+func moveStill(ctx context.Context, st *state.Store, module string, id uint64, phase string) (bool, error) {
+	l, err := st.Moves(ctx, module)
+	if err != nil {
+		return false, err
+	}
+	return len(l) == 1 && l[0].ID == id && l[0].Phase == phase, nil
 }
 
 // errNotMovable: FROM does not send the module, and trying again changes
@@ -552,7 +562,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 	var ended atomic.Bool
 	go func() {
 		for nextChange(rctx, a.member.Store, moveEvery) {
-			if l, err := a.member.Store.Moves(rctx, module); err == nil && (len(l) != 1 || l[0].ID != id || l[0].Phase != state.MoveCopy) {
+			if still, err := moveStill(rctx, a.member.Store, module, id, state.MoveCopy); err == nil && !still {
 				ended.Store(true)
 				cancel()
 				return
@@ -588,7 +598,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 	err = a.reconciler.Exclusive(ctx, func(ctx context.Context) error {
 		// Still this move, still at its copy: a move aborted meanwhile
 		// leaves the node as it was.
-		if l, err := a.member.Store.Moves(ctx, module); err != nil || len(l) != 1 || l[0].ID != id || l[0].Phase != state.MoveCopy {
+		if still, err := moveStill(ctx, a.member.Store, module, id, state.MoveCopy); err != nil || !still {
 			return fmt.Errorf("the move of %s ended while its copy was written", module)
 		}
 		if err := othersPath(); err != nil {
