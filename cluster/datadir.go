@@ -345,7 +345,7 @@ func Join(ctx context.Context, cfg JoinConfig) (err error) {
 	if err != nil {
 		return err
 	}
-	rep, err := joinThroughElections(ctx, cfg.Note, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient(), Commands: state.CommandVersion, Replace: cfg.Replace,
+	rep, err := joinThroughElections(ctx, cfg.Note, peer, tok, JoinRequest{MeshID: tok.MeshID, Secret: tok.Secret, Name: cfg.Name, Address: addr.String(), Port: cfg.Port, CSR: string(csrPEM), SealKey: sk.Recipient(), Commands: state.CommandVersion, Replace: cfg.Replace, Until: tok.Until,
 		OverlayKey: wk.Public(), OverlayEndpoint: netip.AddrPortFrom(addr, uint16(cfg.OverlayPort)).String()})
 	if err != nil {
 		return fmt.Errorf("join through %s: %w", peer, err)

@@ -54,6 +54,10 @@ type JoinRequest struct {
 	// Replace: this machine takes the place of a node of that name that
 	// has run (mesh join --replace).
 	Replace bool `json:"replace,omitempty"`
+	// Until is the token's end (Token.Until; 0: none), which its Secret
+	// is derived with. A leader of an older binary compares that secret
+	// with the join secret, and refuses it.
+	Until int64 `json:"until,omitempty"`
 	// OverlayKey is the new node's WireGuard public key and OverlayEndpoint
 	// its UDP address (absent from older binaries).
 	OverlayKey      string `json:"overlay_key,omitempty"`
@@ -707,11 +711,15 @@ func (n *Node) checkToken(ctx context.Context, req JoinRequest) (state.Identity,
 	if err != nil {
 		return id, "", err
 	}
-	if !secretEqual(req.Secret, joinSecret) {
+	if req.Until < 0 || !secretEqual(req.Secret, TokenSecret(joinSecret, req.Until)) {
 		if n.refusedJoin.Now() {
 			n.log.Warn("refused a join: its token's secret is not this mesh's (logged once a minute at most)", "name", req.Name, "address", req.Address)
 		}
 		return id, "", &state.RuleError{Kind: state.ErrInvalid, Msg: "the join token's secret is not valid (was it rotated? get a new one with `mesh token`)"}
+	}
+	// Its end after its secret: a stranger learns nothing of a token.
+	if req.Until != 0 && time.Now().Unix() > req.Until {
+		return id, "", &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("the join token ended at %s; get a new one with `mesh token` on a voter", time.Unix(req.Until, 0).UTC().Format(time.RFC3339))}
 	}
 	caKey, _, err := n.OpenIdentity(id)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -439,10 +440,27 @@ func (v *verifiedCerts) put(c *x509.Certificate, trust *trustSet) {
 }
 
 // Token is what `mesh join` needs: the mesh, the CA it pins, and the secret.
+// A token with an end (mesh token --ttl) carries Until, the Unix second
+// after which it no longer joins, and as its secret not the join secret
+// but one derived from it and Until (TokenSecret): its holder cannot make
+// a token that lasts longer, or one without end.
 type Token struct {
 	MeshID   string `json:"m"`
 	CADigest string `json:"c"`
 	Secret   string `json:"s"`
+	Until    int64  `json:"u,omitempty"`
+}
+
+// TokenSecret is the secret a token ending at until carries: the join
+// secret itself for a token without end (until 0), else the hex
+// HMAC-SHA256, keyed by the join secret, of "mesh join token until UNIX".
+func TokenSecret(joinSecret string, until int64) string {
+	if until == 0 {
+		return joinSecret
+	}
+	m := hmac.New(sha256.New, []byte(joinSecret))
+	fmt.Fprintf(m, "mesh join token until %d", until)
+	return hex.EncodeToString(m.Sum(nil))
 }
 
 const tokenPrefix = "mesh1."
@@ -460,7 +478,7 @@ func ParseToken(s string) (Token, error) {
 		return t, errors.New("not a mesh join token (it starts with mesh1.); get one with `mesh token` on a node of the mesh")
 	}
 	b, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(s, tokenPrefix))
-	if err != nil || json.Unmarshal(b, &t) != nil || t.MeshID == "" || t.CADigest == "" || t.Secret == "" {
+	if err != nil || json.Unmarshal(b, &t) != nil || t.MeshID == "" || t.CADigest == "" || t.Secret == "" || t.Until < 0 {
 		return t, errors.New("the join token is damaged; copy it again from `mesh token`")
 	}
 	return t, nil

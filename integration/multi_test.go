@@ -187,7 +187,13 @@ func startThree(t testing.TB, before ...func([]*agent)) ([]*agent, string) {
 	token := strings.TrimSpace(n[1].mesh("token"))
 	n[2].run("join", n[1].addr(), "--token", token, "--name", "n2", "--address", n[2].addr(), "--data-dir", n[2].n.dir)
 	n[2].start()
-	joinFromStdin(t, n[3], n[2].addr(), token, "--name", "n3", "--address", n[3].addr(), "--data-dir", n[3].n.dir)
+	// n3 with a token that ends (mesh token --ttl), through n2: its end
+	// and its derived secret reach the leader.
+	ttlToken := strings.TrimSpace(n[1].mesh("token", "--ttl", "10m"))
+	if ttlToken == token || !strings.HasPrefix(ttlToken, "mesh1.") {
+		t.Fatalf("mesh token --ttl 10m: %q", ttlToken)
+	}
+	joinFromStdin(t, n[3], n[2].addr(), ttlToken, "--name", "n3", "--address", n[3].addr(), "--data-dir", n[3].n.dir)
 	n[3].start()
 	eventually(t, 30*time.Second, "n3 sees three nodes and a leader", func() (bool, string) {
 		var st struct {
@@ -267,6 +273,9 @@ func TestMultiNode(t *testing.T) {
 	// A fourth node joins as a non-voting replica (three voters by default);
 	// after mesh token --rotate the old token admits no one.
 	n4 := newNetnsNode(t, 4)
+	if out := n[1].meshFails("token", "--ttl", "10s"); !strings.Contains(out, "between 1m and") {
+		t.Fatalf("mesh token --ttl 10s: %s", out)
+	}
 	// The join line, for a machine that has mesh.
 	if line := strings.Fields(n[1].mesh("token", "--join-line")); len(line) != 4 || line[0] != "MESH_TOKEN="+token || line[1] != "mesh" || line[2] != "join" || line[3] != n[1].addr() {
 		t.Fatalf("join line: %q", line)

@@ -90,7 +90,7 @@ func TestRecoverTheLastVoter(t *testing.T) {
 	dirA := initDir(t, cluster.LogStoreWAL)
 	a := startAgent(t, dirA)
 	waitLeader(t, a)
-	tr, err := NewClient(dirA).Token(ctx, false)
+	tr, err := NewClient(dirA).Token(ctx, false, 0)
 	tok := tr.Token
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +215,7 @@ func TestJoinRightAfterFirstStart(t *testing.T) {
 	c := NewClient(dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	tr, err := c.Token(ctx, false)
+	tr, err := c.Token(ctx, false, 0)
 	tok := tr.Token
 	if err != nil {
 		t.Fatal(err)
@@ -307,5 +307,54 @@ func TestRestoreSealsPlainSecrets(t *testing.T) {
 	}
 	if bytes.Contains(snap.Bytes(), []byte("plain-app-secret")) || bytes.Contains(snap.Bytes(), []byte("plain-idle-secret")) {
 		t.Fatal("a secret is in plain text in the replica")
+	}
+}
+
+// mesh token --ttl: the token says its end, carries a secret of its own,
+// joins, and stops joining once the join secret is rotated; a ttl out of
+// bounds is refused.
+func TestTokenTTL(t *testing.T) {
+	dir := initDir(t, cluster.LogStoreWAL)
+	a := startAgent(t, dir)
+	defer a.Stop()
+	waitLeader(t, a)
+	c := NewClient(dir)
+	ctx := context.Background()
+	plain, err := c.Token(ctx, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	tr, err := c.Token(ctx, false, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := cluster.ParseToken(tr.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	until, err := time.Parse(time.RFC3339, tr.Until)
+	if err != nil || tok.Until != until.Unix() || until.Before(before.Add(time.Hour-time.Second)) || until.After(time.Now().Add(time.Hour+time.Second)) {
+		t.Fatalf("a token for an hour says until %q (%v), carries %d", tr.Until, err, tok.Until)
+	}
+	if p, _ := cluster.ParseToken(plain.Token); p.Until != 0 || plain.Until != "" || p.Secret == tok.Secret {
+		t.Fatalf("the token without --ttl: until %d %q, the same secret as one with: %v", p.Until, plain.Until, p.Secret == tok.Secret)
+	}
+	join := func(name, token string) error {
+		return cluster.Join(ctx, cluster.JoinConfig{DataDir: filepath.Join(t.TempDir(), name), Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: token, Name: name, Address: "127.0.0.2", Port: freePort(t)})
+	}
+	if err := join("novox", tr.Token); err != nil {
+		t.Fatalf("a join with a token for an hour: %v", err)
+	}
+	if _, err := c.Token(ctx, true, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := join("g14", tr.Token); err == nil || !strings.Contains(err.Error(), "secret is not valid") {
+		t.Fatalf("a token for an hour made before a rotation: %v, want it refused", err)
+	}
+	for _, ttl := range []time.Duration{10 * time.Second, MaxTokenTTL + time.Hour, -time.Hour} {
+		if _, err := c.Token(ctx, false, ttl); err == nil || !strings.Contains(err.Error(), "between 1m and") {
+			t.Fatalf("ttl %s: %v, want it refused", ttl, err)
+		}
 	}
 }

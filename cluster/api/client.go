@@ -304,13 +304,18 @@ func (c *Client) Plans(ctx context.Context, node string, limit int) (PlansReply,
 }
 
 // Token reads (rotate: first replaces) the join token and the lines that
-// join with it.
-func (c *Client) Token(ctx context.Context, rotate bool) (TokenReply, error) {
+// join with it; one made with a ttl (0: none) stops joining once it has
+// passed.
+func (c *Client) Token(ctx context.Context, rotate bool, ttl time.Duration) (TokenReply, error) {
 	var r TokenReply
-	if rotate {
-		return r, c.do(ctx, "POST", "/v1/token/rotate", struct{}{}, &r)
+	q := ""
+	if ttl != 0 {
+		q = "?ttl=" + url.QueryEscape(ttl.String())
 	}
-	return r, c.do(ctx, "GET", "/v1/token", nil, &r)
+	if rotate {
+		return r, c.do(ctx, "POST", "/v1/token/rotate"+q, struct{}{}, &r)
+	}
+	return r, c.do(ctx, "GET", "/v1/token"+q, nil, &r)
 }
 
 // Snapshot reads a consistent copy of the replicated state (JSON).

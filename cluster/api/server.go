@@ -778,10 +778,14 @@ func (a *API) ca(w http.ResponseWriter, r *http.Request) {
 // cannot offer its binary).
 type TokenReply struct {
 	Token        string `json:"token"`
+	Until        string `json:"until,omitempty"` // when it stops joining (RFC 3339); none without --ttl
 	JoinLine     string `json:"join_line"`
 	InstallLine  string `json:"install_line,omitempty"`
 	InstallError string `json:"install_error,omitempty"`
 }
+
+// MaxTokenTTL bounds mesh token --ttl.
+const MaxTokenTTL = 365 * 24 * time.Hour
 
 func (a *API) token(w http.ResponseWriter, r *http.Request) {
 	id, err := a.store.Identity(r.Context())
@@ -793,12 +797,21 @@ func (a *API) token(w http.ResponseWriter, r *http.Request) {
 		fail(w, &state.RuleError{Kind: state.ErrConflict, Msg: "a rotation of the mesh's CA is under way: a token made now would pin the CA it replaces; make one once it ends (mesh status shows it)"})
 		return
 	}
+	var until int64
+	if s := r.URL.Query().Get("ttl"); s != "" {
+		ttl, err := time.ParseDuration(s)
+		if err != nil || ttl < time.Minute || ttl > MaxTokenTTL {
+			fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("ttl %q: give a duration between 1m and %s", s, MaxTokenTTL)})
+			return
+		}
+		until = time.Now().Add(ttl).Unix()
+	}
 	secret, err := a.node.JoinSecret(id)
 	if err != nil {
 		fail(w, err)
 		return
 	}
-	token := cluster.Token{MeshID: id.MeshID, CADigest: cluster.CADigest([]byte(id.CACert)), Secret: secret}.String()
+	token := cluster.Token{MeshID: id.MeshID, CADigest: cluster.CADigest([]byte(id.CACert)), Secret: cluster.TokenSecret(secret, until), Until: until}.String()
 	// The new machine reaches this node at its mesh address (the port only
 	// when it is not the default).
 	peer := a.id.Address
@@ -806,6 +819,9 @@ func (a *API) token(w http.ResponseWriter, r *http.Request) {
 		peer = net.JoinHostPort(a.id.Address, strconv.Itoa(a.id.Port))
 	}
 	out := TokenReply{Token: token, JoinLine: fmt.Sprintf("MESH_TOKEN=%s mesh join %s", token, peer)}
+	if until != 0 {
+		out.Until = time.Unix(until, 0).UTC().Format(time.RFC3339)
+	}
 	if out.InstallLine, err = cluster.InstallLine(peer, token, "/usr/local/bin/mesh"); err != nil {
 		out.InstallError = err.Error()
 	}
