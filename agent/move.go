@@ -533,6 +533,12 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 	// the node goes on applying (nothing of the module is in its plan
 	// yet); only the swap and the ledger hold the node.
 	var parents []string
+	adopted := false
+	defer func() {
+		if !adopted && len(parents) > 0 {
+			a.removeMadeParents(ctx, parents)
+		}
+	}()
 	for _, d := range mv.Data {
 		made, err := makeParents(filepath.Dir(d))
 		parents = append(parents, made...)
@@ -649,6 +655,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 		cleanup()
 		return res, http.StatusInternalServerError, err
 	}
+	adopted = true // the ledger holds the parents made, with the module
 	for _, w := range stale {
 		if err := os.RemoveAll(w); err != nil {
 			a.log.Warn("move: the copy this one replaced is left", "module", module, "path", w, "err", err)
@@ -807,6 +814,33 @@ func makeParents(p string) ([]string, error) {
 		}
 	}
 	return missing, nil
+}
+
+// removeMadeParents removes the directories a copy made for its data
+// directories' parents (made, parents first) once the copy did not come
+// in: the deepest first, each only while it is empty (something put there
+// since stays, and so do the parents above it) and no module's path (one
+// assigned here meanwhile may declare it).
+func (a *Agent) removeMadeParents(ctx context.Context, made []string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	err := a.reconciler.Exclusive(ctx, func(context.Context) error {
+		removeEmptyParents(made, a.reconciler.OwnerAt)
+		return nil
+	})
+	if err != nil {
+		a.log.Warn("move: the directories made for a copy that did not come in are left", "paths", made, "err", err)
+	}
+}
+
+// removeEmptyParents is removeMadeParents's removal, owner naming the
+// module whose path p is or holds ("" for none).
+func removeEmptyParents(made []string, owner func(p string) string) {
+	for _, p := range slices.Backward(made) {
+		if owner(p) != "" || os.Remove(p) != nil {
+			return // (os.Remove takes an empty directory alone)
+		}
+	}
 }
 
 // removeReplaced removes the earlier copies of mv's data a copy sent again

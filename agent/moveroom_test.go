@@ -213,3 +213,44 @@ func TestPathsBesideADataDirectoryMayBeAModules(t *testing.T) {
 		t.Fatalf("a restore of /srv/db/data: %v", err)
 	}
 }
+
+// The parents a copy made for its data directories are removed when it
+// does not come in: the deepest first, only while empty, never a module's
+// path, and none above one that stays.
+func TestParentsMadeForACopyAreRemoved(t *testing.T) {
+	root := t.TempDir()
+	made, err := makeParents(filepath.Join(root, "srv", "a", "b", "c"))
+	if err != nil || len(made) != 4 {
+		t.Fatalf("parents made: %v %v", made, err)
+	}
+	removeEmptyParents(made, func(string) string { return "" })
+	if _, err := os.Lstat(filepath.Join(root, "srv")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the parents made are still there: %v", err)
+	}
+	// Something put in one since, or a module's path: it stays, and so
+	// do the parents above it.
+	made, _ = makeParents(filepath.Join(root, "srv", "a", "b", "c"))
+	os.WriteFile(filepath.Join(root, "srv", "a", "b", "note"), []byte("mine"), 0o600)
+	removeEmptyParents(made, func(string) string { return "" })
+	if _, err := os.Lstat(filepath.Join(root, "srv", "a", "b", "c")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the empty deepest parent: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "srv", "a", "b", "note")); err != nil {
+		t.Fatalf("a file put in a parent made: %v", err)
+	}
+	os.Remove(filepath.Join(root, "srv", "a", "b", "note"))
+	os.Mkdir(filepath.Join(root, "srv", "a", "b", "c"), 0o755)
+	theirs := filepath.Join(root, "srv", "a", "b")
+	removeEmptyParents(made, func(p string) string {
+		if p == theirs {
+			return "other"
+		}
+		return ""
+	})
+	if _, err := os.Lstat(theirs); err != nil {
+		t.Fatalf("module other's path: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(theirs, "c")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the empty parent below it: %v", err)
+	}
+}
