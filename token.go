@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/term"
 
+	"mesh/cluster"
 	"mesh/cluster/api"
 )
 
@@ -26,13 +27,20 @@ func (c *TokenCmd) Run(g *Globals) error {
 		return usageError{errors.New("give --join-line or --install-line, not both")}
 	}
 	if c.TTL != 0 && (c.TTL < time.Minute || c.TTL > api.MaxTokenTTL) {
-		return usageError{fmt.Errorf("--ttl takes a duration between 1m and %s", api.MaxTokenTTL)}
+		return usageError{fmt.Errorf("--ttl takes a duration %s", api.TokenTTLRange)}
 	}
 	ctx, cancel := timeout()
 	defer cancel()
 	t, err := g.client().Token(ctx, c.Rotate, c.TTL)
 	if err != nil {
 		return err
+	}
+	if c.TTL != 0 {
+		// An agent of an older binary leaves the ttl out, and its token
+		// would join for ever.
+		if tok, err := cluster.ParseToken(t.Token); err != nil || tok.Until == 0 || t.Until == "" {
+			return errors.New("this node's agent runs an older mesh binary, which makes no token with an end (its token would join until the next --rotate); restart the agent on the new binary, or leave --ttl out")
+		}
 	}
 	switch {
 	case c.JoinLine:

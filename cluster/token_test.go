@@ -62,9 +62,15 @@ func TestTokenWithAnEnd(t *testing.T) {
 	refused(token(derived, 0), "secret is not valid")
 	// The join secret with an end is not a derived secret either.
 	refused(token(joinSecret, until), "secret is not valid")
-	// Past its end, however right its secret.
+	// Past its end, however right its secret; a wrong secret is told
+	// only that, past its end or not (a stranger learns nothing).
 	ended := time.Now().Add(-time.Second).Unix()
 	refused(token(TokenSecret(joinSecret, ended), ended), "the join token ended at")
+	refused(token("bogus", ended), "secret is not valid")
+	// An end before 1970, sent as it is (ParseToken refuses it).
+	if _, _, err := a.Node.checkToken(ctx, JoinRequest{MeshID: id.MeshID, Secret: joinSecret, Until: -1}); err == nil || !strings.Contains(err.Error(), "secret is not valid") {
+		t.Fatalf("a request with an end before 1970: %v", err)
+	}
 	// A token without end still joins.
 	if _, err := join(token(joinSecret, 0)); err != nil {
 		t.Fatalf("a token without end: %v", err)

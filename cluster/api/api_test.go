@@ -340,8 +340,10 @@ func TestTokenTTL(t *testing.T) {
 	if p, _ := cluster.ParseToken(plain.Token); p.Until != 0 || plain.Until != "" || p.Secret == tok.Secret {
 		t.Fatalf("the token without --ttl: until %d %q, the same secret as one with: %v", p.Until, plain.Until, p.Secret == tok.Secret)
 	}
+	joined := 1
 	join := func(name, token string) error {
-		return cluster.Join(ctx, cluster.JoinConfig{DataDir: filepath.Join(t.TempDir(), name), Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: token, Name: name, Address: "127.0.0.2", Port: freePort(t)})
+		joined++
+		return cluster.Join(ctx, cluster.JoinConfig{DataDir: filepath.Join(t.TempDir(), name), Peer: fmt.Sprintf("127.0.0.1:%d", a.ID.Port), Token: token, Name: name, Address: fmt.Sprintf("127.0.0.%d", joined), Port: freePort(t)})
 	}
 	if err := join("novox", tr.Token); err != nil {
 		t.Fatalf("a join with a token for an hour: %v", err)
@@ -353,8 +355,20 @@ func TestTokenTTL(t *testing.T) {
 		t.Fatalf("a token for an hour made before a rotation: %v, want it refused", err)
 	}
 	for _, ttl := range []time.Duration{10 * time.Second, MaxTokenTTL + time.Hour, -time.Hour} {
-		if _, err := c.Token(ctx, false, ttl); err == nil || !strings.Contains(err.Error(), "between 1m and") {
+		if _, err := c.Token(ctx, false, ttl); err == nil || !strings.Contains(err.Error(), "between 1m and 8760h") {
 			t.Fatalf("ttl %s: %v, want it refused", ttl, err)
 		}
+	}
+	// A rotation with a ttl out of bounds is refused before it rotates:
+	// the token before still joins.
+	now, err := c.Token(ctx, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Token(ctx, true, 10*time.Second); err == nil {
+		t.Fatal("a rotation with a ttl of 10s was not refused")
+	}
+	if err := join("g15", now.Token); err != nil {
+		t.Fatalf("the token after a refused rotation: %v", err)
 	}
 }

@@ -784,8 +784,24 @@ type TokenReply struct {
 	InstallError string `json:"install_error,omitempty"`
 }
 
-// MaxTokenTTL bounds mesh token --ttl.
-const MaxTokenTTL = 365 * 24 * time.Hour
+// MaxTokenTTL bounds mesh token --ttl (TokenTTLRange says it).
+const (
+	MaxTokenTTL   = 365 * 24 * time.Hour
+	TokenTTLRange = "between 1m and 8760h"
+)
+
+// tokenTTL is the request's ttl query (0 when none), checked.
+func tokenTTL(r *http.Request) (time.Duration, error) {
+	s := r.URL.Query().Get("ttl")
+	if s == "" {
+		return 0, nil
+	}
+	ttl, err := time.ParseDuration(s)
+	if err != nil || ttl < time.Minute || ttl > MaxTokenTTL {
+		return 0, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("ttl %q: give a duration %s", s, TokenTTLRange)}
+	}
+	return ttl, nil
+}
 
 func (a *API) token(w http.ResponseWriter, r *http.Request) {
 	id, err := a.store.Identity(r.Context())
@@ -797,13 +813,13 @@ func (a *API) token(w http.ResponseWriter, r *http.Request) {
 		fail(w, &state.RuleError{Kind: state.ErrConflict, Msg: "a rotation of the mesh's CA is under way: a token made now would pin the CA it replaces; make one once it ends (mesh status shows it)"})
 		return
 	}
+	ttl, err := tokenTTL(r)
+	if err != nil {
+		fail(w, err)
+		return
+	}
 	var until int64
-	if s := r.URL.Query().Get("ttl"); s != "" {
-		ttl, err := time.ParseDuration(s)
-		if err != nil || ttl < time.Minute || ttl > MaxTokenTTL {
-			fail(w, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("ttl %q: give a duration between 1m and %s", s, MaxTokenTTL)})
-			return
-		}
+	if ttl != 0 {
 		until = time.Now().Add(ttl).Unix()
 	}
 	secret, err := a.node.JoinSecret(id)
@@ -832,6 +848,10 @@ func (a *API) token(w http.ResponseWriter, r *http.Request) {
 // it, and only a voter can print the new token.
 func (a *API) rotateToken(w http.ResponseWriter, r *http.Request) {
 	// A node that could not print the new token does not rotate it.
+	if _, err := tokenTTL(r); err != nil {
+		fail(w, err)
+		return
+	}
 	if err := a.rotateJoinSecret(r.Context()); err != nil {
 		fail(w, err)
 		return
