@@ -455,7 +455,11 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 			}
 			progress("copying " + strings.Join(h.dirs, ", "))
 			last := time.Time{}
-			sum, err = repo.BackupExcluding(ctx, h.dirs, reconciler.SecretsUnder(h.plan, h.dirs), tags, func(p restic.Progress) {
+			// The secrets' files the plan names, and those on the disk
+			// now (the node is held: the ledger is what was written).
+			exclude := append(reconciler.SecretsUnder(h.plan, h.dirs), b.rec.SecretFilesUnder(h.dirs)...)
+			slices.Sort(exclude)
+			sum, err = repo.BackupExcluding(ctx, h.dirs, slices.Compact(exclude), tags, func(p restic.Progress) {
 				if time.Since(last) < 2*time.Second {
 					return
 				}
@@ -479,7 +483,12 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 		if sum.Unconfined != "" {
 			b.log.Warn("backed up with links under the data directories followable: a container that swaps one in while restic reads could get a host file into its snapshot (backup: pause closes that)", "module", module, "why", sum.Unconfined)
 		}
-		if k := h.policy.Keep; k != nil {
+		if left := b.unremovedOf(module); h.policy.Keep != nil && len(left) > 0 {
+			// keep: would count a snapshot that missed files as one of
+			// its day's (or its last N), and forget a whole one for it.
+			progress("keep: waits: a snapshot that missed files is not removed yet")
+			b.log.Warn("keep: not applied while a snapshot that missed files is not removed (the next backup tries again)", "module", module, "snapshots", left)
+		} else if k := h.policy.Keep; k != nil {
 			progress("forgetting what keep: does not keep")
 			gone, err := repo.Forget(ctx, moduleTags(module, b.node), restic.Keep{Last: k.Last, Hourly: k.Hourly, Daily: k.Daily, Weekly: k.Weekly, Monthly: k.Monthly, Yearly: k.Yearly}, true)
 			if err != nil {

@@ -78,6 +78,28 @@ func SecretsUnder(plan *state.Plan, dirs []string) []string {
 	return out
 }
 
+// SecretFilesUnder lists the files the ledger says the mesh wrote a secret
+// into (a secret's file, a credential, a delivered credential), of any
+// module, inside any of dirs, sorted: what is on the disk, which a plan
+// read before the node was held need not say (an apply since wrote a new
+// one; one the plan no longer names is not removed yet). Call it inside
+// Exclusive, where no apply writes the ledger.
+func (r *Reconciler) SecretFilesUnder(dirs []string) []string {
+	var out []string
+	for p, e := range r.ledger.Paths {
+		switch e.Kind {
+		case manifest.KindSecret, manifest.KindCredential, state.KindDeliveredCredential:
+		default:
+			continue
+		}
+		if slices.ContainsFunc(dirs, func(d string) bool { return manifest.Within(p, d) }) {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Quiesce readies module's data for a copy, inside Exclusive: its
 // before-backup steps run, in the plan's order (one that fails stops the
 // backup, said), then, with pause, its running containers are paused.

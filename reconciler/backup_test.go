@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -197,6 +198,30 @@ func TestSecretsUnder(t *testing.T) {
 	}}
 	got := SecretsUnder(plan, []string{"/srv/db"})
 	want := []string{"/srv/db/admin.pw", "/srv/db/creds/app.credential", "/srv/db/app/db.password"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("%v, want %v", got, want)
+	}
+}
+
+// What the ledger says holds a secret inside the directories, whatever
+// the plan says now: a file an apply wrote after the plan was read, or one
+// a plan no longer names and no apply has removed yet.
+func TestSecretFilesUnder(t *testing.T) {
+	ledger := filepath.Join(t.TempDir(), "ledger.json")
+	os.WriteFile(ledger, []byte(`{"paths": {
+		"/srv/db": {"kind": "directory", "module": "db"},
+		"/srv/db/admin.pw": {"kind": "secret", "module": "db"},
+		"/srv/db/creds/app.credential": {"kind": "delivered-credential", "module": "db"},
+		"/srv/db/app/db.password": {"kind": "credential", "module": "app"},
+		"/srv/db/db.conf": {"kind": "file", "module": "db"},
+		"/srv/dbx/pw": {"kind": "secret", "module": "db"},
+		"/etc/db.pw": {"kind": "secret", "module": "db"}}}`), 0o600)
+	r, err := New(Config{Node: "ace", LedgerPath: ledger}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := r.SecretFilesUnder([]string{"/srv/db"})
+	want := []string{"/srv/db/admin.pw", "/srv/db/app/db.password", "/srv/db/creds/app.credential"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("%v, want %v", got, want)
 	}
