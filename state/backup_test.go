@@ -123,3 +123,73 @@ func TestRedactRepoURL(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot restore keeps the backup repository as it is: its URL (never
+// in a restore) and its password (format 21), whatever the snapshot held;
+// the snapshot's password beside the URL of now would leave every backup
+// made since unreadable. A log written before format 21 applies as it did.
+func TestRestoreKeepsTheBackupRepository(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1", SealKey: "kA"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("mail.yaml", secretAppSrc)}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "mail"}})
+	mustApply(t, s, &idx, setReq("mail", "smtp", "one", "kA"))
+	body := func() *RestoreBody {
+		sn, err := s.Dump(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := sn.RestoreBody()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.ParseSpecs(); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	none := body() // before any repository
+	mustApply(t, s, &idx, &BackupRepoSetRequest{URL: "/srv/backups/one", Password: *setReq(MeshSecrets, "backup-password", "first", "kA")})
+	first := body()
+	mustApply(t, s, &idx, &BackupRepoSetRequest{URL: "/srv/backups/two", Password: *setReq(MeshSecrets, "backup-password", "second", "kA")})
+	mustApply(t, s, &idx, setReq("mail", "smtp", "two", "kA"))
+	repo := func(wantURL, wantPW string) {
+		t.Helper()
+		r, err := s.BackupRepo(ctx)
+		if err != nil || r.URL != wantURL {
+			t.Fatalf("repository %+v %v, want %s", r, err, wantURL)
+		}
+		sv, err := s.SecretSealed(ctx, BackupPassword)
+		if wantPW == "" {
+			if !errors.Is(err, ErrNotFound) {
+				t.Fatalf("password %+v %v, want none", sv, err)
+			}
+			return
+		}
+		if err != nil || sv.Sealed != "SEALED:"+wantPW {
+			t.Fatalf("password %q %v, want %s", sv.Sealed, err, wantPW)
+		}
+	}
+	for _, b := range []*RestoreBody{first, none} {
+		if c := NewCommand(b); c.V != keepRepoFormat {
+			t.Fatalf("a restore with secrets is written in format %d", c.V)
+		}
+		mustApply(t, s, &idx, b)
+		repo("/srv/backups/two", "second")
+		if l, _ := s.Secrets(ctx, "mail"); len(l) != 1 || l[0].Size != 3 {
+			t.Fatalf("the operator's secrets were not restored: %+v", l)
+		}
+	}
+	// Format 20: the snapshot's password (or none) beside the URL of now.
+	for b, want := range map[*RestoreBody]string{first: "first", none: ""} {
+		c := NewCommand(b)
+		c.V = keepRepoFormat - 1
+		idx++
+		if err := s.Apply(idx, c.Encode()); err != nil {
+			t.Fatal(err)
+		}
+		repo("/srv/backups/two", want)
+	}
+}

@@ -97,7 +97,16 @@ const (
 // refuses to purge TO's copy of a module moved there while FROM still
 // keeps its own: an older node would purge it, and a finish once the
 // module was assigned there again would purge FROM's, the last copy.
-const CommandVersion = 20
+// 21, a snapshot restore that rewrites the secrets (keepRepoFormat,
+// restore.go) and keeps the mesh's own (the backup repository's password)
+// as they are: an older node would put the snapshot's back, or none,
+// beside the repository's URL of now, which the restore keeps, and every
+// backup made since could no longer be read.
+const CommandVersion = 21
+
+// keepRepoFormat is the format of a restore that keeps the mesh's own
+// secrets (MeshSecrets) as they are.
+const keepRepoFormat = 21
 
 // purgeMovedFormat is the format of an unassign with --purge-data that
 // refuses while a done move keeps FROM's copy of the module's data.
@@ -246,6 +255,9 @@ func (r *RestoreBody) formatNeeded() int {
 		v = edgeFormat
 	} else if r.Secrets != nil && len(*r.Secrets) > 0 {
 		v = secretFormat
+	}
+	if r.Secrets != nil {
+		v = max(v, keepRepoFormat)
 	}
 	for _, m := range r.Modules {
 		v = max(v, specFormat(m.ModuleSpec))

@@ -223,14 +223,22 @@ func (ap *applier) restore(b *RestoreBody) (bool, error) {
 	}
 	// The operator's secrets come back sealed as they were: a node of then
 	// that is still here seals them again to the module's nodes now; one
-	// sealed only to nodes that left says to set it again.
+	// sealed only to nodes that left says to set it again. The mesh's own
+	// (the backup repository's password) stay as they are, as the
+	// repository's URL does (keepRepoFormat): the snapshot's password, or
+	// none, beside the URL of now would leave every backup made since
+	// unreadable.
 	if b.Secrets != nil {
-		if err := exec(tx, `DELETE FROM secrets`); err != nil {
+		keepRepo := ap.v >= keepRepoFormat
+		if err := exec(tx, `DELETE FROM secrets WHERE module != ? OR NOT ?`, MeshSecrets, keepRepo); err != nil {
 			return false, err
 		}
 		for _, sc := range *b.Secrets {
 			if err := checkRef(sc.SecretRef); err != nil {
 				return false, err
+			}
+			if keepRepo && sc.Module == MeshSecrets {
+				continue
 			}
 			if sc.Sealed == "" || !hexRE.MatchString(sc.Digest) || !hexRE.MatchString(sc.Salt) || sc.Size <= 0 || sc.Size > MaxSecretSize {
 				return false, ruleErr(ErrInvalid, "the snapshot's secret %s is malformed (no sealed value, digest or size)", sc.SecretRef)
