@@ -168,8 +168,9 @@ const unremovedFile = "backups-unremoved.json"
 var forgetTries, forgetWait = 3, 2 * time.Second
 
 // restoreAside is the suffix of a data directory's content before a
-// restore, kept beside it until the next restore of that directory.
-const restoreAside = ".mesh-before-restore"
+// restore, kept beside it until the next restore of that directory (or a
+// purge of it, which the reconciler makes).
+const restoreAside = reconciler.RestoreAside
 
 // restoreStaging is the suffix of the directory a restore writes into.
 const restoreStaging = ".mesh-restoring"
@@ -576,7 +577,8 @@ func toSnapshot(s restic.Snapshot) api.Snapshot {
 // there. Each directory is restored into DIR.mesh-restoring, then swapped
 // with what is at DIR in one atomic exchange (there is never a moment
 // without DIR, which an apply would make again, empty), and what was there
-// is kept as DIR.mesh-before-restore (until the next restore of DIR).
+// is kept as DIR.mesh-before-restore (until the next restore of DIR, or a
+// purge of DIR).
 func (b *backups) restore(ctx context.Context, module, id string, progress func(string)) (api.BackupResult, error) {
 	res := api.BackupResult{Module: module, Node: b.node, Kept: map[string]string{}}
 	if id != "" && !snapshotID.MatchString(id) {

@@ -6,6 +6,7 @@ package reconciler
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -1333,14 +1334,39 @@ func (x *run) purgePath(p string, e PathEntry) state.ResourceReport {
 		rr.Outcome, rr.Reason = state.Kept, fmt.Sprintf("--purge-data: %s, where the purge sets it aside, is module %s's (or holds its files); rename that module's directory, then the next apply purges it", p+purgeSuffix, owner)
 		return rr
 	}
+	// The copy a restore kept of what the directory held before it is the
+	// module's data too (a purge that left it would leave the data on the
+	// disk): purged first, so that one cut short or refused keeps the
+	// directory in the ledger, and the next apply goes on. Never a
+	// module's path (a manifest may declare /srv/db.mesh-before-restore).
+	before := p + RestoreAside
+	if owner := cmp.Or(x.r.OwnerAt(before), x.r.OwnerAt(before+purgeSuffix)); owner != "" {
+		rr.Outcome, rr.Reason = state.Kept, fmt.Sprintf("--purge-data: %s, the copy a restore kept beside it, is module %s's path (or holds its files); rename that module's directory, then the next apply purges both", before, owner)
+		return rr
+	}
+	kept := 0
+	if fi, err := os.Lstat(before); err == nil && fi.IsDir() { // (a file or a link there is not a restore's)
+		if kept, err = purgeDir(before); err != nil {
+			rr.Outcome, rr.Reason = state.Failed, "--purge-data: the copy a restore kept beside it: "+err.Error()
+			return rr
+		}
+	}
 	n, err := purgeDir(p)
 	if err != nil {
 		rr.Outcome, rr.Reason = state.Failed, "--purge-data: "+err.Error()
 		return rr
 	}
 	rr.Outcome, rr.Reason = state.Removed, fmt.Sprintf("purged with its %d entries (mesh unassign --purge-data)", n)
+	if kept > 0 {
+		rr.Reason += fmt.Sprintf(", and the copy a restore kept beside it (%s, %d entries)", before, kept)
+	}
 	return rr
 }
+
+// RestoreAside names the copy a restore (the agent's) keeps of what a data
+// directory held before it, beside it, until the next restore of it or a
+// purge.
+const RestoreAside = ".mesh-before-restore"
 
 // keptUnder names the first path the ledger holds under p (not p) that a
 // purge of module's data directory p must not remove: another module's,

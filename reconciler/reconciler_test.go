@@ -1196,3 +1196,48 @@ func TestPurgeLeavesAModulesPathBesideIt(t *testing.T) {
 		t.Fatalf("the data directory: %v", err)
 	}
 }
+
+// A purge removes the copy a restore kept beside the data directory
+// (DIR.mesh-before-restore: the module's data as it was), first, never
+// following a link; a module's path there stops it, said, and nothing is
+// removed.
+func TestPurgeRemovesTheCopyARestoreKept(t *testing.T) {
+	b := newBed(t)
+	b.vars["data"] = "\n    data: true"
+	b.apply()
+	data := filepath.Join(b.dir, "app/data")
+	before := data + RestoreAside
+	outside := filepath.Join(t.TempDir(), "shadow")
+	os.WriteFile(outside, []byte("keep me"), 0o600)
+	os.MkdirAll(filepath.Join(before, "base"), 0o700)
+	os.WriteFile(filepath.Join(before, "base", "1"), []byte("old rows"), 0o600)
+	os.Symlink(outside, filepath.Join(before, "link"))
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.in.Purges = map[string][]state.Purge{"ace": {{Module: "app", Path: data}}}
+
+	// Module db declares the path: nothing is removed.
+	b.r.ledger.Paths[before] = PathEntry{Kind: manifest.KindDirectory, Module: "db"}
+	if o := outcome(b.apply(), data); o.Outcome != state.Kept || !strings.Contains(o.Reason, "is module db's path") {
+		t.Fatalf("a purge beside module db's path: %+v", o)
+	}
+	if _, err := os.Stat(filepath.Join(before, "base", "1")); err != nil {
+		t.Fatalf("module db's path: %v", err)
+	}
+	if _, err := os.Stat(data); err != nil {
+		t.Fatalf("the data directory: %v", err)
+	}
+
+	delete(b.r.ledger.Paths, before)
+	o := outcome(b.apply(), data)
+	if o.Outcome != state.Removed || !strings.Contains(o.Reason, "and the copy a restore kept beside it") {
+		t.Fatalf("the purge: %+v", o)
+	}
+	for _, p := range []string{data, before} {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Fatalf("%s is still there: %v", p, err)
+		}
+	}
+	if got, err := os.ReadFile(outside); err != nil || string(got) != "keep me" {
+		t.Fatalf("a link was followed: %q %v", got, err)
+	}
+}
