@@ -145,9 +145,15 @@ func checkMove(t *testing.T, n []*agent) {
 	if on := runsOn(n, "postgres.server"); len(on) != 1 || on[0] != "n2" {
 		t.Fatalf("after the refused purge, postgres.server runs on %v", on)
 	}
+	// The copy a restore kept on n1 (checkBackups) goes with it: it is
+	// the module's data as it was.
+	before := n[1].h.dir + "/srv/postgres/data.mesh-before-restore"
+	if !exists(before + "/PG_VERSION") {
+		t.Fatal("n1 keeps no copy of a restore before the finish (checkBackups restored there); mend the bed")
+	}
 	n[1].mesh("move", "--finish", "postgres")
-	eventually(t, 60*time.Second, "n1 removes its copy", func() (bool, string) {
-		return !exists(n[1].h.dir + "/srv/postgres/data"), ""
+	eventually(t, 60*time.Second, "n1 removes its copy, and the one its last restore kept", func() (bool, string) {
+		return !exists(n[1].h.dir+"/srv/postgres/data") && !exists(before), ""
 	})
 
 	// Back to n1, cut by two kills; 500 MB more to copy.
