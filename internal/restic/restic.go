@@ -163,6 +163,21 @@ func (r Repo) BackupExcluding(ctx context.Context, paths, exclude []string, tags
 	args = append(args, "--")
 	args = append(args, paths...)
 
+	// A backup whose progress stands still for BackupStall is stopped: a
+	// file it reads does not answer (a fifo a container swapped in for a
+	// file between restic's lstat and its open, which restic opens
+	// without O_NONBLOCK), and the node it holds would wait for hours.
+	// Armed by restic's first status line (one that printed none would
+	// never be stopped by it), set again by every line that moves.
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	var stall *time.Timer
+	defer func() {
+		if stall != nil {
+			stall.Stop()
+		}
+	}()
+	var moved Progress
 	var sum *Summary
 	out := &lineWriter{line: func(b []byte) {
 		var l backupLine
@@ -171,8 +186,15 @@ func (r Repo) BackupExcluding(ctx context.Context, paths, exclude []string, tags
 		}
 		switch l.MessageType {
 		case "status":
+			p := Progress{PercentDone: l.PercentDone, FilesDone: l.FilesDone, TotalFiles: l.TotalFiles, BytesDone: l.BytesDone, TotalBytes: l.TotalBytes}
+			if stall == nil {
+				stall = time.AfterFunc(BackupStall, func() { stop(errStalled) })
+			} else if p != moved {
+				stall.Reset(BackupStall)
+			}
+			moved = p
 			if progress != nil {
-				progress(Progress{PercentDone: l.PercentDone, FilesDone: l.FilesDone, TotalFiles: l.TotalFiles, BytesDone: l.BytesDone, TotalBytes: l.TotalBytes})
+				progress(p)
 			}
 		case "summary":
 			sum = &Summary{
@@ -209,6 +231,13 @@ func (r Repo) BackupExcluding(ctx context.Context, paths, exclude []string, tags
 	}
 	return *sum, nil
 }
+
+// BackupStall is how long a backup's progress may stand still before it
+// is stopped (a var for tests).
+var BackupStall = 15 * time.Minute
+
+// errStalled: a backup stopped by BackupStall.
+var errStalled = errors.New("its progress stood still: a file it reads does not answer (a fifo or a device a container put in a data directory?); the backup was stopped")
 
 // backupLine is any line restic backup --json prints: status or summary.
 type backupLine struct {

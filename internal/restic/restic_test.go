@@ -638,3 +638,44 @@ func TestBackupExcluding(t *testing.T) {
 		t.Error("a relative path to leave out was taken")
 	}
 }
+
+// A backup whose progress stands still for BackupStall is stopped, said;
+// one whose progress moves runs on past it; one that prints no status
+// line is not stopped by it.
+func TestBackupStopsWhenItsProgressStandsStill(t *testing.T) {
+	defer func(d time.Duration) { BackupStall = d }(BackupStall)
+	BackupStall = 300 * time.Millisecond
+	src := t.TempDir()
+	fake := func(body string) Repo {
+		dir := t.TempDir()
+		bin := filepath.Join(dir, "restic")
+		if err := os.WriteFile(bin, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return Repo{URL: filepath.Join(dir, "repo"), Password: []byte("pw"), Binary: bin}
+	}
+	const summary = `echo '{"message_type":"summary","snapshot_id":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}'`
+	// One line, then nothing while it waits (on a fifo, say).
+	start := time.Now()
+	_, err := fake(`echo '{"message_type":"status","files_done":1,"bytes_done":10}'; exec sleep 30`+"\n").BackupExcluding(t.Context(), []string{src}, nil, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "progress stood still") {
+		t.Fatalf("a backup that stands still: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("stopped after %v", took)
+	}
+	// Lines that move every 100 ms for 1.5 s, then the summary.
+	moving := `i=0; while [ $i -lt 15 ]; do i=$((i+1)); echo "{\"message_type\":\"status\",\"bytes_done\":$i}"; sleep 0.1; done; ` + summary + "\n"
+	if _, err := fake(moving).BackupExcluding(t.Context(), []string{src}, nil, nil, nil); err != nil {
+		t.Fatalf("a backup whose progress moves: %v", err)
+	}
+	// Lines that stand still but for their time (restic's every second).
+	still := `i=0; while [ $i -lt 8 ]; do i=$((i+1)); echo '{"message_type":"status","bytes_done":5}'; sleep 0.1; done; ` + summary + "\n"
+	if _, err := fake(still).BackupExcluding(t.Context(), []string{src}, nil, nil, nil); err == nil || !strings.Contains(err.Error(), "progress stood still") {
+		t.Fatalf("a backup whose lines do not move: %v", err)
+	}
+	// No status line at all: not stopped by it.
+	if _, err := fake("sleep 1; "+summary+"\n").BackupExcluding(t.Context(), []string{src}, nil, nil, nil); err != nil {
+		t.Fatalf("a backup that prints no status line: %v", err)
+	}
+}
