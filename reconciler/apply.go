@@ -1345,7 +1345,12 @@ func (x *run) purgePath(p string, e PathEntry) state.ResourceReport {
 		return rr
 	}
 	kept := 0
-	if fi, err := os.Lstat(before); err == nil && fi.IsDir() { // (a file or a link there is not a restore's)
+	// A file or a link there is not a restore's copy, and stays; what a
+	// purge of the copy cut short left at before.mesh-purging is, and
+	// purgeDir removes that first.
+	fi, err := os.Lstat(before)
+	gone := errors.Is(err, os.ErrNotExist)
+	if err == nil && fi.IsDir() || gone && isDir(before+purgeSuffix) {
 		if kept, err = purgeDir(before); err != nil {
 			rr.Outcome, rr.Reason = state.Failed, "--purge-data: the copy a restore kept beside it: "+err.Error()
 			return rr
@@ -1361,6 +1366,11 @@ func (x *run) purgePath(p string, e PathEntry) state.ResourceReport {
 		rr.Reason += fmt.Sprintf(", and the copy a restore kept beside it (%s, %d entries)", before, kept)
 	}
 	return rr
+}
+
+func isDir(p string) bool {
+	fi, err := os.Lstat(p)
+	return err == nil && fi.IsDir()
 }
 
 // RestoreAside names the copy a restore (the agent's) keeps of what a data

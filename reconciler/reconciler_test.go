@@ -1240,4 +1240,21 @@ func TestPurgeRemovesTheCopyARestoreKept(t *testing.T) {
 	if got, err := os.ReadFile(outside); err != nil || string(got) != "keep me" {
 		t.Fatalf("a link was followed: %q %v", got, err)
 	}
+
+	// A purge of the copy cut short (a kill while it was removed, the
+	// directory renamed aside): the next purge finishes it.
+	b.in.Purges = nil
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "app"}, {Node: "ace", Module: "db"}}
+	b.apply()
+	cut := before + purgeSuffix
+	os.MkdirAll(filepath.Join(cut, "base"), 0o700)
+	os.WriteFile(filepath.Join(cut, "base", "2"), []byte("half removed"), 0o600)
+	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
+	b.in.Purges = map[string][]state.Purge{"ace": {{Module: "app", Path: data}}}
+	if o := outcome(b.apply(), data); o.Outcome != state.Removed {
+		t.Fatalf("the purge after one cut short: %+v", o)
+	}
+	if _, err := os.Lstat(cut); !os.IsNotExist(err) {
+		t.Fatalf("what a cut purge of the restore's copy left is still there: %v", err)
+	}
 }

@@ -644,7 +644,7 @@ func TestBackupExcluding(t *testing.T) {
 // line is not stopped by it.
 func TestBackupStopsWhenItsProgressStandsStill(t *testing.T) {
 	defer func(d time.Duration) { BackupStall = d }(BackupStall)
-	BackupStall = 300 * time.Millisecond
+	BackupStall = time.Second
 	src := t.TempDir()
 	fake := func(body string) Repo {
 		dir := t.TempDir()
@@ -664,18 +664,18 @@ func TestBackupStopsWhenItsProgressStandsStill(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("stopped after %v", took)
 	}
-	// Lines that move every 100 ms for 1.5 s, then the summary.
-	moving := `i=0; while [ $i -lt 15 ]; do i=$((i+1)); echo "{\"message_type\":\"status\",\"bytes_done\":$i}"; sleep 0.1; done; ` + summary + "\n"
+	// Lines that move every 100 ms for 3 s, then the summary.
+	moving := `i=0; while [ $i -lt 30 ]; do i=$((i+1)); echo "{\"message_type\":\"status\",\"bytes_done\":$i}"; sleep 0.1; done; ` + summary + "\n"
 	if _, err := fake(moving).BackupExcluding(t.Context(), []string{src}, nil, nil, nil); err != nil {
 		t.Fatalf("a backup whose progress moves: %v", err)
 	}
 	// Lines that stand still but for their time (restic's every second).
-	still := `i=0; while [ $i -lt 8 ]; do i=$((i+1)); echo '{"message_type":"status","bytes_done":5}'; sleep 0.1; done; ` + summary + "\n"
+	still := `i=0; while [ $i -lt 25 ]; do i=$((i+1)); echo '{"message_type":"status","bytes_done":5}'; sleep 0.1; done; ` + summary + "\n"
 	if _, err := fake(still).BackupExcluding(t.Context(), []string{src}, nil, nil, nil); err == nil || !strings.Contains(err.Error(), "progress stood still") {
 		t.Fatalf("a backup whose lines do not move: %v", err)
 	}
 	// No status line at all: not stopped by it.
-	if _, err := fake("sleep 1; "+summary+"\n").BackupExcluding(t.Context(), []string{src}, nil, nil, nil); err != nil {
+	if _, err := fake("sleep 2; "+summary+"\n").BackupExcluding(t.Context(), []string{src}, nil, nil, nil); err != nil {
 		t.Fatalf("a backup that prints no status line: %v", err)
 	}
 }
