@@ -532,18 +532,35 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 	// The copy is written beside each directory, on its filesystem, while
 	// the node goes on applying (nothing of the module is in its plan
 	// yet); only the swap and the ledger hold the node.
-	var parents []string
+	// The parents made for the data directories are recorded before they
+	// are made (madeParents): a copy cut by a kill of this node is sent
+	// again, and finds them; the module would fail on them ("exists and
+	// the mesh did not make it") had the ledger not taken them with it.
+	parents := a.parentsMadeBefore(ctx, module, id)
 	adopted := false
 	defer func() {
-		if !adopted && len(parents) > 0 {
-			a.removeMadeParents(ctx, parents)
+		if !adopted {
+			if len(parents) > 0 {
+				a.removeMadeParents(ctx, parents)
+			}
+			a.forgetMadeParents()
 		}
 	}()
 	for _, d := range mv.Data {
-		made, err := makeParents(filepath.Dir(d))
-		parents = append(parents, made...)
+		missing, err := missingParents(filepath.Dir(d))
 		if err != nil {
 			return res, http.StatusInternalServerError, err
+		}
+		if len(missing) > 0 {
+			parents = append(parents, missing...)
+			if err := writeMadeParents(a.dir, madeParents{Module: module, Move: id, Paths: parents}); err != nil {
+				return res, http.StatusInternalServerError, err
+			}
+			for _, q := range missing {
+				if err := os.Mkdir(q, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+					return res, http.StatusInternalServerError, err
+				}
+			}
 		}
 		for _, left := range []string{d + moveStaging, d + moveStale} { // a copy cut short, one replaced before a kill
 			if err := os.RemoveAll(left); err != nil {
@@ -656,6 +673,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 		return res, http.StatusInternalServerError, err
 	}
 	adopted = true // the ledger holds the parents made, with the module
+	a.forgetMadeParents()
 	for _, w := range stale {
 		if err := os.RemoveAll(w); err != nil {
 			a.log.Warn("move: the copy this one replaced is left", "module", module, "path", w, "err", err)
@@ -789,10 +807,10 @@ func errSuffix(err error) string {
 	return "; " + err.Error()
 }
 
-// makeParents makes the missing directories of p (0755, root's), following
-// no link: an existing component must be a directory. It returns those it
-// made, outermost first.
-func makeParents(p string) ([]string, error) {
+// missingParents is p and its parents that do not exist, outermost first,
+// following no link: an existing component must be a directory. (The
+// receive makes them, 0755, root's, once it has recorded them.)
+func missingParents(p string) ([]string, error) {
 	var missing []string
 	for q := p; q != "/"; q = filepath.Dir(q) {
 		fi, err := os.Lstat(q)
@@ -808,12 +826,75 @@ func makeParents(p string) ([]string, error) {
 		missing = append(missing, q)
 	}
 	slices.Reverse(missing)
-	for i, q := range missing {
-		if err := os.Mkdir(q, 0o755); err != nil {
-			return missing[:i], err
+	return missing, nil
+}
+
+// madeParents is the record (move-parents.json in the agent's directory)
+// of the directories a move's copy into this node made for its data
+// directories' parents, written before they are made and removed once the
+// ledger holds them (or they are removed): one copy into a node at a time
+// (moveMu), so one record.
+type madeParents struct {
+	Module string   `json:"module"`
+	Move   uint64   `json:"move"`
+	Paths  []string `json:"paths"`
+}
+
+const moveParents = "move-parents.json"
+
+func writeMadeParents(dir string, r madeParents) error {
+	raw, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := safefs.WriteFile(filepath.Join(dir, moveParents), raw, 0o600); err != nil {
+		return fmt.Errorf("record the directories a move's copy makes: %w", err)
+	}
+	return nil
+}
+
+// parentsMadeBefore is what an earlier copy of move id of module made and
+// recorded (cut by a kill: the copy is sent again), those still there;
+// what a copy of another move recorded is removed (its copy is over: one
+// copy at a time), and its record with it.
+func (a *Agent) parentsMadeBefore(ctx context.Context, module string, id uint64) []string {
+	raw, err := os.ReadFile(filepath.Join(a.dir, moveParents))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	var r madeParents
+	if err == nil {
+		err = json.Unmarshal(raw, &r)
+	}
+	if err != nil {
+		a.log.Warn("move: the record of the directories an earlier copy made cannot be read; they stay", "err", err)
+		a.forgetMadeParents()
+		return nil
+	}
+	var paths []string
+	for _, p := range r.Paths {
+		if p == filepath.Clean(p) && filepath.IsAbs(p) && isDirectory(p) {
+			paths = append(paths, p)
 		}
 	}
-	return missing, nil
+	if r.Module == module && r.Move == id {
+		return paths
+	}
+	a.removeMadeParents(ctx, paths)
+	a.forgetMadeParents()
+	return nil
+}
+
+// forgetMadeParents removes the record.
+func (a *Agent) forgetMadeParents() {
+	if err := os.Remove(filepath.Join(a.dir, moveParents)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		a.log.Warn("move: remove the record of the directories a copy made", "err", err)
+	}
+}
+
+func isDirectory(p string) bool {
+	fi, err := os.Lstat(p)
+	return err == nil && fi.IsDir()
 }
 
 // removeMadeParents removes the directories a copy made for its data
@@ -837,7 +918,10 @@ func (a *Agent) removeMadeParents(ctx context.Context, made []string) {
 // module whose path p is or holds ("" for none).
 func removeEmptyParents(made []string, owner func(p string) string) {
 	for _, p := range slices.Backward(made) {
-		if owner(p) != "" || os.Remove(p) != nil {
+		if owner(p) != "" {
+			return
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return // (os.Remove takes an empty directory alone)
 		}
 	}

@@ -219,6 +219,15 @@ func TestPathsBesideADataDirectoryMayBeAModules(t *testing.T) {
 // path, and none above one that stays.
 func TestParentsMadeForACopyAreRemoved(t *testing.T) {
 	root := t.TempDir()
+	makeParents := func(p string) ([]string, error) {
+		missing, err := missingParents(p)
+		for _, q := range missing {
+			if err == nil {
+				err = os.Mkdir(q, 0o755)
+			}
+		}
+		return missing, err
+	}
 	made, err := makeParents(filepath.Join(root, "srv", "a", "b", "c"))
 	if err != nil || len(made) != 4 {
 		t.Fatalf("parents made: %v %v", made, err)
@@ -252,5 +261,53 @@ func TestParentsMadeForACopyAreRemoved(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(theirs, "c")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the empty parent below it: %v", err)
+	}
+}
+
+// The parents a copy made are recorded before they are made: a copy of
+// the same move sent again (this node killed under the first) takes them
+// as its own, for the ledger; a copy of another move removes what an
+// earlier one recorded (while empty and no module's), and the record.
+func TestParentsMadeAreRecordedForTheCopySentAgain(t *testing.T) {
+	dir := t.TempDir()
+	rec, err := reconciler.New(reconciler.Config{Node: "ace", LedgerPath: filepath.Join(dir, "ledger.json")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{dir: dir, reconciler: rec, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ctx := context.Background()
+	root := t.TempDir()
+	made := []string{filepath.Join(root, "srv"), filepath.Join(root, "srv", "pg")}
+	for _, p := range made {
+		os.Mkdir(p, 0o755)
+	}
+	if err := writeMadeParents(dir, madeParents{Module: "pg", Move: 7, Paths: append(made, filepath.Join(root, "gone"), "relative")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.parentsMadeBefore(ctx, "pg", 7); !slices.Equal(got, made) {
+		t.Fatalf("the same move's copy sent again takes %v, want %v", got, made)
+	}
+	if _, err := os.Stat(filepath.Join(dir, moveParents)); err != nil {
+		t.Fatalf("the record of the same move: %v", err)
+	}
+	if got := a.parentsMadeBefore(ctx, "pg", 8); len(got) != 0 {
+		t.Fatalf("another move's copy takes %v", got)
+	}
+	for _, p := range made {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s, made by an earlier move's copy, is still there: %v", p, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, moveParents)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the earlier move's record: %v", err)
+	}
+	// A damaged record: nothing taken, nothing removed, the record gone.
+	os.Mkdir(made[0], 0o755)
+	os.WriteFile(filepath.Join(dir, moveParents), []byte("{"), 0o600)
+	if got := a.parentsMadeBefore(ctx, "pg", 7); len(got) != 0 {
+		t.Fatalf("a damaged record gave %v", got)
+	}
+	if _, err := os.Stat(made[0]); err != nil {
+		t.Fatalf("a damaged record removed %s: %v", made[0], err)
 	}
 }
