@@ -47,6 +47,9 @@ func (c *BackupRunCmd) Run(g *Globals) error {
 			if len(r.Forgotten) > 0 {
 				fmt.Fprintf(g.out, "  keep: forgot %d older snapshot(s): %s\n", len(r.Forgotten), strings.Join(r.Forgotten, ", "))
 			}
+			if r.Warning != "" {
+				fmt.Fprintf(g.out, "  warning: %s\n", printable(r.Warning))
+			}
 		}
 	}
 	return err

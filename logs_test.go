@@ -83,3 +83,29 @@ func TestOutcomesEscapeContainerText(t *testing.T) {
 		t.Fatalf("printOutcomes: %q", out)
 	}
 }
+
+// A backup that succeeded with a warning (it read unconfined while its
+// module ran) says so in mesh status, escaped; one without says nothing
+// more; a failed one says its reason as an error.
+func TestStatusSaysABackupsWarning(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var b bytes.Buffer
+	renderBackups(&b, "ace", []state.BackupRun{
+		{Module: "db", Last: now.Add(-time.Minute), LastOK: now.Add(-time.Minute), OK: true, Snapshot: "0123abcd", Reason: "read with links followable\x1b[2J"},
+		{Module: "web", Last: now.Add(-time.Minute), LastOK: now.Add(-time.Minute), OK: true, Snapshot: "4567ef01"},
+		{Module: "mail", Last: now.Add(-time.Minute), OK: false, Reason: "locked"},
+	}, now)
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%q", b.String())
+	}
+	if want := `ace: backup of db: snapshot 0123abcd, 1m0s ago; warning: read with links followable\x1b[2J`; lines[0] != want {
+		t.Errorf("with a warning:\n got %q\nwant %q", lines[0], want)
+	}
+	if want := "ace: backup of web: snapshot 4567ef01, 1m0s ago"; lines[1] != want {
+		t.Errorf("without:\n got %q\nwant %q", lines[1], want)
+	}
+	if !strings.Contains(lines[2], "error: backup of mail failed") || !strings.HasSuffix(lines[2], ": locked") {
+		t.Errorf("a failed one: %q", lines[2])
+	}
+}

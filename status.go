@@ -363,7 +363,11 @@ func renderBackups(w io.Writer, node string, runs []state.BackupRun, now time.Ti
 		case b.Last.IsZero():
 			fmt.Fprintf(w, "%s: backup of %s: none yet%s\n", node, b.Module, next)
 		default:
-			fmt.Fprintf(w, "%s: backup of %s: snapshot %s, %s ago%s\n", node, b.Module, b.Snapshot, now.Sub(b.LastOK).Round(time.Second), next)
+			warning := ""
+			if b.Reason != "" { // a backup that succeeded, with a warning
+				warning = "; warning: " + printable(b.Reason)
+			}
+			fmt.Fprintf(w, "%s: backup of %s: snapshot %s, %s ago%s%s\n", node, b.Module, b.Snapshot, now.Sub(b.LastOK).Round(time.Second), next, warning)
 		}
 	}
 }

@@ -481,7 +481,10 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 			return res, err
 		}
 		res.Snapshot, res.Files, res.Bytes, res.Added, res.Duration = sum.SnapshotID, sum.TotalFiles, sum.TotalBytes, sum.DataAdded, sum.Duration.Round(time.Millisecond).String()
-		if sum.Unconfined != "" {
+		if sum.Unconfined != "" && !h.policy.Pause {
+			// Said where the operator looks (the command's answer, mesh
+			// status), not in the log alone.
+			res.Warning = unconfinedWarning(sum.Unconfined)
 			b.log.Warn("backed up with links under the data directories followable: a container that swaps one in while restic reads could get a host file into its snapshot (backup: pause closes that)", "module", module, "why", sum.Unconfined)
 		}
 		if left := b.unremovedOf(module); h.policy.Keep != nil && len(left) > 0 {
@@ -500,17 +503,24 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 		return res, nil
 	}
 	res, err = run()
-	b.record(module, h.policy.Schedule, by, res.Snapshot, err)
+	b.record(module, h.policy.Schedule, by, res.Snapshot, res.Warning, err)
 	return res, err
 }
 
-// record keeps a backup's outcome and has it reported.
-func (b *backups) record(module, schedule, by, snapshot string, err error) {
+// unconfinedWarning is what a backup that read unconfined (why) while its
+// module ran says.
+func unconfinedWarning(why string) string {
+	return "read with links under the data directories followable (" + state.Tail(why, 300) + "): a container that swaps one in while restic reads could put a host file into the snapshot; backup: {pause: true} closes that"
+}
+
+// record keeps a backup's outcome and has it reported; one that succeeded
+// keeps its warning ("": none) as its reason.
+func (b *backups) record(module, schedule, by, snapshot, warning string, err error) {
 	b.mu.Lock()
 	now := b.now().UTC()
 	r := b.runs[module]
 	r.Module, r.Last, r.By, r.Schedule = module, now, by, schedule
-	r.OK, r.Reason, r.Snapshot = err == nil, "", snapshot
+	r.OK, r.Reason, r.Snapshot = err == nil, warning, snapshot
 	if err != nil {
 		r.Reason = err.Error()
 	} else {

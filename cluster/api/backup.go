@@ -65,6 +65,10 @@ type BackupResult struct {
 	Duration string `json:"duration,omitempty"`
 	// Forgotten are the snapshots keep: pruned after it.
 	Forgotten []string `json:"forgotten,omitempty"`
+	// Warning is what a backup that succeeded says the operator should
+	// know: it read with links under the data directories followable,
+	// while the module's containers ran (no pause:).
+	Warning string `json:"warning,omitempty"`
 	// Restore's: the containers it stopped (the node's next apply starts
 	// them) and where each data directory's content before it is kept.
 	Stopped []string          `json:"stopped,omitempty"`
