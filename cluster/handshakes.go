@@ -129,6 +129,18 @@ func (h *handshakes) dropLocked(e *handshake) {
 	}
 }
 
+// endAll ends every handshake under way (their deadline set to now), as
+// the port closes.
+func (h *handshakes) endAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, l := range h.bySource {
+		for el := l.Front(); el != nil; el = el.Next() {
+			el.Value.(*handshake).c.SetDeadline(time.Now())
+		}
+	}
+}
+
 // open is how many connections are in their handshake.
 func (h *handshakes) open() int {
 	h.mu.Lock()

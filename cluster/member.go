@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"mesh/internal/safefs"
@@ -35,6 +36,7 @@ type Member struct {
 	log   *slog.Logger
 
 	stop   context.CancelFunc
+	loops  sync.WaitGroup
 	unlock func()
 }
 
@@ -102,28 +104,50 @@ func StartMember(cfg MemberConfig) (_ *Member, err error) {
 	m.stop = stop
 	// Reads, status and the resolver answer without a leader; say so if
 	// none comes, without holding the rest of the agent back.
-	go func() {
+	m.loop(func() {
 		wctx, cancel := context.WithTimeout(lctx, 15*time.Second)
 		defer cancel()
 		if err := n.WaitLeader(wctx); err != nil && lctx.Err() == nil {
 			log.Warn("no raft leader yet; writes fail until one is elected", "err", err)
 		}
-	}()
-	go n.EnsureVoter(lctx)
-	go n.probe(lctx)
-	go n.repairMembership(lctx)
-	go n.keepTrust(lctx)
-	go n.keepCertificate(lctx)
-	go n.keepCA(lctx)
-	go n.watchDisk(lctx, MinFree, LowFree)
+	})
+	m.loop(func() { n.EnsureVoter(lctx) })
+	m.loop(func() { n.probe(lctx) })
+	m.loop(func() { n.repairMembership(lctx) })
+	m.loop(func() { n.keepTrust(lctx) })
+	m.loop(func() { n.keepCertificate(lctx) })
+	m.loop(func() { n.keepCA(lctx) })
+	m.loop(func() { n.watchDisk(lctx, MinFree, LowFree) })
 	log.Info("raft running", "data_dir", cfg.DataDir, "raft", n.Addr(), "state", n.State())
 	return m, nil
 }
 
-// Stop shuts Raft and the replica down and releases the data dir.
+// loop runs f until Stop, which waits for it.
+func (m *Member) loop(f func()) {
+	m.loops.Add(1)
+	go func() {
+		defer m.loops.Done()
+		f()
+	}()
+}
+
+// stopWait bounds how long Stop waits for the loops to see it.
+const stopWait = 15 * time.Second
+
+// Stop shuts Raft and the replica down and releases the data dir. The
+// loops end before the replica closes: one still reading it would open the
+// database again behind the close (its -wal file made anew in a data dir
+// being removed).
 func (m *Member) Stop() error {
 	m.stop()
-	err := m.Node.Shutdown()
+	err := m.Node.Shutdown() // what a loop waits on in Raft returns
+	done := make(chan struct{})
+	go func() { m.loops.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(stopWait):
+		m.log.Warn("a membership loop did not end; closing the replica under it", "waited", stopWait)
+	}
 	m.Store.Close()
 	m.unlock()
 	return err

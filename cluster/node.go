@@ -264,7 +264,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		me, err := store.Node(context.Background(), cfg.ID)
 		return err == nil && keyFits(me, nt.current().Leaf)
 	}
-	go m.keepRechecking(store.Changed)
+	m.run(func() { m.keepRechecking(store.Changed) })
 	stop := make(chan struct{})
 	trans := raft.NewNetworkTransportWithLogger(&streamLayer{m: m, advertise: adv, stop: stop, known: knownPeer(store), nodeAt: nodeAt(store)}, 3, 10*time.Second, hl)
 	rc := raft.DefaultConfig()
@@ -291,7 +291,7 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 		closer.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
-	go m.watchLeader(r)
+	m.run(func() { m.watchLeader(r) })
 	n := &Node{cfg: cfg, raft: r, store: store, transport: trans, mux: m, tls: nt, seal: sk, logs: closer, log: log, live: liveness{seen: map[string]Seen{}},
 		downloads: connlimit.New(maxBinaryDownloads, maxBinaryDownloadsPerSrc),
 		stop:      stop, logStore: logStore, catchUpWake: make(chan struct{}, 1)}

@@ -54,6 +54,10 @@ type mux struct {
 	log          *slog.Logger
 	once         sync.Once
 	closing      chan struct{}
+	// loops are the mux's goroutines (serve, each route, watchLeader,
+	// keepRechecking): Close waits for them, since they read the replica,
+	// which closes after.
+	loops sync.WaitGroup
 	// raftConns are the Raft connections handed to Raft, each with the
 	// certificate its peer showed: checked again when the replica or the
 	// trust changes (recheck), since Raft itself never asks who speaks.
@@ -251,8 +255,17 @@ func newMux(ln net.Listener, t *nodeTLS, member func(string, *x509.Certificate) 
 		guests: newGuests(guestsInAll, guestsPerSource), shaking: newHandshakes(handshakesInAll, handshakesPerSource, handshakesPerNode, isNode)}
 	m.api = &chanListener{ch: make(chan net.Conn, 16), addr: ln.Addr(), closing: m.closing}
 	m.ln, m.cfg = ln, m.serverConfig()
-	go m.serve()
+	m.run(m.serve)
 	return m
+}
+
+// run runs f as one of the mux's goroutines: Close waits for it.
+func (m *mux) run(f func()) {
+	m.loops.Add(1)
+	go func() {
+		defer m.loops.Done()
+		f()
+	}()
 }
 
 func (m *mux) serverConfig() *tls.Config {
@@ -297,11 +310,17 @@ func (m *mux) serve() {
 		// goroutine must not put back.
 		c.SetDeadline(time.Now().Add(10 * time.Second))
 		e, out := m.shaking.begin(c)
+		select {
+		case <-m.closing: // after Close's endAll: end this one's handshake too
+			c.SetDeadline(time.Now())
+		default:
+		}
 		if len(out) > 0 && m.shaking.evicted.Now() {
 			m.log.Warn("ended a connection to the node port still in its TLS handshake: too many in their handshake (logged once a minute at most)",
 				"from", out[0], "max_per_source", m.shaking.perSource, "max", m.shaking.total, "max_per_node", m.shaking.perNode)
 		}
-		go m.route(tls.Server(c, m.cfg), e)
+		tc := tls.Server(c, m.cfg)
+		m.run(func() { m.route(tc, e) })
 	}
 }
 
@@ -402,9 +421,14 @@ func (m *mux) connState(c net.Conn, s http.ConnState) {
 	}
 }
 
+// Close stops the node port and returns once its goroutines have ended:
+// those in a handshake are ended at once, not at their deadline.
 func (m *mux) Close() error {
 	m.once.Do(func() { close(m.closing) })
-	return m.ln.Close()
+	err := m.ln.Close()
+	m.shaking.endAll()
+	m.loops.Wait()
+	return err
 }
 
 // clientConfig dials a peer of the mesh with this node's certificate.
