@@ -539,10 +539,9 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 	parents := a.parentsMadeBefore(ctx, module, id)
 	adopted := false
 	defer func() {
-		if !adopted {
-			if len(parents) > 0 {
-				a.removeMadeParents(ctx, parents)
-			}
+		// The record goes once its directories were looked at: a
+		// removal that could not hold the node keeps it for the next copy.
+		if !adopted && a.removeMadeParents(ctx, parents) {
 			a.forgetMadeParents()
 		}
 	}()
@@ -873,15 +872,16 @@ func (a *Agent) parentsMadeBefore(ctx context.Context, module string, id uint64)
 	}
 	var paths []string
 	for _, p := range r.Paths {
-		if p == filepath.Clean(p) && filepath.IsAbs(p) && isDirectory(p) {
+		if p == filepath.Clean(p) && filepath.IsAbs(p) && safefs.IsDir(p) {
 			paths = append(paths, p)
 		}
 	}
 	if r.Module == module && r.Move == id {
 		return paths
 	}
-	a.removeMadeParents(ctx, paths)
-	a.forgetMadeParents()
+	if a.removeMadeParents(ctx, paths) {
+		a.forgetMadeParents()
+	}
 	return nil
 }
 
@@ -892,27 +892,32 @@ func (a *Agent) forgetMadeParents() {
 	}
 }
 
-func isDirectory(p string) bool {
-	fi, err := os.Lstat(p)
-	return err == nil && fi.IsDir()
-}
-
 // removeMadeParents removes the directories a copy made for its data
 // directories' parents (made, parents first) once the copy did not come
 // in: the deepest first, each only while it is empty (something put there
 // since stays, and so do the parents above it) and no module's path (one
-// assigned here meanwhile may declare it).
-func (a *Agent) removeMadeParents(ctx context.Context, made []string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+// assigned here meanwhile may declare it). It says whether the removal
+// ran: false when it could not hold the node (the directories are left,
+// and their record should stay for a later try).
+func (a *Agent) removeMadeParents(ctx context.Context, made []string) bool {
+	if len(made) == 0 {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeParentsWait)
 	defer cancel()
 	err := a.reconciler.Exclusive(ctx, func(context.Context) error {
 		removeEmptyParents(made, a.reconciler.OwnerAt)
 		return nil
 	})
 	if err != nil {
-		a.log.Warn("move: the directories made for a copy that did not come in are left", "paths", made, "err", err)
+		a.log.Warn("move: the directories made for a copy that did not come in are left (a later copy looks again)", "paths", made, "err", err)
+		return false
 	}
+	return true
 }
+
+// removeParentsWait bounds how long removeMadeParents waits for the node.
+var removeParentsWait = time.Minute
 
 // removeEmptyParents is removeMadeParents's removal, owner naming the
 // module whose path p is or holds ("" for none).

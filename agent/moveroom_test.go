@@ -290,6 +290,25 @@ func TestParentsMadeAreRecordedForTheCopySentAgain(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, moveParents)); err != nil {
 		t.Fatalf("the record of the same move: %v", err)
 	}
+	// Another move's copy while the node is held (an apply under way):
+	// nothing removed, and the record stays for the next copy.
+	held, release := make(chan struct{}), make(chan struct{})
+	go rec.Exclusive(ctx, func(context.Context) error { close(held); <-release; return nil })
+	<-held
+	defer func(w time.Duration) { removeParentsWait = w }(removeParentsWait)
+	removeParentsWait = 50 * time.Millisecond
+	if got := a.parentsMadeBefore(ctx, "pg", 8); len(got) != 0 {
+		t.Fatalf("another move's copy takes %v", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, moveParents)); err != nil {
+		t.Fatalf("the record, when its directories could not be looked at: %v", err)
+	}
+	for _, p := range made {
+		if _, err := os.Lstat(p); err != nil {
+			t.Fatalf("%s removed without holding the node: %v", p, err)
+		}
+	}
+	close(release)
 	if got := a.parentsMadeBefore(ctx, "pg", 8); len(got) != 0 {
 		t.Fatalf("another move's copy takes %v", got)
 	}

@@ -1350,7 +1350,7 @@ func (x *run) purgePath(p string, e PathEntry) state.ResourceReport {
 	// purgeDir removes that first.
 	fi, err := os.Lstat(before)
 	gone := errors.Is(err, os.ErrNotExist)
-	if err == nil && fi.IsDir() || gone && isDir(before+purgeSuffix) {
+	if err == nil && fi.IsDir() || gone && safefs.IsDir(before+purgeSuffix) {
 		if kept, err = purgeDir(before); err != nil {
 			rr.Outcome, rr.Reason = state.Failed, "--purge-data: the copy a restore kept beside it: "+err.Error()
 			return rr
@@ -1366,11 +1366,6 @@ func (x *run) purgePath(p string, e PathEntry) state.ResourceReport {
 		rr.Reason += fmt.Sprintf(", and the copy a restore kept beside it (%s, %d entries)", before, kept)
 	}
 	return rr
-}
-
-func isDir(p string) bool {
-	fi, err := os.Lstat(p)
-	return err == nil && fi.IsDir()
 }
 
 // RestoreAside names the copy a restore (the agent's) keeps of what a data

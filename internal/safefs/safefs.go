@@ -116,6 +116,12 @@ func nameErr(path, op string, err error) error {
 	return &os.PathError{Op: op, Path: path, Err: err}
 }
 
+// IsDir says whether path is a directory itself, not a link to one.
+func IsDir(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.IsDir()
+}
+
 // Lstat stats path's last component without following it, and no link on
 // the way.
 func Lstat(path string) (unix.Stat_t, error) {
