@@ -227,7 +227,11 @@ func (c *RestoreCmd) Run(g *Globals) error {
 				fmt.Fprintf(g.out, "  what %s held before is kept at %s\n", d, r.Kept[d])
 			}
 		}
-		if err := waitStarted(g, r.Node, r.Module, r.Stopped, began, deadline); err != nil {
+		since := began // an agent before stopped_at: this machine's clock, a second early
+		if !r.StoppedAt.IsZero() {
+			since = r.StoppedAt
+		}
+		if err := waitStarted(g, r.Node, r.Module, r.Stopped, since, deadline); err != nil {
 			return err
 		}
 	}
@@ -236,6 +240,9 @@ func (c *RestoreCmd) Run(g *Globals) error {
 
 // waitStarted waits for node's first apply after since that created the
 // module's containers a restore stopped, then for their health checks.
+// since is on the node's clock (the restore's stopped_at): an apply of
+// just before the restore that created them too (the node started again)
+// would otherwise pass for it, healthy, while the restored data starts.
 func waitStarted(g *Globals, node, module string, stopped []string, since, deadline time.Time) error {
 	if len(stopped) == 0 {
 		return nil

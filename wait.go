@@ -130,8 +130,8 @@ func waitHealthy(g *Globals, node, module string, rep *state.Report, deadline ti
 		}
 		healthy := 0
 		for _, n := range st.Nodes {
-			if n.Name != node || n.Report == nil {
-				continue
+			if n.Name != node || n.Report == nil || n.Report.AppliedAt.Before(rep.AppliedAt) {
+				continue // (an apply of before: its containers' health is not theirs)
 			}
 			for _, h := range n.Report.Health {
 				if !wait[h.Container] {

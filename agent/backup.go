@@ -635,6 +635,16 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 	if err := mountsInside(check); err != nil {
 		return res, err
 	}
+	// The copy is written while the data it replaces is still there: one
+	// that fills the disk stops the node's writes and the other modules'
+	// until restic fails on it.
+	progress("measuring what snapshot " + snap.ShortID + " restores")
+	if sizes, err := restoreSizes(ctx, repo, snap, res.Dirs); err != nil {
+		b.log.Warn("restoring without knowing whether it fits: what the snapshot holds could not be measured", "module", module, "snapshot", snap.ShortID, "err", err)
+		progress("warning: " + err.Error() + "; restoring without the free-space check")
+	} else if err := roomOn(b.node, res.Dirs, sizes, restoreFix(res.Dirs)); err != nil {
+		return res, fmt.Errorf("nothing was restored (the module was not stopped): %w", err)
+	}
 	err = b.rec.Exclusive(ctx, func(ctx context.Context) error {
 		if err := b.notMoving(ctx, module); err != nil {
 			return err
@@ -653,6 +663,9 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		progress("stopping the module's containers")
 		stopped, err := b.rec.StopAll(ctx, module)
 		res.Stopped = stopped
+		// No apply runs while the node is held: the one that starts
+		// them again begins after this.
+		res.StoppedAt = time.Now().UTC()
 		if err != nil {
 			return err
 		}
@@ -725,6 +738,56 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 	}
 	b.log.Info("restored", "module", module, "snapshot", snap.ShortID, "dirs", res.Dirs)
 	return res, nil
+}
+
+// errUnmeasured: what a snapshot restores could not be told.
+var errUnmeasured = errors.New("what the snapshot restores could not be measured")
+
+// restoreSizes is what restoring snap writes into each of dirs: the
+// snapshot whole for the first when all of it goes to one filesystem (a
+// file hard-linked twice counted once), else each directory's files (a
+// link counted at each name), never more than the whole. A failure is
+// errUnmeasured.
+func restoreSizes(ctx context.Context, repo restic.Repo, snap *restic.Snapshot, dirs []string) ([]uint64, error) {
+	total, err := repo.RestoreSize(ctx, snap.ID)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUnmeasured, err)
+	}
+	sizes := make([]uint64, len(dirs))
+	devs := map[uint64]bool{}
+	for _, d := range dirs {
+		dev, _, err := moveFS(filepath.Dir(d))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errUnmeasured, err)
+		}
+		devs[dev] = true
+	}
+	whole := len(devs) == 1 && !slices.ContainsFunc(snap.Paths, func(p string) bool {
+		return !slices.ContainsFunc(dirs, func(d string) bool { return manifest.Within(p, d) })
+	})
+	if whole {
+		sizes[0] = uint64(total)
+		return sizes, nil
+	}
+	for i, d := range dirs {
+		n, err := repo.SizeUnder(ctx, snap.ID, d)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errUnmeasured, err)
+		}
+		sizes[i] = uint64(min(n, total))
+	}
+	return sizes, nil
+}
+
+// restoreFix is what a restore refused for room tells to do.
+func restoreFix(dirs []string) string {
+	fix := "free some space there and restore again"
+	for _, d := range dirs {
+		if safefs.IsDir(d + restoreAside) {
+			fix += "; " + d + restoreAside + ", what the last restore replaced, takes room there: remove it if it is not needed"
+		}
+	}
+	return fix
 }
 
 // snapshotID is what --snapshot takes: 8 to 64 hex digits.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"mesh/cluster"
 	"mesh/internal/restic"
 	"mesh/internal/testutil"
 	"mesh/state"
@@ -755,5 +758,76 @@ func TestUnreadableSwapMarkMovesNothing(t *testing.T) {
 	}
 	if v, _ := os.ReadFile(d + "/v"); string(v) != "restored data" {
 		t.Fatalf("%s holds %q", d, v)
+	}
+}
+
+// A restore measures what it writes and refuses, before it stops the
+// module, one whose copy would leave a filesystem under cluster.LowFree
+// (the data it replaces stays until the copy is whole): the snapshot
+// whole when all of it comes to one filesystem, else each directory's
+// files. A size that cannot be told is errUnmeasured (the restore goes on,
+// warned).
+func TestRestoreMeasuresItsRoom(t *testing.T) {
+	if _, err := exec.LookPath("restic"); err != nil {
+		t.Fatal("restic is not on PATH (apt-get install restic); this test runs the real binary")
+	}
+	ctx := t.Context()
+	repo := restic.Repo{URL: filepath.Join(t.TempDir(), "repo"), Password: []byte("correct horse"), Host: "ace"}
+	if _, err := repo.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	data, dump := filepath.Join(root, "data"), filepath.Join(root, "dump")
+	for d, n := range map[string]int{data: 3 << 20, dump: 1 << 20} {
+		os.Mkdir(d, 0o700)
+		if err := os.WriteFile(filepath.Join(d, "f"), bytes.Repeat([]byte{'x'}, n), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum, err := repo.Backup(ctx, []string{data, dump}, []string{"mesh"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := &restic.Snapshot{ID: sum.SnapshotID, ShortID: sum.SnapshotID[:8], Paths: []string{data, dump}}
+
+	whole, err := restoreSizes(ctx, repo, snap, []string{data, dump})
+	if err != nil || !slices.Equal(whole, []uint64{4 << 20, 0}) {
+		t.Fatalf("the whole snapshot to one filesystem: %v, %v", whole, err)
+	}
+	// Only data restored (dump no longer declared): its own files.
+	if sizes, err := restoreSizes(ctx, repo, snap, []string{data}); err != nil || !slices.Equal(sizes, []uint64{3 << 20}) {
+		t.Fatalf("one directory of two: %v, %v", sizes, err)
+	}
+	// On two filesystems: each directory's files.
+	fakeFS(t, func(p string) uint64 {
+		if strings.HasPrefix(p, dump) {
+			return 2
+		}
+		return 1
+	}, func() uint64 { return cluster.LowFree + 5<<20 })
+	if sizes, err := restoreSizes(ctx, repo, snap, []string{data, filepath.Join(dump, "inner")}); err != nil || !slices.Equal(sizes, []uint64{3 << 20, 0}) {
+		t.Fatalf("two filesystems: %v, %v", sizes, err)
+	}
+
+	if err := roomOn("ace", []string{data, dump}, whole, restoreFix([]string{data, dump})); err != nil {
+		t.Fatalf("4 MiB with 5 MiB over the floor: %v", err)
+	}
+	fakeFS(t, nil, func() uint64 { return cluster.LowFree + 3<<20 })
+	os.Mkdir(data+restoreAside, 0o700)
+	err = roomOn("ace", []string{data, dump}, whole, restoreFix([]string{data, dump}))
+	if !errors.Is(err, errNoRoom) || !strings.Contains(err.Error(), "a copy of 4.0 MiB") || !strings.Contains(err.Error(), "restore again") ||
+		!strings.Contains(err.Error(), data+restoreAside+", what the last restore replaced") || strings.Contains(err.Error(), dump+restoreAside) {
+		t.Fatalf("4 MiB with 3 MiB over the floor: %v", err)
+	}
+
+	wrong := repo
+	wrong.Password = []byte("wrong")
+	if _, err := restoreSizes(ctx, wrong, snap, []string{data}); !errors.Is(err, errUnmeasured) {
+		t.Fatalf("a repository that cannot be read: %v", err)
+	}
+	gone := *snap
+	gone.ID = strings.Repeat("ab", 32)
+	if _, err := restoreSizes(ctx, repo, &gone, []string{data}); !errors.Is(err, errUnmeasured) {
+		t.Fatalf("a snapshot that is not there: %v", err)
 	}
 }

@@ -53,6 +53,12 @@ const roomEvery = 64 << 20
 // directories written there (sizes, by directory, as FROM announced them;
 // none: only the floor) and cluster.LowFree more.
 func roomFor(node string, data []string, sizes []uint64) error {
+	return roomOn(node, data, sizes, "free some space there, or move the module to another node")
+}
+
+// roomOn is roomFor for any copy written beside data (a move's, a
+// restore's), fix saying what to do when one does not fit.
+func roomOn(node string, data []string, sizes []uint64, fix string) error {
 	type fsNeed struct {
 		dir        string
 		need, free uint64
@@ -81,8 +87,8 @@ func roomFor(node string, data []string, sizes []uint64) error {
 			if f.need > 0 {
 				what = "a copy of " + size(int64(min(f.need, 1<<62)))
 			}
-			return fmt.Errorf("%w on %s: the filesystem of %s has %s free, and %s would leave it under the %s the node keeps free; free some space there, or move the module to another node",
-				errNoRoom, node, f.dir, size(int64(min(f.free, 1<<62))), what, size(int64(cluster.LowFree)))
+			return fmt.Errorf("%w on %s: the filesystem of %s has %s free, and %s would leave it under the %s the node keeps free; %s",
+				errNoRoom, node, f.dir, size(int64(min(f.free, 1<<62))), what, size(int64(cluster.LowFree)), fix)
 		}
 	}
 	return nil

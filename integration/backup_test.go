@@ -174,9 +174,12 @@ func checkBackups(t *testing.T, n []*agent, pgFile string) {
 		t.Fatalf("the cut restore left %v on n1; n1's log on restores:\n%s", left, strings.Join(said, "\n"))
 	}
 	out = n[2].mesh("restore", "postgres", "--timeout", "5m")
-	if !strings.Contains(out, "restored /srv/postgres/data") {
+	if !strings.Contains(out, "restored /srv/postgres/data") || !strings.Contains(out, "healthy: postgres.server") {
 		t.Fatalf("mesh restore after a cut one: %s", out)
 	}
+	// At once: the restore waited for the restored server's health
+	// check, not an earlier one's (the server the restart created just
+	// before passed for it, while the restored data still started).
 	if c := psql("SELECT count(*) FROM rows"); c != "10000" {
 		t.Fatalf("after the restore that followed a cut one: %s rows", c)
 	}
@@ -217,4 +220,62 @@ func checkBackups(t *testing.T, n []*agent, pgFile string) {
 		t.Fatalf("keep: daily 7, weekly 4 on one day keeps one snapshot: %v %+v", err, snaps)
 	}
 	n[1].mesh("module", "add", pgFile)
+}
+
+// roomTest is a module of one data directory and no container: what a
+// restore of it writes is all the bed's.
+const roomTest = `module: roomtest
+resources:
+  - directory: /srv/roomtest/data
+    mode: "0700"
+    data: true
+`
+
+// checkRestoreRoom: a restore whose copy would leave the filesystem of its
+// data directories under the 1 GiB a node keeps free is refused before
+// anything is written or stopped, saying how much it needs and what to
+// free. n1's /srv/roomtest is a filesystem of 1,100 MiB (in n1's mount
+// namespace) holding 100 MiB of data: the copy would leave 900 MiB.
+func checkRestoreRoom(t *testing.T, n []*agent) {
+	inN1 := func(args ...string) *exec.Cmd {
+		return exec.Command("nsenter", append([]string{"--mount=" + filepath.Join(multiMnt, n[1].h.netns)}, args...)...)
+	}
+	if err := os.MkdirAll(n[1].h.dir+"/srv/roomtest", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := inN1("mount", "-t", "tmpfs", "-o", "size=1100m", "bed-restore-room", "/srv/roomtest").CombinedOutput(); err != nil {
+		t.Fatalf("mount a small filesystem at n1's /srv/roomtest: %v %s", err, out)
+	}
+	defer func() { inN1("umount", "/srv/roomtest").Run(); os.Remove(n[1].h.dir + "/srv/roomtest") }()
+	file := filepath.Join(t.TempDir(), "roomtest.yaml")
+	os.WriteFile(file, []byte(roomTest), 0o644)
+	n[1].mesh("module", "add", file)
+	n[1].mesh("assign", "n1", "roomtest", "--wait")
+	sumOf := func() string {
+		out, err := inN1("sha256sum", "/srv/roomtest/data/big").CombinedOutput()
+		if err != nil {
+			t.Fatalf("read n1's /srv/roomtest/data/big: %v %s", err, out)
+		}
+		return strings.Fields(string(out))[0]
+	}
+	if out, err := inN1("sh", "-c", "head -c 100M /dev/urandom > /srv/roomtest/data/big").CombinedOutput(); err != nil {
+		t.Fatalf("write n1's /srv/roomtest/data/big: %v %s", err, out)
+	}
+	before := sumOf()
+	if out := n[2].mesh("backup", "roomtest"); !strings.Contains(out, "roomtest on n1: snapshot ") {
+		t.Fatalf("mesh backup roomtest: %s", out)
+	}
+	out := n[2].meshFails("restore", "roomtest", "--timeout", "2m")
+	if !strings.Contains(out, "nothing was restored (the module was not stopped)") || !strings.Contains(out, "not enough room for the copy on n1") ||
+		!strings.Contains(out, "a copy of 100.0 MiB") || !strings.Contains(out, "restore again") {
+		t.Fatalf("a restore without the room for its copy: %s", out)
+	}
+	if ls, err := inN1("ls", "-A", "/srv/roomtest").CombinedOutput(); err != nil || strings.TrimSpace(string(ls)) != "data" {
+		t.Fatalf("the refused restore left something beside the data: %v %q", err, ls)
+	}
+	if sumOf() != before {
+		t.Fatal("the refused restore changed the data")
+	}
+	n[1].mesh("unassign", "n1", "roomtest", "--purge-data", "--yes", "--wait")
+	n[1].mesh("module", "remove", "roomtest")
 }

@@ -362,6 +362,7 @@ resources:
 	}
 
 	checkBackups(t, n, files[0])
+	checkRestoreRoom(t, n)
 	checkMove(t, n)
 	authorityMoves(t, n)
 	composeApp(t, n)

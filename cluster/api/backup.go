@@ -73,6 +73,10 @@ type BackupResult struct {
 	// them) and where each data directory's content before it is kept.
 	Stopped []string          `json:"stopped,omitempty"`
 	Kept    map[string]string `json:"kept,omitempty"`
+	// StoppedAt is when the node had them stopped, on its clock: the
+	// apply that starts them again is one its report says began after
+	// (a report of before, of containers created then, is not it).
+	StoppedAt time.Time `json:"stopped_at,omitzero"`
 	// Created says the repository was initialised by this backup.
 	Created bool `json:"created,omitempty"`
 	// Snapshots is a list's answer, oldest first.

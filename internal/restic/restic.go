@@ -326,6 +326,81 @@ func (r Repo) Restore(ctx context.Context, id, target string, paths ...string) e
 	return r.run(ctx, nil, args...)
 }
 
+// RestoreSize is what restoring snapshot id whole writes, in bytes (restic
+// stats' restore-size: a file hard-linked twice counts once).
+func (r Repo) RestoreSize(ctx context.Context, id string) (int64, error) {
+	if !validID(id) {
+		return 0, fmt.Errorf("restic stats: %q is not a snapshot ID (8 to 64 lower-case hex digits)", id)
+	}
+	out := &boundedBuffer{max: maxLine}
+	if err := r.run(ctx, out, "stats", "--json", "--mode=restore-size", id); err != nil {
+		return 0, err
+	}
+	var st struct {
+		TotalSize *int64 `json:"total_size"`
+		Snapshots int    `json:"snapshots_count"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &st); err != nil || out.over || st.TotalSize == nil || *st.TotalSize < 0 {
+		return 0, fmt.Errorf("restic stats: its answer holds no size (%q)", lastLines(stderrLines(out.Bytes()), 1))
+	}
+	// restic 0.14 passes over an ID it does not find, and exits 0.
+	if st.Snapshots != 1 {
+		return 0, fmt.Errorf("restic stats: the repository has no snapshot %s", id)
+	}
+	return *st.TotalSize, nil
+}
+
+// SizeUnder is what restoring path (absolute, as backed up) of snapshot id
+// writes, in bytes: the sizes of the files restic ls lists under it (a
+// file hard-linked twice counts twice). Its listing is read line by line,
+// however many files the snapshot holds.
+func (r Repo) SizeUnder(ctx context.Context, id, path string) (int64, error) {
+	if !validID(id) {
+		return 0, fmt.Errorf("restic ls: %q is not a snapshot ID (8 to 64 lower-case hex digits)", id)
+	}
+	if !filepath.IsAbs(path) || path != filepath.Clean(path) {
+		return 0, fmt.Errorf("restic ls: %q is not a clean absolute path", path)
+	}
+	var total int64
+	var bad error
+	found := false
+	lw := &lineWriter{line: func(line []byte) {
+		var n struct {
+			StructType string `json:"struct_type"`
+			ID         string `json:"id"`
+			Type       string `json:"type"`
+			Path       string `json:"path"`
+			Size       int64  `json:"size"`
+		}
+		if json.Unmarshal(line, &n) != nil {
+			return
+		}
+		if n.StructType == "snapshot" && strings.HasPrefix(n.ID, id) {
+			found = true
+		}
+		if n.StructType != "node" || n.Type != "file" {
+			return
+		}
+		if n.Path != path && !strings.HasPrefix(n.Path, strings.TrimSuffix(path, "/")+"/") {
+			return
+		}
+		if n.Size < 0 || total+n.Size < total {
+			bad = fmt.Errorf("restic ls: a file of %s has a size of %d", path, n.Size)
+			return
+		}
+		total += n.Size
+	}}
+	err := r.run(ctx, lw, "ls", "--json", "--recursive", id, path)
+	lw.flush()
+	if err != nil {
+		return 0, err
+	}
+	if !found { // restic 0.14 passes over an ID it does not find, and exits 0
+		return 0, fmt.Errorf("restic ls: the repository has no snapshot %s", id)
+	}
+	return total, bad
+}
+
 // globEscape makes a path a pattern that matches only itself.
 var globEscape = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`)
 

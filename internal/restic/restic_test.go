@@ -679,3 +679,51 @@ func TestBackupStopsWhenItsProgressStandsStill(t *testing.T) {
 		t.Fatalf("a backup that prints no status line: %v", err)
 	}
 }
+
+// What a restore writes is measured before it: the snapshot whole (a
+// hard link counted once), and under one of its paths (each link counted;
+// a sibling whose name extends it is not under it).
+func TestRestoreSizes(t *testing.T) {
+	r := newRepo(t)
+	ctx := t.Context()
+	root := t.TempDir()
+	db, dbx := filepath.Join(root, "db"), filepath.Join(root, "db-extra")
+	for _, d := range []string{filepath.Join(db, "base"), dbx} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(p string, n int) {
+		if err := os.WriteFile(p, bytes.Repeat([]byte{'x'}, n), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(db, "base", "big"), 300_000)
+	write(filepath.Join(db, "small"), 1_000)
+	write(filepath.Join(dbx, "other"), 50_000)
+	if err := os.Link(filepath.Join(db, "base", "big"), filepath.Join(db, "linked")); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := r.Backup(ctx, []string{db, dbx}, []string{"mesh"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := r.RestoreSize(ctx, sum.SnapshotID); err != nil || got != 351_000 {
+		t.Fatalf("RestoreSize = %d, %v; want 351000 (the link once)", got, err)
+	}
+	if got, err := r.SizeUnder(ctx, sum.SnapshotID, db); err != nil || got != 601_000 {
+		t.Fatalf("SizeUnder(db) = %d, %v; want 601000 (the link twice, not db-extra)", got, err)
+	}
+	if got, err := r.SizeUnder(ctx, sum.SnapshotID, dbx); err != nil || got != 50_000 {
+		t.Fatalf("SizeUnder(db-extra) = %d, %v; want 50000", got, err)
+	}
+	if _, err := r.SizeUnder(ctx, sum.SnapshotID, "relative"); err == nil {
+		t.Fatal("a relative path was measured")
+	}
+	if _, err := r.RestoreSize(ctx, "deadbeef"); err == nil {
+		t.Fatal("a snapshot that is not there has a size")
+	}
+	if _, err := r.SizeUnder(ctx, "deadbeef", db); err == nil {
+		t.Fatal("a snapshot that is not there has a size under a path")
+	}
+}
