@@ -117,7 +117,8 @@ func StartMember(cfg MemberConfig) (_ *Member, err error) {
 	m.loop(func() { n.keepTrust(lctx) })
 	m.loop(func() { n.keepCertificate(lctx) })
 	m.loop(func() { n.keepCA(lctx) })
-	m.loop(func() { n.watchDisk(lctx, MinFree, LowFree) })
+	floor, low := MinFree, LowFree // as they are now (tests change them)
+	m.loop(func() { n.watchDisk(lctx, floor, low) })
 	log.Info("raft running", "data_dir", cfg.DataDir, "raft", n.Addr(), "state", n.State())
 	return m, nil
 }
