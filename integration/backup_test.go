@@ -6,7 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -183,6 +185,28 @@ func checkBackups(t *testing.T, n []*agent, pgFile string) {
 	if c := psql("SELECT count(*) FROM rows"); c != "10000" {
 		t.Fatalf("after the restore that followed a cut one: %s rows", c)
 	}
+
+	// A sparse file the server's container makes, of several times what
+	// the node's disk holds: restic would read its holes for hours with
+	// the node held. The backup stops at once, says why and where to
+	// look; without the file the next ones run (the schedule below).
+	var fsst syscall.Statfs_t
+	if err := syscall.Statfs(n[1].h.dir+"/srv", &fsst); err != nil {
+		t.Fatal(err)
+	}
+	holeSize := 4*fsst.Blocks*uint64(fsst.Bsize) + 2<<40
+	if out, err := n[1].h.podmanCmd("exec", "postgres.server", "truncate", "-s", strconv.FormatUint(holeSize, 10), "/var/lib/postgresql/data/hole").CombinedOutput(); err != nil {
+		t.Fatalf("make a sparse file of %d bytes in postgres's data (its filesystem must take one): %v %s", holeSize, err, out)
+	}
+	out = n[3].meshFails("backup", "postgres")
+	if !strings.Contains(out, "stopped: it was to read") || !strings.Contains(out, "find /srv/postgres/data") {
+		t.Fatalf("a backup of a sparse file several times the disk: %s", out)
+	}
+	eventually(t, 30*time.Second, "status says why the backup failed", func() (bool, string) {
+		st := n[3].mesh("status")
+		return strings.Contains(st, "error: backup of postgres failed") && strings.Contains(st, "it was to read"), st
+	})
+	n[1].h.podman("exec", "postgres.server", "rm", "/var/lib/postgresql/data/hole")
 
 	// Scheduled: every 15s, twice; keep: prunes.
 	text, err := os.ReadFile(pgFile)

@@ -26,6 +26,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // StopGrace is how long a run has, after SIGINT, to remove its lock and
@@ -177,6 +179,11 @@ func (r Repo) BackupExcluding(ctx context.Context, paths, exclude []string, tags
 			stall.Stop()
 		}
 	}()
+	// A backup that is to read more than the paths' filesystems could
+	// hold is stopped too: a sparse file (restic 0.14 reads its holes as
+	// data; a container makes one of an exabyte with one call) would hold
+	// the node for ever. restic counts what it will read as it walks.
+	bound := readBound(paths)
 	var moved Progress
 	var sum *Summary
 	out := &lineWriter{line: func(b []byte) {
@@ -193,6 +200,9 @@ func (r Repo) BackupExcluding(ctx context.Context, paths, exclude []string, tags
 				stall.Reset(BackupStall)
 			}
 			moved = p
+			if bound > 0 && uint64(max(p.TotalBytes, 0)) > bound {
+				stop(&TooMuchError{Paths: paths, Total: uint64(p.TotalBytes), Bound: bound})
+			}
 			if progress != nil {
 				progress(p)
 			}
@@ -231,6 +241,57 @@ func (r Repo) BackupExcluding(ctx context.Context, paths, exclude []string, tags
 	}
 	return *sum, nil
 }
+
+// ReadFactor and ReadSlack bound what a backup may read: the capacity of
+// its paths' filesystems times ReadFactor, and at least that capacity and
+// ReadSlack more (compression on the filesystem, hard links, each read
+// again, leave room above the capacity itself).
+var (
+	ReadFactor uint64 = 4
+	ReadSlack  uint64 = 1 << 40
+)
+
+// readBound is what a backup of paths may read (0: unbounded, when a
+// filesystem's capacity cannot be told).
+func readBound(paths []string) uint64 {
+	var capacity uint64
+	seen := map[[2]int32]bool{}
+	for _, p := range paths {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) != nil {
+			return 0
+		}
+		if seen[st.Fsid.Val] {
+			continue
+		}
+		seen[st.Fsid.Val] = true
+		capacity += st.Blocks * uint64(st.Bsize)
+	}
+	return max(satMul(capacity, ReadFactor), capacity+ReadSlack)
+}
+
+// satMul is a*b, at most the largest uint64.
+func satMul(a, b uint64) uint64 {
+	if a != 0 && b > ^uint64(0)/a {
+		return ^uint64(0)
+	}
+	return a * b
+}
+
+// TooMuchError: a backup stopped because it was to read more than its
+// paths' filesystems could hold.
+type TooMuchError struct {
+	Paths        []string
+	Total, Bound uint64
+}
+
+func (e *TooMuchError) Error() string {
+	return fmt.Sprintf("it was to read %s from %s, whose filesystems hold far less (at most %s is read): a sparse file (restic reads its holes as data) or a great many hard links, which a container can make; the backup was stopped, as it would hold the node for hours. find %s -type f -size +1G -printf '%%s %%b %%p\\n' lists the large files with their blocks",
+		gib(e.Total), strings.Join(e.Paths, ", "), gib(e.Bound), strings.Join(e.Paths, " "))
+}
+
+// gib is a size in GiB, for messages.
+func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 
 // BackupStall is how long a backup's progress may stand still before it
 // is stopped (a var for tests).

@@ -727,3 +727,54 @@ func TestRestoreSizes(t *testing.T) {
 		t.Fatal("a snapshot that is not there has a size under a path")
 	}
 }
+
+// A backup that is to read more than its paths' filesystems hold is
+// stopped, naming what it was to read, without a snapshot: a sparse file
+// a container made of (nearly) any size is read by restic 0.14 hole by
+// hole, for hours with the node held. With the real restic.
+func TestBackupStopsBeforeReadingASparseFileForEver(t *testing.T) {
+	r := newRepo(t)
+	src := t.TempDir()
+	defer func(f, s uint64) { ReadFactor, ReadSlack = f, s }(ReadFactor, ReadSlack)
+	ReadFactor, ReadSlack = 1, 1<<30
+	bound := readBound([]string{src})
+	if bound == 0 {
+		t.Fatalf("no bound for %s", src)
+	}
+	os.WriteFile(filepath.Join(src, "real"), []byte("data"), 0o600)
+	hole := filepath.Join(src, "hole")
+	f, err := os.Create(hole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(int64(bound + 2<<30)); err != nil {
+		t.Fatalf("make a sparse file of %d bytes (the filesystem's capacity and 3 GiB): %v", bound+2<<30, err)
+	}
+	f.Close()
+	_, err = r.BackupExcluding(t.Context(), []string{src}, nil, []string{"mesh"}, nil)
+	var tooMuch *TooMuchError
+	if !errors.As(err, &tooMuch) || !strings.Contains(err.Error(), "restic backup: stopped: it was to read") || !strings.Contains(err.Error(), "find "+src+" -type f") {
+		t.Fatalf("a backup of a sparse file larger than its filesystem: %v", err)
+	}
+	if snaps, err := r.Snapshots(t.Context(), nil); err != nil || len(snaps) != 0 {
+		t.Fatalf("the stopped backup left snapshots %v (%v)", snaps, err)
+	}
+	// Without the file: backed up.
+	os.Remove(hole)
+	if _, err := r.BackupExcluding(t.Context(), []string{src}, nil, []string{"mesh"}, nil); err != nil {
+		t.Fatalf("the backup without the sparse file: %v", err)
+	}
+}
+
+func TestReadBound(t *testing.T) {
+	if got := readBound([]string{"/nonexistent-mesh-path"}); got != 0 {
+		t.Fatalf("the bound of a path that is not there: %d", got)
+	}
+	a, b := t.TempDir(), t.TempDir() // one filesystem: counted once
+	if one, two := readBound([]string{a}), readBound([]string{a, b}); one == 0 || one != two {
+		t.Fatalf("two paths of one filesystem: %d, one: %d", two, one)
+	}
+	if satMul(1<<40, 1<<40) != ^uint64(0) || satMul(3, 4) != 12 {
+		t.Fatal("satMul")
+	}
+}
