@@ -1059,12 +1059,17 @@ type removeRequest struct {
 	Force bool   `json:"force"`
 }
 
+// removeReply is a removal's answer: applyReply's index is the removal's.
+type removeReply struct {
+	Removal
+	applyReply
+}
+
 func (n *Node) serveRemoveMember(w http.ResponseWriter, r *http.Request) {
 	var req removeRequest
 	json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req)
-	rep := applyReply{}
-	idx, err := n.RemoveNode(r.Context(), req.Name, req.Force)
-	rep.Index = idx
+	rm, err := n.RemoveNode(r.Context(), req.Name, req.Force)
+	rep := removeReply{Removal: rm, applyReply: applyReply{Index: rm.Index}}
 	if err != nil {
 		rep.Error, rep.Kind = err.Error(), kindOf(err)
 	}
@@ -1125,38 +1130,68 @@ func (n *Node) checkRemovable(ctx context.Context, name string) error {
 // answer.
 const RemoveTimeout = 2 * time.Second
 
+// Removal is what RemoveNode did.
+type Removal struct {
+	Index uint64 `json:"-"` // (sent as applyReply's)
+	// Voter: the node removed was a voter, and held the join secret;
+	// Rotated: the leader replaced it, sealed to the voters left;
+	// RotateError: why it could not.
+	Voter       bool   `json:"voter,omitempty"`
+	Rotated     bool   `json:"join_secret_rotated,omitempty"`
+	RotateError string `json:"join_secret_error,omitempty"`
+	// Told: the leader said the above (one before it rotated nothing,
+	// and said nothing of it).
+	Told bool `json:"told,omitempty"`
+}
+
 // RemoveNode takes a node out of the mesh: out of the state (so its
-// certificate stops being accepted), then out of Raft. It runs on the leader,
-// which knows which voters are reachable; other nodes hand it over.
-func (n *Node) RemoveNode(ctx context.Context, name string, force bool) (uint64, error) {
+// certificate stops being accepted), then out of Raft; a voter's join
+// secret is replaced then. It runs on the leader, which knows which voters
+// are reachable; other nodes hand it over.
+func (n *Node) RemoveNode(ctx context.Context, name string, force bool) (Removal, error) {
 	if n.raft.State() != raft.Leader {
 		addr, err := n.leaderAddr()
 		if err != nil {
-			return 0, err
+			return Removal{}, err
 		}
-		var rep applyReply
+		var rep removeReply
 		if err := n.call(ctx, addr, "/v1/members/remove", removeRequest{Name: name, Force: force}, &rep); err != nil {
-			return 0, err
+			return Removal{}, err
 		}
 		if rep.Error != "" {
-			return rep.Index, errOfKind(rep.Kind, rep.Error)
+			return Removal{Index: rep.applyReply.Index}, errOfKind(rep.Kind, rep.Error)
 		}
-		return rep.Index, nil
+		rep.Removal.Index = rep.applyReply.Index
+		return rep.Removal, nil
 	}
 	if name == n.cfg.ID {
-		return 0, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s leads the mesh; remove it from another node after it hands over (stop its agent)", name)}
+		return Removal{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s leads the mesh; remove it from another node after it hands over (stop its agent)", name)}
 	}
 	if err := n.checkRemovable(ctx, name); err != nil {
-		return 0, err
+		return Removal{}, err
 	}
+	was, _ := n.store.Node(ctx, name)
 	idx, err := n.Propose(ctx, &state.NodeRemoveRequest{Name: name, Force: force})
+	rm := Removal{Index: idx, Voter: was.Voter, Told: true}
 	if err != nil {
-		return idx, err
+		return rm, err
 	}
 	if err := n.raft.RemoveServer(raft.ServerID(name), 0, ApplyTimeout).Error(); err != nil {
-		return idx, fmt.Errorf("node %s left the state but not raft: %w", name, err)
+		return rm, fmt.Errorf("node %s left the state but not raft: %w", name, err)
 	}
-	return idx, nil
+	if was.Voter {
+		// It held the join secret, and could join again with it at will
+		// (under a new name): a new one, sealed to the voters left. Here,
+		// whichever node asked: a member that called the peer API itself
+		// would otherwise remove a voter with the secret left as it was.
+		if err := n.rotateJoinSecret(ctx); err != nil {
+			rm.RotateError = err.Error()
+			n.log.Warn("removed a voter, but the join secret it held was not replaced: run mesh token --rotate on a voter", "node", name, "err", err)
+		} else {
+			rm.Rotated = true
+		}
+	}
+	return rm, nil
 }
 
 // joinClient asks a node of the mesh to admit this one, pinning the CA digest

@@ -560,3 +560,34 @@ func voterToReplace(t *testing.T) (a, b *Member, token string) {
 	eventually(t, 10*time.Second, "ace hears from novox", func() bool { _, ok := a.Node.Seen()["novox"]; return ok })
 	return a, b, token
 }
+
+// A voter removed is refused with the join secret it held, whichever node
+// asked: the leader replaces it, so a member that calls the peer API
+// itself (not through a voter's mesh node remove) cannot remove a voter
+// and leave the secret as it was.
+func TestRemovedVoterLosesTheJoinSecretWhoeverAsks(t *testing.T) {
+	ctx := context.Background()
+	nodes, _ := threeMembers(t)
+	for _, m := range nodes {
+		t.Cleanup(func() { m.Stop() })
+	}
+	a, g := nodes["ace"], nodes["g14"]
+	eventually(t, 20*time.Second, "novox and g14 are voters", func() bool {
+		v, err1 := a.Store.Node(ctx, "novox")
+		w, err2 := a.Store.Node(ctx, "g14")
+		return err1 == nil && err2 == nil && v.Voter && w.Voter && a.Node.State() == "Leader"
+	})
+	old := joinToken(t, a)
+	peer := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	var rep removeReply
+	if err := g.Node.call(ctx, peer, "/v1/members/remove", removeRequest{Name: "novox"}, &rep); err != nil || rep.Error != "" {
+		t.Fatalf("g14 removes voter novox through the peer API: %v %s", err, rep.Error)
+	}
+	if !rep.Told || !rep.Voter || !rep.Rotated || rep.RotateError != "" || rep.applyReply.Index == 0 {
+		t.Fatalf("the leader's answer: %+v", rep)
+	}
+	err := Join(ctx, JoinConfig{DataDir: filepath.Join(t.TempDir(), "evil"), Peer: peer, Token: old, Name: "evil", Address: "127.0.0.9", Port: freePort(t)})
+	if err == nil || !strings.Contains(err.Error(), "secret is not valid") {
+		t.Fatalf("a join with the join secret removed voter novox held: %v, want it refused", err)
+	}
+}

@@ -708,15 +708,19 @@ func (a *API) removeNode(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	idx, err := a.node.RemoveNode(r.Context(), name, force)
+	rm, err := a.node.RemoveNode(r.Context(), name, force)
 	if err != nil {
 		fail(w, err)
 		return
 	}
+	idx := rm.Index
 	res := WriteResult{Index: idx, Voter: was.Voter, SecretsLost: lost}
-	if was.Voter {
-		// It held the join secret: a new one, sealed to the voters left
-		// (as this replica knows them once it holds the removal).
+	if rm.Told {
+		// The leader replaced the join secret a voter held.
+		res.Voter, res.JoinSecretRotated, res.JoinSecretError = rm.Voter, rm.Rotated, rm.RotateError
+	} else if was.Voter {
+		// A leader of before: a new one from here, sealed to the voters
+		// left (as this replica knows them once it holds the removal).
 		if _, ok := a.waitApplied(r.Context(), idx, readWait); !ok {
 			res.JoinSecretError = "this node's replica has not applied the removal yet"
 		} else if err := a.rotateJoinSecret(r.Context()); err != nil {
