@@ -266,14 +266,8 @@ func TestSwapAllInIsAllOrNone(t *testing.T) {
 // the module's next backup removes it (with the real restic; a stand-in
 // that cannot take the lock for the failing removal).
 func TestUnremovedSnapshots(t *testing.T) {
-	if _, err := exec.LookPath("restic"); err != nil {
-		t.Fatal("restic is not on PATH (apt-get install restic); this test runs the real binary")
-	}
 	ctx := t.Context()
-	repo := restic.Repo{URL: filepath.Join(t.TempDir(), "repo"), Password: []byte("correct horse"), Host: "ace"}
-	if _, err := repo.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
+	repo := realRepo(t)
 	data := t.TempDir()
 	if err := os.WriteFile(filepath.Join(data, "v"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
@@ -768,14 +762,8 @@ func TestUnreadableSwapMarkMovesNothing(t *testing.T) {
 // files. A size that cannot be told is errUnmeasured (the restore goes on,
 // warned).
 func TestRestoreMeasuresItsRoom(t *testing.T) {
-	if _, err := exec.LookPath("restic"); err != nil {
-		t.Fatal("restic is not on PATH (apt-get install restic); this test runs the real binary")
-	}
 	ctx := t.Context()
-	repo := restic.Repo{URL: filepath.Join(t.TempDir(), "repo"), Password: []byte("correct horse"), Host: "ace"}
-	if _, err := repo.Ensure(ctx); err != nil {
-		t.Fatal(err)
-	}
+	repo := realRepo(t)
 	root := t.TempDir()
 	data, dump := filepath.Join(root, "data"), filepath.Join(root, "dump")
 	for d, n := range map[string]int{data: 3 << 20, dump: 1 << 20} {
@@ -830,4 +818,17 @@ func TestRestoreMeasuresItsRoom(t *testing.T) {
 	if _, err := restoreSizes(ctx, repo, &gone, []string{data}); !errors.Is(err, errUnmeasured) {
 		t.Fatalf("a snapshot that is not there: %v", err)
 	}
+}
+
+// realRepo is a new repository of the real restic, of host ace.
+func realRepo(t *testing.T) restic.Repo {
+	t.Helper()
+	if _, err := exec.LookPath("restic"); err != nil {
+		t.Fatal("restic is not on PATH (apt-get install restic); this test runs the real binary")
+	}
+	repo := restic.Repo{URL: filepath.Join(t.TempDir(), "repo"), Password: []byte("correct horse"), Host: "ace"}
+	if _, err := repo.Ensure(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return repo
 }
