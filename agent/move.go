@@ -536,13 +536,13 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 	// are made (madeParents): a copy cut by a kill of this node is sent
 	// again, and finds them; the module would fail on them ("exists and
 	// the mesh did not make it") had the ledger not taken them with it.
-	parents := a.parentsMadeBefore(ctx, module, id)
+	parents, earlier := a.parentsMadeBefore(ctx, module, id)
 	adopted := false
 	defer func() {
 		// The record goes once its directories were looked at: a
 		// removal that could not hold the node keeps it for the next copy.
 		if !adopted && a.removeMadeParents(ctx, parents) {
-			a.forgetMadeParents()
+			a.settleMadeParents(ctx, earlier)
 		}
 	}()
 	for _, d := range mv.Data {
@@ -552,7 +552,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 		}
 		if len(missing) > 0 {
 			parents = append(parents, missing...)
-			if err := writeMadeParents(a.dir, madeParents{Module: module, Move: id, Paths: parents}); err != nil {
+			if err := writeMadeParents(a.dir, madeParents{Module: module, Move: id, Paths: parents, Stale: earlier}); err != nil {
 				return res, http.StatusInternalServerError, err
 			}
 			for _, q := range missing {
@@ -672,7 +672,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 		return res, http.StatusInternalServerError, err
 	}
 	adopted = true // the ledger holds the parents made, with the module
-	a.forgetMadeParents()
+	a.settleMadeParents(ctx, earlier)
 	for _, w := range stale {
 		if err := os.RemoveAll(w); err != nil {
 			a.log.Warn("move: the copy this one replaced is left", "module", module, "path", w, "err", err)
@@ -832,11 +832,14 @@ func missingParents(p string) ([]string, error) {
 // of the directories a move's copy into this node made for its data
 // directories' parents, written before they are made and removed once the
 // ledger holds them (or they are removed): one copy into a node at a time
-// (moveMu), so one record.
+// (moveMu), so one record. Stale are those an earlier move's copy made
+// that could not be looked at yet (the node was held): kept in the record
+// until a later copy removes them.
 type madeParents struct {
 	Module string   `json:"module"`
 	Move   uint64   `json:"move"`
 	Paths  []string `json:"paths"`
+	Stale  []string `json:"stale,omitempty"`
 }
 
 const moveParents = "move-parents.json"
@@ -853,13 +856,15 @@ func writeMadeParents(dir string, r madeParents) error {
 }
 
 // parentsMadeBefore is what an earlier copy of move id of module made and
-// recorded (cut by a kill: the copy is sent again), those still there;
-// what a copy of another move recorded is removed (its copy is over: one
-// copy at a time), and its record with it.
-func (a *Agent) parentsMadeBefore(ctx context.Context, module string, id uint64) []string {
+// recorded (cut by a kill: the copy is sent again), those still there
+// (mine), and what other moves' copies made and recorded, to be removed
+// (their copies are over: one copy at a time): removed now, with the
+// record, or, when the node cannot be held, returned as stale, for the
+// record to keep (settleMadeParents).
+func (a *Agent) parentsMadeBefore(ctx context.Context, module string, id uint64) (mine, stale []string) {
 	raw, err := os.ReadFile(filepath.Join(a.dir, moveParents))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	var r madeParents
 	if err == nil {
@@ -868,21 +873,44 @@ func (a *Agent) parentsMadeBefore(ctx context.Context, module string, id uint64)
 	if err != nil {
 		a.log.Warn("move: the record of the directories an earlier copy made cannot be read; they stay", "err", err)
 		a.forgetMadeParents()
-		return nil
+		return nil, nil
 	}
-	var paths []string
-	for _, p := range r.Paths {
-		if p == filepath.Clean(p) && filepath.IsAbs(p) && safefs.IsDir(p) {
-			paths = append(paths, p)
+	there := func(l []string) []string {
+		var out []string
+		for _, p := range l {
+			if p == filepath.Clean(p) && filepath.IsAbs(p) && safefs.IsDir(p) {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	mine, stale = there(r.Paths), there(r.Stale)
+	if r.Module != module || r.Move != id {
+		stale, mine = append(stale, mine...), nil
+	}
+	if len(stale) > 0 && a.removeMadeParents(ctx, stale) {
+		stale = nil
+		if len(mine) == 0 {
+			a.forgetMadeParents()
 		}
 	}
-	if r.Module == module && r.Move == id {
-		return paths
+	return mine, stale
+}
+
+// settleMadeParents ends the record once a copy's own parents are settled
+// (in the ledger, or removed): it goes, or keeps only stale, those of
+// earlier copies still to be removed, tried again first.
+func (a *Agent) settleMadeParents(ctx context.Context, stale []string) {
+	if len(stale) > 0 && a.removeMadeParents(ctx, stale) {
+		stale = nil
 	}
-	if a.removeMadeParents(ctx, paths) {
+	if len(stale) == 0 {
 		a.forgetMadeParents()
+		return
 	}
-	return nil
+	if err := writeMadeParents(a.dir, madeParents{Stale: stale}); err != nil {
+		a.log.Warn("move: the directories earlier copies made are left unrecorded", "paths", stale, "err", err)
+	}
 }
 
 // forgetMadeParents removes the record.

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -284,33 +285,46 @@ func TestParentsMadeAreRecordedForTheCopySentAgain(t *testing.T) {
 	if err := writeMadeParents(dir, madeParents{Module: "pg", Move: 7, Paths: append(made, filepath.Join(root, "gone"), "relative")}); err != nil {
 		t.Fatal(err)
 	}
-	if got := a.parentsMadeBefore(ctx, "pg", 7); !slices.Equal(got, made) {
-		t.Fatalf("the same move's copy sent again takes %v, want %v", got, made)
+	if got, stale := a.parentsMadeBefore(ctx, "pg", 7); !slices.Equal(got, made) || len(stale) != 0 {
+		t.Fatalf("the same move's copy sent again takes %v (stale %v), want %v", got, stale, made)
 	}
 	if _, err := os.Stat(filepath.Join(dir, moveParents)); err != nil {
 		t.Fatalf("the record of the same move: %v", err)
 	}
 	// Another move's copy while the node is held (an apply under way):
-	// nothing removed, and the record stays for the next copy.
+	// nothing removed, and the directories stay recorded, as stale, through
+	// that copy's own record and its end.
 	held, release := make(chan struct{}), make(chan struct{})
 	go rec.Exclusive(ctx, func(context.Context) error { close(held); <-release; return nil })
 	<-held
 	defer func(w time.Duration) { removeParentsWait = w }(removeParentsWait)
 	removeParentsWait = 50 * time.Millisecond
-	if got := a.parentsMadeBefore(ctx, "pg", 8); len(got) != 0 {
-		t.Fatalf("another move's copy takes %v", got)
-	}
-	if _, err := os.Stat(filepath.Join(dir, moveParents)); err != nil {
-		t.Fatalf("the record, when its directories could not be looked at: %v", err)
+	got, stale := a.parentsMadeBefore(ctx, "pg", 8)
+	if len(got) != 0 || !slices.Equal(stale, made) {
+		t.Fatalf("another move's copy takes %v, stale %v; want none, %v", got, stale, made)
 	}
 	for _, p := range made {
 		if _, err := os.Lstat(p); err != nil {
 			t.Fatalf("%s removed without holding the node: %v", p, err)
 		}
 	}
+	other := filepath.Join(root, "other")
+	os.Mkdir(other, 0o755)
+	if err := writeMadeParents(dir, madeParents{Module: "web", Move: 8, Paths: []string{other}, Stale: stale}); err != nil {
+		t.Fatal(err)
+	}
+	a.settleMadeParents(ctx, stale) // move 8's copy came in (its own parents in the ledger)
+	raw, err := os.ReadFile(filepath.Join(dir, moveParents))
+	var left madeParents
+	if err == nil {
+		err = json.Unmarshal(raw, &left)
+	}
+	if err != nil || !slices.Equal(left.Stale, made) || len(left.Paths) != 0 {
+		t.Fatalf("the record after move 8's copy, the node held: %+v %v", left, err)
+	}
 	close(release)
-	if got := a.parentsMadeBefore(ctx, "pg", 8); len(got) != 0 {
-		t.Fatalf("another move's copy takes %v", got)
+	if got, stale := a.parentsMadeBefore(ctx, "pg", 9); len(got) != 0 || len(stale) != 0 {
+		t.Fatalf("the next move's copy takes %v, stale %v", got, stale)
 	}
 	for _, p := range made {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
@@ -318,13 +332,13 @@ func TestParentsMadeAreRecordedForTheCopySentAgain(t *testing.T) {
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, moveParents)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("the earlier move's record: %v", err)
+		t.Fatalf("the earlier moves' record: %v", err)
 	}
 	// A damaged record: nothing taken, nothing removed, the record gone.
 	os.Mkdir(made[0], 0o755)
 	os.WriteFile(filepath.Join(dir, moveParents), []byte("{"), 0o600)
-	if got := a.parentsMadeBefore(ctx, "pg", 7); len(got) != 0 {
-		t.Fatalf("a damaged record gave %v", got)
+	if got, stale := a.parentsMadeBefore(ctx, "pg", 7); len(got) != 0 || len(stale) != 0 {
+		t.Fatalf("a damaged record gave %v, %v", got, stale)
 	}
 	if _, err := os.Stat(made[0]); err != nil {
 		t.Fatalf("a damaged record removed %s: %v", made[0], err)

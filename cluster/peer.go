@@ -1176,9 +1176,8 @@ func (n *Node) RemoveNode(ctx context.Context, name string, force bool) (Removal
 	if err != nil {
 		return rm, err
 	}
-	if err := n.raft.RemoveServer(raft.ServerID(name), 0, ApplyTimeout).Error(); err != nil {
-		return rm, fmt.Errorf("node %s left the state but not raft: %w", name, err)
-	}
+	// The secret is replaced once the state has the removal, whatever
+	// Raft does next: a removal tried again would find no voter to name.
 	if was.Voter {
 		// It held the join secret, and could join again with it at will
 		// (under a new name): a new one, sealed to the voters left. Here,
@@ -1190,6 +1189,13 @@ func (n *Node) RemoveNode(ctx context.Context, name string, force bool) (Removal
 		} else {
 			rm.Rotated = true
 		}
+	}
+	if err := n.raft.RemoveServer(raft.ServerID(name), 0, ApplyTimeout).Error(); err != nil {
+		said := ""
+		if rm.Rotated {
+			said = " (the join secret it held was replaced)"
+		}
+		return rm, fmt.Errorf("node %s left the state but not raft%s: %w", name, said, err)
 	}
 	return rm, nil
 }

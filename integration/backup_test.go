@@ -199,7 +199,7 @@ func checkBackups(t *testing.T, n []*agent, pgFile string) {
 		t.Fatalf("make a sparse file of %d bytes in postgres's data (its filesystem must take one): %v %s", holeSize, err, out)
 	}
 	out = n[3].meshFails("backup", "postgres")
-	if !strings.Contains(out, "stopped: it was to read") || !strings.Contains(out, "find /srv/postgres/data") {
+	if !strings.Contains(out, "stopped: it was to read") || !strings.Contains(out, "find '/srv/postgres/data'") {
 		t.Fatalf("a backup of a sparse file several times the disk: %s", out)
 	}
 	eventually(t, 30*time.Second, "status says why the backup failed", func() (bool, string) {

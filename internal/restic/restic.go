@@ -17,10 +17,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -189,19 +191,23 @@ func (r Repo) BackupExcluding(ctx context.Context, paths, exclude []string, tags
 	out := &lineWriter{line: func(b []byte) {
 		var l backupLine
 		if json.Unmarshal(b, &l) != nil {
+			if bound > 0 && bytes.Contains(b, []byte(`"message_type":"status"`)) {
+				// Sizes no uint64 holds: over any bound.
+				stop(&TooMuchError{Paths: paths, Total: ^uint64(0), Bound: bound})
+			}
 			return
 		}
 		switch l.MessageType {
 		case "status":
-			p := Progress{PercentDone: l.PercentDone, FilesDone: l.FilesDone, TotalFiles: l.TotalFiles, BytesDone: l.BytesDone, TotalBytes: l.TotalBytes}
+			p := Progress{PercentDone: l.PercentDone, FilesDone: l.FilesDone, TotalFiles: l.TotalFiles, BytesDone: toInt64(l.BytesDone), TotalBytes: toInt64(l.TotalBytes)}
 			if stall == nil {
 				stall = time.AfterFunc(BackupStall, func() { stop(errStalled) })
 			} else if p != moved {
 				stall.Reset(BackupStall)
 			}
 			moved = p
-			if bound > 0 && uint64(max(p.TotalBytes, 0)) > bound {
-				stop(&TooMuchError{Paths: paths, Total: uint64(p.TotalBytes), Bound: bound})
+			if bound > 0 && l.TotalBytes > bound {
+				stop(&TooMuchError{Paths: paths, Total: l.TotalBytes, Bound: bound})
 			}
 			if progress != nil {
 				progress(p)
@@ -252,23 +258,42 @@ var (
 )
 
 // readBound is what a backup of paths may read (0: unbounded, when a
-// filesystem's capacity cannot be told).
+// filesystem's capacity cannot be told): the filesystems of paths and of
+// the mounts under them (restic walks into those when it runs unconfined,
+// holdsMounts), each once.
 func readBound(paths []string) uint64 {
+	at := slices.Clone(paths)
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 5 {
+			m := unescapeMount(f[4])
+			if slices.ContainsFunc(paths, func(p string) bool { return strings.HasPrefix(m, strings.TrimSuffix(p, "/")+"/") }) {
+				at = append(at, m)
+			}
+		}
+	}
 	var capacity uint64
-	seen := map[[2]int32]bool{}
-	for _, p := range paths {
-		var st unix.Statfs_t
-		if unix.Statfs(p, &st) != nil {
+	seen := map[uint64]bool{}
+	for _, p := range at {
+		var st unix.Stat_t
+		var fs unix.Statfs_t
+		if unix.Stat(p, &st) != nil || unix.Statfs(p, &fs) != nil {
 			return 0
 		}
-		if seen[st.Fsid.Val] {
+		if seen[st.Dev] {
 			continue
 		}
-		seen[st.Fsid.Val] = true
-		capacity += st.Blocks * uint64(st.Bsize)
+		seen[st.Dev] = true
+		capacity += fs.Blocks * uint64(fs.Frsize) // f_blocks counts f_frsize units
 	}
 	return max(satMul(capacity, ReadFactor), capacity+ReadSlack)
 }
+
+// toInt64 is v, at most the largest int64.
+func toInt64(v uint64) int64 { return int64(min(v, math.MaxInt64)) }
 
 // satMul is a*b, at most the largest uint64.
 func satMul(a, b uint64) uint64 {
@@ -286,8 +311,12 @@ type TooMuchError struct {
 }
 
 func (e *TooMuchError) Error() string {
+	quoted := make([]string, len(e.Paths))
+	for i, p := range e.Paths {
+		quoted[i] = "'" + strings.ReplaceAll(p, "'", `'\''`) + "'"
+	}
 	return fmt.Sprintf("it was to read %s from %s, whose filesystems hold far less (at most %s is read): a sparse file (restic reads its holes as data) or a great many hard links, which a container can make; the backup was stopped, as it would hold the node for hours. find %s -type f -size +1G -printf '%%s %%b %%p\\n' lists the large files with their blocks",
-		gib(e.Total), strings.Join(e.Paths, ", "), gib(e.Bound), strings.Join(e.Paths, " "))
+		gib(e.Total), strings.Join(e.Paths, ", "), gib(e.Bound), strings.Join(quoted, " "))
 }
 
 // gib is a size in GiB, for messages.
@@ -306,8 +335,8 @@ type backupLine struct {
 	PercentDone float64 `json:"percent_done"`
 	TotalFiles  int     `json:"total_files"`
 	FilesDone   int     `json:"files_done"`
-	TotalBytes  int64   `json:"total_bytes"`
-	BytesDone   int64   `json:"bytes_done"`
+	TotalBytes  uint64  `json:"total_bytes"` // restic's own type: a sparse file of 8 EiB is over int64
+	BytesDone   uint64  `json:"bytes_done"`
 
 	FilesNew            int     `json:"files_new"`
 	FilesChanged        int     `json:"files_changed"`
@@ -402,7 +431,7 @@ func (r Repo) RestoreSize(ctx context.Context, id string) (int64, error) {
 		Snapshots int    `json:"snapshots_count"`
 	}
 	if err := json.Unmarshal(out.Bytes(), &st); err != nil || out.over || st.TotalSize == nil || *st.TotalSize < 0 {
-		return 0, fmt.Errorf("restic stats: its answer holds no size (%q)", lastLines(stderrLines(out.Bytes()), 1))
+		return 0, fmt.Errorf("restic stats: its answer holds no size (%.200q)", out.Bytes())
 	}
 	// restic 0.14 passes over an ID it does not find, and exits 0.
 	if st.Snapshots != 1 {

@@ -753,7 +753,7 @@ func TestBackupStopsBeforeReadingASparseFileForEver(t *testing.T) {
 	f.Close()
 	_, err = r.BackupExcluding(t.Context(), []string{src}, nil, []string{"mesh"}, nil)
 	var tooMuch *TooMuchError
-	if !errors.As(err, &tooMuch) || !strings.Contains(err.Error(), "restic backup: stopped: it was to read") || !strings.Contains(err.Error(), "find "+src+" -type f") {
+	if !errors.As(err, &tooMuch) || !strings.Contains(err.Error(), "restic backup: stopped: it was to read") || !strings.Contains(err.Error(), "find '"+src+"' -type f") {
 		t.Fatalf("a backup of a sparse file larger than its filesystem: %v", err)
 	}
 	if snaps, err := r.Snapshots(t.Context(), nil); err != nil || len(snaps) != 0 {
@@ -763,6 +763,23 @@ func TestBackupStopsBeforeReadingASparseFileForEver(t *testing.T) {
 	os.Remove(hole)
 	if _, err := r.BackupExcluding(t.Context(), []string{src}, nil, []string{"mesh"}, nil); err != nil {
 		t.Fatalf("the backup without the sparse file: %v", err)
+	}
+}
+
+// A size over int64 (a sparse file of 8 EiB: restic's counters are
+// uint64), or over any uint64, is over the bound too, not a line passed
+// over.
+func TestBackupStopsOnSizesOverInt64(t *testing.T) {
+	src := t.TempDir()
+	for _, total := range []string{"9223372036854775808", "99999999999999999999"} {
+		dir := t.TempDir()
+		bin := filepath.Join(dir, "restic")
+		os.WriteFile(bin, []byte("#!/bin/sh\necho '{\"message_type\":\"status\",\"total_bytes\":"+total+"}'; exec sleep 30\n"), 0o755)
+		_, err := Repo{URL: filepath.Join(dir, "repo"), Password: []byte("pw"), Binary: bin}.BackupExcluding(t.Context(), []string{src}, nil, nil, nil)
+		var tooMuch *TooMuchError
+		if !errors.As(err, &tooMuch) {
+			t.Fatalf("total_bytes %s: %v", total, err)
+		}
 	}
 }
 
