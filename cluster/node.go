@@ -125,6 +125,10 @@ type Node struct {
 	// streams is peers with no overall timeout: logs and exec (operate).
 	streams *http.Client
 	peerAPI *http.Server
+	// serving counts the peer API's requests; endServing ends their
+	// contexts (Shutdown).
+	serving    *inflight
+	endServing context.CancelFunc
 	// operate serves /v1/op/ (logs and exec) once the agent has set it.
 	operate atomic.Pointer[http.Handler]
 	logs    io.Closer
@@ -309,8 +313,13 @@ func New(cfg Config, store *state.Store) (*Node, error) {
 	// An idle connection is closed after two minutes: the peers' own idle
 	// connections go after one (peerTransport), so none is cut under a request.
 	n.large = make(chan struct{}, largeCommands)
-	n.peerAPI = &http.Server{Handler: n.peerHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		ConnState: m.connState, ConnContext: m.connContext}
+	// The requests' base context ends as the node stops: so does a
+	// stream (mesh logs -f, mesh exec).
+	base, endServing := context.WithCancel(context.Background())
+	n.serving, n.endServing = newInflight(), endServing
+	n.peerAPI = &http.Server{Handler: n.serving.serve(n.peerHandler()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		BaseContext: func(net.Listener) context.Context { return base },
+		ConnState:   m.connState, ConnContext: m.connContext}
 	go n.peerAPI.Serve(m.api)
 	log.Info("raft started", "id", cfg.ID, "addr", trans.LocalAddr(), "log_store", cfg.LogStore)
 	return n, nil
@@ -1020,7 +1029,11 @@ func (n *Node) Shutdown() error {
 	n.stopOnce.Do(func() { close(n.stop) })
 	n.catchingUp.Wait()
 	err := n.raft.Shutdown().Error()
+	n.endServing()
 	n.peerAPI.Close()
+	if !n.serving.close(peerStopWait) {
+		n.log.Warn("a request to the peer API did not end; closing the replica under it", "waited", peerStopWait)
+	}
 	n.transport.Close()
 	n.mux.Close()
 	n.logsMu.Lock()

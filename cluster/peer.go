@@ -198,7 +198,12 @@ func (n *Node) peerHandler() http.Handler {
 // reading any container's output, or running a shell in it.
 func (n *Node) whileMember(r *http.Request) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(r.Context())
+	if !n.serving.enter() { // the node stops: so does the stream
+		cancel()
+		return ctx, cancel
+	}
 	go func() {
+		defer n.serving.leave()
 		defer cancel()
 		for {
 			changed := n.store.Changed()
