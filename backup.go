@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 	"mesh/cluster/api"
 	"mesh/internal/safefs"
 	"mesh/state"
+	"mesh/state/manifest"
 )
 
 // BackupCmd groups the backups of modules' data with restic (issue 30).
@@ -231,23 +233,30 @@ func (c *RestoreCmd) Run(g *Globals) error {
 		if !r.StoppedAt.IsZero() {
 			since = r.StoppedAt
 		}
-		if err := waitStarted(g, r.Node, r.Module, r.Stopped, since, deadline); err != nil {
+		if err := waitStarted(g, r.Node, r.Module, r.Stopped, since, !r.StoppedAt.IsZero(), deadline); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// waitStarted waits for node's first apply after since that created the
-// module's containers a restore stopped, then for their health checks.
+// waitStarted waits until node's applies after since have started again
+// the module's containers a restore stopped, then for their health checks.
 // since is on the node's clock (the restore's stopped_at): an apply of
 // just before the restore that created them too (the node started again)
 // would otherwise pass for it, healthy, while the restored data starts.
-func waitStarted(g *Globals, node, module string, stopped []string, since, deadline time.Time) error {
+// The restore removed the containers and held the node, so a container
+// an apply after since reports as there (created, or unchanged by a later
+// apply than the one that created it: two applies may come between two
+// reads of the status) was started after the restore. When since is this
+// machine's clock (exact false: an agent that does not say when it
+// stopped them), only an apply that created them counts.
+func waitStarted(g *Globals, node, module string, stopped []string, since time.Time, exact bool, deadline time.Time) error {
 	if len(stopped) == 0 {
 		return nil
 	}
 	fmt.Fprintf(g.out, "waiting for %s to start %s again ...\n", node, strings.Join(stopped, ", "))
+	started := map[string]bool{}
 	after := g.follow()
 	for {
 		st, err := after.next(deadline)
@@ -258,24 +267,31 @@ func waitStarted(g *Globals, node, module string, stopped []string, since, deadl
 			if n.Name != node || n.Report == nil || !n.Report.AppliedAt.After(since) {
 				continue
 			}
-			started := 0
-			for _, rr := range n.Report.Resources {
-				for _, s := range stopped {
-					if rr.Name == s && rr.Outcome == state.Created {
-						started++
-					}
-				}
-			}
 			if f := n.Report.Failed(module); f != nil {
 				return fmt.Errorf("%s could not start %s again after the restore: %s", node, module, f.Reason)
 			}
-			if started == len(stopped) {
+			for _, rr := range n.Report.Resources {
+				if rr.Kind == manifest.KindContainer && slices.Contains(stopped, rr.Name) && (rr.Outcome == state.Created || exact && running(rr.Outcome)) {
+					started[rr.Name] = true
+				}
+			}
+			if len(started) == len(stopped) {
 				fmt.Fprintf(g.out, "%s started %s\n", node, strings.Join(stopped, ", "))
-				return waitHealthy(g, node, module, n.Report, deadline)
+				return waitChecks(g, node, started, n.Report, deadline)
 			}
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s did not start %s again before the --timeout; mesh status shows why", node, strings.Join(stopped, ", "))
 		}
 	}
+}
+
+// running says a container an apply reports with outcome o is there and
+// running after it.
+func running(o state.Outcome) bool {
+	switch o {
+	case state.Created, state.Unchanged, state.Updated, state.Replaced, state.Started, state.Restarted:
+		return true
+	}
+	return false
 }

@@ -107,6 +107,13 @@ func waitHealthy(g *Globals, node, module string, rep *state.Report, deadline ti
 			changed[rr.Name] = true
 		}
 	}
+	return waitChecks(g, node, changed, rep, deadline)
+}
+
+// waitChecks waits until those of containers that rep says have a health
+// check are healthy, in reports from rep's apply on; it fails once one is
+// unhealthy.
+func waitChecks(g *Globals, node string, changed map[string]bool, rep *state.Report, deadline time.Time) error {
 	wait := map[string]bool{}
 	for _, h := range rep.Health {
 		if changed[h.Container] {
