@@ -262,19 +262,11 @@ var (
 // the mounts under them (restic walks into those when it runs unconfined,
 // holdsMounts), each once.
 func readBound(paths []string) uint64 {
-	at := slices.Clone(paths)
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 5 {
-			m := unescapeMount(f[4])
-			if slices.ContainsFunc(paths, func(p string) bool { return strings.HasPrefix(m, strings.TrimSuffix(p, "/")+"/") }) {
-				at = append(at, m)
-			}
-		}
-	}
+	at := append(slices.Clone(paths), mountPointsUnder(string(b), paths)...)
 	var capacity uint64
 	seen := map[uint64]bool{}
 	for _, p := range at {
@@ -651,21 +643,38 @@ func MountsUnder(paths []string) string {
 	return mountsUnder(string(b), paths)
 }
 
-// mountsUnder is MountsUnder of a mountinfo text.
+// mountsUnder is MountsUnder of a mountinfo text: the first mount point
+// under one of paths, with the first of paths it is under.
 func mountsUnder(mountinfo string, paths []string) string {
+	at := mountPointsUnder(mountinfo, paths)
+	if len(at) == 0 {
+		return ""
+	}
+	i := slices.IndexFunc(paths, func(p string) bool { return below(at[0], p) })
+	return paths[i] + " holds another mount (" + at[0] + ")"
+}
+
+// mountPointsUnder is the mount points of a mountinfo text (its fifth
+// field, escapes undone) that are below one of paths, in its order.
+func mountPointsUnder(mountinfo string, paths []string) []string {
+	var at []string
 	for _, line := range strings.Split(mountinfo, "\n") {
 		f := strings.Fields(line)
 		if len(f) < 5 {
 			continue
 		}
-		at := unescapeMount(f[4])
-		for _, p := range paths {
-			if strings.HasPrefix(at, strings.TrimSuffix(p, "/")+"/") {
-				return p + " holds another mount (" + at + ")"
-			}
+		m := unescapeMount(f[4])
+		if slices.ContainsFunc(paths, func(p string) bool { return below(m, p) }) {
+			at = append(at, m)
 		}
 	}
-	return ""
+	return at
+}
+
+// below reports whether m is under p, not p itself (but every absolute
+// path, "/" too, is below "/").
+func below(m, p string) bool {
+	return strings.HasPrefix(m, strings.TrimSuffix(p, "/")+"/")
 }
 
 // unescapeMount undoes mountinfo's octal escapes (\040 for a space).

@@ -607,6 +607,39 @@ func TestMountsUnder(t *testing.T) {
 	}
 }
 
+// mountPointsUnder lists every mount point under one of the paths, in
+// mountinfo's order (readBound counts their filesystems); mountsUnder
+// names the first, with the first path it is under.
+func TestMountPointsUnder(t *testing.T) {
+	info := `22 1 8:1 / / rw - ext4 /dev/sda1 rw
+30 22 0:40 / /srv/app rw - tmpfs tmpfs rw
+31 22 0:41 / /srv/app2/x rw - tmpfs tmpfs rw
+32 22 0:42 / /srv/my\040data/inner rw - tmpfs tmpfs rw
+33 31 0:43 / /srv/app2/x/y rw - tmpfs tmpfs rw
+`
+	paths := []string{"/srv/app", "/srv/my data", "/srv/app2"}
+	want := []string{"/srv/app2/x", "/srv/my data/inner", "/srv/app2/x/y"}
+	if got := mountPointsUnder(info, paths); !slices.Equal(got, want) {
+		t.Errorf("mountPointsUnder = %q, want %q", got, want)
+	}
+	if got := mountPointsUnder(info, []string{"/srv/app"}); len(got) != 0 {
+		t.Errorf("mountPointsUnder(/srv/app) = %q, want none", got)
+	}
+	for _, tc := range []struct {
+		paths []string
+		want  string
+	}{
+		{[]string{"/srv/my data", "/srv"}, "/srv holds another mount (/srv/app)"},
+		{[]string{"/srv/app2/x", "/srv/app2"}, "/srv/app2 holds another mount (/srv/app2/x)"},
+		{[]string{"/srv/app2", "/srv/app2/x"}, "/srv/app2 holds another mount (/srv/app2/x)"},
+		{[]string{"/srv/app2/x", "/srv/my data"}, "/srv/my data holds another mount (/srv/my data/inner)"},
+	} {
+		if got := mountsUnder(info, tc.paths); got != tc.want {
+			t.Errorf("mountsUnder(%q) = %q, want %q", tc.paths, got, tc.want)
+		}
+	}
+}
+
 // BackupExcluding leaves out the paths it is given, each as itself (a
 // name with a pattern's characters matches only that name).
 func TestBackupExcluding(t *testing.T) {
