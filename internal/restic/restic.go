@@ -463,7 +463,7 @@ func (r Repo) SizeUnder(ctx context.Context, id, path string) (int64, error) {
 		if n.StructType != "node" || n.Type != "file" {
 			return
 		}
-		if n.Path != path && !strings.HasPrefix(n.Path, strings.TrimSuffix(path, "/")+"/") {
+		if !within(n.Path, path) {
 			return
 		}
 		if n.Size < 0 || total+n.Size < total {
@@ -670,6 +670,11 @@ func mountPointsUnder(mountinfo string, paths []string) []string {
 	}
 	return at
 }
+
+// within reports whether p is dir or under it: the rule of
+// manifest.Within (which this package cannot import), for the clean
+// absolute paths SizeUnder takes.
+func within(p, dir string) bool { return p == dir || below(p, dir) }
 
 // below reports whether m is under p, not p itself (but every absolute
 // path, "/" too, is below "/").

@@ -816,6 +816,22 @@ func TestBackupStopsOnSizesOverInt64(t *testing.T) {
 	}
 }
 
+// within is manifest.Within's rule: the path itself or under it, not a
+// sibling that shares its prefix.
+func TestWithin(t *testing.T) {
+	for _, tc := range []struct {
+		p, dir string
+		want   bool
+	}{
+		{"/srv/db", "/srv/db", true}, {"/srv/db/x", "/srv/db", true}, {"/srv/db-extra", "/srv/db", false},
+		{"/srv", "/srv/db", false}, {"/srv/db", "/", true}, {"/", "/", true},
+	} {
+		if got := within(tc.p, tc.dir); got != tc.want {
+			t.Errorf("within(%s, %s) = %v, want %v", tc.p, tc.dir, got, tc.want)
+		}
+	}
+}
+
 func TestReadBound(t *testing.T) {
 	if got := readBound([]string{"/nonexistent-mesh-path"}); got != 0 {
 		t.Fatalf("the bound of a path that is not there: %d", got)
