@@ -1064,17 +1064,21 @@ type removeRequest struct {
 	Force bool   `json:"force"`
 }
 
-// removeReply is a removal's answer: applyReply's index is the removal's.
+// removeReply is a removal's answer: Removal's fields, then applyReply's,
+// written out (embedded, its Index and Removal's were two of one name; the
+// JSON is the same, Removal's Index being "-"). Index is the removal's.
 type removeReply struct {
 	Removal
-	applyReply
+	Index uint64 `json:"index"`
+	Error string `json:"error,omitempty"`
+	Kind  string `json:"kind,omitempty"`
 }
 
 func (n *Node) serveRemoveMember(w http.ResponseWriter, r *http.Request) {
 	var req removeRequest
 	json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req)
 	rm, err := n.RemoveNode(r.Context(), req.Name, req.Force)
-	rep := removeReply{Removal: rm, applyReply: applyReply{Index: rm.Index}}
+	rep := removeReply{Removal: rm, Index: rm.Index}
 	if err != nil {
 		rep.Error, rep.Kind = err.Error(), kindOf(err)
 	}
@@ -1137,7 +1141,7 @@ const RemoveTimeout = 2 * time.Second
 
 // Removal is what RemoveNode did.
 type Removal struct {
-	Index uint64 `json:"-"` // (sent as applyReply's)
+	Index uint64 `json:"-"` // (sent as removeReply's)
 	// Voter: the node removed was a voter, and held the join secret;
 	// Rotated: the leader replaced it, sealed to the voters left;
 	// RotateError: why it could not.
@@ -1164,9 +1168,9 @@ func (n *Node) RemoveNode(ctx context.Context, name string, force bool) (Removal
 			return Removal{}, err
 		}
 		if rep.Error != "" {
-			return Removal{Index: rep.applyReply.Index}, errOfKind(rep.Kind, rep.Error)
+			return Removal{Index: rep.Index}, errOfKind(rep.Kind, rep.Error)
 		}
-		rep.Removal.Index = rep.applyReply.Index
+		rep.Removal.Index = rep.Index
 		return rep.Removal, nil
 	}
 	if name == n.cfg.ID {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -583,11 +584,47 @@ func TestRemovedVoterLosesTheJoinSecretWhoeverAsks(t *testing.T) {
 	if err := g.Node.call(ctx, peer, "/v1/members/remove", removeRequest{Name: "novox"}, &rep); err != nil || rep.Error != "" {
 		t.Fatalf("g14 removes voter novox through the peer API: %v %s", err, rep.Error)
 	}
-	if !rep.Told || !rep.Voter || !rep.Rotated || rep.RotateError != "" || rep.applyReply.Index == 0 {
+	if !rep.Told || !rep.Voter || !rep.Rotated || rep.RotateError != "" || rep.Index == 0 {
 		t.Fatalf("the leader's answer: %+v", rep)
 	}
 	err := Join(ctx, JoinConfig{DataDir: filepath.Join(t.TempDir(), "evil"), Peer: peer, Token: old, Name: "evil", Address: "127.0.0.9", Port: freePort(t)})
 	if err == nil || !strings.Contains(err.Error(), "secret is not valid") {
 		t.Fatalf("a join with the join secret removed voter novox held: %v, want it refused", err)
+	}
+}
+
+// removeReply's JSON is the one of before it wrote applyReply's fields out
+// (Removal and applyReply embedded), byte for byte, both ways: nodes of
+// either side of that change ask each other for removals.
+func TestRemoveReplyWireIsUnchanged(t *testing.T) {
+	type before struct {
+		Removal
+		applyReply
+	}
+	for _, rm := range []Removal{
+		{},
+		{Index: 42, Voter: true, Rotated: true, Told: true},
+		{Index: 7, Voter: true, RotateError: "no voter answered", Told: true},
+	} {
+		for _, e := range []applyReply{{Index: rm.Index}, {Index: rm.Index, Error: "node x left the state but not raft", Kind: "conflict"}} {
+			old, err1 := json.Marshal(before{rm, e})
+			now, err2 := json.Marshal(removeReply{Removal: rm, Index: e.Index, Error: e.Error, Kind: e.Kind})
+			if err1 != nil || err2 != nil || string(old) != string(now) {
+				t.Fatalf("removeReply's JSON: %s (%v), before: %s (%v)", now, err2, old, err1)
+			}
+			var got removeReply
+			var back before
+			if json.Unmarshal(old, &got) != nil || json.Unmarshal(now, &back) != nil {
+				t.Fatalf("%s does not decode", now)
+			}
+			want := removeReply{Removal: rm, Index: e.Index, Error: e.Error, Kind: e.Kind}
+			want.Removal.Index = 0 // not sent
+			if got != want {
+				t.Errorf("%s decoded: %+v, want %+v", old, got, want)
+			}
+			if back.applyReply != e || back.Voter != rm.Voter || back.Rotated != rm.Rotated || back.RotateError != rm.RotateError || back.Told != rm.Told {
+				t.Errorf("%s decoded by a node of before: %+v", now, back)
+			}
+		}
 	}
 }
