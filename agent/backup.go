@@ -756,7 +756,7 @@ func restoreSizes(ctx context.Context, repo restic.Repo, snap *restic.Snapshot, 
 	sizes := make([]uint64, len(dirs))
 	devs := map[uint64]bool{}
 	for _, d := range dirs {
-		dev, _, err := moveFS(filepath.Dir(d))
+		dev, _, err := filesystemOf(filepath.Dir(d))
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errUnmeasured, err)
 		}

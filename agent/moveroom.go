@@ -30,9 +30,10 @@ import (
 // errNoRoom: TO has not the room for a copy.
 var errNoRoom = errors.New("not enough room for the copy")
 
-// moveFS is the filesystem of p (its device) and the space left there
-// for an unprivileged writer (tests replace it).
-var moveFS = func(p string) (dev, free uint64, err error) {
+// filesystemOf is the filesystem of p (its device) and the space left
+// there for an unprivileged writer: where a move's copy or a restore is
+// written, and whether it fits (tests replace it).
+var filesystemOf = func(p string) (dev, free uint64, err error) {
 	var st unix.Stat_t
 	if err := unix.Stat(p, &st); err != nil {
 		return 0, 0, err
@@ -67,7 +68,7 @@ func roomOn(node string, data []string, sizes []uint64, fix string) error {
 	byDev := map[uint64]*fsNeed{}
 	for i, d := range data {
 		dir := filepath.Dir(d)
-		dev, free, err := moveFS(dir)
+		dev, free, err := filesystemOf(dir)
 		if err != nil {
 			return fmt.Errorf("the free space of %s: %w", dir, err)
 		}

@@ -20,18 +20,18 @@ import (
 	"mesh/state"
 )
 
-// fakeFS makes moveFS answer free() for every path, on the filesystem
+// fakeFS makes filesystemOf answer free() for every path, on the filesystem
 // devOf(path) (1 when nil), for the test.
 func fakeFS(t *testing.T, devOf func(string) uint64, free func() uint64) {
-	old := moveFS
-	moveFS = func(p string) (uint64, uint64, error) {
+	old := filesystemOf
+	filesystemOf = func(p string) (uint64, uint64, error) {
 		dev := uint64(1)
 		if devOf != nil {
 			dev = devOf(p)
 		}
 		return dev, free(), nil
 	}
-	t.Cleanup(func() { moveFS = old })
+	t.Cleanup(func() { filesystemOf = old })
 }
 
 // A copy TO has not the room for is refused by the sizes FROM announces,
