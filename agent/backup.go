@@ -743,11 +743,13 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 // errUnmeasured: what a snapshot restores could not be told.
 var errUnmeasured = errors.New("what the snapshot restores could not be measured")
 
-// restoreSizes is what restoring snap writes into each of dirs: the
-// snapshot whole for the first when all of it goes to one filesystem (a
-// file hard-linked twice counted once), else each directory's files (a
-// link counted at each name), never more than the whole. A failure is
-// errUnmeasured.
+// restoreSizes is what restoring snap takes on the disk in each of dirs:
+// the snapshot whole for the first when all of it goes to one filesystem
+// (a file hard-linked twice counted once), else each directory's files (a
+// link counted at each name), never more than the whole. Each entry
+// counts a block more than its bytes (entryBlock): a file takes whole
+// blocks, a directory one of its own, and a million small files take
+// gigabytes where their bytes say megabytes. A failure is errUnmeasured.
 func restoreSizes(ctx context.Context, repo restic.Repo, snap *restic.Snapshot, dirs []string) ([]uint64, error) {
 	total, err := repo.RestoreSize(ctx, snap.ID)
 	if err != nil {
@@ -766,7 +768,7 @@ func restoreSizes(ctx context.Context, repo restic.Repo, snap *restic.Snapshot, 
 		return !slices.ContainsFunc(dirs, func(d string) bool { return manifest.Within(p, d) })
 	})
 	if whole {
-		sizes[0] = uint64(total)
+		sizes[0] = onDisk(total)
 		return sizes, nil
 	}
 	for i, d := range dirs {
@@ -774,9 +776,28 @@ func restoreSizes(ctx context.Context, repo restic.Repo, snap *restic.Snapshot, 
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errUnmeasured, err)
 		}
-		sizes[i] = uint64(min(n, total))
+		sizes[i] = min(onDisk(n), onDisk(total))
 	}
 	return sizes, nil
+}
+
+// entryBlock is the most an entry takes on the disk beyond its bytes: a
+// block of ext4 and xfs as they are made by default (a filesystem of
+// larger blocks is counted short).
+const entryBlock = 4 << 10
+
+// onDisk is s in bytes with a block for each entry (at most the largest
+// uint64: the sizes are restic's word of a repository's).
+func onDisk(s restic.Size) uint64 {
+	return addSat(uint64(max(s.Bytes, 0)), satMul(uint64(max(s.Entries, 0)), entryBlock))
+}
+
+// satMul is a*b, at most the largest uint64.
+func satMul(a, b uint64) uint64 {
+	if a != 0 && a*b/a != b {
+		return ^uint64(0)
+	}
+	return a * b
 }
 
 // restoreFix is what a restore refused for room tells to do.

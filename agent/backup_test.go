@@ -778,12 +778,14 @@ func TestRestoreMeasuresItsRoom(t *testing.T) {
 	}
 	snap := &restic.Snapshot{ID: sum.SnapshotID, ShortID: sum.SnapshotID[:8], Paths: []string{data, dump}}
 
+	// Each entry a block more: the directories above root, data, dump and
+	// their files.
 	whole, err := restoreSizes(ctx, repo, snap, []string{data, dump})
-	if err != nil || !slices.Equal(whole, []uint64{4 << 20, 0}) {
-		t.Fatalf("the whole snapshot to one filesystem: %v, %v", whole, err)
+	if want := uint64(4<<20 + (strings.Count(root, "/")+4)*entryBlock); err != nil || !slices.Equal(whole, []uint64{want, 0}) {
+		t.Fatalf("the whole snapshot to one filesystem: %v, %v; want %d", whole, err, want)
 	}
 	// Only data restored (dump no longer declared): its own files.
-	if sizes, err := restoreSizes(ctx, repo, snap, []string{data}); err != nil || !slices.Equal(sizes, []uint64{3 << 20}) {
+	if sizes, err := restoreSizes(ctx, repo, snap, []string{data}); err != nil || !slices.Equal(sizes, []uint64{3<<20 + 2*entryBlock}) {
 		t.Fatalf("one directory of two: %v, %v", sizes, err)
 	}
 	// On two filesystems: each directory's files.
@@ -793,7 +795,7 @@ func TestRestoreMeasuresItsRoom(t *testing.T) {
 		}
 		return 1
 	}, func() uint64 { return cluster.LowFree + 5<<20 })
-	if sizes, err := restoreSizes(ctx, repo, snap, []string{data, filepath.Join(dump, "inner")}); err != nil || !slices.Equal(sizes, []uint64{3 << 20, 0}) {
+	if sizes, err := restoreSizes(ctx, repo, snap, []string{data, filepath.Join(dump, "inner")}); err != nil || !slices.Equal(sizes, []uint64{3<<20 + 2*entryBlock, 0}) {
 		t.Fatalf("two filesystems: %v, %v", sizes, err)
 	}
 
@@ -817,6 +819,37 @@ func TestRestoreMeasuresItsRoom(t *testing.T) {
 	gone.ID = strings.Repeat("ab", 32)
 	if _, err := restoreSizes(ctx, repo, &gone, []string{data}); !errors.Is(err, errUnmeasured) {
 		t.Fatalf("a snapshot that is not there: %v", err)
+	}
+}
+
+// Small files are measured by the blocks they take, not their bytes: two
+// thousand files of a byte hold 2 kB and take 8 MB, which a filesystem
+// with 5 MiB over the floor has not.
+func TestRestoreCountsSmallFilesByTheirBlocks(t *testing.T) {
+	ctx := t.Context()
+	repo := realRepo(t)
+	data := filepath.Join(t.TempDir(), "data")
+	os.Mkdir(data, 0o700)
+	for i := range 2000 {
+		if err := os.WriteFile(filepath.Join(data, strconv.Itoa(i)), []byte{'x'}, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum, err := repo.Backup(ctx, []string{data}, []string{"mesh"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := &restic.Snapshot{ID: sum.SnapshotID, ShortID: sum.SnapshotID[:8], Paths: []string{data}}
+	sizes, err := restoreSizes(ctx, repo, snap, []string{data})
+	if err != nil || len(sizes) != 1 || sizes[0] < 2000*entryBlock {
+		t.Fatalf("2,000 files of a byte: %v, %v; want at least %d", sizes, err, 2000*entryBlock)
+	}
+	fakeFS(t, nil, func() uint64 { return cluster.LowFree + 5<<20 })
+	if err := roomOn("ace", []string{data}, sizes, restoreFix([]string{data})); !errors.Is(err, errNoRoom) {
+		t.Fatalf("8 MB of blocks with 5 MiB over the floor: %v", err)
+	}
+	if got := onDisk(restic.Size{Bytes: 1, Entries: 1 << 62}); got != ^uint64(0) {
+		t.Fatalf("entries past the largest size: %d, want it saturated", got)
 	}
 }
 

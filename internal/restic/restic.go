@@ -408,42 +408,51 @@ func (r Repo) Restore(ctx context.Context, id, target string, paths ...string) e
 	return r.run(ctx, nil, args...)
 }
 
-// RestoreSize is what restoring snapshot id whole writes, in bytes (restic
-// stats' restore-size: a file hard-linked twice counts once).
-func (r Repo) RestoreSize(ctx context.Context, id string) (int64, error) {
+// Size is what restoring (some of) a snapshot writes: the files' bytes,
+// and how many entries (files, directories, links) it makes, each of
+// which takes a little more than its bytes on the disk.
+type Size struct {
+	Bytes, Entries int64
+}
+
+// RestoreSize is what restoring snapshot id whole writes (restic stats'
+// restore-size: a file hard-linked twice counts its bytes once; every
+// entry counts, the directories above the paths backed up too).
+func (r Repo) RestoreSize(ctx context.Context, id string) (Size, error) {
 	if !validID(id) {
-		return 0, fmt.Errorf("restic stats: %q is not a snapshot ID (8 to 64 lower-case hex digits)", id)
+		return Size{}, fmt.Errorf("restic stats: %q is not a snapshot ID (8 to 64 lower-case hex digits)", id)
 	}
 	out := &boundedBuffer{max: maxLine}
 	if err := r.run(ctx, out, "stats", "--json", "--mode=restore-size", id); err != nil {
-		return 0, err
+		return Size{}, err
 	}
 	var st struct {
-		TotalSize *int64 `json:"total_size"`
-		Snapshots int    `json:"snapshots_count"`
+		TotalSize  *int64 `json:"total_size"`
+		TotalFiles int64  `json:"total_file_count"`
+		Snapshots  int    `json:"snapshots_count"`
 	}
-	if err := json.Unmarshal(out.Bytes(), &st); err != nil || out.over || st.TotalSize == nil || *st.TotalSize < 0 {
-		return 0, fmt.Errorf("restic stats: its answer holds no size (%.200q)", out.Bytes())
+	if err := json.Unmarshal(out.Bytes(), &st); err != nil || out.over || st.TotalSize == nil || *st.TotalSize < 0 || st.TotalFiles < 0 {
+		return Size{}, fmt.Errorf("restic stats: its answer holds no size (%.200q)", out.Bytes())
 	}
 	// restic 0.14 passes over an ID it does not find, and exits 0.
 	if st.Snapshots != 1 {
-		return 0, fmt.Errorf("restic stats: the repository has no snapshot %s", id)
+		return Size{}, fmt.Errorf("restic stats: the repository has no snapshot %s", id)
 	}
-	return *st.TotalSize, nil
+	return Size{Bytes: *st.TotalSize, Entries: st.TotalFiles}, nil
 }
 
 // SizeUnder is what restoring path (absolute, as backed up) of snapshot id
-// writes, in bytes: the sizes of the files restic ls lists under it (a
-// file hard-linked twice counts twice). Its listing is read line by line,
-// however many files the snapshot holds.
-func (r Repo) SizeUnder(ctx context.Context, id, path string) (int64, error) {
+// writes: the sizes of the files restic ls lists under it (a file
+// hard-linked twice counts twice), and the entries there, path's own too.
+// Its listing is read line by line, however many files the snapshot holds.
+func (r Repo) SizeUnder(ctx context.Context, id, path string) (Size, error) {
 	if !validID(id) {
-		return 0, fmt.Errorf("restic ls: %q is not a snapshot ID (8 to 64 lower-case hex digits)", id)
+		return Size{}, fmt.Errorf("restic ls: %q is not a snapshot ID (8 to 64 lower-case hex digits)", id)
 	}
 	if !filepath.IsAbs(path) || path != filepath.Clean(path) {
-		return 0, fmt.Errorf("restic ls: %q is not a clean absolute path", path)
+		return Size{}, fmt.Errorf("restic ls: %q is not a clean absolute path", path)
 	}
-	var total int64
+	var total Size
 	var bad error
 	found := false
 	lw := &lineWriter{line: func(line []byte) {
@@ -460,25 +469,26 @@ func (r Repo) SizeUnder(ctx context.Context, id, path string) (int64, error) {
 		if n.StructType == "snapshot" && strings.HasPrefix(n.ID, id) {
 			found = true
 		}
-		if n.StructType != "node" || n.Type != "file" {
+		if n.StructType != "node" || !within(n.Path, path) {
 			return
 		}
-		if !within(n.Path, path) {
+		total.Entries++
+		if n.Type != "file" {
 			return
 		}
-		if n.Size < 0 || total+n.Size < total {
+		if n.Size < 0 || total.Bytes+n.Size < total.Bytes {
 			bad = fmt.Errorf("restic ls: a file of %s has a size of %d", path, n.Size)
 			return
 		}
-		total += n.Size
+		total.Bytes += n.Size
 	}}
 	err := r.run(ctx, lw, "ls", "--json", "--recursive", id, path)
 	lw.flush()
 	if err != nil {
-		return 0, err
+		return Size{}, err
 	}
 	if !found { // restic 0.14 passes over an ID it does not find, and exits 0
-		return 0, fmt.Errorf("restic ls: the repository has no snapshot %s", id)
+		return Size{}, fmt.Errorf("restic ls: the repository has no snapshot %s", id)
 	}
 	return total, bad
 }

@@ -741,14 +741,17 @@ func TestRestoreSizes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := r.RestoreSize(ctx, sum.SnapshotID); err != nil || got != 351_000 {
-		t.Fatalf("RestoreSize = %d, %v; want 351000 (the link once)", got, err)
+	// Entries: the directories above root (restic keeps each), then db,
+	// base, big, small, linked, db-extra and other.
+	above := int64(strings.Count(root, "/"))
+	if got, err := r.RestoreSize(ctx, sum.SnapshotID); err != nil || got != (Size{Bytes: 351_000, Entries: above + 7}) {
+		t.Fatalf("RestoreSize = %+v, %v; want 351000 bytes (the link once) in %d entries", got, err, above+7)
 	}
-	if got, err := r.SizeUnder(ctx, sum.SnapshotID, db); err != nil || got != 601_000 {
-		t.Fatalf("SizeUnder(db) = %d, %v; want 601000 (the link twice, not db-extra)", got, err)
+	if got, err := r.SizeUnder(ctx, sum.SnapshotID, db); err != nil || got != (Size{Bytes: 601_000, Entries: 5}) {
+		t.Fatalf("SizeUnder(db) = %+v, %v; want 601000 bytes (the link twice, not db-extra) in 5 entries", got, err)
 	}
-	if got, err := r.SizeUnder(ctx, sum.SnapshotID, dbx); err != nil || got != 50_000 {
-		t.Fatalf("SizeUnder(db-extra) = %d, %v; want 50000", got, err)
+	if got, err := r.SizeUnder(ctx, sum.SnapshotID, dbx); err != nil || got != (Size{Bytes: 50_000, Entries: 2}) {
+		t.Fatalf("SizeUnder(db-extra) = %+v, %v; want 50000 bytes in 2 entries", got, err)
 	}
 	if _, err := r.SizeUnder(ctx, sum.SnapshotID, "relative"); err == nil {
 		t.Fatal("a relative path was measured")
