@@ -744,9 +744,11 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 var errUnmeasured = errors.New("what the snapshot restores could not be measured")
 
 // restoreSizes is what restoring snap takes on the disk in each of dirs:
-// the snapshot whole for the first when all of it goes to one filesystem
-// (a file hard-linked twice counted once), else each directory's files (a
-// link counted at each name), never more than the whole. Each entry
+// the snapshot whole when it is all restored into the one directory (a
+// file hard-linked twice counted once: restic restores the link), else
+// each directory's files (a link counted at each name: each directory is
+// restored by itself, and a file linked into two is written in both),
+// never more than the whole. Each entry
 // counts a block more than its bytes (entryBlock): a file takes whole
 // blocks, a directory one of its own, and a million small files take
 // gigabytes where their bytes say megabytes. A failure is errUnmeasured.
@@ -756,17 +758,7 @@ func restoreSizes(ctx context.Context, repo restic.Repo, snap *restic.Snapshot, 
 		return nil, fmt.Errorf("%w: %v", errUnmeasured, err)
 	}
 	sizes := make([]uint64, len(dirs))
-	devs := map[uint64]bool{}
-	for _, d := range dirs {
-		dev, _, err := filesystemOf(filepath.Dir(d))
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", errUnmeasured, err)
-		}
-		devs[dev] = true
-	}
-	whole := len(devs) == 1 && !slices.ContainsFunc(snap.Paths, func(p string) bool {
-		return !slices.ContainsFunc(dirs, func(d string) bool { return manifest.Within(p, d) })
-	})
+	whole := len(dirs) == 1 && !slices.ContainsFunc(snap.Paths, func(p string) bool { return !manifest.Within(p, dirs[0]) })
 	if whole {
 		sizes[0] = onDisk(total)
 		return sizes, nil

@@ -781,8 +781,8 @@ func TestRestoreMeasuresItsRoom(t *testing.T) {
 	// Each entry a block more: the directories above root, data, dump and
 	// their files.
 	whole, err := restoreSizes(ctx, repo, snap, []string{data, dump})
-	if want := uint64(4<<20 + (strings.Count(root, "/")+4)*entryBlock); err != nil || !slices.Equal(whole, []uint64{want, 0}) {
-		t.Fatalf("the whole snapshot to one filesystem: %v, %v; want %d", whole, err, want)
+	if err != nil || !slices.Equal(whole, []uint64{3<<20 + 2*entryBlock, 1<<20 + 2*entryBlock}) {
+		t.Fatalf("the whole snapshot into two directories: %v, %v", whole, err)
 	}
 	// Only data restored (dump no longer declared): its own files.
 	if sizes, err := restoreSizes(ctx, repo, snap, []string{data}); err != nil || !slices.Equal(sizes, []uint64{3<<20 + 2*entryBlock}) {
@@ -808,6 +808,37 @@ func TestRestoreMeasuresItsRoom(t *testing.T) {
 	if !errors.Is(err, errNoRoom) || !strings.Contains(err.Error(), "a copy of 4.0 MiB") || !strings.Contains(err.Error(), "restore again") ||
 		!strings.Contains(err.Error(), data+restoreAside+", what the last restore replaced") || strings.Contains(err.Error(), dump+restoreAside) {
 		t.Fatalf("4 MiB with 3 MiB over the floor: %v", err)
+	}
+
+	// A file linked twice in one directory restored is written once (restic
+	// restores the link); one linked into two directories restored is
+	// written in each, which are restored one by one.
+	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
+	os.Mkdir(a, 0o700)
+	os.Mkdir(b, 0o700)
+	os.WriteFile(filepath.Join(a, "f"), bytes.Repeat([]byte{'y'}, 1<<20), 0o600)
+	for _, l := range []string{filepath.Join(a, "g"), filepath.Join(b, "f")} {
+		if err := os.Link(filepath.Join(a, "f"), l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one, err := repo.Backup(ctx, []string{a}, []string{"mesh"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes, err := restoreSizes(ctx, repo, &restic.Snapshot{ID: one.SnapshotID, Paths: []string{a}}, []string{a})
+	if want := uint64(1<<20 + (strings.Count(root, "/")+3)*entryBlock); err != nil || !slices.Equal(sizes, []uint64{want}) {
+		t.Fatalf("a file linked twice in the one directory restored: %v, %v; want %d (the link once, the directories above root an entry each)", sizes, err, want)
+	}
+	two, err := repo.Backup(ctx, []string{a, b}, []string{"mesh"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes, err = restoreSizes(ctx, repo, &restic.Snapshot{ID: two.SnapshotID, Paths: []string{a, b}}, []string{a, b})
+	// a's files count f and g (never more than the snapshot whole, which
+	// counts them once), b's f again.
+	if err != nil || !slices.Equal(sizes, []uint64{uint64(1<<20 + (strings.Count(root, "/")+5)*entryBlock), 1<<20 + 2*entryBlock}) {
+		t.Fatalf("a file linked into two directories: %v, %v; want it counted in both", sizes, err)
 	}
 
 	wrong := repo
