@@ -33,9 +33,12 @@ import (
 // agent inside Podman's user namespace, where a container's files keep
 // their owners), with the repository the mesh keeps (mesh backup repo set)
 // and its password opened from the replicated state. A backup holds the
-// node (reconciler.Exclusive: no apply meanwhile), runs the module's
-// before-backup steps, pauses its containers when backup: pause: asks,
-// copies its data directories, and forgets what keep: does not keep. A
+// node (reconciler.Exclusive: no apply meanwhile) while it runs the
+// module's before-backup steps and lists the secrets' files to leave out,
+// and, when backup: pause: asks, while it pauses the containers and
+// copies the data directories; without pause, applies go on while it
+// copies, the directories fenced against writes of secrets' files
+// (reconciler.FenceSecrets). Then it forgets what keep: does not keep. A
 // restore stops the module's containers, restores each data directory
 // beside it and swaps it in (the directory as it was is kept aside), and
 // lets the next apply start the containers again.
@@ -439,6 +442,26 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 		b.removeUnremoved(ctx, repo, module)
 		tags := append(moduleTags(module, b.node), "plan="+strconv.FormatUint(h.version, 10), "manifest="+short(h.manifest))
 		var sum restic.Summary
+		var exclude []string
+		read := func(ctx context.Context) (err error) {
+			progress("copying " + strings.Join(h.dirs, ", "))
+			last := time.Time{}
+			sum, err = repo.BackupExcluding(ctx, h.dirs, exclude, tags, func(p restic.Progress) {
+				if time.Since(last) < 2*time.Second {
+					return
+				}
+				last = time.Now()
+				progress(fmt.Sprintf("%.0f%%: %d of %d files, %s of %s", p.PercentDone*100, p.FilesDone, p.TotalFiles, size(p.BytesDone), size(p.TotalBytes)))
+			})
+			return err
+		}
+		// With its containers paused, the node is held while restic
+		// reads (an apply would start them again); else only while the
+		// before-backup steps run and what to leave out is listed, and
+		// the directories are fenced against writes of secrets' files
+		// (reconciler.FenceSecrets) while applies go on.
+		lift := func() {}
+		defer func() { lift() }() // whatever happens: an apply may wait on it
 		err = b.rec.Exclusive(ctx, func(ctx context.Context) error {
 			if err := b.notMoving(ctx, module); err != nil {
 				return err
@@ -451,24 +474,24 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 			if err != nil {
 				return err
 			}
-			if h.policy.Pause {
-				progress("paused the module's containers")
-			}
-			progress("copying " + strings.Join(h.dirs, ", "))
-			last := time.Time{}
 			// The secrets' files the plan names, and those on the disk
 			// now (the node is held: the ledger is what was written).
-			exclude := append(reconciler.SecretsUnder(h.plan, h.dirs), b.rec.SecretFilesUnder(h.dirs)...)
+			exclude = append(reconciler.SecretsUnder(h.plan, h.dirs), b.rec.SecretFilesUnder(h.dirs)...)
 			slices.Sort(exclude)
-			sum, err = repo.BackupExcluding(ctx, h.dirs, slices.Compact(exclude), tags, func(p restic.Progress) {
-				if time.Since(last) < 2*time.Second {
-					return
-				}
-				last = time.Now()
-				progress(fmt.Sprintf("%.0f%%: %d of %d files, %s of %s", p.PercentDone*100, p.FilesDone, p.TotalFiles, size(p.BytesDone), size(p.TotalBytes)))
-			})
-			return err
+			exclude = slices.Compact(exclude)
+			if !h.policy.Pause {
+				lift = b.rec.FenceSecrets(module, h.dirs)
+				return nil
+			}
+			progress("paused the module's containers")
+			return read(ctx)
 		})
+		if err == nil && !h.policy.Pause {
+			func() {
+				defer lift() // an apply that waits at it goes on
+				err = read(ctx)
+			}()
+		}
 		if errors.Is(err, restic.ErrIncomplete) && sum.SnapshotID != "" {
 			// Never a default restore's choice, nor counted by keep:.
 			if ferr := forgetIncomplete(context.WithoutCancel(ctx), repo, sum.SnapshotID); ferr != nil {

@@ -1,13 +1,17 @@
 package integration
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,12 +37,14 @@ import (
 //     restore is left, and the next restore works;
 //   - the schedule shortened to every 15s: two scheduled backups run, and
 //     keep: (daily 7, weekly 4, all in one day) prunes the older ones.
-func checkBackups(t *testing.T, n []*agent, pgFile string) {
+//
+// It returns the repository it set, and its password's file.
+func checkBackups(t *testing.T, n []*agent, pgFile string) (repo, pw string) {
 	shadow := func() [32]byte { b, _ := os.ReadFile("/etc/shadow"); return sha256.Sum256(b) }
 	shadowBefore := shadow()
 	dir := t.TempDir()
-	repo := filepath.Join(dir, "repo")
-	pw := filepath.Join(dir, "password")
+	repo = filepath.Join(dir, "repo")
+	pw = filepath.Join(dir, "password")
 	os.WriteFile(pw, []byte("correct horse battery staple\n"), 0o600)
 
 	if out := n[3].meshFails("backup", "postgres"); !strings.Contains(out, "mesh backup repo set") {
@@ -244,6 +250,7 @@ func checkBackups(t *testing.T, n []*agent, pgFile string) {
 		t.Fatalf("keep: daily 7, weekly 4 on one day keeps one snapshot: %v %+v", err, snaps)
 	}
 	n[1].mesh("module", "add", pgFile)
+	return repo, pw
 }
 
 // roomTest is a module of one data directory and no container: what a
@@ -302,4 +309,177 @@ func checkRestoreRoom(t *testing.T, n []*agent) {
 	}
 	n[1].mesh("unassign", "n1", "roomtest", "--purge-data", "--yes", "--wait")
 	n[1].mesh("module", "remove", "roomtest")
+}
+
+// gateTest is a module of one data directory (no pause: its backup lets
+// the node's applies go on) with a secret's file in it; gateConf adds a
+// file outside the data directory.
+const gateTest = `module: gate
+resources:
+  - directory: /srv/gate
+  - directory: /srv/gate/data
+    mode: "0700"
+    data: true
+  - secret: /srv/gate/data/token
+    name: token
+`
+
+const gateConf = gateTest + `  - file: /srv/gate/conf.txt
+    content: "conf\n"
+`
+
+// gatedRestic stands for restic (RESTIC) on n1's PATH: while the bed's
+// gate (GATE) is armed, a backup waits (the file waiting says so) until
+// the gate opens, then the real restic runs.
+const gatedRestic = `#!/bin/sh
+if [ "$1" = backup ] && [ -e GATE/armed ]; then
+	: > GATE/waiting
+	while [ ! -e GATE/open ]; do sleep 0.1; done
+fi
+exec RESTIC "$@"
+`
+
+// lockedBuffer is a bytes.Buffer a command writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// checkBackupLetsAppliesGoOn: a backup of a module that does not pause its
+// containers holds n1 only while it lists what to leave out. While restic
+// reads (held at the gate, deterministically), n1 applies a change of the
+// module (a file outside its data directory, `module add --wait` within a
+// minute), and the rotation of the secret whose file is in the data
+// directory waits at it (said in n1's log) until restic has read: neither
+// the new value nor a temporary file beside it is in the snapshot, which
+// holds the module's data. Before, the node was held throughout: the
+// first change waited out its --timeout.
+func checkBackupLetsAppliesGoOn(t *testing.T, n []*agent, repo, pw string) {
+	realRestic, err := exec.LookPath("restic")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := filepath.Join(n[1].h.dir, "gate")
+	os.MkdirAll(gate, 0o755)
+	script := strings.NewReplacer("GATE", gate, "RESTIC", realRestic).Replace(gatedRestic)
+	if err := os.WriteFile(filepath.Join(gate, "restic"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n[1].stop()
+	n[1].env = append(slices.Clone(n[1].env), "PATH="+gate+":"+os.Getenv("PATH"))
+	n[1].start()
+	defer func() {
+		// A failure must not leave a backup waiting; n1 keeps the
+		// wrapper, which lets every later backup through.
+		os.WriteFile(filepath.Join(gate, "open"), nil, 0o644)
+		os.Remove(filepath.Join(gate, "armed"))
+	}()
+	file := filepath.Join(t.TempDir(), "gate.yaml")
+	os.WriteFile(file, []byte(gateTest), 0o644)
+	n[1].mesh("module", "add", file)
+	n[1].mesh("assign", "n1", "gate") // it waits for its secret
+	if out, err := setSecret(t, n[2], []byte("first-token"), "gate", "token"); err != nil {
+		t.Fatalf("secret set gate token: %v %s", err, out)
+	}
+	srv := n[1].h.dir + "/srv/gate"
+	holds := func(p, want string) func() (bool, string) {
+		return func() (bool, string) {
+			b, err := os.ReadFile(p)
+			var said []string // n1's lines of gate, to say why
+			for _, l := range strings.Split(n[1].log(), "\n") {
+				if strings.Contains(l, "gate") {
+					said = append(said, l)
+				}
+			}
+			return err == nil && string(b) == want, fmt.Sprintf("%q %v; n1 said:\n%s", b, err, strings.Join(said[max(0, len(said)-8):], "\n"))
+		}
+	}
+	eventually(t, 60*time.Second, "n1 writes the token", holds(srv+"/data/token", "first-token"))
+	os.WriteFile(srv+"/data/rows", []byte("the module's data\n"), 0o600)
+
+	os.WriteFile(filepath.Join(gate, "armed"), nil, 0o644)
+	backup := n[2].command("backup", "gate", "--data-dir", n[2].n.dir)
+	var out lockedBuffer
+	backup.Stdout, backup.Stderr = &out, &out
+	if err := backup.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- backup.Wait() }()
+	defer func() {
+		os.WriteFile(filepath.Join(gate, "open"), nil, 0o644)
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			backup.Process.Kill()
+		}
+	}()
+	eventually(t, 60*time.Second, "n1's restic waits at the gate", func() (bool, string) {
+		return exists(filepath.Join(gate, "waiting")), out.String()
+	})
+
+	// While restic reads: a change of the module applies; the rotation of
+	// the secret in the data directory waits.
+	os.WriteFile(file, []byte(gateConf), 0o644)
+	n[1].mesh("module", "add", file, "--wait", "--timeout", "60s")
+	if b, err := os.ReadFile(srv + "/conf.txt"); err != nil || string(b) != "conf\n" {
+		t.Fatalf("the change applied while the backup reads: %q %v", b, err)
+	}
+	at := n[1].logLen()
+	if o, err := setSecret(t, n[2], []byte("rotated-token"), "gate", "token"); err != nil {
+		t.Fatalf("secret set gate token (rotated): %v %s", err, o)
+	}
+	eventually(t, 60*time.Second, "n1 says the token waits for the backup", func() (bool, string) {
+		for _, l := range n[1].linesAfter(at) {
+			if strings.Contains(l, "a secret's file waits for the backup that reads its directory") && strings.Contains(l, "/srv/gate/data/token") {
+				return true, l
+			}
+		}
+		return false, lastLines(n[1].log(), 5)
+	})
+	if b, _ := os.ReadFile(srv + "/data/token"); string(b) != "first-token" {
+		t.Fatalf("the secret's file changed while restic read its directory: %q", b)
+	}
+	if left, _ := filepath.Glob(srv + "/data/.*"); len(left) > 0 {
+		t.Fatalf("written beside the secret's file while restic read: %v", left)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the backup ended before its gate opened: %v\n%s", err, out.String())
+	default:
+	}
+
+	os.WriteFile(filepath.Join(gate, "open"), nil, 0o644)
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(out.String(), "gate on n1: snapshot ") {
+			t.Fatalf("mesh backup gate: %v\n%s", err, out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("mesh backup gate did not end after its gate opened:\n%s", out.String())
+	}
+	eventually(t, 60*time.Second, "the rotated token written once restic has read", holds(srv+"/data/token", "rotated-token"))
+	ls := exec.Command(realRestic, "-r", repo, "--password-file", pw, "--no-cache", "ls", "latest", "--tag", "module=gate")
+	listing, err := ls.CombinedOutput()
+	if err != nil || !strings.Contains(string(listing), "/srv/gate/data/rows") {
+		t.Fatalf("restic ls of the gate's snapshot: %v\n%s", err, listing)
+	}
+	if strings.Contains(string(listing), "token") {
+		t.Fatalf("a secret's file is in the snapshot:\n%s", listing)
+	}
+	n[1].mesh("unassign", "n1", "gate", "--purge-data", "--yes", "--wait")
+	n[2].mesh("secret", "rm", "gate", "token")
+	n[1].mesh("module", "remove", "gate")
 }

@@ -361,8 +361,9 @@ resources:
 		t.Fatal("a secret is in the provisioner's output")
 	}
 
-	checkBackups(t, n, files[0])
+	repo, pw := checkBackups(t, n, files[0])
 	checkRestoreRoom(t, n)
+	checkBackupLetsAppliesGoOn(t, n, repo, pw)
 	checkMove(t, n)
 	authorityMoves(t, n)
 	composeApp(t, n)

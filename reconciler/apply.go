@@ -137,6 +137,12 @@ type Reconciler struct {
 	// pass is held by an apply (with its scheduled steps) and by a backup
 	// or restore (Exclusive): one at a time. soon asks the loop for a pass.
 	pass, soon chan struct{}
+	// fences are the backups that read data directories while applies go
+	// on (FenceSecrets); fenceMu guards them, since a backup lifts its
+	// fence outside the node's hold. onFence is told of each wait (tests).
+	fenceMu sync.Mutex
+	fences  map[*fence]bool
+	onFence func(path, module, dir string)
 }
 
 // New loads the ledger and returns a reconciler.
@@ -561,6 +567,18 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 		entry = &cur
 	}
 	d := decideFile(res.Name, have, entry, want, res.Decl.TakeOver, x.r.keptDir())
+	if holdsSecret(res.Kind) && d.Action != fileRefuse && (!have.exists || have.digest != want || d.Action == fileCopyAside || d.Action == fileTakeOver) {
+		// A secret's bytes to write where a backup reads (FenceSecrets):
+		// once it has read, the path is looked at again, since it may
+		// have changed meanwhile. What holds its bytes already is not
+		// waited for: every apply goes over it.
+		if f, _ := x.r.fencedAt(res.Name); f != nil {
+			if err := x.r.waitFences(ctx, res.Name); err != nil {
+				return report(res, state.Failed, err.Error())
+			}
+			return x.file(ctx, res)
+		}
+	}
 	var note string
 	switch d.Action {
 	case fileRefuse:

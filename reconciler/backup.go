@@ -6,17 +6,19 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"mesh/state"
 	"mesh/state/manifest"
 )
 
 // Backups and restores of a module's data (issue 30, item 2). The agent
-// runs restic; the reconciler gives it the node to itself for the length of
-// one (Exclusive: never during an apply or a scheduled step, and one at a
-// time), runs the module's before-backup steps and pauses its containers
-// when it asks (Quiesce), and stops them for a restore (StopAll), the
-// next pass starting them again as the plan says.
+// runs restic; the reconciler gives it the node to itself (Exclusive:
+// never during an apply or a scheduled step, and one at a time) for a
+// restore and a backup that pauses, and for the start of one that does
+// not (see FenceSecrets), runs the module's before-backup steps and pauses
+// its containers when it asks (Quiesce), and stops them for a restore
+// (StopAll), the next pass starting them again as the plan says.
 
 // Pauser freezes a container's processes and lets them run again
 // (Podman's pause and unpause).
@@ -66,9 +68,7 @@ func DataDirs(plan *state.Plan, module string) []string {
 func SecretsUnder(plan *state.Plan, dirs []string) []string {
 	var out []string
 	for _, res := range plan.Resources {
-		switch res.Kind {
-		case manifest.KindSecret, manifest.KindCredential, state.KindDeliveredCredential:
-		default:
+		if !holdsSecret(res.Kind) {
 			continue
 		}
 		if slices.ContainsFunc(dirs, func(d string) bool { return manifest.Within(res.Name, d) }) {
@@ -87,9 +87,7 @@ func SecretsUnder(plan *state.Plan, dirs []string) []string {
 func (r *Reconciler) SecretFilesUnder(dirs []string) []string {
 	var out []string
 	for p, e := range r.ledger.Paths {
-		switch e.Kind {
-		case manifest.KindSecret, manifest.KindCredential, state.KindDeliveredCredential:
-		default:
+		if !holdsSecret(e.Kind) {
 			continue
 		}
 		if slices.ContainsFunc(dirs, func(d string) bool { return manifest.Within(p, d) }) {
@@ -98,6 +96,97 @@ func (r *Reconciler) SecretFilesUnder(dirs []string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// holdsSecret says a file of kind holds a secret: a secret's file, a
+// credential, a delivered credential. A backup leaves them out.
+func holdsSecret(kind string) bool {
+	switch kind {
+	case manifest.KindSecret, manifest.KindCredential, state.KindDeliveredCredential:
+		return true
+	}
+	return false
+}
+
+// A backup whose containers are not paused reads the data while the
+// node's applies go on (a backup of hundreds of gigabytes held every
+// change of the node for hours). What it leaves out, the secrets' files
+// under the data directories, is listed while the node is held; an apply
+// meanwhile could write a new one there, or a new value of one listed
+// (its temporary file beside it, which the list does not name), which
+// restic would copy into a snapshot that every node can open. So the
+// backup fences its directories (FenceSecrets, in the same hold as the
+// list): until it lifts the fence, an apply that is to write a secret's
+// bytes there waits (waitFences), then looks at the path again, as every
+// apply waited for a backup before; it is not failed, which would stop the
+// module's rollout. A secret's file that holds its bytes already is gone
+// over as ever (every apply visits it). The backup lifts its fence as soon
+// as restic has read.
+
+// fence is one backup's: its module and directories; lifted is closed
+// when it ends.
+type fence struct {
+	module string
+	dirs   []string
+	lifted chan struct{}
+}
+
+// FenceSecrets fences dirs for module's backup until lift is called
+// (once, or more: the later calls do nothing). Call it inside Exclusive,
+// in the hold that listed what the backup leaves out, and lift it
+// whatever happens after: an apply may wait on it.
+func (r *Reconciler) FenceSecrets(module string, dirs []string) (lift func()) {
+	f := &fence{module: module, dirs: slices.Clone(dirs), lifted: make(chan struct{})}
+	r.fenceMu.Lock()
+	if r.fences == nil {
+		r.fences = map[*fence]bool{}
+	}
+	r.fences[f] = true
+	r.fenceMu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			r.fenceMu.Lock()
+			delete(r.fences, f)
+			r.fenceMu.Unlock()
+			close(f.lifted)
+		})
+	}
+}
+
+// fencedAt is a fence that keeps a secret's file from path now, and the
+// directory of it that holds path; nil when none does.
+func (r *Reconciler) fencedAt(path string) (*fence, string) {
+	r.fenceMu.Lock()
+	defer r.fenceMu.Unlock()
+	for f := range r.fences {
+		for _, d := range f.dirs {
+			if manifest.Within(path, d) {
+				return f, d
+			}
+		}
+	}
+	return nil, ""
+}
+
+// waitFences returns once no fence keeps a secret's file from path, saying
+// so for each it waits on, or ctx's error (the agent stops).
+func (r *Reconciler) waitFences(ctx context.Context, path string) error {
+	for {
+		f, dir := r.fencedAt(path)
+		if f == nil {
+			return nil
+		}
+		r.log.Warn("a secret's file waits for the backup that reads its directory: restic would copy it into the snapshot", "path", path, "backup", f.module, "dir", dir)
+		if r.onFence != nil {
+			r.onFence(path, f.module, dir)
+		}
+		select {
+		case <-f.lifted:
+		case <-ctx.Done():
+			return fmt.Errorf("not written: it waited for the backup of %s, which reads %s: %w", f.module, dir, ctx.Err())
+		}
+	}
 }
 
 // Quiesce readies module's data for a copy, inside Exclusive: its

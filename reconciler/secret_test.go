@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"mesh/state"
 )
@@ -353,5 +354,105 @@ resources:
 	b.set("smtp", "hunter4")
 	if rep := apply(); rep.Error != "" || b.rt.byName("mail.reader") == nil {
 		t.Fatalf("set again: %s, %+v", rep.Error, b.rt.byName("mail.reader"))
+	}
+}
+
+// While a backup reads mail's directory with the node's applies going on,
+// no secret's file is written there (restic would copy it, or the
+// temporary file of a new value, into the snapshot): the apply waits at
+// it, says why, and writes it once the fence is lifted, without a failure
+// (which would stop a rollout); a rotation waits the same, a file that
+// holds its value already does not. An apply that ends (the agent stops)
+// does not wait on.
+func TestFencedDirectoryGetsNoSecretFile(t *testing.T) {
+	b := newSecretBed(t)
+	b.set("smtp", "first")
+	b.set("api", "key")
+	dir := filepath.Join(b.dir, "mail")
+	file := filepath.Join(dir, "smtp.password")
+	waits := make(chan string, 8)
+	b.r.onFence = func(path, module, d string) { waits <- path + " " + module + " " + d }
+	// waitsThenWrites applies under a fence of mail's directory, checks
+	// that the apply waits at the file with nothing written, lifts the
+	// fence, and checks the value written.
+	waitsThenWrites := func(what, before, value string) {
+		t.Helper()
+		lift := b.r.FenceSecrets("mail", []string{dir})
+		defer lift()
+		plan := composeAce(t, &b.in, []string{strings.ReplaceAll(secretTmpl, "{{d}}", b.dir)})
+		done := make(chan state.Report, 1)
+		go func() { done <- b.r.Apply(context.Background(), 1, plan) }()
+		select {
+		case w := <-waits:
+			if want := file + " mail " + dir; w != want {
+				t.Fatalf("%s: waited on %q, want %q", what, w, want)
+			}
+		case rep := <-done:
+			t.Fatalf("%s: the apply did not wait at the fence: %+v", what, rep)
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: the apply neither waited nor ended", what)
+		}
+		if got, _ := os.ReadFile(file); string(got) != before {
+			t.Fatalf("%s: the secret's file holds %q under the fence, want %q", what, got, before)
+		}
+		if left, _ := filepath.Glob(filepath.Join(dir, ".*")); len(left) > 0 {
+			t.Fatalf("%s: written beside it under the fence: %v", what, left)
+		}
+		lift()
+		lift() // a second call does nothing
+		select {
+		case rep := <-done:
+			if rep.Error != "" || len(rep.Failures) > 0 {
+				t.Fatalf("%s: after the fence: %s %+v", what, rep.Error, rep.Failures)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: the apply did not go on once the fence was lifted", what)
+		}
+		if got, err := os.ReadFile(file); err != nil || string(got) != value {
+			t.Fatalf("%s: after the fence: %q, %v; want %q", what, got, err, value)
+		}
+	}
+	waitsThenWrites("a new secret's file", "", "first")
+	b.set("smtp", "second")
+	waitsThenWrites("a rotation", "first", "second")
+
+	// A secret's file that holds its value already does not hold an apply:
+	// every apply goes over it.
+	lift := b.r.FenceSecrets("mail", []string{dir})
+	defer lift()
+	plan := composeAce(t, &b.in, []string{strings.ReplaceAll(secretTmpl, "{{d}}", b.dir)})
+	same := make(chan state.Report, 1)
+	go func() { same <- b.r.Apply(context.Background(), 1, plan) }()
+	select {
+	case rep := <-same:
+		if rep.Error != "" || len(waits) > 0 {
+			t.Fatalf("an apply that writes nothing under the fence: %s, %d waits", rep.Error, len(waits))
+		}
+	case w := <-waits:
+		lift()
+		t.Fatalf("an apply that writes nothing waited at the fence: %s", w)
+	}
+
+	// An apply that ends while it waits fails that file, saying why.
+	b.set("smtp", "third")
+	ctx, cancel := context.WithCancel(context.Background())
+	plan = composeAce(t, &b.in, []string{strings.ReplaceAll(secretTmpl, "{{d}}", b.dir)})
+	done := make(chan state.Report, 1)
+	go func() { done <- b.r.Apply(ctx, 2, plan) }()
+	<-waits
+	cancel()
+	select {
+	case rep := <-done:
+		if f := rep.Failed("mail"); f == nil || !strings.Contains(f.Reason, "it waited for the backup of mail, which reads "+dir) {
+			t.Fatalf("an apply ended at the fence: %+v", rep.Failures)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("an apply ended at the fence waits on")
+	}
+	if got, _ := os.ReadFile(file); string(got) != "second" {
+		t.Fatalf("an apply ended at the fence wrote %q", got)
+	}
+	if len(waits) > 0 {
+		t.Fatalf("waited again: %s", <-waits)
 	}
 }
