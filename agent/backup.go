@@ -400,6 +400,16 @@ func (b *backups) here(ctx context.Context, module string) (here, error) {
 	if len(h.dirs) == 0 {
 		return h, fmt.Errorf("module %s holds no data directory (data: true) on %s", module, b.node)
 	}
+	// What the host does not touch for a module is neither read into the
+	// repository nor restored over (as a move does not send it): a data
+	// directory around this node's data dir, which the state cannot know,
+	// would copy the node's keys, its state and its ledger into snapshots
+	// that every node can open.
+	for _, d := range h.dirs {
+		if why := b.rec.RefusedPath(d); why != "" {
+			return h, fmt.Errorf("data directory %s of %s is neither backed up nor restored here: %s", d, module, why)
+		}
+	}
 	info, err := b.store.Module(ctx, module)
 	if err != nil {
 		return h, err

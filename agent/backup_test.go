@@ -21,6 +21,7 @@ import (
 	"mesh/cluster"
 	"mesh/internal/restic"
 	"mesh/internal/testutil"
+	"mesh/reconciler"
 	"mesh/state"
 	"mesh/state/manifest"
 )
@@ -895,4 +896,44 @@ func realRepo(t *testing.T) restic.Repo {
 		t.Fatal(err)
 	}
 	return repo
+}
+
+// A data directory around the node's data dir (which the state cannot
+// know) is neither backed up nor restored: its snapshots, which every
+// node opens, would hold the node's keys, state and ledger.
+func TestBackupRefusesTheNodesDataDir(t *testing.T) {
+	s, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var index uint64
+	apply := func(r state.Request) {
+		t.Helper()
+		index++
+		if err := s.Apply(index, state.NewCommand(r).Encode()); err != nil {
+			t.Fatalf("%s: %v", r.Op(), err)
+		}
+	}
+	apply(&state.InitRequest{MeshID: "m-here", Domain: "internal", Node: state.Node{Name: "ace", Address: "10.2.0.1", Voter: true}})
+	sp, err := state.SpecOf("x.yaml", "module: x\nresources:\n  - directory: /srv/x\n    data: true\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(&state.ModuleAddRequest{Modules: []state.ModuleSpec{sp}})
+	apply(&state.AssignRequest{Assignment: state.Assignment{Node: "ace", Module: "x"}})
+	for dataDir, refused := range map[string]bool{"/srv/x/mesh": true, "/var/lib/mesh": false} {
+		rec, err := reconciler.New(reconciler.Config{Node: "ace", DataDir: dataDir, LedgerPath: filepath.Join(t.TempDir(), "ledger.json")}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := &backups{node: "ace", store: s, rec: rec}
+		h, err := b.here(t.Context(), "x")
+		if refused && (err == nil || !strings.Contains(err.Error(), "data directory /srv/x of x is neither backed up nor restored here: /srv/x/mesh is this node's data dir")) {
+			t.Fatalf("the node's data dir at %s, inside x's: %v", dataDir, err)
+		}
+		if !refused && (err != nil || !slices.Equal(h.dirs, []string{"/srv/x"})) {
+			t.Fatalf("the node's data dir at %s: %v %v", dataDir, h.dirs, err)
+		}
+	}
 }
