@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -11,12 +10,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"mesh/cluster/api"
+	"mesh/internal/testutil"
 )
 
 // checkBackups is issue 30, item 2, on the examples bed: examples/postgres.yaml
@@ -339,24 +338,6 @@ fi
 exec RESTIC "$@"
 `
 
-// lockedBuffer is a bytes.Buffer a command writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // checkBackupLetsAppliesGoOn: a backup of a module that does not pause its
 // containers holds n1 only while it lists what to leave out. While restic
 // reads (held at the gate, deterministically), n1 applies a change of the
@@ -411,7 +392,7 @@ func checkBackupLetsAppliesGoOn(t *testing.T, n []*agent, repo, pw string) {
 
 	os.WriteFile(filepath.Join(gate, "armed"), nil, 0o644)
 	backup := n[2].command("backup", "gate", "--data-dir", n[2].n.dir)
-	var out lockedBuffer
+	var out testutil.Log // written by the command while the test reads it
 	backup.Stdout, backup.Stderr = &out, &out
 	if err := backup.Start(); err != nil {
 		t.Fatal(err)
