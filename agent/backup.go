@@ -811,19 +811,8 @@ func restoreSizes(ctx context.Context, repo restic.Repo, snap *restic.Snapshot, 
 // larger blocks is counted short).
 const entryBlock = 4 << 10
 
-// onDisk is s in bytes with a block for each entry (at most the largest
-// uint64: the sizes are restic's word of a repository's).
-func onDisk(s restic.Size) uint64 {
-	return addSat(uint64(max(s.Bytes, 0)), satMul(uint64(max(s.Entries, 0)), entryBlock))
-}
-
-// satMul is a*b, at most the largest uint64.
-func satMul(a, b uint64) uint64 {
-	if a != 0 && a*b/a != b {
-		return ^uint64(0)
-	}
-	return a * b
-}
+// onDisk is s in bytes with a block for each entry.
+func onDisk(s restic.Size) uint64 { return s.OnDisk(entryBlock) }
 
 // restoreFix is what a restore refused for room tells to do.
 func restoreFix(dirs []string) string {

@@ -572,10 +572,11 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 		// once it has read, the path is looked at again, since it may
 		// have changed meanwhile. What holds its bytes already is not
 		// waited for: every apply goes over it.
-		if f, _ := x.r.fencedAt(res.Name); f != nil {
-			if err := x.r.waitFences(ctx, res.Name); err != nil {
-				return report(res, state.Failed, err.Error())
-			}
+		waited, err := x.r.waitFences(ctx, res.Name)
+		if err != nil {
+			return report(res, state.Failed, err.Error())
+		}
+		if waited {
 			return x.file(ctx, res)
 		}
 	}
@@ -584,7 +585,7 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 	case fileRefuse:
 		return report(res, state.Failed, d.Message)
 	case fileCopyAside:
-		if res.Kind == manifest.KindSecret || res.Kind == manifest.KindCredential || res.Kind == state.KindDeliveredCredential {
+		if holdsSecret(res.Kind) {
 			// What a secret's or a credential's file held is never copied
 			// anywhere: what a container wrote there may hold the secret
 			// too (a copy outlived the secret's rotation and the module).

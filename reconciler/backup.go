@@ -170,12 +170,13 @@ func (r *Reconciler) fencedAt(path string) (*fence, string) {
 }
 
 // waitFences returns once no fence keeps a secret's file from path, saying
-// so for each it waits on, or ctx's error (the agent stops).
-func (r *Reconciler) waitFences(ctx context.Context, path string) error {
-	for {
+// so for each it waits on, and whether it waited; or ctx's error (the
+// agent stops).
+func (r *Reconciler) waitFences(ctx context.Context, path string) (waited bool, err error) {
+	for ; ; waited = true {
 		f, dir := r.fencedAt(path)
 		if f == nil {
-			return nil
+			return waited, nil
 		}
 		r.log.Warn("a secret's file waits for the backup that reads its directory: restic would copy it into the snapshot", "path", path, "backup", f.module, "dir", dir)
 		if r.onFence != nil {
@@ -184,7 +185,7 @@ func (r *Reconciler) waitFences(ctx context.Context, path string) error {
 		select {
 		case <-f.lifted:
 		case <-ctx.Done():
-			return fmt.Errorf("not written: it waited for the backup of %s, which reads %s: %w", f.module, dir, ctx.Err())
+			return true, fmt.Errorf("not written: it waited for the backup of %s, which reads %s: %w", f.module, dir, ctx.Err())
 		}
 	}
 }

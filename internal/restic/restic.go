@@ -18,6 +18,7 @@ import (
 	"io"
 	"io/fs"
 	"math"
+	"math/bits"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -413,6 +414,18 @@ func (r Repo) Restore(ctx context.Context, id, target string, paths ...string) e
 // which takes a little more than its bytes on the disk.
 type Size struct {
 	Bytes, Entries int64
+}
+
+// OnDisk is s's bytes with block more for each entry, at most the largest
+// uint64 (the figures are what restic says of a repository, which may be
+// anyone's).
+func (s Size) OnDisk(block uint64) uint64 {
+	hi, blocks := bits.Mul64(uint64(max(s.Entries, 0)), block)
+	sum, carry := bits.Add64(uint64(max(s.Bytes, 0)), blocks, 0)
+	if hi != 0 || carry != 0 {
+		return ^uint64(0)
+	}
+	return sum
 }
 
 // RestoreSize is what restoring snapshot id whole writes (restic stats'

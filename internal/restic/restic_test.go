@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io/fs"
 	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -845,5 +846,25 @@ func TestReadBound(t *testing.T) {
 	}
 	if satMul(1<<40, 1<<40) != ^uint64(0) || satMul(3, 4) != 12 {
 		t.Fatal("satMul")
+	}
+}
+
+// TestSizeOnDisk: a block for each entry, and figures past the largest
+// uint64 (a repository's word is anyone's) saturate, by the multiply or by
+// the sum, negative ones counting nothing.
+func TestSizeOnDisk(t *testing.T) {
+	for _, c := range []struct {
+		s    Size
+		want uint64
+	}{
+		{Size{Bytes: 10, Entries: 2}, 10 + 2*4096},
+		{Size{Bytes: -5, Entries: -1}, 0},
+		{Size{Bytes: 1, Entries: 1 << 62}, ^uint64(0)},
+		{Size{Bytes: math.MaxInt64, Entries: math.MaxInt64/4096 + 2}, ^uint64(0)}, // by the sum
+		{Size{Bytes: math.MaxInt64, Entries: 0}, math.MaxInt64},
+	} {
+		if got := c.s.OnDisk(4096); got != c.want {
+			t.Errorf("%+v.OnDisk(4096) = %d, want %d", c.s, got, c.want)
+		}
 	}
 }
