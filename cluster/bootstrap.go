@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -10,14 +11,19 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"mesh/state"
 )
 
 // A machine that is to join gets the mesh binary from the mesh itself: every
-// node serves its own binary and the mesh CA on its node port, to anyone
-// (the binary is the same program anyone could build, and the CA is public;
-// neither holds a secret). The install line `mesh token` prints fetches the
-// CA, checks it against the digest the token pins, and only then fetches the
-// binary over TLS verified by that CA: no trust on first use.
+// node serves the mesh CA on its node port to anyone (it is public), and a
+// voter its own binary to a holder of a join token valid now, sent as
+// Authorization: Bearer TOKEN (the binary holds no secret, but tens of
+// megabytes to anyone who asks were a stranger's way to hold the download
+// slots, keeping the install line out, and to spend a VPS's metered
+// traffic). The install line `mesh token` prints fetches the CA, checks it
+// against the digest the token pins, and only then fetches the binary over
+// TLS verified by that CA: no trust on first use.
 
 // Downloads of the binary are bounded, in all and per address, and a
 // reader too slow (or one that never reads) loses its slot: two guests that
@@ -52,6 +58,10 @@ func (n *Node) serveBinary(w http.ResponseWriter, r *http.Request) {
 	if hasBody(r) {
 		boundRest(w)
 		http.Error(w, "a GET of the binary has no body", http.StatusBadRequest)
+		return
+	}
+	if status, msg := n.tokenHolder(r); status != 0 {
+		http.Error(w, msg, status)
 		return
 	}
 	src := netip.Addr{}
@@ -104,6 +114,33 @@ func (n *Node) serveBinary(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// tokenHolder says why r may not have the binary (an HTTP status and a
+// message; 0 when it may): it must carry a join token of this mesh, valid
+// now, as Authorization: Bearer TOKEN. Checked before a download slot is
+// taken, so that a stranger holds none.
+func (n *Node) tokenHolder(r *http.Request) (int, string) {
+	raw, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return http.StatusUnauthorized, "the binary is served to a holder of a join token: send it as Authorization: Bearer TOKEN (the line `mesh token --install-line` prints does)"
+	}
+	t, err := ParseToken(strings.TrimSpace(raw))
+	if err != nil {
+		return http.StatusUnauthorized, err.Error()
+	}
+	if _, err := n.checkTokenSecret(r.Context(), JoinRequest{MeshID: t.MeshID, Secret: t.Secret, Until: t.Until}); err != nil {
+		switch {
+		case errors.Is(err, state.ErrInvalid):
+			return http.StatusForbidden, err.Error()
+		case errors.Is(err, state.ErrConflict):
+			// Another mesh's token, a rotation of the CA under way, or a
+			// node that opens no join secret (a non-voter): said so.
+			return http.StatusConflict, err.Error()
+		}
+		return http.StatusServiceUnavailable, "cannot check the join token now: " + err.Error()
+	}
+	return 0, ""
+}
+
 // unameMachine is `uname -m` for this binary's architecture.
 func unameMachine() string {
 	switch runtime.GOARCH {
@@ -136,10 +173,11 @@ func InstallLine(peer, token, bin string) (string, error) {
 		host = peer + ":" + strconv.Itoa(DefaultPort)
 	}
 	base := "https://" + host
-	return fmt.Sprintf(`printf '%%s\n' '%s' | sh -ec '[ "$(uname -m)" = %s ] || { echo "this machine is $(uname -m); the mesh at %s runs %s binaries" >&2; exit 1; }; `+
+	return fmt.Sprintf(`printf '%%s\n' '%s' | sh -ec 'IFS= read -r t; [ "$(uname -m)" = %s ] || { echo "this machine is $(uname -m); the mesh at %s runs %s binaries" >&2; exit 1; }; `+
 		`d=$(mktemp -d); curl -fsSk %s/v1/ca -o "$d/ca.der" </dev/null; echo "%s  $d/ca.der" | sha256sum -c --quiet; `+
 		`{ echo "-----BEGIN CERTIFICATE-----"; base64 -w64 "$d/ca.der"; echo "-----END CERTIFICATE-----"; } > "$d/ca.pem"; `+
-		`curl -fsS --cacert "$d/ca.pem" %s/v1/binary -o "$d/mesh" </dev/null; install -m 0755 "$d/mesh" %s; rm -rf "$d"; `+
-		`%s join %s --token-file -'`,
+		`printf "Authorization: Bearer %%s\n" "$t" > "$d/auth"; `+
+		`curl -fsS --cacert "$d/ca.pem" -H @"$d/auth" %s/v1/binary -o "$d/mesh" </dev/null; install -m 0755 "$d/mesh" %s; rm -rf "$d"; `+
+		`printf "%%s\n" "$t" | %s join %s --token-file -'`,
 		token, unameMachine(), host, unameMachine(), base, t.CADigest, base, bin, bin, peer), nil
 }

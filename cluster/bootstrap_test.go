@@ -14,9 +14,11 @@ func TestInstallLine(t *testing.T) {
 	for _, w := range []string{
 		"sh -ec '", "curl -fsSk https://10.0.0.1:7430/v1/ca",
 		`echo "` + strings.Repeat("ab", 32) + `  $d/ca.der" | sha256sum -c --quiet`,
-		`curl -fsS --cacert "$d/ca.pem" https://10.0.0.1:7430/v1/binary`,
+		"sh -ec 'IFS= read -r t; ",
+		`printf "Authorization: Bearer %s\n" "$t" > "$d/auth"; `,
+		`curl -fsS --cacert "$d/ca.pem" -H @"$d/auth" https://10.0.0.1:7430/v1/binary`,
 		`install -m 0755 "$d/mesh" /usr/local/bin/mesh`,
-		"/usr/local/bin/mesh join 10.0.0.1 --token-file -'",
+		`printf "%s\n" "$t" | /usr/local/bin/mesh join 10.0.0.1 --token-file -'`,
 	} {
 		if !strings.Contains(line, w) {
 			t.Errorf("install line lacks %q:\n%s", w, line)

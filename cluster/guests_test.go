@@ -3,6 +3,7 @@ package cluster
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -180,21 +182,9 @@ func TestStalledDownloadsLoseTheirSlot(t *testing.T) {
 	a, _ := twoNodes(t)
 	t.Cleanup(binaryChunkTime.set(2 * time.Second))
 	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	token := joinToken(t, a)
 	ask := func(from string) (*http.Response, net.Conn, error) {
-		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
-		c, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})
-		if err != nil {
-			return nil, nil, err
-		}
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		fmt.Fprintf(c, "GET /v1/binary HTTP/1.1\r\nHost: mesh\r\n\r\n")
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			c.Close()
-			return nil, nil, err
-		}
-		c.SetDeadline(time.Time{})
-		return resp, c, nil
+		return askBinary(addr, from, "Authorization: Bearer "+token)
 	}
 	// Stalled readers: one per address, four in all.
 	var stalled []net.Conn
@@ -235,6 +225,116 @@ func TestStalledDownloadsLoseTheirSlot(t *testing.T) {
 			t.Fatalf("the stalled downloads kept their slots: %v %v", err, resp)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// askBinary asks addr for the binary from the address from, with header (a
+// line, or ""): the answer's head, and the connection, left unread.
+func askBinary(addr, from, header string) (*http.Response, net.Conn, error) {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	c, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpnAPI}})
+	if err != nil {
+		return nil, nil, err
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if header != "" {
+		header += "\r\n"
+	}
+	fmt.Fprintf(c, "GET /v1/binary HTTP/1.1\r\nHost: mesh\r\n%s\r\n", header)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	c.SetDeadline(time.Time{})
+	return resp, c, nil
+}
+
+// The binary goes to a holder of a join token valid now, checked before a
+// download slot is taken: strangers (no token, a damaged one, a guessed
+// secret, another mesh's, one that ended) are refused and hold no slot,
+// however many ask; a non-voter, which cannot check a token, sends the
+// asker to a voter.
+func TestBinaryOnlyToTokenHolders(t *testing.T) {
+	a, b := twoNodesVoting(t, 1)
+	addr := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	token := joinToken(t, a)
+	tok, err := ParseToken(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guessed, other, ended := tok, tok, tok
+	guessed.Secret = strings.Repeat("0", len(tok.Secret))
+	other.MeshID = "another-mesh"
+	id, err := a.Store.Identity(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret, err := a.Node.JoinSecret(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended.Until = time.Now().Add(-time.Minute).Unix()
+	ended.Secret = TokenSecret(secret, ended.Until)
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	for i, c := range []struct {
+		header string
+		status int
+		says   string
+	}{
+		{"", http.StatusUnauthorized, "holder of a join token"},
+		{"Authorization: Basic eDp5", http.StatusUnauthorized, "holder of a join token"},
+		{"Authorization: Bearer mesh1.!!!", http.StatusUnauthorized, "damaged"},
+		{"Authorization: Bearer " + guessed.String(), http.StatusForbidden, "not valid"},
+		{"Authorization: Bearer " + other.String(), http.StatusConflict, "the token is for mesh another-mesh"},
+		{"Authorization: Bearer " + ended.String(), http.StatusForbidden, "ended at"},
+	} {
+		// From one address, more often than the slots: a refusal that held
+		// one would be answered 503 from the second on.
+		for k := 0; k < maxBinaryDownloads+1; k++ {
+			resp, conn, err := askBinary(addr, "127.0.4.1", c.header)
+			if err != nil {
+				t.Fatalf("case %d: %v", i, err)
+			}
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			conn.Close()
+			if resp.StatusCode != c.status || !strings.Contains(string(body), c.says) {
+				t.Fatalf("case %d (%q), ask %d: %d %s, want %d saying %q", i, c.header, k, resp.StatusCode, body, c.status, c.says)
+			}
+		}
+	}
+	// Every slot is still free: a holder from each of four addresses is
+	// served (and holds its slot, unread, till the end).
+	for i := 1; i <= maxBinaryDownloads; i++ {
+		resp, conn, err := askBinary(addr, fmt.Sprintf("127.0.4.%d", i), "Authorization: Bearer "+token)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("holder %d after the strangers: %v %v", i, err, resp)
+		}
+		open = append(open, conn)
+	}
+	// novox, a non-voter, opens no join secret to check a token with
+	// (once it holds the mesh's identity: till then it cannot check).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, conn, err := askBinary(net.JoinHostPort(b.ID.Address, strconv.Itoa(b.ID.Port)), "127.0.4.9", "Authorization: Bearer "+token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		conn.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(body), "not initialised") && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), "ask a voter") {
+			t.Fatalf("a non-voter asked for the binary: %d %s", resp.StatusCode, body)
+		}
+		break
 	}
 }
 

@@ -701,36 +701,46 @@ func leaderLostUnder(err error) error {
 // no rotation of the CA under way (the token pins the old one), and its
 // secret. It returns the identity and the CA key.
 func (n *Node) checkToken(ctx context.Context, req JoinRequest) (state.Identity, string, error) {
-	id, err := n.store.Identity(ctx)
+	id, err := n.checkTokenSecret(ctx, req)
 	if err != nil {
 		return id, "", err
-	}
-	if req.MeshID != id.MeshID {
-		return id, "", &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this is mesh %s; the token is for mesh %s", id.MeshID, req.MeshID)}
-	}
-	if id.CANextCert != "" {
-		return id, "", &state.RuleError{Kind: state.ErrConflict, Msg: "a rotation of the mesh's CA is under way, and the token pins the CA it replaces; join once it ends (mesh status shows it), with a token made then (mesh token)"}
-	}
-	// The secret first: a stranger's guess never has the CA key opened.
-	joinSecret, err := n.JoinSecret(id)
-	if err != nil {
-		return id, "", err
-	}
-	if req.Until < 0 || !secretEqual(req.Secret, TokenSecret(joinSecret, req.Until)) {
-		if n.refusedJoin.Now() {
-			n.log.Warn("refused a join: its token's secret is not this mesh's (logged once a minute at most)", "name", req.Name, "address", req.Address)
-		}
-		return id, "", &state.RuleError{Kind: state.ErrInvalid, Msg: "the join token's secret is not valid (was it rotated? get a new one with `mesh token`)"}
-	}
-	// Its end after its secret: a stranger learns nothing of a token.
-	if req.Until != 0 && time.Now().Unix() > req.Until {
-		return id, "", &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("the join token ended at %s; get a new one with `mesh token` on a voter", time.Unix(req.Until, 0).UTC().Format(time.RFC3339))}
 	}
 	caKey, _, err := n.OpenIdentity(id)
 	if err != nil {
 		return id, "", err
 	}
 	return id, caKey, nil
+}
+
+// checkTokenSecret is checkToken without the CA key: the token is this
+// mesh's, valid now.
+func (n *Node) checkTokenSecret(ctx context.Context, req JoinRequest) (state.Identity, error) {
+	id, err := n.store.Identity(ctx)
+	if err != nil {
+		return id, err
+	}
+	if req.MeshID != id.MeshID {
+		return id, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this is mesh %s; the token is for mesh %s", id.MeshID, req.MeshID)}
+	}
+	if id.CANextCert != "" {
+		return id, &state.RuleError{Kind: state.ErrConflict, Msg: "a rotation of the mesh's CA is under way, and the token pins the CA it replaces; join once it ends (mesh status shows it), with a token made then (mesh token)"}
+	}
+	// The secret first: a stranger's guess never has the CA key opened.
+	joinSecret, err := n.JoinSecret(id)
+	if err != nil {
+		return id, err
+	}
+	if req.Until < 0 || !secretEqual(req.Secret, TokenSecret(joinSecret, req.Until)) {
+		if n.refusedJoin.Now() {
+			n.log.Warn("refused a join token: its secret is not this mesh's (logged once a minute at most)", "name", req.Name, "address", req.Address)
+		}
+		return id, &state.RuleError{Kind: state.ErrInvalid, Msg: "the join token's secret is not valid (was it rotated? get a new one with `mesh token`)"}
+	}
+	// Its end after its secret: a stranger learns nothing of a token.
+	if req.Until != 0 && time.Now().Unix() > req.Until {
+		return id, &state.RuleError{Kind: state.ErrInvalid, Msg: fmt.Sprintf("the join token ended at %s; get a new one with `mesh token` on a voter", time.Unix(req.Until, 0).UTC().Format(time.RFC3339))}
+	}
+	return id, nil
 }
 
 // admitTokenChecked, when set (tests), runs between admit's first check of

@@ -320,6 +320,12 @@ func TestMultiNode(t *testing.T) {
 	if out, err := inNetns(n4.h.netns, exec.Command("sh", "-c", badCA)).CombinedOutput(); err == nil || exists(n4.h.dir+"/bin/mesh-bad") {
 		t.Fatalf("a wrong CA digest did not stop the install line: %v\n%s", err, out)
 	}
+	// The binary goes to a token holder only: a stranger's curl is refused
+	// (before it takes a download slot).
+	binURL := regexp.MustCompile(`https://[^ ]+/v1/binary`).FindString(install)
+	if out, err := inNetns(n4.h.netns, exec.Command("curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", binURL)).CombinedOutput(); err != nil || string(out) != "401" {
+		t.Fatalf("a stranger's curl of %q: %v %s, want 401", binURL, err, out)
+	}
 	n4.bin = n4bin
 	n4.start()
 	eventually(t, 30*time.Second, "n4 replicates the state", func() (bool, string) {
