@@ -68,14 +68,19 @@ func waitApplied(g *Globals, node, module string, version uint64, limit time.Dur
 				return fmt.Errorf("%s applied plan v%d up to %s, which waits for secret %s: %s", node, n.Report.Version, f.Resource, f.Secret, printable(f.Reason))
 			}
 			if f := n.Report.Failed(module); n.Report.OnlyGates() && (module == "" || f != nil) {
-				// A health gate: the node goes on as the provider's health
-				// changes; say so once per reason.
+				// A wait (a health gate, a secret sealed, a backup that
+				// reads): the node goes on as they change; say so once
+				// per reason.
 				if n.Report.Error != gated {
 					gated = n.Report.Error
 					fmt.Fprintf(g.out, "%s: %s\n", node, printableLines(gated, "\n  "))
 				}
 				if time.Now().After(deadline) {
-					return fmt.Errorf("%s still waits at a health gate after %s:\n  %s", node, limit, printableLines(gated, "\n  "))
+					what := "at a health gate"
+					if n.Report.OnlyBackups() {
+						what = "for a backup to have read"
+					}
+					return fmt.Errorf("%s still waits %s after %s:\n  %s", node, what, limit, printableLines(gated, "\n  "))
 				}
 				continue
 			}
@@ -84,7 +89,11 @@ func waitApplied(g *Globals, node, module string, version uint64, limit time.Dur
 			}
 			printOutcomes(g.out, n.Report)
 			if n.Report.Error != "" {
-				fmt.Fprintf(g.out, "%s applied plan v%d for %s; other modules there failed:\n  %s\n", node, n.Report.Version, module, strings.ReplaceAll(n.Report.Error, "\n", "\n  "))
+				others := "failed"
+				if n.Report.OnlyGates() {
+					others = "wait"
+				}
+				fmt.Fprintf(g.out, "%s applied plan v%d for %s; other modules there %s:\n  %s\n", node, n.Report.Version, module, others, strings.ReplaceAll(n.Report.Error, "\n", "\n  "))
 			} else {
 				fmt.Fprintf(g.out, "%s applied plan v%d\n", node, n.Report.Version)
 			}

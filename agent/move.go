@@ -1036,7 +1036,7 @@ func (m *movers) checkStarted(ctx context.Context, mv state.MoveInfo) {
 			m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("%s waits on %s for secret %s, which is not set (mesh secret set %s %s)", mv.Module, mv.To, f.Secret, mv.Module, f.Secret))
 			return
 		}
-		if f.HealthGate || f.Secret != "" || f.Provider != "" {
+		if f.Wait() || f.Provider != "" {
 			return // a wait, not a failure: it goes on as they change
 		}
 		m.step(ctx, mv, state.MoveAborted, fmt.Sprintf("%s failed on %s at %s: %s", mv.Module, mv.To, f.Resource, f.Reason))

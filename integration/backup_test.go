@@ -433,6 +433,21 @@ func checkBackupLetsAppliesGoOn(t *testing.T, n []*agent, repo, pw string) {
 	if b, _ := os.ReadFile(srv + "/data/token"); string(b) != "first-token" {
 		t.Fatalf("the secret's file changed while restic read its directory: %q", b)
 	}
+	// The rest of n1 goes on meanwhile: another module is assigned there
+	// and applied (the apply once waited at the token, holding every
+	// change of the node for as long as restic read).
+	bystander := filepath.Join(t.TempDir(), "bystander.yaml")
+	os.WriteFile(bystander, []byte(bystanderModule), 0o644)
+	n[1].mesh("module", "add", bystander)
+	if o, err := n[1].try("assign", "n1", "bystander", "--wait", "--timeout", "60s", "--data-dir", n[1].n.dir); err != nil || !strings.Contains(string(o), "other modules there wait") {
+		t.Fatalf("assign n1 bystander while the token waits for the backup: %v\n%s", err, o)
+	}
+	if b, err := os.ReadFile(n[1].h.dir + "/srv/bystander/hello.txt"); err != nil || string(b) != "hello\n" {
+		t.Fatalf("bystander's file while the token waits for the backup: %q %v", b, err)
+	}
+	if st := n[1].mesh("status"); !strings.Contains(st, "waiting") || !strings.Contains(st, "the backup of gate reads") {
+		t.Fatalf("mesh status while the token waits for the backup:\n%s", st)
+	}
 	if left, _ := filepath.Glob(srv + "/data/.*"); len(left) > 0 {
 		t.Fatalf("written beside the secret's file while restic read: %v", left)
 	}
@@ -463,4 +478,14 @@ func checkBackupLetsAppliesGoOn(t *testing.T, n []*agent, repo, pw string) {
 	n[1].mesh("unassign", "n1", "gate", "--purge-data", "--yes", "--wait")
 	n[2].mesh("secret", "rm", "gate", "token")
 	n[1].mesh("module", "remove", "gate")
+	n[1].mesh("unassign", "n1", "bystander", "--wait")
+	n[1].mesh("module", "remove", "bystander")
 }
+
+// bystanderModule is a module of n1 that is not backed up.
+const bystanderModule = `module: bystander
+resources:
+  - directory: /srv/bystander
+  - file: /srv/bystander/hello.txt
+    content: "hello\n"
+`

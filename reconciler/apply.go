@@ -139,10 +139,9 @@ type Reconciler struct {
 	pass, soon chan struct{}
 	// fences are the backups that read data directories while applies go
 	// on (FenceSecrets); fenceMu guards them, since a backup lifts its
-	// fence outside the node's hold. onFence is told of each wait (tests).
+	// fence outside the node's hold.
 	fenceMu sync.Mutex
 	fences  map[*fence]bool
-	onFence func(path, module, dir string)
 }
 
 // New loads the ledger and returns a reconciler.
@@ -569,15 +568,14 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 	d := decideFile(res.Name, have, entry, want, res.Decl.TakeOver, x.r.keptDir())
 	if holdsSecret(res.Kind) && d.Action != fileRefuse && (!have.exists || have.digest != want || d.Action == fileCopyAside || d.Action == fileTakeOver) {
 		// A secret's bytes to write where a backup reads (FenceSecrets):
-		// once it has read, the path is looked at again, since it may
-		// have changed meanwhile. What holds its bytes already is not
-		// waited for: every apply goes over it.
-		waited, err := x.r.waitFences(ctx, res.Name)
-		if err != nil {
-			return report(res, state.Failed, err.Error())
-		}
-		if waited {
-			return x.file(ctx, res)
+		// the module waits there, and the rest of the node goes on; the
+		// pass after the fence is lifted writes it. What holds its bytes
+		// already is not waited for: every apply goes over it.
+		if f, dir := x.r.fencedAt(res.Name); f != nil {
+			why := fmt.Sprintf("the backup of %s reads %s; a secret's file is written there once restic has read it (restic would copy it into the snapshot)", f.module, dir)
+			x.r.log.Warn("a secret's file waits for the backup that reads its directory", "path", res.Name, "backup", f.module, "dir", dir)
+			x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.RuntimeName(), Reason: why, Backup: f.module}
+			return report(res, state.Waiting, "waits: "+why)
 		}
 	}
 	var note string

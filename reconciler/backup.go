@@ -116,27 +116,28 @@ func holdsSecret(kind string) bool {
 // (its temporary file beside it, which the list does not name), which
 // restic would copy into a snapshot that every node can open. So the
 // backup fences its directories (FenceSecrets, in the same hold as the
-// list): until it lifts the fence, an apply that is to write a secret's
-// bytes there waits (waitFences), then looks at the path again, as every
-// apply waited for a backup before; it is not failed, which would stop the
-// module's rollout. A secret's file that holds its bytes already is gone
-// over as ever (every apply visits it). The backup lifts its fence as soon
-// as restic has read.
+// list): until it lifts the fence, a secret's file that is to be written
+// there waits, with the rest of its module (ModuleFailure.Backup: a wait,
+// not an error, which would stop the module's rollout), and the node's
+// apply goes on with its other modules (it once waited at the file, and a
+// backup of hours held every change of the node behind a delivered
+// credential or a rotation). A secret's file that holds its bytes already
+// is gone over as ever (every apply visits it). The backup lifts its
+// fence as soon as restic has read, which asks for a pass (ApplySoon):
+// that pass writes what waited.
 
-// fence is one backup's: its module and directories; lifted is closed
-// when it ends.
+// fence is one backup's: its module and directories.
 type fence struct {
 	module string
 	dirs   []string
-	lifted chan struct{}
 }
 
 // FenceSecrets fences dirs for module's backup until lift is called
 // (once, or more: the later calls do nothing). Call it inside Exclusive,
 // in the hold that listed what the backup leaves out, and lift it
-// whatever happens after: an apply may wait on it.
+// whatever happens after: a module may wait on it.
 func (r *Reconciler) FenceSecrets(module string, dirs []string) (lift func()) {
-	f := &fence{module: module, dirs: slices.Clone(dirs), lifted: make(chan struct{})}
+	f := &fence{module: module, dirs: slices.Clone(dirs)}
 	r.fenceMu.Lock()
 	if r.fences == nil {
 		r.fences = map[*fence]bool{}
@@ -149,7 +150,8 @@ func (r *Reconciler) FenceSecrets(module string, dirs []string) (lift func()) {
 			r.fenceMu.Lock()
 			delete(r.fences, f)
 			r.fenceMu.Unlock()
-			close(f.lifted)
+			// A pass now writes what waited for the fence.
+			r.ApplySoon()
 		})
 	}
 }
@@ -167,27 +169,6 @@ func (r *Reconciler) fencedAt(path string) (*fence, string) {
 		}
 	}
 	return nil, ""
-}
-
-// waitFences returns once no fence keeps a secret's file from path, saying
-// so for each it waits on, and whether it waited; or ctx's error (the
-// agent stops).
-func (r *Reconciler) waitFences(ctx context.Context, path string) (waited bool, err error) {
-	for ; ; waited = true {
-		f, dir := r.fencedAt(path)
-		if f == nil {
-			return waited, nil
-		}
-		r.log.Warn("a secret's file waits for the backup that reads its directory: restic would copy it into the snapshot", "path", path, "backup", f.module, "dir", dir)
-		if r.onFence != nil {
-			r.onFence(path, f.module, dir)
-		}
-		select {
-		case <-f.lifted:
-		case <-ctx.Done():
-			return true, fmt.Errorf("not written: it waited for the backup of %s, which reads %s: %w", f.module, dir, ctx.Err())
-		}
-	}
 }
 
 // Quiesce readies module's data for a copy, inside Exclusive: its

@@ -217,7 +217,13 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 		if r.cfg.Observe != nil {
 			r.cfg.Observe(&rep, time.Since(began))
 		}
-		if rep.OnlyGates() {
+		if rep.OnlyBackups() {
+			// Waiting for a backup to have read is not a failure: the
+			// backup's fence, lifted, asks for the pass (ApplySoon).
+			backoff = 0
+			r.log.Info(fmt.Sprintf("plan v%d waits for a backup; applied once it has read", version), "wait", rep.Error)
+			next.Reset(cfg.Resync)
+		} else if rep.OnlyGates() {
 			// Waiting at a health gate is not a failure: try again soon, and
 			// at every change (the provider's node reports its health).
 			backoff = 0

@@ -359,38 +359,64 @@ resources:
 
 // While a backup reads mail's directory with the node's applies going on,
 // no secret's file is written there (restic would copy it, or the
-// temporary file of a new value, into the snapshot): the apply waits at
-// it, says why, and writes it once the fence is lifted, without a failure
-// (which would stop a rollout); a rotation waits the same, a file that
-// holds its value already does not. An apply that ends (the agent stops)
-// does not wait on.
+// temporary file of a new value, into the snapshot): the apply leaves it,
+// and the rest of mail, waiting (a wait, not a failure, which would stop a
+// rollout) and goes on with the node's other modules, without waiting
+// itself (a backup of hours held every change of the node); the lifted
+// fence asks for a pass, which writes it. A rotation waits the same; a
+// file that holds its value already does not.
 func TestFencedDirectoryGetsNoSecretFile(t *testing.T) {
 	b := newSecretBed(t)
 	b.set("smtp", "first")
 	b.set("api", "key")
 	dir := filepath.Join(b.dir, "mail")
 	file := filepath.Join(dir, "smtp.password")
-	waits := make(chan string, 8)
-	b.r.onFence = func(path, module, d string) { waits <- path + " " + module + " " + d }
-	// waitsThenWrites applies under a fence of mail's directory, checks
-	// that the apply waits at the file with nothing written, lifts the
-	// fence, and checks the value written.
-	waitsThenWrites := func(what, before, value string) {
+	other := filepath.Join(b.dir, "other.txt")
+	b.in.Assignments = append(b.in.Assignments, state.Assignment{Node: "ace", Module: "other"})
+	manifests := func(content string) []string {
+		return []string{strings.ReplaceAll(secretTmpl, "{{d}}", b.dir), "module: other\nresources:\n  - file: " + other + "\n    content: " + content + "\n"}
+	}
+	apply := func(what string, plan *state.Plan) state.Report {
 		t.Helper()
-		lift := b.r.FenceSecrets("mail", []string{dir})
-		defer lift()
-		plan := composeAce(t, &b.in, []string{strings.ReplaceAll(secretTmpl, "{{d}}", b.dir)})
 		done := make(chan state.Report, 1)
 		go func() { done <- b.r.Apply(context.Background(), 1, plan) }()
 		select {
-		case w := <-waits:
-			if want := file + " mail " + dir; w != want {
-				t.Fatalf("%s: waited on %q, want %q", what, w, want)
-			}
 		case rep := <-done:
-			t.Fatalf("%s: the apply did not wait at the fence: %+v", what, rep)
+			return rep
 		case <-time.After(time.Minute):
-			t.Fatalf("%s: the apply neither waited nor ended", what)
+			t.Fatalf("%s: the apply waited at the fence", what)
+		}
+		return state.Report{}
+	}
+	soon := func() bool {
+		select {
+		case <-b.r.soon:
+			return true
+		default:
+			return false
+		}
+	}
+	// waitsThenWrites applies under a fence of mail's directory, checks
+	// that the file waits with nothing written while other changes apply,
+	// lifts the fence, and checks the value written by the pass it asks for.
+	waitsThenWrites := func(what, before, value, otherContent string) {
+		t.Helper()
+		lift := b.r.FenceSecrets("mail", []string{dir})
+		defer lift()
+		soon()
+		rep := apply(what, composeAce(t, &b.in, manifests(otherContent)))
+		f := rep.Failed("mail")
+		if f == nil || f.Backup != "mail" || !f.Wait() || !rep.OnlyBackups() || !rep.OnlyGates() || !strings.Contains(f.Reason, "the backup of mail reads "+dir) {
+			t.Fatalf("%s: under the fence: %+v", what, rep.Failures)
+		}
+		if o := outcome(rep, file); o.Outcome != state.Waiting || !strings.Contains(o.Reason, "once restic has read it") {
+			t.Fatalf("%s: the secret's outcome under the fence: %+v", what, o)
+		}
+		if o := outcome(rep, "mail.sender"); o.Outcome != state.Waiting {
+			t.Fatalf("%s: the rest of mail under the fence: %+v", what, o)
+		}
+		if got, err := os.ReadFile(other); err != nil || string(got) != otherContent {
+			t.Fatalf("%s: another module's change under the fence: %q %v", what, got, err)
 		}
 		if got, _ := os.ReadFile(file); string(got) != before {
 			t.Fatalf("%s: the secret's file holds %q under the fence, want %q", what, got, before)
@@ -398,61 +424,34 @@ func TestFencedDirectoryGetsNoSecretFile(t *testing.T) {
 		if left, _ := filepath.Glob(filepath.Join(dir, ".*")); len(left) > 0 {
 			t.Fatalf("%s: written beside it under the fence: %v", what, left)
 		}
+		if soon() {
+			t.Fatalf("%s: a pass asked for before the fence was lifted", what)
+		}
 		lift()
+		if !soon() {
+			t.Fatalf("%s: the lifted fence asked for no pass", what)
+		}
 		lift() // a second call does nothing
-		select {
-		case rep := <-done:
-			if rep.Error != "" || len(rep.Failures) > 0 {
-				t.Fatalf("%s: after the fence: %s %+v", what, rep.Error, rep.Failures)
-			}
-		case <-time.After(time.Minute):
-			t.Fatalf("%s: the apply did not go on once the fence was lifted", what)
+		if soon() {
+			t.Fatalf("%s: a second lift asked for a pass again", what)
+		}
+		rep = apply(what, composeAce(t, &b.in, manifests(otherContent)))
+		if rep.Error != "" || len(rep.Failures) > 0 {
+			t.Fatalf("%s: after the fence: %s %+v", what, rep.Error, rep.Failures)
 		}
 		if got, err := os.ReadFile(file); err != nil || string(got) != value {
 			t.Fatalf("%s: after the fence: %q, %v; want %q", what, got, err, value)
 		}
 	}
-	waitsThenWrites("a new secret's file", "", "first")
+	waitsThenWrites("a new secret's file", "", "first", "one")
 	b.set("smtp", "second")
-	waitsThenWrites("a rotation", "first", "second")
+	waitsThenWrites("a rotation", "first", "second", "two")
 
-	// A secret's file that holds its value already does not hold an apply:
-	// every apply goes over it.
+	// A secret's file that holds its value already does not wait: every
+	// apply goes over it.
 	lift := b.r.FenceSecrets("mail", []string{dir})
 	defer lift()
-	plan := composeAce(t, &b.in, []string{strings.ReplaceAll(secretTmpl, "{{d}}", b.dir)})
-	same := make(chan state.Report, 1)
-	go func() { same <- b.r.Apply(context.Background(), 1, plan) }()
-	select {
-	case rep := <-same:
-		if rep.Error != "" || len(waits) > 0 {
-			t.Fatalf("an apply that writes nothing under the fence: %s, %d waits", rep.Error, len(waits))
-		}
-	case w := <-waits:
-		lift()
-		t.Fatalf("an apply that writes nothing waited at the fence: %s", w)
-	}
-
-	// An apply that ends while it waits fails that file, saying why.
-	b.set("smtp", "third")
-	ctx, cancel := context.WithCancel(context.Background())
-	plan = composeAce(t, &b.in, []string{strings.ReplaceAll(secretTmpl, "{{d}}", b.dir)})
-	done := make(chan state.Report, 1)
-	go func() { done <- b.r.Apply(ctx, 2, plan) }()
-	<-waits
-	cancel()
-	select {
-	case rep := <-done:
-		if f := rep.Failed("mail"); f == nil || !strings.Contains(f.Reason, "it waited for the backup of mail, which reads "+dir) {
-			t.Fatalf("an apply ended at the fence: %+v", rep.Failures)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("an apply ended at the fence waits on")
-	}
-	if got, _ := os.ReadFile(file); string(got) != "second" {
-		t.Fatalf("an apply ended at the fence wrote %q", got)
-	}
-	if len(waits) > 0 {
-		t.Fatalf("waited again: %s", <-waits)
+	if rep := apply("the same value", composeAce(t, &b.in, manifests("three"))); rep.Error != "" || len(rep.Failures) > 0 {
+		t.Fatalf("an apply that writes no secret under the fence: %s %+v", rep.Error, rep.Failures)
 	}
 }

@@ -64,6 +64,12 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 			return Next{Waiting: fmt.Sprintf("%s, waiting on %s to apply plan v%d", progress, n, pv.Version)}
 		}
 		for _, f := range rep.Failures {
+			if f.Module == r.Module && f.Backup != "" {
+				// A secret's file waits for a backup to have read
+				// its directory: written then (ProgressDeadline
+				// still bounds the wait).
+				return Next{Waiting: fmt.Sprintf("%s, waiting on %s: %s waits, %s", progress, n, f.Resource, f.Reason)}
+			}
 			if f.Module == r.Module {
 				return failed(r, fmt.Sprintf("%s: %s failed: %s", n, f.Resource, f.Reason))
 			}

@@ -38,6 +38,8 @@ func TestProgress(t *testing.T) {
 			"", "rollout of app to v50 stopped: c: container app.server is unhealthy: connection refused"},
 		{"apply failed", Report{Version: 50, Failures: []ModuleFailure{{Module: "app", Resource: "step app.migrate", Reason: "exited with code 1"}}},
 			"", "rollout of app to v50 stopped: c: step app.migrate failed: exited with code 1"},
+		{"waits for a backup", Report{Version: 50, Failures: []ModuleFailure{{Module: "app", Resource: "secret /srv/app/data/token", Reason: "the backup of app reads /srv/app/data", Backup: "app"}}},
+			"1/3 nodes, waiting on c: secret /srv/app/data/token waits, the backup of app reads /srv/app/data", ""},
 		{"exited", Report{Version: 50, Exits: []ContainerExit{{Module: "app", Container: "app.server", ExitCode: 137, At: now}}},
 			"", "rollout of app to v50 stopped: c: container app.server exited with code 137"},
 		{"an exit before the rollout", func() Report {

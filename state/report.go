@@ -165,9 +165,18 @@ type ModuleFailure struct {
 	// holds it seals it again within seconds). Not an error either.
 	Secret string `json:"secret,omitempty"`
 	// SecretUnset: the secret is not set (only mesh secret set ends it).
-	SecretUnset bool     `json:"secret_unset,omitempty"`
-	Waiting     []string `json:"waiting,omitempty"`
+	SecretUnset bool `json:"secret_unset,omitempty"`
+	// Backup is set when the module waits for a backup of that module,
+	// which reads the directory a secret's file of it is to be written in
+	// (restic would copy the file into the snapshot): written once restic
+	// has read. Not an error either.
+	Backup  string   `json:"backup,omitempty"`
+	Waiting []string `json:"waiting,omitempty"`
 }
+
+// Wait says f is a wait, not an error: a health gate, a secret, a backup;
+// the node goes on as they change.
+func (f *ModuleFailure) Wait() bool { return f.HealthGate || f.Secret != "" || f.Backup != "" }
 
 // UnsetSecret is the first failure of the report that waits for a secret
 // nobody set: a wait that only an operator ends.
@@ -180,10 +189,22 @@ func (r *Report) UnsetSecret() *ModuleFailure {
 	return nil
 }
 
-// OnlyGates says whether every failure of the report is a health gate.
+// OnlyGates says whether every failure of the report is a wait (a health
+// gate, a secret, a backup: ModuleFailure.Wait), and there is one.
 func (r *Report) OnlyGates() bool {
+	for i := range r.Failures {
+		if !r.Failures[i].Wait() {
+			return false
+		}
+	}
+	return len(r.Failures) > 0
+}
+
+// OnlyBackups says whether every failure of the report is a wait for a
+// backup, and there is one: the backup's end, not time, ends them.
+func (r *Report) OnlyBackups() bool {
 	for _, f := range r.Failures {
-		if !f.HealthGate && f.Secret == "" {
+		if f.Backup == "" {
 			return false
 		}
 	}
@@ -197,6 +218,9 @@ func (f *ModuleFailure) WaitReason(module string) string {
 	}
 	if f.Secret != "" && f.Module == module {
 		return "waits for secret " + f.Secret + " (" + f.Reason + ")"
+	}
+	if f.Backup != "" && f.Module == module {
+		return "waits: " + f.Reason
 	}
 	if f.Module != module || f.Provider != "" {
 		p := f.Provider

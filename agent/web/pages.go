@@ -283,6 +283,8 @@ func problems(st api.Status) []Problem {
 				what, badge = "waits for "+f.Provider+" to be healthy", "waiting"
 			} else if f.Secret != "" {
 				what, badge = "waits for secret "+f.Secret, "waiting"
+			} else if f.Backup != "" {
+				what, badge = "waits for the backup of "+f.Backup, "waiting"
 			}
 			out = append(out, Problem{Module: f.Module, Node: n.Name, What: what, Reason: f.Reason, Badge: badge})
 		}
@@ -360,6 +362,8 @@ func instanceOf(st api.Status, module, node string) instance {
 				in.Health, in.Reason = "waiting", "waits for secret "+f.Secret+": "+f.Reason
 			case f.HealthGate:
 				in.Health, in.Reason = "waiting", "waits for "+f.Provider+" to be healthy: "+f.Reason
+			case f.Backup != "":
+				in.Health, in.Reason = "waiting", f.Resource+" waits: "+f.Reason
 			default:
 				in.Health, in.Reason = "failing", f.Resource+": "+f.Reason
 			}
