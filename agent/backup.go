@@ -781,10 +781,10 @@ var errUnmeasured = errors.New("what the snapshot restores could not be measured
 // file hard-linked twice counted once: restic restores the link), else
 // each directory's files (a link counted at each name: each directory is
 // restored by itself, and a file linked into two is written in both),
-// never more than the whole. Each entry
-// counts a block more than its bytes (entryBlock): a file takes whole
-// blocks, a directory one of its own, and a million small files take
-// gigabytes where their bytes say megabytes. A failure is errUnmeasured.
+// never more than the whole. Each entry counts a block more than its
+// bytes (entryBlock): a file takes whole blocks, a directory one of its
+// own, and a million small files take gigabytes where their bytes say
+// megabytes. A failure is errUnmeasured.
 func restoreSizes(ctx context.Context, repo restic.Repo, snap *restic.Snapshot, dirs []string) ([]uint64, error) {
 	total, err := repo.RestoreSize(ctx, snap.ID)
 	if err != nil {
