@@ -143,6 +143,8 @@ type Node struct {
 	// refusedJoin throttles the warning for a join refused for its
 	// secret (anybody on the network can send one).
 	refusedJoin connlimit.Throttle
+	// joinOpened is the join secret as last opened (sealed.go).
+	joinOpened openedSecret
 
 	// Commit notices (committed.go): logStore is Raft's log, read for a
 	// notice's term and a catch-up's entries; notices are the leader's to
