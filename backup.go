@@ -267,7 +267,7 @@ func waitStarted(g *Globals, node, module string, stopped []string, since time.T
 			if n.Name != node || n.Report == nil || !n.Report.AppliedAt.After(since) {
 				continue
 			}
-			if f := n.Report.Failed(module); f != nil {
+			if f := n.Report.Failed(module); f != nil && f.Backup == "" {
 				return fmt.Errorf("%s could not start %s again after the restore: %s", node, module, f.Reason)
 			}
 			for _, rr := range n.Report.Resources {

@@ -4,6 +4,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -61,6 +62,9 @@ func (n *Node) serveBinary(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if status, msg := n.tokenHolder(r); status != 0 {
+		if status == http.StatusUnauthorized {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+		}
 		http.Error(w, msg, status)
 		return
 	}
@@ -119,15 +123,17 @@ func (n *Node) serveBinary(w http.ResponseWriter, r *http.Request) {
 // now, as Authorization: Bearer TOKEN. Checked before a download slot is
 // taken, so that a stranger holds none.
 func (n *Node) tokenHolder(r *http.Request) (int, string) {
-	raw, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
+	scheme, raw, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return http.StatusUnauthorized, "the binary is served to a holder of a join token: send it as Authorization: Bearer TOKEN (the line `mesh token --install-line` prints does)"
 	}
 	t, err := ParseToken(strings.TrimSpace(raw))
 	if err != nil {
 		return http.StatusUnauthorized, err.Error()
 	}
-	if _, err := n.checkTokenSecret(r.Context(), JoinRequest{MeshID: t.MeshID, Secret: t.Secret, Until: t.Until}); err != nil {
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	req := JoinRequest{MeshID: t.MeshID, Secret: t.Secret, Until: t.Until, Name: "(a download of the binary)", Address: host}
+	if _, err := n.checkTokenSecret(r.Context(), req); err != nil {
 		switch {
 		case errors.Is(err, state.ErrInvalid):
 			return http.StatusForbidden, err.Error()
@@ -160,9 +166,12 @@ func unameMachine() string {
 // digest in token, fetches peer's binary over TLS verified by that CA into
 // bin, and joins. peer is IP[:PORT] of a node (its certificate names the IP).
 // The work is an sh -ec '...' (a failure stops it, not the shell it is
-// pasted into); the token reaches mesh join on its standard input, from a
-// printf of the pasting shell (a builtin, no process of its own), so it is
-// in no process's command line for other users' ps to show.
+// pasted into, and its temporary directory goes whatever happens); the
+// token reaches the script on its standard input, from a printf of the
+// pasting shell (a builtin, no process of its own), and curl in a header
+// file of that directory and mesh join on their standard input, so it is
+// in no process's command line for other users' ps to show. A refusal of
+// the binary (a token that ended, a non-voter) is shown with its reason.
 func InstallLine(peer, token, bin string) (string, error) {
 	t, err := ParseToken(token)
 	if err != nil {
@@ -174,10 +183,11 @@ func InstallLine(peer, token, bin string) (string, error) {
 	}
 	base := "https://" + host
 	return fmt.Sprintf(`printf '%%s\n' '%s' | sh -ec 'IFS= read -r t; [ "$(uname -m)" = %s ] || { echo "this machine is $(uname -m); the mesh at %s runs %s binaries" >&2; exit 1; }; `+
-		`d=$(mktemp -d); curl -fsSk %s/v1/ca -o "$d/ca.der" </dev/null; echo "%s  $d/ca.der" | sha256sum -c --quiet; `+
+		`d=$(mktemp -d); trap "rm -rf \"$d\"" EXIT; curl -fsSk %s/v1/ca -o "$d/ca.der" </dev/null; echo "%s  $d/ca.der" | sha256sum -c --quiet; `+
 		`{ echo "-----BEGIN CERTIFICATE-----"; base64 -w64 "$d/ca.der"; echo "-----END CERTIFICATE-----"; } > "$d/ca.pem"; `+
 		`printf "Authorization: Bearer %%s\n" "$t" > "$d/auth"; `+
-		`curl -fsS --cacert "$d/ca.pem" -H @"$d/auth" %s/v1/binary -o "$d/mesh" </dev/null; install -m 0755 "$d/mesh" %s; rm -rf "$d"; `+
+		`c=$(curl -sS --cacert "$d/ca.pem" -H @"$d/auth" -o "$d/mesh" -w "%%{http_code}" %s/v1/binary </dev/null); `+
+		`[ "$c" = 200 ] || { echo "the binary from %s: HTTP $c: $(head -c 400 "$d/mesh")" >&2; exit 1; }; install -m 0755 "$d/mesh" %s; rm -rf "$d"; `+
 		`printf "%%s\n" "$t" | %s join %s --token-file -'`,
-		token, unameMachine(), host, unameMachine(), base, t.CADigest, base, bin, bin, peer), nil
+		token, unameMachine(), host, unameMachine(), base, t.CADigest, base, host, bin, bin, peer), nil
 }

@@ -1,6 +1,11 @@
 package cluster
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -16,7 +21,9 @@ func TestInstallLine(t *testing.T) {
 		`echo "` + strings.Repeat("ab", 32) + `  $d/ca.der" | sha256sum -c --quiet`,
 		"sh -ec 'IFS= read -r t; ",
 		`printf "Authorization: Bearer %s\n" "$t" > "$d/auth"; `,
-		`curl -fsS --cacert "$d/ca.pem" -H @"$d/auth" https://10.0.0.1:7430/v1/binary`,
+		`d=$(mktemp -d); trap "rm -rf \"$d\"" EXIT; `,
+		`c=$(curl -sS --cacert "$d/ca.pem" -H @"$d/auth" -o "$d/mesh" -w "%{http_code}" https://10.0.0.1:7430/v1/binary </dev/null); `,
+		`[ "$c" = 200 ] || { echo "the binary from 10.0.0.1:7430: HTTP $c: $(head -c 400 "$d/mesh")" >&2; exit 1; }; `,
 		`install -m 0755 "$d/mesh" /usr/local/bin/mesh`,
 		`printf "%s\n" "$t" | /usr/local/bin/mesh join 10.0.0.1 --token-file -'`,
 	} {
@@ -38,5 +45,85 @@ func TestInstallLine(t *testing.T) {
 	}
 	if _, err := InstallLine("10.0.0.1", "not-a-token", "/x"); err == nil {
 		t.Fatal("a bad token gave a line")
+	}
+}
+
+// fakeCurl stands for curl in the install line's test: the CA is "CA";
+// the binary is answered with BINARY_STATUS and the file BINARY_BODY, and
+// the header file's content is appended to HEADERS_SEEN.
+const fakeCurl = `#!/bin/sh
+out=""; url=""; w=""
+while [ $# -gt 0 ]; do
+	case "$1" in
+	-o) out="$2"; shift ;;
+	-w) w="$2"; shift ;;
+	-H) cat "${2#@}" >> "$HEADERS_SEEN"; shift ;;
+	--cacert) shift ;;
+	-*) ;;
+	*) url="$1" ;;
+	esac
+	shift
+done
+case "$url" in
+*/v1/ca) printf CA > "$out" ;;
+*/v1/binary) cat "$BINARY_BODY" > "$out"; [ -z "$w" ] || printf %s "$BINARY_STATUS" ;;
+esac
+`
+
+// The install line as dash runs it, with curl faked: a refusal of the
+// binary stops it with the node's reason and leaves no file behind (the
+// token was in one); a binary served is installed and joins with the
+// token on its standard input, the token having reached curl in the
+// header file only.
+func TestInstallLineRuns(t *testing.T) {
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "bin")
+	os.MkdirAll(fake, 0o755)
+	if err := os.WriteFile(filepath.Join(fake, "curl"), []byte(fakeCurl), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("CA"))
+	tok := Token{MeshID: "m1", CADigest: hex.EncodeToString(sum[:]), Secret: "s3cret"}.String()
+	installed := filepath.Join(dir, "installed", "mesh")
+	os.MkdirAll(filepath.Dir(installed), 0o755)
+	line, err := InstallLine("10.0.0.1", tok, installed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(status, body string) (string, string, error) {
+		tmp := filepath.Join(dir, "tmp")
+		os.RemoveAll(tmp)
+		os.MkdirAll(tmp, 0o700)
+		seen := filepath.Join(dir, "headers")
+		os.Remove(seen)
+		bodyFile := filepath.Join(dir, "body")
+		os.WriteFile(bodyFile, []byte(body), 0o644)
+		cmd := exec.Command("sh", "-c", line)
+		cmd.Env = append(os.Environ(), "PATH="+fake+":"+os.Getenv("PATH"), "TMPDIR="+tmp, "BINARY_STATUS="+status, "BINARY_BODY="+bodyFile, "HEADERS_SEEN="+seen)
+		var out, errOut strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		if left, _ := os.ReadDir(tmp); len(left) > 0 {
+			t.Fatalf("the line left %v in its temporary directory's place (status %s)", left, status)
+		}
+		if h, _ := os.ReadFile(seen); string(h) != "Authorization: Bearer "+tok+"\n" {
+			t.Fatalf("the header file curl read: %q", h)
+		}
+		return out.String(), errOut.String(), err
+	}
+	_, stderr, err := run("403", "the join token ended at 2026-12-07T10:00:00Z; get a new one")
+	if err == nil || !strings.Contains(stderr, "the binary from 10.0.0.1:7430: HTTP 403: the join token ended at 2026-12-07T10:00:00Z") {
+		t.Fatalf("a refused binary: %v\n%s", err, stderr)
+	}
+	if _, err := os.Stat(installed); err == nil {
+		t.Fatal("a refused binary was installed")
+	}
+	// Served: the "binary" says how it was run and what it read.
+	stdout, stderr, err := run("200", "#!/bin/sh\necho \"ran: $*\"; echo \"read: $(cat)\"\n")
+	if err != nil || !strings.Contains(stdout, "ran: join 10.0.0.1 --token-file -") || !strings.Contains(stdout, "read: "+tok) {
+		t.Fatalf("a served binary: %v\n%s\n%s", err, stdout, stderr)
 	}
 }

@@ -281,6 +281,7 @@ func TestBinaryOnlyToTokenHolders(t *testing.T) {
 	}{
 		{"", http.StatusUnauthorized, "holder of a join token"},
 		{"Authorization: Basic eDp5", http.StatusUnauthorized, "holder of a join token"},
+		{"Authorization: bearer " + guessed.String(), http.StatusForbidden, "not valid"}, // the scheme in any case
 		{"Authorization: Bearer mesh1.!!!", http.StatusUnauthorized, "damaged"},
 		{"Authorization: Bearer " + guessed.String(), http.StatusForbidden, "not valid"},
 		{"Authorization: Bearer " + other.String(), http.StatusConflict, "the token is for mesh another-mesh"},
@@ -308,6 +309,16 @@ func TestBinaryOnlyToTokenHolders(t *testing.T) {
 			t.Fatalf("holder %d after the strangers: %v %v", i, err, resp)
 		}
 		open = append(open, conn)
+	}
+	// With every slot held, a stranger is still told why, not that the
+	// node is busy: the token is checked before a slot is sought.
+	resp, conn, err := askBinary(addr, "127.0.4.8", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") != "Bearer" {
+		t.Fatalf("a stranger with every slot held: %d %v", resp.StatusCode, resp.Header)
 	}
 	// novox, a non-voter, opens no join secret to check a token with
 	// (once it holds the mesh's identity: till then it cannot check).

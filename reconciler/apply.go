@@ -131,9 +131,10 @@ type Reconciler struct {
 	sweptTemps map[string]bool
 	// health runs the declared health checks of the containers in place.
 	health *monitor
-	// lastFailed is the modules that failed in the last apply: their
-	// scheduled steps wait for one that succeeds (schedule.go).
-	lastFailed map[string]bool
+	// lastFailed is the modules that failed (or waited) in the last
+	// apply: their scheduled steps wait for one that succeeds
+	// (schedule.go).
+	lastFailed map[string]*state.ModuleFailure
 	// pass is held by an apply (with its scheduled steps) and by a backup
 	// or restore (Exclusive): one at a time. soon asks the loop for a pass.
 	pass, soon chan struct{}
@@ -293,10 +294,10 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 		mods = append(mods, m)
 	}
 	sort.Strings(mods)
-	r.lastFailed = map[string]bool{}
+	r.lastFailed = map[string]*state.ModuleFailure{}
 	for _, m := range mods {
 		rep.Failures = append(rep.Failures, *x.failed[m])
-		r.lastFailed[m] = true
+		r.lastFailed[m] = x.failed[m]
 	}
 	for _, rr := range rep.Resources {
 		if rr.Outcome == state.Failed && x.failed[rr.Module] == nil {
@@ -357,8 +358,14 @@ func (x *run) blocked(res state.Resource) *state.ModuleFailure {
 	}
 	if res.Kind == manifest.KindBinding || res.Kind == manifest.KindCredential {
 		if f := x.failed[res.Decl.Provider]; f != nil {
-			// The consumer's module waits from here on, for its provider.
-			x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.Name, Reason: "waits for its provider " + res.Decl.Provider + ", which failed", Provider: res.Decl.Provider}
+			// The consumer's module waits from here on, for its provider:
+			// a wait too when the provider waits for a backup (its
+			// credential's file, say), a failure otherwise.
+			why := "waits for its provider " + res.Decl.Provider + ", which failed"
+			if f.Backup != "" {
+				why = "waits for its provider " + res.Decl.Provider + ", which waits: " + f.Reason
+			}
+			x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.Name, Reason: why, Provider: res.Decl.Provider, Backup: f.Backup}
 			return x.failed[res.Module]
 		}
 	}
@@ -573,7 +580,9 @@ func (x *run) file(ctx context.Context, res state.Resource) state.ResourceReport
 		// already is not waited for: every apply goes over it.
 		if f, dir := x.r.fencedAt(res.Name); f != nil {
 			why := fmt.Sprintf("the backup of %s reads %s; a secret's file is written there once restic has read it (restic would copy it into the snapshot)", f.module, dir)
-			x.r.log.Warn("a secret's file waits for the backup that reads its directory", "path", res.Name, "backup", f.module, "dir", dir)
+			if x.r.firstWait(f, res.Name) { // (every pass meets it again)
+				x.r.log.Warn("a secret's file waits for the backup that reads its directory", "path", res.Name, "backup", f.module, "dir", dir)
+			}
 			x.failed[res.Module] = &state.ModuleFailure{Module: res.Module, Resource: res.Kind + " " + res.RuntimeName(), Reason: why, Backup: f.module}
 			return report(res, state.Waiting, "waits: "+why)
 		}

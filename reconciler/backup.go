@@ -126,10 +126,12 @@ func holdsSecret(kind string) bool {
 // fence as soon as restic has read, which asks for a pass (ApplySoon):
 // that pass writes what waited.
 
-// fence is one backup's: its module and directories.
+// fence is one backup's: its module and directories, and the paths that
+// waited for it (said once in the log).
 type fence struct {
 	module string
 	dirs   []string
+	waited map[string]bool
 }
 
 // FenceSecrets fences dirs for module's backup until lift is called
@@ -154,6 +156,21 @@ func (r *Reconciler) FenceSecrets(module string, dirs []string) (lift func()) {
 			r.ApplySoon()
 		})
 	}
+}
+
+// firstWait says whether path waits for f for the first time, and marks
+// that it did.
+func (r *Reconciler) firstWait(f *fence, path string) bool {
+	r.fenceMu.Lock()
+	defer r.fenceMu.Unlock()
+	if f.waited[path] {
+		return false
+	}
+	if f.waited == nil {
+		f.waited = map[string]bool{}
+	}
+	f.waited[path] = true
+	return true
 }
 
 // fencedAt is a fence that keeps a secret's file from path now, and the

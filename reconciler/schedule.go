@@ -91,7 +91,9 @@ func (r *Reconciler) RunScheduled(ctx context.Context, plan *state.Plan) []state
 		skip := ""
 		if _, ran := r.ledger.Markers[name]; !ran {
 			skip = "its first run (the apply's) has not succeeded; not run at this slot"
-		} else if r.lastFailed[res.Module] {
+		} else if f := r.lastFailed[res.Module]; f != nil && f.Backup != "" {
+			skip = "its module waited in the last apply (" + f.Reason + "); not run at this slot"
+		} else if f != nil {
 			skip = "its module failed in the last apply; not run at this slot"
 		}
 		if skip != "" {

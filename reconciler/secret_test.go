@@ -455,3 +455,35 @@ func TestFencedDirectoryGetsNoSecretFile(t *testing.T) {
 		t.Fatalf("an apply that writes no secret under the fence: %s %+v", rep.Error, rep.Failures)
 	}
 }
+
+// A provider whose delivered credential waits for its backup makes its
+// consumer on the node wait too, and a wait it is (the report only waits:
+// no backoff, no rollout stopped), said as the provider's; lifted, the
+// next apply delivers and the consumer goes on.
+func TestConsumerWaitsWithItsFencedProvider(t *testing.T) {
+	b := newBed(t)
+	creds := filepath.Join(b.dir, "db", "creds")
+	lift := b.r.FenceSecrets("db", []string{creds})
+	defer lift()
+	rep := b.apply()
+	db, app := rep.Failed("db"), rep.Failed("app")
+	if db == nil || db.Backup != "db" || app == nil || app.Backup != "db" || app.Provider != "db" || !rep.OnlyBackups() {
+		t.Fatalf("under db's fence: %+v", rep.Failures)
+	}
+	if !strings.Contains(app.Reason, "waits for its provider db, which waits: the backup of db reads "+creds) {
+		t.Fatalf("the consumer's reason: %q", app.Reason)
+	}
+	if o := outcome(rep, "app.server"); o.Outcome != state.Waiting {
+		t.Fatalf("app.server under db's fence: %+v", o)
+	}
+	if _, err := os.Stat(filepath.Join(creds, "app.credential")); err == nil {
+		t.Fatal("the delivered credential was written under the fence")
+	}
+	lift()
+	if rep := b.apply(); rep.Error != "" || len(rep.Failures) > 0 {
+		t.Fatalf("after the fence: %s %+v", rep.Error, rep.Failures)
+	}
+	if got, err := os.ReadFile(filepath.Join(creds, "app.credential")); err != nil || !strings.Contains(string(got), "secret="+b.secret) {
+		t.Fatalf("the delivered credential after the fence: %q %v", got, err)
+	}
+}

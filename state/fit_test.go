@@ -67,6 +67,8 @@ func TestProviderHealthy(t *testing.T) {
 		{"unhealthy", checked, map[string]Report{"n1": {Health: []ContainerHealth{{Module: "db", Container: "db.main", Status: HealthUnhealthy}}}}, false, "container db.main is " + HealthUnhealthy},
 		{"another module's container of that name", checked, map[string]Report{"n1": {Health: []ContainerHealth{{Module: "x", Container: "db.main", Status: HealthHealthy}}}}, false, "not checked yet"},
 		{"failed there", checked, map[string]Report{"n1": {Health: []ContainerHealth{healthy}, Failures: []ModuleFailure{{Module: "db", Reason: "pull failed"}}}}, false, "it failed on n1: pull failed"},
+		{"waits for its backup, healthy", checked, map[string]Report{"n1": {Health: []ContainerHealth{healthy}, Failures: []ModuleFailure{{Module: "db", Reason: "the backup of db reads /srv/db", Backup: "db"}}}}, true, ""},
+		{"waits for its backup, unchecked", checked, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "db", Reason: "the backup of db reads /srv/db", Backup: "db"}}}}, false, "container db.main is not checked yet"},
 		{"no checks, applied", plain, map[string]Report{"n1": {}}, true, ""},
 		{"no checks, another module failed", plain, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "db", Reason: "x"}}}}, true, ""},
 		{"no checks, failed", plain, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "cache", Reason: "x"}}}}, false, "it failed on n1: x"},

@@ -219,8 +219,11 @@ func (f *ModuleFailure) WaitReason(module string) string {
 	if f.Secret != "" && f.Module == module {
 		return "waits for secret " + f.Secret + " (" + f.Reason + ")"
 	}
-	if f.Backup != "" && f.Module == module {
-		return "waits: " + f.Reason
+	if f.Backup != "" {
+		if f.Module == module {
+			return "waits: " + f.Reason
+		}
+		return "waits for its provider " + f.Module + ", which waits: " + f.Reason
 	}
 	if f.Module != module || f.Provider != "" {
 		p := f.Provider
