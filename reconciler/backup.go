@@ -139,7 +139,7 @@ type fence struct {
 // in the hold that listed what the backup leaves out, and lift it
 // whatever happens after: a module may wait on it.
 func (r *Reconciler) FenceSecrets(module string, dirs []string) (lift func()) {
-	f := &fence{module: module, dirs: slices.Clone(dirs)}
+	f := &fence{module: module, dirs: slices.Clone(dirs), waited: map[string]bool{}}
 	r.fenceMu.Lock()
 	if r.fences == nil {
 		r.fences = map[*fence]bool{}
@@ -165,9 +165,6 @@ func (r *Reconciler) firstWait(f *fence, path string) bool {
 	defer r.fenceMu.Unlock()
 	if f.waited[path] {
 		return false
-	}
-	if f.waited == nil {
-		f.waited = map[string]bool{}
 	}
 	f.waited[path] = true
 	return true

@@ -290,10 +290,10 @@ func toInt64(v uint64) int64 { return int64(min(v, math.MaxInt64)) }
 
 // satMul is a*b, at most the largest uint64.
 func satMul(a, b uint64) uint64 {
-	if a != 0 && b > ^uint64(0)/a {
-		return ^uint64(0)
+	if hi, lo := bits.Mul64(a, b); hi == 0 {
+		return lo
 	}
-	return a * b
+	return ^uint64(0)
 }
 
 // TooMuchError: a backup stopped because it was to read more than its
@@ -420,9 +420,8 @@ type Size struct {
 // uint64 (the figures are what restic says of a repository, which may be
 // anyone's).
 func (s Size) OnDisk(block uint64) uint64 {
-	hi, blocks := bits.Mul64(uint64(max(s.Entries, 0)), block)
-	sum, carry := bits.Add64(uint64(max(s.Bytes, 0)), blocks, 0)
-	if hi != 0 || carry != 0 {
+	sum, carry := bits.Add64(uint64(max(s.Bytes, 0)), satMul(uint64(max(s.Entries, 0)), block), 0)
+	if carry != 0 {
 		return ^uint64(0)
 	}
 	return sum
