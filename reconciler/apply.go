@@ -428,10 +428,10 @@ func (x *run) apply(ctx context.Context, res state.Resource) state.ResourceRepor
 
 // refusedPath says why the host will not touch a path, "" when it will.
 func (r *Reconciler) refusedPath(p string) string {
-	for _, f := range manifest.Forbidden {
-		if manifest.Within(p, f) || manifest.Within(f, p) {
-			return f + " belongs to the system, not to a module; the host does not touch it"
-		}
+	if tree, shared := manifest.SystemTree(p); shared {
+		return tree + " is shared by everything on the host, not a module's; the host does not touch it"
+	} else if tree != "" {
+		return tree + " belongs to the system, not to a module; the host does not touch it"
 	}
 	if d := r.cfg.DataDir; d != "" && (manifest.Within(p, d) || manifest.Within(d, p)) {
 		return d + " is this node's data dir; the host does not touch it for a module"

@@ -418,6 +418,9 @@ func TestSystemAndDataDirPathsAreRefused(t *testing.T) {
 	plan := &state.Plan{Node: "ace", Resources: []state.Resource{
 		{Module: "evil", Kind: manifest.KindDirectory, Name: filepath.Join(h.dir, "data", "evil"), Typed: manifest.Typed{OK: true}},
 		{Module: "evil2", Kind: manifest.KindFile, Name: "/etc/evil", Typed: manifest.Typed{OK: true}, Content: "x"},
+		// A plan an older proposer wrote: /tmp declared would lose its
+		// sticky bit to the directory's mode.
+		{Module: "evil3", Kind: manifest.KindDirectory, Name: "/tmp", Typed: manifest.Typed{OK: true, HasMode: true, Mode: 0o755}, Decl: manifest.Resource{TakeOver: true}},
 	}}
 	rep := h.r.Apply(context.Background(), 1, plan)
 	if o := outcome(rep, filepath.Join(h.dir, "data", "evil")); o.Outcome != state.Failed || !strings.Contains(o.Reason, "data dir") {
@@ -428,6 +431,12 @@ func TestSystemAndDataDirPathsAreRefused(t *testing.T) {
 	}
 	if _, err := os.Stat("/etc/evil"); err == nil {
 		t.Fatal("/etc/evil written")
+	}
+	if o := outcome(rep, "/tmp"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "shared by everything on the host") {
+		t.Fatalf("%+v", o)
+	}
+	if fi, err := os.Stat("/tmp"); err != nil || fi.Mode()&os.ModeSticky == 0 {
+		t.Fatalf("/tmp: %v %v", fi.Mode(), err)
 	}
 }
 

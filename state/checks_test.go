@@ -20,60 +20,60 @@ func TestKeptChecksAreAFullComposition(t *testing.T) {
 routes:
   - {name: a, port: 80}
 resources:
-  - directory: /srv/a
+  - directory: /srv/m/a
   - container: a.c
     image: localhost/busybox:1
-    mounts: ["/srv/a:/a"]
+    mounts: ["/srv/m/a:/a"]
 `,
 		"inner": `module: inner
 resources:
-  - file: /srv/a/f
+  - file: /srv/m/a/f
     content: x
   - container: inner.c
     image: localhost/busybox:1
-    mounts: ["/srv/a/f:/f:ro"]
+    mounts: ["/srv/m/a/f:/f:ro"]
 `,
 		"samedir": `module: samedir
 resources:
-  - directory: /srv/a
+  - directory: /srv/m/a
 `,
 		"route": `module: route
 routes:
   - {name: a, port: 81}
 resources:
-  - directory: /srv/route
+  - directory: /srv/m/route
 `,
 		"host1": `module: host1
 routes:
   - {name: h1, port: 80, hosts: [x.example.org]}
 resources:
-  - directory: /srv/h1
+  - directory: /srv/m/h1
 `,
 		"host2": `module: host2
 routes:
   - {name: h2, port: 80, hosts: [x.example.org, h2.example.org]}
 resources:
-  - directory: /srv/h2
+  - directory: /srv/m/h2
 `,
 		"root": `module: root
 resources:
-  - directory: /srv
+  - directory: /srv/m
     take-over: true
   - container: root.c
     image: localhost/busybox:1
-    mounts: ["/srv:/s"]
+    mounts: ["/srv/m:/s"]
 `,
 		"g": `module: g
 routes:
   - {name: g, port: 80, hosts: [g.example.org]}
 resources:
-  - directory: /srv/g
+  - directory: /srv/m/g
   - step: s
     image: localhost/busybox:1
-    mounts: ["/srv/g:/g"]
+    mounts: ["/srv/m/g:/g"]
   - container: g.c
     image: localhost/busybox:1
-    mounts: ["/srv/g:/g:ro"]
+    mounts: ["/srv/m/g:/g:ro"]
 `,
 		"gs": `module: gs
 resources:
@@ -81,20 +81,20 @@ resources:
     image: localhost/busybox:1
 `,
 		"db": `module: db
-accepts-credentials: /srv/db/creds
+accepts-credentials: /srv/m/db/creds
 resources:
-  - directory: /srv/db
-  - directory: /srv/db/creds
+  - directory: /srv/m/db
+  - directory: /srv/m/db/creds
 `,
 		"user": `module: user
 resources:
-  - directory: /srv/user
-  - credential: /srv/user/db.pw
+  - directory: /srv/m/user
+  - credential: /srv/m/user/db.pw
     provider: db
 `,
 		"clashcred": `module: clashcred
 resources:
-  - file: /srv/db/creds/user.credential
+  - file: /srv/m/db/creds/user.credential
     content: x
 `,
 	}

@@ -941,6 +941,34 @@ var Forbidden = []string{
 	"/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd", "/var/spool",
 }
 
+// Shared lists the host trees everything on a machine shares: users'
+// homes, the temporary and log trees, the mount points, /srv and /opt. A
+// module may keep a directory inside one (/srv/MODULE, /home/git), never
+// the tree itself: declared, it would be the module's to own and chmod
+// (/tmp would lose its sticky bit); mounted, it gives a container every
+// user's or every module's files.
+var Shared = []string{
+	"/home", "/media", "/mnt", "/opt", "/srv", "/tmp",
+	"/var/backups", "/var/cache", "/var/log", "/var/mail", "/var/tmp",
+}
+
+// SystemTree names the tree of the system (Forbidden) that p is inside
+// or holds, or the shared tree (Shared) that p is or holds; "" when p is
+// a module's to declare.
+func SystemTree(p string) (tree string, shared bool) {
+	for _, f := range Forbidden {
+		if Within(p, f) || Within(f, p) {
+			return f, false
+		}
+	}
+	for _, f := range Shared {
+		if Within(f, p) {
+			return f, true
+		}
+	}
+	return "", false
+}
+
 // Within reports whether p is dir or inside it.
 func Within(p, dir string) bool {
 	return p == dir || dir == "/" || len(p) > len(dir) && p[len(dir)] == '/' && strings.HasPrefix(p, dir)
@@ -962,12 +990,14 @@ func checkPath(p string) string {
 			return fmt.Sprintf("%s belongs to the system, not to a module; keep a module's files under a directory of its own, such as /srv/MODULE", f)
 		}
 	}
-	for _, f := range Forbidden {
+	switch tree, shared := SystemTree(p); {
+	case tree == "":
+	case !shared:
 		// A parent of a system tree holds it: mounted writable, the
 		// container gets the tree (/var/lib holds /var/lib/dpkg).
-		if Within(f, p) {
-			return fmt.Sprintf("%s holds %s, which belongs to the system; keep a module's files under a directory of its own, such as /srv/MODULE", p, f)
-		}
+		return fmt.Sprintf("%s holds %s, which belongs to the system; keep a module's files under a directory of its own, such as /srv/MODULE", p, tree)
+	default: // p is the tree: a tree that holds one is the system's (/var)
+		return fmt.Sprintf("%s is shared by everything on the host, not a module's; keep a module's files under a directory of its own, such as /srv/MODULE", tree)
 	}
 	return ""
 }

@@ -21,7 +21,23 @@ func TestSystemPathsAreRefused(t *testing.T) {
 			t.Errorf("%s: %v", p, err)
 		}
 	}
-	for _, p := range []string{"/srv/a", "/var/lib/gitea", "/home/u/x", "/etcetera", "/usrdata", "/var/libx", "/srv"} {
+	// The trees everything on the host shares: a directory inside one is a
+	// module's, the tree itself is not (declared, a module would own and
+	// chmod /tmp; mounted, /home gives a container every user's files).
+	for _, p := range []string{"/home", "/tmp", "/srv", "/opt", "/mnt", "/media", "/var/tmp", "/var/log", "/var/cache", "/var/mail", "/var/backups"} {
+		_, err := Parse("m.yaml", []byte("module: a\nresources:\n  - directory: "+p+"\n"))
+		if err == nil || !strings.Contains(err.Error(), "m.yaml:3: directory \""+p+"\"") || !strings.Contains(err.Error(), "shared by everything on the host") {
+			t.Errorf("%s: %v", p, err)
+		}
+		_, err = Parse("m.yaml", []byte("module: a\nresources:\n  - container: a.c\n    image: i\n    mounts: [\""+p+":/x\"]\n"))
+		if err == nil || !strings.Contains(err.Error(), "shared by everything on the host") {
+			t.Errorf("mount of %s: %v", p, err)
+		}
+		if err := CheckHostPath(p); err == nil {
+			t.Errorf("CheckHostPath(%s) passed", p)
+		}
+	}
+	for _, p := range []string{"/srv/a", "/var/lib/gitea", "/home/u/x", "/home/git", "/tmp/bed/x", "/opt/app", "/mnt/disk/photos", "/var/log/app", "/etcetera", "/usrdata", "/var/libx", "/srvx", "/homes"} {
 		if _, err := Parse("m.yaml", []byte("module: a\nresources:\n  - directory: "+p+"\n")); err != nil {
 			t.Errorf("%s refused: %v", p, err)
 		}
