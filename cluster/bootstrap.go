@@ -123,11 +123,7 @@ func (n *Node) serveBinary(w http.ResponseWriter, r *http.Request) {
 // now, as Authorization: Bearer TOKEN. Checked before a download slot is
 // taken, so that a stranger holds none.
 func (n *Node) tokenHolder(r *http.Request) (int, string) {
-	scheme, raw, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return http.StatusUnauthorized, "the binary is served to a holder of a join token: send it as Authorization: Bearer TOKEN (the line `mesh token --install-line` prints does)"
-	}
-	t, err := ParseToken(strings.TrimSpace(raw))
+	t, err := bearerToken(r.Header.Get("Authorization"))
 	if err != nil {
 		return http.StatusUnauthorized, err.Error()
 	}
@@ -145,6 +141,16 @@ func (n *Node) tokenHolder(r *http.Request) (int, string) {
 		return http.StatusServiceUnavailable, "cannot check the join token now: " + err.Error()
 	}
 	return 0, ""
+}
+
+// bearerToken reads the join token of an Authorization header's value
+// ("Bearer TOKEN"), whoever sent it.
+func bearerToken(h string) (Token, error) {
+	scheme, raw, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return Token{}, errors.New("the binary is served to a holder of a join token: send it as Authorization: Bearer TOKEN (the line `mesh token --install-line` prints does)")
+	}
+	return ParseToken(strings.TrimSpace(raw))
 }
 
 // unameMachine is `uname -m` for this binary's architecture.

@@ -97,5 +97,7 @@ say "fuzz: a move's stream from a hostile peer (datacopy.Receive)"
 # Each input makes and removes staging directories: on tmpfs, where a
 # mkdir costs microseconds rather than ext4's half a millisecond.
 TMPDIR=/dev/shm fuzz FuzzReceive ./internal/datacopy "${MESH_FUZZ_RECEIVE:-200000x}" # about 45 s
+say "fuzz: a join token from anyone (the binary's download, mesh join)"
+fuzz FuzzParseToken ./cluster "${MESH_FUZZ_TOKEN:-150000x}" # about 30 s
 
 say "all checks passed"
