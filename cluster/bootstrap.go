@@ -172,7 +172,9 @@ func unameMachine() string {
 // digest in token, fetches peer's binary over TLS verified by that CA into
 // bin, and joins. peer is IP[:PORT] of a node (its certificate names the IP).
 // The work is an sh -ec '...' (a failure stops it, not the shell it is
-// pasted into, and its temporary directory goes whatever happens); the
+// pasted into, and its temporary directory goes whatever happens: dash
+// runs no EXIT trap when a signal ends it, so a Ctrl-C, a hang-up or a
+// kill exits through the trap); the
 // token reaches the script on its standard input, from a printf of the
 // pasting shell (a builtin, no process of its own), and curl in a header
 // file of that directory and mesh join on their standard input, so it is
@@ -189,7 +191,7 @@ func InstallLine(peer, token, bin string) (string, error) {
 	}
 	base := "https://" + host
 	return fmt.Sprintf(`printf '%%s\n' '%s' | sh -ec 'IFS= read -r t; [ "$(uname -m)" = %s ] || { echo "this machine is $(uname -m); the mesh at %s runs %s binaries" >&2; exit 1; }; `+
-		`d=$(mktemp -d); trap "rm -rf \"$d\"" EXIT; curl -fsSk %s/v1/ca -o "$d/ca.der" </dev/null; echo "%s  $d/ca.der" | sha256sum -c --quiet; `+
+		`d=$(mktemp -d); trap "rm -rf \"$d\"" EXIT; trap "exit 130" INT TERM HUP; curl -fsSk %s/v1/ca -o "$d/ca.der" </dev/null; echo "%s  $d/ca.der" | sha256sum -c --quiet; `+
 		`{ echo "-----BEGIN CERTIFICATE-----"; base64 -w64 "$d/ca.der"; echo "-----END CERTIFICATE-----"; } > "$d/ca.pem"; `+
 		`printf "Authorization: Bearer %%s\n" "$t" > "$d/auth"; `+
 		`c=$(curl -sS --cacert "$d/ca.pem" -H @"$d/auth" -o "$d/mesh" -w "%%{http_code}" %s/v1/binary </dev/null); `+

@@ -7,7 +7,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestInstallLine(t *testing.T) {
@@ -66,7 +68,7 @@ while [ $# -gt 0 ]; do
 done
 case "$url" in
 */v1/ca) printf CA > "$out" ;;
-*/v1/binary) cat "$BINARY_BODY" > "$out"; [ -z "$w" ] || printf %s "$BINARY_STATUS" ;;
+*/v1/binary) [ -z "$BINARY_HANG" ] || { : > "$BINARY_HANG"; sleep 30; }; cat "$BINARY_BODY" > "$out"; [ -z "$w" ] || printf %s "$BINARY_STATUS" ;;
 esac
 `
 
@@ -125,5 +127,53 @@ func TestInstallLineRuns(t *testing.T) {
 	stdout, stderr, err := run("200", "#!/bin/sh\necho \"ran: $*\"; echo \"read: $(cat)\"\n")
 	if err != nil || !strings.Contains(stdout, "ran: join 10.0.0.1 --token-file -") || !strings.Contains(stdout, "read: "+tok) {
 		t.Fatalf("a served binary: %v\n%s\n%s", err, stdout, stderr)
+	}
+	// Stopped while the binary comes (a Ctrl-C, the terminal closed, a
+	// kill of the line's processes): the token's header file and the
+	// partial binary go all the same.
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGHUP, syscall.SIGTERM} {
+		tmp := filepath.Join(dir, "tmp")
+		os.RemoveAll(tmp)
+		os.MkdirAll(tmp, 0o700)
+		hang := filepath.Join(dir, "hanging")
+		os.Remove(hang)
+		cmd := exec.Command("sh", "-c", line)
+		cmd.Env = append(os.Environ(), "PATH="+fake+":"+os.Getenv("PATH"), "TMPDIR="+tmp, "BINARY_STATUS=200", "BINARY_BODY=/dev/null", "HEADERS_SEEN=/dev/null", "BINARY_HANG="+hang)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat(hang); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				t.Fatal("the line did not reach the binary's download within 10 s")
+			}
+		}
+		if left, _ := os.ReadDir(tmp); len(left) != 1 {
+			t.Fatalf("while the binary comes: %v in the temporary directory's place", left)
+		}
+		syscall.Kill(-cmd.Process.Pid, sig) // the terminal's signals go to the whole group
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			t.Fatalf("%v: the line did not stop within 10 s", sig)
+		}
+		// The shell the line was pasted into may end before the line's
+		// own (a hang-up ends it at once): the directory goes soon after.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			left, _ := os.ReadDir(tmp)
+			if len(left) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%v: the line left %v behind", sig, left)
+			}
+		}
 	}
 }
