@@ -42,21 +42,22 @@ func (n *Node) JoinSecret(id state.Identity) (string, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.sealed == id.JoinSecretSealed {
-		return o.plain, nil
+		return o.plain, o.err
 	}
+	// Kept failed too: opening a form this node cannot open (a non-voter's,
+	// or one sealed before this voter's key was known) fails the same way
+	// each time, and costs as much as one that opens.
 	v, err := n.openVoterSecret("", id.JoinSecretSealed, "join secret")
-	if err != nil {
-		return "", err
-	}
-	o.sealed, o.plain, o.opens = id.JoinSecretSealed, v, o.opens+1
-	return v, nil
+	o.sealed, o.plain, o.err, o.opens = id.JoinSecretSealed, v, err, o.opens+1
+	return v, err
 }
 
-// openedSecret is a voter's secret as last opened, by its sealed form, and
-// how many times it was opened (tests).
+// openedSecret is a voter's secret as last opened, by its sealed form (or
+// why it did not open), and how many times it was opened (tests).
 type openedSecret struct {
 	mu            sync.Mutex
 	sealed, plain string
+	err           error
 	opens         int
 }
 

@@ -2,9 +2,11 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"mesh/internal/seal"
@@ -72,7 +74,22 @@ func TestJoinSecretOpenedOnceBySealedForm(t *testing.T) {
 		t.Fatal(err)
 	}
 	id.JoinSecretSealed = notOurs
+	opened := a.Node.joinOpened.opened()
 	if s, err := a.Node.JoinSecret(id); err == nil {
 		t.Fatalf("a join secret sealed to another node opened: %q", s)
+	}
+	// Nor tried again for every token: it fails as it failed (a
+	// non-voter's lot, for each token a stranger sends it).
+	for i := 0; i < 10; i++ {
+		if s, err := a.Node.JoinSecret(id); err == nil || !errors.Is(err, ErrNotAVoter) && !strings.Contains(err.Error(), ErrNotAVoter.Error()) {
+			t.Fatalf("sealed to another node, asked again: %q %v", s, err)
+		}
+	}
+	if n := a.Node.joinOpened.opened() - opened; n != 1 {
+		t.Fatalf("a form this node cannot open was opened %d times", n)
+	}
+	id.JoinSecretSealed = resealed
+	if s, err := a.Node.JoinSecret(id); err != nil || s != secret {
+		t.Fatalf("its own form again: %q %v", s, err)
 	}
 }
