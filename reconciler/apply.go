@@ -289,9 +289,16 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	if err := r.ledger.Save(); err != nil {
 		rep.Failures = append(rep.Failures, state.ModuleFailure{Resource: "ledger " + r.cfg.LedgerPath, Reason: err.Error()})
 	}
+	r.follow(plan, rep.Resources)
 	mods := make([]string, 0, len(x.failed))
-	for m := range x.failed {
+	for m, f := range x.failed {
 		mods = append(mods, m)
+		if f.Backup != "" {
+			// Whether it runs as it ran (a provider's health gate
+			// elsewhere opens on it), or waits before its containers
+			// ever ran (a module assigned while the backup reads).
+			f.Running = r.runsAll(plan, m)
+		}
 	}
 	sort.Strings(mods)
 	r.lastFailed = map[string]*state.ModuleFailure{}
@@ -305,7 +312,6 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 			rep.Failures = append(rep.Failures, state.ModuleFailure{Module: rr.Module, Resource: rr.Kind + " " + rr.Name, Reason: rr.Reason})
 		}
 	}
-	r.follow(plan, rep.Resources)
 	r.health.setCerts(plan)
 	rep.Health = r.health.snapshot()
 	rep.Exits = r.health.exitsSnapshot()
@@ -321,8 +327,11 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 }
 
 // follow makes the monitor follow the plan's containers that this apply
-// left in place (not those that failed or wait): their exits, and the health
-// of those with a check.
+// left in place (not those that failed): their exits, and the health of
+// those with a check. One that waits (its module waits for a backup to
+// have read, for a gate, behind a failure) runs as it ran: followed still
+// if it was, as it was, so that its health and exits are reported through
+// the wait (a backup reads for hours).
 func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport) {
 	outcome := map[string]state.Outcome{}
 	for _, o := range outs {
@@ -336,12 +345,31 @@ func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport) {
 			continue
 		}
 		o := outcome[res.RuntimeName()]
-		if o == state.Failed || o == state.Waiting || o == "" {
+		if o == state.Waiting {
+			if w, ok := r.health.following(res.RuntimeName()); ok && w.Module == res.Module {
+				ws = append(ws, w)
+			}
+			continue
+		}
+		if o == state.Failed || o == "" {
 			continue
 		}
 		ws = append(ws, watch{Module: res.Module, Name: res.RuntimeName(), Check: res.Typed.Health, Fresh: o == state.Created || o == state.Replaced || o == state.Restarted})
 	}
 	r.health.set(ws)
+}
+
+// runsAll says whether each container the plan gives module is followed:
+// it ran, and was not stopped for a failure since.
+func (r *Reconciler) runsAll(plan *state.Plan, module string) bool {
+	for _, res := range plan.Resources {
+		if res.Module == module && res.Kind == manifest.KindContainer {
+			if w, ok := r.health.following(res.RuntimeName()); !ok || w.Module != module {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // HealthChanged is closed at the next change of a followed container's health.

@@ -97,6 +97,23 @@ type watch struct {
 	Fresh bool
 }
 
+// following is the watch of a container followed now, as the last set
+// made it: its check is the one the running container was made with.
+func (m *monitor) following(name string) (watch, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mod, ok := m.followed[name]
+	if !ok {
+		return watch{}, false
+	}
+	w := watch{Module: mod, Name: name}
+	if c := m.checks[name]; c != nil {
+		check := c.check
+		w.Check = &check
+	}
+	return w, true
+}
+
 // set replaces what is followed after an apply.
 func (m *monitor) set(ws []watch) {
 	m.mu.Lock()

@@ -399,7 +399,11 @@ func TestFencedDirectoryGetsNoSecretFile(t *testing.T) {
 	// waitsThenWrites applies under a fence of mail's directory, checks
 	// that the file waits with nothing written while other changes apply,
 	// lifts the fence, and checks the value written by the pass it asks for.
-	waitsThenWrites := func(what, before, value, otherContent string) {
+	// running: mail's containers ran before the fence; they run on under
+	// it, followed still (their exits and health reported through a
+	// backup of hours), and the wait says so (Running: a health gate on
+	// mail elsewhere stays open). Before they ever ran, it does not.
+	waitsThenWrites := func(what, before, value, otherContent string, running bool) {
 		t.Helper()
 		lift := b.r.FenceSecrets("mail", []string{dir})
 		defer lift()
@@ -408,6 +412,14 @@ func TestFencedDirectoryGetsNoSecretFile(t *testing.T) {
 		f := rep.Failed("mail")
 		if f == nil || f.Backup != "mail" || !f.Wait() || !rep.OnlyBackups() || !rep.OnlyGates() || !strings.Contains(f.Reason, "the backup of mail reads "+dir) {
 			t.Fatalf("%s: under the fence: %+v", what, rep.Failures)
+		}
+		if f.Running != running {
+			t.Fatalf("%s: under the fence, running %v, want %v", what, f.Running, running)
+		}
+		for _, c := range []string{"mail.server", "mail.sender", "mail.other"} {
+			if w, ok := b.r.health.following(c); ok != running || ok && w.Module != "mail" {
+				t.Fatalf("%s: %s followed under the fence: %v %+v", what, c, ok, w)
+			}
 		}
 		if o := outcome(rep, file); o.Outcome != state.Waiting || !strings.Contains(o.Reason, "once restic has read it") {
 			t.Fatalf("%s: the secret's outcome under the fence: %+v", what, o)
@@ -443,9 +455,9 @@ func TestFencedDirectoryGetsNoSecretFile(t *testing.T) {
 			t.Fatalf("%s: after the fence: %q, %v; want %q", what, got, err, value)
 		}
 	}
-	waitsThenWrites("a new secret's file", "", "first", "one")
+	waitsThenWrites("a new secret's file", "", "first", "one", false)
 	b.set("smtp", "second")
-	waitsThenWrites("a rotation", "first", "second", "two")
+	waitsThenWrites("a rotation", "first", "second", "two", true)
 
 	// A secret's file that holds its value already does not wait: every
 	// apply goes over it.
@@ -478,6 +490,10 @@ func TestConsumerWaitsWithItsFencedProvider(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(creds, "app.credential")); err == nil {
 		t.Fatal("the delivered credential was written under the fence")
+	}
+	// app never ran: as a provider elsewhere, it is not healthy.
+	if app.Running {
+		t.Fatalf("app waits before it ever ran, said running: %+v", app)
 	}
 	lift()
 	if rep := b.apply(); rep.Error != "" || len(rep.Failures) > 0 {

@@ -69,10 +69,16 @@ func ProviderHealthy(man *manifest.Manifest, reports map[string]Report, node str
 	if !ok {
 		return false, node + " has not reported an apply yet"
 	}
-	if f := rep.Failed(man.Module); f != nil && f.Backup == "" {
-		// (One that waits for a backup to have read runs as it ran: a
-		// secret's file of it waits, its containers do not.)
-		return false, "it failed on " + node + ": " + f.Reason
+	if f := rep.Failed(man.Module); f != nil {
+		switch {
+		case f.Backup != "" && f.Running:
+			// It runs as it ran: a secret's file of it waits for a
+			// backup to have read, its containers do not.
+		case f.Wait():
+			return false, "it waits on " + node + ": " + f.Reason
+		default:
+			return false, "it failed on " + node + ": " + f.Reason
+		}
 	}
 	for i := range man.Resources {
 		r := &man.Resources[i]

@@ -67,8 +67,14 @@ func TestProviderHealthy(t *testing.T) {
 		{"unhealthy", checked, map[string]Report{"n1": {Health: []ContainerHealth{{Module: "db", Container: "db.main", Status: HealthUnhealthy}}}}, false, "container db.main is " + HealthUnhealthy},
 		{"another module's container of that name", checked, map[string]Report{"n1": {Health: []ContainerHealth{{Module: "x", Container: "db.main", Status: HealthHealthy}}}}, false, "not checked yet"},
 		{"failed there", checked, map[string]Report{"n1": {Health: []ContainerHealth{healthy}, Failures: []ModuleFailure{{Module: "db", Reason: "pull failed"}}}}, false, "it failed on n1: pull failed"},
-		{"waits for its backup, healthy", checked, map[string]Report{"n1": {Health: []ContainerHealth{healthy}, Failures: []ModuleFailure{{Module: "db", Reason: "the backup of db reads /srv/db", Backup: "db"}}}}, true, ""},
-		{"waits for its backup, unchecked", checked, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "db", Reason: "the backup of db reads /srv/db", Backup: "db"}}}}, false, "container db.main is not checked yet"},
+		{"waits for its backup, running, healthy", checked, map[string]Report{"n1": {Health: []ContainerHealth{healthy}, Failures: []ModuleFailure{{Module: "db", Reason: "the backup of db reads /srv/db", Backup: "db", Running: true}}}}, true, ""},
+		{"waits for its backup, running, unchecked", checked, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "db", Reason: "the backup of db reads /srv/db", Backup: "db", Running: true}}}}, false, "container db.main is not checked yet"},
+		// Before its containers ever ran (assigned while the backup
+		// reads), or as an older mesh reported it: not healthy.
+		{"waits for its backup, never ran", plain, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "cache", Reason: "the backup of cache reads /srv/c", Backup: "cache"}}}}, false, "it waits on n1: the backup of cache reads /srv/c"},
+		{"waits behind its provider's backup, never ran", plain, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "cache", Reason: "waits for its provider db, which waits", Provider: "db", Backup: "db"}}}}, false, "it waits on n1"},
+		{"no checks, waits for its backup, running", plain, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "cache", Reason: "the backup of cache reads /srv/c", Backup: "cache", Running: true}}}}, true, ""},
+		{"waits for a gate", plain, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "cache", Reason: "gated", Provider: "db", HealthGate: true}}}}, false, "it waits on n1: gated"},
 		{"no checks, applied", plain, map[string]Report{"n1": {}}, true, ""},
 		{"no checks, another module failed", plain, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "db", Reason: "x"}}}}, true, ""},
 		{"no checks, failed", plain, map[string]Report{"n1": {Failures: []ModuleFailure{{Module: "cache", Reason: "x"}}}}, false, "it failed on n1: x"},

@@ -170,7 +170,12 @@ type ModuleFailure struct {
 	// which reads the directory a secret's file of it is to be written in
 	// (restic would copy the file into the snapshot): written once restic
 	// has read. Not an error either.
-	Backup  string   `json:"backup,omitempty"`
+	Backup string `json:"backup,omitempty"`
+	// Running, with Backup: every container of the module runs as it ran
+	// before the wait (only a file waits). A module that waits before its
+	// containers ever ran (one assigned while the backup reads, a consumer
+	// behind its provider's wait) does not pass a health gate.
+	Running bool     `json:"running,omitempty"`
 	Waiting []string `json:"waiting,omitempty"`
 }
 
