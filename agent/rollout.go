@@ -47,14 +47,17 @@ func (a *Agent) driveRollouts(ctx context.Context) {
 				}
 			}
 			next := state.Progress(r, plans, reports, broken, time.Now())
-			if next.Step == nil {
+			if next.Step == nil || next.Refresh {
 				if waiting[r.Module] != next.Waiting {
 					a.log.Info("rollout waits", "module", r.Module, "to_version", r.To, "waiting", next.Waiting)
 					waiting[r.Module] = next.Waiting
 				}
-				continue
+				if next.Step == nil {
+					continue
+				}
+			} else {
+				delete(waiting, r.Module)
 			}
-			delete(waiting, r.Module)
 			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			idx, err := node.Propose(pctx, next.Step)
 			cancel()

@@ -14,6 +14,12 @@ import (
 type Next struct {
 	Step    *RolloutStepRequest
 	Waiting string
+	// Refresh: Step reaches no node anew; a reached node waits for a
+	// backup to have read, and the step starts the deadline again
+	// (Waiting says what it waits for).
+	Refresh bool
+	// backupOn is the reached node that waits for a backup, if any.
+	backupOn string
 }
 
 // Progress decides a running rollout's next step from its nodes' plans and
@@ -28,9 +34,23 @@ type Next struct {
 //
 // A reached node whose plan does not compose (it keeps its old plan) fails
 // the rollout; so does a wait longer than ProgressDeadline since the last
-// step (a reached node that is down, a container that never starts).
+// step (a reached node that is down, a container that never starts). A
+// reached node whose module waits for a backup to have read its directory
+// (a backup without pause reads for hours; its own limits bound it) does
+// not use up the deadline: every RefreshEvery of such a wait, the step is
+// taken again for that node (a step that reaches no node anew starts the
+// deadline again, with the FSM of any release), so that what follows the
+// wait has a deadline of nearly its own.
 func Progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report, composeErrors map[string]string, now time.Time) Next {
 	next := progress(r, plans, reports, composeErrors, now)
+	if next.Step == nil && next.backupOn != "" {
+		if now.Sub(r.StepAt) > RefreshEvery {
+			next.Step = &RolloutStepRequest{Module: r.Module, To: r.To, Reach: []string{next.backupOn}, Secret: r.Secret,
+				Why: fmt.Sprintf("%s still waits for a backup to have read; the step's deadline of %s starts again", next.backupOn, ProgressDeadline)}
+			next.Refresh = true
+		}
+		return next
+	}
 	if next.Step == nil && now.Sub(r.StepAt) > ProgressDeadline {
 		return failed(r, fmt.Sprintf("no progress for %s: %s", ProgressDeadline, next.Waiting))
 	}
@@ -39,6 +59,9 @@ func Progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 
 // ProgressDeadline bounds how long a rollout waits on the nodes of a step.
 const ProgressDeadline = 10 * time.Minute
+
+// RefreshEvery is how often a step that waits for a backup is taken again.
+const RefreshEvery = time.Minute
 
 func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report, composeErrors map[string]string, now time.Time) Next {
 	var reached, left []string
@@ -66,9 +89,9 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 		for _, f := range rep.Failures {
 			if f.Module == r.Module && f.Backup != "" {
 				// A secret's file waits for a backup to have read
-				// its directory: written then (ProgressDeadline
-				// still bounds the wait).
-				return Next{Waiting: fmt.Sprintf("%s, waiting on %s: %s waits, %s", progress, n, f.Resource, f.Reason)}
+				// its directory: written then (the backup's own
+				// limits bound the wait, see Progress).
+				return Next{Waiting: fmt.Sprintf("%s, waiting on %s: %s waits, %s", progress, n, f.Resource, f.Reason), backupOn: n}
 			}
 			if f.Module == r.Module {
 				return failed(r, fmt.Sprintf("%s: %s failed: %s", n, f.Resource, f.Reason))

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -67,6 +68,56 @@ func TestProgress(t *testing.T) {
 	if got := Progress(late, plans, map[string]Report{"c": healthy(49, time.Hour)}, nil, now); got.Step == nil || !strings.Contains(got.Step.Failed, "no progress for 10m0s: 1/3 nodes, waiting on c to apply plan v50") {
 		t.Fatalf("deadline: %+v", got)
 	}
+	// A reached node that waits for a backup (which reads for hours) does
+	// not use up the deadline: the step is taken again for it every
+	// RefreshEvery (it reaches no node anew: the FSM only starts the
+	// deadline again), and never fails for time while the wait lasts.
+	backup := Report{Version: 50, Failures: []ModuleFailure{{Module: "app", Resource: "secret /srv/app/data/token", Reason: "the backup of app reads /srv/app/data", Backup: "app"}}}
+	for _, ago := range []time.Duration{RefreshEvery + time.Second, ProgressDeadline + time.Second, 5 * time.Hour} {
+		waited := r
+		waited.StepAt = now.Add(-ago)
+		got := Progress(waited, plans, map[string]Report{"c": backup}, nil, now)
+		if got.Step == nil || !got.Refresh || got.Step.Failed != "" || got.Step.Done || len(got.Step.Reach) != 1 || got.Step.Reach[0] != "c" ||
+			!strings.Contains(got.Waiting, "waiting on c: secret /srv/app/data/token waits, the backup of app reads /srv/app/data") {
+			t.Fatalf("a backup's wait for %s: %+v %+v", ago, got, got.Step)
+		}
+	}
+	if got := Progress(r, plans, map[string]Report{"c": backup}, nil, now); got.Step != nil || got.Refresh {
+		t.Fatalf("a backup's wait of less than %s: %+v", RefreshEvery, got.Step)
+	}
+	// The FSM takes the step again: the deadline starts anew, nothing else moves.
+	ctx := context.Background()
+	st := openStore(t)
+	var idx uint64
+	mustApply(t, st, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, st, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	mustApply(t, st, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", rollApp("1.35", ""))}})
+	mustApply(t, st, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}})
+	mustApply(t, st, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "app"}})
+	mustApply(t, st, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", rollApp("1.36", ""))}})
+	ros, err := st.Rollouts(ctx)
+	if err != nil || len(ros) != 1 || ros[0].State != RolloutRunning || len(ros[0].Reached) != 1 {
+		t.Fatalf("the rollout: %+v %v", ros, err)
+	}
+	ro := ros[0]
+	later := ro.StepAt.Add(2 * RefreshEvery)
+	pv, err := st.Plan(ctx, ro.Reached[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	refresh := Progress(ro, map[string]PlanVersion{ro.Reached[0]: pv}, map[string]Report{ro.Reached[0]: {Version: 1 << 40, Failures: []ModuleFailure{{Module: "app", Resource: "secret /srv/app/t", Reason: "the backup of app reads /srv/app", Backup: "app"}}}}, nil, later)
+	if refresh.Step == nil || !refresh.Refresh {
+		t.Fatalf("no refresh: %+v", refresh)
+	}
+	idx++
+	if err := st.Apply(idx, encodeAt(refresh.Step, later)); err != nil {
+		t.Fatal(err)
+	}
+	ros, _ = st.Rollouts(ctx)
+	if after := ros[0]; after.State != RolloutRunning || strings.Join(after.Reached, " ") != strings.Join(ro.Reached, " ") || !after.StepAt.Equal(later) {
+		t.Fatalf("after the refresh: %+v, before %+v", after, ro)
+	}
+
 	// Every node reached and healthy: done.
 	r.Reached = []string{"c", "a", "b"}
 	plans["a"], plans["b"] = plan(50), plan(50)

@@ -589,7 +589,7 @@ func (a *API) rollouts(ctx context.Context, reports map[string]state.Report, bro
 			}
 			next := state.Progress(r, plans, reports, broken, a.now())
 			st.Waiting = next.Waiting
-			if next.Step != nil {
+			if next.Step != nil && !next.Refresh {
 				st.Waiting = "next: " + state.Describe(next.Step)
 			}
 		}
