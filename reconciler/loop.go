@@ -61,6 +61,9 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 	}
 	var sent *state.Report
 	var applied uint64 // plan version of the last apply that succeeded
+	// waited: the plan version whose last apply only waited for backups to
+	// have read (their fences, lifted, ask for the pass: ApplySoon).
+	var waited uint64
 	backoff := time.Duration(0)
 	next := time.NewTimer(0)
 	defer next.Stop()
@@ -195,9 +198,12 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 			next.Reset(cfg.Resync)
 			continue
 		}
-		if onChange && (version == applied || backoff > 0 && version == sentVersion(sent)) {
+		if onChange && (version == applied || version == waited || backoff > 0 && version == sentVersion(sent)) {
 			// Not this node's plan that changed (another node's report, say),
-			// or a failing plan whose retry the backoff already schedules.
+			// or a failing plan whose retry the backoff already schedules,
+			// or one that waits for a backup (which may read for hours: a
+			// pass at every change of the replica until then was for
+			// nothing).
 			r.give()
 			continue
 		}
@@ -217,10 +223,11 @@ func (r *Reconciler) Run(ctx context.Context, src Source, cfg LoopConfig) {
 		if r.cfg.Observe != nil {
 			r.cfg.Observe(&rep, time.Since(began))
 		}
+		waited = 0
 		if rep.OnlyBackups() {
 			// Waiting for a backup to have read is not a failure: the
 			// backup's fence, lifted, asks for the pass (ApplySoon).
-			backoff = 0
+			backoff, waited = 0, version
 			r.log.Info(fmt.Sprintf("plan v%d waits for a backup; applied once it has read", version), "wait", rep.Error)
 			next.Reset(cfg.Resync)
 		} else if rep.OnlyGates() {

@@ -2,8 +2,10 @@ package reconciler
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,4 +148,58 @@ func TestChangeDuringApplyIsNotLost(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// A plan that only waits for a backup to have read is applied again when
+// the fence is lifted (or the plan changes), not at every change of the
+// replica meanwhile: other nodes' reports come every few seconds, and a
+// backup reads for hours.
+func TestBackupWaitIsNotRetriedAtEveryChange(t *testing.T) {
+	b := newSecretBed(t)
+	b.set("smtp", "first")
+	b.set("api", "key")
+	var passes atomic.Int32
+	b.r.cfg.Observe = func(*state.Report, time.Duration) { passes.Add(1) }
+	plan := composeAce(t, &b.in, []string{strings.ReplaceAll(secretTmpl, "{{d}}", b.dir)})
+	lift := b.r.FenceSecrets("mail", []string{filepath.Join(b.dir, "mail")})
+	defer lift()
+	s := newSrc()
+	var reads atomic.Int32
+	source := s.source()
+	read := source.Plan
+	source.Plan = func(ctx context.Context) (uint64, *state.Plan, error) {
+		defer reads.Add(1)
+		return read(ctx)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		b.r.Run(ctx, source, LoopConfig{Resync: time.Hour, MinBackoff: time.Hour, Debounce: time.Millisecond})
+		close(done)
+	}()
+	s.set(1, plan)
+	if r := s.waitReport(t, 1); !r.OnlyBackups() {
+		t.Fatalf("under the fence: %q %+v", r.Error, r.Failures)
+	}
+	// Changes of the replica that leave this node's plan as it was: each
+	// is read (the loop looked), none applied.
+	for i := 0; i < 5; i++ {
+		before := reads.Load()
+		s.set(1, plan)
+		for deadline := time.Now().Add(30 * time.Second); reads.Load() == before; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the loop did not look at the change within 30 s")
+			}
+		}
+	}
+	lift()
+	for r := s.waitReport(t, 1); r.Error != ""; r = s.waitReport(t, 1) {
+		// (a report of a pass under the fence: counted below)
+	}
+	cancel()
+	<-done
+	if n := passes.Load(); n != 2 {
+		t.Fatalf("%d passes; want 2 (under the fence, and once it was lifted)", n)
+	}
 }
