@@ -87,13 +87,7 @@ func TestProgress(t *testing.T) {
 	}
 	// The FSM takes the step again: the deadline starts anew, nothing else moves.
 	ctx := context.Background()
-	st := openStore(t)
-	var idx uint64
-	mustApply(t, st, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
-	mustApply(t, st, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
-	mustApply(t, st, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", rollApp("1.35", ""))}})
-	mustApply(t, st, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}})
-	mustApply(t, st, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "app"}})
+	st, idx := appOnTwo(t, "1.35")
 	mustApply(t, st, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", rollApp("1.36", ""))}})
 	ros, err := st.Rollouts(ctx)
 	if err != nil || len(ros) != 1 || ros[0].State != RolloutRunning || len(ros[0].Reached) != 1 {

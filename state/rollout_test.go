@@ -7,6 +7,20 @@ import (
 	"testing"
 )
 
+// appOnTwo is a store whose nodes ace and bee run app (rollApp at tag),
+// and the index of its last command.
+func appOnTwo(t *testing.T, tag string) (*Store, uint64) {
+	t.Helper()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", rollApp(tag, ""))}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "app"}})
+	return s, idx
+}
+
 func rollApp(tag string, extra string) string {
 	return `module: app
 ` + extra + `resources:
@@ -193,13 +207,7 @@ func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
 // back their previous image: the reconciler's side).
 func TestPullRollout(t *testing.T) {
 	ctx := context.Background()
-	s := openStore(t)
-	var idx uint64
-	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Node: Node{Name: "ace", Address: "10.0.0.1"}})
-	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
-	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("app.yaml", rollApp("1.36", ""))}})
-	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "app"}})
-	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "app"}})
+	s, idx := appOnTwo(t, "1.36")
 	pulls := func() string {
 		var out []string
 		for _, n := range []string{"ace", "bee"} {
