@@ -16,6 +16,7 @@ import (
 
 	"mesh/cluster/api"
 	"mesh/internal/testutil"
+	"mesh/state"
 )
 
 // checkBackups is issue 30, item 2, on the examples bed: examples/postgres.yaml
@@ -321,6 +322,13 @@ resources:
     data: true
   - secret: /srv/gate/data/token
     name: token
+  - container: gate.server
+    image: docker.io/library/busybox:1.35
+    command: ["sh", "-c", "while true; do sleep 1; done"]
+    health:
+      command: ["true"]
+      interval: 1s
+      retries: 2
 `
 
 const gateConf = gateTest + `  - file: /srv/gate/conf.txt
@@ -389,6 +397,30 @@ func checkBackupLetsAppliesGoOn(t *testing.T, n []*agent, repo, pw string) {
 	}
 	eventually(t, 60*time.Second, "n1 writes the token", holds(srv+"/data/token", "first-token"))
 	os.WriteFile(srv+"/data/rows", []byte("the module's data\n"), 0o600)
+	// gateHealth is what n1 last reported of gate: its failure (a wait)
+	// and the health of gate.server.
+	gateHealth := func() (*state.ModuleFailure, *state.ContainerHealth, string) {
+		var st api.Status
+		out := n[1].mesh("status", "--json")
+		json.Unmarshal([]byte(out), &st)
+		for _, nd := range st.Nodes {
+			if nd.Name != "n1" || nd.Report == nil {
+				continue
+			}
+			var h *state.ContainerHealth
+			for i := range nd.Report.Health {
+				if nd.Report.Health[i].Container == "gate.server" {
+					h = &nd.Report.Health[i]
+				}
+			}
+			return nd.Report.Failed("gate"), h, fmt.Sprintf("failures %+v health %+v", nd.Report.Failures, nd.Report.Health)
+		}
+		return nil, nil, out
+	}
+	eventually(t, 60*time.Second, "gate.server healthy", func() (bool, string) {
+		f, h, out := gateHealth()
+		return f == nil && h != nil && h.Status == state.HealthHealthy, out
+	})
 
 	os.WriteFile(filepath.Join(gate, "armed"), nil, 0o644)
 	backup := n[2].command("backup", "gate", "--data-dir", n[2].n.dir)
@@ -419,6 +451,7 @@ func checkBackupLetsAppliesGoOn(t *testing.T, n []*agent, repo, pw string) {
 		t.Fatalf("the change applied while the backup reads: %q %v", b, err)
 	}
 	at := n[1].logLen()
+	rotatedAt := time.Now()
 	if o, err := setSecret(t, n[2], []byte("rotated-token"), "gate", "token"); err != nil {
 		t.Fatalf("secret set gate token (rotated): %v %s", err, o)
 	}
@@ -433,6 +466,13 @@ func checkBackupLetsAppliesGoOn(t *testing.T, n []*agent, repo, pw string) {
 	if b, _ := os.ReadFile(srv + "/data/token"); string(b) != "first-token" {
 		t.Fatalf("the secret's file changed while restic read its directory: %q", b)
 	}
+	// gate's container runs on through the wait, followed as before (its
+	// health reported, not begun again), and the wait says it runs: a
+	// health gate on gate elsewhere stays open.
+	eventually(t, 30*time.Second, "n1 reports gate.server healthy while the token waits, and the wait running", func() (bool, string) {
+		f, h, out := gateHealth()
+		return f != nil && f.Backup == "gate" && f.Running && h != nil && h.Status == state.HealthHealthy && h.Since.Before(rotatedAt), out
+	})
 	// The rest of n1 goes on meanwhile: another module is assigned there
 	// and applied (the apply once waited at the token, holding every
 	// change of the node for as long as restic read).
