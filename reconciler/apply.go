@@ -289,7 +289,7 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 	if err := r.ledger.Save(); err != nil {
 		rep.Failures = append(rep.Failures, state.ModuleFailure{Resource: "ledger " + r.cfg.LedgerPath, Reason: err.Error()})
 	}
-	r.follow(plan, rep.Resources)
+	r.follow(plan, rep.Resources, x.managed)
 	mods := make([]string, 0, len(x.failed))
 	for m, f := range x.failed {
 		mods = append(mods, m)
@@ -331,8 +331,9 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 // those with a check. One that waits (its module waits for a backup to
 // have read, for a gate, behind a failure) runs as it ran: followed still
 // if it was, as it was, so that its health and exits are reported through
-// the wait (a backup reads for hours).
-func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport) {
+// the wait (a backup reads for hours); not one this pass removed (a secret
+// it read no longer set): only those in managed, as the pass left it.
+func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport, managed map[string]Container) {
 	outcome := map[string]state.Outcome{}
 	for _, o := range outs {
 		if o.Kind == manifest.KindContainer {
@@ -346,7 +347,8 @@ func (r *Reconciler) follow(plan *state.Plan, outs []state.ResourceReport) {
 		}
 		o := outcome[res.RuntimeName()]
 		if o == state.Waiting {
-			if w, ok := r.health.following(res.RuntimeName()); ok && w.Module == res.Module {
+			_, there := managed[res.RuntimeName()]
+			if w, ok := r.health.following(res.RuntimeName()); ok && there && w.Module == res.Module {
 				ws = append(ws, w)
 			}
 			continue
@@ -1452,7 +1454,10 @@ func (r *Reconciler) keptUnder(p, module string) string {
 // back the original of a file it took over.
 func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 	rr := state.ResourceReport{Module: e.Module, Kind: e.Kind, Name: p}
-	if msg := x.r.refusedPath(p); msg != "" {
+	if msg := x.r.refusedPath(p); msg != "" && !(e.Kind == manifest.KindDirectory && e.Original != nil && !e.Data) {
+		// (A directory an older mesh took over before the host refused
+		// it, /tmp at 0755, gets its owner and mode back all the same:
+		// that only mends it.)
 		rr.Outcome, rr.Reason = state.Kept, msg
 		return rr
 	}

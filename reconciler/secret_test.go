@@ -339,8 +339,16 @@ resources:
 	if c := b.rt.byName("mail.reader"); c == nil || c.ID == reader {
 		t.Fatal("a new value did not replace the container that mounts the file")
 	}
+	if _, ok := b.r.health.following("mail.reader"); !ok {
+		t.Fatal("mail.reader is not followed")
+	}
 	b.rm("smtp")
 	rep := apply()
+	// Removed, it waits for the secret: followed no more (it would be
+	// reported unhealthy, or running, while there is none).
+	if _, ok := b.r.health.following("mail.reader"); ok {
+		t.Fatalf("mail.reader, removed, is still followed: %+v", outcome(rep, "mail.reader"))
+	}
 	if c := b.rt.byName("mail.reader"); c != nil {
 		t.Fatalf("after mesh secret rm, mail.reader still mounts the removed file: %+v", outcome(rep, filepath.Join(b.dir, "mail/smtp.password")))
 	}
