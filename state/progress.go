@@ -18,8 +18,10 @@ type Next struct {
 	// backup to have read, and the step starts the deadline again
 	// (Waiting says what it waits for).
 	Refresh bool
-	// backupOn is the reached node that waits for a backup, if any.
-	backupOn string
+	// backupOn is the reached node that waits for a backup, if any, and
+	// backupSince the time of the report that says so.
+	backupOn    string
+	backupSince time.Time
 }
 
 // Progress decides a running rollout's next step from its nodes' plans and
@@ -36,14 +38,15 @@ type Next struct {
 // the rollout; so does a wait longer than ProgressDeadline since the last
 // step (a reached node that is down, a container that never starts). A
 // reached node whose module waits for a backup to have read its directory
-// (a backup without pause reads for hours; its own limits bound it) does
-// not use up the deadline: every RefreshEvery of such a wait, the step is
+// (a backup without pause reads for hours), while every other reached node
+// is ready, does not use up the deadline for BackupWaitLimit from the
+// report that said so: every RefreshEvery of such a wait, the step is
 // taken again for that node (a step that reaches no node anew starts the
 // deadline again, with the FSM of any release), so that what follows the
 // wait has a deadline of nearly its own.
 func Progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report, composeErrors map[string]string, now time.Time) Next {
 	next := progress(r, plans, reports, composeErrors, now)
-	if next.Step == nil && next.backupOn != "" {
+	if next.Step == nil && next.backupOn != "" && now.Sub(next.backupSince) < BackupWaitLimit {
 		if now.Sub(r.StepAt) > RefreshEvery {
 			next.Step = &RolloutStepRequest{Module: r.Module, To: r.To, Reach: []string{next.backupOn}, Secret: r.Secret,
 				Why: fmt.Sprintf("%s still waits for a backup to have read; the step's deadline of %s starts again", next.backupOn, ProgressDeadline)}
@@ -63,6 +66,19 @@ const ProgressDeadline = 10 * time.Minute
 // RefreshEvery is how often a step that waits for a backup is taken again.
 const RefreshEvery = time.Minute
 
+// BackupWaitLimit bounds how long a step's deadline starts again for a
+// node's backup: from the report that first said the wait (a node that went
+// down while it waited keeps saying it). Six hours, a scheduled backup's
+// own limit.
+const BackupWaitLimit = 6 * time.Hour
+
+// backupWait is a reached node that waits for a backup, what it says, and
+// since when its report says so.
+type backupWait struct {
+	on, why string
+	since   time.Time
+}
+
 func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report, composeErrors map[string]string, now time.Time) Next {
 	var reached, left []string
 	for _, n := range r.Nodes {
@@ -74,6 +90,7 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 	}
 	progress := fmt.Sprintf("%d/%d nodes", len(reached), len(r.Nodes))
 	least := time.Duration(-1)
+	var backup backupWait // the first reached node that waits for a backup
 	for _, n := range reached {
 		if msg := composeErrors[n]; msg != "" {
 			return failed(r, fmt.Sprintf("%s: its plan does not compose: %s", n, Tail(msg, 300)))
@@ -86,12 +103,18 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 		if !ok || rep.Version < pv.Version {
 			return Next{Waiting: fmt.Sprintf("%s, waiting on %s to apply plan v%d", progress, n, pv.Version)}
 		}
+		waits := false
 		for _, f := range rep.Failures {
 			if f.Module == r.Module && f.Backup != "" {
 				// A secret's file waits for a backup to have read
-				// its directory: written then (the backup's own
-				// limits bound the wait, see Progress).
-				return Next{Waiting: fmt.Sprintf("%s, waiting on %s: %s waits, %s", progress, n, f.Resource, f.Reason), backupOn: n}
+				// its directory: written then. The other reached
+				// nodes are looked at all the same: a failure there
+				// stops the rollout now.
+				if backup.on == "" {
+					backup = backupWait{n, fmt.Sprintf("%s, waiting on %s: %s waits, %s", progress, n, f.Resource, f.Reason), rep.AppliedAt}
+				}
+				waits = true
+				continue
 			}
 			if f.Module == r.Module {
 				return failed(r, fmt.Sprintf("%s: %s failed: %s", n, f.Resource, f.Reason))
@@ -101,6 +124,9 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 			if e.Module == r.Module && e.At.After(r.StartedAt) {
 				return failed(r, fmt.Sprintf("%s: container %s exited with code %d", n, e.Container, e.ExitCode))
 			}
+		}
+		if waits {
+			continue
 		}
 		for _, res := range pv.Plan.Resources {
 			if res.Module != r.Module || res.Kind != manifest.KindContainer {
@@ -130,6 +156,9 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 		if least >= 0 && least < r.Policy.HealthyFor {
 			return Next{Waiting: fmt.Sprintf("%s, waiting on %s: up %s/%s", progress, n, round(least), r.Policy.HealthyFor)}
 		}
+	}
+	if backup.on != "" {
+		return Next{Waiting: backup.why, backupOn: backup.on, backupSince: backup.since}
 	}
 	why := fmt.Sprintf("%s healthy for %s", strings.Join(reached, ", "), r.Policy.HealthyFor)
 	if len(reached) == 0 {

@@ -71,8 +71,8 @@ func TestProgress(t *testing.T) {
 	// A reached node that waits for a backup (which reads for hours) does
 	// not use up the deadline: the step is taken again for it every
 	// RefreshEvery (it reaches no node anew: the FSM only starts the
-	// deadline again), and never fails for time while the wait lasts.
-	backup := Report{Version: 50, Failures: []ModuleFailure{{Module: "app", Resource: "secret /srv/app/data/token", Reason: "the backup of app reads /srv/app/data", Backup: "app"}}}
+	// deadline again), for up to BackupWaitLimit from its report.
+	backup := Report{Version: 50, AppliedAt: now.Add(-5 * time.Hour), Failures: []ModuleFailure{{Module: "app", Resource: "secret /srv/app/data/token", Reason: "the backup of app reads /srv/app/data", Backup: "app"}}}
 	for _, ago := range []time.Duration{RefreshEvery + time.Second, ProgressDeadline + time.Second, 5 * time.Hour} {
 		waited := r
 		waited.StepAt = now.Add(-ago)
@@ -84,6 +84,37 @@ func TestProgress(t *testing.T) {
 	}
 	if got := Progress(r, plans, map[string]Report{"c": backup}, nil, now); got.Step != nil || got.Refresh {
 		t.Fatalf("a backup's wait of less than %s: %+v", RefreshEvery, got.Step)
+	}
+	// Past the limit (a node that went down while it waited keeps saying
+	// so), the deadline stops it.
+	stale := backup
+	stale.AppliedAt = now.Add(-BackupWaitLimit - time.Second)
+	if got := Progress(late, plans, map[string]Report{"c": stale}, nil, now); got.Step == nil || !strings.Contains(got.Step.Failed, "no progress for 10m0s: 1/3 nodes, waiting on c: secret /srv/app/data/token waits") {
+		t.Fatalf("a backup's wait past %s: %+v", BackupWaitLimit, got.Step)
+	}
+	// The node's own exit, and the other reached nodes' failures, stop it
+	// while it waits.
+	two := late
+	two.Reached = []string{"c", "a"}
+	twoPlans := map[string]PlanVersion{"c": plan(50), "a": plan(50), "b": plan(40)}
+	exited := backup
+	exited.Exits = []ContainerExit{{Module: "app", Container: "app.server", ExitCode: 137, At: now}}
+	for _, c := range []struct {
+		what string
+		reps map[string]Report
+		want string
+	}{
+		{"its own exit", map[string]Report{"c": exited, "a": healthy(50, time.Hour)}, "c: container app.server exited with code 137"},
+		{"unhealthy on another", map[string]Report{"c": backup, "a": {Version: 50, Health: []ContainerHealth{{Module: "app", Container: "app.server", Status: HealthUnhealthy}}}}, "a: container app.server is unhealthy"},
+		{"failed on another", map[string]Report{"c": backup, "a": {Version: 50, Failures: []ModuleFailure{{Module: "app", Resource: "step app.migrate", Reason: "exited with code 1"}}}}, "a: step app.migrate failed"},
+		{"another starts past the deadline", map[string]Report{"c": backup, "a": {Version: 50}}, "no progress for 10m0s: 2/3 nodes, waiting on a: app.server starting"},
+	} {
+		if got := Progress(two, twoPlans, c.reps, nil, now); got.Step == nil || got.Refresh || !strings.Contains(got.Step.Failed, c.want) {
+			t.Errorf("%s while c waits for a backup: %+v %+v", c.what, got, got.Step)
+		}
+	}
+	if got := Progress(two, twoPlans, map[string]Report{"c": backup, "a": healthy(50, time.Hour)}, nil, now); got.Step == nil || !got.Refresh || got.Step.Reach[0] != "c" {
+		t.Fatalf("c waits for a backup, a healthy: %+v %+v", got, got.Step)
 	}
 	// The FSM takes the step again: the deadline starts anew, nothing else moves.
 	ctx := context.Background()
@@ -99,7 +130,7 @@ func TestProgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refresh := Progress(ro, map[string]PlanVersion{ro.Reached[0]: pv}, map[string]Report{ro.Reached[0]: {Version: 1 << 40, Failures: []ModuleFailure{{Module: "app", Resource: "secret /srv/app/t", Reason: "the backup of app reads /srv/app", Backup: "app"}}}}, nil, later)
+	refresh := Progress(ro, map[string]PlanVersion{ro.Reached[0]: pv}, map[string]Report{ro.Reached[0]: {Version: 1 << 40, AppliedAt: later, Failures: []ModuleFailure{{Module: "app", Resource: "secret /srv/app/t", Reason: "the backup of app reads /srv/app", Backup: "app"}}}}, nil, later)
 	if refresh.Step == nil || !refresh.Refresh {
 		t.Fatalf("no refresh: %+v", refresh)
 	}
