@@ -440,6 +440,41 @@ func TestSystemAndDataDirPathsAreRefused(t *testing.T) {
 	}
 }
 
+// A directory an older mesh took over before the host refused it (/tmp,
+// its mode then the module's 0755) gets its owner and mode back when the
+// module lets go of it: the host refuses to touch such a path for a
+// module, not to mend it. (Here /tmp's own owner and mode are recorded, so
+// that putting them back changes nothing.)
+func TestRefusedTakenOverDirectoryIsMended(t *testing.T) {
+	h := newHost(t)
+	var st syscall.Stat_t
+	if err := syscall.Stat("/tmp", &st); err != nil {
+		t.Fatal(err)
+	}
+	orig := &Original{UID: int(st.Uid), GID: int(st.Gid), Mode: st.Mode & 0o7777}
+	if err := h.r.ledger.Put("/tmp", PathEntry{Kind: manifest.KindDirectory, Module: "old", Original: orig}); err != nil {
+		t.Fatal(err)
+	}
+	rep := h.r.Apply(context.Background(), 1, &state.Plan{Node: "ace"})
+	if o := outcome(rep, "/tmp"); o.Outcome != state.Restored {
+		t.Fatalf("/tmp let go of: %+v", o)
+	}
+	if _, ok := h.r.ledger.Paths["/tmp"]; ok {
+		t.Fatal("the ledger still holds /tmp")
+	}
+	var now syscall.Stat_t
+	if err := syscall.Stat("/tmp", &now); err != nil || now.Mode != st.Mode || now.Uid != st.Uid || now.Gid != st.Gid {
+		t.Fatalf("/tmp changed: %o %d:%d -> %o %d:%d", st.Mode, st.Uid, st.Gid, now.Mode, now.Uid, now.Gid)
+	}
+	// A file there is not the host's to touch, put back or not.
+	if err := h.r.ledger.Put("/tmp", PathEntry{Kind: manifest.KindFile, Module: "old", Digest: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if o := outcome(h.r.Apply(context.Background(), 2, &state.Plan{Node: "ace"}), "/tmp"); o.Outcome != state.Kept || !strings.Contains(o.Reason, "shared by everything on the host") {
+		t.Fatalf("a file at /tmp let go of: %+v", o)
+	}
+}
+
 // ledgerOnDisk reads the ledger as a crash would leave it.
 func (h *host) ledgerOnDisk() *Ledger {
 	l, err := LoadLedger(filepath.Join(h.dir, "data", "ledger.json"))
