@@ -63,6 +63,50 @@ func (ap *applier) touch(node string, modules ...string) {
 	}
 }
 
+// moduleScoped is a request whose command changes one module's inputs
+// only: its manifest (a revert, a rollout's step), its pulls, restarts or
+// secrets, or which of its nodes run which of them (a rollout).
+type moduleScoped interface {
+	scopedModule() string
+}
+
+func (r *ModulePullRequest) scopedModule() string    { return r.Module }
+func (r *ModuleRestartRequest) scopedModule() string { return r.Module }
+func (r *RolloutStepRequest) scopedModule() string   { return r.Module }
+func (r *ModuleRevertRequest) scopedModule() string  { return r.Module }
+func (r SecretRef) scopedModule() string             { return r.Module }
+
+// scoped makes an op of a moduleScoped request compose the nodes whose
+// plans it can change instead of every node: those affected by its module
+// (its nodes, its consumers', its providers'), and the nodes of the
+// providers its manifest takes a credential from before the command (a
+// revert, or a rollout stopped with auto-revert, puts another version
+// back). checkComposition compares with a full composition after each.
+func scoped(d opDef) opDef {
+	apply := d.apply
+	d.apply = func(ap *applier, r Request) (bool, error) {
+		m := r.(moduleScoped).scopedModule()
+		cat, err := ap.catalogue()
+		if err != nil {
+			return false, err
+		}
+		before := credentialProviders(cat[m]) // the catalogue is edited in place
+		recompose, err := apply(ap, r)
+		if err != nil || !recompose {
+			return recompose, err
+		}
+		if cat, err = ap.catalogue(); err != nil {
+			return false, err
+		}
+		ap.incremental = true
+		ap.touch("", m)
+		ap.touchNodesOf(before...)
+		ap.touchNodesOf(credentialProviders(cat[m])...)
+		return true, nil
+	}
+	return d
+}
+
 func (t *touches) init() {
 	if t.nodes == nil {
 		t.nodes, t.modules, t.nodesOf = map[string]bool{}, map[string]bool{}, map[string]bool{}

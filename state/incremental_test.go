@@ -362,3 +362,49 @@ func TestSharedRosterStaysAsGiven(t *testing.T) {
 		}
 	}
 }
+
+// A revert (or a rollout stopped with auto-revert) puts another version of
+// a module back: the providers its manifest took a credential from before
+// are affected too, as by a module add (TestIncrementalSeesProvidersBefore),
+// though the op names only the module. proxy's second version takes a
+// credential from db, its first none; proxy has no health check, so no
+// rollout holds a version back.
+func TestIncrementalRevertSeesProvidersBefore(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t)
+	var idx uint64
+	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}})
+	mustApply(t, s, &idx, &NodeAddRequest{Node: Node{Name: "bee", Address: "10.0.0.2"}})
+	secret := []Secret{{Pair: Pair{Consumer: "proxy", Provider: "db"}, Value: "s3cret"}}
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", incModules["db"][0]), spec("proxy.yaml", incModules["proxy"][0])}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
+	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "proxy"}})
+	delivered := func() bool {
+		pv, err := s.Plan(ctx, "ace")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range pv.Plan.Resources {
+			if r.Kind == KindDeliveredCredential && r.Credential != nil && r.Credential.Consumer == "proxy" {
+				return true
+			}
+		}
+		return false
+	}
+	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("proxy.yaml", incModules["proxy"][1])}, Secrets: secret})
+	if !delivered() {
+		t.Fatal("proxy takes a credential from db: db's node should receive it")
+	}
+	ros, err := s.Rollouts(ctx)
+	if err != nil || len(ros) > 0 && ros[0].State == RolloutRunning {
+		t.Fatalf("proxy rolls out: %+v %v", ros, err)
+	}
+	mustApply(t, s, &idx, &ModuleRevertRequest{Module: "proxy"})
+	if delivered() {
+		t.Fatal("reverted, proxy takes no credential from db: db's node should not receive it")
+	}
+	mustApply(t, s, &idx, &ModuleRevertRequest{Module: "proxy"})
+	if !delivered() {
+		t.Fatal("reverted again, proxy takes a credential from db: db's node should receive it")
+	}
+}
