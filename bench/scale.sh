@@ -8,7 +8,8 @@
 # assign_max_ms the slowest); full_assign_ms: the same, composing every
 # node (as before incremental composition; the mean of 50), in the same
 # run; add_ms: `module add` of one module more (the mean of 20, each its
-# own module); add_all_ms: one `module add` carrying all N; plans_mb and
+# own module); add_all_ms: one `module add` carrying all N; restart_ms:
+# `mesh restart` of one module (the mean of 20); plans_mb and
 # snapshot_mb: sizes. Then how each grows from the smallest fleet to the
 # largest (1.0 is flat; the issue's goal is within 1.5).
 # Then the resolver (BenchmarkAssignAnswered in agent/): one line per size,
@@ -37,11 +38,11 @@ out=$(go test -run '^$' -bench '^BenchmarkFleet$' -benchtime 1x -timeout 30m ./s
 echo "$out" | awk -v bench=BenchmarkFleet "$sizes"'
 END {
 	for (i = 1; i <= n; i++) { m = ms[i]
-		printf "scale modules=%d nodes=100 assign_ms=%.2f full_assign_ms=%.1f add_ms=%.2f add_all_ms=%.0f plans_mb=%.1f snapshot_mb=%.1f assign_full_to_incremental=%.1f assign_p50_ms=%.2f assign_max_ms=%.1f\n", m,
-			v[m, "assign-ms"], v[m, "full-assign-ms"], v[m, "add-one-ms"], v[m, "module-add-ms"], v[m, "plans-MB"], v[m, "snapshot-MB"], v[m, "full-assign-ms"] / v[m, "assign-ms"], v[m, "assign-p50-ms"], v[m, "assign-max-ms"] }
+		printf "scale modules=%d nodes=100 assign_ms=%.2f full_assign_ms=%.1f add_ms=%.2f add_all_ms=%.0f plans_mb=%.1f snapshot_mb=%.1f assign_full_to_incremental=%.1f assign_p50_ms=%.2f assign_max_ms=%.1f restart_ms=%.2f\n", m,
+			v[m, "assign-ms"], v[m, "full-assign-ms"], v[m, "add-one-ms"], v[m, "module-add-ms"], v[m, "plans-MB"], v[m, "snapshot-MB"], v[m, "full-assign-ms"] / v[m, "assign-ms"], v[m, "assign-p50-ms"], v[m, "assign-max-ms"], v[m, "restart-ms"] }
 	lo = ms[1]; hi = ms[n]
-	printf "growth from %d to %d modules (x%.0f): assign x%.2f (p50 x%.2f), full assign x%.1f, add one x%.2f, plans x%.1f, snapshot x%.1f\n", lo, hi, hi / lo,
-		v[hi, "assign-ms"] / v[lo, "assign-ms"], v[hi, "assign-p50-ms"] / v[lo, "assign-p50-ms"], v[hi, "full-assign-ms"] / v[lo, "full-assign-ms"], v[hi, "add-one-ms"] / v[lo, "add-one-ms"], v[hi, "plans-MB"] / v[lo, "plans-MB"], v[hi, "snapshot-MB"] / v[lo, "snapshot-MB"]
+	printf "growth from %d to %d modules (x%.0f): assign x%.2f (p50 x%.2f), full assign x%.1f, add one x%.2f, restart x%.2f, plans x%.1f, snapshot x%.1f\n", lo, hi, hi / lo,
+		v[hi, "assign-ms"] / v[lo, "assign-ms"], v[hi, "assign-p50-ms"] / v[lo, "assign-p50-ms"], v[hi, "full-assign-ms"] / v[lo, "full-assign-ms"], v[hi, "add-one-ms"] / v[lo, "add-one-ms"], v[hi, "restart-ms"] / v[lo, "restart-ms"], v[hi, "plans-MB"] / v[lo, "plans-MB"], v[hi, "snapshot-MB"] / v[lo, "snapshot-MB"]
 }'
 # The same assign in a fleet of wired modules (BenchmarkFleetWired): every
 # tenth a database that accepts credentials, each other module binding to

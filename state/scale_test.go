@@ -19,7 +19,8 @@ import (
 // one `module add` command carrying all M; of one assign once the fleet is
 // full, composing only the nodes it can change (assign-ms) and, in the same
 // run, composing every node as every command did before (full-assign-ms);
-// of a `module add` of one module more (add-one-ms, the mean of 20); the
+// of a `module add` of one module more (add-one-ms, the mean of 20); of a
+// `mesh restart` of one module (restart-ms, the mean of 20); the
 // plans' and the snapshot's sizes. The assignments before the last 251
 // are written straight into the table (applying M assigns one by one would
 // take M recomposes); the last 251 go through Apply: one untimed composing
@@ -160,6 +161,18 @@ func fleet(b *testing.B, nodes, modules int) {
 		one += apply(&ModuleAddRequest{Modules: []ModuleSpec{sp}})
 	}
 	one /= adds
+	// A command scoped to one module (`mesh restart`; a pull, a secret's
+	// value, a rollout's step are scoped alike): the mean of 20, each its
+	// own module.
+	b.StopTimer()
+	runtime.GC()
+	f.s.checkpoint()
+	b.StartTimer()
+	var restart time.Duration
+	for i := range adds {
+		restart += apply(&ModuleRestartRequest{Module: fmt.Sprintf("m%05d", i)})
+	}
+	restart /= adds
 	alwaysFull = true
 	full, _ := assignRange(modules-fulls, modules)
 	alwaysFull = false
@@ -176,6 +189,7 @@ func fleet(b *testing.B, nodes, modules int) {
 	}
 	b.ReportMetric(float64(add.Milliseconds()), "module-add-ms")
 	b.ReportMetric(float64(one.Microseconds())/1000, "add-one-ms")
+	b.ReportMetric(float64(restart.Microseconds())/1000, "restart-ms")
 	b.ReportMetric(float64(assign.Microseconds())/incremental/1000, "assign-ms")
 	slices.Sort(each)
 	b.ReportMetric(float64(each[len(each)/2].Microseconds())/1000, "assign-p50-ms")
