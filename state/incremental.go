@@ -63,10 +63,10 @@ func (ap *applier) touch(node string, modules ...string) {
 	}
 }
 
-// moduleScoped is a request whose command changes one module's inputs
+// moduleScopedRequest is a request whose command changes one module's inputs
 // only: its manifest (a revert, a rollout's step), its pulls, restarts or
 // secrets, or which of its nodes run which of them (a rollout).
-type moduleScoped interface {
+type moduleScopedRequest interface {
 	scopedModule() string
 }
 
@@ -76,7 +76,7 @@ func (r *RolloutStepRequest) scopedModule() string   { return r.Module }
 func (r *ModuleRevertRequest) scopedModule() string  { return r.Module }
 func (r SecretRef) scopedModule() string             { return r.Module }
 
-// scoped makes an op of a moduleScoped request compose the nodes whose
+// scoped makes an op of a moduleScopedRequest compose the nodes whose
 // plans it can change instead of every node: those affected by its module
 // (its nodes, its consumers', its providers'), and the nodes of the
 // providers its manifest takes a credential from before the command (a
@@ -85,7 +85,7 @@ func (r SecretRef) scopedModule() string             { return r.Module }
 func scoped(d opDef) opDef {
 	apply := d.apply
 	d.apply = func(ap *applier, r Request) (bool, error) {
-		m := r.(moduleScoped).scopedModule()
+		m := r.(moduleScopedRequest).scopedModule()
 		cat, err := ap.catalogue()
 		if err != nil {
 			return false, err
@@ -102,6 +102,32 @@ func scoped(d opDef) opDef {
 		ap.touch("", m)
 		ap.touchNodesOf(before...)
 		ap.touchNodesOf(credentialProviders(cat[m])...)
+		return true, nil
+	}
+	return d
+}
+
+// nodeScopedRequest is a request whose command changes one node's own
+// inputs: its public domains, its ACME account.
+type nodeScopedRequest interface {
+	scopedNode() string
+}
+
+func (r *PublicDomainRequest) scopedNode() string { return r.Node }
+func (r *NodeACMERequest) scopedNode() string     { return r.Node }
+
+// nodeScoped makes an op of a nodeScopedRequest compose that node alone
+// (what other nodes' plans read of a node is its address, which neither
+// changes).
+func nodeScoped(d opDef) opDef {
+	apply := d.apply
+	d.apply = func(ap *applier, r Request) (bool, error) {
+		recompose, err := apply(ap, r)
+		if err != nil || !recompose {
+			return recompose, err
+		}
+		ap.incremental = true
+		ap.touch(r.(nodeScopedRequest).scopedNode())
 		return true, nil
 	}
 	return d
