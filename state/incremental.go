@@ -77,11 +77,12 @@ func (r *ModuleRevertRequest) scopedModule() string  { return r.Module }
 func (r SecretRef) scopedModule() string             { return r.Module }
 
 // scoped makes an op of a moduleScopedRequest compose the nodes whose
-// plans it can change instead of every node: those affected by its module
-// (its nodes, its consumers', its providers'), and the nodes of the
-// providers its manifest takes a credential from before the command (a
-// revert, or a rollout stopped with auto-revert, puts another version
-// back). checkComposition compares with a full composition after each.
+// plans it can change instead of every node: the module's nodes; and when
+// its catalogue entry changed (a revert, or a rollout stopped with
+// auto-revert, puts another version back), those affected by the module as
+// by an assign (its consumers', its providers') and the nodes of the
+// providers its manifest took a credential from before the command.
+// checkComposition compares with a full composition after each.
 func scoped(d opDef) opDef {
 	apply := d.apply
 	d.apply = func(ap *applier, r Request) (bool, error) {
@@ -90,7 +91,8 @@ func scoped(d opDef) opDef {
 		if err != nil {
 			return false, err
 		}
-		before := credentialProviders(cat[m]) // the catalogue is edited in place
+		was := cat[m] // the catalogue is edited in place: a new entry is a new pointer
+		before := credentialProviders(was)
 		recompose, err := apply(ap, r)
 		if err != nil || !recompose {
 			return recompose, err
@@ -99,6 +101,15 @@ func scoped(d opDef) opDef {
 			return false, err
 		}
 		ap.incremental = true
+		if cat[m] == was {
+			// The same catalogue entry: what changed (a pull, a restart,
+			// a secret's value, which nodes hold a version back) is read
+			// by the module's own nodes only; other nodes read its
+			// catalogue entry (consumers' credentials, a provider's
+			// accepts-credentials directory) and where it runs.
+			ap.touchNodesOf(m)
+			return true, nil
+		}
 		ap.touch("", m)
 		ap.touchNodesOf(before...)
 		ap.touchNodesOf(credentialProviders(cat[m])...)
