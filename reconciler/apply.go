@@ -298,6 +298,13 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 			// elsewhere opens on it), or waits before its containers
 			// ever ran (a module assigned while the backup reads).
 			f.Running = r.runsAll(plan, m)
+			// Since the pass that first saw it wait, while it waits: a
+			// report of this node (a new plan for another module) must
+			// not make the wait look new.
+			f.Since = rep.AppliedAt
+			if prev := r.lastFailed[m]; prev != nil && prev.Backup != "" && !prev.Since.IsZero() {
+				f.Since = prev.Since
+			}
 		}
 	}
 	sort.Strings(mods)

@@ -375,6 +375,8 @@ resources:
 // file that holds its value already does not.
 func TestFencedDirectoryGetsNoSecretFile(t *testing.T) {
 	b := newSecretBed(t)
+	clock := time.Date(2026, 12, 7, 20, 0, 0, 0, time.UTC)
+	b.r.cfg.Now = func() time.Time { return clock }
 	b.set("smtp", "first")
 	b.set("api", "key")
 	dir := filepath.Join(b.dir, "mail")
@@ -423,6 +425,17 @@ func TestFencedDirectoryGetsNoSecretFile(t *testing.T) {
 		}
 		if f.Running != running {
 			t.Fatalf("%s: under the fence, running %v, want %v", what, f.Running, running)
+		}
+		// Another pass under the fence, an hour on: the wait is as old as
+		// the pass that first saw it (a rollout's refreshes are bounded
+		// from it), though the report is new.
+		first := rep.AppliedAt
+		if !f.Since.Equal(first) {
+			t.Fatalf("%s: the wait since %v, its pass at %v", what, f.Since, first)
+		}
+		clock = clock.Add(time.Hour)
+		if again := apply(what, composeAce(t, &b.in, manifests(otherContent))); !again.Failed("mail").Since.Equal(first) || !again.AppliedAt.After(first) {
+			t.Fatalf("%s: a second pass under the fence: since %v, applied at %v; first %v", what, again.Failed("mail").Since, again.AppliedAt, first)
 		}
 		for _, c := range []string{"mail.server", "mail.sender", "mail.other"} {
 			if w, ok := b.r.health.following(c); ok != running || ok && w.Module != "mail" {

@@ -19,7 +19,7 @@ type Next struct {
 	// (Waiting says what it waits for).
 	Refresh bool
 	// backupOn is the reached node that waits for a backup, if any, and
-	// backupSince the time of the report that says so.
+	// backupSince since when it waits.
 	backupOn    string
 	backupSince time.Time
 }
@@ -39,8 +39,8 @@ type Next struct {
 // step (a reached node that is down, a container that never starts). A
 // reached node whose module waits for a backup to have read its directory
 // (a backup without pause reads for hours), while every other reached node
-// is ready, does not use up the deadline for BackupWaitLimit from the
-// report that said so: every RefreshEvery of such a wait, the step is
+// is ready, does not use up the deadline for BackupWaitLimit from when the
+// node first saw the wait: every RefreshEvery of such a wait, the step is
 // taken again for that node (a step that reaches no node anew starts the
 // deadline again, with the FSM of any release), so that what follows the
 // wait has a deadline of nearly its own.
@@ -67,9 +67,10 @@ const ProgressDeadline = 10 * time.Minute
 const RefreshEvery = time.Minute
 
 // BackupWaitLimit bounds how long a step's deadline starts again for a
-// node's backup: from the report that first said the wait (a node that went
-// down while it waited keeps saying it). Six hours, a scheduled backup's
-// own limit.
+// node's backup: from when the node first saw the wait (ModuleFailure.Since;
+// an older mesh's report: its time). A node that went down while it waited
+// keeps saying it, and one whose fence is never lifted waits on. Six hours,
+// a scheduled backup's own limit.
 const BackupWaitLimit = 6 * time.Hour
 
 // backupWait is a reached node that waits for a backup, what it says, and
@@ -111,7 +112,11 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 				// nodes are looked at all the same: a failure there
 				// stops the rollout now.
 				if backup.on == "" {
-					backup = backupWait{n, fmt.Sprintf("%s, waiting on %s: %s waits, %s", progress, n, f.Resource, f.Reason), rep.AppliedAt}
+					since := f.Since
+					if since.IsZero() { // a report of an older mesh
+						since = rep.AppliedAt
+					}
+					backup = backupWait{n, fmt.Sprintf("%s, waiting on %s: %s waits, %s", progress, n, f.Resource, f.Reason), since}
 				}
 				waits = true
 				continue

@@ -86,11 +86,19 @@ func TestProgress(t *testing.T) {
 		t.Fatalf("a backup's wait of less than %s: %+v", RefreshEvery, got.Step)
 	}
 	// Past the limit (a node that went down while it waited keeps saying
-	// so), the deadline stops it.
+	// so; a fence never lifted), the deadline stops it: counted from when
+	// the node first saw the wait, though a later report of it (a new plan
+	// for another module) is recent.
 	stale := backup
 	stale.AppliedAt = now.Add(-BackupWaitLimit - time.Second)
-	if got := Progress(late, plans, map[string]Report{"c": stale}, nil, now); got.Step == nil || !strings.Contains(got.Step.Failed, "no progress for 10m0s: 1/3 nodes, waiting on c: secret /srv/app/data/token waits") {
-		t.Fatalf("a backup's wait past %s: %+v", BackupWaitLimit, got.Step)
+	seen := backup
+	seen.AppliedAt = now.Add(-time.Minute)
+	seen.Failures = []ModuleFailure{backup.Failures[0]}
+	seen.Failures[0].Since = now.Add(-BackupWaitLimit - time.Second)
+	for what, rep := range map[string]Report{"an older mesh's report": stale, "a wait seen long ago, reported again": seen} {
+		if got := Progress(late, plans, map[string]Report{"c": rep}, nil, now); got.Step == nil || !strings.Contains(got.Step.Failed, "no progress for 10m0s: 1/3 nodes, waiting on c: secret /srv/app/data/token waits") {
+			t.Fatalf("%s: a backup's wait past %s: %+v", what, BackupWaitLimit, got.Step)
+		}
 	}
 	// The node's own exit, and the other reached nodes' failures, stop it
 	// while it waits.

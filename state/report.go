@@ -175,8 +175,12 @@ type ModuleFailure struct {
 	// before the wait (only a file waits). A module that waits before its
 	// containers ever ran (one assigned while the backup reads, a consumer
 	// behind its provider's wait) does not pass a health gate.
-	Running bool     `json:"running,omitempty"`
-	Waiting []string `json:"waiting,omitempty"`
+	Running bool `json:"running,omitempty"`
+	// Since, with Backup: when the node first saw the module wait for a
+	// backup, kept from pass to pass while it waits (a rollout's deadline
+	// starts again for a backup's wait for a bounded time from it).
+	Since   time.Time `json:"since,omitzero"`
+	Waiting []string  `json:"waiting,omitempty"`
 }
 
 // Wait says f is a wait, not an error: a health gate, a secret, a backup;
