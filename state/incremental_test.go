@@ -184,7 +184,6 @@ func TestRosterChangesAmong(t *testing.T) {
 // the new manifest no longer names the provider: module add recomposes the
 // nodes of the providers before as well.
 func TestIncrementalSeesProvidersBefore(t *testing.T) {
-	ctx := context.Background()
 	s := openStore(t)
 	var idx uint64
 	mustApply(t, s, &idx, &InitRequest{MeshID: "m-1", Domain: "internal", Node: Node{Name: "ace", Address: "10.0.0.1"}})
@@ -194,18 +193,7 @@ func TestIncrementalSeesProvidersBefore(t *testing.T) {
 	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
 	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "web"}})
 	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "app"}, Secrets: secret})
-	delivered := func() bool {
-		pv, err := s.Plan(ctx, "ace")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range pv.Plan.Resources {
-			if r.Kind == KindDeliveredCredential && r.Credential != nil && r.Credential.Consumer == "app" {
-				return true
-			}
-		}
-		return false
-	}
+	delivered := func() bool { return deliveredTo(t, s, "ace", "app") }
 	if !delivered() {
 		t.Fatal("db's node should receive app's credential")
 	}
@@ -379,18 +367,7 @@ func TestIncrementalRevertSeesProvidersBefore(t *testing.T) {
 	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("db.yaml", incModules["db"][0]), spec("proxy.yaml", incModules["proxy"][0])}})
 	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "ace", Module: "db"}})
 	mustApply(t, s, &idx, &AssignRequest{Assignment: Assignment{Node: "bee", Module: "proxy"}})
-	delivered := func() bool {
-		pv, err := s.Plan(ctx, "ace")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range pv.Plan.Resources {
-			if r.Kind == KindDeliveredCredential && r.Credential != nil && r.Credential.Consumer == "proxy" {
-				return true
-			}
-		}
-		return false
-	}
+	delivered := func() bool { return deliveredTo(t, s, "ace", "proxy") }
 	mustApply(t, s, &idx, &ModuleAddRequest{Modules: []ModuleSpec{spec("proxy.yaml", incModules["proxy"][1])}, Secrets: secret})
 	if !delivered() {
 		t.Fatal("proxy takes a credential from db: db's node should receive it")
@@ -407,4 +384,19 @@ func TestIncrementalRevertSeesProvidersBefore(t *testing.T) {
 	if !delivered() {
 		t.Fatal("reverted again, proxy takes a credential from db: db's node should receive it")
 	}
+}
+
+// deliveredTo says whether node's plan delivers consumer's credential.
+func deliveredTo(t *testing.T, s *Store, node, consumer string) bool {
+	t.Helper()
+	pv, err := s.Plan(context.Background(), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range pv.Plan.Resources {
+		if r.Kind == KindDeliveredCredential && r.Credential != nil && r.Credential.Consumer == consumer {
+			return true
+		}
+	}
+	return false
 }
