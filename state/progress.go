@@ -131,6 +131,17 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 			}
 		}
 		if waits {
+			// Its containers run on through the wait (followed, their
+			// health reported): one that goes unhealthy stops the
+			// rollout now, not once the backup has read.
+			for _, res := range pv.Plan.Resources {
+				if res.Module != r.Module || res.Kind != manifest.KindContainer || res.Typed.Health == nil {
+					continue
+				}
+				if h := healthOf(rep, res.Name); h != nil && h.Status == HealthUnhealthy {
+					return failed(r, fmt.Sprintf("%s: container %s is unhealthy", n, res.Name))
+				}
+			}
 			continue
 		}
 		for _, res := range pv.Plan.Resources {

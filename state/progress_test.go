@@ -113,6 +113,11 @@ func TestProgress(t *testing.T) {
 		want string
 	}{
 		{"its own exit", map[string]Report{"c": exited, "a": healthy(50, time.Hour)}, "c: container app.server exited with code 137"},
+		{"unhealthy on itself", map[string]Report{"c": func() Report {
+			rep := backup
+			rep.Health = []ContainerHealth{{Module: "app", Container: "app.server", Status: HealthUnhealthy}}
+			return rep
+		}(), "a": healthy(50, time.Hour)}, "c: container app.server is unhealthy"},
 		{"unhealthy on another", map[string]Report{"c": backup, "a": {Version: 50, Health: []ContainerHealth{{Module: "app", Container: "app.server", Status: HealthUnhealthy}}}}, "a: container app.server is unhealthy"},
 		{"failed on another", map[string]Report{"c": backup, "a": {Version: 50, Failures: []ModuleFailure{{Module: "app", Resource: "step app.migrate", Reason: "exited with code 1"}}}}, "a: step app.migrate failed"},
 		{"another starts past the deadline", map[string]Report{"c": backup, "a": {Version: 50}}, "no progress for 10m0s: 2/3 nodes, waiting on a: app.server starting"},
