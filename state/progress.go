@@ -139,7 +139,7 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 					continue
 				}
 				if h := healthOf(rep, res.Name); h != nil && h.Status == HealthUnhealthy {
-					return failed(r, fmt.Sprintf("%s: container %s is unhealthy", n, res.Name))
+					return unhealthy(r, n, res.Name, h)
 				}
 			}
 			continue
@@ -157,11 +157,7 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 			case h == nil || h.Status == HealthStarting:
 				return Next{Waiting: fmt.Sprintf("%s, waiting on %s: %s starting", progress, n, res.Name)}
 			case h.Status == HealthUnhealthy:
-				why := fmt.Sprintf("%s: container %s is unhealthy", n, res.Name)
-				if h.Output != "" {
-					why += ": " + Tail(h.Output, 200)
-				}
-				return failed(r, why)
+				return unhealthy(r, n, res.Name, h)
 			}
 			for_ := now.Sub(h.Since)
 			if for_ < r.Policy.HealthyFor {
@@ -184,6 +180,16 @@ func progress(r Rollout, plans map[string]PlanVersion, reports map[string]Report
 		return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Done: true, Why: why, Secret: r.Secret}}
 	}
 	return Next{Step: &RolloutStepRequest{Module: r.Module, To: r.To, Reach: left[:min(max(r.Policy.MaxParallel, 1), len(left))], Why: why, Secret: r.Secret}}
+}
+
+// unhealthy stops the rollout for a reached node's unhealthy container,
+// with the tail of its check's output.
+func unhealthy(r Rollout, node, container string, h *ContainerHealth) Next {
+	why := fmt.Sprintf("%s: container %s is unhealthy", node, container)
+	if h.Output != "" {
+		why += ": " + Tail(h.Output, 200)
+	}
+	return failed(r, why)
 }
 
 func failed(r Rollout, why string) Next {
