@@ -38,6 +38,7 @@ const certLogLines = 1000
 // and the public names with the module that routes each.
 type certTargets struct {
 	container string
+	module    string // the proxy container's, whose secrets its log may show
 	addr      string // host:port
 	names     [][2]string
 }
@@ -60,7 +61,7 @@ func certTargetsOf(plan *state.Plan, dial string) certTargets {
 				if ip, err := netip.ParseAddr(p.HostIP); err == nil && !ip.IsUnspecified() {
 					host = ip.String()
 				}
-				t.container, t.addr = res.RuntimeName(), net.JoinHostPort(host, "443")
+				t.container, t.module, t.addr = res.RuntimeName(), res.Module, net.JoinHostPort(host, "443")
 			}
 		}
 	}
@@ -84,11 +85,14 @@ const (
 )
 
 func (t certTargets) equal(o certTargets) bool {
-	return t.container == o.container && t.addr == o.addr && slices.Equal(t.names, o.names)
+	return t.container == o.container && t.module == o.module && t.addr == o.addr && slices.Equal(t.names, o.names)
 }
 
-// probeCerts looks at every target name once.
-func probeCerts(ctx context.Context, rt Runtime, t certTargets) []state.CertStatus {
+// probeCerts looks at every target name once. The proxy's logged error
+// goes into the node's report, which every node keeps: it is read with
+// the proxy module's secrets taken out (a DNS provider's token in the URL
+// of a failed request).
+func probeCerts(ctx context.Context, rt Runtime, t certTargets, secrets *secretValues) []state.CertStatus {
 	if t.container == "" || len(t.names) == 0 {
 		return nil
 	}
@@ -127,6 +131,7 @@ func probeCerts(ctx context.Context, rt Runtime, t certTargets) []state.CertStat
 		}
 		if logs == "" {
 			logs, _ = rt.Logs(context.WithoutCancel(ctx), t.container, certLogLines)
+			logs = secrets.redact(t.module, logs)
 		}
 		out[i].Error = "no certificate served (" + stableError(err) + ")"
 		if e := lastLoggedError(logs, out[i].Name); e != "" {
@@ -243,7 +248,7 @@ func (m *monitor) runCerts(ctx context.Context) {
 		m.mu.Lock()
 		t := m.certT
 		m.mu.Unlock()
-		cs := probeCerts(ctx, m.rt, t)
+		cs := probeCerts(ctx, m.rt, t, m.secrets)
 		m.mu.Lock()
 		if t.equal(m.certT) && certKey(cs) != certKey(m.certs) {
 			m.certs = cs

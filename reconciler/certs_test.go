@@ -103,7 +103,7 @@ func TestProbeCerts(t *testing.T) {
 		t.Fatalf("no address to probe at, yet targets %+v", none)
 	}
 	tg.addr = "127.0.0.1:" + port // the test's listener stands for the proxy
-	cs := probeCerts(context.Background(), logsRT{logs: caddyLog}, tg)
+	cs := probeCerts(context.Background(), logsRT{logs: caddyLog}, tg, nil)
 	byName := map[string]state.CertStatus{}
 	for _, c := range cs {
 		byName[c.Name] = c
@@ -118,10 +118,41 @@ func TestProbeCerts(t *testing.T) {
 		t.Errorf("broken: %+v", c)
 	}
 	ln.Close()
-	cs = probeCerts(context.Background(), logsRT{logs: caddyLog}, tg)
+	cs = probeCerts(context.Background(), logsRT{logs: caddyLog}, tg, nil)
 	for _, c := range cs {
 		if c.Name == "new.example.org" && !strings.Contains(c.Error, "could not get certificate from issuer: HTTP 0") {
 			t.Errorf("the proxy down, the logged ACME error is lacking: %+v", c)
 		}
+	}
+}
+
+// TestCertErrorHasNoProxySecret: the error the proxy logged goes into the
+// node's report, which every node keeps; a DNS provider's token that the
+// proxy module was given, in the URL of a failed request, is taken out.
+func TestCertErrorHasNoProxySecret(t *testing.T) {
+	const token = "duckdns-tok-8f3a2c91"
+	line := `{"level":"error","ts":2,"logger":"tls.obtain","msg":"could not get certificate from issuer","identifier":"git.example.org","error":"[git.example.org] solving challenges: Get \"https://www.duckdns.org/update?domains=x&token=` + token + `&txt=y\": dial tcp: i/o timeout"}` + "\n"
+	plan := &state.Plan{
+		Resources: []state.Resource{{Module: "proxy", Kind: manifest.KindContainer, Name: "proxy.server", Typed: manifest.Typed{PublicPorts: []manifest.Port{{HostPort: 443, Protocol: "tcp"}}}}},
+		Routes:    []state.Route{{Name: "git.example.org", Module: "git"}},
+	}
+	tg := certTargetsOf(plan, "127.0.0.1")
+	if tg.module != "proxy" {
+		t.Fatalf("targets %+v: the proxy's module is not kept", tg)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg.addr = ln.Addr().String()
+	ln.Close() // nothing answers: no certificate served, the log is read
+	var sv secretValues
+	sv.add("proxy", []byte(token+"\n"))
+	cs := probeCerts(context.Background(), logsRT{logs: line}, tg, &sv)
+	if len(cs) != 1 || !strings.Contains(cs[0].Error, "solving challenges") {
+		t.Fatalf("the logged error is lacking: %+v", cs)
+	}
+	if strings.Contains(cs[0].Error, token) || !strings.Contains(cs[0].Error, "token=[secret]") {
+		t.Errorf("the proxy's secret is in the report: %q", cs[0].Error)
 	}
 }

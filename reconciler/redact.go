@@ -32,14 +32,23 @@ const (
 // redactedMark is what a value is replaced with.
 const redactedMark = "[secret]"
 
-// add remembers value as one of module's.
+// add remembers value as one of module's, and the value without the
+// white space around it: a file an editor saved ends in a newline that a
+// program reading it (a shell's $(< file)) drops before it prints it.
 func (s *secretValues) add(module string, value []byte) {
-	if len(value) < minRedacted {
-		return
-	}
 	v := string(value)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.addLocked(module, v)
+	if t := strings.TrimSpace(v); t != v {
+		s.addLocked(module, t)
+	}
+}
+
+func (s *secretValues) addLocked(module, v string) {
+	if len(v) < minRedacted {
+		return
+	}
 	if s.of == nil {
 		s.of = map[string][]string{}
 	}
@@ -57,7 +66,7 @@ func (s *secretValues) add(module string, value []byte) {
 // redact is text with every value of module's replaced by redactedMark
 // (the longest first: a value that holds another goes whole).
 func (s *secretValues) redact(module, text string) string {
-	if text == "" {
+	if s == nil || text == "" {
 		return text
 	}
 	s.mu.Lock()

@@ -10,11 +10,14 @@ func TestRedact(t *testing.T) {
 	s.add("db", []byte("hunter2-extra"))
 	s.add("db", []byte("on"))
 	s.add("app", []byte("k3y!"))
+	s.add("mail", []byte("smtp-pass\n")) // a file an editor saved
 	for _, c := range []struct{ module, in, want string }{
 		{"db", "pw=hunter2-extra, old=hunter2, on", "pw=[secret], old=[secret], on"},
 		{"db", "k3y! is app's", "k3y! is app's"},
 		{"app", "key k3y! and hunter2", "key [secret] and hunter2"},
 		{"mail", "hunter2", "hunter2"},
+		{"mail", "auth failed: smtp-pass (read with $(< file))", "auth failed: [secret] (read with $(< file))"},
+		{"mail", "raw smtp-pass\n", "raw [secret]"},
 		{"db", "", ""},
 	} {
 		if got := s.redact(c.module, c.in); got != c.want {
