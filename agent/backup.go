@@ -899,29 +899,40 @@ func sameDevice(d string) error {
 // directory: what it holds is the data as it was before, to be kept.
 const swapped = ".mesh-swapped"
 
-// swapIn exchanges DIR with its restored copy in one step, then keeps what
-// was at DIR as DIR.mesh-before-restore. A kill at any point leaves DIR in
-// place (restored, or as it was); a kill after the exchange leaves the old
-// data in the staging directory, marked, which finishSwap keeps.
-func swapIn(d string) (string, error) {
+// markSwap writes DIR's swap mark, naming its restored copy by its inode:
+// a kill between the mark and the exchange leaves that copy at the staging
+// path, which finishSwap then knows for the snapshot's, not the data as it
+// was. Written again, it says the same.
+func markSwap(d string) error {
 	s := d + restoreStaging
-	aside := d + restoreAside
-	if err := os.RemoveAll(aside); err != nil {
-		return "", err
-	}
-	// The mark names the restored copy by its inode: a kill between the
-	// mark and the exchange leaves that copy at the staging path, which
-	// finishSwap then knows for the snapshot's, not the data as it was.
 	var st unix.Stat_t
 	if err := unix.Lstat(s+d, &st); err != nil {
-		return "", fmt.Errorf("the restored copy of %s: %w", d, err)
+		return fmt.Errorf("the restored copy of %s: %w", d, err)
 	}
 	// Written whole or not at all: an empty mark (a full disk, a kill
 	// between its create and its write) would not say which copy is which.
 	if err := safefs.WriteFile(filepath.Join(s, swapped), []byte(strconv.FormatUint(st.Ino, 10)), 0o600); err != nil {
-		return "", err
+		return err
 	}
-	if err := safefs.SyncDir(s); err != nil {
+	return safefs.SyncDir(s)
+}
+
+// swapIn exchanges DIR with its restored copy in one step, then keeps what
+// was at DIR as DIR.mesh-before-restore. A kill at any point leaves DIR in
+// place (restored, or as it was); a kill after the exchange leaves the old
+// data in the staging directory, marked, which finishSwap keeps. What an
+// earlier restore kept aside goes only once the mark is written, right
+// before the exchange: a swap that fails before it (a disk restic filled)
+// leaves it.
+func swapIn(d string) (string, error) {
+	s := d + restoreStaging
+	aside := d + restoreAside
+	if mark, err := os.ReadFile(filepath.Join(s, swapped)); err != nil || !restoredCopyStill(s+d, mark) {
+		if err := markSwap(d); err != nil { // not marked yet (swapAllIn marks all first)
+			return "", err
+		}
+	}
+	if err := os.RemoveAll(aside); err != nil {
 		return "", err
 	}
 	if err := unix.Renameat2(unix.AT_FDCWD, s+d, unix.AT_FDCWD, d, unix.RENAME_EXCHANGE); err != nil {
@@ -954,7 +965,19 @@ func swapIn(d string) (string, error) {
 // time). kept is where each directory's data as it was is, when all were
 // swapped in. unsynced is told of a swap done that may not survive a power
 // cut.
+//
+// Every directory's mark is written before the first exchange: a mark that
+// fails (a disk the restore filled) ends the restore before any directory
+// lost what an earlier restore kept aside, and the restored copies go.
 func swapAllIn(dirs []string, swap func(string) (string, error), unsynced func(string, error)) (kept map[string]string, err error) {
+	for _, d := range dirs {
+		if err := markSwap(d); err != nil {
+			for _, d := range dirs { // nothing exchanged: each staging holds a restored copy
+				os.RemoveAll(d + restoreStaging)
+			}
+			return nil, fmt.Errorf("%w (no directory of the module was restored)", err)
+		}
+	}
 	kept = map[string]string{}
 	var done []string
 	for _, d := range dirs {

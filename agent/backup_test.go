@@ -261,6 +261,41 @@ func TestSwapAllInIsAllOrNone(t *testing.T) {
 	}
 }
 
+// What an earlier restore kept aside stays when a restore fails before
+// its exchanges: the second directory has no restored copy (its mark
+// cannot be written), and neither directory loses its copy from before the
+// earlier restore.
+func TestFailedSwapKeepsTheEarlierRestoresCopy(t *testing.T) {
+	root := t.TempDir()
+	d1, d2 := filepath.Join(root, "srv", "data"), filepath.Join(root, "srv", "wal")
+	for p, v := range map[string]string{
+		d1 + "/v": "now data", d1 + restoreAside + "/v": "before data",
+		d2 + "/v": "now wal", d2 + restoreAside + "/v": "before wal",
+		d1 + restoreStaging + d1 + "/v": "restored data", // d2's copy is missing
+	} {
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kept, err := swapAllIn([]string{d1, d2}, swapIn, func(string, error) {})
+	if err == nil || !strings.Contains(err.Error(), "no directory of the module was restored") || kept != nil {
+		t.Fatalf("swapAllIn: %v, kept %v", err, kept)
+	}
+	for _, d := range []string{d1, d2} {
+		n := filepath.Base(d)
+		if b, _ := os.ReadFile(d + "/v"); string(b) != "now "+n {
+			t.Errorf("%s holds %q, want its data as it was", d, b)
+		}
+		if b, err := os.ReadFile(d + restoreAside + "/v"); string(b) != "before "+n {
+			t.Errorf("what the earlier restore kept aside of %s: %q, %v", d, b, err)
+		}
+		if _, err := os.Lstat(d + restoreStaging); !os.IsNotExist(err) {
+			t.Errorf("the staging of %s stays: %v", d, err)
+		}
+	}
+}
+
 // A snapshot that missed files and could not be removed (another node's
 // run held the repository's lock) is tried a few times, then recorded: the
 // record outlives the agent, a default restore here passes over it, and
