@@ -876,6 +876,18 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 				if _, err := n.Propose(ctx, k); err != nil {
 					return fmt.Errorf("record %s's new sealing key: %w", req.Name, err)
 				}
+				// And its overlay key: until this machine's agent said
+				// its own, every node took the replaced machine's key for
+				// the node's overlay address, from wherever it came.
+				if req.OverlayKey != "" && req.OverlayKey != again.OverlayKey {
+					o := &state.NodeOverlayRequest{Node: req.Name, Key: req.OverlayKey, Endpoint: req.OverlayEndpoint}
+					if err := n.canApply(state.NewCommand(o)); err != nil {
+						return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s cannot take %s's place yet: the mesh must record this machine's overlay key instead of the replaced one's, and %s", req.Name, req.Name, err)}
+					}
+					if _, err := n.Propose(ctx, o); err != nil {
+						return fmt.Errorf("record %s's new overlay key: %w", req.Name, err)
+					}
+				}
 				return nil
 			})
 			if err != nil {

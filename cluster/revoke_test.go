@@ -22,6 +22,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"mesh/internal/seal"
+	"mesh/internal/wgkey"
 	"mesh/state"
 )
 
@@ -184,6 +185,15 @@ func TestReplacedVoterLosesTheJoinSecret(t *testing.T) {
 	}
 	if nd, err := a.Store.Node(ctx, "novox"); err != nil || nd.SealKey != newSeal.Recipient() {
 		t.Errorf("novox's sealing key in the state after its place was taken: %q (%v), want the new machine's %q", nd.SealKey, err, newSeal.Recipient())
+	}
+	// Its overlay key too, at once: every node takes only it for novox's
+	// overlay address (the replaced machine's key is no longer a peer).
+	newWG, err := wgkey.LoadOrCreate(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nd, err := a.Store.Node(ctx, "novox"); err != nil || nd.OverlayKey != newWG.Public() {
+		t.Errorf("novox's overlay key in the state after its place was taken: %q (%v), want the new machine's %q", nd.OverlayKey, err, newWG.Public())
 	}
 	// The old machine, with the token of the secret it held.
 	err = Join(ctx, JoinConfig{DataDir: filepath.Join(t.TempDir(), "evil"), Peer: peer, Token: old, Name: "evil", Address: "127.0.0.9", Port: freePort(t)})
