@@ -133,11 +133,16 @@ func localImage(ctx context.Context, image string) (composeimport.Image, bool) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	ports, user, ok, err := podman.New(podman.Config{Socket: sock}).ImageFacts(ctx, image)
+	c := podman.New(podman.Config{Socket: sock})
+	ports, user, ok, err := c.ImageFacts(ctx, image)
 	if err != nil || !ok {
 		return composeimport.Image{}, false
 	}
-	return composeimport.Image{Ports: ports, User: user}, true
+	vols, err := c.ImageVolumes(ctx, image)
+	if err != nil {
+		return composeimport.Image{}, false
+	}
+	return composeimport.Image{Ports: ports, User: user, Volumes: vols}, true
 }
 
 func nonNil(s []string) []string {

@@ -21,16 +21,18 @@ import (
 
 // Beds share these names; each bed cleans up what a crashed run of it left.
 const (
-	bedImage    = "localhost/mesh-bed-busybox:1"
-	bedUser     = "meshbed" // contrib/test.sh creates it, with subuids
-	bedLink     = "mbeddns0"
-	bedNet      = "mbednet"
-	bedNetns    = "mbedq"
-	bedRootful  = "/var/tmp/mesh-bed"
-	bedDNSRoot  = "169.254.53.61"
-	bedDNSUser  = "169.254.53.62"
-	bedDNSOne   = "169.254.53.63"
-	containersC = `[containers]
+	bedImage = "localhost/mesh-bed-busybox:1"
+	// bedVolumeImage is bedImage declaring a VOLUME (/cache/data).
+	bedVolumeImage = "localhost/mesh-bed-volume:1"
+	bedUser        = "meshbed" // contrib/test.sh creates it, with subuids
+	bedLink        = "mbeddns0"
+	bedNet         = "mbednet"
+	bedNetns       = "mbedq"
+	bedRootful     = "/var/tmp/mesh-bed"
+	bedDNSRoot     = "169.254.53.61"
+	bedDNSUser     = "169.254.53.62"
+	bedDNSOne      = "169.254.53.63"
+	containersC    = `[containers]
 default_ulimits = []
 
 [engine]
@@ -286,6 +288,7 @@ func (h *host) importImage() {
 	tar := filepath.Join(h.dir, "rootfs.tar")
 	sh(h.t, "bash", "../contrib/busybox-rootfs.sh", tar)
 	h.podman("import", "--change", `CMD ["/bin/sh"]`, tar, bedImage)
+	h.podman("import", "--change", `CMD ["/bin/sh"]`, "--change", "VOLUME /cache/data", tar, bedVolumeImage)
 }
 
 func (h *host) startService() {

@@ -45,6 +45,22 @@ resources:
     stop-timeout: 20s
     labels: {com.example.team: web}
 `
+	// bedVol's image declares VOLUME /cache/data; the manifest mounts the
+	// module's directory above it, at /cache. bedLoose mounts nothing there.
+	bedVol = `module: bedvol
+resources:
+  - directory: {{root}}/bedvol
+  - container: bedvol.app
+    image: localhost/mesh-bed-volume:1
+    command: ["sh", "-c", "mkdir -p /cache/data && echo kept-in-the-module > /cache/data/f; sleep 3600"]
+    mounts: ["{{root}}/bedvol:/cache"]
+`
+	bedLoose = `module: bedloose
+resources:
+  - container: bedloose.app
+    image: localhost/mesh-bed-volume:1
+    command: ["sleep", "3600"]
+`
 )
 
 // muslResolve prints the first IPv4 address getaddrinfo gives for argv[1].
@@ -67,9 +83,34 @@ int main(int argc, char **argv) {
 func TestContainerFieldsBed(t *testing.T) {
 	n, _ := startThree(t)
 	srv := filepath.Join(n[1].h.dir, "srv")
-	n[1].mesh("module", "add", n[1].manifest("bedserve", bedServe, nil), n[1].manifest("bedfields", bedFields, nil))
+	n[1].mesh("module", "add", n[1].manifest("bedserve", bedServe, nil), n[1].manifest("bedfields", bedFields, nil), n[1].manifest("bedvol", bedVol, nil), n[1].manifest("bedloose", bedLoose, nil))
 	n[1].mesh("assign", "n2", "bedserve", "--wait")
 	n[1].mesh("assign", "n1", "bedfields", "--wait")
+	n[1].mesh("assign", "n1", "bedvol", "--wait")
+
+	// The image's VOLUME under a directory of the module's mounted above
+	// it is not made a volume of the runtime's (Podman's default made an
+	// anonymous one there: the data went into it, not the module's
+	// directory, and was left behind by the container's removal).
+	if mounts := strings.TrimSpace(n[1].h.podman("inspect", "--format", "{{range .Mounts}}{{.Type}}:{{.Destination}} {{end}}", "bedvol.app")); mounts != "bind:/cache" {
+		t.Fatalf("bedvol.app's mounts: %q, want the module's directory alone", mounts)
+	}
+	eventually(t, 30*time.Second, "bedvol.app wrote into the module's directory", func() (bool, string) {
+		b, err := os.ReadFile(filepath.Join(srv, "bedvol/data/f"))
+		return err == nil && strings.TrimSpace(string(b)) == "kept-in-the-module", string(b) + errString(err)
+	})
+	if vols := strings.TrimSpace(n[1].h.podman("volume", "ls", "--quiet")); vols != "" {
+		t.Fatalf("the runtime made volumes: %q", vols)
+	}
+	// A VOLUME nothing holds is refused, with what to write.
+	out := n[1].meshFails("assign", "n1", "bedloose", "--wait")
+	if !strings.Contains(out, "keeps data at /cache/data (VOLUME), which no mount of bedloose.app holds") || !strings.Contains(out, "a tmpfs if it holds nothing to keep") {
+		t.Fatalf("bedloose assigned: %s", out)
+	}
+	if _, err := n[1].h.podmanCmd("container", "exists", "bedloose.app").CombinedOutput(); err == nil {
+		t.Fatal("bedloose.app was created")
+	}
+	n[1].mesh("unassign", "n1", "bedloose", "--wait")
 
 	// By its short name, from a container on another node.
 	eventually(t, 30*time.Second, "bedfields.app fetched bedserve's page by its short name", func() (bool, string) {

@@ -308,6 +308,27 @@ func (c *Client) ImageID(ctx context.Context, ref string) (string, error) {
 	return img.ID, nil
 }
 
+// ImageVolumes lists the paths the local image ref declares VOLUME, sorted.
+func (c *Client) ImageVolumes(ctx context.Context, ref string) ([]string, error) {
+	cx, cancel, err := c.ctx(ctx, CallTimeout)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	img, err := images.GetImage(cx, ref, nil)
+	if err != nil {
+		return nil, fmt.Errorf("inspect image %s: %w", ref, err)
+	}
+	var vols []string
+	if img.Config != nil {
+		for v := range img.Config.Volumes {
+			vols = append(vols, v)
+		}
+	}
+	sort.Strings(vols)
+	return vols, nil
+}
+
 // ImageFacts says what a local image declares: the ports it exposes
 // ("5432/tcp") and its USER; ok is false when it is not in local storage.
 func (c *Client) ImageFacts(ctx context.Context, ref string) (ports []string, user string, ok bool, err error) {
@@ -405,6 +426,15 @@ const (
 func generator(s reconciler.Spec) *specgen.SpecGenerator {
 	g := specgen.NewSpecGenerator(s.Image, false)
 	g.Name = s.Name
+	// A path the image declares a VOLUME is not made a volume: Podman's
+	// default makes an anonymous one, owned by the runtime, outside the
+	// module's directories (no backup, no move), which the container's
+	// removal leaves behind and its replacement does not get back: the
+	// data written there was lost to the module at its next replacement,
+	// and each replacement left a volume on the disk. What is kept is
+	// what the manifest mounts; an unmounted VOLUME path is the
+	// container's own, as every other path of it.
+	g.ImageVolumeMode = "ignore"
 	g.Command = s.Command
 	if len(s.Entrypoint) > 0 {
 		g.Entrypoint = s.Entrypoint

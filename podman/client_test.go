@@ -36,7 +36,7 @@ func TestGeneratorCarriesTheComposeKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{`"terminal":true`, `"init":true`, `"groups":["1000","video"]`, `"resource_limits":{"pids":{"limit":512}}`, `"options":["rbind","ro","z"]`} {
+	for _, k := range []string{`"image_volume_mode":"ignore"`, `"terminal":true`, `"init":true`, `"groups":["1000","video"]`, `"resource_limits":{"pids":{"limit":512}}`, `"options":["rbind","ro","z"]`} {
 		if !strings.Contains(string(b), k) {
 			t.Errorf("the request lacks %s: %s", k, b)
 		}

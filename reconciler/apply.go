@@ -18,6 +18,7 @@ import (
 	"maps"
 	"net/netip"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -854,6 +855,43 @@ func (x *run) spec(ctx context.Context, res state.Resource, want desired) Spec {
 	return s
 }
 
+// volumesKept refuses a container whose image declares a VOLUME that no
+// mount or tmpfs of the manifest holds (at the path or above it). Podman
+// would have made it an anonymous volume of its own (and inside a
+// module's directory mounted above it, the data went there instead);
+// every container is now created with image volumes ignored (podman's
+// generator), so what the container wrote there would be its own and go
+// with it at the next replacement: the operator says where it goes. A
+// step is let be: it runs once and keeps nothing of its own.
+func (x *run) volumesKept(ctx context.Context, res state.Resource) string {
+	if res.Kind != manifest.KindContainer {
+		return ""
+	}
+	vols, err := x.rt.ImageVolumes(ctx, res.Decl.Image)
+	if err != nil {
+		return err.Error()
+	}
+	var loose []string
+	for _, v := range vols {
+		v = path.Clean("/" + v)
+		held := false
+		for _, m := range res.Typed.Mounts {
+			held = held || manifest.Within(v, path.Clean(m.Destination))
+		}
+		for _, t := range res.Typed.Tmpfs {
+			held = held || manifest.Within(v, path.Clean(t.Path))
+		}
+		if !held {
+			loose = append(loose, v)
+		}
+	}
+	if len(loose) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("image %s keeps data at %s (VOLUME), which no mount of %s holds: it would be lost at the container's next replacement, outside the module's backups and moves; mount a directory of the module there (mounts: [\"/srv/%s/...:%s\"]), or a tmpfs if it holds nothing to keep (tmpfs: [\"%s\"])",
+		res.Decl.Image, strings.Join(loose, ", "), res.RuntimeName(), res.Module, loose[0], loose[0])
+}
+
 // mountsOK is the guard before every create and start: each mount's source
 // is still what the plan declared (a directory or a regular file, no link
 // anywhere on its path). A container whose source a link replaced would have
@@ -1190,6 +1228,9 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 	// container it would replace running.
 	if err := x.ensureImage(ctx, res); err != nil {
 		return report(res, state.Failed, err.Error())
+	}
+	if msg := x.volumesKept(ctx, res); msg != "" {
+		return report(res, state.Failed, msg)
 	}
 	if msg := x.ensureNetwork(ctx, res.Module); msg != "" {
 		return report(res, state.Failed, msg)

@@ -51,6 +51,11 @@ func (a *Around) ImageID(ctx context.Context, ref string) (_ string, err error) 
 	return a.Runtime.ImageID(ctx, ref)
 }
 
+func (a *Around) ImageVolumes(ctx context.Context, ref string) (_ []string, err error) {
+	defer a.around(ctx, "image_volumes", false)(&err)
+	return a.Runtime.ImageVolumes(ctx, ref)
+}
+
 func (a *Around) Tag(ctx context.Context, id, ref string) (err error) {
 	defer a.around(ctx, "tag", true)(&err)
 	return a.Runtime.Tag(ctx, id, ref)

@@ -35,7 +35,9 @@ type fake struct {
 	// it fetches (absent: the pull fails, as with no registry).
 	imageIDs map[string]string
 	registry map[string]string
-	seq      int
+	// volumes is what each image declares VOLUME.
+	volumes map[string][]string
+	seq     int
 	// exit decides a step's exit code from its command.
 	exit func(s Spec) int
 	// logs is every container's last lines ("": the default line).
@@ -83,6 +85,11 @@ func (f *fake) ImageExists(ctx context.Context, ref string) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.images[ref], nil
+}
+func (f *fake) ImageVolumes(ctx context.Context, ref string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.volumes[ref], nil
 }
 func (f *fake) Pull(ctx context.Context, ref, policy string) error {
 	f.mu.Lock()
@@ -1256,5 +1263,41 @@ func TestPurgeRemovesTheCopyARestoreKept(t *testing.T) {
 	}
 	if _, err := os.Lstat(cut); !os.IsNotExist(err) {
 		t.Fatalf("what a cut purge of the restore's copy left is still there: %v", err)
+	}
+}
+
+// An image's VOLUME that no mount or tmpfs of the container holds is
+// refused before the container it would replace goes, saying what to
+// write; one under a mount is let be (Podman is told to make no volume of
+// its own there), as is a step's, and a container already running is not
+// looked at.
+func TestImageVolumeNothingHoldsIsRefused(t *testing.T) {
+	b := newBed(t)
+	if rep := b.apply(); rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	side := b.rt.byName("app.sidecar").ID
+	b.rt.volumes = map[string][]string{"localhost/busybox:1": {"/data/db"}}
+	b.vars["content"] = "x = 2"
+	rep := b.apply()
+	if o := outcome(rep, "app.server"); o.Outcome != state.Replaced {
+		t.Fatalf("server, its image's VOLUME under its mount of /data: %+v", o)
+	}
+	if o := outcome(rep, "app.sidecar"); o.Outcome != state.Unchanged || b.rt.byName("app.sidecar").ID != side {
+		t.Fatalf("sidecar, running: %+v", o)
+	}
+	srv := b.rt.byName("app.server").ID
+	b.rt.volumes["localhost/busybox:1"] = []string{"/data/db", "/var/lib/app/"}
+	b.vars["content"], b.vars["stepcmd"] = "x = 3", "echo again"
+	rep = b.apply()
+	o := outcome(rep, "app.server")
+	if o.Outcome != state.Failed || !strings.Contains(o.Reason, "keeps data at /var/lib/app (VOLUME), which no mount of app.server holds") || !strings.Contains(o.Reason, `tmpfs: ["/var/lib/app"]`) {
+		t.Fatalf("server, its image's VOLUME held by nothing: %+v", o)
+	}
+	if c := b.rt.byName("app.server"); c == nil || c.ID != srv {
+		t.Fatalf("the container the refused one would replace went: %+v", c)
+	}
+	if o := outcome(rep, "app.migrate"); o.Outcome != state.Ran {
+		t.Fatalf("step, its image's VOLUME held by nothing: %+v", o)
 	}
 }

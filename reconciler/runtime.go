@@ -36,6 +36,8 @@ type Runtime interface {
 	Pull(ctx context.Context, ref, policy string) error
 	// ImageID is the ID of the local image ref names.
 	ImageID(ctx context.Context, ref string) (string, error)
+	// ImageVolumes lists the paths the local image ref declares VOLUME.
+	ImageVolumes(ctx context.Context, ref string) ([]string, error)
 	// Tag makes ref name the local image id (mutating).
 	Tag(ctx context.Context, id, ref string) error
 	// Create creates a container (mutating) and returns its ID.

@@ -223,19 +223,42 @@ func TestImportKeepsAConfigFilePrivate(t *testing.T) {
 
 // A database image with no volume at its data directory keeps its data in
 // an anonymous volume, which compose carries over when it recreates the
-// container and the mesh does not: the import says so; with a volume
-// there, it says nothing of it.
+// container; the mesh refuses a container whose image's VOLUME nothing
+// holds, so the import makes it a data directory of the module, mounted
+// there, and says so; with a volume there (or its image's VOLUMEs asked of
+// this machine's Podman, none of them), nothing of it.
 func TestImportSaysWhereAnImageKeepsItsData(t *testing.T) {
 	file := writeProject(t, map[string]string{
-		"compose.yaml": "services:\n  db:\n    image: postgres:16\n  kept:\n    image: docker.io/library/mariadb:11\n    volumes: [data:/var/lib/mysql]\n  cache:\n    image: busybox\nvolumes: {data: {}}\n",
+		"compose.yaml": "services:\n  db:\n    image: postgres:16\n  kept:\n    image: docker.io/library/mariadb:11\n    volumes: [data:/var/lib/mysql]\n  cache:\n    image: busybox\n  web:\n    image: localhost/web:1\n    tmpfs: [/srv/cache]\nvolumes: {data: {}}\n",
 	})
-	res := mustImport(t, Options{File: file})
-	if !hasNote(res, NoteAction, "db: its image postgres:16 keeps its data in /var/lib/postgresql/data, which no volume of it mounts") {
-		t.Errorf("no note says db's data would be lost:\n%s", strings.Join(res.Lines(), "\n"))
+	inspect := func(ctx context.Context, image string) (Image, bool) {
+		if image == "localhost/web:1" {
+			return Image{Volumes: []string{"/srv/cache/x", "/var/lib/web/"}}, true
+		}
+		return Image{}, false
+	}
+	res := mustImport(t, Options{File: file, Inspect: inspect})
+	if !hasNote(res, NoteCarried, "db: its image postgres:16 keeps data at /var/lib/postgresql/data (VOLUME), which no volume of it mounts: compose keeps that anonymous volume when it recreates the container -> data directory") {
+		t.Errorf("no note says where db's data is kept:\n%s", strings.Join(res.Lines(), "\n"))
+	}
+	if !hasNote(res, NoteCarried, "web: its image localhost/web:1 keeps data at /var/lib/web (VOLUME)") || hasNote(res, "", "web: its image localhost/web:1 keeps data at /srv/cache") {
+		t.Errorf("web's VOLUMEs, one under its tmpfs:\n%s", strings.Join(res.Lines(), "\n"))
 	}
 	for _, svc := range []string{"kept: ", "cache: "} {
 		if hasNote(res, "", svc+"its image") {
 			t.Errorf("a note about %s's data:\n%s", svc, strings.Join(res.Lines(), "\n"))
+		}
+	}
+	for _, m := range res.Manifests {
+		switch m.Module {
+		case "db":
+			if !strings.Contains(m.Text, "data: true") || !strings.Contains(m.Text, ":/var/lib/postgresql/data\"") {
+				t.Errorf("db's manifest keeps no data directory at its image's VOLUME:\n%s", m.Text)
+			}
+		case "web":
+			if !strings.Contains(m.Text, ":/var/lib/web\"") || strings.Contains(m.Text, ":/srv/cache/x") {
+				t.Errorf("web's manifest:\n%s", m.Text)
+			}
 		}
 	}
 }

@@ -63,8 +63,9 @@ type Options struct {
 
 // Image is what an image declares that the import uses.
 type Image struct {
-	Ports []string // exposed, "5432/tcp"
-	User  string   // USER, "" for root
+	Ports   []string // exposed, "5432/tcp"
+	User    string   // USER, "" for root
+	Volumes []string // VOLUME paths
 }
 
 // UsageError is an option the import cannot work with (a relative or
@@ -504,9 +505,7 @@ func (w *writer) service(ctx context.Context, svc types.ServiceConfig) {
 	for _, v := range svc.Volumes {
 		w.volume(v)
 	}
-	if svc.Entrypoint == nil { // with its own, the image's server may not run at all (a client: mysqldump)
-		w.imageData(svc.Image)
-	}
+	w.imageData(svc)
 	w.secrets(svc)
 	w.configs(svc)
 	w.dependsOn(svc)
@@ -852,31 +851,59 @@ func (w *writer) dirOwner(target string) (owner, mode string) {
 	return w.owner, "0750"
 }
 
-// imageData says so when the service runs a database image whose data
-// directory (a VOLUME of the image) no mount of it holds: compose keeps
-// such an anonymous volume when it recreates the container, the mesh does
-// not, so the first replacement (a new image, a changed setting) would
-// start the database empty.
-func (w *writer) imageData(image string) {
-	name, _ := imageName(image)
-	var target string
-	for _, d := range dataOwners {
-		if d.image != name {
-			continue
-		}
-		if target == "" {
-			target = d.target
-		}
+// imageData keeps what the image keeps at each VOLUME of it that no mount
+// or tmpfs of the service holds: compose makes such a path an anonymous
+// volume and carries it over when it recreates the container, and the
+// mesh refuses to run a container whose image's VOLUME nothing holds (a
+// volume Podman made would be left behind at each replacement, the data
+// with it). Each becomes a data directory of the module, mounted there.
+// The VOLUMEs are the image's as this machine's Podman has it, and a known
+// database's data directory (its image not here to ask).
+func (w *writer) imageData(svc types.ServiceConfig) {
+	held := func(t string) bool {
 		for _, m := range w.mounts {
 			if _, rest, ok := strings.Cut(m, ":"); ok {
-				if t, _, _ := strings.Cut(rest, ":"); manifest.Within(d.target, t) {
-					return
+				if mt, _, _ := strings.Cut(rest, ":"); manifest.Within(t, path.Clean(mt)) {
+					return true
 				}
 			}
 		}
+		for _, x := range append(slices.Clone(w.tmpfs), svc.Tmpfs...) {
+			if tp, _, _ := strings.Cut(x, ":"); manifest.Within(t, path.Clean(tp)) {
+				return true
+			}
+		}
+		return false
 	}
-	if target != "" {
-		w.note(NoteAction, "its image %s keeps its data in %s, which no volume of it mounts: compose keeps that anonymous volume when it recreates the container, the mesh does not, so a replaced container would start empty; mount a named volume there (volumes: [NAME:%s]) and import again, or declare a data directory and mount it at %s", image, target, target, target)
+	var targets []string
+	if w.inspected {
+		targets = w.image.Volumes
+	} else {
+		// A known database's data directory, one of its releases' (any
+		// of them held is taken for the one the tag has).
+		name, _ := imageName(svc.Image)
+		var alts []string
+		for _, d := range dataOwners {
+			if d.image == name {
+				alts = append(alts, d.target)
+			}
+		}
+		if len(alts) > 0 && !slices.ContainsFunc(alts, held) {
+			targets = alts[:1]
+		}
+	}
+	for _, t := range targets {
+		t = path.Clean("/" + t)
+		if t == "/" || badTarget(t) || held(t) {
+			continue
+		}
+		p, fresh := w.path("image volume "+t, safeBase(t))
+		if fresh {
+			owner, mode := w.dirOwner(t)
+			w.res("directory", p, "owner", owner, "mode", mode, "data", true)
+			w.note(NoteCarried, "its image %s keeps data at %s (VOLUME), which no volume of it mounts: compose keeps that anonymous volume when it recreates the container -> data directory %s (owner %s, mode %s; kept when the module goes)", svc.Image, t, p, owner, mode)
+		}
+		w.mount(p, t, nil)
 	}
 }
 
