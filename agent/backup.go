@@ -656,6 +656,12 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		return res, fmt.Errorf("snapshot %s holds %s, none of which is a data directory of %s on %s now (%s)", snap.ShortID, strings.Join(snap.Paths, ", "), module, b.node, strings.Join(h.dirs, ", "))
 	}
 	for _, d := range res.Dirs {
+		// The module's containers are stopped; a link above the data
+		// directory (put before) would have the copy staged and swapped
+		// in where it leads.
+		if l := restic.LinkIn(d); l != "" {
+			return res, fmt.Errorf("%s: %s is a link; nothing was restored (a data directory's path holds none: a container that writes the directory above it may have put it there; put the directory back)", d, l)
+		}
 		if err := sameDevice(d); err != nil {
 			return res, err
 		}

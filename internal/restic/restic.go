@@ -145,6 +145,9 @@ func (r Repo) BackupExcluding(ctx context.Context, paths, exclude []string, tags
 		} else if err != nil {
 			return Summary{}, fmt.Errorf("restic backup: %w", err)
 		}
+		if l := LinkIn(p); l != "" {
+			return Summary{}, linkedError(p, l)
+		}
 	}
 	if err := checkTags(tags); err != nil {
 		return Summary{}, fmt.Errorf("restic backup: %w", err)
@@ -224,6 +227,12 @@ func (r Repo) BackupExcluding(ctx context.Context, paths, exclude []string, tags
 	err := r.runIn(ctx, out, paths, args...)
 	var rerr *runError
 	unconfined := ""
+	if errors.As(err, &rerr) && rerr.code == exitLinked {
+		// A path (or a directory above it) could not be bound onto
+		// itself: a link there, put after the look above (no fall back
+		// to a run that would follow it). Nothing of restic ran.
+		return Summary{}, fmt.Errorf("restic backup: %s; not backed up (a container that writes a directory above a data directory may have swapped it for a link)", cmp.Or(strings.Join(rerr.stderr, "; "), "a path could not be bound"))
+	}
 	if errors.As(err, &rerr) && rerr.code == exitUnconfined {
 		// The paths could not be bound without links (a mount whose
 		// flags a user namespace locks, no mount(8)): backed up as
@@ -615,9 +624,16 @@ func validID(id string) bool {
 // read into its snapshot, and a restore would give it to the container.
 // A backup runs restic in a mount namespace of its own where each path
 // is bound onto itself with nosymfollow (Linux 5.10): no link under it is
-// followed, while links are still read and kept as links. confineScript
-// does it with mount(8), then becomes restic; exitUnconfined is its exit
-// when a bind fails.
+// followed, while links are still read and kept as links. So is each
+// directory above a path but the top one (/srv, /home: no module may
+// declare or mount one), bound first, top down, with what is mounted in
+// it: a container that writes /srv/app, where /srv/app/x/data is a data
+// directory, could swap x for a link to another module's directory, which
+// the bind would resolve and restic read (BackupExcluding looks for a link
+// first; the binds close the time between). confineScript does it with
+// mount(8), then becomes restic; exitUnconfined is its exit when the
+// remount fails (no nosymfollow here), exitLinked when a bind does (a link
+// in the path, which is not followed by a run without the binds).
 //
 // The remount takes the options of the mount it binds (mtab's, not
 // fstab's, which could add ro), and is checked to carry nosymfollow: an
@@ -626,17 +642,69 @@ func validID(id string) bool {
 // (bash would go on to restic, which would then be killed, its lock
 // left). A path holding other mounts is not bound (a bind that is not
 // recursive would hide them from the snapshot): the backup runs as
-// before (holdsMounts).
+// before (holdsMounts). mount(8) and findmnt are told not to resolve a
+// path themselves: they would read a link above it (readlink works
+// under nosymfollow) and bind where it leads; the kernel refuses it.
 const confineScript = `trap 'exit 130' INT TERM
+command -v mount >/dev/null || { echo "no mount(8) here" >&2; exit 97; }
 n=$1; shift
 while [ "$n" -gt 0 ]; do
-	mount --bind -- "$1" "$1" &&
-		mount --options-source=mtab -o remount,bind,nosymfollow -- "$1" || exit 97
-	findmnt -n -o VFS-OPTIONS -M "$1" | tail -n 1 | grep -qw nosymfollow ||
+	how=$1; shift
+	mount --no-canonicalize "$how" -- "$1" "$1" || { echo "$1 could not be bound onto itself" >&2; exit 98; }
+	mount --no-canonicalize --options-source=mtab -o remount,bind,nosymfollow -- "$1" || exit 97
+	findmnt --nocanonicalize -n -o VFS-OPTIONS -M "$1" | tail -n 1 | grep -qw nosymfollow ||
 		{ echo "nosymfollow did not take on $1 (mount(8) or the kernel does not know it)" >&2; exit 97; }
 	shift; n=$((n-1))
 done
 exec "$@"`
+
+// exitLinked is confineScript's exit when a bind fails.
+const exitLinked = 98
+
+// confineArgs is confineScript's arguments for paths: the count, then per
+// bind its mount(8) option and its path, the directories above the paths
+// (but the top one) first, top down, each once, with what is mounted in
+// them (--rbind), then each path (--bind).
+func confineArgs(paths []string) []string {
+	var above []string
+	for _, p := range paths {
+		for d := filepath.Dir(p); strings.Count(d, "/") >= 2; d = filepath.Dir(d) {
+			if !slices.Contains(above, d) && !slices.Contains(paths, d) {
+				above = append(above, d)
+			}
+		}
+	}
+	slices.SortFunc(above, func(a, b string) int {
+		return cmp.Or(cmp.Compare(strings.Count(a, "/"), strings.Count(b, "/")), strings.Compare(a, b))
+	})
+	args := []string{strconv.Itoa(len(above) + len(paths))}
+	for _, d := range above {
+		args = append(args, "--rbind", d)
+	}
+	for _, p := range paths {
+		args = append(args, "--bind", p)
+	}
+	return args
+}
+
+// LinkIn is the first component of p (absolute, clean) that is a link, ""
+// when none is (or one cannot be looked at: restic then says so). A data
+// directory's path holds none (the host refuses one it would follow).
+func LinkIn(p string) string {
+	for i := 1; i <= len(p); i++ {
+		if i < len(p) && p[i] != '/' {
+			continue
+		}
+		if fi, err := os.Lstat(p[:i]); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			return p[:i]
+		}
+	}
+	return ""
+}
+
+func linkedError(p, link string) error {
+	return fmt.Errorf("restic backup: %s: %s is a link; not backed up (a data directory's path holds none: a container that writes the directory above it may have put it there)", p, link)
+}
 
 const exitUnconfined = 97
 
@@ -749,7 +817,7 @@ func (r Repo) runIn(ctx context.Context, out io.Writer, confine []string, args .
 		if msg := holdsMounts(confine); msg != "" {
 			return newRunError(name, exitUnconfined, []byte(msg))
 		}
-		sh := append([]string{"-c", confineScript, "sh", strconv.Itoa(len(confine))}, confine...)
+		sh := append([]string{"-c", confineScript, "sh"}, confineArgs(confine)...)
 		cmd = exec.CommandContext(ctx, "/bin/sh", append(append(sh, bin), args...)...)
 		// Go makes the new namespace's mounts private before the exec.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}

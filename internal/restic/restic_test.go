@@ -588,6 +588,84 @@ exec /usr/bin/mount "$@"
 	}
 }
 
+// A directory above a data directory that a container writes (it mounts
+// /srv/app; /srv/app/x/data is the data directory) swapped for a link to
+// another module's directory: before the backup, it is refused (nothing
+// read, no fall back to a run that follows it); during it, after the
+// binds, the link is not followed, the directories above bound without
+// links too (a probe in restic's place swaps it in, then reads through it).
+func TestBackupFollowsNoLinkAboveItsPaths(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("binding paths in a mount namespace of its own needs root: run the tests as root, as CI does")
+	}
+	root := t.TempDir()
+	app, victim := filepath.Join(root, "app"), filepath.Join(root, "victim")
+	for _, d := range []string{filepath.Join(app, "x", "data"), filepath.Join(victim, "data")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.WriteFile(filepath.Join(app, "x", "data", "mine"), []byte("mine\n"), 0o644)
+	os.WriteFile(filepath.Join(victim, "data", "secret"), []byte("the other module's\n"), 0o600)
+	data := filepath.Join(app, "x", "data")
+	swap := func() {
+		t.Helper()
+		os.RemoveAll(filepath.Join(app, "y"))
+		if err := os.Rename(filepath.Join(app, "x"), filepath.Join(app, "y")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(victim, filepath.Join(app, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unswap := func() {
+		os.Remove(filepath.Join(app, "x"))
+		os.Rename(filepath.Join(app, "y"), filepath.Join(app, "x"))
+	}
+
+	// Swapped in before the backup: refused, with the link named.
+	repo := newRepo(t)
+	swap()
+	sum, err := repo.Backup(t.Context(), []string{data}, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(app, "x")+" is a link; not backed up") || sum.SnapshotID != "" {
+		t.Fatalf("a backup through a link above its path: %+v, %v", sum, err)
+	}
+	// The binds refuse it too (the look above and the binds are apart):
+	// exitLinked, never a run unconfined.
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Repo{URL: t.TempDir(), Password: []byte("x"), Binary: cat, CacheDir: t.TempDir()}
+	var out bytes.Buffer
+	err = r.runIn(t.Context(), &out, []string{data}, filepath.Join(data, "secret"))
+	var rerr *runError
+	if !errors.As(err, &rerr) || rerr.code != exitLinked || strings.Contains(out.String(), "the other module's") {
+		t.Fatalf("bound through a link above the path: %q, %v", out.String(), err)
+	}
+	unswap()
+
+	// Swapped in once the paths are bound: the probe swaps, then reads.
+	probe := filepath.Join(t.TempDir(), "probe")
+	os.WriteFile(probe, []byte(`#!/bin/sh
+mv "$1/x" "$1/y" && ln -s "$2" "$1/x" && exec cat "$1/x/data/secret"
+`), 0o755)
+	r.Binary = probe
+	out.Reset()
+	err = r.runIn(t.Context(), &out, []string{data}, app, victim)
+	unswap()
+	if err == nil || strings.Contains(out.String(), "the other module's") {
+		t.Fatalf("confined, a file through a link swapped in above the path was read: %q, %v", out.String(), err)
+	}
+	// Without the binds (the probe itself), the same swap reads it.
+	out.Reset()
+	err = r.runIn(t.Context(), &out, nil, app, victim)
+	unswap()
+	if err != nil || !strings.Contains(out.String(), "the other module's") {
+		t.Fatalf("unconfined, the probe: %q, %v", out.String(), err)
+	}
+}
+
 // mountsUnder finds a mount point under a path, mountinfo's escapes
 // undone, and not the path itself or a sibling that shares its prefix.
 func TestMountsUnder(t *testing.T) {
