@@ -650,7 +650,11 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 			}
 		}
 		arr := reconciler.Arrival{Move: id, Until: until, Aside: res.Aside}
-		if err := a.reconciler.Adopt(module, arr, meta.Markers, mv.Data, parents); err != nil {
+		var within map[string]string
+		if m, err := a.member.Store.Manifest(ctx, module); err == nil {
+			within = reconciler.DeclaredInData(m, mv.Data)
+		}
+		if err := a.reconciler.Adopt(module, arr, meta.Markers, mv.Data, parents, within); err != nil {
 			if uerr := undo(); uerr != nil {
 				err = fmt.Errorf("%w; and %w", err, uerr)
 			}

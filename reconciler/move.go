@@ -3,9 +3,12 @@ package reconciler
 import (
 	"context"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
+	"mesh/state"
 	"mesh/state/manifest"
 )
 
@@ -63,8 +66,13 @@ func (r *Reconciler) MarkersOf(module string) map[string]Marker {
 // for them, each the mesh's own from now on (never removed but for
 // --purge-data, as data made here would be). The markers are kept until
 // the module's steps are in the plan, or until arr.Until passes (the move
-// ended without starting here: it was aborted).
-func (r *Reconciler) Adopt(module string, arr Arrival, markers map[string]Marker, data, parents []string) error {
+// ended without starting here: it was aborted). within are the paths the
+// module declares inside its data directories that came with the copy
+// (path -> kind): each is the module's, as one its node made, with no
+// digest of what the mesh wrote (DeclaredInData), so that the first apply
+// here neither refuses it (exists and the mesh did not write it) nor
+// overwrites it without a copy when it differs from the manifest's.
+func (r *Reconciler) Adopt(module string, arr Arrival, markers map[string]Marker, data, parents []string, within map[string]string) error {
 	// What the ledger held at each key this writes, to put back when the
 	// save fails (a full disk): the ledger in memory never claims more
 	// than the one on disk (Ledger.Put), and the caller puts back the
@@ -104,6 +112,11 @@ func (r *Reconciler) Adopt(module string, arr Arrival, markers map[string]Marker
 	for _, d := range data {
 		setPath(d, PathEntry{Kind: manifest.KindDirectory, Module: module, Data: true})
 	}
+	for p, kind := range within {
+		if e, ok := r.ledger.Paths[p]; (!ok || e.Module == module) && slices.ContainsFunc(data, func(d string) bool { return p != d && manifest.Within(p, d) }) {
+			setPath(p, PathEntry{Kind: kind, Module: module})
+		}
+	}
 	if err := r.ledger.Save(); err != nil {
 		for name, w := range oldMarkers {
 			if w.had {
@@ -127,6 +140,46 @@ func (r *Reconciler) Adopt(module string, arr Arrival, markers map[string]Marker
 		return err
 	}
 	return nil
+}
+
+// DeclaredInData is what Adopt takes as within: each path m declares
+// strictly inside one of data (but a data directory itself), and each
+// file the accepts-credentials directory holds there (a consumer's
+// credential, delivered), that exists now, as the kind it is declared
+// (or delivered) as; a path whose kind is not what is there is left out
+// (the apply says so).
+func DeclaredInData(m *manifest.Manifest, data []string) map[string]string {
+	inside := func(p string) bool {
+		return slices.ContainsFunc(data, func(d string) bool { return p != d && manifest.Within(p, d) })
+	}
+	out := map[string]string{}
+	add := func(p, kind string) {
+		if !inside(p) || slices.Contains(data, p) {
+			return
+		}
+		fi, err := os.Lstat(p)
+		if err != nil || fi.IsDir() != (kind == manifest.KindDirectory) || !fi.IsDir() && !fi.Mode().IsRegular() {
+			return
+		}
+		out[p] = kind
+	}
+	for _, h := range m.Heads() {
+		switch h.Kind {
+		case manifest.KindContainer, manifest.KindStep:
+		default:
+			add(h.Name, h.Kind)
+		}
+	}
+	if dir := m.AcceptsCredentials; dir != "" && (inside(dir) || slices.Contains(data, dir)) {
+		if ents, err := os.ReadDir(dir); err == nil {
+			for _, e := range ents {
+				if strings.HasSuffix(e.Name(), ".credential") {
+					add(filepath.Join(dir, e.Name()), state.KindDeliveredCredential)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // Arrived is, inside Exclusive, the copy of module's move swapped in here

@@ -1,10 +1,17 @@
 package reconciler
 
 import (
+	"context"
 	"encoding/json"
+	"net/netip"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"mesh/state"
+	"mesh/state/manifest"
 )
 
 // A move's receiver refuses a data directory that holds another module's
@@ -56,7 +63,7 @@ func TestAdoptTakesBackWhatItCouldNotSave(t *testing.T) {
 	b.r.ledger.path = filepath.Join(path, "not-a-directory") // the save fails
 	arr := Arrival{Move: 7, Until: time.Now().Add(time.Hour)}
 	err = b.r.Adopt("moved", arr, map[string]Marker{"moved.init": {Digest: "d"}, "mail.x": {Digest: "e"}},
-		[]string{moved, mail}, []string{filepath.Join(b.dir, "srv")})
+		[]string{moved, mail}, []string{filepath.Join(b.dir, "srv")}, nil)
 	if err == nil {
 		t.Fatal("Adopt saved a ledger under a file")
 	}
@@ -65,10 +72,78 @@ func TestAdoptTakesBackWhatItCouldNotSave(t *testing.T) {
 		t.Errorf("a failed adoption changed the ledger in memory:\nbefore %s\nafter  %s", before, after)
 	}
 	b.r.ledger.path = path
-	if err := b.r.Adopt("moved", arr, map[string]Marker{"moved.init": {Digest: "d"}}, []string{moved}, nil); err != nil {
+	if err := b.r.Adopt("moved", arr, map[string]Marker{"moved.init": {Digest: "d"}}, []string{moved}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := b.r.PathModule(moved); got != "moved" {
 		t.Errorf("after a save that worked the ledger gives %s to %q", moved, got)
+	}
+}
+
+// A move brings the files a module declares inside its data directories
+// with the copy: adopted with them, the first apply on the new node takes
+// them as the module's (one the manifest says differently is kept aside,
+// then written), not "exists and the mesh did not write it", which made
+// such a module one that never moved (a review found it).
+func TestAdoptTakesTheFilesDeclaredInsideData(t *testing.T) {
+	for _, adopt := range []bool{true, false} {
+		dir := t.TempDir()
+		src := strings.ReplaceAll(`module: app
+resources:
+  - directory: {{d}}/app
+  - directory: {{d}}/app/data
+    data: true
+  - directory: {{d}}/app/data/conf
+  - file: {{d}}/app/data/conf/app.ini
+    content: "x = 1"
+  - file: {{d}}/app/data/other.ini
+    content: "y = 1"
+`, "{{d}}", dir)
+		data := filepath.Join(dir, "app", "data")
+		os.MkdirAll(filepath.Join(data, "conf"), 0o755)
+		os.WriteFile(filepath.Join(data, "conf", "app.ini"), []byte("x = 1"), 0o644)
+		os.WriteFile(filepath.Join(data, "other.ini"), []byte("y = 0, edited where it ran"), 0o644)
+		os.WriteFile(filepath.Join(data, "db"), []byte("the data"), 0o600)
+		r, err := New(Config{Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(dir, "ledger.json")}, newFake())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := manifest.Parse("app.yaml", []byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var within map[string]string
+		if adopt {
+			within = DeclaredInData(m, []string{data})
+			if len(within) != 3 || within[filepath.Join(data, "conf")] != manifest.KindDirectory || within[filepath.Join(data, "other.ini")] != manifest.KindFile {
+				t.Fatalf("declared inside the data directory: %v", within)
+			}
+		}
+		if err := r.Adopt("app", Arrival{Move: 3, Until: time.Now().Add(time.Hour)}, nil, []string{data}, []string{filepath.Join(dir, "app")}, within); err != nil {
+			t.Fatal(err)
+		}
+		in := state.Input{Domain: "internal", Nodes: []state.Node{{Name: "ace", Address: "10.0.0.1"}}, Assignments: []state.Assignment{{Node: "ace", Module: "app"}}}
+		rep := r.Apply(context.Background(), 1, composeAce(t, &in, []string{src}))
+		other, _ := os.ReadFile(filepath.Join(data, "other.ini"))
+		if !adopt {
+			if o := outcome(rep, "/app/data/conf/app.ini"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "exists and the mesh did not write it") {
+				t.Fatalf("without the adoption of the files inside: %+v (the case this mends)", o)
+			}
+			continue
+		}
+		for _, res := range rep.Resources {
+			if res.Outcome == state.Failed {
+				t.Errorf("%s: %s", res.Name, res.Reason)
+			}
+		}
+		if string(other) != "y = 1" {
+			t.Errorf("other.ini holds %q, want the manifest's", other)
+		}
+		if b, _ := os.ReadFile(filepath.Join(data, "db")); string(b) != "the data" {
+			t.Errorf("the data: %q", b)
+		}
+		if o := outcome(rep, "/app/data/other.ini"); !strings.Contains(o.Reason, "kept") {
+			t.Errorf("other.ini, edited where it ran, was written over without a copy: %+v", o)
+		}
 	}
 }

@@ -527,7 +527,7 @@ func TestArrivingModuleKeepsItsStepRuns(t *testing.T) {
 	}
 
 	now := time.Now()
-	if err := b.r.Adopt("app", Arrival{Move: 9, Until: now.Add(time.Hour)}, markers, nil, nil); err != nil {
+	if err := b.r.Adopt("app", Arrival{Move: 9, Until: now.Add(time.Hour)}, markers, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	b.apply() // before the start: the plan holds nothing of app
@@ -551,7 +551,7 @@ func TestArrivingModuleKeepsItsStepRuns(t *testing.T) {
 
 	// A move that never starts (aborted): kept until its time is up.
 	b.in.Assignments = []state.Assignment{{Node: "ace", Module: "db"}}
-	if err := b.r.Adopt("app", Arrival{Move: 9, Until: now.Add(time.Hour)}, markers, nil, nil); err != nil {
+	if err := b.r.Adopt("app", Arrival{Move: 9, Until: now.Add(time.Hour)}, markers, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	b.apply()
