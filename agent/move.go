@@ -506,10 +506,25 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 	// move whose module would not compose here (format 18); this holds
 	// for a module assigned here after the move began, and for a log of
 	// an older format.
+	// A directory there that no module has (an operator's) is not set
+	// aside either, unless the manifest takes it over: the host never
+	// takes one without take-over: true (the module would have been
+	// refused it here by an assign).
+	takeOver := map[string]bool{}
+	if m, err := a.member.Store.Manifest(ctx, module); err == nil {
+		for i, h := range m.Heads() {
+			if h.Kind == manifest.KindDirectory && m.Resources[i].TakeOver {
+				takeOver[h.Name] = true
+			}
+		}
+	}
 	othersPath := func() error {
 		for _, d := range mv.Data {
 			if other := a.reconciler.PathModule(d); other != "" && other != module {
 				return fmt.Errorf("%s is module %s's on %s; the move would take it", d, other, mv.To)
+			}
+			if err := foreignAt(d, mv.To, a.reconciler.PathModule(d), takeOver[d]); err != nil {
+				return err
 			}
 			if under := a.reconciler.OthersUnder(d, module); under != "" {
 				return fmt.Errorf("%s holds %s on %s; the move would set it aside with %s", d, under, mv.To, d)
@@ -808,6 +823,16 @@ func errSuffix(err error) string {
 		return ""
 	}
 	return "; " + err.Error()
+}
+
+// foreignAt refuses a data directory d that exists on node to and that no
+// module has there (owner ""), unless the manifest takes it over: the
+// move would set an operator's directory aside.
+func foreignAt(d, to, owner string, takeOver bool) error {
+	if _, err := os.Lstat(d); err != nil || owner != "" || takeOver {
+		return nil
+	}
+	return fmt.Errorf("%s exists on %s and the mesh did not make it; the move would set it aside. Move it away (mv %s %s.orig), or add take-over: true to the directory in the manifest, and move again", d, to, d, d)
 }
 
 // missingParents is p and its parents that do not exist, outermost first,

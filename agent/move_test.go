@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"mesh/state"
@@ -22,5 +25,24 @@ func TestMoversForgetEndedMoves(t *testing.T) {
 	m.forget(nil)
 	if len(m.logged) != 0 || len(m.swept) != 0 {
 		t.Fatalf("kept with no move: logged %v, swept %v", m.logged, m.swept)
+	}
+}
+
+// A move's receiver does not set aside a directory at a data path that no
+// module has on it (an operator's), unless the manifest takes it over.
+func TestMoveRefusesAnOperatorsDirectory(t *testing.T) {
+	d := filepath.Join(t.TempDir(), "srv", "db")
+	if err := foreignAt(d, "n2", "", false); err != nil {
+		t.Fatalf("nothing there: %v", err)
+	}
+	os.MkdirAll(d, 0o755)
+	if err := foreignAt(d, "n2", "", false); err == nil || !strings.Contains(err.Error(), "exists on n2 and the mesh did not make it") {
+		t.Fatalf("an operator's directory: %v", err)
+	}
+	if err := foreignAt(d, "n2", "db", false); err != nil {
+		t.Fatalf("the module's own (an earlier run's, kept): %v", err)
+	}
+	if err := foreignAt(d, "n2", "", true); err != nil {
+		t.Fatalf("taken over by the manifest: %v", err)
 	}
 }
