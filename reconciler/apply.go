@@ -207,8 +207,11 @@ type run struct {
 	// failed holds each module that failed in this apply, with why.
 	failed map[string]*state.ModuleFailure
 	// kinds maps every path of the plan to its kind, for the mount guard.
-	kinds  map[string]string
-	writes int
+	kinds map[string]string
+	// secretFiles are the plan's secrets', credentials' and delivered
+	// credentials' paths, by module, for the mount guard.
+	secretFiles [][2]string
+	writes      int
 	// publishOn is where containers' ports are published (the plan's
 	// PublishAddress: the overlay address; every interface when empty).
 	publishOn string
@@ -281,6 +284,10 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 		default:
 			wantPaths[res.Name] = true
 			x.kinds[res.Name] = res.Kind
+			switch res.Kind {
+			case manifest.KindSecret, manifest.KindCredential, state.KindDeliveredCredential:
+				x.secretFiles = append(x.secretFiles, [2]string{res.Name, res.Module})
+			}
 		}
 	}
 	rep.Resources = x.applyModules(ctx, plan)
@@ -898,6 +905,15 @@ func (x *run) volumesKept(ctx context.Context, res state.Resource) string {
 // Podman mount the link's target.
 func (x *run) mountsOK(res state.Resource) string {
 	for _, m := range res.Typed.Mounts {
+		// Another module's secret under a mount (read-only: a writable
+		// one around another module's path does not compose) would be
+		// read by this container: what is sealed to the node for that
+		// module is not this one's.
+		for _, f := range x.secretFiles {
+			if f[1] != res.Module && manifest.Within(f[0], m.Source) {
+				return fmt.Sprintf("mount source %s holds %s, a secret or credential of module %s, which %s would read; mount a directory that holds no other module's secrets", m.Source, f[0], f[1], res.RuntimeName())
+			}
+		}
 		have, err := look(m.Source)
 		switch {
 		case err != nil:
@@ -1541,10 +1557,11 @@ func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 			rr.Outcome, rr.Reason = state.Restored, "the original the module took over is back"
 			return rr
 		}
-	case e.Kind == manifest.KindSecret:
-		// A secret's file goes whatever it holds now: what a container
-		// wrote there may hold the secret, and this node may no longer be
-		// one the secret is for.
+	case e.Kind == manifest.KindSecret || e.Kind == manifest.KindCredential || e.Kind == state.KindDeliveredCredential:
+		// A secret's or a credential's file goes whatever it holds now:
+		// what a container wrote there may hold the secret, and this node
+		// may no longer be one the secret is for (a move's copy, adopted
+		// with no digest and then aborted, kept a credential here).
 		have, lerr := look(p)
 		if lerr == nil && have.exists && !have.isDir {
 			removed, kept, err = unlink(p, have.digest)

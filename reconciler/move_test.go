@@ -147,3 +147,31 @@ resources:
 		}
 	}
 }
+
+// A credential's file that came with a move's copy, adopted, goes when the
+// module does not start here (the move aborted): whatever it holds, as a
+// secret's file does, not kept as an edited file would be.
+func TestAdoptedCredentialGoesWithoutTheModule(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "app", "data")
+	os.MkdirAll(data, 0o755)
+	cred := filepath.Join(data, "db.password")
+	os.WriteFile(cred, []byte("consumer's credential"), 0o600)
+	os.WriteFile(filepath.Join(data, "db"), []byte("the data"), 0o600)
+	r, err := New(Config{Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(dir, "ledger.json")}, newFake())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Adopt("app", Arrival{Move: 3, Until: time.Now().Add(time.Hour)}, nil, []string{data}, nil, map[string]string{cred: manifest.KindCredential}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		r.Apply(context.Background(), 1, &state.Plan{Node: "ace"})
+	}
+	if _, err := os.Lstat(cred); !os.IsNotExist(err) {
+		t.Fatalf("the credential's file stays without the module: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(data, "db")); string(b) != "the data" {
+		t.Fatalf("the data: %q", b)
+	}
+}

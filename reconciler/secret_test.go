@@ -524,3 +524,43 @@ func TestConsumerWaitsWithItsFencedProvider(t *testing.T) {
 		t.Fatalf("the delivered credential after the fence: %q %v", got, err)
 	}
 }
+
+// A module that mounts another module's directory read-only (which
+// composes: only a writable mount around another module's path does not)
+// is refused when that directory holds the other module's secret: its
+// container would read a value sealed to the node for the other module.
+func TestMountOfAnotherModulesSecretIsRefused(t *testing.T) {
+	b := newSecretBed(t)
+	b.set("smtp", "v4lue")
+	mail := strings.ReplaceAll(`module: mail
+resources:
+  - directory: {{d}}/shared/mail
+  - secret: {{d}}/shared/mail/smtp.password
+    name: smtp
+  - container: mail.server
+    image: localhost/busybox:1
+    command: [sleep, "1000"]
+    mounts: ["{{d}}/shared/mail:/data"]
+`, "{{d}}", b.dir)
+	snoop := strings.ReplaceAll(`module: snoop
+resources:
+  - directory: {{d}}/shared
+  - container: snoop.app
+    image: localhost/busybox:1
+    command: [sleep, "1000"]
+    mounts: ["{{d}}/shared:/all:ro"]
+`, "{{d}}", b.dir)
+	b.in.Assignments = append(b.in.Assignments, state.Assignment{Node: "ace", Module: "snoop"})
+	plan := composeAce(t, &b.in, []string{mail, snoop})
+	b.r.Apply(context.Background(), 1, plan) // mail's directory waits for snoop's above it
+	rep := b.r.Apply(context.Background(), 1, plan)
+	if o := outcome(rep, "snoop.app"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "holds "+filepath.Join(b.dir, "shared", "mail", "smtp.password")+", a secret or credential of module mail") {
+		t.Fatalf("snoop.app: %+v", o)
+	}
+	if b.rt.byName("snoop.app") != nil {
+		t.Fatal("snoop.app was created")
+	}
+	if o := outcome(rep, "mail.server"); o.Outcome != state.Created {
+		t.Fatalf("mail.server, its own secret under its mount: %+v", o)
+	}
+}
