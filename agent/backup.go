@@ -767,6 +767,10 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		if rerr := b.removeRestoreJournal(); rerr != nil {
 			return b.settleJournal(j, fmt.Errorf("the restore cannot be kept: %w", rerr))
 		}
+		secrets := append(reconciler.SecretsUnder(h.plan, res.Dirs), b.rec.SecretFilesUnder(res.Dirs)...)
+		for d, aside := range kept {
+			dropSecretsAside(d, aside, secrets)
+		}
 		return nil
 	})
 	// The next pass starts the containers again (and sets each data
@@ -962,6 +966,25 @@ func swapIn(d string) (string, error) {
 		return aside, synced
 	}
 	return aside, nil
+}
+
+// dropSecretsAside removes, from aside (what DIR held before a restore,
+// kept for the operator), the files of secrets and credentials under d:
+// a value removed or replaced since must not stay on the disk in plain
+// text (a backup leaves them out for the same reason). No link is
+// followed; what cannot be removed stays.
+func dropSecretsAside(d, aside string, secrets []string) {
+	for _, p := range secrets {
+		if p == d || !manifest.Within(p, d) {
+			continue
+		}
+		dfd, base, err := safefs.OpenParent(aside + strings.TrimPrefix(p, d))
+		if err != nil {
+			continue
+		}
+		unix.Unlinkat(dfd, base, 0)
+		unix.Close(dfd)
+	}
 }
 
 // swapAllIn swaps each of dirs in with its restored copy (swap: swapIn),

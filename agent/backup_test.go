@@ -972,3 +972,32 @@ func TestBackupRefusesTheNodesDataDir(t *testing.T) {
 		}
 	}
 }
+
+// What a restore keeps aside of a data directory holds no secret's or
+// credential's file: a value removed or replaced since stays nowhere in
+// plain text. No link in the copy aside is followed.
+func TestRestoreKeepsNoSecretAside(t *testing.T) {
+	root := t.TempDir()
+	d := filepath.Join(root, "srv", "db")
+	aside := d + restoreAside
+	outside := filepath.Join(root, "elsewhere")
+	for p, v := range map[string]string{aside + "/pw": "hunter2", aside + "/data": "rows", outside + "/cred": "not the copy's"} {
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(outside, aside+"/sub"); err != nil {
+		t.Fatal(err)
+	}
+	dropSecretsAside(d, aside, []string{d + "/pw", d + "/sub/cred", "/srv/other/pw", d})
+	if _, err := os.Lstat(aside + "/pw"); !os.IsNotExist(err) {
+		t.Errorf("the secret's file stays aside: %v", err)
+	}
+	if b, _ := os.ReadFile(aside + "/data"); string(b) != "rows" {
+		t.Errorf("the data aside: %q", b)
+	}
+	if b, _ := os.ReadFile(outside + "/cred"); string(b) != "not the copy's" {
+		t.Errorf("a file through a link in the copy aside was removed: %q", b)
+	}
+}

@@ -25,8 +25,10 @@ const (
 	// minRedacted: a shorter value is not looked for (it would take every
 	// "1" or "on" out of the text and hides little).
 	minRedacted = 4
-	// maxRedactedPerModule bounds what is remembered (the newest stay).
-	maxRedactedPerModule = 64
+	// maxRedactedPerModule bounds what is remembered (those given last
+	// stay): a provider is given every consumer's credential at each
+	// apply, and 64 let the first of 65 consumers' go at every pass.
+	maxRedactedPerModule = 1024
 )
 
 // redactedMark is what a value is replaced with.
@@ -53,7 +55,11 @@ func (s *secretValues) addLocked(module, v string) {
 		s.of = map[string][]string{}
 	}
 	list := s.of[module]
-	if slices.Contains(list, v) {
+	if i := slices.Index(list, v); i >= 0 {
+		if i < len(list)-1 { // given again: the last to go
+			list = append(slices.Delete(list, i, i+1), v)
+			s.of[module] = list
+		}
 		return
 	}
 	if len(list) >= maxRedactedPerModule {

@@ -1,6 +1,10 @@
 package reconciler
 
-import "testing"
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
 
 // Each module's values are taken out of its own texts only, the longest
 // first; a value too short to look for, or of another module, stays.
@@ -29,5 +33,28 @@ func TestRedact(t *testing.T) {
 	}
 	if n := len(s.of["many"]); n != maxRedactedPerModule {
 		t.Errorf("%d values kept for one module, want at most %d", n, maxRedactedPerModule)
+	}
+}
+
+// A provider given more credentials than were once remembered (65 of its
+// consumers', at every apply) still has each taken out of its texts.
+func TestRedactEveryValueGivenAtEachApply(t *testing.T) {
+	var s secretValues
+	for range 2 { // two applies
+		for i := range 1100 {
+			s.add("postgres", []byte(fmt.Sprintf("cred-of-consumer-%04d", i)))
+		}
+		for i := range 1100 {
+			s.add("postgres", []byte(fmt.Sprintf("cred-of-consumer-%04d", i%1000)))
+		}
+	}
+	for _, i := range []int{0, 64, 999} {
+		v := fmt.Sprintf("cred-of-consumer-%04d", i)
+		if got := s.redact("postgres", "STATEMENT: ALTER ROLE c PASSWORD '"+v+"'"); strings.Contains(got, v) {
+			t.Errorf("%s is in the text: %q", v, got)
+		}
+	}
+	if n := len(s.of["postgres"]); n != maxRedactedPerModule {
+		t.Errorf("%d values kept, want %d", n, maxRedactedPerModule)
 	}
 }
