@@ -169,7 +169,30 @@ func New(cfg Config, rt Runtime) (*Reconciler, error) {
 	r := &Reconciler{cfg: cfg, rt: rt, ledger: l, log: log, secrets: secrets, kept: map[string]string{}, health: newMonitor(rt, log, cfg.Now, secrets),
 		pass: make(chan struct{}, 1), soon: make(chan struct{}, 1)}
 	r.health.certDial = cfg.CertProbe
+	r.sweepSecretTemps()
 	return r, nil
+}
+
+// sweepSecretTemps removes, at start, what a write of a secret's or a
+// credential's file cut by a kill left beside it (safefs's temporary
+// file, holding the value): a write sweeps only its own file's, when it
+// comes to it, and a module whose earlier resource fails never comes to
+// it, while a backup or a move's copy of the directory would read it.
+// No link is followed; what cannot be looked at stays for the write.
+func (r *Reconciler) sweepSecretTemps() {
+	for p, e := range r.ledger.Paths {
+		if !holdsSecret(e.Kind) {
+			continue
+		}
+		dfd, base, err := safefs.OpenParent(p)
+		if err != nil {
+			continue
+		}
+		if n, err := safefs.SweepAt(dfd, base); n > 0 || err != nil {
+			r.log.Info("removed what a cut write of a secret's file left", "path", p, "files", n, "err", err)
+		}
+		unix.Close(dfd)
+	}
 }
 
 // counting counts the calls an apply makes through a Runtime: n the

@@ -564,3 +564,32 @@ resources:
 		t.Fatalf("mail.server, its own secret under its mount: %+v", o)
 	}
 }
+
+// What a write of a secret's file cut by a kill left beside it (the
+// temporary file, holding the value) is removed when the reconciler starts
+// again, whether or not its module's apply comes to that file: a backup or
+// a move's copy of the directory would read it.
+func TestStartSweepsACutSecretWrite(t *testing.T) {
+	b := newSecretBed(t)
+	b.set("smtp", "v4lue")
+	b.set("api", "k3y!")
+	if rep := b.apply(); rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	left := filepath.Join(b.dir, "mail", ".smtp.password.mesh-0123456789ab")
+	other := filepath.Join(b.dir, "mail", ".notes.mesh-0123456789ab")
+	for _, p := range []string{left, other} {
+		if err := os.WriteFile(p, []byte("v4lue"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := New(Config{Node: "ace", DNS: netip.MustParseAddr("169.254.53.53"), LedgerPath: filepath.Join(b.dir, "ledger.json")}, newFake()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(left); !os.IsNotExist(err) {
+		t.Fatalf("the cut write's temporary file stays: %v", err)
+	}
+	if _, err := os.Lstat(other); err != nil {
+		t.Fatalf("a file of another name went: %v", err)
+	}
+}
