@@ -849,10 +849,21 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 		// proved it may; it keeps its row, and Raft gets it (back) below.
 		voter = again.Voter
 		n.log.Warn("a node that is already in the state joins again", "name", req.Name, "address", req.Address)
+		// The machine replaced is refused from now on: nothing is sealed
+		// to its key any more (a voter's CA key and join secret, a node's
+		// credentials), but to this machine's; and every node takes only
+		// this machine's overlay key for the node's overlay address (the
+		// replaced machine's was taken from wherever it came until this
+		// machine's agent said its own).
+		var k *state.NodeKeyRequest
+		var o *state.NodeOverlayRequest
 		if replaced && req.SealKey != "" && req.SealKey != again.SealKey {
-			// The machine replaced is refused from now on: nothing is
-			// sealed to its key any more (a voter's CA key and join
-			// secret, a node's credentials), but to this machine's.
+			k = &state.NodeKeyRequest{Node: req.Name, SealKey: req.SealKey}
+		}
+		if replaced && req.OverlayKey != "" && req.OverlayKey != again.OverlayKey && settings.Overlay != "" && settings.Overlay != state.OverlayOff {
+			o = &state.NodeOverlayRequest{Node: req.Name, Key: req.OverlayKey, Endpoint: req.OverlayEndpoint}
+		}
+		if k != nil || o != nil {
 			if n.raft.State() != raft.Leader {
 				return JoinReply{}, fmt.Errorf("%w: %s stopped leading under the join", ErrNoLeader, n.cfg.ID)
 			}
@@ -860,30 +871,35 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 			// key in the state, and the voters would seal the CA key and
 			// the join secret to it again (VoterSealStale): refused, with
 			// nothing changed.
-			k := &state.NodeKeyRequest{Node: req.Name, SealKey: req.SealKey}
-			if need := state.NewCommand(k).NeedsVersion(); req.Commands < need {
-				return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this machine's mesh cannot take %s's place: it does not apply the command that records its sealing key (format %d); upgrade mesh here and join again", req.Name, need)}
+			if k != nil {
+				if need := state.NewCommand(k).NeedsVersion(); req.Commands < need {
+					return JoinReply{}, &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("this machine's mesh cannot take %s's place: it does not apply the command that records its sealing key (format %d); upgrade mesh here and join again", req.Name, need)}
+				}
 			}
 			// What the replaced machine said of its binary is no longer
 			// the node's once this machine's key is recorded: this
 			// machine's is what its request says (until it says hello).
 			// Until then it stays, so that a refused replace leaves the
 			// leader refusing commands the old machine cannot apply.
+			// Both commands are checked before either is proposed: a
+			// refusal changes nothing.
 			err := n.asReplaced(req.Name, req.Commands, func() error {
-				if err := n.canApply(state.NewCommand(k)); err != nil {
-					return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s cannot take %s's place yet: the mesh must record this machine's sealing key instead of the replaced one's, so that nothing is sealed to that machine any more, and %s", req.Name, req.Name, err)}
+				if k != nil {
+					if err := n.canApply(state.NewCommand(k)); err != nil {
+						return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s cannot take %s's place yet: the mesh must record this machine's sealing key instead of the replaced one's, so that nothing is sealed to that machine any more, and %s", req.Name, req.Name, err)}
+					}
 				}
-				if _, err := n.Propose(ctx, k); err != nil {
-					return fmt.Errorf("record %s's new sealing key: %w", req.Name, err)
-				}
-				// And its overlay key: until this machine's agent said
-				// its own, every node took the replaced machine's key for
-				// the node's overlay address, from wherever it came.
-				if req.OverlayKey != "" && req.OverlayKey != again.OverlayKey {
-					o := &state.NodeOverlayRequest{Node: req.Name, Key: req.OverlayKey, Endpoint: req.OverlayEndpoint}
+				if o != nil {
 					if err := n.canApply(state.NewCommand(o)); err != nil {
 						return &state.RuleError{Kind: state.ErrConflict, Msg: fmt.Sprintf("%s cannot take %s's place yet: the mesh must record this machine's overlay key instead of the replaced one's, and %s", req.Name, req.Name, err)}
 					}
+				}
+				if k != nil {
+					if _, err := n.Propose(ctx, k); err != nil {
+						return fmt.Errorf("record %s's new sealing key: %w", req.Name, err)
+					}
+				}
+				if o != nil {
 					if _, err := n.Propose(ctx, o); err != nil {
 						return fmt.Errorf("record %s's new overlay key: %w", req.Name, err)
 					}

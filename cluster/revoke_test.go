@@ -638,3 +638,37 @@ func TestRemoveReplyWireIsUnchanged(t *testing.T) {
 		}
 	}
 }
+
+// In a mesh without the overlay (mesh init --overlay off), a machine takes
+// a node's place as before: no overlay key is recorded (the state would
+// refuse it), and nothing is half changed.
+func TestReplaceWithoutTheOverlay(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "node")
+	if err := Init(ctx, InitConfig{DataDir: dir, Name: "ace", Address: "127.0.0.1", Port: freePort(t), LogStore: LogStoreWAL, Overlay: state.OverlayOff}); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, dir)
+	t.Cleanup(func() { a.Stop() })
+	waitLeader(t, a)
+	token := joinToken(t, a)
+	peer := fmt.Sprintf("127.0.0.1:%d", a.ID.Port)
+	first := filepath.Join(t.TempDir(), "novox")
+	if err := Join(ctx, JoinConfig{DataDir: first, Peer: peer, Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t)}); err != nil {
+		t.Fatal(err)
+	}
+	b := startAgent(t, first)
+	eventually(t, 10*time.Second, "ace hears from novox", func() bool { _, ok := a.Node.Seen()["novox"]; return ok })
+	b.Stop()
+	again := filepath.Join(t.TempDir(), "novox-again")
+	if err := Join(ctx, JoinConfig{DataDir: again, Peer: peer, Token: token, Name: "novox", Address: "127.0.0.2", Port: freePort(t), Replace: true}); err != nil {
+		t.Fatalf("join --replace in a mesh without the overlay: %v", err)
+	}
+	newSeal, err := seal.LoadOrCreate(again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nd, err := a.Store.Node(ctx, "novox"); err != nil || nd.SealKey != newSeal.Recipient() {
+		t.Errorf("novox's sealing key after its place was taken: %q (%v)", nd.SealKey, err)
+	}
+}
