@@ -922,21 +922,28 @@ func (x *run) volumesKept(ctx context.Context, res state.Resource) string {
 		res.Decl.Image, strings.Join(loose, ", "), res.RuntimeName(), res.Module, loose[0], loose[0])
 }
 
+// othersSecretsOK is the guard before every create and start of a
+// container or step: no mount holds another module's secret, credential
+// or delivered credential (read-only: a writable mount around another
+// module's path does not compose), which its container would read: what
+// is sealed to the node for that module is not this one's.
+func (x *run) othersSecretsOK(res state.Resource) string {
+	for _, m := range res.Typed.Mounts {
+		for _, f := range x.secretFiles {
+			if f[1] != res.Module && manifest.Within(f[0], m.Source) {
+				return fmt.Sprintf("mount source %s holds %s, a secret or credential of module %s, which %s would read; mount a directory that holds no other module's secrets", m.Source, f[0], f[1], res.RuntimeName())
+			}
+		}
+	}
+	return ""
+}
+
 // mountsOK is the guard before every create and start: each mount's source
 // is still what the plan declared (a directory or a regular file, no link
 // anywhere on its path). A container whose source a link replaced would have
 // Podman mount the link's target.
 func (x *run) mountsOK(res state.Resource) string {
 	for _, m := range res.Typed.Mounts {
-		// Another module's secret under a mount (read-only: a writable
-		// one around another module's path does not compose) would be
-		// read by this container: what is sealed to the node for that
-		// module is not this one's.
-		for _, f := range x.secretFiles {
-			if f[1] != res.Module && manifest.Within(f[0], m.Source) {
-				return fmt.Sprintf("mount source %s holds %s, a secret or credential of module %s, which %s would read; mount a directory that holds no other module's secrets", m.Source, f[0], f[1], res.RuntimeName())
-			}
-		}
 		have, err := look(m.Source)
 		switch {
 		case err != nil:
@@ -1052,7 +1059,7 @@ func (x *run) step(ctx context.Context, res state.Resource) state.ResourceReport
 // to remove once the run is recorded; else removed, and the report says
 // why.
 func (x *run) stepRun(ctx context.Context, res state.Resource, want desired, reattach string) (string, state.ResourceReport, bool) {
-	if msg := x.mountsOK(res); msg != "" {
+	if msg := cmp.Or(x.mountsOK(res), x.othersSecretsOK(res)); msg != "" {
 		return "", report(res, state.Failed, msg+"; not run"), false
 	}
 	if stop := x.writeEnv(ctx, res, want.Name); stop != nil {
@@ -1235,6 +1242,14 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 			}
 			delete(x.managed, want.Name)
 			return report(res, state.Failed, msg+"; stopped and removed, so Podman cannot start it through the link")
+		}
+		return report(res, state.Failed, msg+"; not started")
+	}
+	if msg := x.othersSecretsOK(res); msg != "" {
+		if action == actKeep && have != nil && have.Running {
+			// One that runs (started before the secret came, or by an
+			// earlier release) is not stopped by the mesh: said.
+			return report(res, state.Failed, msg+"; it runs as it was started, and is not started or created again while the mount holds it")
 		}
 		return report(res, state.Failed, msg+"; not started")
 	}

@@ -563,6 +563,26 @@ resources:
 	if o := outcome(rep, "mail.server"); o.Outcome != state.Created {
 		t.Fatalf("mail.server, its own secret under its mount: %+v", o)
 	}
+	// One that runs when the secret comes (the manifest had none before)
+	// is not stopped by the mesh; it is said, and not started again.
+	noSecret := strings.Replace(mail, "  - secret: "+filepath.Join(b.dir, "shared", "mail", "smtp.password")+"\n    name: smtp\n", "", 1)
+	if noSecret == mail {
+		t.Fatal("the manifest without its secret is the same")
+	}
+	plan = composeAce(t, &b.in, []string{noSecret, snoop})
+	b.r.Apply(context.Background(), 1, plan)
+	running := b.rt.byName("snoop.app")
+	if running == nil {
+		t.Fatal("snoop.app, no secret under its mount, was not created")
+	}
+	plan = composeAce(t, &b.in, []string{mail, snoop})
+	rep = b.r.Apply(context.Background(), 1, plan)
+	if o := outcome(rep, "snoop.app"); o.Outcome != state.Failed || !strings.Contains(o.Reason, "it runs as it was started") {
+		t.Fatalf("snoop.app, running when the secret came: %+v", o)
+	}
+	if c := b.rt.byName("snoop.app"); c == nil || c.ID != running.ID {
+		t.Fatalf("snoop.app, running when the secret came, was removed: %+v", c)
+	}
 }
 
 // What a write of a secret's file cut by a kill left beside it (the
