@@ -632,8 +632,11 @@ func validID(id string) bool {
 // the bind would resolve and restic read (BackupExcluding looks for a link
 // first; the binds close the time between). confineScript does it with
 // mount(8), then becomes restic; exitUnconfined is its exit when the
-// remount fails (no nosymfollow here), exitLinked when a bind does (a link
-// in the path, which is not followed by a run without the binds).
+// binds cannot be made without links at all here (checked first on a
+// directory of the mesh's own, which no container reaches: no mount(8),
+// or no nosymfollow), exitLinked when a path's bind, remount or check
+// fails once they can (a link swapped into the path; a run without the
+// binds would follow it).
 //
 // The remount takes the options of the mount it binds (mtab's, not
 // fstab's, which could add ro), and is checked to carry nosymfollow: an
@@ -647,13 +650,19 @@ func validID(id string) bool {
 // under nosymfollow) and bind where it leads; the kernel refuses it.
 const confineScript = `trap 'exit 130' INT TERM
 command -v mount >/dev/null || { echo "no mount(8) here" >&2; exit 97; }
+command -v findmnt >/dev/null || { echo "no findmnt(8) here" >&2; exit 97; }
+probe=$1; shift
+{ mount --no-canonicalize --bind -- "$probe" "$probe" &&
+	mount --no-canonicalize --options-source=mtab -o remount,bind,nosymfollow -- "$probe"; } || exit 97
+findmnt --nocanonicalize -n -o VFS-OPTIONS -M "$probe" | tail -n 1 | grep -qw nosymfollow ||
+	{ echo "nosymfollow did not take on a directory of the mesh's own (mount(8) or the kernel does not know it)" >&2; exit 97; }
 n=$1; shift
 while [ "$n" -gt 0 ]; do
 	how=$1; shift
-	mount --no-canonicalize "$how" -- "$1" "$1" || { echo "$1 could not be bound onto itself" >&2; exit 98; }
-	mount --no-canonicalize --options-source=mtab -o remount,bind,nosymfollow -- "$1" || exit 97
-	findmnt --nocanonicalize -n -o VFS-OPTIONS -M "$1" | tail -n 1 | grep -qw nosymfollow ||
-		{ echo "nosymfollow did not take on $1 (mount(8) or the kernel does not know it)" >&2; exit 97; }
+	{ mount --no-canonicalize "$how" -- "$1" "$1" &&
+		mount --no-canonicalize --options-source=mtab -o remount,bind,nosymfollow -- "$1" &&
+		findmnt --nocanonicalize -n -o VFS-OPTIONS -M "$1" | tail -n 1 | grep -qw nosymfollow; } ||
+		{ echo "$1 could not be bound onto itself without links" >&2; exit 98; }
 	shift; n=$((n-1))
 done
 exec "$@"`
@@ -817,7 +826,14 @@ func (r Repo) runIn(ctx context.Context, out io.Writer, confine []string, args .
 		if msg := holdsMounts(confine); msg != "" {
 			return newRunError(name, exitUnconfined, []byte(msg))
 		}
-		sh := append([]string{"-c", confineScript, "sh"}, confineArgs(confine)...)
+		// The probe: a directory of the mesh's own, bound first, which
+		// says whether binds without links can be made here at all.
+		probe, err := os.MkdirTemp("", "mesh-confine-")
+		if err != nil {
+			return newRunError(name, exitUnconfined, []byte("a directory to try the binds on: "+err.Error()))
+		}
+		defer os.Remove(probe)
+		sh := append([]string{"-c", confineScript, "sh", probe}, confineArgs(confine)...)
 		cmd = exec.CommandContext(ctx, "/bin/sh", append(append(sh, bin), args...)...)
 		// Go makes the new namespace's mounts private before the exec.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}

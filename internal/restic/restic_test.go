@@ -618,6 +618,11 @@ func TestBackupFollowsNoLinkAboveItsPaths(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	swapOut := func() { // from another goroutine: no t.Fatal
+		os.RemoveAll(filepath.Join(app, "y"))
+		os.Rename(filepath.Join(app, "x"), filepath.Join(app, "y"))
+		os.Symlink(victim, filepath.Join(app, "x"))
+	}
 	unswap := func() {
 		os.Remove(filepath.Join(app, "x"))
 		os.Rename(filepath.Join(app, "y"), filepath.Join(app, "x"))
@@ -663,6 +668,41 @@ mv "$1/x" "$1/y" && ln -s "$2" "$1/x" && exec cat "$1/x/data/secret"
 	unswap()
 	if err != nil || !strings.Contains(out.String(), "the other module's") {
 		t.Fatalf("unconfined, the probe: %q, %v", out.String(), err)
+	}
+	// Swapped in between a directory's bind and its remount (by the test,
+	// outside the backup's namespace, as a container would, while a
+	// mount(8) in restic's place waits): the remount fails, and the
+	// backup ends; it is not made again without the binds, which would
+	// follow the link.
+	fake, sig := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(fake, "mount"), []byte(`#!/bin/sh
+for a; do last=$a; done
+case "$*" in *remount*) if [ "$last" = "`+filepath.Join(app, "x")+`" ]; then
+	touch "`+sig+`/now"; i=0; while [ ! -e "`+sig+`/done" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+fi;; esac
+exec /usr/bin/mount "$@"
+`), 0o755)
+	if repo.Binary, err = exec.LookPath("restic"); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for i := 0; i < 400; i++ {
+			if _, err := os.Stat(filepath.Join(sig, "now")); err == nil {
+				swapOut()
+				os.WriteFile(filepath.Join(sig, "done"), nil, 0o600)
+				return
+			}
+			time.Sleep(25 * time.Millisecond)
+		}
+	}()
+	t.Setenv("PATH", fake+":/usr/bin:/bin")
+	sum, err = repo.Backup(t.Context(), []string{data}, nil, nil)
+	unswap()
+	if _, serr := os.Stat(filepath.Join(sig, "done")); serr != nil {
+		t.Fatalf("the swap was not made at the remount: %v (backup: %+v, %v)", serr, sum, err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "could not be bound onto itself without links") || sum.SnapshotID != "" {
+		t.Fatalf("a link swapped in at the remount: %+v, %v (want the backup ended, never made unconfined)", sum, err)
 	}
 }
 
