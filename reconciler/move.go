@@ -113,7 +113,9 @@ func (r *Reconciler) Adopt(module string, arr Arrival, markers map[string]Marker
 		setPath(d, PathEntry{Kind: manifest.KindDirectory, Module: module, Data: true})
 	}
 	for p, kind := range within {
-		if e, ok := r.ledger.Paths[p]; (!ok || e.Module == module) && slices.ContainsFunc(data, func(d string) bool { return p != d && manifest.Within(p, d) }) {
+		// An entry there already (the module's, from when it ran here:
+		// what the mesh wrote, an original it took over) is kept whole.
+		if _, ok := r.ledger.Paths[p]; !ok && slices.ContainsFunc(data, func(d string) bool { return p != d && manifest.Within(p, d) }) {
 			setPath(p, PathEntry{Kind: kind, Module: module})
 		}
 	}

@@ -119,8 +119,19 @@ resources:
 				t.Fatalf("declared inside the data directory: %v", within)
 			}
 		}
+		// What the ledger has there already (the module ran here before,
+		// and took over a file it left) is kept whole.
+		taken := PathEntry{Kind: manifest.KindFile, Module: "app", Digest: "d1", Original: &Original{Kept: "kept/1", Digest: "d0"}}
+		r.ledger.Paths[filepath.Join(data, "conf", "app.ini")] = taken
 		if err := r.Adopt("app", Arrival{Move: 3, Until: time.Now().Add(time.Hour)}, nil, []string{data}, []string{filepath.Join(dir, "app")}, within); err != nil {
 			t.Fatal(err)
+		}
+		if e := r.ledger.Paths[filepath.Join(data, "conf", "app.ini")]; e.Original == nil || e.Digest != "d1" {
+			t.Fatalf("the entry there before the adoption: %+v", e)
+		}
+		delete(r.ledger.Paths, filepath.Join(data, "conf", "app.ini"))
+		if adopt {
+			r.ledger.Paths[filepath.Join(data, "conf", "app.ini")] = PathEntry{Kind: manifest.KindFile, Module: "app"}
 		}
 		in := state.Input{Domain: "internal", Nodes: []state.Node{{Name: "ace", Address: "10.0.0.1"}}, Assignments: []state.Assignment{{Node: "ace", Module: "app"}}}
 		rep := r.Apply(context.Background(), 1, composeAce(t, &in, []string{src}))

@@ -249,6 +249,32 @@ func TestImportSaysWhereAnImageKeepsItsData(t *testing.T) {
 			t.Errorf("a note about %s's data:\n%s", svc, strings.Join(res.Lines(), "\n"))
 		}
 	}
+	// A tmpfs the manifest cannot carry (dropped) holds nothing; postgres
+	// 18 (and a tag without a release) keeps its data in the parent; a
+	// VOLUME no manifest can mount is said.
+	file2 := writeProject(t, map[string]string{
+		"compose.yaml": "services:\n  r:\n    image: redis:7\n    tmpfs: [\"/data:noatime\"]\n  pg:\n    image: postgres:18\n  pgl:\n    image: postgres\n  root:\n    image: localhost/root:1\n",
+	})
+	res2 := mustImport(t, Options{File: file2, Inspect: func(ctx context.Context, image string) (Image, bool) {
+		if image == "localhost/root:1" {
+			return Image{Volumes: []string{"/", "/a:b"}}, true
+		}
+		return Image{}, false
+	}})
+	for _, want := range []string{
+		"r: its image redis:7 keeps data at /data (VOLUME)",
+		"pg: its image postgres:18 keeps data at /var/lib/postgresql (VOLUME)",
+		"pgl: its image postgres keeps data at /var/lib/postgresql (VOLUME)",
+	} {
+		if !hasNote(res2, NoteCarried, want) {
+			t.Errorf("no note %q:\n%s", want, strings.Join(res2.Lines(), "\n"))
+		}
+	}
+	for _, v := range []string{`"/"`, `"/a:b"`} {
+		if !hasNote(res2, NoteAction, "root: its image localhost/root:1 keeps data at "+v+" (VOLUME), which a manifest cannot mount") {
+			t.Errorf("no note on the VOLUME %s:\n%s", v, strings.Join(res2.Lines(), "\n"))
+		}
+	}
 	for _, m := range res.Manifests {
 		switch m.Module {
 		case "db":

@@ -869,7 +869,9 @@ func (w *writer) imageData(svc types.ServiceConfig) {
 			}
 		}
 		for _, x := range append(slices.Clone(w.tmpfs), svc.Tmpfs...) {
-			if tp, _, _ := strings.Cut(x, ":"); manifest.Within(t, path.Clean(tp)) {
+			// (One the manifest cannot carry is dropped below: it holds
+			// nothing.)
+			if tf, err := manifest.ParseTmpfs(x); err == nil && manifest.Within(t, tf.Path) {
 				return true
 			}
 		}
@@ -881,7 +883,7 @@ func (w *writer) imageData(svc types.ServiceConfig) {
 	} else {
 		// A known database's data directory, one of its releases' (any
 		// of them held is taken for the one the tag has).
-		name, _ := imageName(svc.Image)
+		name, tag := imageName(svc.Image)
 		var alts []string
 		for _, d := range dataOwners {
 			if d.image == name {
@@ -890,11 +892,18 @@ func (w *writer) imageData(svc types.ServiceConfig) {
 		}
 		if len(alts) > 0 && !slices.ContainsFunc(alts, held) {
 			targets = alts[:1]
+			if (name == "postgres" || name == "postgis") && !pgBefore18(tag) {
+				targets = alts[len(alts)-1:] // 18 and later: the parent
+			}
 		}
 	}
 	for _, t := range targets {
 		t = path.Clean("/" + t)
-		if t == "/" || badTarget(t) || held(t) {
+		if held(t) {
+			continue
+		}
+		if t == "/" || badTarget(t) {
+			w.note(NoteAction, "its image %s keeps data at %q (VOLUME), which a manifest cannot mount: the node refuses a container whose image's VOLUME nothing holds; run an image without it", svc.Image, t)
 			continue
 		}
 		p, fresh := w.path("image volume "+t, safeBase(t))
@@ -905,6 +914,19 @@ func (w *writer) imageData(svc types.ServiceConfig) {
 		}
 		w.mount(p, t, nil)
 	}
+}
+
+// pgBefore18 says a postgres (or postgis) tag is of a release before 18,
+// whose VOLUME is /var/lib/postgresql/data (18's is its parent): its
+// leading number (15, 16-alpine, 17.2); a tag without one (latest,
+// alpine) is taken for 18 or later.
+func pgBefore18(tag string) bool {
+	i := 0
+	for i < len(tag) && tag[i] >= '0' && tag[i] <= '9' {
+		i++
+	}
+	n, err := strconv.Atoi(tag[:i])
+	return err == nil && n < 18
 }
 
 // badTarget says whether a container path cannot be written in a mount
