@@ -19,12 +19,7 @@ import (
 // it (a review found a move of a module declaring /srv/shared would have
 // taken the data of the modules under it).
 func TestOthersUnder(t *testing.T) {
-	b := newSecretBed(t)
-	b.set("smtp", "v")
-	b.set("api", "k")
-	if rep := b.apply(); rep.Error != "" {
-		t.Fatal(rep.Error)
-	}
+	b := appliedSecretBed(t, "v", "k")
 	mail := filepath.Join(b.dir, "mail")
 	if got := b.r.PathModule(mail); got != "mail" {
 		t.Fatalf("the ledger gives %s to %q", mail, got)
@@ -47,12 +42,7 @@ func TestOthersUnder(t *testing.T) {
 // ledger in memory as it was: the receiver puts back what it swapped in,
 // and a later save must not give the module a directory that is not its.
 func TestAdoptTakesBackWhatItCouldNotSave(t *testing.T) {
-	b := newSecretBed(t)
-	b.set("smtp", "v")
-	b.set("api", "k")
-	if rep := b.apply(); rep.Error != "" {
-		t.Fatal(rep.Error)
-	}
+	b := appliedSecretBed(t, "v", "k")
 	before, err := json.Marshal(b.r.ledger)
 	if err != nil {
 		t.Fatal(err)

@@ -63,6 +63,18 @@ func newSecretBed(t *testing.T) *secretBed {
 	return b
 }
 
+// appliedSecretBed is a secret bed whose two secrets are set, applied.
+func appliedSecretBed(t *testing.T, smtp, api string) *secretBed {
+	t.Helper()
+	b := newSecretBed(t)
+	b.set("smtp", smtp)
+	b.set("api", api)
+	if rep := b.apply(); rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	return b
+}
+
 // set stands for mesh secret set: the value, and its digest in the state.
 func (b *secretBed) set(name, value string) {
 	b.values[name] = value
@@ -204,12 +216,7 @@ func TestSecretsReachOnlyTheirReaders(t *testing.T) {
 // unassign the value stayed in the module's directory, which the mesh then
 // kept for the entry it did not put there (a review found it).
 func TestLeftoverOfACutWriteIsRemoved(t *testing.T) {
-	b := newSecretBed(t)
-	b.set("smtp", "hunter2")
-	b.set("api", "k")
-	if rep := b.apply(); rep.Error != "" {
-		t.Fatal(rep.Error)
-	}
+	b := appliedSecretBed(t, "hunter2", "k")
 	mail := filepath.Join(b.dir, "mail")
 	plant := func(name string) string {
 		p := filepath.Join(mail, name)
@@ -590,12 +597,7 @@ resources:
 // again, whether or not its module's apply comes to that file: a backup or
 // a move's copy of the directory would read it.
 func TestStartSweepsACutSecretWrite(t *testing.T) {
-	b := newSecretBed(t)
-	b.set("smtp", "v4lue")
-	b.set("api", "k3y!")
-	if rep := b.apply(); rep.Error != "" {
-		t.Fatal(rep.Error)
-	}
+	b := appliedSecretBed(t, "v4lue", "k3y!")
 	left := filepath.Join(b.dir, "mail", ".smtp.password.mesh-0123456789ab")
 	other := filepath.Join(b.dir, "mail", ".notes.mesh-0123456789ab")
 	for _, p := range []string{left, other} {
