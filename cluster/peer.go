@@ -960,14 +960,16 @@ func (n *Node) admit(ctx context.Context, req JoinRequest) (JoinReply, error) {
 	return rep, nil
 }
 
-// asReplaced runs record (the check and the command that records a
-// replacing machine's sealing key) with node's last hello saying the
-// binary format the replacing machine's join request says, commands: what
-// the replaced machine said is not held against the machine that takes
-// its place. If record fails before the key is recorded, what the
-// replaced machine said is put back (unless a hello changed it since), so
-// that a refused replace leaves the leader refusing what that machine
-// cannot apply.
+// asReplaced runs record (the checks and the commands that record a
+// replacing machine's sealing and overlay keys) with node's last hello
+// saying the binary format the replacing machine's join request says,
+// commands: what the replaced machine said is not held against the
+// machine that takes its place. If record fails, what the replaced
+// machine said is put back (unless a hello changed it since), so that a
+// refused replace leaves the leader refusing what that machine cannot
+// apply (when the sealing key was recorded and the overlay key then was
+// not, that is only more careful: the new machine's first hello says its
+// own).
 func (n *Node) asReplaced(node string, commands int, record func() error) error {
 	n.live.mu.Lock()
 	prev, had := n.live.seen[node]

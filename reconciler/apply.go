@@ -1246,10 +1246,10 @@ func (x *run) applyContainer(ctx context.Context, res state.Resource) state.Reso
 		return report(res, state.Failed, msg+"; not started")
 	}
 	if msg := x.othersSecretsOK(res); msg != "" {
-		if action == actKeep && have != nil && have.Running {
+		if have != nil && have.Running {
 			// One that runs (started before the secret came, or by an
 			// earlier release) is not stopped by the mesh: said.
-			return report(res, state.Failed, msg+"; it runs as it was started, and is not started or created again while the mount holds it")
+			return report(res, state.Failed, msg+"; it runs as it was started, and is not started, created or replaced while the mount holds it")
 		}
 		return report(res, state.Failed, msg+"; not started")
 	}

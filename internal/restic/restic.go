@@ -833,6 +833,12 @@ func (r Repo) runIn(ctx context.Context, out io.Writer, confine []string, args .
 			return newRunError(name, exitUnconfined, []byte("a directory to try the binds on: "+err.Error()))
 		}
 		defer os.Remove(probe)
+		// As the kernel finds it: the script binds paths as written, and
+		// a temporary directory reached through a link (TMPDIR, /tmp on
+		// another disk) would not be found where it was bound.
+		if real, err := filepath.EvalSymlinks(probe); err == nil {
+			probe = real
+		}
 		sh := append([]string{"-c", confineScript, "sh", probe}, confineArgs(confine)...)
 		cmd = exec.CommandContext(ctx, "/bin/sh", append(append(sh, bin), args...)...)
 		// Go makes the new namespace's mounts private before the exec.

@@ -579,6 +579,26 @@ exec /usr/bin/mount "$@"
 	if err != nil || !strings.Contains(sum.Unconfined, "nosymfollow did not take") {
 		t.Fatalf("a backup where nosymfollow does not take: %+v, %v", sum, err)
 	}
+	// A temporary directory reached through a link (TMPDIR) does not
+	// make the binds look impossible.
+	// (Outside the test's directory, whose parents the backup binds
+	// without links: restic writes its temporary packs there.)
+	outside, err := os.MkdirTemp("", "mesh-tmpdir-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(outside) })
+	linked := outside + "-link"
+	if err := os.Symlink(outside, linked); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(linked) })
+	t.Setenv("TMPDIR", linked)
+	t.Setenv("PATH", "/usr/bin:/bin")
+	sum, err = repo.Backup(t.Context(), []string{data}, nil, nil)
+	if err != nil || sum.Unconfined != "" {
+		t.Fatalf("a backup with TMPDIR through a link: %+v, %v (want it confined)", sum, err)
+	}
 	// Where the paths cannot be bound (here no mount(8) on PATH), the
 	// backup is made as before, and says so.
 	t.Setenv("PATH", t.TempDir())
