@@ -372,6 +372,8 @@ type agent struct {
 	cmd   *exec.Cmd
 	mu    sync.Mutex
 	lines []string
+	// logged is closed when the running agent's output ended (it exited).
+	logged chan struct{}
 	// json: the agent logs with --log-format json.
 	json bool
 	// extra: more flags for mesh agent.
@@ -501,12 +503,15 @@ func (a *agent) startAsync() (waitReady func()) {
 	}
 	pw.Close()
 	a.cmd = cmd
+	logged := make(chan struct{})
 	a.mu.Lock()
 	a.lines = nil // a restart's log starts afresh
+	a.logged = logged
 	a.mu.Unlock()
 	t.Cleanup(a.stop)
 	ready := make(chan struct{})
 	go func() {
+		defer close(logged)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		once := sync.Once{}
@@ -546,6 +551,22 @@ func (a *agent) stop() {
 		<-done
 	}
 	a.cmd = nil
+}
+
+// exitedLog is the log of an agent found exited, once its output ended
+// (its last lines, why it exited, may still be in the pipe), waiting up to
+// 5 s for that.
+func (a *agent) exitedLog() string {
+	a.mu.Lock()
+	logged := a.logged
+	a.mu.Unlock()
+	if logged != nil {
+		select {
+		case <-logged:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return a.log()
 }
 
 func (a *agent) log() string {
