@@ -486,9 +486,7 @@ func (b *backups) backup(ctx context.Context, module, by string, progress func(s
 			}
 			// The secrets' files the plan names, and those on the disk
 			// now (the node is held: the ledger is what was written).
-			exclude = append(reconciler.SecretsUnder(h.plan, h.dirs), b.rec.SecretFilesUnder(h.dirs)...)
-			slices.Sort(exclude)
-			exclude = slices.Compact(exclude)
+			exclude = b.secretsUnder(h.plan, h.dirs)
 			if !h.policy.Pause {
 				lift = b.rec.FenceSecrets(module, h.dirs)
 				return nil
@@ -767,7 +765,7 @@ func (b *backups) restore(ctx context.Context, module, id string, progress func(
 		if rerr := b.removeRestoreJournal(); rerr != nil {
 			return b.settleJournal(j, fmt.Errorf("the restore cannot be kept: %w", rerr))
 		}
-		secrets := append(reconciler.SecretsUnder(h.plan, res.Dirs), b.rec.SecretFilesUnder(res.Dirs)...)
+		secrets := b.secretsUnder(h.plan, res.Dirs)
 		for d, aside := range kept {
 			dropSecretsAside(d, aside, secrets)
 		}
@@ -966,6 +964,14 @@ func swapIn(d string) (string, error) {
 		return aside, synced
 	}
 	return aside, nil
+}
+
+// secretsUnder are the secrets' and credentials' files under dirs that the
+// plan names, and those the ledger has on the disk now, sorted, once each.
+func (b *backups) secretsUnder(plan *state.Plan, dirs []string) []string {
+	out := append(reconciler.SecretsUnder(plan, dirs), b.rec.SecretFilesUnder(dirs)...)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // dropSecretsAside removes, from aside (what DIR held before a restore,

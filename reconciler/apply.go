@@ -307,8 +307,7 @@ func (r *Reconciler) Apply(ctx context.Context, version uint64, plan *state.Plan
 		default:
 			wantPaths[res.Name] = true
 			x.kinds[res.Name] = res.Kind
-			switch res.Kind {
-			case manifest.KindSecret, manifest.KindCredential, state.KindDeliveredCredential:
+			if holdsSecret(res.Kind) {
 				x.secretFiles = append(x.secretFiles, [2]string{res.Name, res.Module})
 			}
 		}
@@ -904,14 +903,8 @@ func (x *run) volumesKept(ctx context.Context, res state.Resource) string {
 	var loose []string
 	for _, v := range vols {
 		v = path.Clean("/" + v)
-		held := false
-		for _, m := range res.Typed.Mounts {
-			held = held || manifest.Within(v, path.Clean(m.Destination))
-		}
-		for _, t := range res.Typed.Tmpfs {
-			held = held || manifest.Within(v, path.Clean(t.Path))
-		}
-		if !held {
+		if !slices.ContainsFunc(res.Typed.Mounts, func(m manifest.Mount) bool { return manifest.Within(v, path.Clean(m.Destination)) }) &&
+			!slices.ContainsFunc(res.Typed.Tmpfs, func(t manifest.Tmpfs) bool { return manifest.Within(v, path.Clean(t.Path)) }) {
 			loose = append(loose, v)
 		}
 	}
@@ -1595,7 +1588,7 @@ func (x *run) removePath(p string, e PathEntry) state.ResourceReport {
 			rr.Outcome, rr.Reason = state.Restored, "the original the module took over is back"
 			return rr
 		}
-	case e.Kind == manifest.KindSecret || e.Kind == manifest.KindCredential || e.Kind == state.KindDeliveredCredential:
+	case holdsSecret(e.Kind):
 		// A secret's or a credential's file goes whatever it holds now:
 		// what a container wrote there may hold the secret, and this node
 		// may no longer be one the secret is for (a move's copy, adopted
