@@ -651,19 +651,18 @@ func validID(id string) bool {
 const confineScript = `trap 'exit 130' INT TERM
 command -v mount >/dev/null || { echo "no mount(8) here" >&2; exit 97; }
 command -v findmnt >/dev/null || { echo "no findmnt(8) here" >&2; exit 97; }
-probe=$1; shift
-{ mount --no-canonicalize --bind -- "$probe" "$probe" &&
-	mount --no-canonicalize --options-source=mtab -o remount,bind,nosymfollow -- "$probe"; } || exit 97
-findmnt --nocanonicalize -n -o VFS-OPTIONS -M "$probe" | tail -n 1 | grep -qw nosymfollow ||
-	{ echo "nosymfollow did not take on a directory of the mesh's own (mount(8) or the kernel does not know it)" >&2; exit 97; }
+nofollow() { # HOW PATH: PATH bound onto itself (HOW: --bind, --rbind) with nosymfollow, checked
+	mount --no-canonicalize "$1" -- "$2" "$2" &&
+		mount --no-canonicalize --options-source=mtab -o remount,bind,nosymfollow -- "$2" &&
+		findmnt --nocanonicalize -n -o VFS-OPTIONS -M "$2" | tail -n 1 | grep -qw nosymfollow
+}
+nofollow --bind "$1" ||
+	{ echo "nosymfollow did not take on a directory of the mesh's own, or it could not be bound (mount(8) or the kernel does not know it)" >&2; exit 97; }
+shift
 n=$1; shift
 while [ "$n" -gt 0 ]; do
-	how=$1; shift
-	{ mount --no-canonicalize "$how" -- "$1" "$1" &&
-		mount --no-canonicalize --options-source=mtab -o remount,bind,nosymfollow -- "$1" &&
-		findmnt --nocanonicalize -n -o VFS-OPTIONS -M "$1" | tail -n 1 | grep -qw nosymfollow; } ||
-		{ echo "$1 could not be bound onto itself without links" >&2; exit 98; }
-	shift; n=$((n-1))
+	nofollow "$1" "$2" || { echo "$2 could not be bound onto itself without links" >&2; exit 98; }
+	shift 2; n=$((n-1))
 done
 exec "$@"`
 
