@@ -511,7 +511,8 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 	// takes one without take-over: true (the module would have been
 	// refused it here by an assign).
 	takeOver := map[string]bool{}
-	if m, err := a.member.Store.Manifest(ctx, module); err == nil {
+	m, merr := a.member.Store.Manifest(ctx, module) // also for what the copy brings inside the data (Adopt)
+	if merr == nil {
 		for i, h := range m.Heads() {
 			if h.Kind == manifest.KindDirectory && m.Resources[i].TakeOver {
 				takeOver[h.Name] = true
@@ -666,7 +667,7 @@ func (a *Agent) receive(ctx context.Context, peer, module string, id uint64, siz
 		}
 		arr := reconciler.Arrival{Move: id, Until: until, Aside: res.Aside}
 		var within map[string]string
-		if m, err := a.member.Store.Manifest(ctx, module); err == nil {
+		if merr == nil {
 			within = reconciler.DeclaredInData(m, mv.Data)
 		}
 		if err := a.reconciler.Adopt(module, arr, meta.Markers, mv.Data, parents, within); err != nil {
